@@ -1,0 +1,21 @@
+"""Idempotency keys of admitted occurrences. Unique in every store."""
+
+from __future__ import annotations
+
+
+def idempotency_key(
+    trigger_id: str, trigger_revision: int, scheduled_for_ms: int, kind: str = "cron"
+) -> str:
+    """``ql3:<kind>:v1:<triggerId>:<triggerRevision>:<scheduledForMs>``.
+
+    For cron triggers this is ``ql3:cron:v1:...`` as the decision record fixes it. The same
+    occurrence of the same revision always gets the same key, so a store's UNIQUE constraint turns
+    any second admission of it into an error instead of a duplicate Run.
+    """
+    if not isinstance(scheduled_for_ms, int) or isinstance(scheduled_for_ms, bool):
+        raise TypeError("scheduled_for_ms must be an integer epoch millisecond value")
+    if trigger_revision < 1:
+        raise ValueError("trigger_revision starts at 1")
+    if ":" in kind:
+        raise ValueError("a trigger kind cannot contain ':'")
+    return f"ql3:{kind}:v1:{trigger_id}:{trigger_revision}:{scheduled_for_ms}"

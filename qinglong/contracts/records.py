@@ -1,0 +1,268 @@
+"""Profile-neutral records that cross the boundary between host, plugins and stores.
+
+All times are integer epoch milliseconds (UTC). Records are frozen, slotted dataclasses so a
+decision computed from them cannot be changed on its way into a transaction.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+#: Cursor value of a trigger that will never fire again (its provider has no next occurrence).
+#: Stores keep it as an ordinary BIGINT so the due scan never selects it.
+NO_MORE_OCCURRENCES_MS = 2**63 - 1
+
+#: Default misfire grace: an occurrence admitted up to one minute late still counts as on time.
+DEFAULT_MISFIRE_GRACE_MS = 60_000
+
+
+class MisfirePolicy(str, enum.Enum):
+    """What to do when the oldest due occurrence is older than the trigger's misfire grace."""
+
+    SKIP = "skip"
+    """Advance the cursor past the observation time; admit nothing."""
+
+    FIRE_ONCE = "fire_once"
+    """Admit exactly one occurrence, the latest one due; never replay the backlog."""
+
+
+def canonical_json(value: Any) -> str:
+    """Serialise ``value`` deterministically (sorted keys, no spaces) for storage and digests."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def content_digest(value: Any) -> str:
+    """SHA-256 of the canonical JSON of ``value``, as ``sha256:<hex>``."""
+    return "sha256:" + hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerDefinition:
+    """What an operator publishes: a trigger before it gets a revision.
+
+    ``spec`` is the raw spec; the trigger's provider validates and normalises it before any write.
+    """
+
+    project_id: str
+    trigger_id: str
+    task_id: str
+    kind: str
+    spec: Mapping[str, Any]
+    misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_ONCE
+    misfire_grace_ms: int = DEFAULT_MISFIRE_GRACE_MS
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerHead:
+    """The current revision of a trigger, as stored."""
+
+    project_id: str
+    trigger_id: str
+    task_id: str
+    trigger_revision: int
+    kind: str
+    spec: Mapping[str, Any] = field(hash=False)
+    misfire_policy: MisfirePolicy
+    misfire_grace_ms: int
+    enabled: bool
+    content_digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleCursor:
+    """A trigger's schedule cursor. ``next_fire_at_ms`` None means awaiting initialisation."""
+
+    trigger_revision: int
+    next_fire_at_ms: int | None
+    last_scheduled_at_ms: int | None
+    state_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimFence:
+    """The four-part lease fence of a cluster claim. All four must still match to commit."""
+
+    owner: str
+    token: str
+    claim_version: int
+    expires_at_ms: int
+
+
+class DecisionKind(str, enum.Enum):
+    """The outcome of :func:`qinglong.contracts.decision.decide`."""
+
+    NOT_DUE = "not_due"
+    INITIALIZE = "initialize"
+    FIRE = "fire"
+    MISFIRE_SKIP = "misfire_skip"
+    MISFIRE_FIRE_ONCE = "misfire_fire_once"
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedOccurrences:
+    """Occurrences a decision deliberately did not admit (misfire), for operators to see.
+
+    ``count`` is exact when ``count_exact``; past the counting bound it is a lower bound.
+    """
+
+    first_ms: int
+    last_ms: int
+    count: int
+    count_exact: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do with one due schedule, computed outside any database lock.
+
+    ``expected_next_fire_at_ms`` is the cursor the decision was made from; a store commits the
+    decision only if the cursor still has that value (compare-and-set). ``next_fire_at_ms`` is the
+    cursor after the commit. ``scheduled_for_ms`` is the occurrence to admit, if any.
+    """
+
+    kind: DecisionKind
+    observed_at_ms: int
+    trigger_revision: int
+    expected_next_fire_at_ms: int | None
+    next_fire_at_ms: int
+    scheduled_for_ms: int | None = None
+    skipped: SkippedOccurrences | None = None
+
+    @property
+    def admits_run(self) -> bool:
+        """True when committing this decision creates exactly one Run."""
+        return self.scheduled_for_ms is not None
+
+    @property
+    def changes_cursor(self) -> bool:
+        """True when committing this decision writes the schedule row."""
+        return self.kind is not DecisionKind.NOT_DUE
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A Run admitted for one occurrence, with the identifiers allocated at admit time."""
+
+    run_id: str
+    attempt_id: str
+    idempotency_key: str
+    project_id: str
+    trigger_id: str
+    trigger_revision: int
+    scheduled_for_ms: int
+    admitted_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectRecord:
+    """A project: the unit that owns tasks and triggers. Inactive projects never fire."""
+
+    project_id: str
+    name: str
+    active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """A task revision: what a Run will execute, with the digest that pins it."""
+
+    project_id: str
+    task_id: str
+    task_revision: int
+    payload: Mapping[str, Any] = field(hash=False)
+    content_digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """A Run as the reader shows it. ``lag_ms`` is admitted minus scheduled."""
+
+    run_id: str
+    project_id: str
+    trigger_id: str
+    trigger_revision: int
+    scheduled_for_ms: int
+    admitted_at_ms: int
+    state: str
+    idempotency_key: str
+
+    @property
+    def lag_ms(self) -> int:
+        """How late the Run was admitted after its occurrence."""
+        return self.admitted_at_ms - self.scheduled_for_ms
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleView:
+    """A trigger's schedule as the reader shows it."""
+
+    project_id: str
+    trigger_id: str
+    trigger_revision: int
+    kind: str
+    spec: Mapping[str, Any] = field(hash=False)
+    enabled: bool
+    misfire_policy: MisfirePolicy
+    next_fire_at_ms: int | None
+    last_scheduled_at_ms: int | None
+
+    def lag_ms(self, now_ms: int) -> int:
+        """How far behind the schedule is at ``now_ms`` (0 when not due or not initialised)."""
+        if not self.enabled or self.next_fire_at_ms is None:
+            return 0
+        return max(0, now_ms - self.next_fire_at_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class SkipView:
+    """A recorded misfire: what a decision did not admit, and why."""
+
+    project_id: str
+    trigger_id: str
+    trigger_revision: int
+    policy: MisfirePolicy
+    first_skipped_ms: int
+    last_skipped_ms: int
+    count: int
+    count_exact: bool
+    recorded_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoundReport:
+    """What one scheduler round did. Counters only; safe to log."""
+
+    scanned: int = 0
+    claimed: int = 0
+    initialized: int = 0
+    admitted: int = 0
+    skipped: int = 0
+    cas_misses: int = 0
+    fence_lost: int = 0
+    serialization_retries: int = 0
+    errors: int = 0
+    duration_ms: int = 0
+    more_due: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationState:
+    """One migration as seen by ``db status``: applied, pending, or drifted (checksum differs)."""
+
+    version: int
+    name: str
+    checksum: str
+    status: str  # "applied" | "pending" | "drifted" | "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What startup recovery found: pristine queued work is left alone, anything else reported."""
+
+    pristine_queued: int = 0
+    candidates: tuple[str, ...] = ()

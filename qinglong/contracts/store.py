@@ -1,0 +1,213 @@
+"""Store and scheduler-backend protocols that the SQLite and PostgreSQL plugins implement.
+
+A scheduler backend owns one profile's database: its schema and migrations, the publisher (admin
+side), the reader, startup recovery and the bounded scheduler round. The host drives it through
+these protocols only, so the CLI's publish and read commands are the same in every profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+from .diagnostics import DiagnosticSink
+from .errors import TriggerSpecError, UnknownTriggerKind
+from .providers import TriggerProvider
+from .records import (
+    MigrationState,
+    ProjectRecord,
+    RecoveryReport,
+    RoundReport,
+    RunView,
+    ScheduleView,
+    SkipView,
+    TaskRecord,
+    TriggerDefinition,
+    TriggerHead,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerLimits:
+    """Bounds of one scheduler round, from the settings after the profile's caps were applied.
+
+    ``page_size`` bounds the SQLite scan; ``claim_budget`` bounds the cluster claim; ``lease_ms`` is
+    the cluster claim lease; ``cadence_ms`` the pause between round starts.
+    """
+
+    page_size: int
+    claim_budget: int
+    lease_ms: int
+    cadence_ms: int
+
+
+@dataclass(frozen=True)
+class BackendContext:
+    """Everything a backend's factory receives from the host. Built by the composition root.
+
+    ``settings`` is the backend's own settings model, already validated from the ``[backend]``
+    section. ``clock_ms`` is the process clock; a backend whose database has a clock (PostgreSQL)
+    must use that instead for every fence. ``owner`` identifies this replica in claims.
+    """
+
+    settings: Any
+    limits: SchedulerLimits
+    providers: Mapping[str, TriggerProvider]
+    diagnostics: DiagnosticSink
+    clock_ms: Callable[[], int]
+    owner: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Publisher(Protocol):
+    """The admin side: every call is one transaction; bad input writes nothing."""
+
+    async def create_project(self, project_id: str, name: str | None = None) -> ProjectRecord:
+        """Create an active project."""
+        ...
+
+    async def put_task(self, project_id: str, task_id: str, payload: Mapping[str, Any]) -> TaskRecord:
+        """Create a task, or publish a new revision of it when the payload changed."""
+        ...
+
+    async def put_trigger(self, definition: TriggerDefinition) -> TriggerHead:
+        """Add a trigger or publish a new revision of it (which resets its schedule cursor).
+
+        Validates the spec with its provider first; upserts the schedule row in the same transaction.
+        Publishing an unchanged definition returns the current head without a new revision.
+        """
+        ...
+
+    async def set_trigger_enabled(self, project_id: str, trigger_id: str, enabled: bool) -> TriggerHead:
+        """Enable or disable a trigger. A change is a new revision (the cursor is reset)."""
+        ...
+
+    async def delete_trigger(self, project_id: str, trigger_id: str) -> None:
+        """Delete a trigger and its schedule row; its Runs stay."""
+        ...
+
+
+@runtime_checkable
+class Reader(Protocol):
+    """Read-only views for the CLI and for tests."""
+
+    async def list_projects(self) -> Sequence[ProjectRecord]:
+        """All projects."""
+        ...
+
+    async def list_triggers(self, project_id: str | None = None) -> Sequence[TriggerHead]:
+        """Current trigger heads, optionally of one project."""
+        ...
+
+    async def list_schedules(self) -> Sequence[ScheduleView]:
+        """Every trigger's schedule, ordered like the due scan."""
+        ...
+
+    async def recent_runs(self, limit: int = 20, trigger_id: str | None = None) -> Sequence[RunView]:
+        """The newest Runs first."""
+        ...
+
+    async def recent_skips(self, limit: int = 20) -> Sequence[SkipView]:
+        """The newest recorded misfires first."""
+        ...
+
+
+@runtime_checkable
+class SchedulerBackend(Protocol):
+    """One profile's store and scheduler. Created by a :class:`SchedulerBackendSpec` factory.
+
+    The lifecycle calls, in order: :meth:`open`, (:meth:`migrate` when ``auto_migrate``),
+    :meth:`check_readiness`, :meth:`recover`, then :meth:`run_round` at the cadence, and
+    :meth:`close` last.
+    """
+
+    name: str
+    auto_migrate: bool
+
+    async def open(self) -> None:
+        """Connect. Settings were validated before; nothing is written here."""
+        ...
+
+    async def migrate(self) -> Sequence[MigrationState]:
+        """Apply pending migrations in order; return the state after."""
+        ...
+
+    async def migration_status(self) -> Sequence[MigrationState]:
+        """Every known or applied migration with its status."""
+        ...
+
+    async def check_readiness(self) -> None:
+        """Raise :class:`~qinglong.contracts.errors.SchemaNotReady` unless the schema is exact."""
+        ...
+
+    async def recover(self) -> RecoveryReport:
+        """Startup recovery; pristine queued attempts are left alone."""
+        ...
+
+    async def run_round(self) -> RoundReport:
+        """One bounded scheduler round. Never called concurrently with itself."""
+        ...
+
+    def publisher(self) -> Publisher:
+        """The admin side of this store."""
+        ...
+
+    def reader(self) -> Reader:
+        """The read side of this store."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections. Idempotent."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerBackendSpec:
+    """What a scheduler plugin offers through ``qinglong_scheduler_backends``.
+
+    ``settings_model`` is a pydantic model class for the ``[backend]`` settings section (unknown keys
+    must be forbidden); ``create`` builds the backend from a :class:`BackendContext` without
+    connecting. Heavy imports (the database driver) belong inside ``create``'s module, not in the
+    plugin package's ``__init__``.
+    """
+
+    name: str
+    settings_model: type
+    create: Callable[[BackendContext], SchedulerBackend]
+    description: str = ""
+
+
+def validate_definition(
+    definition: TriggerDefinition, providers: Mapping[str, TriggerProvider]
+) -> tuple[Mapping[str, Any], str]:
+    """Validate a trigger definition before a publisher writes anything.
+
+    Returns the normalised spec and the provider kind. Raises :class:`UnknownTriggerKind` or
+    :class:`TriggerSpecError` with a message naming the field.
+    """
+    provider = providers.get(definition.kind)
+    if provider is None:
+        raise UnknownTriggerKind(definition.kind, list(providers))
+    if not isinstance(definition.misfire_grace_ms, int) or isinstance(definition.misfire_grace_ms, bool):
+        raise TriggerSpecError(definition.kind, "misfire_grace_ms", "expected an integer number of milliseconds")
+    if definition.misfire_grace_ms < 0:
+        raise TriggerSpecError(
+            definition.kind, "misfire_grace_ms", f"must be >= 0, got {definition.misfire_grace_ms}"
+        )
+    for label, value in (("project_id", definition.project_id), ("trigger_id", definition.trigger_id),
+                         ("task_id", definition.task_id)):
+        check_identifier(label, value)
+    return provider.validate(definition.spec), provider.kind
+
+
+def check_identifier(label: str, value: str) -> None:
+    """Identifiers are 1-64 characters of letters, digits, ``-``, ``_`` and ``.``; no ``:``."""
+    from .errors import UserError
+
+    if not isinstance(value, str) or not value or len(value) > 64 or not all(
+        c.isalnum() or c in "-_." for c in value
+    ) or not value.isascii():
+        raise UserError(
+            f"invalid {label} {value!r}: expected 1-64 ASCII letters, digits, '-', '_' or '.'"
+        )

@@ -1,0 +1,173 @@
+"""Cron occurrences in an IANA time zone, as integer epoch milliseconds.
+
+Spec (normalised)::
+
+    {"expression": "*/5 * * * *", "timezone": "Europe/Berlin"}
+
+Five fields are ``minute hour day-of-month month day-of-week``; six fields put **seconds first**
+(``"*/10 * * * * *"`` fires every ten seconds). The time zone defaults to ``UTC``.
+
+Cron describes wall-clock times. Daylight-saving transitions are handled by one rule, which keeps
+occurrences strictly increasing and never fires a wall time twice:
+
+* **Gap** (clocks jump forward; the wall time does not exist, e.g. 02:30 on the spring-forward day
+  in Europe/Berlin): the occurrence fires at the first instant after the jump (03:00 CEST). Several
+  wall times inside one gap fire once, at that instant. A daily job at 02:30 therefore still runs
+  once that day, at 03:00.
+* **Repeated hour** (clocks fall back; the wall time happens twice, e.g. 02:30 on the fall-back day
+  in Europe/Berlin): the occurrence fires once, at the first of the two instants (02:30 CEST). During
+  the second pass through the repeated wall times nothing fires, so an ``*/15`` job has a one-hour
+  pause there and a daily job runs exactly once.
+
+Zones with shifts other than one hour (Australia/Lord_Howe moves by 30 minutes) follow the same rule.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from functools import lru_cache
+from typing import Any, Mapping
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
+
+from qinglong.contracts.errors import TriggerSpecError
+
+KIND = "cron"
+_ONE_SECOND = timedelta(seconds=1)
+# A reference instant for "does this expression ever fire": 2000-01-01 UTC, so 29 Feb works.
+_REFERENCE_S = 946684800
+
+
+@lru_cache(maxsize=512)
+def _zone(name: str) -> ZoneInfo:
+    return ZoneInfo(name)
+
+
+def _offset_at(ts: int, tz: ZoneInfo) -> timedelta:
+    return datetime.fromtimestamp(ts, tz).utcoffset()  # type: ignore[return-value]
+
+
+def _first_second_with_offset(lo: int, hi: int, offset: timedelta, tz: ZoneInfo) -> int:
+    """Smallest integer second t in (lo, hi] whose UTC offset is ``offset`` (a transition)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _offset_at(mid, tz) == offset:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _instant(wall: datetime, tz: ZoneInfo) -> int:
+    """Epoch second at which the naive wall time ``wall`` fires in ``tz`` (see the module rule)."""
+    first = wall.replace(tzinfo=tz, fold=0)
+    second = wall.replace(tzinfo=tz, fold=1)
+    before, after = first.utcoffset(), second.utcoffset()
+    if before is None or after is None or before >= after:
+        # An ordinary wall time, or a repeated one: its first instant.
+        return int(first.timestamp())
+    # A wall time inside a gap: fire at the transition, the first instant after the jump.
+    return _first_second_with_offset(int(second.timestamp()), int(first.timestamp()), after, tz)
+
+
+def _wall(ts: int, tz: ZoneInfo) -> datetime:
+    return datetime.fromtimestamp(ts, tz).replace(tzinfo=None)
+
+
+def _second_pass_end(ts: int, tz: ZoneInfo) -> datetime | None:
+    """If ``ts`` lies in the second pass of a repeated hour, the first wall time after it."""
+    aware = datetime.fromtimestamp(ts, tz)
+    wall = aware.replace(tzinfo=None)
+    if aware.fold != 1:
+        return None
+    early = wall.replace(tzinfo=tz, fold=0).utcoffset()
+    late = wall.replace(tzinfo=tz, fold=1).utcoffset()
+    if early is None or late is None or early <= late:
+        return None
+    shift = int((early - late).total_seconds())
+    transition = _first_second_with_offset(ts - shift - 1, ts, late, tz)
+    # The repeated wall times are [transition + late, transition + early) as walls.
+    return datetime.fromtimestamp(transition, timezone.utc).replace(tzinfo=None) + early
+
+
+class CronProvider:
+    """The built-in ``cron`` trigger provider."""
+
+    kind = KIND
+
+    def validate(self, spec: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Normalise ``{"expression", "timezone"}`` or raise :class:`TriggerSpecError`."""
+        if not isinstance(spec, Mapping):
+            raise TriggerSpecError(KIND, "spec", "expected a table with 'expression' and 'timezone'")
+        unknown = sorted(set(spec) - {"expression", "timezone"})
+        if unknown:
+            raise TriggerSpecError(
+                KIND, unknown[0], "unknown field; a cron spec has 'expression' and 'timezone'"
+            )
+        expression = spec.get("expression")
+        if not isinstance(expression, str) or not expression.strip():
+            raise TriggerSpecError(KIND, "expression", "expected a cron expression such as '*/5 * * * *'")
+        fields = expression.split()
+        if len(fields) not in (5, 6):
+            raise TriggerSpecError(
+                KIND,
+                "expression",
+                f"{expression!r} has {len(fields)} fields; expected 5 (minute hour day month weekday) "
+                "or 6 (second first)",
+            )
+        zone_name = spec.get("timezone", "UTC")
+        if not isinstance(zone_name, str) or not zone_name:
+            raise TriggerSpecError(KIND, "timezone", "expected an IANA time zone name such as 'Europe/Berlin'")
+        try:
+            tz = _zone(zone_name)
+        except (ZoneInfoNotFoundError, ValueError, OSError):
+            raise TriggerSpecError(
+                KIND, "timezone", f"unknown IANA time zone {zone_name!r} (e.g. 'UTC', 'Europe/Berlin')"
+            ) from None
+        normalised = " ".join(fields)
+        try:
+            itr = self._iter(normalised, _wall(_REFERENCE_S, tz))
+            itr.get_next(datetime)
+        except (CroniterBadCronError, CroniterBadDateError, CroniterError, ValueError, KeyError) as exc:
+            detail = str(exc) or type(exc).__name__
+            raise TriggerSpecError(KIND, "expression", f"{expression!r} is not a valid cron expression: {detail}") from None
+        return {"expression": normalised, "timezone": tz.key}
+
+    @staticmethod
+    def _iter(expression: str, start: datetime) -> croniter:
+        six = len(expression.split()) == 6
+        return croniter(expression, start, second_at_beginning=six, max_years_between_matches=50)
+
+    def next_after(self, spec: Mapping[str, Any], after_ms: int) -> int | None:
+        """First occurrence strictly after ``after_ms``, in epoch ms."""
+        tz = _zone(spec["timezone"])
+        after_s = after_ms // 1000
+        start = _second_pass_end(after_s, tz)
+        start = start - _ONE_SECOND if start is not None else _wall(after_s, tz)
+        itr = self._iter(spec["expression"], start)
+        try:
+            while True:
+                candidate = _instant(itr.get_next(datetime), tz)
+                if candidate > after_s:
+                    return candidate * 1000
+        except CroniterBadDateError:
+            return None
+
+    def latest_at_or_before(self, spec: Mapping[str, Any], at_ms: int) -> int | None:
+        """Last occurrence at or before ``at_ms``, in epoch ms."""
+        tz = _zone(spec["timezone"])
+        at_s = at_ms // 1000
+        start = _second_pass_end(at_s, tz) or _wall(at_s, tz) + _ONE_SECOND
+        itr = self._iter(spec["expression"], start)
+        try:
+            while True:
+                candidate = _instant(itr.get_prev(datetime), tz)
+                if candidate <= at_s:
+                    return candidate * 1000
+        except CroniterBadDateError:
+            return None
+
+    def describe(self, spec: Mapping[str, Any]) -> str:
+        """``cron '<expression>' in <zone>``."""
+        return f"cron '{spec['expression']}' in {spec['timezone']}"
