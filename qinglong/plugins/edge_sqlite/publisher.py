@@ -1,0 +1,206 @@
+"""The admin side: projects, tasks and trigger heads. Every call is one transaction.
+
+Input is validated before the transaction starts (spec, identifiers, policy, grace), and every
+existence check happens inside it, before the first write, so a refused call writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any, Callable, Mapping
+
+from qinglong.contracts.errors import AlreadyExists, NotFound, UserError
+from qinglong.contracts.records import (
+    MisfirePolicy,
+    ProjectRecord,
+    TaskRecord,
+    TriggerDefinition,
+    TriggerHead,
+    canonical_json,
+    content_digest,
+)
+from qinglong.contracts.store import BackendContext, check_identifier, validate_definition
+
+from .queries import q
+from .store import SqliteStore, transaction
+
+
+def trigger_digest(task_id: str, kind: str, spec: Mapping[str, Any], policy: MisfirePolicy,
+                   grace_ms: int, enabled: bool) -> str:
+    """Digest of everything that makes a trigger revision: a change of any of it is a new one."""
+    return content_digest({
+        "task_id": task_id, "kind": kind, "spec": dict(spec), "misfire_policy": policy.value,
+        "misfire_grace_ms": grace_ms, "enabled": enabled,
+    })
+
+
+def head_from_row(row: tuple) -> TriggerHead:
+    """A :class:`TriggerHead` from a ``trigger_by_id``-shaped row."""
+    project_id, trigger_id, task_id, revision, kind, spec_json, policy, grace, enabled, digest = row
+    return TriggerHead(project_id, trigger_id, task_id, revision, kind, json.loads(spec_json),
+                       MisfirePolicy(policy), grace, bool(enabled), digest)
+
+
+def _policy(value: Any) -> MisfirePolicy:
+    try:
+        return MisfirePolicy(value)
+    except ValueError:
+        allowed = ", ".join(p.value for p in MisfirePolicy)
+        raise UserError(f"invalid misfire_policy {value!r}: expected one of {allowed}") from None
+
+
+def _require_project(conn: sqlite3.Connection, project_id: str) -> tuple:
+    row = conn.execute(q("project_by_id"), (project_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"project {project_id!r} does not exist; create it first")
+    return row
+
+
+def _write_trigger_revision(conn: sqlite3.Connection, head: TriggerHead, now_ms: int) -> None:
+    conn.execute(q("upsert_trigger_head"), {
+        "trigger_id": head.trigger_id, "project_id": head.project_id, "task_id": head.task_id,
+        "revision": head.trigger_revision, "kind": head.kind, "spec": canonical_json(dict(head.spec)),
+        "policy": head.misfire_policy.value, "grace": head.misfire_grace_ms,
+        "enabled": int(head.enabled), "digest": head.content_digest, "now": now_ms,
+    })
+    # Same transaction as the head: a new revision never runs on the old revision's cursor.
+    conn.execute(q("reset_schedule_for_revision"), {
+        "trigger_id": head.trigger_id, "project_id": head.project_id,
+        "revision": head.trigger_revision, "now": now_ms,
+    })
+
+
+def put_trigger_in(conn: sqlite3.Connection, definition: TriggerDefinition,
+                   spec: Mapping[str, Any], kind: str, policy: MisfirePolicy, now_ms: int) -> TriggerHead:
+    """Publish a validated definition inside the caller's open transaction."""
+    _require_project(conn, definition.project_id)
+    if conn.execute(q("task_head"), (definition.project_id, definition.task_id)).fetchone() is None:
+        raise NotFound(
+            f"task {definition.task_id!r} does not exist in project {definition.project_id!r}; "
+            "publish the task before a trigger that runs it"
+        )
+    existing = conn.execute(q("trigger_by_id"), (definition.trigger_id,)).fetchone()
+    if existing is not None and existing[0] != definition.project_id:
+        raise AlreadyExists(
+            f"trigger id {definition.trigger_id!r} is used by project {existing[0]!r}; "
+            "trigger ids are unique across projects"
+        )
+    digest = trigger_digest(definition.task_id, kind, spec, policy, definition.misfire_grace_ms,
+                            definition.enabled)
+    if existing is not None and existing[9] == digest:
+        return head_from_row(existing)
+    head = TriggerHead(definition.project_id, definition.trigger_id, definition.task_id,
+                       existing[3] + 1 if existing is not None else 1, kind, dict(spec), policy,
+                       definition.misfire_grace_ms, definition.enabled, digest)
+    _write_trigger_revision(conn, head, now_ms)
+    return head
+
+
+def validated(definition: TriggerDefinition,
+              providers: Mapping[str, Any]) -> tuple[Mapping[str, Any], str, MisfirePolicy]:
+    """Validate a definition before any write; returns the normalised spec, kind and policy."""
+    spec, kind = validate_definition(definition, providers)
+    policy = _policy(definition.misfire_policy)
+    if not isinstance(definition.enabled, bool):
+        raise UserError(f"invalid enabled {definition.enabled!r}: expected true or false")
+    return spec, kind, policy
+
+
+class SqlitePublisher:
+    """Implements :class:`qinglong.contracts.store.Publisher` on the SQLite store."""
+
+    def __init__(self, store: SqliteStore, context: BackendContext) -> None:
+        self._store = store
+        self._context = context
+
+    async def _in_transaction(self, fn: Callable[..., Any], *args: Any) -> Any:
+        def run(conn: sqlite3.Connection) -> Any:
+            with transaction(conn):
+                return fn(conn, *args)
+        return await self._store.call(run)
+
+    async def create_project(self, project_id: str, name: str | None = None) -> ProjectRecord:
+        """Create an active project; :class:`AlreadyExists` if the id is taken."""
+        check_identifier("project_id", project_id)
+        label = project_id if name is None else str(name)
+        now = self._context.clock_ms()
+
+        def write(conn: sqlite3.Connection) -> ProjectRecord:
+            if conn.execute(q("project_by_id"), (project_id,)).fetchone() is not None:
+                raise AlreadyExists(f"project {project_id!r} exists already")
+            conn.execute(q("insert_project"), (project_id, label, now))
+            return ProjectRecord(project_id, label, True)
+
+        return await self._in_transaction(write)
+
+    async def put_task(self, project_id: str, task_id: str, payload: Mapping[str, Any]) -> TaskRecord:
+        """Create a task or publish a new revision when its payload changed."""
+        check_identifier("project_id", project_id)
+        check_identifier("task_id", task_id)
+        if not isinstance(payload, Mapping):
+            raise UserError(f"task {task_id!r}: payload must be a table (mapping), got {type(payload).__name__}")
+        try:
+            payload_json = canonical_json(dict(payload))
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"task {task_id!r}: payload is not JSON-serialisable: {exc}") from None
+        digest = content_digest(json.loads(payload_json))
+        now = self._context.clock_ms()
+
+        def write(conn: sqlite3.Connection) -> TaskRecord:
+            _require_project(conn, project_id)
+            head = conn.execute(q("task_head"), (project_id, task_id)).fetchone()
+            if head is not None and head[4] == digest:
+                return TaskRecord(project_id, task_id, head[2], json.loads(head[3]), head[4])
+            revision = head[2] + 1 if head is not None else 1
+            params = {"project_id": project_id, "task_id": task_id, "revision": revision,
+                      "payload": payload_json, "digest": digest, "now": now}
+            # The head first: task_revisions references it.
+            conn.execute(q("upsert_task_head"), params)
+            conn.execute(q("insert_task_revision"), params)
+            return TaskRecord(project_id, task_id, revision, json.loads(payload_json), digest)
+
+        return await self._in_transaction(write)
+
+    async def put_trigger(self, definition: TriggerDefinition) -> TriggerHead:
+        """Add a trigger or publish a new revision (resetting its cursor); unchanged is a no-op."""
+        spec, kind, policy = validated(definition, self._context.providers)
+        now = self._context.clock_ms()
+        return await self._in_transaction(put_trigger_in, definition, spec, kind, policy, now)
+
+    async def set_trigger_enabled(self, project_id: str, trigger_id: str, enabled: bool) -> TriggerHead:
+        """Enable or disable a trigger; a change is a new revision with a reset cursor."""
+        if not isinstance(enabled, bool):
+            raise UserError(f"invalid enabled {enabled!r}: expected true or false")
+        now = self._context.clock_ms()
+
+        def write(conn: sqlite3.Connection) -> TriggerHead:
+            head = _existing_head(conn, project_id, trigger_id)
+            if head.enabled is enabled:
+                return head
+            digest = trigger_digest(head.task_id, head.kind, head.spec, head.misfire_policy,
+                                    head.misfire_grace_ms, enabled)
+            new = TriggerHead(head.project_id, head.trigger_id, head.task_id,
+                              head.trigger_revision + 1, head.kind, head.spec, head.misfire_policy,
+                              head.misfire_grace_ms, enabled, digest)
+            _write_trigger_revision(conn, new, now)
+            return new
+
+        return await self._in_transaction(write)
+
+    async def delete_trigger(self, project_id: str, trigger_id: str) -> None:
+        """Delete a trigger head and its schedule row; its Runs stay."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            _existing_head(conn, project_id, trigger_id)
+            conn.execute(q("delete_schedule"), (trigger_id,))
+            conn.execute(q("delete_trigger_head"), (trigger_id,))
+
+        await self._in_transaction(write)
+
+
+def _existing_head(conn: sqlite3.Connection, project_id: str, trigger_id: str) -> TriggerHead:
+    row = conn.execute(q("trigger_by_id"), (trigger_id,)).fetchone()
+    if row is None or row[0] != project_id:
+        raise NotFound(f"trigger {trigger_id!r} does not exist in project {project_id!r}")
+    return head_from_row(row)

@@ -1,0 +1,28 @@
+"""Settings of the ``edge_sqlite`` backend: the ``[backend]`` section of an edge or standalone profile.
+
+Kept free of heavy imports so the host can validate settings before anything connects.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EdgeSqliteSettings(BaseModel):
+    """``[backend]`` keys of the SQLite backend. Unknown keys are refused (a typo is an error).
+
+    ``path`` is the database file, relative to the working directory; its directory must exist.
+    ``synchronous`` trades durability of the last commits on power loss (``normal``, WAL) against
+    speed (``full`` syncs every commit). ``busy_timeout_ms`` is how long a statement waits for a
+    lock held by another process (an operator's CLI, say). ``auto_migrate`` applies pending
+    migrations at start.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(default="qinglong.db", min_length=1)
+    synchronous: Literal["normal", "full"] = "normal"
+    busy_timeout_ms: int = Field(default=5000, ge=0, le=600_000)
+    auto_migrate: bool = True

@@ -1,0 +1,71 @@
+-- name: project_by_id
+-- A project's row, to check it exists before writing anything that belongs to it.
+SELECT project_id, name, active FROM projects WHERE project_id = ?;
+
+-- name: insert_project
+-- A new active project; the primary key refuses a duplicate.
+INSERT INTO projects (project_id, name, active, created_at_ms) VALUES (?, ?, 1, ?);
+
+-- name: task_head
+-- A task's head revision.
+SELECT project_id, task_id, task_revision, payload_json, content_digest
+  FROM tasks WHERE project_id = ? AND task_id = ?;
+
+-- name: upsert_task_head
+-- Point the task at its newest revision.
+INSERT INTO tasks (project_id, task_id, task_revision, payload_json, content_digest, updated_at_ms)
+VALUES (:project_id, :task_id, :revision, :payload, :digest, :now)
+ON CONFLICT (project_id, task_id) DO UPDATE
+   SET task_revision = excluded.task_revision,
+       payload_json = excluded.payload_json,
+       content_digest = excluded.content_digest,
+       updated_at_ms = excluded.updated_at_ms;
+
+-- name: insert_task_revision
+-- Keep every published task revision.
+INSERT INTO task_revisions (project_id, task_id, task_revision, payload_json, content_digest,
+                            created_at_ms)
+VALUES (:project_id, :task_id, :revision, :payload, :digest, :now);
+
+-- name: trigger_by_id
+-- A trigger's head row (trigger ids are global).
+SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfire_policy,
+       misfire_grace_ms, enabled, content_digest
+  FROM triggers WHERE trigger_id = ?;
+
+-- name: upsert_trigger_head
+-- Write a trigger's new head revision.
+INSERT INTO triggers (trigger_id, project_id, task_id, trigger_revision, kind, spec_json,
+                      misfire_policy, misfire_grace_ms, enabled, content_digest, updated_at_ms)
+VALUES (:trigger_id, :project_id, :task_id, :revision, :kind, :spec, :policy, :grace, :enabled,
+        :digest, :now)
+ON CONFLICT (trigger_id) DO UPDATE
+   SET task_id = excluded.task_id,
+       trigger_revision = excluded.trigger_revision,
+       kind = excluded.kind,
+       spec_json = excluded.spec_json,
+       misfire_policy = excluded.misfire_policy,
+       misfire_grace_ms = excluded.misfire_grace_ms,
+       enabled = excluded.enabled,
+       content_digest = excluded.content_digest,
+       updated_at_ms = excluded.updated_at_ms;
+
+-- name: reset_schedule_for_revision
+-- A new revision's cursor awaits initialisation; state_version moves so every older decision misses.
+INSERT INTO trigger_schedules (trigger_id, project_id, trigger_revision, next_fire_at_ms,
+                               last_scheduled_at_ms, state_version, updated_at_ms)
+VALUES (:trigger_id, :project_id, :revision, NULL, NULL, 1, :now)
+ON CONFLICT (trigger_id) DO UPDATE
+   SET trigger_revision = excluded.trigger_revision,
+       next_fire_at_ms = NULL,
+       last_scheduled_at_ms = NULL,
+       state_version = trigger_schedules.state_version + 1,
+       updated_at_ms = excluded.updated_at_ms;
+
+-- name: delete_schedule
+-- Remove a trigger's cursor.
+DELETE FROM trigger_schedules WHERE trigger_id = ?;
+
+-- name: delete_trigger_head
+-- Remove a trigger head; its Runs stay.
+DELETE FROM triggers WHERE trigger_id = ?;

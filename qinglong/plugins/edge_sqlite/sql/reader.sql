@@ -1,0 +1,42 @@
+-- name: list_projects
+-- Every project by id.
+SELECT project_id, name, active FROM projects ORDER BY project_id;
+
+-- name: list_triggers
+-- Trigger heads by project and id.
+SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfire_policy,
+       misfire_grace_ms, enabled, content_digest
+  FROM triggers ORDER BY project_id, trigger_id;
+
+-- name: list_triggers_of_project
+-- One project's trigger heads by id.
+SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfire_policy,
+       misfire_grace_ms, enabled, content_digest
+  FROM triggers WHERE project_id = ? ORDER BY trigger_id;
+
+-- name: list_schedules
+-- Schedules joined with their heads, in due-scan order.
+SELECT s.project_id, s.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,
+       t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms
+  FROM trigger_schedules AS s
+  JOIN triggers AS t ON t.trigger_id = s.trigger_id
+ ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
+ LIMIT ?;
+
+-- name: recent_runs
+-- The newest Runs first (rowid follows insertion order).
+SELECT run_id, project_id, trigger_id, trigger_revision, scheduled_for_ms, admitted_at_ms, state,
+       idempotency_key
+  FROM runs ORDER BY rowid DESC LIMIT ?;
+
+-- name: recent_runs_of_trigger
+-- One trigger's newest occurrences first.
+SELECT run_id, project_id, trigger_id, trigger_revision, scheduled_for_ms, admitted_at_ms, state,
+       idempotency_key
+  FROM runs WHERE trigger_id = ? ORDER BY scheduled_for_ms DESC LIMIT ?;
+
+-- name: recent_skips
+-- The newest recorded misfires first.
+SELECT project_id, trigger_id, trigger_revision, policy, first_skipped_ms, last_skipped_ms, count,
+       count_exact, recorded_at_ms
+  FROM schedule_skips ORDER BY id DESC LIMIT ?;

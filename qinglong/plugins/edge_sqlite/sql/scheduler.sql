@@ -1,0 +1,51 @@
+-- name: claim_due_page
+-- One page of due or uninitialised schedules of enabled triggers of active projects, oldest first.
+SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
+       s.last_scheduled_at_ms, s.state_version,
+       t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.content_digest,
+       k.task_revision, k.content_digest
+  FROM trigger_schedules AS s
+  JOIN triggers AS t ON t.trigger_id = s.trigger_id AND t.trigger_revision = s.trigger_revision
+  JOIN projects AS p ON p.project_id = s.project_id
+  JOIN tasks AS k ON k.project_id = t.project_id AND k.task_id = t.task_id
+ WHERE (s.next_fire_at_ms IS NULL OR s.next_fire_at_ms <= :now)
+   AND t.enabled = 1
+   AND p.active = 1
+ ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
+ LIMIT :page;
+
+-- name: advance_schedule
+-- Compare-and-set the cursor: only if revision, state version and cursor are what we decided from.
+UPDATE trigger_schedules
+   SET next_fire_at_ms = :next,
+       last_scheduled_at_ms = COALESCE(:scheduled, last_scheduled_at_ms),
+       state_version = state_version + 1,
+       updated_at_ms = :now
+ WHERE trigger_id = :trigger_id
+   AND trigger_revision = :revision
+   AND state_version = :state_version
+   AND next_fire_at_ms IS :expected;
+
+-- name: insert_run
+-- A queued Run for one admitted occurrence; the UNIQUE idempotency key refuses a second one.
+INSERT INTO runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
+                  task_digest, scheduled_for_ms, admitted_at_ms, queued_at_ms, state,
+                  idempotency_key)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?);
+
+-- name: insert_attempt
+-- The Run's first Attempt, claimed for a remote worker; every dispatch field is still NULL.
+INSERT INTO attempts (attempt_id, run_id, attempt_no, state, executor, execution_digest,
+                      created_at_ms)
+VALUES (?, ?, 1, 'claimed', 'remote_worker', ?, ?);
+
+-- name: insert_run_events
+-- The two events of an admission, in one statement.
+INSERT INTO run_events (run_id, seq, type, at_ms)
+VALUES (?1, 1, 'run.created', ?2), (?1, 2, 'run.queued', ?2);
+
+-- name: insert_schedule_skip
+-- Record occurrences a misfire decision deliberately did not admit.
+INSERT INTO schedule_skips (project_id, trigger_id, trigger_revision, policy, first_skipped_ms,
+                            last_skipped_ms, count, count_exact, recorded_at_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?);
