@@ -1,0 +1,671 @@
+"""The ``qinglong`` command line.
+
+Exit codes:
+
+* 0: success.
+* 1: an internal error (a bug): the traceback is printed.
+* 2: a usage error (unknown command or option), from argparse.
+* 3: a user error: bad settings, an unknown or broken plugin, bad input to a publish command,
+  something that does not exist. One paragraph on stderr, nothing written.
+* 4: a check failed: ``check closure`` found a forbidden module, or the database schema is not ready.
+* 130: a second SIGINT/SIGTERM forced the exit before the orderly stop finished.
+
+Only the standard library's ``argparse`` is used, so the edge ``run`` path loads no UI library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from contextlib import asynccontextmanager
+from datetime import datetime, timezone
+from typing import Any, AsyncIterator, Sequence
+
+from qinglong import __version__
+from qinglong.contracts.errors import (
+    AlreadyExists,
+    NotFound,
+    QinglongError,
+    RecoveryRequired,
+    SchemaNotReady,
+    UserError,
+)
+from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
+
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_USER, EXIT_CHECK, EXIT_FORCED = 0, 1, 2, 3, 4, 130
+
+
+class CheckFailed(QinglongError):
+    """A check command found a violation (exit code 4)."""
+
+
+# --------------------------------------------------------------------------- boot helpers
+
+
+def _load(args: argparse.Namespace, profile: str | None = None):
+    from .settings import load_settings
+
+    return load_settings(getattr(args, "settings", None), profile=profile or getattr(args, "profile", None))
+
+
+def _container(args: argparse.Namespace):
+    from .containers import build_container
+
+    return build_container(_load(args))
+
+
+def boot_for_closure(profile: str, settings_path: str | None) -> list[str]:
+    """Boot ``profile`` as ``qinglong run`` would, without starting or connecting; list modules.
+
+    Used by ``check closure`` in a fresh interpreter.
+    """
+    from .containers import build_container
+    from .settings import load_settings
+
+    container = build_container(load_settings(settings_path, profile=profile))
+    container.lifecycle()  # resolves plugins, providers, diagnostics, backend (created, not opened)
+    return list(sys.modules)
+
+
+@asynccontextmanager
+async def _opened_backend(container: Any, *, readiness: bool = True) -> AsyncIterator[Any]:
+    backend = container.backend()
+    await backend.open()
+    try:
+        if readiness:
+            if getattr(backend, "auto_migrate", False):
+                await backend.migrate()
+            await backend.check_readiness()
+        yield backend
+    finally:
+        await backend.close()
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _iso(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms >= 2**62:
+        return "never"
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=False, default=str))
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Start the profile's lifecycle and run until SIGTERM/SIGINT (or ``--for-seconds``)."""
+    container = _container(args)
+    lifecycle = container.lifecycle()
+    return asyncio.run(_run_lifecycle(lifecycle, container.diagnostics(), args.for_seconds))
+
+
+async def _run_lifecycle(lifecycle: Any, diagnostics: Any, for_seconds: float | None) -> int:
+    from qinglong.contracts.diagnostics import DiagnosticEvent
+
+    stop = asyncio.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            diagnostics.emit(DiagnosticEvent("info", "lifecycle.stop_requested",
+                                             f"{signal.Signals(signum).name} received; stopping in order "
+                                             "(send it again to force the exit)"))
+            stop.set()
+        else:
+            sys.stderr.write("qinglong: second signal, exiting at once\n")
+            sys.stderr.flush()
+            os._exit(EXIT_FORCED)
+
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await lifecycle.start()
+        try:
+            if for_seconds is not None:
+                try:
+                    await asyncio.wait_for(stop.wait(), for_seconds)
+                except asyncio.TimeoutError:
+                    pass
+            else:
+                await stop.wait()
+        finally:
+            await lifecycle.stop()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    stats = lifecycle.last_stats
+    if stats is not None:
+        diagnostics.emit(DiagnosticEvent("info", "lifecycle.stopped", "stopped",
+                                         {"rounds": stats.rounds, "admitted": stats.admitted,
+                                          "failed_rounds": stats.failed_rounds}))
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Publish a demo trigger firing every second, run for a few seconds, show the Runs."""
+    container = _container(args)
+
+    async def publish() -> None:
+        async with _opened_backend(container) as backend:
+            pub = backend.publisher()
+            try:
+                await pub.create_project("demo", "Demo project")
+            except AlreadyExists:
+                pass
+            await pub.put_task("demo", "hello", {"command": ["echo", "hello from qinglong"]})
+            await pub.put_trigger(TriggerDefinition(
+                project_id="demo", trigger_id="demo-every-second", task_id="hello", kind="cron",
+                spec={"expression": "* * * * * *", "timezone": "UTC"},
+            ))
+
+    asyncio.run(publish())
+    print(f"published trigger demo-every-second (cron '* * * * * *'); running for {args.seconds:g} s ...",
+          flush=True)
+    code = asyncio.run(_run_lifecycle(container.lifecycle(), container.diagnostics(), args.seconds))
+    if code != EXIT_OK:
+        return code
+    return _show_runs(container, limit=args.limit, trigger="demo-every-second", as_json=False)
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    """List installed plugins; those loaded for the chosen profile show their hooks."""
+    from .plugins import PluginHost
+
+    loaded = _load(args)
+    try:
+        from .containers import load_plugins
+
+        host = load_plugins(loaded)
+    except UserError as exc:
+        if args.json:
+            raise
+        print(f"note: {exc}", file=sys.stderr)
+        host = PluginHost()
+    infos = host.infos()
+    wanted = set(loaded.profile.plugins) | set(loaded.settings.plugins.enable)
+    if args.json:
+        _print_json({"profile": loaded.profile.name,
+                     "plugins": [dict(i.as_json(), selected=i.name in wanted) for i in infos]})
+        return EXIT_OK
+    print(f"profile: {loaded.profile.name}")
+    _print_table(
+        ["name", "distribution", "version", "loaded", "hooks"],
+        [[i.name, i.distribution, i.version, "yes" if i.loaded else "no", ", ".join(i.hooks) or "-"]
+         for i in infos],
+    )
+    return EXIT_OK
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    """List the shipped profiles."""
+    from .profiles import available_profiles, load_profile
+
+    profiles = [load_profile(name) for name in available_profiles()]
+    if args.json:
+        _print_json([{"name": p.name, "description": p.description, "plugins": list(p.plugins),
+                      "backend": p.backend, "extra": p.extra, "page_size_cap": p.page_size_cap,
+                      "claim_budget_cap": p.claim_budget_cap,
+                      "forbidden_modules": list(p.forbidden_modules),
+                      "forbidden_distributions": list(p.forbidden_distributions)} for p in profiles])
+        return EXIT_OK
+    _print_table(["name", "backend", "plugins", "install", "description"],
+                 [[p.name, p.backend, ", ".join(p.plugins), f"pip install 'qinglong[{p.extra}]'", p.description]
+                  for p in profiles])
+    return EXIT_OK
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    """Print the effective settings, secrets masked, with the backend section validated."""
+    from .settings import masked_dump
+
+    loaded = _load(args)
+    data = masked_dump(loaded.settings)
+    data["backend"] = masked_dump(_container(args).backend_settings())
+    result = {"profile": loaded.profile.name, "settings_file": str(loaded.file) if loaded.file else None,
+              "settings": data}
+    if args.json:
+        _print_json(result)
+    else:
+        print(f"# profile: {loaded.profile.name}")
+        print(f"# settings file: {loaded.file or '(none: profile defaults and environment only)'}")
+        _print_toml(data)
+    return EXIT_OK
+
+
+def _print_toml(data: dict[str, Any], prefix: str = "") -> None:
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    if prefix and (scalars or not tables):
+        print(f"\n[{prefix}]")
+    for key, value in scalars.items():
+        if value is None:
+            print(f"# {key} is not set")
+        else:
+            print(f"{key} = {json.dumps(value)}")
+    for key, value in tables.items():
+        _print_toml(value, f"{prefix}.{key}" if prefix else key)
+
+
+def cmd_check_closure(args: argparse.Namespace) -> int:
+    """Boot a profile in a fresh interpreter and fail on any forbidden module (or distribution)."""
+    from .closure import check_closure
+    from .profiles import load_profile
+
+    profile = load_profile(args.check_profile)
+    report = check_closure(profile, getattr(args, "settings", None), installed=args.installed)
+    if args.json:
+        _print_json(report.as_json())
+    elif report.ok:
+        extra = ", no forbidden distribution installed" if report.checked_installed else ""
+        print(f"closure of profile {profile.name}: OK ({report.modules} modules loaded, none of "
+              f"{', '.join(profile.forbidden_modules)}{extra})")
+    if report.boot_error:
+        raise CheckFailed(f"profile {profile.name} could not boot: {report.boot_error}")
+    if not report.ok:
+        lines = [f"closure of profile {profile.name}: FAILED"]
+        for v in report.violations:
+            lines.append(f"  forbidden module {v.module} (rule {v.rule}) imported via: {' -> '.join(v.chain)}")
+        for d in report.installed_violations:
+            lines.append(f"  forbidden distribution installed: {d}")
+        if not args.json:
+            print("\n".join(lines))
+        raise CheckFailed(f"profile {profile.name} loads or installs what it must not")
+    return EXIT_OK
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    """``db migrate`` applies pending migrations; ``db status`` lists them."""
+    container = _container(args)
+
+    async def go() -> list[Any]:
+        async with _opened_backend(container, readiness=False) as backend:
+            if args.db_command == "migrate":
+                return list(await backend.migrate())
+            return list(await backend.migration_status())
+
+    states = asyncio.run(go())
+    if args.json:
+        _print_json([{"version": s.version, "name": s.name, "checksum": s.checksum, "status": s.status}
+                     for s in states])
+    else:
+        _print_table(["version", "name", "status", "checksum"],
+                     [[s.version, s.name, s.status, s.checksum[:19]] for s in states])
+    bad = [s for s in states if s.status in ("drifted", "unknown")]
+    if bad:
+        raise CheckFailed(f"{len(bad)} migration(s) drifted or unknown: "
+                          + ", ".join(f"{s.version} {s.name} ({s.status})" for s in bad))
+    return EXIT_OK
+
+
+def cmd_project(args: argparse.Namespace) -> int:
+    """Create or list projects."""
+    container = _container(args)
+
+    async def go() -> Any:
+        async with _opened_backend(container) as backend:
+            if args.project_command == "create":
+                return await backend.publisher().create_project(args.project_id, args.name)
+            return await backend.reader().list_projects()
+
+    result = asyncio.run(go())
+    if args.project_command == "create":
+        print(f"created project {result.project_id}")
+    elif args.json:
+        _print_json([{"project_id": p.project_id, "name": p.name, "active": p.active} for p in result])
+    else:
+        _print_table(["project", "name", "active"], [[p.project_id, p.name, p.active] for p in result])
+    return EXIT_OK
+
+
+def cmd_task(args: argparse.Namespace) -> int:
+    """Create a task, or publish a new revision of it."""
+    if args.payload is not None:
+        try:
+            payload = json.loads(args.payload)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"--payload is not valid JSON: {exc}") from None
+        if not isinstance(payload, dict):
+            raise UserError("--payload must be a JSON object")
+    else:
+        payload = {"command": args.command}
+    container = _container(args)
+
+    async def go() -> Any:
+        async with _opened_backend(container) as backend:
+            return await backend.publisher().put_task(args.project_id, args.task_id, payload)
+
+    task = asyncio.run(go())
+    print(f"task {task.project_id}/{task.task_id} at revision {task.task_revision} ({task.content_digest[:19]})")
+    return EXIT_OK
+
+
+def _trigger_spec(args: argparse.Namespace, current: Any | None) -> tuple[str, dict[str, Any]]:
+    if args.cron is not None and args.spec is not None:
+        raise UserError("give either --cron or --spec, not both")
+    if args.cron is not None:
+        kind = args.kind or "cron"
+        if kind != "cron":
+            raise UserError(f"--cron makes a cron trigger; --kind {kind} needs --spec")
+        spec: dict[str, Any] = {"expression": args.cron}
+        spec["timezone"] = args.timezone or (current.spec.get("timezone") if current and current.kind == "cron" else "UTC")
+        return kind, spec
+    if args.spec is not None:
+        try:
+            spec = json.loads(args.spec)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"--spec is not valid JSON: {exc}") from None
+        if not isinstance(spec, dict):
+            raise UserError("--spec must be a JSON object")
+        return args.kind or (current.kind if current else "cron"), spec
+    if current is None:
+        raise UserError("a new trigger needs --cron EXPRESSION (or --kind KIND --spec JSON)")
+    spec = dict(current.spec)
+    if args.timezone is not None:
+        if current.kind != "cron":
+            raise UserError("--timezone applies to cron triggers")
+        spec["timezone"] = args.timezone
+    return current.kind, spec
+
+
+def cmd_trigger(args: argparse.Namespace) -> int:
+    """Add, update, enable, disable, delete or list triggers."""
+    container = _container(args)
+    sub = args.trigger_command
+
+    async def go() -> Any:
+        async with _opened_backend(container) as backend:
+            pub, reader = backend.publisher(), backend.reader()
+            if sub == "list":
+                return await reader.list_triggers(args.project_id)
+            if sub in ("enable", "disable"):
+                return await pub.set_trigger_enabled(args.project_id, args.trigger_id, sub == "enable")
+            if sub == "delete":
+                await pub.delete_trigger(args.project_id, args.trigger_id)
+                return None
+            existing = {t.trigger_id: t for t in await reader.list_triggers(args.project_id)}
+            current = existing.get(args.trigger_id)
+            if sub == "add" and current is not None:
+                raise AlreadyExists(f"trigger {args.trigger_id} exists in project {args.project_id}; "
+                                    "use 'qinglong trigger update'")
+            if sub == "update" and current is None:
+                raise NotFound(f"trigger {args.trigger_id} does not exist in project {args.project_id}; "
+                               "use 'qinglong trigger add'")
+            kind, spec = _trigger_spec(args, current)
+            if args.task is None and current is None:
+                raise UserError("a new trigger needs --task TASK_ID")
+            definition = TriggerDefinition(
+                project_id=args.project_id,
+                trigger_id=args.trigger_id,
+                task_id=args.task or current.task_id,
+                kind=kind,
+                spec=spec,
+                misfire_policy=MisfirePolicy(args.misfire) if args.misfire else
+                (current.misfire_policy if current else MisfirePolicy.FIRE_ONCE),
+                misfire_grace_ms=args.grace_ms if args.grace_ms is not None else
+                (current.misfire_grace_ms if current else 60_000),
+                enabled=(not args.disabled) if args.disabled or current is None else current.enabled,
+            )
+            return await pub.put_trigger(definition)
+
+    result = asyncio.run(go())
+    if sub == "list":
+        if args.json:
+            _print_json([_head_json(t) for t in result])
+        else:
+            providers = container.trigger_providers()
+            _print_table(["project", "trigger", "rev", "task", "enabled", "misfire", "grace_ms", "schedule"],
+                         [[t.project_id, t.trigger_id, t.trigger_revision, t.task_id, t.enabled,
+                           t.misfire_policy.value, t.misfire_grace_ms,
+                           providers[t.kind].describe(t.spec) if t.kind in providers else t.kind]
+                          for t in result])
+    elif sub == "delete":
+        print(f"deleted trigger {args.project_id}/{args.trigger_id}")
+    else:
+        state = "enabled" if result.enabled else "disabled"
+        print(f"trigger {result.project_id}/{result.trigger_id} at revision {result.trigger_revision} ({state})")
+    return EXIT_OK
+
+
+def _head_json(t: Any) -> dict[str, Any]:
+    return {"project_id": t.project_id, "trigger_id": t.trigger_id, "trigger_revision": t.trigger_revision,
+            "task_id": t.task_id, "kind": t.kind, "spec": dict(t.spec), "misfire_policy": t.misfire_policy.value,
+            "misfire_grace_ms": t.misfire_grace_ms, "enabled": t.enabled, "content_digest": t.content_digest}
+
+
+def _show_runs(container: Any, *, limit: int, trigger: str | None, as_json: bool) -> int:
+    async def go() -> Any:
+        async with _opened_backend(container) as backend:
+            return await backend.reader().recent_runs(limit, trigger)
+
+    runs = asyncio.run(go())
+    if as_json:
+        _print_json([{"run_id": r.run_id, "project_id": r.project_id, "trigger_id": r.trigger_id,
+                      "trigger_revision": r.trigger_revision, "scheduled_for_ms": r.scheduled_for_ms,
+                      "admitted_at_ms": r.admitted_at_ms, "lag_ms": r.lag_ms, "state": r.state,
+                      "idempotency_key": r.idempotency_key} for r in runs])
+    else:
+        _print_table(["run", "trigger", "rev", "scheduled_for", "admitted_at", "lag_ms", "state"],
+                     [[r.run_id[:12], r.trigger_id, r.trigger_revision, _iso(r.scheduled_for_ms),
+                       _iso(r.admitted_at_ms), r.lag_ms, r.state] for r in runs])
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """Recent Runs, newest first, with their lag."""
+    return _show_runs(_container(args), limit=args.limit, trigger=args.trigger, as_json=args.json)
+
+
+def cmd_schedules(args: argparse.Namespace) -> int:
+    """Every trigger's next fire time and current lag."""
+    container = _container(args)
+
+    async def go() -> Any:
+        async with _opened_backend(container) as backend:
+            return await backend.reader().list_schedules()
+
+    schedules = asyncio.run(go())
+    now = _now_ms()
+    providers = container.trigger_providers()
+    if args.json:
+        _print_json([{"project_id": s.project_id, "trigger_id": s.trigger_id,
+                      "trigger_revision": s.trigger_revision, "kind": s.kind, "spec": dict(s.spec),
+                      "enabled": s.enabled, "misfire_policy": s.misfire_policy.value,
+                      "next_fire_at_ms": s.next_fire_at_ms, "last_scheduled_at_ms": s.last_scheduled_at_ms,
+                      "lag_ms": s.lag_ms(now)} for s in schedules])
+    else:
+        _print_table(["project", "trigger", "rev", "enabled", "next_fire_at", "last_scheduled", "lag_ms", "schedule"],
+                     [[s.project_id, s.trigger_id, s.trigger_revision, s.enabled, _iso(s.next_fire_at_ms),
+                       _iso(s.last_scheduled_at_ms), s.lag_ms(now),
+                       providers[s.kind].describe(s.spec) if s.kind in providers else s.kind]
+                      for s in schedules])
+    return EXIT_OK
+
+
+def cmd_skips(args: argparse.Namespace) -> int:
+    """Recorded misfires: what was not admitted, and under which policy."""
+    container = _container(args)
+
+    async def go() -> Any:
+        async with _opened_backend(container) as backend:
+            return await backend.reader().recent_skips(args.limit)
+
+    skips = asyncio.run(go())
+    if args.json:
+        _print_json([{"project_id": s.project_id, "trigger_id": s.trigger_id, "trigger_revision": s.trigger_revision,
+                      "policy": s.policy.value, "first_skipped_ms": s.first_skipped_ms,
+                      "last_skipped_ms": s.last_skipped_ms, "count": s.count, "count_exact": s.count_exact,
+                      "recorded_at_ms": s.recorded_at_ms} for s in skips])
+    else:
+        _print_table(["trigger", "rev", "policy", "first_skipped", "last_skipped", "count", "recorded_at"],
+                     [[s.trigger_id, s.trigger_revision, s.policy.value, _iso(s.first_skipped_ms),
+                       _iso(s.last_skipped_ms), f"{s.count}{'' if s.count_exact else '+'}", _iso(s.recorded_at_ms)]
+                      for s in skips])
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (``--settings`` and ``--profile`` work before or after the command)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--settings", metavar="PATH", default=argparse.SUPPRESS,
+                        help="settings file (TOML); default: $QINGLONG_SETTINGS, else profile defaults only")
+    common.add_argument("--profile", metavar="NAME", default=argparse.SUPPRESS,
+                        help="profile to use (edge, standalone, cluster); overrides the file's 'profile'")
+
+    parser = argparse.ArgumentParser(
+        prog="qinglong",
+        parents=[common],
+        description="Turn scheduled Triggers into durable Runs (edge, standalone and cluster profiles).",
+        epilog="Exit codes: 0 ok, 1 internal error, 2 usage, 3 user error (settings, plugin, input), "
+               "4 check failed, 130 forced stop.",
+    )
+    parser.add_argument("--version", action="version", version=f"qinglong {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, help_text: str, func: Any, **kw: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text, **kw)
+        p.set_defaults(func=func)
+        return p
+
+    def json_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = add("run", "run the scheduler until SIGTERM/SIGINT (a second signal forces the exit)", cmd_run)
+    p.add_argument("--for-seconds", type=float, default=None, metavar="S", help="stop by itself after S seconds")
+
+    p = add("demo", "publish a trigger firing every second, run a few seconds, show its Runs", cmd_demo)
+    p.add_argument("--seconds", type=float, default=5.0, help="how long to run (default 5)")
+    p.add_argument("--limit", type=int, default=10, help="Runs to show (default 10)")
+
+    json_flag(add("plugins", "list installed plugins; loaded ones show their hooks", cmd_plugins))
+    json_flag(add("profiles", "list the shipped profiles", cmd_profiles))
+
+    cfg = add("config", "inspect the effective settings", None)
+    cfg_sub = cfg.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
+    p = cfg_sub.add_parser("show", parents=[common], help="print the effective settings, secrets masked")
+    p.set_defaults(func=cmd_config_show)
+    json_flag(p)
+
+    chk = add("check", "checks for CI", None)
+    chk_sub = chk.add_subparsers(dest="check_command", metavar="SUBCOMMAND", required=True)
+    p = chk_sub.add_parser("closure", help="boot a profile in a fresh interpreter; fail on any forbidden module")
+    p.set_defaults(func=cmd_check_closure)
+    p.add_argument("--profile", dest="check_profile", required=True, metavar="NAME", help="profile to check")
+    p.add_argument("--settings", metavar="PATH", default=argparse.SUPPRESS,
+                   help="settings file to boot with (default: the profile's defaults)")
+    p.add_argument("--installed", action="store_true",
+                   help="also fail when a forbidden distribution is installed in this environment")
+    json_flag(p)
+
+    db = add("db", "database schema: migrate, status", None)
+    db_sub = db.add_subparsers(dest="db_command", metavar="SUBCOMMAND", required=True)
+    for name, text in (("migrate", "apply pending migrations (cluster: with the owner DSN)"),
+                       ("status", "list applied, pending and drifted migrations")):
+        p = db_sub.add_parser(name, parents=[common], help=text, description=text)
+        p.set_defaults(func=cmd_db)
+        json_flag(p)
+
+    prj = add("project", "create or list projects", None)
+    prj_sub = prj.add_subparsers(dest="project_command", metavar="SUBCOMMAND", required=True)
+    p = prj_sub.add_parser("create", parents=[common], help="create a project")
+    p.add_argument("project_id")
+    p.add_argument("--name", default=None)
+    p.set_defaults(func=cmd_project)
+    p = prj_sub.add_parser("list", parents=[common], help="list projects")
+    json_flag(p)
+    p.set_defaults(func=cmd_project)
+
+    tsk = add("task", "publish tasks", None)
+    tsk_sub = tsk.add_subparsers(dest="task_command", metavar="SUBCOMMAND", required=True)
+    p = tsk_sub.add_parser("put", parents=[common], help="create a task or publish a new revision of it")
+    p.add_argument("project_id")
+    p.add_argument("task_id")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--command", nargs="+", help="the command a worker will run")
+    group.add_argument("--payload", help="the task payload as a JSON object")
+    p.set_defaults(func=cmd_task)
+
+    trg = add("trigger", "publish triggers: add, update, enable, disable, delete, list", None)
+    trg_sub = trg.add_subparsers(dest="trigger_command", metavar="SUBCOMMAND", required=True)
+    for name, text in (("add", "add a trigger"), ("update", "publish a new revision (resets the schedule)")):
+        p = trg_sub.add_parser(name, parents=[common], help=text, description=text)
+        p.add_argument("project_id")
+        p.add_argument("trigger_id")
+        p.add_argument("--task", default=None, help="task the Runs execute")
+        p.add_argument("--cron", default=None, metavar="EXPR",
+                       help="cron expression: 5 fields, or 6 with seconds first")
+        p.add_argument("--timezone", default=None, metavar="ZONE", help="IANA time zone (default UTC)")
+        p.add_argument("--kind", default=None, help="trigger kind from a plugin (with --spec)")
+        p.add_argument("--spec", default=None, metavar="JSON", help="the trigger spec as a JSON object")
+        p.add_argument("--misfire", choices=[m.value for m in MisfirePolicy], default=None,
+                       help="what a late occurrence does (default fire_once)")
+        p.add_argument("--grace-ms", type=int, default=None, help="misfire grace in ms (default 60000)")
+        p.add_argument("--disabled", action="store_true", help="publish disabled")
+        p.set_defaults(func=cmd_trigger)
+    for name in ("enable", "disable", "delete"):
+        p = trg_sub.add_parser(name, parents=[common], help=f"{name} a trigger")
+        p.add_argument("project_id")
+        p.add_argument("trigger_id")
+        p.set_defaults(func=cmd_trigger)
+    p = trg_sub.add_parser("list", parents=[common], help="list triggers")
+    p.add_argument("project_id", nargs="?", default=None)
+    json_flag(p)
+    p.set_defaults(func=cmd_trigger)
+
+    p = add("runs", "recent Runs, newest first, with lag (admitted - scheduled)", cmd_runs)
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--trigger", default=None, help="only this trigger")
+    json_flag(p)
+    json_flag(add("schedules", "every trigger's next fire time and current lag", cmd_schedules))
+    p = add("skips", "recorded misfires (skipped occurrences)", cmd_skips)
+    p.add_argument("--limit", type=int, default=20)
+    json_flag(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``qinglong`` script. Returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except CheckFailed as exc:
+        print(f"qinglong: check failed: {exc}", file=sys.stderr)
+        return EXIT_CHECK
+    except (SchemaNotReady, RecoveryRequired) as exc:
+        print(f"qinglong: not ready: {exc}", file=sys.stderr)
+        return EXIT_CHECK
+    except UserError as exc:
+        print(f"qinglong: error: {exc}", file=sys.stderr)
+        return EXIT_USER
+    except KeyboardInterrupt:
+        return EXIT_FORCED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

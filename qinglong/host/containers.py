@@ -1,0 +1,192 @@
+"""The composition root: one dependency-injector container per profile, built in ``main``.
+
+Nothing here runs at import time. ``build_container`` takes validated settings, picks the profile's
+container, and the providers load plugins (by entry point), collect trigger providers and the
+backend spec, validate the ``[backend]`` section with the backend's own model and create the
+backend without connecting. The containers reference no plugin module: what differs between
+profiles is wiring (the replica identity), never an import.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from operator import methodcaller
+from typing import Any
+
+from dependency_injector import containers, providers
+
+from qinglong.contracts.errors import PluginLoadError, SettingsError
+from qinglong.contracts.store import BackendContext, SchedulerBackendSpec, SchedulerLimits
+
+from .diagnostics import FanoutSink, StderrSink
+from .lifecycle import Lifecycle
+from .plugins import PluginHost, missing_extra_requirements
+from .settings import LoadedSettings, validate_section
+
+
+def wall_clock_ms() -> int:
+    """The process clock in epoch milliseconds (edge and standalone decide with it)."""
+    return time.time_ns() // 1_000_000
+
+
+DISTRIBUTION = "qinglong"
+
+
+def extra_hint(profile_extra: str) -> str:
+    """The install command that brings a profile's extra."""
+    return f"pip install '{DISTRIBUTION}[{profile_extra}]'"
+
+
+def check_profile_extra(loaded: LoadedSettings) -> None:
+    """Refuse, before importing any plugin, a profile whose extra is not installed."""
+    missing = missing_extra_requirements(DISTRIBUTION, loaded.profile.extra)
+    if missing:
+        raise PluginLoadError(
+            f"the {loaded.profile.name} profile needs {', '.join(missing)}, which "
+            f"{'is' if len(missing) == 1 else 'are'} not installed: {extra_hint(loaded.profile.extra)}"
+        )
+
+
+def load_plugins(loaded: LoadedSettings) -> PluginHost:
+    """Load the profile's plugins, then the ones the settings enable, then check hook names."""
+    check_profile_extra(loaded)
+    host = PluginHost()
+    host.load(loaded.profile.plugins, required_by=f"the {loaded.profile.name} profile")
+    host.load(loaded.settings.plugins.enable, required_by=loaded.origin(("plugins", "enable")))
+    return host
+
+
+def backend_spec(host: PluginHost, loaded: LoadedSettings) -> SchedulerBackendSpec:
+    """The scheduler backend the profile names, from the loaded plugins."""
+    specs = host.backend_specs()
+    name = loaded.profile.backend
+    if name not in specs:
+        raise PluginLoadError(
+            f"the {loaded.profile.name} profile needs scheduler backend {name!r}, which no loaded "
+            f"plugin provides (loaded backends: {', '.join(sorted(specs)) or 'none'})"
+        )
+    return specs[name]
+
+
+def backend_settings(spec: SchedulerBackendSpec, loaded: LoadedSettings) -> Any:
+    """The ``[backend]`` section validated by the backend's own settings model."""
+    return validate_section(loaded, "backend", spec.settings_model, loaded.settings.backend)
+
+
+def diagnostics(host: PluginHost, loaded: LoadedSettings) -> FanoutSink:
+    """The host's stderr sink plus every plugin's sink, behind redaction."""
+    own = StderrSink(loaded.settings.diagnostics.level, loaded.settings.diagnostics.format)
+    return FanoutSink([own, *host.diagnostic_sinks(loaded.settings)], fallback=own)
+
+
+def single_owner(loaded: LoadedSettings) -> str:
+    """Edge and standalone: one process owns the file; ``[scheduler] owner`` or host and profile."""
+    return loaded.settings.scheduler.owner or f"{loaded.profile.name}@{socket.gethostname()}"
+
+
+def replica_owner(loaded: LoadedSettings) -> str:
+    """Cluster: ``[scheduler] owner``, or ``host:pid:random`` so every replica start is distinct."""
+    configured = loaded.settings.scheduler.owner
+    return configured or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def resolve_owner(strategy: Any, loaded: LoadedSettings) -> str:
+    """Apply the profile's owner strategy."""
+    return strategy(loaded)
+
+
+def create_backend(spec: SchedulerBackendSpec, context: BackendContext, loaded: LoadedSettings) -> Any:
+    """Create (not open) the backend; a missing driver names the extra that brings it."""
+    try:
+        return spec.create(context)
+    except ImportError as exc:
+        raise PluginLoadError(
+            f"scheduler backend {spec.name!r} cannot import its driver ({exc.__class__.__name__}: {exc}): "
+            f"{extra_hint(loaded.profile.extra)}"
+        ) from exc
+
+
+class HostContainer(containers.DeclarativeContainer):
+    """Wiring shared by every profile."""
+
+    config = providers.Configuration(strict=True)
+    loaded = providers.Dependency(instance_of=LoadedSettings)
+
+    plugin_host = providers.Singleton(load_plugins, loaded)
+    trigger_providers = providers.Singleton(methodcaller("trigger_providers"), plugin_host)
+    diagnostics = providers.Singleton(diagnostics, plugin_host, loaded)
+    backend_spec = providers.Singleton(backend_spec, plugin_host, loaded)
+    backend_settings = providers.Singleton(backend_settings, backend_spec, loaded)
+
+    limits = providers.Singleton(
+        SchedulerLimits,
+        page_size=config.scheduler.page_size,
+        claim_budget=config.scheduler.claim_budget,
+        lease_ms=config.scheduler.lease_ms,
+        cadence_ms=config.scheduler.cadence_ms,
+    )
+    owner_strategy = providers.Object(single_owner)
+    owner = providers.Singleton(resolve_owner, owner_strategy, loaded)
+    clock_ms = providers.Object(wall_clock_ms)
+    backend_context = providers.Singleton(
+        BackendContext,
+        settings=backend_settings,
+        limits=limits,
+        providers=trigger_providers,
+        diagnostics=diagnostics,
+        clock_ms=clock_ms,
+        owner=owner,
+    )
+    backend = providers.Singleton(create_backend, backend_spec, backend_context, loaded)
+
+    lifecycle = providers.Singleton(
+        Lifecycle,
+        profile=config.profile,
+        settings=loaded.provided.settings,
+        backend=backend,
+        diagnostics=diagnostics,
+        providers=trigger_providers,
+        components_factory=plugin_host.provided.lifecycle_components,
+        cadence_ms=config.scheduler.cadence_ms,
+        start_step_timeout_ms=config.lifecycle.start_step_timeout_ms,
+        stop_timeout_ms=config.lifecycle.stop_timeout_ms,
+    )
+
+
+@containers.copy(HostContainer)
+class EdgeContainer(HostContainer):
+    """``edge``: one process owns the SQLite file."""
+
+
+@containers.copy(HostContainer)
+class StandaloneContainer(HostContainer):
+    """``standalone``: the edge wiring with the standalone profile's bigger budgets."""
+
+
+@containers.copy(HostContainer)
+class ClusterContainer(HostContainer):
+    """``cluster``: many replicas share one PostgreSQL, so each start gets a distinct owner."""
+
+    owner_strategy = providers.Object(replica_owner)
+
+
+CONTAINERS: dict[str, type[HostContainer]] = {
+    "edge": EdgeContainer,
+    "standalone": StandaloneContainer,
+    "cluster": ClusterContainer,
+}
+
+
+def build_container(loaded: LoadedSettings) -> HostContainer:
+    """The profile's container with its configuration loaded from the validated settings."""
+    cls = CONTAINERS.get(loaded.profile.name)
+    if cls is None:
+        raise SettingsError(
+            f"profile {loaded.profile.name!r} has no composition root; known: {', '.join(sorted(CONTAINERS))}"
+        )
+    container = cls(loaded=loaded)
+    container.config.from_pydantic(loaded.settings)
+    return container

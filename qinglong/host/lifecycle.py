@@ -1,0 +1,269 @@
+"""The lifecycle of ``qinglong run``: ordered start, bounded stop, and the scheduler loop.
+
+Start: (configuration was validated before the container was built) -> open the database ->
+migrate when the backend asks for it -> schema readiness -> startup recovery -> scheduler loop ->
+``stack`` components -> ``admission`` components. Stop, each step bounded: withdraw admission ->
+stop and drain the scheduler -> stop the stack -> close the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
+from qinglong.contracts.errors import QinglongError
+from qinglong.contracts.hookspecs import ComponentPhase, HostContext, LifecycleComponent
+from qinglong.contracts.providers import TriggerProvider
+from qinglong.contracts.records import RoundReport
+from qinglong.contracts.store import SchedulerBackend
+
+
+class LifecycleError(QinglongError):
+    """A start step failed or timed out; everything already started was stopped."""
+
+
+@dataclass
+class LoopStats:
+    """Totals over the rounds of one scheduler loop (race statistics included)."""
+
+    rounds: int = 0
+    failed_rounds: int = 0
+    admitted: int = 0
+    initialized: int = 0
+    skipped: int = 0
+    cas_misses: int = 0
+    fence_lost: int = 0
+    serialization_retries: int = 0
+    overlaps_prevented: int = 0
+    last_round_ms: int = 0
+
+    def add(self, report: RoundReport) -> None:
+        """Fold one round's report into the totals."""
+        self.rounds += 1
+        self.admitted += report.admitted
+        self.initialized += report.initialized
+        self.skipped += report.skipped
+        self.cas_misses += report.cas_misses
+        self.fence_lost += report.fence_lost
+        self.serialization_retries += report.serialization_retries
+        self.last_round_ms = report.duration_ms
+
+
+class SchedulerLoop:
+    """Runs ``run_round`` at a cadence: rounds never overlap; errors are reported, never fatal.
+
+    A round that reports ``more_due`` (a full page) is followed at once by the next, so a backlog
+    drains page by page; otherwise the next round starts one cadence after the previous started.
+    """
+
+    def __init__(
+        self,
+        run_round: Callable[[], Awaitable[RoundReport]],
+        cadence_ms: int,
+        diagnostics: DiagnosticSink,
+    ) -> None:
+        self._run_round = run_round
+        self._cadence_s = cadence_ms / 1000
+        self._diagnostics = diagnostics
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._in_round = asyncio.Lock()
+        self.stats = LoopStats()
+
+    @property
+    def running(self) -> bool:
+        """True while the loop task is alive."""
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        """Start the loop task (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="qinglong-scheduler")
+
+    async def run_once(self) -> RoundReport | None:
+        """Run one round now unless one is in progress (then return None: no overlap)."""
+        if self._in_round.locked():
+            self.stats.overlaps_prevented += 1
+            return None
+        async with self._in_round:
+            started = time.monotonic()
+            try:
+                report = await self._run_round()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.stats.failed_rounds += 1
+                self._diagnostics.emit(
+                    DiagnosticEvent(
+                        "error",
+                        "scheduler.round_failed",
+                        f"scheduler round failed: {exc.__class__.__name__}: {exc}",
+                        {"elapsed_ms": int((time.monotonic() - started) * 1000)},
+                    )
+                )
+                return None
+            self.stats.add(report)
+            if report.errors or report.fence_lost:
+                self._diagnostics.emit(
+                    DiagnosticEvent(
+                        "warning",
+                        "scheduler.round_incomplete",
+                        "a scheduler round finished with errors or lost fences",
+                        {"errors": report.errors, "fence_lost": report.fence_lost,
+                         "cas_misses": report.cas_misses},
+                    )
+                )
+            return report
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            report = await self.run_once()
+            if self._stopping.is_set():
+                break
+            if report is not None and report.more_due:
+                await asyncio.sleep(0)  # let stop requests and other tasks in between pages
+                continue
+            delay = self._cadence_s - (time.monotonic() - started)
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def stop(self, timeout_s: float) -> bool:
+        """Let the current round finish, start no other; cancel after ``timeout_s``.
+
+        Returns True when the loop drained within the bound.
+        """
+        self._stopping.set()
+        if self._task is None:
+            return True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._diagnostics.emit(
+                DiagnosticEvent(
+                    "warning",
+                    "scheduler.drain_timeout",
+                    f"the scheduler round did not finish within {timeout_s:.1f} s and was cancelled",
+                )
+            )
+            return False
+
+
+@dataclass
+class Lifecycle:
+    """Starts and stops one profile's pieces in the documented order."""
+
+    profile: str
+    settings: Any
+    backend: SchedulerBackend
+    diagnostics: DiagnosticSink
+    providers: Mapping[str, TriggerProvider]
+    components_factory: Callable[[HostContext], Sequence[LifecycleComponent]]
+    cadence_ms: int
+    start_step_timeout_ms: int
+    stop_timeout_ms: int
+    steps: list[str] = field(default_factory=list)
+    loop: SchedulerLoop | None = None
+    last_stats: LoopStats | None = None
+    _started: list[LifecycleComponent] = field(default_factory=list)
+    _opened: bool = False
+
+    def _note(self, step: str, **fields: Any) -> None:
+        self.steps.append(step)
+        self.diagnostics.emit(DiagnosticEvent("info", f"lifecycle.{step}", step.replace("_", " "), fields))
+
+    async def _bounded(self, step: str, awaitable: Awaitable[Any]) -> Any:
+        try:
+            return await asyncio.wait_for(awaitable, self.start_step_timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            raise LifecycleError(
+                f"start step '{step}' did not finish within {self.start_step_timeout_ms} ms "
+                "(lifecycle.start_step_timeout_ms)"
+            ) from None
+
+    async def start(self) -> None:
+        """Run every start step in order; on failure stop what was started and re-raise."""
+        try:
+            await self._bounded("open_database", self.backend.open())
+            self._opened = True
+            self._note("database_opened", backend=self.backend.name)
+            if getattr(self.backend, "auto_migrate", False):
+                await self._bounded("migrate", self.backend.migrate())
+                self._note("migrated")
+            await self._bounded("schema_readiness", self.backend.check_readiness())
+            self._note("schema_ready")
+            report = await self._bounded("startup_recovery", self.backend.recover())
+            self._note(
+                "recovered",
+                pristine_queued=report.pristine_queued,
+                candidates=len(report.candidates),
+            )
+            for candidate in report.candidates:
+                self.diagnostics.emit(
+                    DiagnosticEvent("warning", "recovery.candidate", "in-flight work needs recovery",
+                                    {"what": candidate})
+                )
+            self.loop = SchedulerLoop(self.backend.run_round, self.cadence_ms, self.diagnostics)
+            self.loop.start()
+            self._note("scheduler_started", cadence_ms=self.cadence_ms)
+            context = HostContext(self.profile, self.settings, self.backend, self.diagnostics, self.providers)
+            components = list(self.components_factory(context))
+            for phase in (ComponentPhase.STACK, ComponentPhase.ADMISSION):
+                for component in components:
+                    if component.phase is phase:
+                        await self._bounded(f"start {component.name}", component.start())
+                        self._started.append(component)
+            self._note("admission_open", components=len(self._started))
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Withdraw admission, drain the scheduler, stop the stack, close the database; each bounded."""
+        bound = self.stop_timeout_ms / 1000
+        for component in reversed([c for c in self._started if c.phase is ComponentPhase.ADMISSION]):
+            await self._stop_component(component, bound)
+        self._note("admission_withdrawn")
+        await self._stop_loop(bound)
+        for component in reversed([c for c in self._started if c.phase is ComponentPhase.STACK]):
+            await self._stop_component(component, bound)
+        self._started.clear()
+        if self._opened:
+            try:
+                await asyncio.wait_for(self.backend.close(), bound)
+            except (asyncio.TimeoutError, Exception) as exc:
+                self.diagnostics.emit(
+                    DiagnosticEvent("error", "lifecycle.close_failed",
+                                    f"closing the database failed: {exc.__class__.__name__}")
+                )
+            self._opened = False
+            self._note("database_closed")
+
+    async def _stop_loop(self, bound: float) -> None:
+        if self.loop is not None:
+            drained = await self.loop.stop(bound)
+            self._note("scheduler_drained", drained=drained, rounds=self.loop.stats.rounds,
+                       admitted=self.loop.stats.admitted)
+            self.last_stats = self.loop.stats
+            self.loop = None
+
+    async def _stop_component(self, component: LifecycleComponent, bound: float) -> None:
+        try:
+            await asyncio.wait_for(component.stop(), bound)
+        except (asyncio.TimeoutError, Exception) as exc:
+            self.diagnostics.emit(
+                DiagnosticEvent("error", "lifecycle.stop_failed",
+                                f"stopping {component.name} failed: {exc.__class__.__name__}")
+            )

@@ -1,0 +1,87 @@
+"""Profiles: the TOML files shipped in :mod:`qinglong.profiles`, read without importing any plugin."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Mapping
+
+from qinglong.contracts.errors import SettingsError
+
+PROFILE_PACKAGE = "qinglong.profiles"
+
+
+@dataclass(frozen=True)
+class ProfileDefinition:
+    """One profile: what it loads, what it must never load, and its defaults."""
+
+    name: str
+    description: str
+    plugins: tuple[str, ...]
+    backend: str
+    extra: str
+    page_size_cap: int
+    claim_budget_cap: int
+    forbidden_modules: tuple[str, ...]
+    forbidden_distributions: tuple[str, ...]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+
+def available_profiles() -> list[str]:
+    """Names of the profiles shipped with this installation."""
+    return sorted(
+        entry.name[: -len(".toml")]
+        for entry in resources.files(PROFILE_PACKAGE).iterdir()
+        if entry.name.endswith(".toml")
+    )
+
+
+_REQUIRED = {
+    "description": str,
+    "plugins": list,
+    "backend": str,
+    "extra": str,
+    "page_size_cap": int,
+    "claim_budget_cap": int,
+    "forbidden_modules": list,
+    "forbidden_distributions": list,
+}
+
+
+def load_profile(name: str) -> ProfileDefinition:
+    """Read profile ``name``; raise :class:`SettingsError` listing the known ones if it is unknown."""
+    known = available_profiles()
+    if name not in known:
+        raise SettingsError(
+            f"unknown profile {name!r}; the profiles shipped are: {', '.join(known)}"
+        )
+    resource = resources.files(PROFILE_PACKAGE) / f"{name}.toml"
+    source = f"profile file {name}.toml (package {PROFILE_PACKAGE})"
+    try:
+        data = tomllib.loads(resource.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:  # a broken installation, not a user mistake
+        raise SettingsError(f"{source} is not valid TOML: {exc}") from None
+    meta = data.get("profile")
+    if not isinstance(meta, dict):
+        raise SettingsError(f"{source} has no [profile] table")
+    for key, kind in _REQUIRED.items():
+        if not isinstance(meta.get(key), kind):
+            raise SettingsError(f"{source}: [profile] {key} must be a {kind.__name__}")
+    unknown = set(meta) - set(_REQUIRED)
+    if unknown:
+        raise SettingsError(f"{source}: unknown [profile] keys: {', '.join(sorted(unknown))}")
+    return ProfileDefinition(
+        name=name,
+        description=meta["description"],
+        plugins=tuple(meta["plugins"]),
+        backend=meta["backend"],
+        extra=meta["extra"],
+        page_size_cap=meta["page_size_cap"],
+        claim_budget_cap=meta["claim_budget_cap"],
+        forbidden_modules=tuple(meta["forbidden_modules"]),
+        forbidden_distributions=tuple(meta["forbidden_distributions"]),
+        defaults=data.get("defaults", {}),
+        source=source,
+    )

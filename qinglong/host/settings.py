@@ -1,0 +1,302 @@
+"""Settings: a user's TOML file over its profile's defaults, under ``QINGLONG_*`` env overrides.
+
+Precedence, highest first: environment (``QINGLONG_<SECTION>__<KEY>``, e.g.
+``QINGLONG_SCHEDULER__PAGE_SIZE=64``), the settings file (``--settings PATH`` or
+``QINGLONG_SETTINGS``), the profile file ``qinglong/profiles/<profile>.toml``. No file at all means
+the edge profile with ``qinglong.db`` in the working directory.
+
+Every mistake (missing or malformed file, unknown key, wrong type, unknown profile, a value over a
+profile's cap) becomes one :class:`SettingsError` paragraph naming where the value came from and
+what was expected. Secret values are never echoed.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from qinglong.contracts.diagnostics import redact
+from qinglong.contracts.errors import SettingsError
+
+from .profiles import ProfileDefinition, load_profile
+
+ENV_PREFIX = "QINGLONG_"
+SETTINGS_ENV = "QINGLONG_SETTINGS"
+PROFILE_ENV = "QINGLONG_PROFILE"
+DEFAULT_PROFILE = "edge"
+_SECRET_HINTS = ("dsn", "password", "secret", "token")
+
+
+class PluginsSettings(BaseModel):
+    """``[plugins]``: extra plugins to load beyond the profile's, and their own tables."""
+
+    model_config = ConfigDict(extra="forbid")
+    enable: list[str] = Field(default_factory=list, description="entry-point names to load")
+    settings: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="[plugins.settings.<name>] tables handed to that plugin"
+    )
+
+
+class SchedulerSettings(BaseModel):
+    """``[scheduler]``: the bounds of a round. Page size and claim budget are capped by the profile."""
+
+    model_config = ConfigDict(extra="forbid")
+    cadence_ms: int = Field(1000, ge=50, le=60_000)
+    page_size: int = Field(32, ge=1)
+    claim_budget: int = Field(16, ge=1)
+    lease_ms: int = Field(30_000, ge=1_000, le=3_600_000)
+    owner: str | None = Field(None, min_length=1, max_length=200)
+
+
+class LifecycleSettings(BaseModel):
+    """``[lifecycle]``: how long each start and stop step may take."""
+
+    model_config = ConfigDict(extra="forbid")
+    start_step_timeout_ms: int = Field(30_000, ge=100, le=600_000)
+    stop_timeout_ms: int = Field(10_000, ge=100, le=600_000)
+
+
+class DiagnosticsSettings(BaseModel):
+    """``[diagnostics]``: the host's stderr sink."""
+
+    model_config = ConfigDict(extra="forbid")
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+
+
+class _DictSource(PydanticBaseSettingsSource):
+    """A settings source that returns an already parsed mapping (a TOML file we read ourselves)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], data: Mapping[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._data = dict(data)
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+class QinglongSettings(BaseSettings):
+    """The effective settings of one process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", case_sensitive=False
+    )
+
+    profile: str = DEFAULT_PROFILE
+    plugins: PluginsSettings = Field(default_factory=PluginsSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
+    diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
+    backend: dict[str, Any] = Field(
+        default_factory=dict, description="validated by the profile's backend plugin"
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        layers = _LAYERS.get()
+        return (init_settings, env_settings) + tuple(_DictSource(settings_cls, data) for _, data in reversed(layers))
+
+
+# The layers are handed to settings_customise_sources through a context variable, so building
+# settings needs no global state and no import-time work.
+import contextvars  # noqa: E402
+
+_LAYERS: contextvars.ContextVar[tuple[tuple[str, Mapping[str, Any]], ...]] = contextvars.ContextVar(
+    "qinglong_settings_layers", default=()
+)
+
+
+@dataclass(frozen=True)
+class LoadedSettings:
+    """Settings with what they were built from: the profile and where each layer came from."""
+
+    settings: QinglongSettings
+    profile: ProfileDefinition
+    file: Path | None
+    layers: tuple[tuple[str, Mapping[str, Any]], ...]
+
+    def origin(self, loc: tuple[str | int, ...]) -> str:
+        """Where the value at ``loc`` came from: an env var, the settings file or the profile."""
+        return origin_of(loc, self.layers)
+
+
+def _read_toml(path: Path, named_by: str) -> dict[str, Any]:
+    if not path.exists():
+        raise SettingsError(f"settings file {path} does not exist (named by {named_by})")
+    if not path.is_file():
+        raise SettingsError(f"settings file {path} is not a regular file (named by {named_by})")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"settings file {path} is not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"settings file {path} cannot be read: {exc.__class__.__name__}: {exc}") from None
+
+
+def _lookup(data: Mapping[str, Any], loc: tuple[str | int, ...]) -> bool:
+    node: Any = data
+    for part in loc:
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        else:
+            return False
+    return True
+
+
+def env_name(loc: tuple[str | int, ...]) -> str:
+    """The environment variable that overrides ``loc`` (``QINGLONG_SCHEDULER__PAGE_SIZE``)."""
+    return ENV_PREFIX + "__".join(str(p) for p in loc).upper()
+
+
+def origin_of(loc: tuple[str | int, ...], layers: tuple[tuple[str, Mapping[str, Any]], ...]) -> str:
+    """Name the highest layer that holds ``loc`` (or its nearest parent)."""
+    for depth in range(len(loc), 0, -1):
+        prefix = loc[:depth]
+        name = env_name(prefix)
+        if any(k.upper() == name for k in os.environ):
+            return f"environment variable {name}"
+        for label, data in reversed(layers):
+            if _lookup(data, prefix):
+                return label
+    return "the built-in defaults"
+
+
+def is_secret_key(loc: tuple[str | int, ...]) -> bool:
+    """True for keys whose values are secrets and must never be echoed."""
+    return any(h in str(part).lower() for part in loc for h in _SECRET_HINTS)
+
+
+def format_validation_error(
+    exc: ValidationError,
+    origin: Callable[[tuple[str | int, ...]], str],
+    prefix: tuple[str, ...] = (),
+    model: type[BaseModel] | None = None,
+) -> str:
+    """One paragraph: for each problem, where it came from, the key, and what was expected."""
+    parts = []
+    for err in exc.errors():
+        loc = prefix + tuple(err["loc"])
+        key = ".".join(str(p) for p in loc)
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(model, tuple(err["loc"])[:-1]) if model else []
+            hint = f"; expected one of: {', '.join(allowed)}" if allowed else ""
+            problem = f"unknown key{hint}"
+        elif err["type"] == "missing":
+            problem = "a value is required"
+        else:
+            problem = err["msg"]
+            if not is_secret_key(loc) and err["type"] not in ("missing",):
+                shown = redact(repr(err.get("input")))
+                if len(shown) > 60:
+                    shown = shown[:57] + "..."
+                problem = f"{problem} (got {shown})"
+        parts.append(f"{origin(loc)}: key '{key}': {problem}")
+    return "invalid settings: " + "; ".join(parts) + "."
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    current: Any = model
+    for part in loc:
+        fields = getattr(current, "model_fields", None)
+        if not fields or part not in fields:
+            return []
+        current = fields[part].annotation
+    fields = getattr(current, "model_fields", None)
+    return sorted(fields) if fields else []
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, *, profile: str | None = None) -> LoadedSettings:
+    """Build the effective settings. Call from ``main`` (never at import time).
+
+    ``path`` comes from ``--settings``; without it ``QINGLONG_SETTINGS`` is used; without either,
+    only the profile's defaults and the environment count. ``profile`` (from ``--profile``) wins over
+    the file's and the environment's ``profile``.
+    """
+    named_by = "--settings"
+    if path is None and os.environ.get(SETTINGS_ENV):
+        path, named_by = os.environ[SETTINGS_ENV], f"environment variable {SETTINGS_ENV}"
+    file = Path(path) if path is not None else None
+    user: dict[str, Any] = _read_toml(file, named_by) if file is not None else {}
+
+    chosen = profile or os.environ.get(PROFILE_ENV) or user.get("profile") or DEFAULT_PROFILE
+    if not isinstance(chosen, str):
+        where = f"settings file {file}" if file else "the environment"
+        raise SettingsError(f"{where}: key 'profile': expected a profile name such as 'edge'")
+    definition = load_profile(chosen)
+
+    layers: list[tuple[str, Mapping[str, Any]]] = [(definition.source, dict(definition.defaults))]
+    if file is not None:
+        layers.append((f"settings file {file}", user))
+    frozen_layers = tuple(layers)
+
+    token = _LAYERS.set(frozen_layers)
+    try:
+        # The chosen profile is passed explicitly: --profile beats the environment beats the file.
+        settings = QinglongSettings(profile=chosen)
+    except ValidationError as exc:
+        raise SettingsError(
+            format_validation_error(exc, lambda loc: origin_of(loc, frozen_layers), model=QinglongSettings)
+        ) from None
+    finally:
+        _LAYERS.reset(token)
+    loaded = LoadedSettings(settings, definition, file, frozen_layers)
+    _check_caps(loaded)
+    return loaded
+
+
+def _check_caps(loaded: LoadedSettings) -> None:
+    s, p = loaded.settings.scheduler, loaded.profile
+    for key, value, cap in (
+        ("page_size", s.page_size, p.page_size_cap),
+        ("claim_budget", s.claim_budget, p.claim_budget_cap),
+    ):
+        if value > cap:
+            raise SettingsError(
+                f"invalid settings: {loaded.origin(('scheduler', key))}: key 'scheduler.{key}': "
+                f"{value} is over the {p.name} profile's cap of {cap}."
+            )
+
+
+def validate_section(
+    loaded: LoadedSettings, section: str, model: type[BaseModel], data: Mapping[str, Any]
+) -> BaseModel:
+    """Validate a free-form section (``backend``, a plugin's table) with a plugin's model."""
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as exc:
+        raise SettingsError(
+            format_validation_error(exc, loaded.origin, prefix=tuple(section.split(".")), model=model)
+        ) from None
+
+
+def masked_dump(value: Any) -> Any:
+    """A JSON-ready copy of settings with every secret replaced by ``'**********'``."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    return _mask(value, ())
+
+
+def _mask(value: Any, loc: tuple[str, ...]) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _mask(v, loc + (str(k),)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask(v, loc) for v in value]
+    if isinstance(value, str) and value and is_secret_key(loc):
+        return redact(value) if "://" in value and "@" not in value else "**********"
+    return value
