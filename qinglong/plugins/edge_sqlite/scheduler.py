@@ -2,7 +2,7 @@
 
 The whole round runs as one function on the connection's thread (one hop per round, see FACTS):
 
-1. read ONE page of due or uninitialised schedules (``claim_due_page``), oldest cursor first;
+1. read ONE page of uninitialised, then due schedules (:func:`read_page`), oldest cursor first;
 2. decide every row with the contract's :func:`~qinglong.contracts.decision.decide`, no
    transaction open, so cron maths never holds the write lock;
 3. commit each decision in its own transaction: a compare-and-set on the schedule row (revision,
@@ -203,6 +203,20 @@ def _count(outcome: RoundOutcome, decision: Decision) -> None:
         outcome.skipped += 1
 
 
+def read_page(conn: sqlite3.Connection, now_ms: int, page_size: int) -> list[tuple]:
+    """ONE page in due-scan order: ``next_fire_at_ms NULLS FIRST, project_id, trigger_id``.
+
+    Two index range scans (uninitialised, then due) instead of one ``IS NULL OR <=`` predicate,
+    which SQLite cannot serve in index order and would answer by scanning and sorting every
+    trigger. Each stops after the page; the table is never in memory.
+    """
+    rows = conn.execute(q("claim_uninitialised_page"), {"page": page_size}).fetchall()
+    if len(rows) < page_size:
+        rows += conn.execute(q("claim_due_page"),
+                             {"now": now_ms, "page": page_size - len(rows)}).fetchall()
+    return rows
+
+
 def run_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
              providers: Mapping[str, TriggerProvider],
              before_commit: BeforeCommit | None = None) -> RoundOutcome:
@@ -210,10 +224,7 @@ def run_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
     outcome = RoundOutcome()
     specs: dict[str, Any] = {}
     memo: dict = {}
-    # fetchmany(page) reads exactly the page: the table is never in memory.
-    cursor = conn.execute(q("claim_due_page"), {"now": now_ms, "page": page_size})
-    raw_rows = cursor.fetchmany(page_size)
-    cursor.close()
+    raw_rows = read_page(conn, now_ms, page_size)
     outcome.scanned = len(raw_rows)
     outcome.more_due = len(raw_rows) >= page_size
 

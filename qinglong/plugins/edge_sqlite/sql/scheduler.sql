@@ -1,17 +1,34 @@
--- name: claim_due_page
--- One page of due or uninitialised schedules of enabled triggers of active projects, oldest first.
+-- name: claim_uninitialised_page
+-- Schedules awaiting initialisation (NULL cursor sorts first), by project and trigger.
+-- CROSS JOIN pins the schedule index as the driving loop, so the scan stops after one page.
 SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
        s.last_scheduled_at_ms, s.state_version,
        t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.content_digest,
        k.task_revision, k.content_digest
   FROM trigger_schedules AS s
-  JOIN triggers AS t ON t.trigger_id = s.trigger_id AND t.trigger_revision = s.trigger_revision
-  JOIN projects AS p ON p.project_id = s.project_id
-  JOIN tasks AS k ON k.project_id = t.project_id AND k.task_id = t.task_id
- WHERE (s.next_fire_at_ms IS NULL OR s.next_fire_at_ms <= :now)
+ CROSS JOIN triggers AS t ON t.trigger_id = s.trigger_id AND t.trigger_revision = s.trigger_revision
+ CROSS JOIN projects AS p ON p.project_id = s.project_id
+ CROSS JOIN tasks AS k ON k.project_id = t.project_id AND k.task_id = t.task_id
+ WHERE s.next_fire_at_ms IS NULL
    AND t.enabled = 1
    AND p.active = 1
- ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
+ ORDER BY s.project_id, s.trigger_id
+ LIMIT :page;
+
+-- name: claim_due_page
+-- Due schedules of enabled triggers of active projects, oldest cursor first, one page at most.
+SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
+       s.last_scheduled_at_ms, s.state_version,
+       t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.content_digest,
+       k.task_revision, k.content_digest
+  FROM trigger_schedules AS s
+ CROSS JOIN triggers AS t ON t.trigger_id = s.trigger_id AND t.trigger_revision = s.trigger_revision
+ CROSS JOIN projects AS p ON p.project_id = s.project_id
+ CROSS JOIN tasks AS k ON k.project_id = t.project_id AND k.task_id = t.task_id
+ WHERE s.next_fire_at_ms <= :now
+   AND t.enabled = 1
+   AND p.active = 1
+ ORDER BY s.next_fire_at_ms, s.project_id, s.trigger_id
  LIMIT :page;
 
 -- name: advance_schedule

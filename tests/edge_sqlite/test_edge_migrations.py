@@ -1,0 +1,127 @@
+"""Migration stream: fresh install, forward migration, and fail-closed refusals that write nothing."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from edge_helpers import dump, open_backend, query
+from qinglong.contracts.errors import SchemaNotReady, UserError
+from qinglong.plugins.edge_sqlite import create_backend, migrations
+from edge_helpers import make_context
+
+
+def _make_database_with(path, count: int) -> None:
+    """A database as an older version left it: only the first ``count`` migrations applied."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        known = migrations.load_migrations()[:count]
+        migrations.apply_pending(conn, known, str(path), 1)
+        conn.execute("INSERT INTO projects (project_id, name, active, created_at_ms) "
+                     "VALUES ('old', 'made by 0001', 1, 1)")
+    finally:
+        conn.close()
+
+
+def test_migration_stream_is_ordered_and_has_at_least_two_steps():
+    """Without an ordered stream of several files, forward migration would be untested."""
+    known = migrations.load_migrations()
+    assert [m.version for m in known] == list(range(1, len(known) + 1))
+    assert len(known) >= 2
+    assert all(m.checksum.startswith("sha256:") for m in known)
+
+
+async def test_fresh_database_is_migrated_and_ready(db_path, clock):
+    """A fresh file must become ready with every migration recorded; otherwise nothing can start."""
+    backend = await open_backend(db_path, clock)
+    try:
+        states = await backend.migration_status()
+        assert {s.status for s in states} == {"applied"}
+        assert query(db_path, "PRAGMA journal_mode") == [("wal",)]
+        rows = query(db_path, "SELECT version, name, checksum, applied_at_ms FROM schema_migrations")
+        assert [(r[0], r[1]) for r in rows] == [(m.version, m.name) for m in backend.migrations]
+        assert all(r[3] == clock.ms for r in rows)
+    finally:
+        await backend.close()
+
+
+async def test_database_of_an_older_version_is_migrated_forward_in_place(db_path, clock):
+    """An upgrade must keep the data of a database made by 0001 alone and add what 0002 brings."""
+    _make_database_with(db_path, 1)
+    backend = create_backend(make_context(db_path, clock))
+    await backend.open()
+    try:
+        with pytest.raises(SchemaNotReady, match="0002_schedule_skips"):
+            await backend.check_readiness()
+        await backend.migrate()
+        await backend.check_readiness()
+        assert query(db_path, "SELECT project_id FROM projects") == [("old",)]
+        assert query(db_path, "SELECT count(*) FROM schedule_skips") == [(0,)]
+    finally:
+        await backend.close()
+
+
+async def test_migrate_twice_applies_nothing_twice(db_path, clock):
+    """A second migrate at restart must be a no-op, not a duplicate ledger row or a failure."""
+    backend = await open_backend(db_path, clock)
+    await backend.close()
+    backend = await open_backend(db_path, clock)
+    await backend.close()
+    assert len(query(db_path, "SELECT * FROM schema_migrations")) == len(migrations.load_migrations())
+
+
+@pytest.mark.parametrize(
+    "tamper, expected",
+    [
+        ("UPDATE schema_migrations SET checksum = 'sha256:0' WHERE version = 1", "0001_initial was altered"),
+        ("INSERT INTO schema_migrations VALUES (3, 'from_the_future', 'sha256:1', 1)",
+         "0003_from_the_future is not known"),
+        ("DELETE FROM schema_migrations WHERE version = 1", "0001_initial is missing"),
+    ],
+    ids=["altered", "unknown", "missing"],
+)
+async def test_untrusted_schema_is_refused_without_touching_the_file(db_path, clock, tamper, expected):
+    """Starting on a drifted, newer or gapped schema could corrupt data; refusal must also leave the
+    file byte for byte as it was."""
+    _make_database_with(db_path, 2)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute(tamper)
+    conn.close()
+    before = db_path.read_bytes()
+    backend = create_backend(make_context(db_path, clock))
+    await backend.open()
+    try:
+        with pytest.raises(SchemaNotReady, match=expected) as refused:
+            await backend.migrate()
+        assert str(db_path) in str(refused.value)
+        with pytest.raises(SchemaNotReady, match=expected):
+            await backend.check_readiness()
+    finally:
+        await backend.close()
+    assert db_path.read_bytes() == before
+    assert not db_path.with_name(db_path.name + "-wal").exists() or \
+        db_path.with_name(db_path.name + "-wal").stat().st_size == 0
+
+
+async def test_readiness_without_auto_migrate_names_the_pending_migration(db_path, clock):
+    """With auto_migrate off, an empty file must be refused with a fix, not half-used."""
+    backend = create_backend(make_context(db_path, clock, auto_migrate=False))
+    assert backend.auto_migrate is False
+    await backend.open()
+    try:
+        with pytest.raises(SchemaNotReady, match="0001_initial is not applied"):
+            await backend.check_readiness()
+    finally:
+        await backend.close()
+
+
+async def test_missing_directory_is_a_user_error_naming_the_path(tmp_path, clock):
+    """A typo in [backend] path must say which path, instead of creating directories or a traceback."""
+    path = tmp_path / "no-such-dir" / "q.db"
+    backend = create_backend(make_context(path, clock))
+    with pytest.raises(UserError, match="no-such-dir"):
+        await backend.open()
+    assert not path.parent.exists()
+    await backend.close()
+    await backend.close()
