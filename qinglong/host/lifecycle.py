@@ -56,8 +56,13 @@ class SchedulerLoop:
     """Runs ``run_round`` at a cadence: rounds never overlap; errors are reported, never fatal.
 
     A round that reports ``more_due`` (a full page) is followed at once by the next, so a backlog
-    drains page by page; otherwise the next round starts one cadence after the previous started.
+    drains page by page. Otherwise the next round starts at the next wall-clock multiple of the
+    cadence (plus a few ms): occurrences fall on whole seconds and minutes, so an aligned round
+    admits them a few ms late instead of up to a whole cadence late.
     """
+
+    #: How long after a cadence boundary a round starts, so the boundary's occurrence is due.
+    ALIGN_OFFSET_S = 0.005
 
     def __init__(
         self,
@@ -127,7 +132,10 @@ class SchedulerLoop:
             if report is not None and report.more_due:
                 await asyncio.sleep(0)  # let stop requests and other tasks in between pages
                 continue
-            delay = self._cadence_s - (time.monotonic() - started)
+            if time.monotonic() - started >= self._cadence_s:
+                await asyncio.sleep(0)  # a round that overran its cadence: the next starts now
+                continue
+            delay = self._cadence_s - (time.time() % self._cadence_s) + self.ALIGN_OFFSET_S
             if delay > 0:
                 try:
                     await asyncio.wait_for(self._stopping.wait(), delay)
