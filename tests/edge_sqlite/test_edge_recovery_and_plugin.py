@@ -1,0 +1,101 @@
+"""Startup recovery, and the plugin's face: hook, settings model, lazy driver import."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from edge_helpers import cron, open_backend, query, seed
+from qinglong.contracts.store import SchedulerBackend
+from qinglong.plugins.edge_sqlite import EdgeSqliteSettings, qinglong_scheduler_backends
+
+MINUTE = 60_000
+
+
+async def _admit_two(backend, clock) -> None:
+    await seed(backend)
+    await backend.publisher().put_trigger(cron("a", "* * * * *"))
+    await backend.run_round()
+    clock.advance(2 * MINUTE)
+    assert (await backend.run_round()).admitted == 2
+
+
+async def test_pristine_queued_attempts_are_left_alone(db_path, clock):
+    """Treating a queued, never-dispatched Attempt as failed would retry or lose work at every start."""
+    backend = await open_backend(db_path, clock)
+    try:
+        await _admit_two(backend, clock)
+        before = query(db_path, "SELECT * FROM attempts ORDER BY attempt_id")
+        report = await backend.recover()
+        assert report.pristine_queued == 2 and report.candidates == ()
+        assert query(db_path, "SELECT * FROM attempts ORDER BY attempt_id") == before
+    finally:
+        await backend.close()
+
+
+@pytest.mark.parametrize(
+    "drift, reason",
+    [
+        ("UPDATE attempts SET worker_id = 'w1' WHERE rowid = 1", "dispatch or result fields are set"),
+        ("UPDATE runs SET state = 'dispatching' WHERE rowid = 1", "run state 'dispatching'"),
+        ("INSERT INTO attempts (attempt_id, run_id, attempt_no, state, executor, execution_digest, "
+         "created_at_ms) SELECT 'second', run_id, 2, 'failed', 'remote_worker', 'x', 0 FROM runs "
+         "WHERE rowid = 1", "attempt state 'failed'"),
+    ],
+    ids=["worker-set", "dispatching", "newer-attempt"],
+)
+async def test_drifted_in_flight_work_is_reported_and_not_modified(db_path, clock, drift, reason):
+    """Anything in flight that admission did not leave exactly so must reach an operator (fail
+    closed) and must not be touched by recovery."""
+    backend = await open_backend(db_path, clock)
+    try:
+        await _admit_two(backend, clock)
+        conn = sqlite3.connect(db_path)
+        conn.execute(drift)
+        conn.commit()
+        conn.close()
+        before = {t: query(db_path, f"SELECT * FROM {t} ORDER BY rowid") for t in ("runs", "attempts")}
+        report = await backend.recover()
+        assert report.pristine_queued == 1
+        (candidate,) = report.candidates
+        assert reason in candidate
+        assert {t: query(db_path, f"SELECT * FROM {t} ORDER BY rowid") for t in ("runs", "attempts")} == before
+    finally:
+        await backend.close()
+
+
+def test_hook_offers_the_backend_with_a_strict_settings_model():
+    """A typo in [backend] must be an error, not a silently ignored key."""
+    (spec,) = qinglong_scheduler_backends()
+    assert spec.name == "edge_sqlite" and spec.settings_model is EdgeSqliteSettings
+    defaults = EdgeSqliteSettings()
+    assert (defaults.path, defaults.synchronous, defaults.auto_migrate) == ("qinglong.db", "normal", True)
+    with pytest.raises(ValidationError):
+        EdgeSqliteSettings(pathh="x.db")
+    with pytest.raises(ValidationError):
+        EdgeSqliteSettings(synchronous="off")
+
+
+async def test_backend_satisfies_the_contract_protocols(db_path, clock):
+    """The host drives the backend only through the protocols; a missing method fails at run time."""
+    backend = await open_backend(db_path, clock)
+    try:
+        from qinglong.contracts.store import Publisher, Reader
+        assert isinstance(backend, SchedulerBackend)
+        assert isinstance(backend.publisher(), Publisher)
+        assert isinstance(backend.reader(), Reader)
+    finally:
+        await backend.close()
+
+
+def test_importing_the_plugin_does_not_import_the_driver():
+    """The host imports every profile plugin to list it; importing aiosqlite there would cost
+    every process the driver."""
+    code = ("import sys, qinglong.plugins.edge_sqlite as p; p.qinglong_scheduler_backends(); "
+            "bad = [m for m in ('aiosqlite', 'sqlite3', 'psycopg') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
