@@ -1,0 +1,43 @@
+"""The ``cluster_postgres`` plugin: many replicas sharing one PostgreSQL, row leases, no leader.
+
+Loaded only by the ``cluster`` profile, through its entry point. This module imports nothing
+heavy: the settings model is pydantic only, and psycopg is imported when the host calls the
+factory. The package holds one module per concept:
+
+* ``settings``: the ``[backend]`` section;
+* ``migrations`` (+ ``migrations/NNNN_*.sql``) and ``roles``: the schema stream and exact grants,
+  both verified at readiness;
+* ``sql`` (+ ``sql/*.sql``): named SQL blocks;
+* ``claim``: the one-statement ``SKIP LOCKED`` claim; ``admission``: the SERIALIZABLE admit;
+  ``coordinator``: one bounded round;
+* ``publisher``, ``reader``, ``recovery`` and ``backend`` (the ``SchedulerBackend``).
+"""
+
+from __future__ import annotations
+
+from qinglong.contracts.hookspecs import hookimpl
+from qinglong.contracts.store import BackendContext, SchedulerBackend, SchedulerBackendSpec
+
+from .settings import ClusterPostgresSettings
+
+BACKEND_NAME = "cluster_postgres"
+
+
+def create_backend(context: BackendContext) -> SchedulerBackend:
+    """Build the backend without connecting; psycopg is imported here, not at plugin load."""
+    from .backend import ClusterPostgresBackend
+
+    return ClusterPostgresBackend(context)
+
+
+@hookimpl
+def qinglong_scheduler_backends():
+    """Offer the ``cluster_postgres`` scheduler backend."""
+    return [
+        SchedulerBackendSpec(
+            name=BACKEND_NAME,
+            settings_model=ClusterPostgresSettings,
+            create=create_backend,
+            description="PostgreSQL 15+: row-lease claims (SKIP LOCKED), SERIALIZABLE admission, no leader",
+        )
+    ]
