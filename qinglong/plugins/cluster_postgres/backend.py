@@ -1,0 +1,224 @@
+"""``ClusterPostgresBackend``: the :class:`~qinglong.contracts.store.SchedulerBackend` of the
+cluster profile.
+
+Two pools, each opened on first need: the runtime pool (claims, admission, reader, recovery,
+readiness) and the admin pool (publisher). Migrations use a single owner connection. Nothing
+connects in ``__init__``; settings problems (a missing DSN) are raised as
+:class:`~qinglong.contracts.errors.SettingsError` naming the key, before any connection.
+
+A round never raises: its errors go to the diagnostic sink (redacted, no DSN) and show in the
+report's ``errors``. A connection that died while idle (``pg_terminate_backend``, a server
+restart) is discarded by the pool's check when the next round borrows it, so the next round
+recovers by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Sequence
+
+import psycopg
+from psycopg_pool import PoolTimeout
+
+from qinglong.contracts.diagnostics import DiagnosticEvent
+from qinglong.contracts.errors import QinglongError, SchemaNotReady, SettingsError
+from qinglong.contracts.records import MigrationState, RecoveryReport, RoundReport
+from qinglong.contracts.store import BackendContext
+
+from . import migrations, recovery, roles
+from .claim import effective_budget
+from .coordinator import RoundStats, run_round
+from .db import BackendUnavailable, Secrets, connect, describe_error, make_pool
+from .publisher import ClusterPublisher
+from .reader import ClusterReader
+from .settings import ClusterPostgresSettings
+
+
+class ClusterPostgresBackend:
+    """PostgreSQL row-lease scheduler backend (see the package docstring)."""
+
+    name = "cluster_postgres"
+
+    def __init__(self, context: BackendContext) -> None:
+        settings = context.settings
+        if isinstance(settings, dict):
+            settings = ClusterPostgresSettings.model_validate(settings)
+        if not isinstance(settings, ClusterPostgresSettings):
+            raise SettingsError("cluster_postgres needs ClusterPostgresSettings as its [backend] settings")
+        self.context = context
+        self.settings = settings
+        self.auto_migrate = settings.auto_migrate
+        self.owner = context.owner
+        self.secrets = Secrets(
+            s.get_secret_value() if s is not None else None
+            for s in (settings.runtime_dsn, settings.admin_dsn, settings.owner_dsn)
+        )
+        self._runtime_pool = None
+        self._admin_pool = None
+        self._lock = asyncio.Lock()
+        self._round_lock = asyncio.Lock()
+
+    # ---- connections ---------------------------------------------------------------------
+    def _app_name(self, role: str) -> str:
+        return f"qinglong {role} {self.owner}"
+
+    async def _open_pool(self, key: str, purpose: str, name: str, min_size: int, max_size: int):
+        dsn = self.settings.require_dsn(key, purpose)
+        pool = make_pool(
+            dsn, name=name, min_size=min_size, max_size=max_size,
+            timeout_ms=self.settings.pool_timeout_ms,
+            statement_timeout_ms=self.settings.statement_timeout_ms,
+            application_name=self._app_name(name),
+        )
+        try:
+            await pool.open(wait=min_size > 0, timeout=self.settings.pool_timeout_ms / 1000)
+        except (PoolTimeout, psycopg.Error) as exc:
+            await pool.close()
+            raise BackendUnavailable(
+                f"cannot open the {name} pool ({key}): {describe_error(exc, self.secrets)}"
+            ) from None
+        return pool
+
+    async def runtime_pool(self):
+        """The runtime role's pool, opened on first use."""
+        async with self._lock:
+            if self._runtime_pool is None:
+                self._runtime_pool = await self._open_pool(
+                    "runtime_dsn", "to run the scheduler and read", "runtime",
+                    self.settings.pool_min_size, self.settings.pool_max_size)
+            return self._runtime_pool
+
+    async def admin_pool(self):
+        """The admin role's pool (publisher), opened on first use."""
+        async with self._lock:
+            if self._admin_pool is None:
+                self._admin_pool = await self._open_pool(
+                    "admin_dsn", "to publish projects, tasks and triggers", "admin", 1, 2)
+            return self._admin_pool
+
+    async def _with_runtime(self, body):
+        pool = await self.runtime_pool()
+        try:
+            async with pool.connection() as conn:
+                return await body(conn)
+        except PoolTimeout as exc:
+            raise BackendUnavailable(
+                f"no runtime connection within {self.settings.pool_timeout_ms} ms: "
+                f"{describe_error(exc, self.secrets)}") from None
+        except psycopg.OperationalError as exc:
+            raise BackendUnavailable(describe_error(exc, self.secrets)) from None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    async def open(self) -> None:
+        """Open the runtime pool (the admin pool opens when the publisher is first used)."""
+        await self.runtime_pool()
+
+    async def migrate(self) -> Sequence[MigrationState]:
+        """Apply pending migrations as the owner role (``owner_dsn``), all in one transaction."""
+        dsn = self.settings.require_dsn("owner_dsn", "to apply migrations")
+        conn = await connect(dsn, statement_timeout_ms=0, application_name=self._app_name("migrate"),
+                             secrets=self.secrets)
+        try:
+            return await migrations.apply_pending(conn, self.settings.roles())
+        except psycopg.Error as exc:
+            raise SchemaNotReady(f"migration failed: {describe_error(exc, self.secrets)}") from None
+        finally:
+            await conn.close()
+
+    async def migration_status(self) -> Sequence[MigrationState]:
+        """Every known or applied migration with its status (read as the runtime role)."""
+        return await self._with_runtime(migrations.status)
+
+    async def check_readiness(self) -> None:
+        """Fail closed unless the migration stream, capability, owners, roles and GRANTs are exact."""
+        async def body(conn):
+            problems: list[str] = []
+            cur = await conn.execute("SELECT current_user")
+            user = (await cur.fetchone())[0]
+            if user != self.settings.runtime_role:
+                problems.append(f"runtime_dsn logs in as {user}, expected {self.settings.runtime_role}")
+            applied = await migrations.read_applied(conn)
+            if applied is None:
+                raise SchemaNotReady(
+                    "the cluster schema is not installed (or not visible to the runtime role); "
+                    "apply the migrations as the owner role")
+            problems += migrations.readiness_problems(migrations.compare(migrations.known_migrations(), applied))
+            have = max((a.capability for a in applied), default=0)
+            if have != migrations.capability_version():
+                problems.append(f"schema capability {have}, this version needs {migrations.capability_version()}")
+            problems += await roles.privilege_problems(conn, self.settings.roles())
+            return problems
+
+        try:
+            problems = await self._with_runtime(body)
+        except psycopg.Error as exc:
+            raise SchemaNotReady(f"readiness check failed: {describe_error(exc, self.secrets)}") from None
+        if problems:
+            raise SchemaNotReady("schema not ready: " + "; ".join(problems))
+
+    async def recover(self) -> RecoveryReport:
+        """Classify in-flight Runs; candidates are reported, never touched (see ``recovery``)."""
+        report = await self._with_runtime(recovery.scan)
+        if report.candidates:
+            self._emit("warning", "cluster_postgres.recovery_candidates",
+                       f"{len(report.candidates)} in-flight run(s) are not pristine and need recovery",
+                       candidates=len(report.candidates), pristine=report.pristine_queued)
+        return report
+
+    async def run_round(self) -> RoundReport:
+        """One bounded round; never raises, never overlaps itself (a second caller waits)."""
+        async with self._round_lock:
+            stats = RoundStats()
+            limits = self.context.limits
+            try:
+                pool = await self.runtime_pool()
+                async with pool.connection() as conn:
+                    await run_round(
+                        conn, owner=self.owner, claim_budget=effective_budget(limits.claim_budget),
+                        lease_ms=limits.lease_ms, providers=self.context.providers,
+                        diagnostics=self.context.diagnostics,
+                        retries=self.settings.serialization_retries, secrets=self.secrets,
+                        stats=stats)
+            except asyncio.CancelledError:
+                raise
+            except QinglongError as exc:
+                stats.errors += 1
+                self._emit("error", "cluster_postgres.round_failed", str(exc))
+            except Exception as exc:  # the loop must survive anything a round meets
+                stats.errors += 1
+                self._emit("error", "cluster_postgres.round_failed", describe_error(exc, self.secrets))
+            self.last_round = stats
+            return stats.report()
+
+    def publisher(self) -> ClusterPublisher:
+        """The admin side (admin role)."""
+        return ClusterPublisher(self.admin_pool, self.context.providers, self.settings.serialization_retries)
+
+    def reader(self) -> ClusterReader:
+        """The read side (runtime role)."""
+        return ClusterReader(self.runtime_pool)
+
+    async def database_now_ms(self) -> int:
+        """The database clock, epoch ms (for the CLI and tests)."""
+        from .sql import query
+
+        async def body(conn):
+            cur = await conn.execute(query("database_now_ms"))
+            return (await cur.fetchone())[0]
+
+        return await self._with_runtime(body)
+
+    async def close(self) -> None:
+        """Close both pools. Idempotent."""
+        for attr in ("_runtime_pool", "_admin_pool"):
+            pool = getattr(self, attr)
+            setattr(self, attr, None)
+            if pool is not None:
+                await pool.close()
+
+    def _emit(self, level: str, code: str, message: str, **fields) -> None:
+        try:
+            self.context.diagnostics.emit(
+                DiagnosticEvent(level, code, self.secrets.mask(message), fields).redacted())
+        except Exception:
+            pass

@@ -1,0 +1,78 @@
+"""The claim: one READ COMMITTED statement that leases due schedules to this replica.
+
+See ``sql/claim.sql`` (``claim_due_schedules``). There is no leader and no advisory lock: every
+replica runs the same statement, ``FOR UPDATE ... SKIP LOCKED`` keeps two replicas off the same
+row, and the written fence (owner, fresh token, claim_version + 1, expiry from the database clock)
+keeps anyone else off it until the lease expires in database time. No cron maths and no
+identifier generation happen here; the statement commits on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qinglong.contracts.records import ClaimFence, MisfirePolicy, ScheduleCursor, TriggerHead
+
+from .sql import query
+
+#: The hard cap of one claim, whatever the settings say.
+CLAIM_BUDGET_HARD_CAP = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedSchedule:
+    """One schedule this replica now holds, with everything the decision and admission need.
+
+    ``observed_at_ms`` is the claim statement's database clock, also written as the row's
+    ``updated_at_ms`` (the claim's acquisition time); the decision is made at this time.
+    """
+
+    head: TriggerHead
+    cursor: ScheduleCursor
+    fence: ClaimFence
+    task_revision: int
+    task_digest: str
+    observed_at_ms: int
+
+
+def _row_to_claim(row) -> ClaimedSchedule:
+    (trigger_id, project_id, task_id, trigger_revision, next_fire_at_ms, last_scheduled_at_ms,
+     state_version, owner, token, claim_version, expires_at_ms, head_revision, kind, spec,
+     misfire_policy, misfire_grace_ms, enabled, content_digest, task_revision, task_digest,
+     observed_at_ms) = row
+    head = TriggerHead(
+        project_id=project_id, trigger_id=trigger_id, task_id=task_id,
+        trigger_revision=head_revision, kind=kind, spec=spec,
+        misfire_policy=MisfirePolicy(misfire_policy), misfire_grace_ms=misfire_grace_ms,
+        enabled=enabled, content_digest=content_digest,
+    )
+    cursor = ScheduleCursor(trigger_revision, next_fire_at_ms, last_scheduled_at_ms, state_version)
+    fence = ClaimFence(owner=owner, token=token, claim_version=claim_version, expires_at_ms=expires_at_ms)
+    return ClaimedSchedule(head, cursor, fence, task_revision, task_digest, observed_at_ms)
+
+
+def effective_budget(requested: int) -> int:
+    """The number of rows one claim may take: ``requested`` bounded to [0, 256]."""
+    return max(0, min(int(requested), CLAIM_BUDGET_HARD_CAP))
+
+
+async def claim_due_schedules(conn, *, owner: str, limit: int, lease_ms: int) -> list[ClaimedSchedule]:
+    """Claim up to ``limit`` (at most 256) due schedules for ``owner`` with a ``lease_ms`` lease.
+
+    ``conn`` must be in autocommit mode, so the statement is its own READ COMMITTED transaction
+    and its row locks are released when it returns. Returns the claims in due order.
+    """
+    budget = effective_budget(limit)
+    if budget == 0:
+        return []
+    if lease_ms <= 0:
+        raise ValueError("lease_ms must be positive")
+    cur = await conn.execute(
+        query("claim_due_schedules"), {"owner": owner, "limit": budget, "lease_ms": int(lease_ms)}
+    )
+    rows = await cur.fetchall()
+    claims = [_row_to_claim(row) for row in rows]
+    # RETURNING does not keep the CTE's order; restore the due order for the caller.
+    claims.sort(key=lambda c: (c.cursor.next_fire_at_ms is not None, c.cursor.next_fire_at_ms or 0,
+                               c.head.project_id, c.head.trigger_id))
+    return claims

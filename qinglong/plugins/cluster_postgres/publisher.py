@@ -1,0 +1,215 @@
+"""The admin side: projects, tasks (with pinned execution revisions) and triggers.
+
+Every call is one SERIALIZABLE transaction on the admin role's pool (retried on serialization
+failures, which write nothing). Input is validated before the transaction starts, so bad input
+writes nothing. Publishing a trigger upserts its schedule row in the same transaction; a new
+revision resets the cursor and the claim and increments ``state_version`` and ``claim_version``,
+which kills every older claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from qinglong.contracts.errors import AlreadyExists, NotFound, UserError
+from qinglong.contracts.records import (
+    MisfirePolicy,
+    ProjectRecord,
+    TaskRecord,
+    TriggerDefinition,
+    TriggerHead,
+    canonical_json,
+    content_digest,
+)
+from qinglong.contracts.store import check_identifier, validate_definition
+
+from .admission import RETRYABLE
+from .sql import query
+
+T = TypeVar("T")
+
+EXECUTOR = "remote_worker"
+
+
+def execution_spec(project_id: str, task_id: str, task_revision: int, task_digest: str) -> dict:
+    """The pinned execution revision of a task revision: what a remote worker will be offered."""
+    return {
+        "executor": EXECUTOR,
+        "project_id": project_id,
+        "task_id": task_id,
+        "task_revision": task_revision,
+        "task_digest": task_digest,
+    }
+
+
+def trigger_digest(project_id: str, trigger_id: str, task_id: str, kind: str, spec: Mapping[str, Any],
+                   policy: MisfirePolicy, grace_ms: int, enabled: bool) -> str:
+    """Content digest of a trigger definition (after its provider normalised the spec)."""
+    return content_digest({
+        "project_id": project_id, "trigger_id": trigger_id, "task_id": task_id, "kind": kind,
+        "spec": dict(spec), "misfire_policy": policy.value, "misfire_grace_ms": grace_ms,
+        "enabled": enabled,
+    })
+
+
+def _head(trigger_id: str, row) -> TriggerHead:
+    project_id, task_id, revision, kind, spec, policy, grace, enabled, digest = row
+    return TriggerHead(project_id, trigger_id, task_id, revision, kind, spec, MisfirePolicy(policy),
+                       grace, enabled, digest)
+
+
+class ClusterPublisher:
+    """:class:`~qinglong.contracts.store.Publisher` on PostgreSQL (admin role)."""
+
+    def __init__(self, pool_factory: Callable[[], Awaitable[Any]], providers: Mapping[str, Any],
+                 retries: int = 5) -> None:
+        self._pool_factory = pool_factory
+        self._providers = providers
+        self._retries = retries
+
+    async def _transaction(self, body: Callable[[psycopg.AsyncConnection], Awaitable[T]]) -> T:
+        pool = await self._pool_factory()
+        attempt = 0
+        while True:
+            try:
+                async with pool.connection() as conn:
+                    async with conn.transaction():
+                        return await body(conn)
+            except RETRYABLE:
+                if attempt >= self._retries:
+                    raise
+                attempt += 1
+                await asyncio.sleep(random.uniform(0, 0.005 * 2 ** attempt))
+
+    async def create_project(self, project_id: str, name: str | None = None) -> ProjectRecord:
+        """Create an active project; :class:`AlreadyExists` if the identifier is taken."""
+        check_identifier("project_id", project_id)
+        display = name if name is not None else project_id
+
+        async def body(conn):
+            cur = await conn.execute(query("insert_project"), {"project_id": project_id, "name": display})
+            row = await cur.fetchone()
+            if row is None:
+                raise AlreadyExists(f"project {project_id!r} already exists")
+            return ProjectRecord(*row)
+
+        return await self._transaction(body)
+
+    async def put_task(self, project_id: str, task_id: str, payload: Mapping[str, Any]) -> TaskRecord:
+        """Create a task or publish a new revision when the payload changed; each revision gets
+        its pinned ``remote_worker`` execution revision in the same transaction."""
+        check_identifier("project_id", project_id)
+        check_identifier("task_id", task_id)
+        if not isinstance(payload, Mapping):
+            raise UserError("a task payload must be a table (JSON object)")
+        try:
+            payload_json = canonical_json(payload)
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"task payload is not JSON-serialisable: {exc}") from None
+        digest = content_digest(payload)
+        normalised = dict(payload)
+
+        async def body(conn):
+            await _require_project(conn, project_id)
+            cur = await conn.execute(query("lock_task_head"), {"project_id": project_id, "task_id": task_id})
+            row = await cur.fetchone()
+            if row is not None and row[1] == digest:
+                return TaskRecord(project_id, task_id, row[0], normalised, digest)
+            revision = 1 if row is None else row[0] + 1
+            keys = {"project_id": project_id, "task_id": task_id, "task_revision": revision}
+            await conn.execute(query("upsert_task_head"), {**keys, "content_digest": digest})
+            await conn.execute(query("insert_task_revision"),
+                               {**keys, "payload_json": payload_json, "content_digest": digest})
+            spec = execution_spec(project_id, task_id, revision, digest)
+            await conn.execute(query("insert_execution_revision"),
+                               {**keys, "spec_json": canonical_json(spec),
+                                "content_digest": content_digest(spec)})
+            return TaskRecord(project_id, task_id, revision, normalised, digest)
+
+        return await self._transaction(body)
+
+    async def put_trigger(self, definition: TriggerDefinition) -> TriggerHead:
+        """Add a trigger or publish a new revision (resetting its schedule), in one transaction."""
+        spec, kind = validate_definition(definition, self._providers)
+        try:
+            policy = MisfirePolicy(definition.misfire_policy)
+        except ValueError:
+            raise UserError(
+                f"invalid misfire_policy {definition.misfire_policy!r}: expected 'skip' or 'fire_once'"
+            ) from None
+        if not isinstance(definition.enabled, bool):
+            raise UserError("enabled must be true or false")
+        return await self._transaction(lambda conn: self._publish(
+            conn, definition.project_id, definition.trigger_id, definition.task_id, kind, spec,
+            policy, definition.misfire_grace_ms, definition.enabled))
+
+    async def _publish(self, conn, project_id: str, trigger_id: str, task_id: str, kind: str,
+                       spec: Mapping[str, Any], policy: MisfirePolicy, grace_ms: int,
+                       enabled: bool) -> TriggerHead:
+        await _require_project(conn, project_id)
+        cur = await conn.execute(query("lock_task_head"), {"project_id": project_id, "task_id": task_id})
+        if await cur.fetchone() is None:
+            raise NotFound(f"task {task_id!r} does not exist in project {project_id!r}")
+        digest = trigger_digest(project_id, trigger_id, task_id, kind, spec, policy, grace_ms, enabled)
+        cur = await conn.execute(query("lock_trigger_head"), {"trigger_id": trigger_id})
+        row = await cur.fetchone()
+        if row is not None and row[0] != project_id:
+            raise AlreadyExists(
+                f"trigger {trigger_id!r} already exists in another project; trigger ids are unique"
+            )
+        if row is not None and row[8] == digest:
+            return _head(trigger_id, row)
+        revision = 1 if row is None else row[2] + 1
+        params = {
+            "trigger_id": trigger_id, "project_id": project_id, "task_id": task_id,
+            "trigger_revision": revision, "kind": kind, "spec_json": Jsonb(dict(spec)),
+            "misfire_policy": policy.value, "misfire_grace_ms": grace_ms, "enabled": enabled,
+            "content_digest": digest,
+        }
+        await conn.execute(query("upsert_trigger_head"), params)
+        await conn.execute(query("reset_schedule"), params)
+        return TriggerHead(project_id, trigger_id, task_id, revision, kind, dict(spec), policy,
+                           grace_ms, enabled, digest)
+
+    async def set_trigger_enabled(self, project_id: str, trigger_id: str, enabled: bool) -> TriggerHead:
+        """Enable or disable a trigger; a change is a new revision (the cursor is reset)."""
+        if not isinstance(enabled, bool):
+            raise UserError("enabled must be true or false")
+
+        async def body(conn):
+            cur = await conn.execute(query("lock_trigger_head"), {"trigger_id": trigger_id})
+            row = await cur.fetchone()
+            if row is None or row[0] != project_id:
+                raise NotFound(f"trigger {trigger_id!r} does not exist in project {project_id!r}")
+            head = _head(trigger_id, row)
+            if head.enabled == enabled:
+                return head
+            return await self._publish(conn, project_id, trigger_id, head.task_id, head.kind,
+                                       head.spec, head.misfire_policy, head.misfire_grace_ms, enabled)
+
+        return await self._transaction(body)
+
+    async def delete_trigger(self, project_id: str, trigger_id: str) -> None:
+        """Delete a trigger and its schedule row; its Runs stay."""
+
+        async def body(conn):
+            cur = await conn.execute(query("lock_trigger_head"), {"trigger_id": trigger_id})
+            row = await cur.fetchone()
+            if row is None or row[0] != project_id:
+                raise NotFound(f"trigger {trigger_id!r} does not exist in project {project_id!r}")
+            await conn.execute(query("delete_schedule"), {"trigger_id": trigger_id})
+            await conn.execute(query("delete_trigger_head"),
+                               {"trigger_id": trigger_id, "project_id": project_id})
+
+        await self._transaction(body)
+
+
+async def _require_project(conn, project_id: str) -> None:
+    cur = await conn.execute(query("project_exists"), {"project_id": project_id})
+    if await cur.fetchone() is None:
+        raise NotFound(f"project {project_id!r} does not exist")

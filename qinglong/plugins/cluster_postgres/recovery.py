@@ -1,0 +1,30 @@
+"""Startup recovery: tell pristine queued work from work that needs a decision.
+
+A pristine queued Attempt (see ``sql/recovery.sql``) is exactly what admission left and is NOT a
+failed execution: it is counted and left alone. Every other in-flight Run (any drifted field, a
+``dispatching`` or ``running`` state, a newer Attempt, a missing Attempt) is a recovery candidate.
+
+Choice: recovery never writes and never raises for candidates; it returns them in
+:class:`~qinglong.contracts.records.RecoveryReport` (and the backend reports their number to the
+diagnostic sink). The scheduler only creates new queued work, which candidates cannot disturb, so
+blocking it would only add an outage; the dispatch side, when it exists, owns the candidates.
+"""
+
+from __future__ import annotations
+
+from qinglong.contracts.records import RecoveryReport
+
+from .sql import query
+
+
+async def scan(conn) -> RecoveryReport:
+    """Classify every in-flight Run; read-only."""
+    cur = await conn.execute(query("scan_in_flight_runs"))
+    pristine = 0
+    candidates: list[str] = []
+    for run_id, is_pristine in await cur.fetchall():
+        if is_pristine:
+            pristine += 1
+        else:
+            candidates.append(run_id)
+    return RecoveryReport(pristine_queued=pristine, candidates=tuple(candidates))

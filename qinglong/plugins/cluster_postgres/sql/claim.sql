@@ -1,0 +1,41 @@
+-- name: claim_due_schedules
+-- Claims up to %(limit)s schedules of enabled triggers in active projects that are due or awaiting
+-- initialisation and hold no live claim, in due order, skipping rows other replicas hold locked.
+-- Writes owner, a fresh token, claim_version + 1, expiry = now + lease, state_version + 1 and
+-- updated_at_ms = now (the claim's acquisition time), and returns each row with what the decision
+-- needs and the observation. Run alone in autocommit (READ COMMITTED): the row locks last one
+-- statement. `now` is clock_timestamp() read once (MATERIALIZED): the time this statement ran,
+-- not the start of some earlier transaction, and the same value for every row.
+WITH clock AS MATERIALIZED (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+),
+due AS (
+    SELECT s.trigger_id
+    FROM qinglong.trigger_schedules s
+    JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
+    JOIN qinglong.projects p ON p.project_id = t.project_id
+    CROSS JOIN clock
+    WHERE p.active
+      AND t.enabled
+      AND (s.next_fire_at_ms IS NULL OR s.next_fire_at_ms <= clock.now_ms)
+      AND (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms < clock.now_ms)
+    ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+)
+UPDATE qinglong.trigger_schedules s
+SET claim_owner = %(owner)s,
+    claim_token = gen_random_uuid(),
+    claim_version = s.claim_version + 1,
+    claim_expires_at_ms = clock.now_ms + %(lease_ms)s,
+    state_version = s.state_version + 1,
+    updated_at_ms = clock.now_ms
+FROM due, clock, qinglong.triggers t, qinglong.tasks k
+WHERE s.trigger_id = due.trigger_id
+  AND t.trigger_id = s.trigger_id
+  AND k.project_id = t.project_id AND k.task_id = t.task_id
+RETURNING s.trigger_id, s.project_id, t.task_id, s.trigger_revision, s.next_fire_at_ms,
+          s.last_scheduled_at_ms, s.state_version, s.claim_owner, s.claim_token::text,
+          s.claim_version, s.claim_expires_at_ms, t.trigger_revision AS head_revision, t.kind,
+          t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.enabled, t.content_digest,
+          k.task_revision, k.content_digest AS task_digest, clock.now_ms AS observed_at_ms

@@ -1,0 +1,90 @@
+-- name: insert_project
+-- Creates an active project; returns nothing when the identifier is taken.
+INSERT INTO qinglong.projects (project_id, name, active, created_at_ms, updated_at_ms)
+SELECT %(project_id)s, %(name)s, true, c.now_ms, c.now_ms
+FROM (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms) c
+ON CONFLICT (project_id) DO NOTHING
+RETURNING project_id, name, active
+
+-- name: project_exists
+-- Whether a project exists (active or not).
+SELECT 1 FROM qinglong.projects WHERE project_id = %(project_id)s
+
+-- name: lock_task_head
+-- Reads a task head for update, so two publishers of one task serialise.
+SELECT task_revision, content_digest FROM qinglong.tasks
+WHERE project_id = %(project_id)s AND task_id = %(task_id)s
+FOR UPDATE
+
+-- name: upsert_task_head
+-- Points a task head at a new revision.
+INSERT INTO qinglong.tasks (project_id, task_id, task_revision, content_digest, updated_at_ms)
+VALUES (%(project_id)s, %(task_id)s, %(task_revision)s, %(content_digest)s,
+        floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+ON CONFLICT (project_id, task_id) DO UPDATE
+SET task_revision = excluded.task_revision, content_digest = excluded.content_digest,
+    updated_at_ms = excluded.updated_at_ms
+
+-- name: insert_task_revision
+-- Stores a task revision's canonical payload and digest.
+INSERT INTO qinglong.task_revisions (project_id, task_id, task_revision, payload_json,
+                                     content_digest, created_at_ms)
+VALUES (%(project_id)s, %(task_id)s, %(task_revision)s, %(payload_json)s, %(content_digest)s,
+        floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+
+-- name: insert_execution_revision
+-- Pins the remote_worker execution revision of a task revision, with its digest.
+INSERT INTO qinglong.execution_revisions (project_id, task_id, task_revision, executor, spec_json,
+                                          content_digest, created_at_ms)
+VALUES (%(project_id)s, %(task_id)s, %(task_revision)s, 'remote_worker', %(spec_json)s,
+        %(content_digest)s, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+
+-- name: lock_trigger_head
+-- Reads a trigger head for update (trigger ids are unique across projects).
+SELECT project_id, task_id, trigger_revision, kind, spec_json, misfire_policy, misfire_grace_ms,
+       enabled, content_digest
+FROM qinglong.triggers WHERE trigger_id = %(trigger_id)s
+FOR UPDATE
+
+-- name: upsert_trigger_head
+-- Writes a trigger head at a new revision.
+INSERT INTO qinglong.triggers (trigger_id, project_id, task_id, trigger_revision, kind, spec_json,
+                               misfire_policy, misfire_grace_ms, enabled, content_digest,
+                               updated_at_ms)
+VALUES (%(trigger_id)s, %(project_id)s, %(task_id)s, %(trigger_revision)s, %(kind)s,
+        %(spec_json)s::jsonb, %(misfire_policy)s, %(misfire_grace_ms)s, %(enabled)s,
+        %(content_digest)s, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+ON CONFLICT (trigger_id) DO UPDATE
+SET task_id = excluded.task_id, trigger_revision = excluded.trigger_revision,
+    kind = excluded.kind, spec_json = excluded.spec_json, misfire_policy = excluded.misfire_policy,
+    misfire_grace_ms = excluded.misfire_grace_ms, enabled = excluded.enabled,
+    content_digest = excluded.content_digest, updated_at_ms = excluded.updated_at_ms
+
+-- name: reset_schedule
+-- Creates a trigger's schedule row, or resets it for a new revision: cursor cleared, claim
+-- cleared, state_version and claim_version incremented, so every older claim is dead forever.
+INSERT INTO qinglong.trigger_schedules AS s (trigger_id, project_id, trigger_revision,
+                                             next_fire_at_ms, last_scheduled_at_ms, state_version,
+                                             claim_owner, claim_token, claim_version,
+                                             claim_expires_at_ms, updated_at_ms)
+VALUES (%(trigger_id)s, %(project_id)s, %(trigger_revision)s, NULL, NULL, 1, NULL, NULL, 0, NULL,
+        floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+ON CONFLICT (trigger_id) DO UPDATE
+SET trigger_revision = excluded.trigger_revision,
+    next_fire_at_ms = NULL,
+    last_scheduled_at_ms = NULL,
+    state_version = s.state_version + 1,
+    claim_owner = NULL,
+    claim_token = NULL,
+    claim_version = s.claim_version + 1,
+    claim_expires_at_ms = NULL,
+    updated_at_ms = greatest(s.updated_at_ms, excluded.updated_at_ms)
+
+-- name: delete_schedule
+-- Deletes a trigger's schedule row (its Runs stay).
+DELETE FROM qinglong.trigger_schedules WHERE trigger_id = %(trigger_id)s
+
+-- name: delete_trigger_head
+-- Deletes a trigger head of a project; returns the deleted id.
+DELETE FROM qinglong.triggers WHERE trigger_id = %(trigger_id)s AND project_id = %(project_id)s
+RETURNING trigger_id
