@@ -1,0 +1,326 @@
+"""Benchmark of the edge_sqlite backend. A script run by hand, never a test.
+
+    python bench/edge.py [--triggers 10000] [--steady-triggers 1000] [--seconds 15]
+
+Every figure is measured in a fresh child process and printed beside its floors, all in one run:
+
+* floors: peak RSS of ``python3 -c pass`` and of a process that only imports pluggy, croniter,
+  aiosqlite, pydantic_settings and dependency_injector (what any edge host process imports);
+* ceiling: the admission transaction shape (read one due row by index, compare-and-set the
+  schedule, insert Run, Attempt and two events, commit) with stdlib sqlite3 in a tight loop;
+* drain: N triggers, half of them due, drained by ``run_round`` through the plugin's factory:
+  admissions per second, import time, peak RSS, RSS at idle after the backlog; repeated at
+  1,000 and 100,000 triggers to show memory does not grow with the table;
+* steady: M triggers firing every second, rounds at a 1 s cadence; lag (admitted - due) p50/p99.
+
+Results go to stdout and to ``bench/results/edge.json``. Uses only the stdlib and the project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FLOOR_IMPORTS = "import pluggy, croniter, aiosqlite, pydantic_settings, dependency_injector"
+ZONES = ["UTC", "Europe/Berlin", "Asia/Shanghai", "America/New_York", "Europe/London",
+         "Asia/Tokyo", "America/Chicago", "Australia/Brisbane"]
+MiB = 1024 * 1024
+
+
+def _peak_rss_of(argv: list[str], env: dict | None = None) -> tuple[int, str]:
+    """Run ``argv``; return its own peak RSS (bytes, from wait4) and its stdout."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
+    out = proc.stdout.read().decode()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv[:4]} failed with {proc.returncode}")
+    return usage.ru_maxrss * 1024, out
+
+
+def _child(mode: str, *args: str) -> tuple[int, dict]:
+    peak, out = _peak_rss_of([sys.executable, __file__, "--child", mode, *args])
+    return peak, json.loads(out.strip().splitlines()[-1])
+
+
+def _current_rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# ---------------------------------------------------------------- database set-up (bulk SQL)
+
+def make_database(path: Path, triggers: int, due_fraction: float, expression: str, now_ms: int,
+                  grace_ms: int = 60_000) -> None:
+    """Create ``triggers`` triggers with bulk SQL (publishing 100,000 one by one would dominate the
+    run); the first ``due_fraction`` have a due cursor, the rest are not due for an hour."""
+    from qinglong.contracts.records import canonical_json
+    from qinglong.plugins.cron.provider import CronProvider
+    from qinglong.plugins.edge_sqlite import migrations
+
+    provider = CronProvider()
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrations.apply_pending(conn, migrations.load_migrations(), str(path), now_ms)
+    conn.execute("BEGIN")
+    conn.execute("INSERT INTO projects VALUES ('bench', 'bench', 1, ?)", (now_ms,))
+    conn.execute("INSERT INTO tasks VALUES ('bench', 'job', 1, '{}', 'sha256:0', ?)", (now_ms,))
+    specs = [provider.validate({"expression": expression, "timezone": z}) for z in ZONES]
+    due_count = int(triggers * due_fraction)
+
+    def rows():
+        for i in range(triggers):
+            spec = specs[i % len(specs)]
+            if due_count and i < due_count:
+                nxt = provider.latest_at_or_before(spec, now_ms)
+            elif expression.split()[0] == "*" and len(expression.split()) == 6:
+                nxt = None  # initialised by the first round
+            else:
+                nxt = now_ms + 3_600_000
+            yield (f"tr{i:06d}", canonical_json(spec), nxt)
+
+    batch = []
+    for trigger_id, spec_json, nxt in rows():
+        batch.append((trigger_id, spec_json, nxt))
+        if len(batch) == 5000:
+            _insert(conn, batch, now_ms, grace_ms)
+            batch = []
+    _insert(conn, batch, now_ms, grace_ms)
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def _insert(conn, batch, now_ms, grace_ms) -> None:
+    conn.executemany(
+        "INSERT INTO triggers VALUES (?, 'bench', 'job', 1, 'cron', ?, 'fire_once', ?, 1, 'sha256:0', ?)",
+        [(t, s, grace_ms, now_ms) for t, s, _ in batch])
+    conn.executemany(
+        "INSERT INTO trigger_schedules VALUES (?, 'bench', 1, ?, NULL, 1, ?)",
+        [(t, n, now_ms) for t, _, n in batch])
+
+
+# ---------------------------------------------------------------- child processes
+
+def child_floor() -> dict:
+    exec(FLOOR_IMPORTS)
+    return {}
+
+
+def child_ceiling(path: str, count: int, synchronous: str) -> dict:
+    """The admission transaction shape with stdlib sqlite3, one transaction per occurrence."""
+    import uuid
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    conn.execute("PRAGMA foreign_keys = ON")
+    now = int(time.time() * 1000)
+    started = time.perf_counter()
+    done = 0
+    while done < count:
+        conn.execute("BEGIN IMMEDIATE")
+        row = conn.execute(
+            "SELECT trigger_id, trigger_revision, state_version, next_fire_at_ms FROM trigger_schedules "
+            "WHERE next_fire_at_ms <= ? ORDER BY next_fire_at_ms, project_id, trigger_id LIMIT 1",
+            (now,)).fetchone()
+        if row is None:
+            conn.execute("ROLLBACK")
+            break
+        tid, rev, version, nxt = row
+        conn.execute("UPDATE trigger_schedules SET next_fire_at_ms = ?, last_scheduled_at_ms = ?, "
+                     "state_version = state_version + 1, updated_at_ms = ? WHERE trigger_id = ? AND "
+                     "trigger_revision = ? AND state_version = ? AND next_fire_at_ms IS ?",
+                     (nxt + 3_600_000, nxt, now, tid, rev, version, nxt))
+        run_id = uuid.uuid4().hex
+        conn.execute("INSERT INTO runs VALUES (?, 'bench', ?, ?, 'job', 1, 'sha256:0', ?, ?, ?, 'queued', ?)",
+                     (run_id, tid, rev, nxt, now, now, f"ql3:cron:v1:{tid}:{rev}:{nxt}"))
+        conn.execute("INSERT INTO attempts (attempt_id, run_id, attempt_no, state, executor, "
+                     "execution_digest, created_at_ms) VALUES (?, ?, 1, 'claimed', 'remote_worker', "
+                     "'sha256:0', ?)", (uuid.uuid4().hex, run_id, now))
+        conn.execute("INSERT INTO run_events (run_id, seq, type, at_ms) VALUES (?1, 1, 'run.created', ?2), "
+                     "(?1, 2, 'run.queued', ?2)", (run_id, now))
+        conn.execute("COMMIT")
+        done += 1
+    elapsed = time.perf_counter() - started
+    return {"transactions": done, "tps": round(done / elapsed)}
+
+
+def _backend(path: str, page_size: int, synchronous: str):
+    from qinglong.contracts.store import BackendContext, SchedulerLimits
+    from qinglong.plugins.cron.provider import CronProvider
+    from qinglong.plugins.edge_sqlite import EdgeSqliteSettings, create_backend
+
+    class Sink:
+        def emit(self, event):
+            print(f"diagnostic {event.code}: {event.message}", file=sys.stderr)
+
+    return create_backend(BackendContext(
+        settings=EdgeSqliteSettings(path=path, synchronous=synchronous),
+        limits=SchedulerLimits(page_size=page_size, claim_budget=16, lease_ms=30_000, cadence_ms=1000),
+        providers={"cron": CronProvider()}, diagnostics=Sink(),
+        clock_ms=lambda: time.time_ns() // 1_000_000, owner="bench"))
+
+
+def child_drain(path: str, page_size: int, synchronous: str) -> dict:
+    """Import like a host, open, drain the backlog, then sit idle for a moment."""
+    import asyncio
+    import gc
+
+    started = time.perf_counter()
+    exec(FLOOR_IMPORTS)
+    import qinglong.plugins.edge_sqlite as plugin
+    from qinglong.plugins.edge_sqlite import backend as _backend_module  # noqa: F401  (the driver)
+    import_s = time.perf_counter() - started
+    del plugin
+
+    async def run() -> dict:
+        backend = _backend(path, page_size, synchronous)
+        await backend.open()
+        await backend.check_readiness()
+        rounds = admitted = 0
+        t0 = time.perf_counter()
+        while True:
+            report = await backend.run_round()
+            rounds += 1
+            admitted += report.admitted
+            if not report.more_due:
+                break
+        elapsed = time.perf_counter() - t0
+        gc.collect()
+        await asyncio.sleep(0.5)
+        idle = _current_rss()
+        await backend.close()
+        return {"admitted": admitted, "rounds": rounds, "seconds": round(elapsed, 3),
+                "admissions_per_s": round(admitted / elapsed) if elapsed else None,
+                "idle_rss_mib": round(idle / MiB, 1)}
+
+    result = asyncio.run(run())
+    result["import_ms"] = round(import_s * 1000, 1)
+    return result
+
+
+def child_steady(path: str, page_size: int, seconds: float, synchronous: str) -> dict:
+    """Rounds at a 1 s cadence (back to back while a page is full), as the lifecycle runs them."""
+    import asyncio
+
+    exec(FLOOR_IMPORTS)
+
+    async def run() -> dict:
+        backend = _backend(path, page_size, synchronous)
+        await backend.open()
+        await backend.check_readiness()
+        start_ms = time.time_ns() // 1_000_000
+        deadline = time.monotonic() + seconds
+        loop = asyncio.get_running_loop()
+        while time.monotonic() < deadline:
+            round_start = loop.time()
+            report = await backend.run_round()
+            if not report.more_due:
+                await asyncio.sleep(max(0.0, 1.0 - (loop.time() - round_start)))
+        await backend.close()
+        return {"start_ms": start_ms}
+
+    return asyncio.run(run())
+
+
+# ---------------------------------------------------------------- parent
+
+def _percentile(values: list[int], q: float) -> int:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--triggers", type=int, default=10_000, help="triggers of the drain run (half due)")
+    parser.add_argument("--steady-triggers", type=int, default=1_000, help="one-second triggers of the lag run")
+    parser.add_argument("--seconds", type=float, default=15.0, help="length of the lag run")
+    parser.add_argument("--page-size", type=int, default=128, help="page size (the edge cap is 128)")
+    parser.add_argument("--synchronous", choices=("normal", "full"), default="normal")
+    parser.add_argument("--memory-scales", default="1000,100000",
+                        help="trigger counts of the extra drain runs that compare peak RSS")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.child:
+        mode, *rest = args.child
+        result = {"floor": lambda: child_floor(),
+                  "ceiling": lambda: child_ceiling(rest[0], int(rest[1]), rest[2]),
+                  "drain": lambda: child_drain(rest[0], int(rest[1]), rest[2]),
+                  "steady": lambda: child_steady(rest[0], int(rest[1]), float(rest[2]), rest[3])}[mode]()
+        print(json.dumps(result))
+        return
+
+    results: dict = {"python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version,
+                     "synchronous": args.synchronous, "page_size": args.page_size}
+    bare, _ = _peak_rss_of([sys.executable, "-c", "pass"])
+    floor, _ = _peak_rss_of([sys.executable, "-c", FLOOR_IMPORTS])
+    results["floor_bare_python_peak_rss_mib"] = round(bare / MiB, 1)
+    results["floor_imports_peak_rss_mib"] = round(floor / MiB, 1)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmpdir = Path(tmp)
+        now = int(time.time() * 1000)
+
+        def drain_run(count: int) -> dict:
+            db = tmpdir / f"drain-{count}.db"
+            make_database(db, count, 0.5, "* * * * *", now_ms=int(time.time() * 1000))
+            peak, drain = _child("drain", str(db), str(args.page_size), args.synchronous)
+            drain["triggers"] = count
+            drain["due"] = count // 2
+            drain["peak_rss_mib"] = round(peak / MiB, 1)
+            return drain
+
+        ceiling_db = tmpdir / "ceiling.db"
+        make_database(ceiling_db, args.triggers, 0.5, "* * * * *", now_ms=now)
+        _, ceiling = _child("ceiling", str(ceiling_db), str(args.triggers // 2), args.synchronous)
+        results["ceiling_stdlib_sqlite3"] = ceiling
+
+        results["drain"] = drain_run(args.triggers)
+        scales = [int(s) for s in args.memory_scales.split(",") if s.strip()]
+        results["memory_scales"] = [drain_run(count) for count in scales]
+
+        steady_db = tmpdir / "steady.db"
+        make_database(steady_db, args.steady_triggers, 0.0, "* * * * * *", now_ms=now)
+        peak, steady = _child("steady", str(steady_db), str(args.page_size), str(args.seconds),
+                              args.synchronous)
+        conn = sqlite3.connect(steady_db)
+        warm_ms = steady["start_ms"] + 2_000  # skip initialisation and the first second
+        lags = [r[0] for r in conn.execute(
+            "SELECT admitted_at_ms - scheduled_for_ms FROM runs WHERE scheduled_for_ms >= ?", (warm_ms,))]
+        conn.close()
+        results["steady"] = {
+            "triggers": args.steady_triggers, "seconds": args.seconds, "runs_measured": len(lags),
+            "lag_p50_ms": _percentile(lags, 0.50) if lags else None,
+            "lag_p99_ms": _percentile(lags, 0.99) if lags else None,
+            "lag_max_ms": max(lags) if lags else None,
+            "peak_rss_mib": round(peak / MiB, 1),
+        }
+
+    drain = results["drain"]
+    by_scale = {m["triggers"]: m["peak_rss_mib"] for m in results["memory_scales"]}
+    results["targets"] = {
+        "peak_rss_le_import_floor_plus_8mib": drain["peak_rss_mib"] <= results["floor_imports_peak_rss_mib"] + 8,
+        "admissions_ge_half_ceiling": drain["admissions_per_s"] >= ceiling["tps"] / 2,
+        "steady_lag_p99_lt_1500ms": (results["steady"]["lag_p99_ms"] or 0) < 1500,
+    }
+    if 1000 in by_scale and 100000 in by_scale:
+        results["targets"]["peak_rss_100k_le_1k_plus_3mib"] = by_scale[100000] <= by_scale[1000] + 3
+
+    out = ROOT / "bench" / "results" / "edge.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
