@@ -247,15 +247,17 @@ def create_roles(server: PgServer, passwords: dict[str, str] = ROLE_PASSWORDS) -
 
 def create_database(server: PgServer, dbname: str, owner: str = "qinglong_owner",
                     connect_roles: tuple[str, ...] = ("qinglong_admin", "qinglong_runtime",
-                                                      "qinglong_worker_ingress")) -> None:
-    """A fresh database owned by ``owner``; only the listed roles may connect."""
+                                                      "qinglong_worker_ingress"),
+                    template: str = "template0") -> None:
+    """A fresh database owned by ``owner`` (a copy of ``template``); only the listed roles may
+    connect."""
     import psycopg
     from psycopg import sql
 
     with psycopg.connect(server.superuser_dsn(), autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
-        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {} TEMPLATE template0").format(
-            sql.Identifier(dbname), sql.Identifier(owner)))
+        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {} TEMPLATE {}").format(
+            sql.Identifier(dbname), sql.Identifier(owner), sql.Identifier(template)))
         conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(dbname)))
         for role in connect_roles:
             conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(

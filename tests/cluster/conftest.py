@@ -122,21 +122,99 @@ def fresh_db(pg_server):
     drop_database(pg_server, name)
 
 
-@pytest.fixture
-def cluster(fresh_db):
-    """A fresh database with every migration applied as the owner role."""
-    backend = fresh_db.backend("migrator")
+def migrate(db: ClusterDb) -> None:
+    """Apply every migration as the owner role, through the backend."""
+    backend = db.backend("migrator")
 
-    async def migrate():
+    async def body():
         try:
             await backend.migrate()
         finally:
             await backend.close()
 
-    asyncio.run(migrate())
-    return fresh_db
+    asyncio.run(body())
+
+
+@pytest.fixture(scope="session")
+def migrated_template(pg_server):
+    """A database migrated once per server, copied for each test (CREATE DATABASE ... TEMPLATE):
+    every test still starts from a freshly migrated schema, without paying for the migration."""
+    name = "ql_migrated_template"
+    create_database(pg_server, name)
+    migrate(ClusterDb(pg_server, name))
+    return name
+
+
+@pytest.fixture
+def cluster(pg_server, migrated_template):
+    """A fresh database with every migration applied as the owner role."""
+    name = f"ql_{os.getpid()}_{next(_db_counter)}"
+    create_database(pg_server, name, template=migrated_template)
+    db = ClusterDb(pg_server, name)
+    yield db
+    drop_database(pg_server, name)
 
 
 def arun(coro):
     """Run a coroutine to completion (the tests are synchronous)."""
     return asyncio.run(coro)
+
+
+def seed(db: ClusterDb, n: int = 1, *, expression: str = "0 0 1 1 *", project: str = "p1",
+         policy: str = "fire_once", grace_ms: int = 60_000, prefix: str = "tr") -> list:
+    """Publish a project, a task and ``n`` cron triggers (default: once a year, so nothing fires
+    unless a test moves a cursor) through the real publisher. Returns the trigger heads."""
+    from qinglong.contracts.errors import AlreadyExists
+    from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
+
+    async def body():
+        backend = db.backend("publisher")
+        try:
+            pub = backend.publisher()
+            try:
+                await pub.create_project(project)
+            except AlreadyExists:
+                pass
+            await pub.put_task(project, "task", {"cmd": ["echo", "hello"]})
+            heads = []
+            for i in range(n):
+                heads.append(await pub.put_trigger(TriggerDefinition(
+                    project, f"{prefix}{i:03d}", "task", "cron", {"expression": expression},
+                    misfire_policy=MisfirePolicy(policy), misfire_grace_ms=grace_ms)))
+            return heads
+        finally:
+            await backend.close()
+
+    return arun(body())
+
+
+def set_cursor(db: ClusterDb, trigger_id: str | None, offset_ms: int | None) -> None:
+    """Move a schedule's cursor to database now + ``offset_ms`` (None: awaiting initialisation);
+    ``trigger_id`` None moves every schedule. Clears any claim."""
+    value = "NULL" if offset_ms is None else (
+        f"floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + {int(offset_ms)}")
+    where = "true" if trigger_id is None else "trigger_id = %(t)s"
+    db.sql(f"UPDATE qinglong.trigger_schedules SET next_fire_at_ms = {value}, claim_owner = NULL, "
+           f"claim_token = NULL, claim_expires_at_ms = NULL WHERE {where}", {"t": trigger_id})
+
+
+async def claim(backend, limit: int = 16, lease_ms: int = 30_000):
+    """Claim directly (one statement) through the backend's runtime pool."""
+    from qinglong.plugins.cluster_postgres.claim import claim_due_schedules
+
+    pool = await backend.runtime_pool()
+    async with pool.connection() as conn:
+        return await claim_due_schedules(conn, owner=backend.owner, limit=limit, lease_ms=lease_ms)
+
+
+async def commit(backend, claimed, decision=None, retries: int = 5):
+    """Decide (unless given) and commit one claim through the backend's runtime pool."""
+    from qinglong.contracts.decision import decide
+    from qinglong.plugins.cluster_postgres.admission import commit_decision
+
+    if decision is None:
+        provider = backend.context.providers[claimed.head.kind]
+        decision = decide(claimed.head, claimed.cursor, claimed.observed_at_ms, provider)
+    pool = await backend.runtime_pool()
+    async with pool.connection() as conn:
+        return await commit_decision(conn, claimed, decision, retries=retries)

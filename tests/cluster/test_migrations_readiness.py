@@ -1,0 +1,128 @@
+"""Migrations and readiness: the schema is exactly the shipped stream with exactly its grants."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import arun
+from qinglong.contracts.errors import SchemaNotReady, SettingsError
+from qinglong.plugins.cluster_postgres import migrations
+
+
+async def _ready(backend):
+    try:
+        await backend.check_readiness()
+    finally:
+        await backend.close()
+
+
+def _not_ready(db, *fragments):
+    with pytest.raises(SchemaNotReady) as info:
+        arun(_ready(db.backend()))
+    for fragment in fragments:
+        assert fragment in str(info.value)
+    return str(info.value)
+
+
+def test_fresh_database_migrates_to_every_shipped_migration_and_is_ready(fresh_db):
+    """Without this a new cluster could start on a partial schema or one readiness rejects."""
+    async def body():
+        backend = fresh_db.backend()
+        try:
+            before = await backend.migration_status()
+            after = await backend.migrate()
+            again = await backend.migrate()  # idempotent: nothing left to apply
+            await backend.check_readiness()
+            return before, after, again
+        finally:
+            await backend.close()
+
+    before, after, again = arun(body())
+    known = migrations.known_migrations()
+    assert [s.status for s in before] == ["pending"] * len(known)
+    assert [(s.version, s.status) for s in after] == [(m.version, "applied") for m in known]
+    assert after == again
+    rows = fresh_db.sql("SELECT version, checksum, capability, applied_by FROM qinglong.schema_migrations ORDER BY 1")
+    assert [(r[0], r[1]) for r in rows] == [(m.version, m.checksum) for m in known]
+    assert {r[3] for r in rows} == {"qinglong_owner"}
+    assert max(r[2] for r in rows) == migrations.capability_version()
+
+
+def test_readiness_fails_before_migrations(fresh_db):
+    """Without this the scheduler could start against an empty database and fail on every round."""
+    _not_ready(fresh_db, "not installed")
+
+
+def test_readiness_fails_on_a_missing_migration(cluster):
+    """A schema missing a migration would lack grants or tables the code relies on."""
+    cluster.sql("DELETE FROM qinglong.schema_migrations WHERE version = 2")
+    _not_ready(cluster, "0002_grants is not applied")
+
+
+def test_readiness_fails_on_an_unknown_migration(cluster):
+    """A schema from a newer version could have changed meanings this code does not know."""
+    cluster.sql("INSERT INTO qinglong.schema_migrations VALUES (99, 'future', 'sha256:x', 9, 0, 'x')")
+    _not_ready(cluster, "0099_future is applied but unknown")
+
+
+def test_readiness_fails_on_an_altered_migration(cluster):
+    """A migration edited after it was applied means the schema is not what the code expects."""
+    cluster.sql("UPDATE qinglong.schema_migrations SET checksum = 'sha256:00' WHERE version = 1")
+    _not_ready(cluster, "0001_schema was applied with another checksum")
+
+    async def migrate():
+        backend = cluster.backend()
+        try:
+            await backend.migrate()
+        finally:
+            await backend.close()
+
+    with pytest.raises(SchemaNotReady):  # nor will migrate build on top of it
+        arun(migrate())
+
+
+def test_readiness_fails_on_a_grant_added_by_hand(cluster):
+    """A hand-added INSERT on schedules would let the runtime create schedule rows (drift)."""
+    cluster.sql("GRANT INSERT ON qinglong.trigger_schedules TO qinglong_runtime")
+    _not_ready(cluster, "unexpected privilege: INSERT on table trigger_schedules for qinglong_runtime")
+
+
+def test_readiness_fails_on_a_revoked_grant_column_grant_or_public_grant(cluster):
+    """Missing privileges, column grants and PUBLIC grants are all drift, not just extra table grants."""
+    cluster.sql("REVOKE INSERT ON qinglong.run_events FROM qinglong_runtime")
+    cluster.sql("GRANT SELECT (trigger_id) ON qinglong.trigger_schedules TO qinglong_worker_ingress")
+    cluster.sql("GRANT SELECT ON qinglong.runs TO PUBLIC")
+    _not_ready(cluster, "missing privilege: INSERT on table run_events for qinglong_runtime",
+               "on column trigger_schedules.trigger_id for qinglong_worker_ingress",
+               "SELECT on table runs for PUBLIC")
+
+
+def test_readiness_fails_on_an_extra_table_or_foreign_owner(cluster):
+    """An object created by hand in the schema is drift the migrations do not account for."""
+    cluster.sql("CREATE TABLE qinglong.hand_made (x int)")
+    _not_ready(cluster, "unexpected relation qinglong.hand_made", "owned by postgres")
+
+
+def test_missing_dsn_is_a_settings_error_naming_the_key(cluster):
+    """A backend without runtime_dsn must say which key is missing, before connecting anywhere."""
+    backend = cluster.backend(settings=cluster.settings(runtime_dsn=None))
+    with pytest.raises(SettingsError, match="runtime_dsn"):
+        arun(backend.open())
+    backend = cluster.backend(settings=cluster.settings(owner_dsn=None))
+    with pytest.raises(SettingsError, match="owner_dsn"):
+        arun(backend.migrate())
+
+
+def test_connection_errors_never_show_the_password(cluster):
+    """A DSN password in an error message would leak into logs and terminals."""
+    from qinglong.plugins.cluster_postgres.db import BackendUnavailable
+
+    secret = "runtime-secret-Pw3"
+    bad = cluster.dsn("qinglong_runtime").replace("dbname=", "dbname=nosuchdb_")
+    for dsn in (bad, f"postgresql://qinglong_runtime:{secret}@127.0.0.1:1/x?connect_timeout=1",
+                f"host=127.0.0.1 password={secret} = broken"):
+        backend = cluster.backend(settings=cluster.settings(runtime_dsn=dsn, pool_timeout_ms=300))
+        with pytest.raises(BackendUnavailable) as info:
+            arun(backend.open())
+        assert secret not in str(info.value)
+        assert info.value.__cause__ is None and info.value.__suppress_context__
