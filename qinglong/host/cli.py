@@ -287,7 +287,8 @@ def cmd_check_closure(args: argparse.Namespace) -> int:
     if not report.ok:
         lines = [f"closure of profile {profile.name}: FAILED"]
         for v in report.violations:
-            lines.append(f"  forbidden module {v.module} (rule {v.rule}) imported via: {' -> '.join(v.chain)}")
+            also = f" (and {len(v.submodules)} of its submodules)" if v.submodules else ""
+            lines.append(f"  forbidden module {v.module}{also} imported via: {' -> '.join(v.chain)}")
         for d in report.installed_violations:
             lines.append(f"  forbidden distribution installed: {d}")
         if not args.json:

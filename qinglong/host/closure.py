@@ -1,16 +1,17 @@
 """Dependency-closure checks: what a profile's host imports, and what its environment installs.
 
-``check_closure`` boots the profile's host in a fresh interpreter started with ``-X importtime``
-(settings loaded, plugins loaded, container built, backend created, nothing started or connected),
-lists ``sys.modules``, and names every forbidden module found with the import chain that pulled it
-in, read from the interpreter's own import-time tree.
+``check_closure`` boots the profile's host in a fresh interpreter (settings loaded, plugins loaded,
+container built, backend created, nothing started or connected), lists ``sys.modules``, and names
+every forbidden module found with the import chain that pulled it in. The chain comes from a
+meta-path finder installed first in that interpreter: it records, for each module's first import,
+which module's code asked for it (``-X importtime`` cannot do this: it does not see modules loaded
+through ``importlib.import_module``, which is how entry points are loaded).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -19,13 +20,30 @@ from typing import Any
 
 from .profiles import ProfileDefinition
 
-_IMPORTTIME = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|(?P<name>.*)$")
-
 _BOOT = """
 import json, sys
+
+class ImporterTracker:
+    # Records who first asked for each module; finds nothing itself.
+    def __init__(self):
+        self.importer = {}
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.importer:
+            frame = sys._getframe(1)
+            while frame is not None:
+                name = frame.f_globals.get("__name__") or ""
+                if not frame.f_code.co_filename.startswith("<frozen") and name.split(".")[0] != "importlib":
+                    break
+                frame = frame.f_back
+            self.importer[fullname] = name if frame is not None else ""
+        return None
+
+tracker = ImporterTracker()
+sys.meta_path.insert(0, tracker)
 from qinglong.host.cli import boot_for_closure
 modules = boot_for_closure(sys.argv[1], sys.argv[2] or None)
-sys.stdout.write("QINGLONG-MODULES " + json.dumps(sorted(modules)) + "\\n")
+sys.stdout.write("QINGLONG-MODULES " + json.dumps({"modules": sorted(modules), "importer": tracker.importer}) + "\\n")
 """
 
 
@@ -36,10 +54,12 @@ class Violation:
     module: str
     rule: str
     chain: list[str] = field(default_factory=list)
+    submodules: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready mapping."""
-        return {"module": self.module, "forbidden_by": self.rule, "import_chain": self.chain}
+        return {"module": self.module, "forbidden_by": self.rule, "import_chain": self.chain,
+                "submodules_loaded": self.submodules}
 
 
 @dataclass
@@ -75,39 +95,16 @@ def _matches(module: str, rule: str) -> bool:
     return module == rule or module.startswith(rule + ".")
 
 
-def parse_import_tree(stderr: str) -> list[tuple[int, str]]:
-    """``(depth, module)`` lines of ``-X importtime`` output, in the order printed (children first)."""
-    rows = []
-    for line in stderr.splitlines():
-        match = _IMPORTTIME.match(line)
-        if not match or "imported package" in line:
-            continue
-        raw = match.group("name")
-        stripped = raw.lstrip(" ")
-        depth = (len(raw) - len(stripped) - 1) // 2
-        rows.append((depth, stripped.strip()))
-    return rows
-
-
-def import_chain(rows: list[tuple[int, str]], module: str) -> list[str]:
-    """The chain of imports (outermost first) that first imported ``module``.
-
-    ``-X importtime`` prints a module after everything it imported, indented by nesting depth; a
-    module's parent is the next line printed at one level less.
-    """
-    for index, (depth, name) in enumerate(rows):
-        if name != module:
-            continue
-        chain = [name]
-        want = depth - 1
-        for later_depth, later_name in rows[index + 1:]:
-            if want < 0:
-                break
-            if later_depth == want:
-                chain.append(later_name)
-                want -= 1
-        return list(reversed(chain))
-    return [module]
+def import_chain(importer: dict[str, str], module: str) -> list[str]:
+    """The chain of imports (outermost first) that first imported ``module``."""
+    chain = [module]
+    seen = {module}
+    current = importer.get(module, "")
+    while current and current != "__main__" and current not in seen:
+        chain.append(current)
+        seen.add(current)
+        current = importer.get(current, "")
+    return list(reversed(chain))
 
 
 def check_installed(profile: ProfileDefinition) -> list[str]:
@@ -131,7 +128,7 @@ def check_closure(
     env = dict(os.environ)
     env.pop("PYTHONSTARTUP", None)
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", _BOOT, profile.name, settings_path or ""],
+        [sys.executable, "-c", _BOOT, profile.name, settings_path or ""],
         capture_output=True,
         text=True,
         env=env,
@@ -139,17 +136,21 @@ def check_closure(
     )
     marker = [line for line in proc.stdout.splitlines() if line.startswith("QINGLONG-MODULES ")]
     if proc.returncode != 0 or not marker:
-        tree_free = "\n".join(
-            line for line in proc.stderr.splitlines() if not line.startswith("import time:")
-        ).strip()
-        report.boot_error = tree_free.splitlines()[-1] if tree_free else f"exit code {proc.returncode}"
+        lines = proc.stderr.strip().splitlines()
+        report.boot_error = lines[-1] if lines else f"exit code {proc.returncode}"
         return report
-    modules = json.loads(marker[-1].split(" ", 1)[1])
-    report.modules = len(modules)
-    rows = parse_import_tree(proc.stderr)
-    for module in modules:
+    booted = json.loads(marker[-1].split(" ", 1)[1])
+    report.modules = len(booted["modules"])
+    # One violation per forbidden package: the first of its modules loaded (sorted, so the package
+    # itself when it was loaded), with the chain that pulled it in; its submodules are listed.
+    by_rule: dict[str, Violation] = {}
+    for module in booted["modules"]:
         for rule in profile.forbidden_modules:
             if _matches(module, rule):
-                report.violations.append(Violation(module, rule, import_chain(rows, module)))
+                if rule in by_rule:
+                    by_rule[rule].submodules.append(module)
+                else:
+                    by_rule[rule] = Violation(module, rule, import_chain(booted["importer"], module))
                 break
+    report.violations = list(by_rule.values())
     return report

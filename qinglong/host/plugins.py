@@ -157,7 +157,7 @@ class PluginHost:
         """Call each implementation of ``hook_name`` separately, remembering which plugin gave what."""
         caller = getattr(self.pm.hook, hook_name)
         results: list[tuple[str, Any]] = []
-        for impl in reversed(caller.get_hookimpls()):  # registration order
+        for impl in caller.get_hookimpls():  # registration order
             try:
                 produced = impl.function(**{k: kwargs[k] for k in impl.argnames})
             except Exception as exc:

@@ -1,0 +1,168 @@
+"""The CLI end to end: publish, run, stop with a signal, read the Runs; errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from host_helpers import REPO
+
+SLOW_STOP = '''
+import asyncio
+from qinglong.contracts.hookspecs import ComponentPhase, hookimpl
+
+
+class SlowToStop:
+    name = "slow"
+    phase = ComponentPhase.STACK
+
+    async def start(self):
+        pass
+
+    async def stop(self):
+        await asyncio.sleep(30)
+
+
+@hookimpl
+def qinglong_lifecycle_components(context):
+    return [SlowToStop()]
+'''
+
+
+def _publish_every_second(cli) -> None:
+    for args in (("project", "create", "ops"),
+                 ("task", "put", "ops", "backup", "--command", "echo", "hi"),
+                 ("trigger", "add", "ops", "tick", "--task", "backup", "--cron", "* * * * * *")):
+        result = cli(*args)
+        assert result.returncode == 0, result.stderr
+
+
+def _start_run(cli, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
+        env["PYTHONPATH"] = str(REPO)
+    return subprocess.Popen([sys.executable, "-m", "qinglong", *extra, "run"], cwd=cli.cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(proc: subprocess.Popen[str], marker: str, timeout: float = 30) -> str:
+    """Read stderr lines until ``marker`` shows up (the lifecycle reports each step)."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if marker in line:
+            return "".join(seen)
+    raise AssertionError(f"{marker!r} not seen; stderr so far:\n{''.join(seen)}")
+
+
+def test_run_admits_every_second_and_stops_cleanly_on_sigterm(cli):
+    """The main job: a six-field cron becomes one Run per second, each exactly once."""
+    _publish_every_second(cli)
+    proc = _start_run(cli)
+    try:
+        _wait_for(proc, "lifecycle.admission_open")
+        time.sleep(3.5)
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=20)
+    finally:
+        proc.kill() if proc.poll() is None else None
+    assert proc.returncode == 0, rest
+    assert "lifecycle.database_closed" in rest
+
+    runs = json.loads(cli("runs", "--json").stdout)
+    assert len(runs) >= 2
+    keys = [r["idempotency_key"] for r in runs]
+    assert len(set(keys)) == len(keys)
+    assert all(k == f"ql3:cron:v1:tick:1:{r['scheduled_for_ms']}" for k, r in zip(keys, runs))
+    assert sorted(r["scheduled_for_ms"] for r in runs) == list(
+        range(min(r["scheduled_for_ms"] for r in runs), max(r["scheduled_for_ms"] for r in runs) + 1, 1000))
+    assert all(0 <= r["lag_ms"] < 1500 for r in runs)
+    schedules = json.loads(cli("schedules", "--json").stdout)
+    assert schedules[0]["trigger_id"] == "tick"
+    assert schedules[0]["next_fire_at_ms"] > max(r["scheduled_for_ms"] for r in runs)
+
+
+def test_second_signal_forces_the_exit(cli, site):
+    """An operator who presses Ctrl-C twice gets the process back even if a stop step hangs."""
+    site.add_distribution("acme-slow", {"acme_slow.py": SLOW_STOP}, {"slow": "acme_slow"})
+    settings = cli.cwd / "s.toml"
+    settings.write_text('[plugins]\nenable = ["slow"]\n[lifecycle]\nstop_timeout_ms = 60000\n')
+    proc = _start_run(cli, "--settings", str(settings), env=site.env())
+    try:
+        _wait_for(proc, "lifecycle.admission_open")
+        proc.send_signal(signal.SIGINT)
+        _wait_for(proc, "lifecycle.scheduler_drained")
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
+        elapsed = time.monotonic() - started
+    finally:
+        proc.kill() if proc.poll() is None else None
+    assert proc.returncode == 130
+    assert elapsed < 5
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (("--cron", "61 * * * *"), "invalid cron trigger: expression: '61 * * * *' is not a valid cron expression"),
+        (("--cron", "* * *"), "has 3 fields; expected 5"),
+        (("--cron", "* * * * *", "--timezone", "Mars/Olympus"), "unknown IANA time zone 'Mars/Olympus'"),
+        (("--cron", "* * * * *", "--grace-ms", "-5"), "misfire_grace_ms: must be >= 0, got -5"),
+        (("--cron", "* * * * *", "--task", "nope"), "task 'nope' does not exist in project 'ops'"),
+        (("--kind", "lunar", "--spec", "{}"), "unknown trigger kind 'lunar'; kinds provided by the loaded plugins: cron"),
+    ],
+)
+def test_bad_trigger_input_is_a_clear_error_and_writes_nothing(cli, args, expected):
+    """A half-written trigger could fire with a spec nobody validated."""
+    assert cli("project", "create", "ops").returncode == 0
+    assert cli("task", "put", "ops", "backup", "--command", "true").returncode == 0
+    argv = ["trigger", "add", "ops", "t1", *args]
+    if "--task" not in args:
+        argv += ["--task", "backup"]
+    result = cli(*argv)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert json.loads(cli("trigger", "list", "--json").stdout) == []
+
+
+def test_every_command_has_help(cli):
+    commands = [[], ["run"], ["demo"], ["plugins"], ["profiles"], ["config"], ["config", "show"], ["check"],
+                ["check", "closure"], ["db"], ["db", "migrate"], ["db", "status"], ["project"],
+                ["project", "create"], ["project", "list"], ["task"], ["task", "put"], ["trigger"],
+                ["trigger", "add"], ["trigger", "update"], ["trigger", "enable"], ["trigger", "disable"],
+                ["trigger", "delete"], ["trigger", "list"], ["runs"], ["schedules"], ["skips"]]
+    for command in commands:
+        result = cli(*command, "--help")
+        assert result.returncode == 0, (command, result.stderr)
+        assert "usage: qinglong" in result.stdout
+
+
+def test_usage_errors_exit_2(cli):
+    assert cli("frobnicate").returncode == 2
+    assert cli("runs", "--limit", "many").returncode == 2
+
+
+def test_demo_publishes_runs_and_shows_runs(cli):
+    """The README's one-command main job."""
+    result = cli("demo", "--seconds", "2.5")
+    assert result.returncode == 0, result.stderr
+    assert "demo-every-second" in result.stdout
+    assert result.stdout.count("queued") >= 1
+
+
+def test_profiles_lists_the_three_profiles_with_their_install_line(cli):
+    data = json.loads(cli("profiles", "--json").stdout)
+    assert [p["name"] for p in data] == ["cluster", "edge", "standalone"]
+    assert {p["name"]: p["extra"] for p in data} == {"cluster": "cluster", "edge": "edge", "standalone": "standalone"}

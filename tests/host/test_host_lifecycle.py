@@ -1,0 +1,201 @@
+"""The lifecycle order and the scheduler loop's bounds (no overlap, errors survive, bounded drain)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+import time
+
+import pytest
+
+from qinglong.contracts.diagnostics import DiagnosticEvent
+from qinglong.contracts.records import RoundReport
+from qinglong.host.containers import build_container
+from qinglong.host.lifecycle import SchedulerLoop
+from qinglong.host.settings import load_settings
+
+RECORDER = '''
+import asyncio
+from qinglong.contracts.hookspecs import ComponentPhase, hookimpl
+
+EVENTS = []
+
+
+class Sink:
+    def emit(self, event):
+        EVENTS.append(event.code)
+
+
+class Component:
+    def __init__(self, name, phase, backend):
+        self.name, self.phase, self.backend = name, phase, backend
+
+    async def start(self):
+        EVENTS.append(f"start:{self.name}")
+
+    async def stop(self):
+        EVENTS.append(f"stop:{self.name}")
+
+
+@hookimpl
+def qinglong_diagnostic_sinks(settings):
+    return [Sink()]
+
+
+@hookimpl
+def qinglong_lifecycle_components(context):
+    return [Component("intake", ComponentPhase.ADMISSION, context.backend),
+            Component("metrics", ComponentPhase.STACK, context.backend)]
+'''
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[DiagnosticEvent] = []
+
+    def emit(self, event: DiagnosticEvent) -> None:
+        self.events.append(event)
+
+
+def test_start_and_stop_follow_the_documented_order(site, tmp_path, monkeypatch):
+    """Admission must open last and close first, or Runs could be admitted by a half-started host."""
+    site.add_distribution("acme-recorder", {"acme_recorder.py": RECORDER}, {"recorder": "acme_recorder"})
+    monkeypatch.syspath_prepend(str(site.root))
+    importlib.invalidate_caches()
+    settings = tmp_path / "s.toml"
+    settings.write_text(f'[plugins]\nenable = ["recorder"]\n[backend]\npath = "{tmp_path / "q.db"}"\n'
+                        '[diagnostics]\nlevel = "error"\n')
+    container = build_container(load_settings(settings))
+    lifecycle = container.lifecycle()
+
+    async def go() -> None:
+        await lifecycle.start()
+        await asyncio.sleep(0.05)
+        await lifecycle.stop()
+
+    asyncio.run(go())
+    events = [e for e in sys.modules["acme_recorder"].EVENTS if not e.startswith("scheduler.")]
+    assert events == [
+        "lifecycle.database_opened", "lifecycle.migrated", "lifecycle.schema_ready", "lifecycle.recovered",
+        "lifecycle.scheduler_started", "start:metrics", "start:intake", "lifecycle.admission_open",
+        "stop:intake", "lifecycle.admission_withdrawn", "lifecycle.scheduler_drained", "stop:metrics",
+        "lifecycle.database_closed",
+    ]
+
+
+def test_rounds_never_overlap_even_when_a_round_outlasts_the_cadence():
+    """Two overlapping rounds could decide the same schedule twice."""
+    active = 0
+    most = 0
+
+    async def slow_round() -> RoundReport:
+        nonlocal active, most
+        active += 1
+        most = max(most, active)
+        await asyncio.sleep(0.03)
+        active -= 1
+        return RoundReport()
+
+    async def go() -> SchedulerLoop:
+        loop = SchedulerLoop(slow_round, cadence_ms=50, diagnostics=Recorder())
+        loop.start()
+        await asyncio.sleep(0.01)
+        assert await loop.run_once() is None  # refused while the loop's round runs
+        await asyncio.sleep(0.3)
+        assert await loop.stop(2.0)
+        return loop
+
+    loop = asyncio.run(go())
+    assert most == 1
+    assert loop.stats.overlaps_prevented == 1
+    assert loop.stats.rounds >= 3
+
+
+def test_a_failing_round_is_reported_and_the_loop_goes_on():
+    """An exception in one round must not kill the scheduler: later occurrences would be lost."""
+    calls = 0
+    sink = Recorder()
+
+    async def flaky_round() -> RoundReport:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise ConnectionError("database went away (password=hunter2)")
+        return RoundReport(admitted=1)
+
+    async def go() -> SchedulerLoop:
+        loop = SchedulerLoop(flaky_round, cadence_ms=50, diagnostics=sink)
+        loop.start()
+        await asyncio.sleep(0.35)
+        await loop.stop(1.0)
+        return loop
+
+    loop = asyncio.run(go())
+    assert loop.stats.failed_rounds == 2
+    assert loop.stats.admitted >= 1
+    assert [e.code for e in sink.events[:2]] == ["scheduler.round_failed"] * 2
+
+
+def test_stop_lets_the_current_round_finish():
+    """Cancelling a round mid-commit is what the drain exists to avoid."""
+    finished = []
+
+    async def round_() -> RoundReport:
+        await asyncio.sleep(0.2)
+        finished.append(True)
+        return RoundReport()
+
+    async def go() -> bool:
+        loop = SchedulerLoop(round_, cadence_ms=1000, diagnostics=Recorder())
+        loop.start()
+        await asyncio.sleep(0.05)
+        return await loop.stop(2.0)
+
+    assert asyncio.run(go()) is True
+    assert finished == [True]
+
+
+def test_stop_is_bounded_when_a_round_hangs():
+    """A hung database call must not keep the process from stopping."""
+    sink = Recorder()
+
+    async def hung() -> RoundReport:
+        await asyncio.sleep(30)
+        return RoundReport()
+
+    async def go() -> tuple[bool, float]:
+        loop = SchedulerLoop(hung, cadence_ms=1000, diagnostics=sink)
+        loop.start()
+        await asyncio.sleep(0.02)
+        started = time.monotonic()
+        drained = await loop.stop(0.2)
+        return drained, time.monotonic() - started
+
+    drained, elapsed = asyncio.run(go())
+    assert drained is False
+    assert elapsed < 2.0
+    assert sink.events[-1].code == "scheduler.drain_timeout"
+
+
+@pytest.mark.parametrize("more_due", [True, False])
+def test_a_full_page_is_followed_at_once_by_the_next(more_due):
+    """A backlog drains page after page instead of one page per cadence."""
+    calls = 0
+
+    async def round_() -> RoundReport:
+        nonlocal calls
+        calls += 1
+        return RoundReport(more_due=more_due and calls < 5)
+
+    async def go() -> None:
+        loop = SchedulerLoop(round_, cadence_ms=60_000, diagnostics=Recorder())
+        loop.start()
+        await asyncio.sleep(0.1)
+        await loop.stop(1.0)
+
+    asyncio.run(go())
+    if more_due:
+        assert calls >= 5  # four full pages, then one more round at once
+    else:
+        assert calls <= 2  # one round, and at most one more if a minute boundary fell inside 0.1 s
