@@ -1,0 +1,141 @@
+"""Each profile installed from the project's own files into a fresh virtualenv, as an operator would.
+
+These build real wheels and virtualenvs (pip, from the package index or its cache), so they are
+marked ``slow``. They prove what unit tests cannot: ``pip install 'qinglong[edge]'`` brings no
+psycopg, the installed wheel carries its profiles and migrations, the closure holds in an
+environment that has only what the profile's extra installs, and a third party's plugin installed
+next to it is discovered, validated and run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from host_helpers import REPO
+
+pytestmark = pytest.mark.slow
+
+FORBIDDEN_ON_EDGE = {"psycopg", "psycopg-binary", "psycopg-c", "psycopg-pool"}
+
+
+class Venv:
+    """A virtualenv with one profile of Qinglong installed (not editable)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.bin = root / "bin"
+
+    def run(self, *args: str, cwd: Path, check: bool = True, timeout: float = 300,
+            env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("QINGLONG_", "PYTHON", "VIRTUAL_ENV"))}
+        env["PATH"] = f"{self.bin}{os.pathsep}{env.get('PATH', '')}"
+        env.update(env_extra or {})
+        result = subprocess.run([str(self.bin / args[0]), *args[1:]], cwd=cwd, env=env, capture_output=True,
+                                text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{args} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def distributions(self, cwd: Path) -> dict[str, str]:
+        listed = json.loads(self.run("python", "-m", "pip", "list", "--format", "json", cwd=cwd).stdout)
+        return {d["name"].lower(): d["version"] for d in listed}
+
+
+def make_venv(root: Path, requirement: str) -> Venv:
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
+    venv = Venv(root)
+    venv.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", requirement,
+             cwd=root, timeout=900)
+    return venv
+
+
+@pytest.fixture(scope="module")
+def venvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Venv]:
+    """One virtualenv per profile, built lazily."""
+    built: dict[str, Venv] = {}
+
+    class Lazy(dict):
+        def __missing__(self, profile: str) -> Venv:
+            root = tmp_path_factory.mktemp(f"venv-{profile}")
+            built[profile] = make_venv(root / "venv", f"{REPO}[{profile}]")
+            self[profile] = built[profile]
+            return built[profile]
+
+    return Lazy()
+
+
+@pytest.mark.parametrize("profile", ["edge", "standalone", "cluster"])
+def test_profile_extra_installs_nothing_forbidden_and_its_closure_holds(venvs, profile, tmp_path):
+    """If psycopg slipped into qinglong[edge], every router would carry PostgreSQL's client."""
+    venv = venvs[profile]
+    installed = venv.distributions(tmp_path)
+    assert "qinglong" in installed
+    if profile in ("edge", "standalone"):
+        assert not FORBIDDEN_ON_EDGE & set(installed), installed
+        assert "aiosqlite" in installed
+    else:
+        assert {"psycopg", "psycopg-binary", "psycopg-pool"} <= set(installed)
+    result = venv.run("qinglong", "check", "closure", "--profile", profile, "--installed", "--json",
+                      cwd=tmp_path, check=False)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert report["ok"] and report["installed_distributions_checked"]
+
+
+def test_cluster_profile_in_an_edge_install_names_the_extra_to_install(venvs, tmp_path):
+    result = venvs["edge"].run("qinglong", "--profile", "cluster", "run", "--for-seconds", "0",
+                               cwd=tmp_path, check=False)
+    assert result.returncode == 3
+    assert "pip install 'qinglong[cluster]'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_installed_wheel_runs_the_main_job(venvs, tmp_path):
+    """The wheel must carry the profile files and the SQLite migrations, not just the tree."""
+    result = venvs["edge"].run("qinglong", "demo", "--seconds", "2.2", cwd=tmp_path)
+    assert "demo-every-second" in result.stdout
+    assert (tmp_path / "qinglong.db").exists()
+
+
+def test_third_party_interval_plugin_is_discovered_validated_listed_and_runs(venvs, tmp_path):
+    """A real third-party distribution, installed by pip next to Qinglong, extends the trigger kinds."""
+    venv = venvs["edge"]
+    venv.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             str(REPO / "examples" / "interval-trigger"), cwd=tmp_path, timeout=600)
+    settings = tmp_path / "qinglong.toml"
+    settings.write_text('[plugins]\nenable = ["interval"]\n')
+    env = {"QINGLONG_SETTINGS": str(settings)}
+
+    listed = json.loads(venv.run("qinglong", "plugins", "--json", cwd=tmp_path, env_extra=env).stdout)
+    interval = next(p for p in listed["plugins"] if p["name"] == "interval")
+    assert interval["loaded"] is True and interval["selected"] is True
+    assert interval["distribution"] == "qinglong-interval-trigger"
+    assert interval["hooks"] == ["qinglong_trigger_providers"]
+
+    # Without the settings it is installed but not loaded: nothing is imported that was not named.
+    plain = json.loads(venv.run("qinglong", "plugins", "--json", cwd=tmp_path).stdout)
+    assert next(p for p in plain["plugins"] if p["name"] == "interval")["loaded"] is False
+
+    for args in (("project", "create", "ops"), ("task", "put", "ops", "ping", "--command", "true")):
+        venv.run("qinglong", *args, cwd=tmp_path, env_extra=env)
+    bad = venv.run("qinglong", "trigger", "add", "ops", "fast", "--task", "ping", "--kind", "interval",
+                   "--spec", '{"every_ms": 10}', cwd=tmp_path, env_extra=env, check=False)
+    assert bad.returncode == 3
+    assert "invalid interval trigger: every_ms" in bad.stderr
+    venv.run("qinglong", "trigger", "add", "ops", "every-second", "--task", "ping", "--kind", "interval",
+             "--spec", '{"every_ms": 1000}', cwd=tmp_path, env_extra=env)
+    venv.run("qinglong", "run", "--for-seconds", "3.2", cwd=tmp_path, env_extra=env)
+    runs = json.loads(venv.run("qinglong", "runs", "--json", cwd=tmp_path, env_extra=env).stdout)
+    assert len(runs) >= 2
+    assert all(r["idempotency_key"].startswith("ql3:interval:v1:every-second:1:") for r in runs)
+
+    closure = venv.run("qinglong", "check", "closure", "--profile", "edge", "--installed", "--json",
+                       cwd=tmp_path, env_extra=env, check=False)
+    assert closure.returncode == 0, closure.stdout + closure.stderr
