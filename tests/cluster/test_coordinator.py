@@ -1,0 +1,176 @@
+"""The coordinator round: bounded claims, identities allocated at admission, race statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from conftest import arun, seed, set_cursor
+from qinglong.plugins.cluster_postgres.claim import CLAIM_BUDGET_HARD_CAP
+from qinglong.plugins.cron.provider import CronProvider
+
+
+def _bulk_triggers(db, n: int) -> None:
+    """``n`` extra triggers on the seeded task, inserted directly (publishing 300 would be slow)."""
+    db.sql("""
+        INSERT INTO qinglong.triggers (trigger_id, project_id, task_id, trigger_revision, kind,
+            spec_json, misfire_policy, misfire_grace_ms, enabled, content_digest, updated_at_ms)
+        SELECT 'bulk' || lpad(i::text, 4, '0'), 'p1', 'task', 1, 'cron',
+               '{"expression": "0 0 1 1 *", "timezone": "UTC"}', 'fire_once', 60000, true, 'd', 0
+        FROM generate_series(1, %(n)s) i;
+        """, {"n": n})
+    db.sql("""
+        INSERT INTO qinglong.trigger_schedules (trigger_id, project_id, trigger_revision,
+            state_version, claim_version, updated_at_ms)
+        SELECT trigger_id, project_id, 1, 1, 0, 0 FROM qinglong.triggers WHERE trigger_id LIKE 'bulk%%'
+        """)
+
+
+def test_a_round_never_claims_more_than_the_hard_cap(cluster):
+    """An unbounded claim would hold hundreds of leases it cannot admit before they expire."""
+    seed(cluster, 1)
+    _bulk_triggers(cluster, 300)
+
+    async def body():
+        backend = cluster.backend("r1", claim_budget=10_000)
+        try:
+            first = await backend.run_round()
+            second = await backend.run_round()
+            return first, second
+        finally:
+            await backend.close()
+
+    first, second = arun(body())
+    assert first.claimed == CLAIM_BUDGET_HARD_CAP == 256 and first.more_due
+    assert first.initialized == 256 and first.errors == 0
+    assert second.claimed == 301 - 256 and not second.more_due
+
+
+def test_the_configured_budget_bounds_each_round(cluster):
+    """The default budget (16) is what keeps a round short; more due work waits for the next."""
+    seed(cluster, 40)
+
+    async def body():
+        backend = cluster.backend("r1", claim_budget=16)
+        try:
+            return [await backend.run_round() for _ in range(4)]
+        finally:
+            await backend.close()
+
+    reports = arun(body())
+    assert [r.claimed for r in reports] == [16, 16, 8, 0]
+    assert [r.more_due for r in reports] == [True, True, False, False]
+
+
+def test_run_identity_is_allocated_only_by_admission(cluster):
+    """Identities minted at claim time would name Runs that never existed after a lost claim."""
+    seed(cluster, 3)
+
+    async def body():
+        backend = cluster.backend("r1")
+        try:
+            init = await backend.run_round()  # initialisation: claims, no Runs
+            assert init.initialized == 3 and init.admitted == 0
+            assert cluster.count("runs") == 0
+            set_cursor(cluster, None, -500)
+            fire = await backend.run_round()
+            return fire, backend.last_round.admissions
+        finally:
+            await backend.close()
+
+    fire, admissions = arun(body())
+    assert fire.admitted == 3
+    stored = cluster.sql("SELECT run_id::text, admitted_at_ms FROM qinglong.runs ORDER BY run_id")
+    assert sorted(a.run_id for a in admissions) == [r[0] for r in stored]
+    assert len({a.attempt_id for a in admissions}) == 3
+    # the schedule row has no place for a run identity: nothing is reserved before admission
+    columns = {r[0] for r in cluster.sql("SELECT column_name FROM information_schema.columns "
+                                         "WHERE table_schema = 'qinglong' AND table_name = 'trigger_schedules'")}
+    assert not any("run" in c for c in columns)
+
+
+class SlowProvider(CronProvider):
+    """A cron provider whose decision outlives a short lease, and that records overlap."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.active = 0
+        self.max_active = 0
+
+    def next_after(self, spec, after_ms):
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        time.sleep(self.delay_s)
+        self.active -= 1
+        return super().next_after(spec, after_ms)
+
+
+def test_round_reports_lost_fences_when_a_decision_outlives_its_lease(cluster):
+    """Race statistics are how operators see leases too short for their rounds."""
+    seed(cluster, 2)
+    backend = cluster.backend("r1", lease_ms=200)
+    backend.context.providers["cron"] = SlowProvider(0.3)
+
+    async def body():
+        try:
+            return await backend.run_round()
+        finally:
+            await backend.close()
+
+    report = arun(body())
+    assert report.claimed == 2 and report.fence_lost == 2 and report.initialized == 0
+    assert cluster.sql("SELECT count(*) FROM qinglong.trigger_schedules WHERE next_fire_at_ms IS NULL") == [(2,)]
+
+
+def test_round_reports_cas_misses_and_serialization_retries(cluster):
+    """Without these counters a replica losing every race looks healthy."""
+    seed(cluster, 1)
+    set_cursor(cluster, "tr000", -1000)
+    cluster.sql("CREATE SEQUENCE public.fault_seq")
+    cluster.sql("CREATE FUNCTION public.serialization_fault() RETURNS trigger LANGUAGE plpgsql "
+                "SECURITY DEFINER AS $$ BEGIN IF nextval('public.fault_seq') <= 1 THEN "
+                "RAISE EXCEPTION 'injected conflict' USING ERRCODE = '40001'; END IF; RETURN NEW; END $$")
+    cluster.sql("CREATE TRIGGER serialization_fault BEFORE INSERT ON qinglong.runs FOR EACH ROW "
+                "EXECUTE FUNCTION public.serialization_fault()")
+
+    async def body():
+        backend = cluster.backend("r1")
+        try:
+            return await backend.run_round()
+        finally:
+            await backend.close()
+
+    report = arun(body())
+    assert report.admitted == 1 and report.serialization_retries == 1 and report.errors == 0
+
+
+def test_rounds_of_one_backend_never_overlap(cluster, monkeypatch):
+    """Overlapping rounds of one replica would race each other for their own claims."""
+    from qinglong.plugins.cluster_postgres import backend as backend_module
+
+    seed(cluster, 4)
+    backend = cluster.backend("r1", claim_budget=2)
+    original = backend_module.run_round
+    state = {"active": 0, "max": 0}
+
+    async def observed_round(*args, **kwargs):
+        state["active"] += 1
+        state["max"] = max(state["max"], state["active"])
+        try:
+            await asyncio.sleep(0.05)  # yield: another round could start here if not excluded
+            return await original(*args, **kwargs)
+        finally:
+            state["active"] -= 1
+
+    monkeypatch.setattr(backend_module, "run_round", observed_round)
+
+    async def body():
+        try:
+            return await asyncio.gather(*(backend.run_round() for _ in range(3)))
+        finally:
+            await backend.close()
+
+    reports = arun(body())
+    assert state["max"] == 1
+    assert [r.claimed for r in reports] == [2, 2, 0]
+    assert sum(r.initialized for r in reports) == 4
