@@ -1,0 +1,87 @@
+"""Two replicas as separate processes, each with its own pool, racing on one database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import seed, set_cursor
+
+DRIVER = Path(__file__).with_name("replica_driver.py")
+
+
+def _spawn(db, owner: str, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, QL_RUNTIME_DSN=db.dsn("qinglong_runtime"))
+    return subprocess.Popen([sys.executable, str(DRIVER), "--owner", owner, *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 60) -> list[dict]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def _race(db, owners=("replica-a", "replica-b"), **kw) -> dict[str, list[dict]]:
+    start_at = time.time() + 1.5  # both import and connect first, then start together
+    procs = {o: _spawn(db, o, "--start-at", str(start_at), "--duration-s", str(kw.get("duration", 1.5)),
+                       "--cadence-ms", "20") for o in owners}
+    return {o: _finish(p) for o, p in procs.items()}
+
+
+def _sum(lines: list[dict], field: str) -> int:
+    return sum(line[field] for line in lines if line["event"] == "round")
+
+
+def test_two_replica_processes_initialise_once_and_admit_each_occurrence_exactly_once(cluster):
+    """Without the row lease two replicas would both initialise and both admit every occurrence."""
+    seed(cluster, 20)
+    first = _race(cluster)
+    pids = {o: next(line["pid"] for line in lines if line["event"] == "ready") for o, lines in first.items()}
+    assert len(set(pids.values())) == 2  # two independent pools, two backends
+    assert sum(_sum(lines, "initialized") for lines in first.values()) == 20
+    assert sum(_sum(lines, "errors") for lines in first.values()) == 0
+    assert cluster.count("trigger_schedules", "next_fire_at_ms IS NULL OR claim_owner IS NOT NULL") == 0
+
+    set_cursor(cluster, None, -500)
+    second = _race(cluster)
+    assert sum(_sum(lines, "admitted") for lines in second.values()) == 20
+    assert sum(_sum(lines, "errors") for lines in second.values()) == 0
+    assert cluster.count("runs") == 20
+    assert cluster.count("attempts") == 20
+    assert cluster.count("run_events") == 40
+    per_trigger = cluster.sql("SELECT trigger_id, count(*) FROM qinglong.runs GROUP BY 1")
+    assert sorted(n for _, n in per_trigger) == [1] * 20
+    admitted_by = {r[0] for r in cluster.sql("SELECT DISTINCT admitted_by FROM qinglong.runs")}
+    assert admitted_by <= {"replica-a", "replica-b"}
+
+
+def test_killed_claim_holder_is_taken_over_only_after_expiry_and_still_one_run(cluster):
+    """A holder dying with a live claim must neither block the occurrence forever nor let the
+    survivor fire it before the lease expired in database time."""
+    seed(cluster, 1)
+    set_cursor(cluster, "tr000", -500)
+    holder = _spawn(cluster, "holder", "--mode", "claim-and-hang", "--lease-ms", "2000")
+    claimed = None
+    for line in holder.stdout:
+        msg = json.loads(line)
+        if msg["event"] == "claimed":
+            claimed = msg
+            break
+    assert claimed and claimed["trigger_ids"] == ["tr000"]
+    expires_at = claimed["expires_at_ms"][0]
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait(timeout=10)
+
+    survivor = _finish(_spawn(cluster, "survivor", "--duration-s", "3.5", "--cadence-ms", "100"))
+    rounds = [line for line in survivor if line["event"] == "round"]
+    assert sum(r["admitted"] for r in rounds) == 1
+    run = cluster.sql("SELECT admitted_by, admitted_at_ms FROM qinglong.runs")
+    assert len(run) == 1 and run[0][0] == "survivor"
+    assert run[0][1] > expires_at  # not before the database said the lease was over
+    assert (cluster.count("runs"), cluster.count("attempts"), cluster.count("run_events")) == (1, 1, 2)
