@@ -125,3 +125,14 @@ async def test_missing_directory_is_a_user_error_naming_the_path(tmp_path, clock
     assert not path.parent.exists()
     await backend.close()
     await backend.close()
+
+
+async def test_a_file_that_is_not_sqlite_is_a_user_error_and_is_left_alone(db_path, clock):
+    """Pointing path at some other file must be refused clearly, never overwritten."""
+    db_path.write_bytes(b"not a database at all\n" * 100)
+    before = db_path.read_bytes()
+    backend = create_backend(make_context(db_path, clock))
+    with pytest.raises(UserError, match=str(db_path.name)):
+        await backend.open()
+    await backend.close()
+    assert db_path.read_bytes() == before
