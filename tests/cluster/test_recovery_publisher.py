@@ -1,0 +1,121 @@
+"""Startup recovery's pristine-Attempt exclusion, the publisher's all-or-nothing writes, and the
+plugin's import weight."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, arun, seed, set_cursor
+from qinglong.contracts.errors import AlreadyExists, NotFound, TriggerSpecError
+from qinglong.contracts.records import TriggerDefinition
+
+
+def _admit(db, n: int) -> None:
+    seed(db, n)
+    set_cursor(db, None, -500)
+
+    async def body():
+        backend = db.backend("r1")
+        try:
+            assert (await backend.run_round()).admitted == n
+        finally:
+            await backend.close()
+
+    arun(body())
+
+
+def _recover(db):
+    async def body():
+        backend = db.backend("r1")
+        try:
+            return await backend.recover(), backend.context.diagnostics.codes()
+        finally:
+            await backend.close()
+
+    return arun(body())
+
+
+def test_recovery_leaves_pristine_queued_attempts_alone(cluster):
+    """Treating admission's own queued Attempts as failed executions would re-run every Run."""
+    _admit(cluster, 3)
+    report, codes = _recover(cluster)
+    assert report.pristine_queued == 3 and report.candidates == ()
+    assert "cluster_postgres.recovery_candidates" not in codes
+
+
+@pytest.mark.parametrize("drift", [
+    "UPDATE qinglong.attempts SET worker_id = 'w1' WHERE run_id = %(run)s",
+    "UPDATE qinglong.attempts SET lease_expires_at_ms = 1 WHERE run_id = %(run)s",
+    "UPDATE qinglong.attempts SET callback_token_digest = 'x' WHERE run_id = %(run)s",
+    "UPDATE qinglong.attempts SET error_code = 'E' WHERE run_id = %(run)s",
+    "UPDATE qinglong.runs SET state = 'dispatching' WHERE run_id = %(run)s",
+    "UPDATE qinglong.runs SET cancelled = true WHERE run_id = %(run)s",
+    "UPDATE qinglong.runs SET queued_at_ms = NULL WHERE run_id = %(run)s",
+    "UPDATE qinglong.runs SET owned_by = 'operator' WHERE run_id = %(run)s",
+    "INSERT INTO qinglong.attempts (attempt_id, run_id, attempt_no, state, executor, created_at_ms) "
+    "VALUES (gen_random_uuid(), %(run)s, 2, 'claimed', 'remote_worker', 0)",
+    "WITH e AS (DELETE FROM qinglong.run_events WHERE run_id = %(run)s) "
+    "DELETE FROM qinglong.attempts WHERE run_id = %(run)s",
+])
+def test_any_drift_from_admission_makes_a_recovery_candidate(cluster, drift):
+    """Failing open here would leave a half-dispatched Run stuck as if it were merely queued."""
+    _admit(cluster, 2)
+    run = cluster.sql("SELECT run_id FROM qinglong.runs ORDER BY run_id LIMIT 1")[0][0]
+    cluster.sql(drift, {"run": run})
+    report, codes = _recover(cluster)
+    assert report.candidates == (str(run),)
+    assert report.pristine_queued == 1
+    assert "cluster_postgres.recovery_candidates" in codes
+
+
+def test_publisher_bad_input_writes_nothing(cluster):
+    """A half-published trigger (head without schedule, or the reverse) would never fire or fire
+    an unvalidated spec."""
+    seed(cluster, 1)
+
+    async def body():
+        backend = cluster.backend("admin")
+        pub = backend.publisher()
+        try:
+            with pytest.raises(TriggerSpecError):
+                await pub.put_trigger(TriggerDefinition("p1", "bad", "task", "cron", {"expression": "61 * * * *"}))
+            with pytest.raises(NotFound):
+                await pub.put_trigger(TriggerDefinition("p1", "orphan", "nosuchtask", "cron",
+                                                        {"expression": "* * * * *"}))
+            with pytest.raises(AlreadyExists):
+                await pub.create_project("p1")
+            await pub.create_project("p2")
+            await pub.put_task("p2", "task", {"cmd": "x"})
+            with pytest.raises(AlreadyExists):  # trigger ids are unique across projects
+                await pub.put_trigger(TriggerDefinition("p2", "tr000", "task", "cron", {"expression": "* * * * *"}))
+            same = await pub.put_trigger(TriggerDefinition("p1", "tr000", "task", "cron", {"expression": "0 0 1 1 *"}))
+            assert same.trigger_revision == 1  # unchanged definition, no new revision
+            off = await pub.set_trigger_enabled("p1", "tr000", False)
+            assert off.trigger_revision == 2 and not off.enabled
+            await pub.delete_trigger("p1", "tr000")
+        finally:
+            await backend.close()
+
+    arun(body())
+    assert cluster.count("triggers") == 0 and cluster.count("trigger_schedules") == 0
+    assert cluster.count("tasks") == 2 and cluster.count("execution_revisions") == 2
+
+
+def test_plugin_package_import_does_not_load_psycopg():
+    """The host imports the package to read its hook; psycopg must wait for the factory."""
+    code = ("import sys; import qinglong.plugins.cluster_postgres as p; p.qinglong_scheduler_backends(); "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('psycopg', 'psycopg_pool')); "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_every_sql_block_is_named_and_documented():
+    """An undocumented or duplicated block would be loaded by the wrong name or not understood."""
+    from qinglong.plugins.cluster_postgres import sql
+
+    assert {"claim_due_schedules", "admit_occurrence", "scan_in_flight_runs"} <= set(sql.names())
+    with pytest.raises(ValueError):
+        sql.parse_blocks("-- name: x\nSELECT 1\n")
