@@ -1,17 +1,24 @@
-"""Benchmark of the edge_sqlite backend. A script run by hand, never a test.
+"""Benchmark of the edge profile. A script run by hand, never a test.
 
-    python bench/edge.py [--triggers 10000] [--steady-triggers 1000] [--seconds 15]
+    python bench/edge.py [--triggers 10000] [--steady-triggers 1000] [--seconds 15] [--python PY]
 
-Every figure is measured in a fresh child process and printed beside its floors, all in one run:
+Every figure is measured in a fresh child process and printed beside its floors, all in one run.
+The children run in a clean virtualenv holding only ``qinglong[edge]`` (built from this checkout
+under ``bench/results/venv-edge`` unless ``--python`` names an interpreter), because a developer's
+environment carries packages an edge install does not (dependency-injector imports werkzeug and
+yaml when they are installed, which alone costs several MiB).
 
-* floors: peak RSS of ``python3 -c pass`` and of a process that only imports pluggy, croniter,
-  aiosqlite, pydantic_settings and dependency_injector (what any edge host process imports);
+* floors: peak RSS of ``python3 -c pass``, of a process that only imports pluggy, croniter,
+  aiosqlite, pydantic_settings and dependency_injector (the package, which imports nothing), and of
+  one that also imports ``dependency_injector.containers`` (what a composition root needs);
 * ceiling: the admission transaction shape (read one due row by index, compare-and-set the
   schedule, insert Run, Attempt and two events, commit) with stdlib sqlite3 in a tight loop;
-* drain: N triggers, half of them due, drained by ``run_round`` through the plugin's factory:
-  admissions per second, import time, peak RSS, RSS at idle after the backlog; repeated at
-  1,000 and 100,000 triggers to show memory does not grow with the table;
-* steady: M triggers firing every second, rounds at a 1 s cadence; lag (admitted - due) p50/p99.
+* drain: N triggers, half of them due, drained by the real host (settings file, plugins loaded by
+  entry point, the edge container, the lifecycle and its scheduler loop): admissions per second,
+  import time, peak RSS, RSS at idle after the backlog; repeated at 1,000 and 100,000 triggers to
+  show memory does not grow with the table;
+* steady: M triggers firing every second, the host's loop at a 1 s cadence; lag (admitted - due)
+  p50/p99.
 
 Results go to stdout and to ``bench/results/edge.json``. Uses only the stdlib and the project.
 """
@@ -30,9 +37,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+CHILD = len(sys.argv) > 1 and sys.argv[1] == "--child"
+if not CHILD:  # the parent prepares databases from the checkout; children import the installed wheel
+    sys.path.insert(0, str(ROOT))
 
 FLOOR_IMPORTS = "import pluggy, croniter, aiosqlite, pydantic_settings, dependency_injector"
+FLOOR_CONTAINER_IMPORTS = FLOOR_IMPORTS + ".containers"
+PYTHON = sys.executable
 ZONES = ["UTC", "Europe/Berlin", "Asia/Shanghai", "America/New_York", "Europe/London",
          "Asia/Tokyo", "America/Chicago", "Australia/Brisbane"]
 MiB = 1024 * 1024
@@ -50,7 +61,7 @@ def _peak_rss_of(argv: list[str], env: dict | None = None) -> tuple[int, str]:
 
 
 def _child(mode: str, *args: str) -> tuple[int, dict]:
-    peak, out = _peak_rss_of([sys.executable, __file__, "--child", mode, *args])
+    peak, out = _peak_rss_of([PYTHON, __file__, "--child", mode, *args])
     return peak, json.loads(out.strip().splitlines()[-1])
 
 
@@ -153,82 +164,82 @@ def child_ceiling(path: str, count: int, synchronous: str) -> dict:
     return {"transactions": done, "tps": round(done / elapsed)}
 
 
-def _backend(path: str, page_size: int, synchronous: str):
-    from qinglong.contracts.store import BackendContext, SchedulerLimits
-    from qinglong.plugins.cron.provider import CronProvider
-    from qinglong.plugins.edge_sqlite import EdgeSqliteSettings, create_backend
+def _host(path: str, page_size: int, synchronous: str):
+    """The edge host as ``qinglong run`` builds it: settings file, plugins, container, lifecycle."""
+    settings = Path(path).with_suffix(".toml")
+    cache = os.environ.get("QINGLONG_BENCH_CACHE_KIB")
+    settings.write_text(
+        f'profile = "edge"\n[scheduler]\npage_size = {page_size}\ncadence_ms = 1000\n'
+        f'[backend]\npath = "{path}"\nsynchronous = "{synchronous}"\n'
+        + (f"cache_kib = {int(cache)}\n" if cache else "")
+        + '[diagnostics]\nlevel = "warning"\n'
+    )
+    from qinglong.host.containers import build_container
+    from qinglong.host.settings import load_settings
 
-    class Sink:
-        def emit(self, event):
-            print(f"diagnostic {event.code}: {event.message}", file=sys.stderr)
-
-    return create_backend(BackendContext(
-        settings=EdgeSqliteSettings(path=path, synchronous=synchronous),
-        limits=SchedulerLimits(page_size=page_size, claim_budget=16, lease_ms=30_000, cadence_ms=1000),
-        providers={"cron": CronProvider()}, diagnostics=Sink(),
-        clock_ms=lambda: time.time_ns() // 1_000_000, owner="bench"))
+    return build_container(load_settings(settings)).lifecycle()
 
 
-def child_drain(path: str, page_size: int, synchronous: str) -> dict:
-    """Import like a host, open, drain the backlog, then sit idle for a moment."""
+def child_drain(path: str, page_size: int, synchronous: str, due: int) -> dict:
+    """Boot the host, let its scheduler loop drain the backlog, then sit idle for a moment."""
     import asyncio
     import gc
 
     started = time.perf_counter()
-    exec(FLOOR_IMPORTS)
-    import qinglong.plugins.edge_sqlite as plugin
-    from qinglong.plugins.edge_sqlite import backend as _backend_module  # noqa: F401  (the driver)
+    lifecycle = _host(path, page_size, synchronous)
     import_s = time.perf_counter() - started
-    del plugin
 
     async def run() -> dict:
-        backend = _backend(path, page_size, synchronous)
-        await backend.open()
-        await backend.check_readiness()
-        rounds = admitted = 0
         t0 = time.perf_counter()
-        while True:
-            report = await backend.run_round()
-            rounds += 1
-            admitted += report.admitted
-            if not report.more_due:
-                break
+        await lifecycle.start()
+        while lifecycle.loop.stats.admitted < due:
+            await asyncio.sleep(0.005)
         elapsed = time.perf_counter() - t0
+        stats = lifecycle.loop.stats
         gc.collect()
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.5)
         idle = _current_rss()
-        await backend.close()
-        return {"admitted": admitted, "rounds": rounds, "seconds": round(elapsed, 3),
-                "admissions_per_s": round(admitted / elapsed) if elapsed else None,
+        await lifecycle.stop()
+        return {"admitted": stats.admitted, "rounds": stats.rounds, "seconds": round(elapsed, 3),
+                "admissions_per_s": round(stats.admitted / elapsed) if elapsed else None,
                 "idle_rss_mib": round(idle / MiB, 1)}
 
     result = asyncio.run(run())
-    result["import_ms"] = round(import_s * 1000, 1)
+    result["import_and_boot_ms"] = round(import_s * 1000, 1)
     return result
 
 
 def child_steady(path: str, page_size: int, seconds: float, synchronous: str) -> dict:
-    """Rounds at a 1 s cadence (back to back while a page is full), as the lifecycle runs them."""
+    """The host's lifecycle for ``seconds``: rounds aligned to the second, as in production."""
     import asyncio
 
-    exec(FLOOR_IMPORTS)
+    lifecycle = _host(path, page_size, synchronous)
 
     async def run() -> dict:
-        backend = _backend(path, page_size, synchronous)
-        await backend.open()
-        await backend.check_readiness()
         start_ms = time.time_ns() // 1_000_000
-        deadline = time.monotonic() + seconds
-        loop = asyncio.get_running_loop()
-        while time.monotonic() < deadline:
-            round_start = loop.time()
-            report = await backend.run_round()
-            if not report.more_due:
-                await asyncio.sleep(max(0.0, 1.0 - (loop.time() - round_start)))
-        await backend.close()
-        return {"start_ms": start_ms}
+        await lifecycle.start()
+        await asyncio.sleep(seconds)
+        await lifecycle.stop()
+        return {"start_ms": start_ms, "failed_rounds": lifecycle.last_stats.failed_rounds}
 
     return asyncio.run(run())
+
+
+def _clean_venv() -> str:
+    """A virtualenv with only ``qinglong[edge]`` from this checkout (rebuilt when the code changed)."""
+    venv = ROOT / "bench" / "results" / "venv-edge"
+    stamp = venv / "qinglong-source.txt"
+    source = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "qinglong", "pyproject.toml"],
+                           capture_output=True, text=True).stdout
+    wanted = source + ("+dirty" if dirty else "")
+    if not stamp.exists() or stamp.read_text() != wanted or dirty:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
+                        f"{ROOT}[edge]"], check=True)
+        stamp.write_text(wanted)
+    return str(venv / "bin" / "python")
 
 
 # ---------------------------------------------------------------- parent
@@ -247,6 +258,10 @@ def main() -> None:
     parser.add_argument("--synchronous", choices=("normal", "full"), default="normal")
     parser.add_argument("--memory-scales", default="1000,100000",
                         help="trigger counts of the extra drain runs that compare peak RSS")
+    parser.add_argument("--cache-kib", type=int, default=None,
+                        help="override [backend] cache_kib (default: the edge profile's value)")
+    parser.add_argument("--python", default=None,
+                        help="interpreter for the measured children (default: a clean qinglong[edge] venv)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -254,17 +269,24 @@ def main() -> None:
         mode, *rest = args.child
         result = {"floor": lambda: child_floor(),
                   "ceiling": lambda: child_ceiling(rest[0], int(rest[1]), rest[2]),
-                  "drain": lambda: child_drain(rest[0], int(rest[1]), rest[2]),
+                  "drain": lambda: child_drain(rest[0], int(rest[1]), rest[2], int(rest[3])),
                   "steady": lambda: child_steady(rest[0], int(rest[1]), float(rest[2]), rest[3])}[mode]()
         print(json.dumps(result))
         return
 
-    results: dict = {"python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version,
+    global PYTHON
+    PYTHON = args.python or _clean_venv()
+    if args.cache_kib is not None:
+        os.environ["QINGLONG_BENCH_CACHE_KIB"] = str(args.cache_kib)
+    results: dict = {"python": sys.version.split()[0], "interpreter": PYTHON, "sqlite": sqlite3.sqlite_version,
+                     "cache_kib": args.cache_kib or "profile default",
                      "synchronous": args.synchronous, "page_size": args.page_size}
-    bare, _ = _peak_rss_of([sys.executable, "-c", "pass"])
-    floor, _ = _peak_rss_of([sys.executable, "-c", FLOOR_IMPORTS])
+    bare, _ = _peak_rss_of([PYTHON, "-c", "pass"])
+    floor, _ = _peak_rss_of([PYTHON, "-c", FLOOR_IMPORTS])
+    floor_containers, _ = _peak_rss_of([PYTHON, "-c", FLOOR_CONTAINER_IMPORTS])
     results["floor_bare_python_peak_rss_mib"] = round(bare / MiB, 1)
     results["floor_imports_peak_rss_mib"] = round(floor / MiB, 1)
+    results["floor_imports_with_di_containers_peak_rss_mib"] = round(floor_containers / MiB, 1)
 
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
@@ -273,7 +295,7 @@ def main() -> None:
         def drain_run(count: int) -> dict:
             db = tmpdir / f"drain-{count}.db"
             make_database(db, count, 0.5, "* * * * *", now_ms=int(time.time() * 1000))
-            peak, drain = _child("drain", str(db), str(args.page_size), args.synchronous)
+            peak, drain = _child("drain", str(db), str(args.page_size), args.synchronous, str(count // 2))
             drain["triggers"] = count
             drain["due"] = count // 2
             drain["peak_rss_mib"] = round(peak / MiB, 1)

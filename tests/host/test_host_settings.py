@@ -30,7 +30,7 @@ def test_no_settings_at_all_is_the_edge_profile_with_a_sqlite_file_in_the_workin
     """A newcomer with no file gets edge + ./qinglong.db, never a surprise profile."""
     loaded = load_settings()
     assert loaded.profile.name == "edge"
-    assert loaded.settings.backend == {"path": "qinglong.db"}
+    assert loaded.settings.backend == {"path": "qinglong.db", "cache_kib": 512}
     assert loaded.settings.scheduler.page_size == 32
 
 
@@ -40,7 +40,7 @@ def test_file_overrides_profile_defaults_and_environment_overrides_the_file(tmp_
     loaded = load_settings(path)
     assert loaded.profile.name == "standalone"
     assert (loaded.settings.scheduler.page_size, loaded.settings.scheduler.cadence_ms) == (100, 500)
-    assert loaded.settings.backend == {"path": "qinglong.db"}  # from the profile, not wiped by the file
+    assert loaded.settings.backend == {"path": "qinglong.db"}  # the standalone profile's, not wiped by the file
     monkeypatch.setenv("QINGLONG_SCHEDULER__PAGE_SIZE", "64")
     loaded = load_settings(path)
     assert (loaded.settings.scheduler.page_size, loaded.settings.scheduler.cadence_ms) == (64, 500)

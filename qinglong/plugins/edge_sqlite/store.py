@@ -86,6 +86,8 @@ class SqliteStore:
         conn.execute(f"PRAGMA busy_timeout = {int(self.settings.busy_timeout_ms)}")
         # NORMAL in WAL mode loses at most the last commits on power loss, never consistency.
         conn.execute(f"PRAGMA synchronous = {self.settings.synchronous.upper()}")
+        # A negative cache_size is in KiB: the page cache is most of what a round's memory grows by.
+        conn.execute(f"PRAGMA cache_size = -{int(self.settings.cache_kib)}")
         # Reading the schema now surfaces "file is not a database" at open, not mid-round.
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
 
