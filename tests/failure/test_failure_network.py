@@ -1,0 +1,257 @@
+"""Network faults on the wire between replicas and PostgreSQL, through a fault proxy of our own.
+
+Each replica is the plugin's real backend with its own pool, run by the host's scheduler loop,
+talking to PostgreSQL 18 only through its own :class:`FaultProxy`. Every test ends with the
+exactly-once audit (expected occurrences against Runs) and prints its figures.
+
+Fast forms run by default; ``QINGLONG_SOAK=full`` lengthens the ``soak``-marked ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.cluster.conftest import seed, set_cursor
+from tests.failure.failure_helpers import (
+    ADMISSION_BEGIN,
+    ADMISSION_TEXT,
+    COMMIT_COMPLETE,
+    COMMIT_MESSAGE,
+    EVERY_SECOND,
+    InProcessReplica,
+    audit,
+    env_full,
+    occurrence_shape,
+    start_every_second,
+    wait_for,
+)
+from tests.failure.fault_proxy import TO_CLIENT, TO_SERVER, FaultProxy
+
+pytestmark = pytest.mark.postgres
+
+LEASE_MS = 2000
+
+
+def _proxy(db, name: str) -> FaultProxy:
+    return FaultProxy((db.server.host, db.server.port), name=name).start()
+
+
+@pytest.mark.soak
+def test_latency_and_jitter_on_the_wire_neither_lose_nor_duplicate_occurrences(failure_db):
+    """Slow links stretch every round (claim and admission each cost a delayed round trip); if
+    the lease, the fence or the cursor CAS leaned on timing, a delayed admission could land twice
+    or a claim could lapse and drop an occurrence."""
+    db = failure_db
+    triggers = 12 if env_full() else 4
+    seconds = 60 if env_full() else 4
+    seed(db, triggers, expression=EVERY_SECOND)
+    first = start_every_second(db)
+
+    async def body():
+        proxies = [_proxy(db, "slow"), _proxy(db, "jittery"), _proxy(db, "quick")]
+        proxies[0].set_latency(40)
+        proxies[1].set_latency(5, jitter_ms=60)
+        proxies[2].set_latency(1)
+        # a small budget each, so the three replicas share the work instead of the quickest
+        # taking every claim
+        replicas = [await InProcessReplica(db, f"replica-{p.name}", proxy=p, lease_ms=5000,
+                                           claim_budget=2).start()
+                    for p in proxies]
+        try:
+            await asyncio.sleep(seconds + 1.2)
+        finally:
+            for r in replicas:
+                await r.stop()
+            for p in proxies:
+                p.close()
+        return replicas
+
+    replicas = asyncio.run(body())
+    figures = audit(db.superuser_dsn(), first, "latency_and_jitter",
+                    admitted_by={r.owner: r.total("admitted") for r in replicas},
+                    fence_lost=sum(r.total("fence_lost") for r in replicas)).show()
+    assert figures.expected >= triggers * seconds
+    assert (figures.duplicates, figures.missing) == (0, 0)
+    assert figures.found == figures.expected
+    assert figures.extra["runs_without_1_attempt_2_events"] == 0
+
+
+@pytest.mark.parametrize("where", ["request_mid_statement", "reply_mid_commit"])
+def test_stream_cut_mid_message_leaves_exactly_one_run(failure_db, where):
+    """A stream cut in the middle of a message either never reaches COMMIT (then the claim must
+    lapse and be taken over, or the occurrence is lost) or cuts the COMMIT's reply (then the
+    occurrence is already admitted and nobody may admit it again, or it is duplicated)."""
+    db = failure_db
+    seed(db, 1)
+    set_cursor(db, "tr000", -500)
+    # the first admission of a fresh replica sends the statement's text; the COMMIT's reply
+    # carries the CommandComplete tag "COMMIT"
+    direction, pattern = ((TO_SERVER, ADMISSION_TEXT) if where == "request_mid_statement"
+                          else (TO_CLIENT, COMMIT_COMPLETE))
+
+    async def body():
+        cut_proxy, clean_proxy = _proxy(db, "cut"), _proxy(db, "clean")
+        rule = cut_proxy.arm(direction, pattern, "cut_mid")
+        a = await InProcessReplica(db, "replica-a", proxy=cut_proxy, lease_ms=LEASE_MS).start()
+        await wait_for(rule.fired.is_set, 10, what="the cut")
+        cut_at = db.db_now_ms()
+        claim = db.sql("SELECT claim_owner, claim_expires_at_ms FROM qinglong.trigger_schedules")[0]
+        b = await InProcessReplica(db, "replica-b", proxy=clean_proxy, lease_ms=LEASE_MS).start()
+        await wait_for(lambda: db.count("runs") > 0, 10, what="a Run")
+        await asyncio.sleep(LEASE_MS / 1000 + 0.8)  # long enough for any second admission to show
+        for r in (a, b):
+            await r.stop()
+        cut_proxy.close()
+        clean_proxy.close()
+        return a, b, cut_at, claim
+
+    a, b, cut_at, claim = asyncio.run(body())
+    shape = occurrence_shape(db.superuser_dsn())
+    (state, admitted_by, admitted_at, _), = shape["runs"]
+    figures = audit(db.superuser_dsn(), {"tr000": shape["runs"][0][3]}, f"stream_cut_{where}",
+                    admitted_by=admitted_by, errors_seen_by_a=a.total("errors"))
+    figures.recover_s = max(0, admitted_at - cut_at) / 1000
+    figures.show()
+    assert a.total("errors") >= 1  # the cut replica saw its connection fail
+    assert (len(shape["runs"]), len(shape["attempts"]), len(shape["events"])) == (1, 1, 2)
+    assert state == "queued" and shape["attempts"][0][:2] == ("claimed", "remote_worker")
+    if where == "request_mid_statement":
+        # nothing committed: the claim lived until its database-time expiry, then was taken over
+        assert claim[0] == "replica-a"
+        assert admitted_at > claim[1]
+    else:
+        # the server committed before the reply was cut: the claim was already cleared
+        assert claim[0] is None and admitted_by == "replica-a"
+    assert shape["schedules"][0][0] is None  # claim cleared
+    assert (figures.duplicates, figures.missing) == (0, 0)
+
+
+@pytest.mark.soak
+def test_one_way_partitioned_replica_loses_its_claims_and_commits_nothing_after_its_lease(failure_db):
+    """A replica cut off from PostgreSQL (its bytes to the server stop, the server's still reach
+    it) while holding claims: if the lease did not lapse its occurrences would be lost until it
+    healed; if its held admissions, delivered late after the heal, were not refused by the full
+    fence, every one of them would be admitted a second time."""
+    db = failure_db
+    triggers = 6
+    hold_s = 10.0 if env_full() else 3.0
+    seed(db, triggers, expression=EVERY_SECOND)
+    first = start_every_second(db)
+
+    async def body():
+        pp, pq = _proxy(db, "partitioned"), _proxy(db, "healthy")
+        p = await InProcessReplica(db, "replica-p", proxy=pp, lease_ms=LEASE_MS).start()
+        q = await InProcessReplica(db, "replica-q", proxy=pq, lease_ms=LEASE_MS).start()
+        await asyncio.sleep(2.5)
+        # partition P between a claim and its admission: its next BEGIN is held, then everything
+        rule = pp.arm(TO_SERVER, ADMISSION_BEGIN, "hold")
+        await wait_for(rule.fired.is_set, 10, what="P to start an admission")
+        pp.partition(TO_SERVER)
+        partitioned_at = db.db_now_ms()
+        held = db.sql("SELECT trigger_id, next_fire_at_ms, claim_expires_at_ms "
+                      "FROM qinglong.trigger_schedules WHERE claim_owner = 'replica-p'")
+        p_admitted_before = p.total("admitted")
+        # Q takes every one of P's claims over, each only after its database-time expiry
+        def taken_over():
+            return all(db.count("runs", "trigger_id = %s AND scheduled_for_ms = %s", (t, nxt))
+                       for t, nxt, _ in held)
+        await wait_for(taken_over, LEASE_MS / 1000 + 5, what="takeover of P's claims")
+        await asyncio.sleep(max(0.0, hold_s - (db.db_now_ms() - partitioned_at) / 1000))
+        healed_at = db.db_now_ms()
+        pp.heal()
+        # the held admissions arrive now, late: the fence must refuse them
+        await wait_for(lambda: p.total("fence_lost") >= len(held), 10, what="P's late commits refused")
+        p_fence_lost = p.total("fence_lost")
+        await wait_for(lambda: p.total("admitted") > p_admitted_before, 10, what="P to resume")
+        await asyncio.sleep(1.5)
+        for r in (p, q):
+            await r.stop()
+        pp.close()
+        pq.close()
+        return p, q, held, partitioned_at, healed_at, p_fence_lost
+
+    p, q, held, partitioned_at, healed_at, p_fence_lost = asyncio.run(body())
+    takeover = db.sql("SELECT trigger_id, scheduled_for_ms, admitted_by, admitted_at_ms FROM qinglong.runs "
+                      "WHERE (trigger_id, scheduled_for_ms) IN (SELECT * FROM unnest(%s::text[], %s::bigint[]))",
+                      ([h[0] for h in held], [h[1] for h in held]))
+    expiry = {h[0]: h[2] for h in held}
+    by_p_while_cut = db.count("runs", "admitted_by = 'replica-p' AND admitted_at_ms BETWEEN %s AND %s",
+                              (partitioned_at, healed_at))
+    figures = audit(db.superuser_dsn(), first, "one_way_partition",
+                    held_claims=len(held), p_fence_lost=p_fence_lost,
+                    p_commits_while_partitioned=by_p_while_cut,
+                    admitted_by={"replica-p": p.total("admitted"), "replica-q": q.total("admitted")})
+    figures.recover_s = max(at - expiry[t] for t, _, _, at in takeover) / 1000
+    figures.show()
+    assert held, "P held no claim when it was partitioned"
+    assert len(takeover) == len(held)
+    for trigger_id, _, admitted_by, admitted_at in takeover:
+        assert admitted_by == "replica-q"
+        assert admitted_at > expiry[trigger_id]  # only after the database said the lease was over
+    assert by_p_while_cut == 0
+    assert p_fence_lost >= len(held)
+    assert (figures.duplicates, figures.missing) == (0, 0)
+    assert figures.found == figures.expected
+
+
+def test_connection_hanging_open_stalls_only_its_replica_and_the_commit_it_carried_counts_once(failure_db):
+    """The server's replies stop on an open connection right after an admission's COMMIT was
+    sent: the server commits, the replica hangs. If the other replicas waited for it, its remaining claims
+    would be lost; if the hung admission were retried after the connection finally died, it
+    would be admitted twice."""
+    db = failure_db
+    seed(db, 6, expression=EVERY_SECOND)
+    first = start_every_second(db)
+
+    async def body():
+        ph, pq = _proxy(db, "hanging"), _proxy(db, "healthy")
+        h = await InProcessReplica(db, "replica-h", proxy=ph, lease_ms=LEASE_MS, claim_budget=3).start()
+        q = await InProcessReplica(db, "replica-q", proxy=pq, lease_ms=LEASE_MS, claim_budget=3).start()
+        await asyncio.sleep(2.2)
+        rule = ph.arm(TO_SERVER, COMMIT_MESSAGE, "hold_replies")
+        await wait_for(rule.fired.is_set, 10, what="H to start an admission")
+        await asyncio.sleep(0.3)
+        held = db.sql("SELECT trigger_id, next_fire_at_ms, claim_expires_at_ms "
+                      "FROM qinglong.trigger_schedules WHERE claim_owner = 'replica-h'")
+        rounds_before = len(h.reports)
+        reported_before = h.total("admitted")
+        await asyncio.sleep(LEASE_MS / 1000 * 2)
+        rounds_while_hung = len(h.reports) - rounds_before
+        # the hang ends the way a dead TCP peer ends: the connection is reset
+        ph.cut_all()
+        await wait_for(lambda: h.total("errors") >= 1, 10, what="H to see its connection die")
+        admitted = h.total("admitted")
+        await wait_for(lambda: h.total("admitted") > admitted, 10, what="H to resume")
+        await asyncio.sleep(1.0)
+        for r in (h, q):
+            await r.stop()
+        ph.close()
+        pq.close()
+        return h, q, held, rounds_while_hung, reported_before
+
+    h, q, held, rounds_while_hung, reported_before = asyncio.run(body())
+    in_db_by_h = db.count("runs", "admitted_by = 'replica-h'")
+    figures = audit(db.superuser_dsn(), first, "connection_hangs_open",
+                    claims_left_when_hung=len(held), rounds_of_h_while_hung=rounds_while_hung,
+                    runs_by_h_in_db=in_db_by_h, runs_by_h_reported=h.total("admitted"),
+                    admitted_by={"replica-h": h.total("admitted"), "replica-q": q.total("admitted")})
+    runs_for_held = db.sql("SELECT trigger_id, admitted_by, admitted_at_ms FROM qinglong.runs "
+                           "WHERE (trigger_id, scheduled_for_ms) IN "
+                           "(SELECT * FROM unnest(%s::text[], %s::bigint[]))",
+                           ([x[0] for x in held], [x[1] for x in held]))
+    expiry = {x[0]: x[2] for x in held}
+    if runs_for_held:
+        figures.recover_s = max(at - expiry[t] for t, _, at in runs_for_held) / 1000
+    figures.show()
+    assert rounds_while_hung == 0  # the hung round really hung (no client-side timeout)
+    assert reported_before >= 1
+    # the admission whose reply never came is in the database exactly once, unreported by H
+    assert in_db_by_h == h.total("admitted") + 1
+    for trigger_id, admitted_by, admitted_at in runs_for_held:
+        assert admitted_by == "replica-q" and admitted_at > expiry[trigger_id]
+    assert len(runs_for_held) == len(held)
+    assert (figures.duplicates, figures.missing) == (0, 0)
+    assert figures.found == figures.expected
