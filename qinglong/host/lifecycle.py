@@ -187,6 +187,7 @@ class Lifecycle:
     last_stats: LoopStats | None = None
     _started: list[LifecycleComponent] = field(default_factory=list)
     _opened: bool = False
+    _admission_open: bool = False
 
     def _note(self, step: str, **fields: Any) -> None:
         self.steps.append(step)
@@ -233,6 +234,7 @@ class Lifecycle:
                     if component.phase is phase:
                         await self._bounded(f"start {component.name}", component.start())
                         self._started.append(component)
+            self._admission_open = True
             self._note("admission_open", components=len(self._started))
         except BaseException:
             await self.stop()
@@ -243,7 +245,9 @@ class Lifecycle:
         bound = self.stop_timeout_ms / 1000
         for component in reversed([c for c in self._started if c.phase is ComponentPhase.ADMISSION]):
             await self._stop_component(component, bound)
-        self._note("admission_withdrawn")
+        if self._admission_open:
+            self._admission_open = False
+            self._note("admission_withdrawn")
         await self._stop_loop(bound)
         for component in reversed([c for c in self._started if c.phase is ComponentPhase.STACK]):
             await self._stop_component(component, bound)
