@@ -1,0 +1,406 @@
+"""Chaos soak of the cluster profile: N replica processes, random failures, an exactly-once audit.
+
+Starts its own PostgreSQL 18 (the test harness ``tests/pg.py``), migrates, publishes every-second
+and every-few-seconds cron triggers (half ``fire_once`` with a 60 s grace, half ``skip`` with a
+1.5 s grace), and runs ``--replicas`` real ``qinglong run`` processes (profile ``cluster``), each
+reaching PostgreSQL through its own fault proxy (``tests/failure/fault_proxy.py``). For
+``--minutes`` it injects, at random: ``kill -9`` of a replica (restarted after a pause), latency
+and jitter, a reset of every connection, a one-way partition, a connection that hangs after a
+COMMIT until it is reset, ``pg_terminate_backend`` of runtime backends, and one PostgreSQL restart
+half way. Then it heals everything, lets the replicas catch up, stops them and audits every
+trigger: its expected occurrences (first fire up to its final cursor) against its Runs.
+
+Prints and writes (``--out``, default ``bench/results/chaos.json``): expected, admitted,
+duplicates (must be 0), missing (must be 0: for ``fire_once`` nothing may be left out; for
+``skip`` every occurrence not admitted must be a recorded skip), skipped-and-recorded, the worst
+and p99 admission lag, and what was injected. Exit status 1 when a duplicate or a missing
+occurrence was found.
+
+    python bench/chaos.py --minutes 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+
+from qinglong.contracts.records import MisfirePolicy, TriggerDefinition  # noqa: E402
+from qinglong.contracts.store import BackendContext, SchedulerLimits  # noqa: E402
+from qinglong.plugins.cluster_postgres import create_backend  # noqa: E402
+from qinglong.plugins.cluster_postgres.settings import ClusterPostgresSettings  # noqa: E402
+from qinglong.plugins.cron.provider import CronProvider  # noqa: E402
+from tests.failure.fault_proxy import BOTH, TO_CLIENT, TO_SERVER, FaultProxy  # noqa: E402
+from tests.pg import ROLE_PASSWORDS, create_database, create_roles, start_server  # noqa: E402
+
+DBNAME = "ql_chaos"
+EXPRESSIONS = ("* * * * * *", "*/2 * * * * *", "*/3 * * * * *", "*/5 * * * * *")
+COMMIT_MESSAGE = b"\x00COMMIT\x00"
+
+
+def log(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class NullSink:
+    def emit(self, event) -> None:
+        pass
+
+
+def _backend(settings: ClusterPostgresSettings, owner: str):
+    context = BackendContext(
+        settings=settings,
+        limits=SchedulerLimits(page_size=32, claim_budget=16, lease_ms=30_000, cadence_ms=1000),
+        providers={"cron": CronProvider()}, diagnostics=NullSink(),
+        clock_ms=lambda: int(time.time() * 1000), owner=owner)
+    return create_backend(context)
+
+
+def dsn(server, role: str, port: int | None = None) -> str:
+    return (f"host=127.0.0.1 port={port or server.port} user={role} "
+            f"password={ROLE_PASSWORDS[role]} dbname={DBNAME} connect_timeout=3")
+
+
+def sql(server, statement: str, params=None):
+    with psycopg.connect(server.superuser_dsn(DBNAME), autocommit=True, connect_timeout=5) as conn:
+        cur = conn.execute(statement, params)
+        return cur.fetchall() if cur.description else None
+
+
+def prepare(server, triggers: int) -> dict[str, int]:
+    """Roles, database, migrations, triggers; returns each trigger's first occurrence."""
+    create_roles(server)
+    create_database(server, DBNAME)
+    settings = ClusterPostgresSettings(runtime_dsn=dsn(server, "qinglong_runtime"),
+                                       admin_dsn=dsn(server, "qinglong_admin"),
+                                       owner_dsn=dsn(server, "qinglong_owner"))
+
+    async def body():
+        backend = _backend(settings, "chaos-setup")
+        try:
+            await backend.migrate()
+            pub = backend.publisher()
+            await pub.create_project("chaos")
+            await pub.put_task("chaos", "task", {"cmd": ["true"]})
+            for i in range(triggers):
+                fire_once = i % 2 == 0
+                await pub.put_trigger(TriggerDefinition(
+                    "chaos", f"t{i:03d}", "task", "cron", {"expression": EXPRESSIONS[i % len(EXPRESSIONS)]},
+                    misfire_policy=MisfirePolicy.FIRE_ONCE if fire_once else MisfirePolicy.SKIP,
+                    misfire_grace_ms=60_000 if fire_once else 1500))
+        finally:
+            await backend.close()
+
+    asyncio.run(body())
+    provider = CronProvider()
+    now = sql(server, "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint")[0][0]
+    start = now + 4000  # the replicas are up by then
+    first = {}
+    for trigger_id, spec in sql(server, "SELECT trigger_id, spec_json FROM qinglong.triggers"):
+        first[trigger_id] = provider.next_after(spec, start)
+        sql(server, "UPDATE qinglong.trigger_schedules SET next_fire_at_ms = %s WHERE trigger_id = %s",
+            (first[trigger_id], trigger_id))
+    return first
+
+
+class Replica:
+    """One ``qinglong run`` process behind its own proxy; restartable after kill -9."""
+
+    def __init__(self, index: int, server, workdir: Path, lease_ms: int, cadence_ms: int) -> None:
+        self.owner = f"chaos-{index}"
+        self.proxy = FaultProxy(("127.0.0.1", server.port), name=self.owner).start()
+        self.settings = workdir / f"{self.owner}.toml"
+        self.settings.write_text(
+            'profile = "cluster"\n[scheduler]\n'
+            f'cadence_ms = {cadence_ms}\nclaim_budget = 16\nlease_ms = {lease_ms}\nowner = "{self.owner}"\n'
+            '[lifecycle]\nstop_timeout_ms = 5000\nstart_step_timeout_ms = 20000\n'
+            '[diagnostics]\nlevel = "info"\nformat = "json"\n'
+            f'[backend]\nruntime_dsn = "{dsn(server, "qinglong_runtime", self.proxy.port)}"\n'
+            'pool_min_size = 1\npool_max_size = 2\npool_timeout_ms = 2000\n')
+        self.settings.chmod(0o600)
+        self.logfile = workdir / f"{self.owner}.log"
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        with self.logfile.open("a") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "qinglong", "run", "--settings", str(self.settings)],
+                stdout=subprocess.DEVNULL, stderr=err, cwd=str(ROOT))
+        self.starts += 1
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> int | None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+                return None
+        return self.proc.returncode if self.proc else None
+
+
+class Chaos:
+    """The fault schedule: one random fault every few seconds, each undone after a while."""
+
+    def __init__(self, server, replicas: list[Replica], rng: random.Random) -> None:
+        self.server = server
+        self.replicas = replicas
+        self.rng = rng
+        self.injected: dict[str, int] = {}
+        self.pending: list[tuple[float, str, object]] = []  # (when, what, replica) undo actions
+        self.restarted = False
+        self.restart_s: float | None = None
+
+    def _count(self, name: str) -> None:
+        self.injected[name] = self.injected.get(name, 0) + 1
+
+    def undo_due(self, now: float, force: bool = False) -> None:
+        keep = []
+        for when, what, replica in self.pending:
+            if not force and when > now:
+                keep.append((when, what, replica))
+                continue
+            if what == "restart":
+                if not replica.alive():
+                    replica.start()
+            elif what == "heal":
+                replica.proxy.heal()
+                replica.proxy.set_latency(0)
+            elif what == "reset":
+                replica.proxy.disarm()
+                replica.proxy.cut_all()
+        self.pending = keep
+
+    def restart_postgres(self) -> None:
+        log("fault: PostgreSQL restart")
+        started = time.monotonic()
+        self.server.restart()
+        self.restart_s = time.monotonic() - started
+        self.restarted = True
+        self._count("postgres_restart")
+
+    def inject(self, now: float) -> None:
+        busy = {id(r) for _, _, r in self.pending}
+        free = [r for r in self.replicas if id(r) not in busy and r.alive()]
+        if not free:
+            return
+        replica = self.rng.choice(free)
+        fault = self.rng.choice(["kill9", "kill9", "latency", "reset", "partition", "hang",
+                                 "terminate_backends"])
+        self._count(fault)
+        if fault == "kill9":
+            # rounds start a few ms after each whole second: aim there, so the process often
+            # dies holding claims (or mid-admission) rather than asleep between rounds
+            time.sleep((1.0 - time.time() % 1.0) + self.rng.uniform(0.004, 0.040))
+            replica.kill9()
+            self.pending.append((now + self.rng.uniform(0.5, 4.0), "restart", replica))
+        elif fault == "latency":
+            replica.proxy.set_latency(self.rng.uniform(20, 150), jitter_ms=self.rng.uniform(0, 100))
+            self.pending.append((now + self.rng.uniform(2, 8), "heal", replica))
+        elif fault == "reset":
+            replica.proxy.cut_all()
+        elif fault == "partition":
+            replica.proxy.partition(self.rng.choice([TO_SERVER, TO_CLIENT, BOTH]))
+            self.pending.append((now + self.rng.uniform(1, 8), "heal", replica))
+        elif fault == "hang":
+            replica.proxy.arm(TO_SERVER, COMMIT_MESSAGE, "hold_replies")
+            self.pending.append((now + self.rng.uniform(2, 8), "reset", replica))
+        elif fault == "terminate_backends":
+            rows = sql(self.server, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                    "WHERE application_name = %s", (f"qinglong runtime {replica.owner}",))
+            self.injected["backends_terminated"] = self.injected.get("backends_terminated", 0) + len(rows)
+        log(f"fault: {fault} on {replica.owner}")
+
+
+def audit(server, first: dict[str, int]) -> dict:
+    """Expected occurrences per trigger against Runs and recorded skips."""
+    provider = CronProvider()
+    rows = sql(server, "SELECT t.trigger_id, t.spec_json, t.misfire_policy, s.next_fire_at_ms, s.claim_owner "
+                       "FROM qinglong.triggers t JOIN qinglong.trigger_schedules s USING (trigger_id)")
+    runs = sql(server, "SELECT trigger_id, scheduled_for_ms, admitted_at_ms FROM qinglong.runs")
+    skips = sql(server, "SELECT trigger_id, first_skipped_ms, last_skipped_ms FROM qinglong.schedule_skips")
+    shape_bad = sql(server, """
+        SELECT count(*) FROM qinglong.runs r
+        WHERE (SELECT count(*) FROM qinglong.attempts a WHERE a.run_id = r.run_id) <> 1
+           OR (SELECT count(*) FROM qinglong.run_events e WHERE e.run_id = r.run_id) <> 2""")[0][0]
+    now = sql(server, "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint")[0][0]
+    admitted: dict[str, list[int]] = {}
+    for trigger_id, scheduled, _ in runs:
+        admitted.setdefault(trigger_id, []).append(scheduled)
+    totals = {policy: dict(triggers=0, expected=0, admitted=0, duplicates=0, missing=0,
+                           skipped_recorded=0, admitted_and_skipped=0)
+              for policy in ("fire_once", "skip")}
+    worst_cursor_lag = -(1 << 62)
+    for trigger_id, spec, policy, cursor, _owner in rows:
+        expected = []
+        occurrence = first[trigger_id]
+        while occurrence < cursor:
+            expected.append(occurrence)
+            occurrence = provider.next_after(spec, occurrence)
+        got = admitted.get(trigger_id, [])
+        skipped = {o for o in expected for t, lo, hi in skips if t == trigger_id and lo <= o <= hi}
+        t = totals[policy]
+        t["triggers"] += 1
+        t["expected"] += len(expected)
+        t["admitted"] += len(got)
+        t["duplicates"] += len(got) - len(set(got))
+        t["missing"] += len(set(expected) - set(got) - skipped)
+        t["skipped_recorded"] += len(skipped)
+        t["admitted_and_skipped"] += len(skipped & set(got))
+        worst_cursor_lag = max(worst_cursor_lag, now - cursor)
+    lags = sorted(admitted_at - scheduled for _, scheduled, admitted_at in runs)
+    return {
+        "by_policy": totals,
+        "expected": sum(t["expected"] for t in totals.values()),
+        "admitted": sum(t["admitted"] for t in totals.values()),
+        "duplicates": sum(t["duplicates"] for t in totals.values()),
+        "missing": sum(t["missing"] for t in totals.values()),
+        "skipped_recorded": sum(t["skipped_recorded"] for t in totals.values()),
+        "runs_without_1_attempt_2_events": shape_bad,
+        "worst_lag_ms": lags[-1] if lags else None,
+        "p50_lag_ms": lags[len(lags) // 2] if lags else None,
+        "p99_lag_ms": lags[int(len(lags) * 0.99)] if lags else None,
+        "cursor_behind_now_ms_at_end": max(0, worst_cursor_lag),
+    }
+
+
+def replica_log_figures(replicas: list[Replica]) -> dict:
+    """What the replicas reported: startup recoveries, candidates, unique-key refusals."""
+    figures = dict(startups=0, recovery_candidates_max=0, pristine_queued_max=0, failed_rounds=0,
+                   unique_violations=0, fence_lost_warnings=0)
+    for replica in replicas:
+        if not replica.logfile.exists():
+            continue
+        for line in replica.logfile.read_text(errors="replace").splitlines():
+            if "23505" in line:
+                figures["unique_violations"] += 1
+            if not line.startswith("{"):
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            code = event.get("code")
+            if code == "lifecycle.recovered":
+                figures["startups"] += 1
+                figures["recovery_candidates_max"] = max(figures["recovery_candidates_max"],
+                                                         event.get("candidates", 0))
+                figures["pristine_queued_max"] = max(figures["pristine_queued_max"],
+                                                     event.get("pristine_queued", 0))
+            elif code in ("cluster_postgres.round_failed", "scheduler.round_failed"):
+                figures["failed_rounds"] += 1
+            elif code == "scheduler.round_incomplete" and event.get("fence_lost"):
+                figures["fence_lost_warnings"] += 1
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=10.0, help="how long faults are injected")
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--triggers", type=int, default=40)
+    parser.add_argument("--lease-ms", type=int, default=3000)
+    parser.add_argument("--cadence-ms", type=int, default=1000)
+    parser.add_argument("--fault-every", type=float, default=3.0, help="mean seconds between faults")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "chaos.json"))
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    workdir = Path(tempfile.mkdtemp(prefix="ql-chaos-"))
+    log(f"seed {seed}; {args.replicas} replicas, {args.triggers} triggers, {args.minutes:g} min of faults; "
+        f"logs in {workdir}")
+    server = start_server("pg18")
+    replicas: list[Replica] = []
+    started = time.monotonic()
+    try:
+        first = prepare(server, args.triggers)
+        replicas = [Replica(i, server, workdir, args.lease_ms, args.cadence_ms) for i in range(args.replicas)]
+        for replica in replicas:
+            replica.start()
+        time.sleep(4.5)
+        chaos = Chaos(server, replicas, rng)
+        duration = args.minutes * 60
+        fault_start = time.monotonic()
+        next_fault = fault_start + rng.expovariate(1 / args.fault_every)
+        while (now := time.monotonic()) - fault_start < duration:
+            chaos.undo_due(now)
+            if not chaos.restarted and now - fault_start > duration / 2:
+                chaos.restart_postgres()
+            elif now >= next_fault:
+                chaos.inject(now)
+                next_fault = now + rng.expovariate(1 / args.fault_every)
+            time.sleep(0.05)
+        log("faults stop; healing and letting the replicas catch up")
+        chaos.undo_due(time.monotonic(), force=True)
+        for replica in replicas:
+            replica.proxy.disarm()
+            replica.proxy.heal()
+            replica.proxy.set_latency(0)
+            if not replica.alive():
+                replica.start()
+        heal_started = time.monotonic()
+        # caught up: no schedule behind the database clock by more than two seconds
+        while time.monotonic() - heal_started < max(30.0, args.lease_ms / 1000 * 4):
+            behind = sql(server, "SELECT count(*) FROM qinglong.trigger_schedules WHERE next_fire_at_ms < "
+                                 "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - 2000")[0][0]
+            if behind == 0:
+                break
+            time.sleep(0.5)
+        caught_up_s = time.monotonic() - heal_started
+        time.sleep(2.0)
+        exit_codes = [replica.stop() for replica in replicas]
+        for replica in replicas:
+            replica.proxy.close()
+        result = audit(server, first)
+        result.update(
+            seed=seed, minutes=args.minutes, replicas=args.replicas, triggers=args.triggers,
+            lease_ms=args.lease_ms, cadence_ms=args.cadence_ms, injected=chaos.injected,
+            replica_starts=sum(r.starts for r in replicas), replica_exit_codes=exit_codes,
+            postgres_restart_s=round(chaos.restart_s, 2) if chaos.restart_s else None,
+            caught_up_after_heal_s=round(caught_up_s, 2),
+            wall_s=round(time.monotonic() - started, 1), replica_logs=replica_log_figures(replicas),
+            server=f"PostgreSQL {server.version_num()}",
+        )
+    finally:
+        for replica in replicas:
+            replica.kill9()
+            replica.proxy.close()
+        server.destroy()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(f"expected={result['expected']} admitted={result['admitted']} duplicates={result['duplicates']} "
+          f"missing={result['missing']} skipped_recorded={result['skipped_recorded']} "
+          f"worst_lag={result['worst_lag_ms']}ms p99_lag={result['p99_lag_ms']}ms "
+          f"caught_up_after_heal={result['caught_up_after_heal_s']}s")
+    print("injected: " + ", ".join(f"{k}={v}" for k, v in sorted(result["injected"].items())))
+    print(f"written to {out}")
+    ok = result["duplicates"] == 0 and result["missing"] == 0 and result["runs_without_1_attempt_2_events"] == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
