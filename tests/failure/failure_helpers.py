@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 
 from tests.cluster.conftest import ClusterDb, CollectingSink, migrate
-from tests.pg import ROLE_PASSWORDS, PgServer, create_database, create_roles, start_server
+from tests.pg import ROLE_PASSWORDS, PgServer, create_database, create_roles
 
 from tests.failure.fault_proxy import FaultProxy
 
@@ -298,10 +298,6 @@ def occurrence_shape(db_dsn: str) -> dict:
     sched = sql(db_dsn, "SELECT claim_owner, claim_token, claim_expires_at_ms, claim_version, "
                         "next_fire_at_ms, last_scheduled_at_ms FROM qinglong.trigger_schedules")
     return {"runs": runs, "attempts": attempts, "events": [e[0] for e in events], "schedules": sched}
-
-
-def server_for(label: str = "pg18") -> PgServer:
-    return start_server(label)
 
 
 def env_full() -> bool:

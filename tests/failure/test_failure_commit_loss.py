@@ -24,13 +24,13 @@ import pytest
 from tests.cluster.conftest import seed, set_cursor
 from tests.failure.failure_helpers import (
     COMMIT_COMPLETE,
+    InProcessReplica,
     audit,
     backend_pids,
     new_cluster_db,
     occurrence_shape,
     parse_diagnostics,
     promote,
-    proxied_dsn,
     qinglong_command,
     sql,
     start_standby,
@@ -38,7 +38,6 @@ from tests.failure.failure_helpers import (
     wait_for,
     wait_replayed,
     write_cluster_settings,
-    InProcessReplica,
 )
 from tests.failure.fault_proxy import TO_CLIENT, FaultProxy
 from tests.pg import start_server

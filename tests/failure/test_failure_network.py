@@ -10,7 +10,6 @@ Fast forms run by default; ``QINGLONG_SOAK=full`` lengthens the ``soak``-marked 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
