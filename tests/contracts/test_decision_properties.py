@@ -28,7 +28,7 @@ from qinglong.contracts.records import (
 from qinglong.plugins.cron.provider import CronProvider
 
 PROPERTY_SETTINGS = settings(
-    max_examples=250,
+    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
