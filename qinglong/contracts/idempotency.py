@@ -14,6 +14,10 @@ def idempotency_key(
     """
     if not isinstance(scheduled_for_ms, int) or isinstance(scheduled_for_ms, bool):
         raise TypeError("scheduled_for_ms must be an integer epoch millisecond value")
+    # A bool or float revision would print as 'True' or '1.0' and never collide with the key of
+    # revision 1, so the store's UNIQUE constraint could no longer catch a duplicate Run.
+    if not isinstance(trigger_revision, int) or isinstance(trigger_revision, bool):
+        raise TypeError("trigger_revision must be an integer")
     if trigger_revision < 1:
         raise ValueError("trigger_revision starts at 1")
     if ":" in kind:
