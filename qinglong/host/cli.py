@@ -35,7 +35,7 @@ from qinglong.contracts.errors import (
     SchemaNotReady,
     UserError,
 )
-from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
+from qinglong.contracts.records import DEFAULT_MISFIRE_GRACE_MS, MisfirePolicy, TriggerDefinition
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_USER, EXIT_CHECK, EXIT_FORCED = 0, 1, 2, 3, 4, 130
 
@@ -84,6 +84,16 @@ async def _opened_backend(container: Any, *, readiness: bool = True) -> AsyncIte
         yield backend
     finally:
         await backend.close()
+
+
+def _on_backend(container: Any, action: Any, *, readiness: bool = True) -> Any:
+    """Open the profile's backend, ``await action(backend)``, close it; return the result."""
+
+    async def body() -> Any:
+        async with _opened_backend(container, readiness=readiness) as backend:
+            return await action(backend)
+
+    return asyncio.run(body())
 
 
 def _now_ms() -> int:
@@ -168,20 +178,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Publish a demo trigger firing every second, run for a few seconds, show the Runs."""
     container = _container(args)
 
-    async def publish() -> None:
-        async with _opened_backend(container) as backend:
-            pub = backend.publisher()
-            try:
-                await pub.create_project("demo", "Demo project")
-            except AlreadyExists:
-                pass
-            await pub.put_task("demo", "hello", {"command": ["echo", "hello from qinglong"]})
-            await pub.put_trigger(TriggerDefinition(
-                project_id="demo", trigger_id="demo-every-second", task_id="hello", kind="cron",
-                spec={"expression": "* * * * * *", "timezone": "UTC"},
-            ))
+    async def publish(backend: Any) -> None:
+        pub = backend.publisher()
+        try:
+            await pub.create_project("demo", "Demo project")
+        except AlreadyExists:
+            pass
+        await pub.put_task("demo", "hello", {"command": ["echo", "hello from qinglong"]})
+        await pub.put_trigger(TriggerDefinition(
+            project_id="demo", trigger_id="demo-every-second", task_id="hello", kind="cron",
+            spec={"expression": "* * * * * *", "timezone": "UTC"},
+        ))
 
-    asyncio.run(publish())
+    _on_backend(container, publish)
     print(f"published trigger demo-every-second (cron '* * * * * *'); running for {args.seconds:g} s ...",
           flush=True)
     code = asyncio.run(_run_lifecycle(container.lifecycle(), container.diagnostics(), args.seconds))
@@ -301,13 +310,12 @@ def cmd_db(args: argparse.Namespace) -> int:
     """``db migrate`` applies pending migrations; ``db status`` lists them."""
     container = _container(args)
 
-    async def go() -> list[Any]:
-        async with _opened_backend(container, readiness=False) as backend:
-            if args.db_command == "migrate":
-                return list(await backend.migrate())
-            return list(await backend.migration_status())
+    async def go(backend: Any) -> list[Any]:
+        if args.db_command == "migrate":
+            return list(await backend.migrate())
+        return list(await backend.migration_status())
 
-    states = asyncio.run(go())
+    states = _on_backend(container, go, readiness=False)
     if args.json:
         _print_json([{"version": s.version, "name": s.name, "checksum": s.checksum, "status": s.status}
                      for s in states])
@@ -325,13 +333,12 @@ def cmd_project(args: argparse.Namespace) -> int:
     """Create or list projects."""
     container = _container(args)
 
-    async def go() -> Any:
-        async with _opened_backend(container) as backend:
-            if args.project_command == "create":
-                return await backend.publisher().create_project(args.project_id, args.name)
-            return await backend.reader().list_projects()
+    async def go(backend: Any) -> Any:
+        if args.project_command == "create":
+            return await backend.publisher().create_project(args.project_id, args.name)
+        return await backend.reader().list_projects()
 
-    result = asyncio.run(go())
+    result = _on_backend(container, go)
     if args.project_command == "create":
         print(f"created project {result.project_id}")
     elif args.json:
@@ -354,11 +361,8 @@ def cmd_task(args: argparse.Namespace) -> int:
         payload = {"command": args.command}
     container = _container(args)
 
-    async def go() -> Any:
-        async with _opened_backend(container) as backend:
-            return await backend.publisher().put_task(args.project_id, args.task_id, payload)
-
-    task = asyncio.run(go())
+    task = _on_backend(container, lambda backend: backend.publisher().put_task(
+        args.project_id, args.task_id, payload))
     print(f"task {task.project_id}/{task.task_id} at revision {task.task_revision} ({task.content_digest[:19]})")
     return EXIT_OK
 
@@ -396,42 +400,42 @@ def cmd_trigger(args: argparse.Namespace) -> int:
     container = _container(args)
     sub = args.trigger_command
 
-    async def go() -> Any:
-        async with _opened_backend(container) as backend:
-            pub, reader = backend.publisher(), backend.reader()
-            if sub == "list":
-                return await reader.list_triggers(args.project_id)
-            if sub in ("enable", "disable"):
-                return await pub.set_trigger_enabled(args.project_id, args.trigger_id, sub == "enable")
-            if sub == "delete":
-                await pub.delete_trigger(args.project_id, args.trigger_id)
-                return None
-            existing = {t.trigger_id: t for t in await reader.list_triggers(args.project_id)}
-            current = existing.get(args.trigger_id)
-            if sub == "add" and current is not None:
-                raise AlreadyExists(f"trigger {args.trigger_id} exists in project {args.project_id}; "
-                                    "use 'qinglong trigger update'")
-            if sub == "update" and current is None:
-                raise NotFound(f"trigger {args.trigger_id} does not exist in project {args.project_id}; "
-                               "use 'qinglong trigger add'")
-            kind, spec = _trigger_spec(args, current)
-            if args.task is None and current is None:
-                raise UserError("a new trigger needs --task TASK_ID")
-            definition = TriggerDefinition(
-                project_id=args.project_id,
-                trigger_id=args.trigger_id,
-                task_id=args.task or current.task_id,
-                kind=kind,
-                spec=spec,
-                misfire_policy=MisfirePolicy(args.misfire) if args.misfire else
-                (current.misfire_policy if current else MisfirePolicy.FIRE_ONCE),
-                misfire_grace_ms=args.grace_ms if args.grace_ms is not None else
-                (current.misfire_grace_ms if current else 60_000),
-                enabled=(not args.disabled) if args.disabled or current is None else current.enabled,
-            )
-            return await pub.put_trigger(definition)
+    async def go(backend: Any) -> Any:
+        pub, reader = backend.publisher(), backend.reader()
+        if sub == "list":
+            return await reader.list_triggers(args.project_id)
+        if sub in ("enable", "disable"):
+            return await pub.set_trigger_enabled(args.project_id, args.trigger_id, sub == "enable")
+        if sub == "delete":
+            await pub.delete_trigger(args.project_id, args.trigger_id)
+            return None
+        existing = {t.trigger_id: t for t in await reader.list_triggers(args.project_id)}
+        current = existing.get(args.trigger_id)
+        if sub == "add" and current is not None:
+            raise AlreadyExists(f"trigger {args.trigger_id} exists in project {args.project_id}; "
+                                "use 'qinglong trigger update'")
+        if sub == "update" and current is None:
+            raise NotFound(f"trigger {args.trigger_id} does not exist in project {args.project_id}; "
+                           "use 'qinglong trigger add'")
+        kind, spec = _trigger_spec(args, current)
+        if args.task is None and current is None:
+            raise UserError("a new trigger needs --task TASK_ID")
+        definition = TriggerDefinition(
+            project_id=args.project_id,
+            trigger_id=args.trigger_id,
+            task_id=args.task or current.task_id,
+            kind=kind,
+            spec=spec,
+            misfire_policy=MisfirePolicy(args.misfire) if args.misfire else
+            (current.misfire_policy if current else MisfirePolicy.FIRE_ONCE),
+            misfire_grace_ms=args.grace_ms if args.grace_ms is not None else
+            (current.misfire_grace_ms if current else DEFAULT_MISFIRE_GRACE_MS),
+            # --disabled disables; otherwise a new trigger starts enabled and an update keeps its state.
+            enabled=False if args.disabled else (current.enabled if current else True),
+        )
+        return await pub.put_trigger(definition)
 
-    result = asyncio.run(go())
+    result = _on_backend(container, go)
     if sub == "list":
         if args.json:
             _print_json([_head_json(t) for t in result])
@@ -457,11 +461,7 @@ def _head_json(t: Any) -> dict[str, Any]:
 
 
 def _show_runs(container: Any, *, limit: int, trigger: str | None, as_json: bool) -> int:
-    async def go() -> Any:
-        async with _opened_backend(container) as backend:
-            return await backend.reader().recent_runs(limit, trigger)
-
-    runs = asyncio.run(go())
+    runs = _on_backend(container, lambda backend: backend.reader().recent_runs(limit, trigger))
     if as_json:
         _print_json([{"run_id": r.run_id, "project_id": r.project_id, "trigger_id": r.trigger_id,
                       "trigger_revision": r.trigger_revision, "scheduled_for_ms": r.scheduled_for_ms,
@@ -483,11 +483,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     """Every trigger's next fire time and current lag."""
     container = _container(args)
 
-    async def go() -> Any:
-        async with _opened_backend(container) as backend:
-            return await backend.reader().list_schedules()
-
-    schedules = asyncio.run(go())
+    schedules = _on_backend(container, lambda backend: backend.reader().list_schedules())
     now = _now_ms()
     providers = container.trigger_providers()
     if args.json:
@@ -509,11 +505,7 @@ def cmd_skips(args: argparse.Namespace) -> int:
     """Recorded misfires: what was not admitted, and under which policy."""
     container = _container(args)
 
-    async def go() -> Any:
-        async with _opened_backend(container) as backend:
-            return await backend.reader().recent_skips(args.limit)
-
-    skips = asyncio.run(go())
+    skips = _on_backend(container, lambda backend: backend.reader().recent_skips(args.limit))
     if args.json:
         _print_json([{"project_id": s.project_id, "trigger_id": s.trigger_id, "trigger_revision": s.trigger_revision,
                       "policy": s.policy.value, "first_skipped_ms": s.first_skipped_ms,

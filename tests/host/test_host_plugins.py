@@ -149,3 +149,47 @@ def test_cluster_profile_without_its_extra_says_which_pip_command_fixes_it(tmp_p
     assert result.returncode == 3
     assert "the cluster profile needs psycopg, psycopg-pool, which are not installed: " \
            "pip install 'qinglong[cluster]'" in result.stderr
+
+
+RIVAL_BACKEND = '''
+from qinglong.contracts.hookspecs import hookimpl
+from qinglong.contracts.store import SchedulerBackendSpec
+
+
+class Settings:
+    pass
+
+
+@hookimpl
+def qinglong_scheduler_backends():
+    return [SchedulerBackendSpec(name="edge_sqlite", settings_model=Settings, create=lambda context: None)]
+'''
+
+NOT_A_SPEC = '''
+from qinglong.contracts.hookspecs import hookimpl
+
+
+@hookimpl
+def qinglong_scheduler_backends():
+    return [{"name": "mine"}]
+'''
+
+
+def test_two_plugins_offering_one_backend_name_are_refused_naming_both(cli, site, tmp_path):
+    """Two 'edge_sqlite' backends would let load order decide which store holds the Runs."""
+    site.add_distribution("acme-rival", {"acme_rival.py": RIVAL_BACKEND}, {"rival": "acme_rival"})
+    settings = tmp_path / "s.toml"
+    settings.write_text('[plugins]\nenable = ["rival"]\n')
+    result = cli("--settings", str(settings), "runs", env=site.env())
+    assert result.returncode == 3
+    assert ("two plugins provide scheduler backend 'edge_sqlite': \"edge_sqlite\" (qinglong 0.1.0) and "
+            '"rival" (acme-rival 0.1.0)') in result.stderr
+
+
+def test_a_backend_hook_returning_the_wrong_type_is_named(cli, site, tmp_path):
+    site.add_distribution("acme-wrong", {"acme_wrong.py": NOT_A_SPEC}, {"wrong": "acme_wrong"})
+    settings = tmp_path / "s.toml"
+    settings.write_text('[plugins]\nenable = ["wrong"]\n')
+    result = cli("--settings", str(settings), "runs", env=site.env())
+    assert result.returncode == 3
+    assert 'plugin "wrong" (acme-wrong 0.1.0) returned {\'name\': \'mine\'} from qinglong_scheduler_backends' in result.stderr
