@@ -289,7 +289,8 @@ def audit(db, claim_versions_before: int, stopped_at_ms: int) -> Audit:
         "SELECT count(*) - count(DISTINCT idempotency_key) FROM qinglong.runs")[0][0]
     # Every claim bumps claim_version; every commit (one initialisation per trigger, then one per
     # Run, as nothing here skips without a Run) consumes one claim. The rest were claims that were
-    # never committed: held by a killed replica, then taken over after the lease expired.
+    # never committed (held by a killed replica, or given up after exhausted serialization retries)
+    # and so taken over after the lease expired.
     claims_made = db.sql("SELECT sum(claim_version) FROM qinglong.trigger_schedules")[0][0] - claim_versions_before
     a.abandoned_claims = claims_made - a.admitted - a.triggers
     lags = sorted(r[0] for r in db.sql("SELECT admitted_at_ms - scheduled_for_ms FROM qinglong.runs"))
@@ -348,7 +349,7 @@ def test_every_occurrence_is_admitted_exactly_once_while_replicas_are_killed_and
         f"skipped (recorded) {result.skipped_recorded}\n"
         f"  lag p50 {result.lag_p50_ms} ms, p99 {result.lag_p99_ms} ms, worst {result.worst_lag_ms} ms; "
         f"furthest cursor behind at stop {result.behind_at_end_ms} ms\n"
-        f"  claims abandoned by killed replicas (taken over or still held): {result.abandoned_claims}, "
+        f"  claims never committed (killed holder or exhausted retries), then taken over: {result.abandoned_claims}, "
         f"still held at end: {result.live_claims_at_end}\n"
         f"  runs by owner: {result.admitted_by}"
     )
