@@ -8,7 +8,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import arun, claim, commit, seed, set_cursor
+from tests.cluster.conftest import arun, claim, commit, seed, set_cursor
 from qinglong.contracts.errors import FenceLost
 from qinglong.contracts.records import DecisionKind, MisfirePolicy, TriggerDefinition
 from qinglong.plugins.cluster_postgres.db import AdmissionRefused

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import arun
+from tests.cluster.conftest import arun
 
 FULL = os.environ.get("QINGLONG_SOAK", "").strip().lower() == "full"
 

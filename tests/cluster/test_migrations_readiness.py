@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import arun
+from tests.cluster.conftest import arun
 from qinglong.contracts.errors import SchemaNotReady, SettingsError
 from qinglong.plugins.cluster_postgres import migrations
 

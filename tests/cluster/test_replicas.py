@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import seed, set_cursor
+from tests.cluster.conftest import seed, set_cursor
 
 DRIVER = Path(__file__).with_name("replica_driver.py")
 
