@@ -5,9 +5,9 @@ and every-few-seconds cron triggers (half ``fire_once`` with a 60 s grace, half 
 1.5 s grace), and runs ``--replicas`` real ``qinglong run`` processes (profile ``cluster``), each
 reaching PostgreSQL through its own fault proxy (``tests/failure/fault_proxy.py``). For
 ``--minutes`` it injects, at random: ``kill -9`` of a replica (restarted after a pause), latency
-and jitter, a reset of every connection, a one-way partition, a connection that hangs after a
-COMMIT until it is reset, ``pg_terminate_backend`` of runtime backends, and one PostgreSQL restart
-half way. Then it heals everything, lets the replicas catch up, stops them and audits every
+and jitter, a reset of every connection, a one-way partition, a connection that hangs after an
+admission was sent until it is reset, ``pg_terminate_backend`` of runtime backends, and one
+PostgreSQL restart half way. Then it heals everything, lets the replicas catch up, stops them and audits every
 trigger: its expected occurrences (first fire up to its final cursor) against its Runs.
 
 Prints and writes (``--out``, default ``bench/results/chaos.json``): expected, admitted,
@@ -48,7 +48,7 @@ from tests.pg import ROLE_PASSWORDS, create_database, create_roles, start_server
 
 DBNAME = "ql_chaos"
 EXPRESSIONS = ("* * * * * *", "*/2 * * * * *", "*/3 * * * * *", "*/5 * * * * *")
-COMMIT_MESSAGE = b"\x00COMMIT\x00"
+ADMISSION_MESSAGE = b"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; EXECUTE qinglong_admit_occurrence("
 
 
 def log(message: str) -> None:
@@ -225,7 +225,7 @@ class Chaos:
             replica.proxy.partition(self.rng.choice([TO_SERVER, TO_CLIENT, BOTH]))
             self.pending.append((now + self.rng.uniform(1, 8), "heal", replica))
         elif fault == "hang":
-            replica.proxy.arm(TO_SERVER, COMMIT_MESSAGE, "hold_replies")
+            replica.proxy.arm(TO_SERVER, ADMISSION_MESSAGE, "hold_replies")
             self.pending.append((now + self.rng.uniform(2, 8), "reset", replica))
         elif fault == "terminate_backends":
             rows = sql(self.server, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "

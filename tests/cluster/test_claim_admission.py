@@ -313,3 +313,28 @@ def test_serialization_failures_are_retried_and_still_admit_exactly_once(cluster
     result = arun(body())
     assert result.serialization_retries == 2 and result.admission is not None
     assert _totals(cluster) == (1, 1, 2, 0)
+
+
+def test_admission_prepares_its_statement_again_when_the_session_lost_it(cluster):
+    """The admission runs a per-session prepared statement; a session that lost it (DEALLOCATE,
+    DISCARD ALL by a pooler) must prepare it again instead of failing every admission, which
+    would leave each occurrence to wait for its lease and then fail again."""
+    from qinglong.plugins.cluster_postgres.admission import PREPARED_NAME
+
+    seed(cluster, 2)
+    set_cursor(cluster, None, -1000)
+
+    async def body():
+        backend = cluster.backend("r1", settings=cluster.settings(pool_min_size=1, pool_max_size=1))
+        try:
+            first, second = await claim(backend)
+            assert (await commit(backend, first)).admission is not None
+            pool = await backend.runtime_pool()
+            async with pool.connection() as conn:
+                await conn.execute(f"DEALLOCATE {PREPARED_NAME}")
+            return await commit(backend, second)
+        finally:
+            await backend.close()
+
+    assert arun(body()).admission is not None
+    assert _totals(cluster) == (2, 2, 4, 0)

@@ -26,16 +26,16 @@ from tests.failure.fault_proxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Text that appears in every admission pipeline the backend sends (BEGIN of its SERIALIZABLE
-#: transaction; the claim is a bare autocommit statement and never sends it).
-ADMISSION_BEGIN = b"BEGIN ISOLATION LEVEL SERIALIZABLE"
-#: Text of the admission statement itself (sent in full until psycopg prepares it).
+#: The head of every admission message: the whole SERIALIZABLE transaction travels as one
+#: simple-protocol Query message (the claim is a bare autocommit statement and never sends it).
+ADMISSION_MESSAGE = b"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; EXECUTE qinglong_admit_occurrence("
+#: Text of the admission statement itself (sent once per connection, when it is prepared).
 ADMISSION_TEXT = b"INSERT INTO qinglong.runs"
 
-#: The admission's COMMIT as the client sends it (a Parse message of the text "COMMIT").
-COMMIT_MESSAGE = b"\x00COMMIT\x00"
-#: The server's CommandComplete tag for that COMMIT: sent only once the transaction committed.
-COMMIT_COMPLETE = b"COMMIT\x00"
+#: The admission's final CommandComplete ("SELECT 1"): PostgreSQL ends the message's implicit
+#: transaction before it reports the last statement complete, so this tag is only sent once the
+#: occurrence committed (the claim's reply says "UPDATE n").
+ADMISSION_COMMITTED = b"SELECT 1\x00"
 
 EVERY_SECOND = "* * * * * *"
 

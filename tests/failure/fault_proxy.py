@@ -19,6 +19,9 @@ from its own thread while the replicas run:
     is cut in the middle of a protocol message;
   - ``hold``: stop that connection's direction from that chunk on, until :meth:`heal` (or
     :meth:`release`), so one statement of one replica hangs while everything else flows;
+  - ``hold_mid``: forward the chunk up to the middle of the pattern, then hold the rest as
+    ``hold`` does: the link dies in the middle of a protocol message and the server waits for
+    the rest of it;
   - ``hold_replies``: forward the chunk, then stop the server's replies on that connection: the
     server executes (and commits) and the client hangs on an open connection;
   - ``cut_reply_mid``: forward the chunk, then cut the server's next reply in half and reset both
@@ -49,7 +52,7 @@ _DIRECTIONS = {TO_SERVER: (TO_SERVER,), TO_CLIENT: (TO_CLIENT,), BOTH: (TO_SERVE
 _POLL_S = 0.02
 
 #: What an armed :class:`Rule` does to the connection whose chunk matched.
-ACTIONS = ("cut_mid", "hold", "hold_replies", "cut_reply_mid", "swallow_replies")
+ACTIONS = ("cut_mid", "hold", "hold_mid", "hold_replies", "cut_reply_mid", "swallow_replies")
 
 
 @dataclass
@@ -188,7 +191,16 @@ class _Connection:
             rule.fired.set()
             self.close(rst=True)
             return True
-        if rule.action == "hold":
+        if rule.action in ("hold", "hold_mid"):
+            if rule.action == "hold_mid":
+                at = data.find(rule.pattern) + len(rule.pattern) // 2
+                dst = self.upstream if direction == TO_SERVER else self.client
+                try:
+                    dst.sendall(data[:at])
+                except OSError:
+                    pass
+                self.proxy.bytes[direction] += at
+                data = data[at:]
             self.pending[direction] = data
             self.held[direction] = True
             rule.fired.set()

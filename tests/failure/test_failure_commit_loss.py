@@ -1,8 +1,8 @@
 """COMMIT-response loss: the admission commits on the server, the client never learns it.
 
 Through the real coordinator (``backend.run_round``): the replica reaches PostgreSQL through a
-fault proxy armed to discard the server's replies from the COMMIT's CommandComplete on (that tag
-is only sent once the transaction is committed). While the replica waits for the reply, the test
+fault proxy armed to discard the server's replies from the admission's final CommandComplete on
+(that tag is only sent once the message's transaction is committed). While the replica waits for the reply, the test
 sees the Run from a superuser connection and kills the replica's server backend with
 ``pg_terminate_backend``: the client gets a connection error, not a result. Nothing is simulated
 on the server side: it really committed.
@@ -23,7 +23,7 @@ import pytest
 
 from tests.cluster.conftest import seed, set_cursor
 from tests.failure.failure_helpers import (
-    COMMIT_COMPLETE,
+    ADMISSION_COMMITTED,
     InProcessReplica,
     audit,
     backend_pids,
@@ -52,7 +52,7 @@ ATTEMPT_COLUMNS = ("attempt_id, run_id, attempt_no, state, executor, worker_id, 
 async def _lose_commit_response(db, proxy: FaultProxy):
     """Run one real coordinator round whose COMMIT response is lost; returns its report, the
     replica, the database time the backend was killed, and the killed PIDs."""
-    rule = proxy.arm(TO_CLIENT, COMMIT_COMPLETE, "swallow_replies")
+    rule = proxy.arm(TO_CLIENT, ADMISSION_COMMITTED, "swallow_replies")
     replica = InProcessReplica(db, "replica-a", proxy=proxy, lease_ms=2000)
     await replica.backend.open()
     round_task = asyncio.create_task(replica.backend.run_round())

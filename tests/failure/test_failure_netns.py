@@ -1,7 +1,7 @@
 """A real link cut: one replica in its own network namespace, its veth link to the host set down.
 
 No proxy tricks on the faulty path: the kernel drops the packets, TCP retransmits them, and after
-the link comes back the retransmitted bytes (a claim's reply, an admission, a COMMIT) arrive late.
+the link comes back the retransmitted bytes (a claim's reply, an admission) arrive late.
 The namespaced replica reaches PostgreSQL (which listens on 127.0.0.1 only) through a
 pass-through proxy bound to the host end of the veth pair; a second replica runs in the host
 namespace. Both are ``qinglong run`` processes.
@@ -175,9 +175,9 @@ def test_replica_behind_a_cut_link_loses_its_claims_and_resumes_without_duplicat
     assert while_cut == 0, details
     for trigger_id, admitted_by, admitted_at in takeover:
         if admitted_by == "replica-ns":
-            # its admission statement ran (fenced, under a live lease) just before the cut and
-            # its COMMIT was retransmitted after the heal; the open transaction's row lock kept
-            # every other replica off the schedule meanwhile (see test_failure_stranded_commit)
+            # its admission message (the whole transaction, see test_failure_admission_cut)
+            # arrived complete while the lease was live: just before the cut, or retransmitted
+            # after the heal; the fence refuses one that arrives after the expiry
             assert admitted_at < expiry[trigger_id], details
         else:
             assert admitted_by == "replica-host" and admitted_at > expiry[trigger_id], details

@@ -15,10 +15,8 @@ import pytest
 
 from tests.cluster.conftest import seed, set_cursor
 from tests.failure.failure_helpers import (
-    ADMISSION_BEGIN,
-    ADMISSION_TEXT,
-    COMMIT_COMPLETE,
-    COMMIT_MESSAGE,
+    ADMISSION_COMMITTED,
+    ADMISSION_MESSAGE,
     EVERY_SECOND,
     InProcessReplica,
     audit,
@@ -86,10 +84,9 @@ def test_stream_cut_mid_message_leaves_exactly_one_run(failure_db, where):
     db = failure_db
     seed(db, 1)
     set_cursor(db, "tr000", -500)
-    # the first admission of a fresh replica sends the statement's text; the COMMIT's reply
-    # carries the CommandComplete tag "COMMIT"
-    direction, pattern = ((TO_SERVER, ADMISSION_TEXT) if where == "request_mid_statement"
-                          else (TO_CLIENT, COMMIT_COMPLETE))
+    # the admission is one message; its reply's final CommandComplete is sent after the commit
+    direction, pattern = ((TO_SERVER, ADMISSION_MESSAGE) if where == "request_mid_statement"
+                          else (TO_CLIENT, ADMISSION_COMMITTED))
 
     async def body():
         cut_proxy, clean_proxy = _proxy(db, "cut"), _proxy(db, "clean")
@@ -145,8 +142,8 @@ def test_one_way_partitioned_replica_loses_its_claims_and_commits_nothing_after_
         p = await InProcessReplica(db, "replica-p", proxy=pp, lease_ms=LEASE_MS).start()
         q = await InProcessReplica(db, "replica-q", proxy=pq, lease_ms=LEASE_MS).start()
         await asyncio.sleep(2.5)
-        # partition P between a claim and its admission: its next BEGIN is held, then everything
-        rule = pp.arm(TO_SERVER, ADMISSION_BEGIN, "hold")
+        # partition P between a claim and its admission: its next admission is held, then everything
+        rule = pp.arm(TO_SERVER, ADMISSION_MESSAGE, "hold")
         await wait_for(rule.fired.is_set, 10, what="P to start an admission")
         pp.partition(TO_SERVER)
         partitioned_at = db.db_now_ms()
@@ -197,8 +194,8 @@ def test_one_way_partitioned_replica_loses_its_claims_and_commits_nothing_after_
 
 
 def test_connection_hanging_open_stalls_only_its_replica_and_the_commit_it_carried_counts_once(failure_db):
-    """The server's replies stop on an open connection right after an admission's COMMIT was
-    sent: the server commits, the replica hangs. If the other replicas waited for it, its remaining claims
+    """The server's replies stop on an open connection right after an admission was sent: the
+    server commits, the replica hangs. If the other replicas waited for it, its remaining claims
     would be lost; if the hung admission were retried after the connection finally died, it
     would be admitted twice."""
     db = failure_db
@@ -210,7 +207,7 @@ def test_connection_hanging_open_stalls_only_its_replica_and_the_commit_it_carri
         h = await InProcessReplica(db, "replica-h", proxy=ph, lease_ms=LEASE_MS, claim_budget=3).start()
         q = await InProcessReplica(db, "replica-q", proxy=pq, lease_ms=LEASE_MS, claim_budget=3).start()
         await asyncio.sleep(2.2)
-        rule = ph.arm(TO_SERVER, COMMIT_MESSAGE, "hold_replies")
+        rule = ph.arm(TO_SERVER, ADMISSION_MESSAGE, "hold_replies")
         await wait_for(rule.fired.is_set, 10, what="H to start an admission")
         await asyncio.sleep(0.3)
         held = db.sql("SELECT trigger_id, next_fire_at_ms, claim_expires_at_ms "

@@ -1,9 +1,23 @@
 """Admission: commit one decision for one claimed schedule, atomically, under the full fence.
 
 One SERIALIZABLE transaction per occurrence, holding one statement (``sql/admission.sql``,
-``admit_occurrence``) sent with BEGIN and COMMIT in one pipeline: one round trip. The statement
-re-checks everything by primary key and writes the Run, Attempt, the two events, the skip record
-and the cursor advance together, or nothing.
+``admit_occurrence``). The statement re-checks everything by primary key and writes the Run,
+Attempt, the two events, the skip record and the cursor advance together, or nothing.
+
+Wire-atomic: the whole transaction travels as ONE simple-protocol Query message,
+``SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; EXECUTE qinglong_admit_occurrence(<literals>)``,
+on an autocommit connection. PostgreSQL runs such a message as one implicit transaction that
+commits at the end of the message and rolls back by itself on any error, leaving the session
+idle. The server executes nothing until the whole message has arrived, so a link cut at any
+point either commits the whole occurrence (the client may not learn it: the same case as a lost
+COMMIT reply) or nothing, and never leaves a transaction open with the schedule row locked.
+(Sending BEGIN, the statement and COMMIT as separate messages could strand the transaction
+between statement and COMMIT, with the row locked and SKIP LOCKED keeping every takeover off.)
+
+The statement is a server-side prepared statement, made once per connection (a new connection
+after a reconnect prepares it again) by a message of its own, so the large CTE is parsed and
+planned once per session instead of once per occurrence; its arguments are bound client-side as
+literals into the single message.
 
 Outcomes: the decision committed (a Run admitted, the cursor initialised or skipped forward, or a
 claim released), or :class:`~qinglong.contracts.errors.FenceLost` (someone else owns the schedule
@@ -18,10 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import uuid
+import weakref
 from dataclasses import dataclass
+from functools import lru_cache
 
 import psycopg
+from psycopg import AsyncClientCursor, pq
 from psycopg import errors as pg_errors
 
 from qinglong.contracts.errors import FenceLost
@@ -37,6 +55,58 @@ RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
 
 #: ``kind`` value of a commit that only releases the claim (a decision that changes nothing).
 RELEASE = "release"
+
+#: Name of the per-session prepared admission statement.
+PREPARED_NAME = "qinglong_admit_occurrence"
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+#: Connections whose session holds the prepared statement. A reconnect is a new connection
+#: object, so it is prepared again; weak, so a discarded connection is simply forgotten.
+_prepared: "weakref.WeakSet[psycopg.AsyncConnection]" = weakref.WeakSet()
+
+
+@lru_cache(maxsize=1)
+def _prepared_statement() -> tuple[str, str]:
+    """``(PREPARE text, admission message template)`` built from the ``admit_occurrence`` block.
+
+    The block's named placeholders become positional parameters in order of first appearance
+    (their types are inferred by the server from the statement); the template is the single
+    message, with the same names as client-side placeholders in the same order.
+    """
+    names: list[str] = []
+
+    def positional(match: re.Match) -> str:
+        if match[1] not in names:
+            names.append(match[1])
+        return f"${names.index(match[1]) + 1}"
+
+    body = _PLACEHOLDER.sub(positional, query("admit_occurrence"))
+    arguments = ", ".join(f"%({name})s" for name in names)
+    message = (f"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; "
+               f"EXECUTE {PREPARED_NAME}({arguments})")
+    return f"PREPARE {PREPARED_NAME} AS {body}", message
+
+
+async def _prepare(conn: psycopg.AsyncConnection) -> None:
+    # A message of its own, in autocommit: it takes no row lock, so a cut here leaves nothing.
+    await AsyncClientCursor(conn).execute(_prepared_statement()[0])
+    _prepared.add(conn)
+
+
+async def _send_admission(conn: psycopg.AsyncConnection, params: dict):
+    """Send the admission as one Query message and return its result row."""
+    if conn not in _prepared:
+        await _prepare(conn)
+    cur = AsyncClientCursor(conn)
+    try:
+        await cur.execute(_prepared_statement()[1], params)
+    except pg_errors.InvalidSqlStatementName:
+        # the session lost the statement (DEALLOCATE, DISCARD): nothing ran; prepare and resend
+        await _prepare(conn)
+        await cur.execute(_prepared_statement()[1], params)
+    cur.nextset()  # the first result is the SET's
+    return await cur.fetchone()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +189,14 @@ async def commit_decision(conn: psycopg.AsyncConnection, claimed: ClaimedSchedul
                           backoff_ms: float = 5.0) -> AdmissionResult:
     """Commit ``decision`` for ``claimed`` in one SERIALIZABLE transaction (None releases the claim).
 
-    ``conn`` is an autocommit connection whose isolation level is SERIALIZABLE (the pool's
-    ``configure`` sets it). Raises FenceLost, AdmissionRefused, or the database error after
-    ``retries`` serialization failures.
+    ``conn`` must be an autocommit connection outside pipeline mode: otherwise psycopg would send
+    a BEGIN of its own ahead of the message, and the transaction would no longer be one message.
+    Raises FenceLost, AdmissionRefused, or the database error after ``retries`` serialization
+    failures.
     """
+    if not conn.autocommit or conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        raise psycopg.ProgrammingError(
+            "admission needs an autocommit connection outside pipeline mode (one message per transaction)")
     attempt = 0
     while True:
         params = _params(claimed, decision)
@@ -130,10 +204,7 @@ async def commit_decision(conn: psycopg.AsyncConnection, claimed: ClaimedSchedul
         params["run_id"] = str(uuid.uuid4())
         params["attempt_id"] = str(uuid.uuid4())
         try:
-            async with conn.pipeline():
-                async with conn.transaction():
-                    cur = await conn.execute(query("admit_occurrence"), params)
-            row = await cur.fetchone()
+            row = await _send_admission(conn, params)
         except RETRYABLE:
             if attempt >= retries:
                 raise

@@ -64,7 +64,7 @@ def describe_error(exc: BaseException, secrets: Secrets | None = None) -> str:
 def session_options(statement_timeout_ms: int) -> str:
     """libpq ``options`` for every session: a statement timeout, and READ COMMITTED as the
     default so a single autocommit statement (the claim) never inherits a stricter level a DBA
-    set on the role; admission asks for SERIALIZABLE explicitly."""
+    set on the role; admission asks for SERIALIZABLE explicitly (SET TRANSACTION in its message)."""
     return (
         f"-c statement_timeout={int(statement_timeout_ms)} "
         "-c default_transaction_isolation=read\\ committed"
@@ -72,8 +72,9 @@ def session_options(statement_timeout_ms: int) -> str:
 
 
 async def _configure(conn: psycopg.AsyncConnection) -> None:
-    # Transactions opened with conn.transaction() are SERIALIZABLE (admission, publishing);
-    # autocommit statements are READ COMMITTED (the claim, the reader).
+    # Transactions opened with conn.transaction() are SERIALIZABLE (publishing); autocommit
+    # statements are READ COMMITTED (the claim, the reader). Admission names its level in its
+    # own single message (see admission.py).
     await conn.set_isolation_level(IsolationLevel.SERIALIZABLE)
 
 
