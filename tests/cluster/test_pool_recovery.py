@@ -64,3 +64,27 @@ def test_round_survives_a_server_restart_and_reports_the_outage(cluster):
     assert failures and all(SECRET not in e.message for e in failures)
     assert up.errors == 0 and up.admitted == 1
     assert cluster.count("runs") == 1
+
+
+def test_pool_connections_notice_a_dead_peer_unless_the_dsn_says_otherwise(cluster):
+    """Without keepalives and tcp_user_timeout a connection to a vanished host is never noticed
+    by the kernel, and whatever waits on it waits forever; an operator's own settings in the DSN
+    must still win."""
+    from qinglong.plugins.cluster_postgres.db import TCP_DEFAULTS, tcp_defaults
+
+    assert tcp_defaults("host=db.example dbname=q") == TCP_DEFAULTS
+    assert tcp_defaults("postgresql://u@db.example/q?keepalives_idle=60&tcp_user_timeout=0") == {
+        k: v for k, v in TCP_DEFAULTS.items() if k not in ("keepalives_idle", "tcp_user_timeout")}
+
+    async def body():
+        backend = cluster.backend("r1")
+        try:
+            pool = await backend.runtime_pool()
+            async with pool.connection() as conn:
+                return dict(p.split("=", 1) for p in conn.info.dsn.split() if "=" in p)
+        finally:
+            await backend.close()
+
+    dsn = arun(body())  # what libpq actually connected with
+    for key, value in TCP_DEFAULTS.items():
+        assert dsn.get(key) == value

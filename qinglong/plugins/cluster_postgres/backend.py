@@ -10,11 +10,19 @@ A round never raises: its errors go to the diagnostic sink (redacted, no DSN) an
 report's ``errors``. A connection that died while idle (``pg_terminate_backend``, a server
 restart) is discarded by the pool's check when the next round borrows it, so the next round
 recovers by itself.
+
+A round is bounded on the client side by the lease: a round still running when the claims it made
+have expired can no longer commit any of them, so its connection is severed (the socket shut
+down under the pending wait), closed, never handed back to the pool in an unknown state, and the
+round reports ``cluster_postgres.round_timed_out``; its claims simply lapse. Without the bound a
+connection whose peer went silent (``statement_timeout`` is the server's, and a proxy's kernel
+answers keepalives) would stall the replica's loop forever.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Sequence
 
 import psycopg
@@ -28,10 +36,23 @@ from qinglong.contracts.store import BackendContext
 from . import migrations, recovery, roles
 from .claim import effective_budget
 from .coordinator import RoundStats, run_round
-from .db import BackendUnavailable, Secrets, connect, describe_error, make_pool
+from .db import BackendUnavailable, Secrets, connect, describe_error, make_pool, sever_after
 from .publisher import ClusterPublisher
 from .reader import ClusterReader
 from .settings import ClusterPostgresSettings
+
+
+#: How long past its bound a round may take to end after its connection was severed.
+ROUND_GRACE_S = 15.0
+
+
+class RoundTimedOut(QinglongError):
+    """A round outlived the lease of the claims it made; its connection was discarded."""
+
+    def __init__(self, bound_s: float) -> None:
+        super().__init__(
+            f"round still waiting on the database after {bound_s * 1000:.0f} ms (the lease): its "
+            "connection was discarded and its claims are left to expire")
 
 
 class ClusterPostgresBackend:
@@ -166,21 +187,46 @@ class ClusterPostgresBackend:
         return report
 
     async def run_round(self) -> RoundReport:
-        """One bounded round; never raises, never overlaps itself (a second caller waits)."""
+        """One bounded round; never raises, never overlaps itself (a second caller waits).
+
+        Bounded by the lease, on the client side (see the module docstring): a round that
+        outlives it is severed, its connection discarded, and it reports
+        ``cluster_postgres.round_timed_out``.
+        """
         async with self._round_lock:
             stats = RoundStats()
             limits = self.context.limits
+            bound_s = limits.lease_ms / 1000
+            deadline = time.monotonic() + bound_s
             try:
                 pool = await self.runtime_pool()
-                async with pool.connection() as conn:
-                    await run_round(
-                        conn, owner=self.owner, claim_budget=effective_budget(limits.claim_budget),
-                        lease_ms=limits.lease_ms, providers=self.context.providers,
-                        diagnostics=self.context.diagnostics,
-                        retries=self.settings.serialization_retries, secrets=self.secrets,
-                        stats=stats)
+                # the last resort if severing did not end the waits (psycopg's own cancellation
+                # of a query is bounded, about 10 s)
+                async with asyncio.timeout(bound_s + ROUND_GRACE_S):
+                    async with pool.connection() as conn:
+                        with sever_after(conn, deadline - time.monotonic()) as cut:
+                            try:
+                                await run_round(
+                                    conn, owner=self.owner,
+                                    claim_budget=effective_budget(limits.claim_budget),
+                                    lease_ms=limits.lease_ms, providers=self.context.providers,
+                                    diagnostics=self.context.diagnostics,
+                                    retries=self.settings.serialization_retries,
+                                    secrets=self.secrets, stats=stats)
+                            except psycopg.Error:
+                                if cut.severed:
+                                    raise RoundTimedOut(bound_s) from None
+                                raise
+                            finally:
+                                if cut.severed:
+                                    await conn.close()  # the pool discards a closed connection
             except asyncio.CancelledError:
                 raise
+            except (RoundTimedOut, TimeoutError) as exc:
+                stats.errors += 1
+                self._emit("error", "cluster_postgres.round_timed_out",
+                           str(exc) if isinstance(exc, RoundTimedOut) else str(RoundTimedOut(bound_s)),
+                           lease_ms=limits.lease_ms)
             except QinglongError as exc:
                 stats.errors += 1
                 self._emit("error", "cluster_postgres.round_failed", str(exc))

@@ -7,7 +7,11 @@ backend knows and then applies the contracts' :func:`redact`.
 
 from __future__ import annotations
 
-from typing import Iterable
+import asyncio
+import os
+import socket
+from contextlib import contextmanager
+from typing import Iterable, Iterator
 
 import psycopg
 from psycopg import IsolationLevel
@@ -71,6 +75,84 @@ def session_options(statement_timeout_ms: int) -> str:
     )
 
 
+#: libpq settings that make a dead peer noticed by the kernel instead of never: keepalive probes
+#: after 10 s idle, every 5 s, 3 lost probes; data unacknowledged for 15 s closes the connection.
+#: Applied only where the DSN does not set them (the operator's DSN wins).
+TCP_DEFAULTS = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "15000",
+}
+
+
+def tcp_defaults(dsn: str) -> dict[str, str]:
+    """The :data:`TCP_DEFAULTS` the DSN leaves unset (nothing if the DSN cannot be parsed here:
+    the connection attempt reports that, redacted)."""
+    try:
+        given = conninfo_to_dict(dsn)
+    except Exception:
+        return {}
+    return {key: value for key, value in TCP_DEFAULTS.items() if key not in given}
+
+
+class Severance:
+    """Whether :func:`sever_after` cut its connection (the block then ran past its bound)."""
+
+    severed: bool = False
+
+
+def sever(conn: psycopg.AsyncConnection) -> None:
+    """Shut the connection's socket down under whatever is waiting on it.
+
+    A wait on a connection whose peer went silent (a hung proxy, a kernel answering keepalives
+    for a dead process) never ends by itself, and cancelling the waiting task makes psycopg try a
+    cancel request and wait again. Shutting the socket down makes the pending read or write fail
+    at once (the connection becomes BAD), so the waiting code gets an OperationalError and the
+    pool discards the connection when it comes back.
+    """
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.Error:
+        return  # already closed
+    try:
+        # a duplicate descriptor of the same socket: shutdown acts on the socket, and closing
+        # the duplicate leaves libpq's descriptor for libpq to close
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+@contextmanager
+def sever_after(conn: psycopg.AsyncConnection, seconds: float) -> Iterator[Severance]:
+    """Run the block with ``conn`` severed (see :func:`sever`) if it is still running after
+    ``seconds``; the yielded :class:`Severance` says whether that happened."""
+    state = Severance()
+
+    def fire() -> None:
+        state.severed = True
+        sever(conn)
+
+    handle = asyncio.get_running_loop().call_later(max(0.0, seconds), fire)
+    try:
+        yield state
+    finally:
+        handle.cancel()
+
+
+def bounded_check(timeout_s: float):
+    """A pool ``check`` callback: the pool's own check, severing a connection that does not
+    answer within ``timeout_s`` (a hung connection must fail its check, not hang the borrower)."""
+
+    async def check(conn: psycopg.AsyncConnection) -> None:
+        with sever_after(conn, timeout_s):
+            await AsyncConnectionPool.check_connection(conn)
+
+    return check
+
+
 async def _configure(conn: psycopg.AsyncConnection) -> None:
     # Transactions opened with conn.transaction() are SERIALIZABLE (publishing); autocommit
     # statements are READ COMMITTED (the claim, the reader). Admission names its level in its
@@ -81,13 +163,16 @@ async def _configure(conn: psycopg.AsyncConnection) -> None:
 def make_pool(dsn: str, *, name: str, min_size: int, max_size: int, timeout_ms: int,
               statement_timeout_ms: int, application_name: str) -> AsyncConnectionPool:
     """An unopened pool of autocommit connections that checks each connection before handing it
-    out, so backends terminated while idle, or lost to a server restart, are replaced."""
+    out (within ``timeout_ms``), so backends terminated while idle, lost to a server restart or
+    hung behind a silent peer are replaced. TCP keepalives and ``tcp_user_timeout`` default to
+    :data:`TCP_DEFAULTS` where the DSN does not set them."""
     return AsyncConnectionPool(
         conninfo=dsn,
         kwargs={
             "autocommit": True,
             "options": session_options(statement_timeout_ms),
             "application_name": application_name[:63],
+            **tcp_defaults(dsn),
         },
         min_size=min_size,
         max_size=max_size,
@@ -95,7 +180,7 @@ def make_pool(dsn: str, *, name: str, min_size: int, max_size: int, timeout_ms: 
         name=name,
         open=False,
         configure=_configure,
-        check=AsyncConnectionPool.check_connection,
+        check=bounded_check(timeout_ms / 1000),
         # keep trying to reconnect for a long outage; rounds fail fast meanwhile (timeout above)
         reconnect_timeout=24 * 3600,
     )
@@ -110,6 +195,7 @@ async def connect(dsn: str, *, statement_timeout_ms: int, application_name: str,
             autocommit=True,
             options=session_options(statement_timeout_ms),
             application_name=application_name[:63],
+            **tcp_defaults(dsn),
         )
     except psycopg.Error as exc:
         raise BackendUnavailable(f"cannot connect to PostgreSQL: {describe_error(exc, secrets)}") from None
