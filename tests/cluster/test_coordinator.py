@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.cluster.conftest import arun, seed, set_cursor
+from tests.cluster.conftest import arun, claim, seed, set_cursor
 from qinglong.plugins.cluster_postgres.claim import CLAIM_BUDGET_HARD_CAP
 from qinglong.plugins.cron.provider import CronProvider
 
@@ -185,3 +185,73 @@ def test_rounds_of_one_backend_never_overlap(cluster, monkeypatch):
     assert state["max"] == 1
     assert [r.claimed for r in reports] == [2, 2, 0]
     assert sum(r.initialized for r in reports) == 4
+
+
+def test_an_admission_that_exhausts_its_retries_gives_its_claim_back_and_is_admitted_next_round(cluster):
+    """Serialization failures that outlast the retries used to leave the claim held until its
+    lease expired (30 s by default): the occurrence was late by a whole lease. Released under the
+    full fence, it must be claimed and admitted by the very next round, exactly once."""
+    seed(cluster, 1)
+    set_cursor(cluster, "tr000", -1000)
+    # persistent conflict: the first 3 admissions of a Run fail with SQLSTATE 40001
+    cluster.sql("CREATE SEQUENCE public.fault_seq")
+    cluster.sql("CREATE FUNCTION public.serialization_fault() RETURNS trigger LANGUAGE plpgsql "
+                "SECURITY DEFINER AS $$ BEGIN IF nextval('public.fault_seq') <= 3 THEN "
+                "RAISE EXCEPTION 'injected conflict' USING ERRCODE = '40001'; END IF; RETURN NEW; END $$")
+    cluster.sql("CREATE TRIGGER serialization_fault BEFORE INSERT ON qinglong.runs FOR EACH ROW "
+                "EXECUTE FUNCTION public.serialization_fault()")
+    backend = cluster.backend("r1", lease_ms=30_000,
+                              settings=cluster.settings(serialization_retries=2))
+
+    async def body():
+        try:
+            gave_up = await backend.run_round()
+            released = backend.last_round.released
+            schedule = cluster.sql("SELECT claim_owner, claim_expires_at_ms FROM qinglong.trigger_schedules")[0]
+            runs_between = cluster.count("runs")
+            started = time.monotonic()
+            admitted = await backend.run_round()
+            return gave_up, released, schedule, runs_between, admitted, time.monotonic() - started
+        finally:
+            await backend.close()
+
+    gave_up, released, schedule, runs_between, admitted, second_round_s = arun(body())
+    codes = backend.context.diagnostics.codes()
+    assert gave_up.claimed == 1 and gave_up.admitted == 0 and gave_up.errors == 1
+    assert gave_up.serialization_retries == 2 and released == 1
+    assert "cluster_postgres.serialization_exhausted" in codes
+    assert schedule == (None, None) and runs_between == 0  # given back at once, nothing written
+    # the next round, not a lease later, claims it again and admits it once
+    assert admitted.claimed == 1 and admitted.admitted == 1 and admitted.errors == 0
+    assert second_round_s < 5
+    assert cluster.count("runs") == 1 and cluster.count("attempts") == 1 and cluster.count("run_events") == 2
+
+
+def test_a_released_claim_cannot_be_released_by_its_old_owner_after_a_takeover(cluster):
+    """Giving a claim back with less than the whole fence would let a replica whose lease already
+    lapsed clear a newer owner's claim, and two replicas could then hold the same occurrence."""
+    from qinglong.plugins.cluster_postgres.claim import release_claim
+
+    seed(cluster, 1)
+    set_cursor(cluster, "tr000", -1000)
+
+    async def body():
+        old, new = cluster.backend("r1"), cluster.backend("r2")
+        try:
+            [mine] = await claim(old, lease_ms=200)
+            await asyncio.sleep(0.3)
+            [theirs] = await claim(new)
+            pool = await old.runtime_pool()
+            async with pool.connection() as conn:
+                stale = await release_claim(conn, mine)
+            pool = await new.runtime_pool()
+            async with pool.connection() as conn:
+                current = await release_claim(conn, theirs)
+            return stale, current
+        finally:
+            await old.close()
+            await new.close()
+
+    stale, current = arun(body())
+    assert stale is False and current is True
+    assert cluster.sql("SELECT claim_owner FROM qinglong.trigger_schedules") == [(None,)]

@@ -76,3 +76,19 @@ async def claim_due_schedules(conn, *, owner: str, limit: int, lease_ms: int) ->
     claims.sort(key=lambda c: (c.cursor.next_fire_at_ms is not None, c.cursor.next_fire_at_ms or 0,
                                c.head.project_id, c.head.trigger_id))
     return claims
+
+
+async def release_claim(conn, claimed: ClaimedSchedule) -> bool:
+    """Give ``claimed`` back under its whole fence, in its own autocommit statement (see
+    ``sql/claim.sql``, ``release_claim``); True when it was still ours and is now released.
+
+    For an admission that gave up with nothing written: the occurrence is claimed again next
+    round (here or elsewhere) instead of waiting for the lease to expire.
+    """
+    fence = claimed.fence
+    cur = await conn.execute(query("release_claim"), {
+        "trigger_id": claimed.head.trigger_id, "trigger_revision": claimed.cursor.trigger_revision,
+        "state_version": claimed.cursor.state_version, "owner": fence.owner, "token": fence.token,
+        "claim_version": fence.claim_version,
+    })
+    return (await cur.fetchone()) is not None

@@ -4,8 +4,10 @@ Every replica runs the same round; there is no leader. A round claims at most
 ``min(claim_budget, 256)`` schedules in one statement (committed at once), then for each claim
 computes the decision with :func:`qinglong.contracts.decision.decide` (outside any lock, from the
 claim's database-clock observation) and commits it in its own SERIALIZABLE transaction. A claim
-that cannot be committed is simply left to expire: another round (here or on another replica)
-takes it over after its lease, in database time.
+that cannot be committed is left to expire: another round (here or on another replica) takes it
+over after its lease, in database time. The one exception is an admission that exhausted its
+serialization retries (nothing written, the fence still ours): its claim is released under the
+full fence at once, so the occurrence is claimed again next round instead of a lease later.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from qinglong.contracts.providers import TriggerProvider
 from qinglong.contracts.records import DecisionKind, RoundReport
 
 from .admission import RETRYABLE, CasMiss, commit_decision
-from .claim import claim_due_schedules, effective_budget
+from .claim import claim_due_schedules, effective_budget, release_claim
 from .db import AdmissionRefused, Secrets, describe_error
 
 
@@ -40,6 +42,8 @@ class RoundStats:
     fence_lost: int = 0
     serialization_retries: int = 0
     errors: int = 0
+    #: claims given back after their admission exhausted its retries (also counted in errors)
+    released: int = 0
     more_due: bool = False
     admissions: list = field(default_factory=list)
 
@@ -99,8 +103,14 @@ async def run_round(conn, *, owner: str, claim_budget: int, lease_ms: int,
         except RETRYABLE as exc:
             stats.errors += 1
             stats.serialization_retries += retries
+            # nothing was written and the fence is still ours: give the claim back now (its own
+            # autocommit statement, under the full fence) rather than strand it for a lease
+            released = await _release(conn, claimed, diagnostics, secrets)
+            stats.released += int(released)
             _emit(diagnostics, "warning", "cluster_postgres.serialization_exhausted",
-                  describe_error(exc, secrets), trigger_id=head.trigger_id)
+                  describe_error(exc, secrets) + ("; claim released for the next round" if released
+                                                  else "; claim left to expire"),
+                  trigger_id=head.trigger_id, released=released)
             continue
         except psycopg.Error as exc:
             if conn.broken or isinstance(exc, psycopg.OperationalError):
@@ -119,6 +129,17 @@ async def run_round(conn, *, owner: str, claim_budget: int, lease_ms: int,
         elif decision.skipped is not None or decision.kind is DecisionKind.MISFIRE_SKIP:
             stats.skipped += 1
     return stats
+
+
+async def _release(conn, claimed, diagnostics: DiagnosticSink, secrets: Secrets | None) -> bool:
+    try:
+        return await release_claim(conn, claimed)
+    except psycopg.Error as exc:
+        if conn.broken or isinstance(exc, psycopg.OperationalError):
+            raise  # the connection is gone: the caller ends the round
+        _emit(diagnostics, "error", "cluster_postgres.release_failed", describe_error(exc, secrets),
+              trigger_id=claimed.head.trigger_id)
+        return False
 
 
 def _emit(sink: DiagnosticSink, level: str, code: str, message: str, **fields) -> None:

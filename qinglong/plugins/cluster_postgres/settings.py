@@ -29,7 +29,8 @@ class ClusterPostgresSettings(BaseModel):
       round waits for a connection (a down server fails the round, it does not hang it).
     * ``statement_timeout_ms``: server-side bound of every statement of the backend's sessions.
     * ``serialization_retries``: how many times one admission is retried after a serialization
-      failure (never after a lost fence).
+      failure (never after a lost fence); retries are cheap (small full-jitter backoff) and safe
+      (each re-checks the fence). An admission that still fails gives its claim back at once.
     * ``auto_migrate``: apply pending migrations at start (uses ``owner_dsn``).
     """
 
@@ -46,7 +47,7 @@ class ClusterPostgresSettings(BaseModel):
     pool_max_size: int = Field(default=4, ge=1, le=256)
     pool_timeout_ms: int = Field(default=5000, ge=100, le=600_000)
     statement_timeout_ms: int = Field(default=5000, ge=0, le=3_600_000)
-    serialization_retries: int = Field(default=5, ge=0, le=100)
+    serialization_retries: int = Field(default=10, ge=0, le=100)
     auto_migrate: bool = False
 
     @field_validator("owner_role", "admin_role", "runtime_role", "worker_ingress_role")

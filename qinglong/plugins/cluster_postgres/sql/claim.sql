@@ -39,3 +39,29 @@ RETURNING s.trigger_id, s.project_id, t.task_id, s.trigger_revision, s.next_fire
           s.claim_version, s.claim_expires_at_ms, t.trigger_revision AS head_revision, t.kind,
           t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.enabled, t.content_digest,
           k.task_revision, k.content_digest AS task_digest, clock.now_ms AS observed_at_ms
+
+-- name: release_claim
+-- Gives a claim back, under the whole fence (owner, token, claim_version, expiry > now) and the
+-- claimed schedule state, when its admission gave up (serialization retries exhausted; nothing
+-- was written): clears owner, token and expiry and bumps state_version, so the occurrence is
+-- claimed again next round instead of waiting for the lease. Run alone in autocommit (READ
+-- COMMITTED): the WHERE is re-checked on the row's latest version, so a claim taken over,
+-- republished or already committed is left alone. Returns one row when it released.
+WITH clock AS MATERIALIZED (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+)
+UPDATE qinglong.trigger_schedules s
+SET claim_owner = NULL,
+    claim_token = NULL,
+    claim_expires_at_ms = NULL,
+    state_version = s.state_version + 1,
+    updated_at_ms = clock.now_ms
+FROM clock
+WHERE s.trigger_id = %(trigger_id)s
+  AND s.trigger_revision = %(trigger_revision)s
+  AND s.state_version = %(state_version)s
+  AND s.claim_owner = %(owner)s
+  AND s.claim_token = %(token)s::uuid
+  AND s.claim_version = %(claim_version)s
+  AND s.claim_expires_at_ms > clock.now_ms
+RETURNING s.trigger_id
