@@ -48,7 +48,7 @@ from tests.pg import ROLE_PASSWORDS, create_database, create_roles, start_server
 
 DBNAME = "ql_chaos"
 EXPRESSIONS = ("* * * * * *", "*/2 * * * * *", "*/3 * * * * *", "*/5 * * * * *")
-ADMISSION_MESSAGE = b"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; EXECUTE qinglong_admit_occurrence("
+ADMISSION_MESSAGE = b"EXECUTE qinglong_admit_occurrence("
 
 
 def log(message: str) -> None:

@@ -26,9 +26,9 @@ from tests.failure.fault_proxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: The head of every admission message: the whole SERIALIZABLE transaction travels as one
+#: In every admission message, after its SETs: the whole SERIALIZABLE transaction travels as one
 #: simple-protocol Query message (the claim is a bare autocommit statement and never sends it).
-ADMISSION_MESSAGE = b"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; EXECUTE qinglong_admit_occurrence("
+ADMISSION_MESSAGE = b"EXECUTE qinglong_admit_occurrence("
 #: Text of the admission statement itself (sent once per connection, when it is prepared).
 ADMISSION_TEXT = b"INSERT INTO qinglong.runs"
 

@@ -1,7 +1,7 @@
 """An admission whose traffic is cut at any point: the whole occurrence or nothing, never a lock.
 
 The admission is one SERIALIZABLE transaction sent as ONE simple-protocol Query message
-(``SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; EXECUTE ...``). PostgreSQL executes nothing until
+(``SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; ...; EXECUTE ...``). PostgreSQL executes nothing until
 the whole message has arrived, commits at its end and rolls back by itself on error. So a link
 that dies while the message is on its way leaves nothing (no transaction, no row lock: the claim
 lapses at its database-time expiry and another replica takes the occurrence over), and a link
