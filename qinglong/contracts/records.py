@@ -40,6 +40,28 @@ def content_digest(value: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
 
 
+def trigger_content_digest(
+    project_id: str,
+    trigger_id: str,
+    task_id: str,
+    kind: str,
+    spec: Mapping[str, Any],
+    misfire_policy: "MisfirePolicy",
+    misfire_grace_ms: int,
+    enabled: bool,
+) -> str:
+    """The content digest of a trigger revision, the same in every store.
+
+    It covers everything that makes a revision (after the provider normalised the spec): a
+    publish whose digest equals the current one is not a new revision; any change is.
+    """
+    return content_digest({
+        "project_id": project_id, "trigger_id": trigger_id, "task_id": task_id, "kind": kind,
+        "spec": dict(spec), "misfire_policy": misfire_policy.value,
+        "misfire_grace_ms": misfire_grace_ms, "enabled": enabled,
+    })
+
+
 @dataclass(frozen=True, slots=True)
 class TriggerDefinition:
     """What an operator publishes: a trigger before it gets a revision.

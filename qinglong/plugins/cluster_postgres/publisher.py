@@ -25,6 +25,7 @@ from qinglong.contracts.records import (
     TriggerHead,
     canonical_json,
     content_digest,
+    trigger_content_digest,
 )
 from qinglong.contracts.store import check_identifier, validate_definition
 
@@ -45,16 +46,6 @@ def execution_spec(project_id: str, task_id: str, task_revision: int, task_diges
         "task_revision": task_revision,
         "task_digest": task_digest,
     }
-
-
-def trigger_digest(project_id: str, trigger_id: str, task_id: str, kind: str, spec: Mapping[str, Any],
-                   policy: MisfirePolicy, grace_ms: int, enabled: bool) -> str:
-    """Content digest of a trigger definition (after its provider normalised the spec)."""
-    return content_digest({
-        "project_id": project_id, "trigger_id": trigger_id, "task_id": task_id, "kind": kind,
-        "spec": dict(spec), "misfire_policy": policy.value, "misfire_grace_ms": grace_ms,
-        "enabled": enabled,
-    })
 
 
 def _head(trigger_id: str, row) -> TriggerHead:
@@ -155,7 +146,8 @@ class ClusterPublisher:
         cur = await conn.execute(query("lock_task_head"), {"project_id": project_id, "task_id": task_id})
         if await cur.fetchone() is None:
             raise NotFound(f"task {task_id!r} does not exist in project {project_id!r}")
-        digest = trigger_digest(project_id, trigger_id, task_id, kind, spec, policy, grace_ms, enabled)
+        digest = trigger_content_digest(project_id, trigger_id, task_id, kind, spec, policy, grace_ms,
+                                        enabled)
         cur = await conn.execute(query("lock_trigger_head"), {"trigger_id": trigger_id})
         row = await cur.fetchone()
         if row is not None and row[0] != project_id:

@@ -19,20 +19,12 @@ from qinglong.contracts.records import (
     TriggerHead,
     canonical_json,
     content_digest,
+    trigger_content_digest,
 )
 from qinglong.contracts.store import BackendContext, check_identifier, validate_definition
 
 from .queries import q
 from .store import SqliteStore, transaction
-
-
-def trigger_digest(task_id: str, kind: str, spec: Mapping[str, Any], policy: MisfirePolicy,
-                   grace_ms: int, enabled: bool) -> str:
-    """Digest of everything that makes a trigger revision: a change of any of it is a new one."""
-    return content_digest({
-        "task_id": task_id, "kind": kind, "spec": dict(spec), "misfire_policy": policy.value,
-        "misfire_grace_ms": grace_ms, "enabled": enabled,
-    })
 
 
 def head_from_row(row: tuple) -> TriggerHead:
@@ -86,8 +78,8 @@ def put_trigger_in(conn: sqlite3.Connection, definition: TriggerDefinition,
             f"trigger id {definition.trigger_id!r} is used by project {existing[0]!r}; "
             "trigger ids are unique across projects"
         )
-    digest = trigger_digest(definition.task_id, kind, spec, policy, definition.misfire_grace_ms,
-                            definition.enabled)
+    digest = trigger_content_digest(definition.project_id, definition.trigger_id, definition.task_id,
+                                    kind, spec, policy, definition.misfire_grace_ms, definition.enabled)
     if existing is not None and existing[9] == digest:
         return head_from_row(existing)
     head = TriggerHead(definition.project_id, definition.trigger_id, definition.task_id,
@@ -178,8 +170,8 @@ class SqlitePublisher:
             head = _existing_head(conn, project_id, trigger_id)
             if head.enabled is enabled:
                 return head
-            digest = trigger_digest(head.task_id, head.kind, head.spec, head.misfire_policy,
-                                    head.misfire_grace_ms, enabled)
+            digest = trigger_content_digest(head.project_id, head.trigger_id, head.task_id, head.kind,
+                                            head.spec, head.misfire_policy, head.misfire_grace_ms, enabled)
             new = TriggerHead(head.project_id, head.trigger_id, head.task_id,
                               head.trigger_revision + 1, head.kind, head.spec, head.misfire_policy,
                               head.misfire_grace_ms, enabled, digest)
