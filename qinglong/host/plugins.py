@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 import pluggy
 
