@@ -348,15 +348,21 @@ def cmd_project(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _json_object(option: str, text: str) -> dict[str, Any]:
+    """Parse an option's value as a JSON object, or raise a UserError naming the option."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{option} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{option} must be a JSON object")
+    return value
+
+
 def cmd_task(args: argparse.Namespace) -> int:
     """Create a task, or publish a new revision of it."""
     if args.payload is not None:
-        try:
-            payload = json.loads(args.payload)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"--payload is not valid JSON: {exc}") from None
-        if not isinstance(payload, dict):
-            raise UserError("--payload must be a JSON object")
+        payload = _json_object("--payload", args.payload)
     else:
         payload = {"command": args.command}
     container = _container(args)
@@ -378,13 +384,7 @@ def _trigger_spec(args: argparse.Namespace, current: Any | None) -> tuple[str, d
         spec["timezone"] = args.timezone or (current.spec.get("timezone") if current and current.kind == "cron" else "UTC")
         return kind, spec
     if args.spec is not None:
-        try:
-            spec = json.loads(args.spec)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"--spec is not valid JSON: {exc}") from None
-        if not isinstance(spec, dict):
-            raise UserError("--spec must be a JSON object")
-        return args.kind or (current.kind if current else "cron"), spec
+        return args.kind or (current.kind if current else "cron"), _json_object("--spec", args.spec)
     if current is None:
         raise UserError("a new trigger needs --cron EXPRESSION (or --kind KIND --spec JSON)")
     spec = dict(current.spec)
