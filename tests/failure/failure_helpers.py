@@ -29,6 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: In every admission message, after its SETs: the whole SERIALIZABLE transaction travels as one
 #: simple-protocol Query message (the claim is a bare autocommit statement and never sends it).
 ADMISSION_MESSAGE = b"EXECUTE qinglong_admit_occurrence("
+#: With ADMISSION_MESSAGE: the decision kind literal of an on-time admission, the one kind of
+#: admission message that always creates a Run (initialize, skip and release create none).
+FIRE_DECISION = b"'fire'"
 #: Text of the admission statement itself (sent once per connection, when it is prepared).
 ADMISSION_TEXT = b"INSERT INTO qinglong.runs"
 

@@ -57,11 +57,13 @@ ACTIONS = ("cut_mid", "hold", "hold_mid", "hold_replies", "cut_reply_mid", "swal
 
 @dataclass
 class Rule:
-    """A one-shot fault triggered by the first chunk in ``direction`` that contains ``pattern``."""
+    """A one-shot fault triggered by the first chunk in ``direction`` that contains ``pattern``
+    and every one of ``also`` (to pick one kind of message among those sharing ``pattern``)."""
 
     direction: str
     pattern: bytes
     action: str  # one of ACTIONS
+    also: tuple[bytes, ...] = ()
     fired: threading.Event = field(default_factory=threading.Event)
     connection: "_Connection | None" = None
     fired_at: float | None = None
@@ -294,9 +296,9 @@ class FaultProxy:
             conn.close(rst=True)
         return len(connections)
 
-    def arm(self, direction: str, pattern: bytes, action: str) -> Rule:
+    def arm(self, direction: str, pattern: bytes, action: str, also: tuple[bytes, ...] = ()) -> Rule:
         """Arm a one-shot :class:`Rule`; returns it (``rule.fired`` is set when it fires)."""
-        rule = Rule(direction, pattern, action)
+        rule = Rule(direction, pattern, action, also=tuple(also))
         with self._lock:
             self._rules.append(rule)
         return rule
@@ -324,7 +326,8 @@ class FaultProxy:
     def _take_rule(self, direction: str, data: bytes) -> Rule | None:
         with self._lock:
             for rule in self._rules:
-                if rule.direction == direction and rule.pattern in data:
+                if (rule.direction == direction and rule.pattern in data
+                        and all(extra in data for extra in rule.also)):
                     self._rules.remove(rule)
                     return rule
         return None

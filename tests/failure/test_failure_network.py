@@ -19,6 +19,7 @@ from tests.failure.failure_helpers import (
     ADMISSION_COMMITTED,
     ADMISSION_MESSAGE,
     EVERY_SECOND,
+    FIRE_DECISION,
     InProcessReplica,
     audit,
     env_full,
@@ -213,7 +214,9 @@ def test_connection_hanging_open_is_cut_at_the_lease_and_its_replica_admits_agai
         h = await InProcessReplica(db, "replica-h", proxy=ph, lease_ms=LEASE_MS, claim_budget=3).start()
         q = await InProcessReplica(db, "replica-q", proxy=pq, lease_ms=LEASE_MS, claim_budget=3).start()
         await asyncio.sleep(2.2)
-        rule = ph.arm(TO_SERVER, ADMISSION_MESSAGE, "hold_replies")
+        # an admission that creates a Run: the admission message also carries initialize, skip and
+        # claim-release decisions, which create none, and the count below must know which it held
+        rule = ph.arm(TO_SERVER, ADMISSION_MESSAGE, "hold_replies", also=(FIRE_DECISION,))
         await wait_for(rule.fired.is_set, 10, what="H to start an admission")
         hung_at = time.monotonic()
         await asyncio.sleep(0.3)
