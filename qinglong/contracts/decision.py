@@ -7,7 +7,9 @@ both profiles fire the same occurrences.
 The rules (MISSION section 1):
 
 * cursor NULL -> ``initialize``: the cursor becomes the first occurrence strictly after the
-  observation; no Run.
+  revision's publish time (or the observation, if that is earlier or the publish time is unknown);
+  no Run. An occurrence between the publish and the first observation is therefore owed: it is
+  due at once and decided by the next decision like any other (fire, or misfire policy).
 * cursor in the future -> ``not_due``: nothing changes.
 * the cursor occurrence is due and at most ``misfire_grace_ms`` old -> ``fire``: admit that
   occurrence; the cursor moves to the next occurrence. If that one is due too (a backlog still
@@ -18,7 +20,8 @@ The rules (MISSION section 1):
   - ``fire_once``: admit ONE occurrence, the latest one at or before the observation; the cursor
     moves past the observation; the older ones are reported as skipped, never replayed.
 
-After ``initialize``, ``skip`` and ``fire_once`` the cursor is strictly after the observation. After
+After ``skip`` and ``fire_once`` the cursor is strictly after the observation; after ``initialize``
+strictly after ``min(published_at_ms, observed_at_ms)``. After
 ``fire`` it is strictly after the admitted occurrence, and any part of it still at or before the
 observation is within the grace window.
 """
@@ -73,6 +76,15 @@ def _count_range(
     return SkippedOccurrences(first_ms, last_ms, count, count_exact=True)
 
 
+def initialization_base_ms(cursor: ScheduleCursor, observed_at_ms: int) -> int:
+    """The instant a new revision's first occurrence is counted from: its publish time, unless
+    that is unknown or later than the observation (a clock that went back), then the observation."""
+    published = cursor.published_at_ms
+    if published is None or published > observed_at_ms:
+        return observed_at_ms
+    return published
+
+
 def decide(
     head: TriggerHead,
     cursor: ScheduleCursor,
@@ -102,7 +114,7 @@ def decide(
     if current is None:
         return Decision(
             kind=DecisionKind.INITIALIZE,
-            next_fire_at_ms=_next_or_never(provider, head, observed_at_ms),
+            next_fire_at_ms=_next_or_never(provider, head, initialization_base_ms(cursor, observed_at_ms)),
             **base,
         )
 

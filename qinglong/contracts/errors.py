@@ -7,6 +7,33 @@ never as a stack trace.
 
 from __future__ import annotations
 
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """Every exit code of the ``qinglong`` command. :func:`exit_code_for` maps errors onto them."""
+
+    OK = 0
+    """The command did what it was asked."""
+
+    INTERNAL_ERROR = 1
+    """A bug: an exception that is not a :class:`QinglongError`. Printed with its traceback."""
+
+    USAGE_ERROR = 2
+    """The command line could not be parsed (argparse's own code)."""
+
+    USER_ERROR = 3
+    """A mistake the user can fix: settings, plugins, input, a missing database file."""
+
+    CHECK_FAILED = 4
+    """A check failed: closure violated, schema not ready, drifted, corrupted or not ours."""
+
+    UNAVAILABLE = 5
+    """The store cannot be used right now: unreachable, read-only, full, or locked by another process."""
+
+    INTERRUPTED = 130
+    """A second SIGINT/SIGTERM forced the exit before the orderly stop finished."""
+
 
 class QinglongError(Exception):
     """Base of every error Qinglong raises on purpose."""
@@ -61,6 +88,39 @@ class SchemaNotReady(QinglongError):
     """
 
 
+class SchemaCorrupt(SchemaNotReady):
+    """The database file or schema is damaged: unreadable pages, a missing table, a changed column."""
+
+
+class NotOurDatabase(SchemaNotReady):
+    """The database holds another application's data; Qinglong refuses to take it over."""
+
+
+class StoreUnavailable(QinglongError):
+    """The store exists but cannot be used now: unreachable, refused, read-only, full or locked.
+
+    The message names the store (a file path, or a DSN's host and database, never its password)
+    and what is wrong, so an operator can act without a traceback.
+    """
+
+
+class StoreReadOnly(StoreUnavailable):
+    """The store can be read but not written (a read-only file, directory or server)."""
+
+
+class StoreFull(StoreUnavailable):
+    """A write failed because the disk or the database is full."""
+
+
+class StoreLocked(StoreUnavailable):
+    """Another process owns the store (the edge/standalone owner lock); names the holder's pid."""
+
+
+class StoreMissing(UserError):
+    """A read command named a database that does not exist; only ``run``, ``db migrate`` and
+    publishing create one."""
+
+
 class FenceLost(QinglongError):
     """A compare-and-set or claim fence no longer matches: someone else owns the occurrence now.
 
@@ -70,3 +130,23 @@ class FenceLost(QinglongError):
 
 class RecoveryRequired(QinglongError):
     """Startup recovery found in-flight work that does not look exactly as admission left it."""
+
+
+#: The one table from error type to exit code. Most specific first; :func:`exit_code_for` walks
+#: it in order, so a subclass listed before its base wins.
+EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
+    (StoreMissing, ExitCode.USER_ERROR),
+    (UserError, ExitCode.USER_ERROR),
+    (SchemaNotReady, ExitCode.CHECK_FAILED),
+    (RecoveryRequired, ExitCode.CHECK_FAILED),
+    (StoreUnavailable, ExitCode.UNAVAILABLE),
+    (QinglongError, ExitCode.CHECK_FAILED),
+)
+
+
+def exit_code_for(exc: BaseException) -> ExitCode:
+    """The exit code for ``exc``: its row in :data:`EXIT_CODES`, or ``INTERNAL_ERROR`` for a bug."""
+    for error_type, code in EXIT_CODES:
+        if isinstance(exc, error_type):
+            return code
+    return ExitCode.INTERNAL_ERROR

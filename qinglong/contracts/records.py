@@ -19,6 +19,10 @@ NO_MORE_OCCURRENCES_MS = 2**63 - 1
 #: Default misfire grace: an occurrence admitted up to one minute late still counts as on time.
 DEFAULT_MISFIRE_GRACE_MS = 60_000
 
+#: Largest misfire grace a trigger may declare (366 days). Larger values mean nothing a scheduler
+#: can honour and overflow the stores' 64-bit arithmetic.
+MAX_MISFIRE_GRACE_MS = 366 * 24 * 3600 * 1000
+
 
 class MisfirePolicy(str, enum.Enum):
     """What to do when the oldest due occurrence is older than the trigger's misfire grace."""
@@ -97,12 +101,19 @@ class TriggerHead:
 
 @dataclass(frozen=True, slots=True)
 class ScheduleCursor:
-    """A trigger's schedule cursor. ``next_fire_at_ms`` None means awaiting initialisation."""
+    """A trigger's schedule cursor. ``next_fire_at_ms`` None means awaiting initialisation.
+
+    ``published_at_ms`` is when this trigger revision was published (the store's clock: database
+    time on the cluster). Initialisation takes the first occurrence strictly after it, so an
+    occurrence between the publish and the scheduler's first look is still owed. None (a row
+    written before the column existed) initialises from the observation.
+    """
 
     trigger_revision: int
     next_fire_at_ms: int | None
     last_scheduled_at_ms: int | None
     state_version: int
+    published_at_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

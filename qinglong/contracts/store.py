@@ -14,7 +14,9 @@ from .diagnostics import DiagnosticSink
 from .errors import TriggerSpecError, UnknownTriggerKind
 from .providers import TriggerProvider
 from .records import (
+    MAX_MISFIRE_GRACE_MS,
     MigrationState,
+    MisfirePolicy,
     ProjectRecord,
     RecoveryReport,
     RoundReport,
@@ -191,9 +193,10 @@ def validate_definition(
         raise UnknownTriggerKind(definition.kind, list(providers))
     if not isinstance(definition.misfire_grace_ms, int) or isinstance(definition.misfire_grace_ms, bool):
         raise TriggerSpecError(definition.kind, "misfire_grace_ms", "expected an integer number of milliseconds")
-    if definition.misfire_grace_ms < 0:
+    if not 0 <= definition.misfire_grace_ms <= MAX_MISFIRE_GRACE_MS:
         raise TriggerSpecError(
-            definition.kind, "misfire_grace_ms", f"must be >= 0, got {definition.misfire_grace_ms}"
+            definition.kind, "misfire_grace_ms",
+            f"must be between 0 and {MAX_MISFIRE_GRACE_MS} (366 days), got {definition.misfire_grace_ms}",
         )
     for label, value in (("project_id", definition.project_id), ("trigger_id", definition.trigger_id),
                          ("task_id", definition.task_id)):
@@ -202,12 +205,45 @@ def validate_definition(
 
 
 def check_identifier(label: str, value: str) -> None:
-    """Identifiers are 1-64 characters of letters, digits, ``-``, ``_`` and ``.``; no ``:``."""
+    """Identifiers are 1-64 ASCII letters, digits, ``-``, ``_`` and ``.``, starting with a letter or
+    digit (so ``-x`` is never read as an option, and ``.``/``..`` never as a path); no ``:``."""
     from .errors import UserError
 
-    if not isinstance(value, str) or not value or len(value) > 64 or not all(
+    if not isinstance(value, str) or not value or len(value) > 64 or not value.isascii() or not all(
         c.isalnum() or c in "-_." for c in value
-    ) or not value.isascii():
+    ) or not value[0].isalnum():
         raise UserError(
-            f"invalid {label} {value!r}: expected 1-64 ASCII letters, digits, '-', '_' or '.'"
+            f"invalid {label} {value!r}: expected 1-64 ASCII letters, digits, '-', '_' or '.', "
+            "starting with a letter or digit"
+        )
+
+
+def skip_grace_floor_ms(limits: SchedulerLimits, *, leased: bool) -> int:
+    """The smallest misfire grace a ``skip`` trigger may declare under ``limits``.
+
+    An on-time occurrence is observed up to one cadence late (edge), or one cadence plus one claim
+    lease late on the cluster (a claim that dies is taken over only after its lease). A ``skip``
+    trigger whose grace is at or below that would skip occurrences that were never late through
+    any fault: refused at publish time.
+    """
+    return limits.cadence_ms + (limits.lease_ms if leased else 0)
+
+
+def check_misfire_grace(definition: TriggerDefinition, limits: SchedulerLimits, *, leased: bool) -> None:
+    """Refuse a ``skip`` trigger whose grace cannot be met (see :func:`skip_grace_floor_ms`).
+
+    Raises :class:`TriggerSpecError` naming the trigger, its grace and the floor. Called by every
+    publisher before it writes anything.
+    """
+    if definition.misfire_policy is not MisfirePolicy.SKIP:
+        return
+    floor = skip_grace_floor_ms(limits, leased=leased)
+    if definition.misfire_grace_ms <= floor:
+        what = (f"the scheduler cadence ({limits.cadence_ms} ms) plus the claim lease "
+                f"({limits.lease_ms} ms)" if leased else f"the scheduler cadence ({limits.cadence_ms} ms)")
+        raise TriggerSpecError(
+            definition.kind, "misfire_grace_ms",
+            f"trigger {definition.trigger_id!r} uses misfire policy 'skip' with a grace of "
+            f"{definition.misfire_grace_ms} ms, which is not above {what}: its on-time occurrences "
+            f"would be skipped; use a grace above {floor} ms or misfire policy 'fire_once'",
         )
