@@ -243,12 +243,31 @@ class ScheduleView:
     misfire_policy: MisfirePolicy
     next_fire_at_ms: int | None
     last_scheduled_at_ms: int | None
+    #: when this revision was published (store clock); lets a reader preview the first fire time
+    #: of a schedule that no scheduler round has initialised yet
+    published_at_ms: int | None = None
 
     def lag_ms(self, now_ms: int) -> int:
         """How far behind the schedule is at ``now_ms`` (0 when not due or not initialised)."""
         if not self.enabled or self.next_fire_at_ms is None:
             return 0
         return max(0, now_ms - self.next_fire_at_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStatus:
+    """Whether a scheduler is working this store, as a reader can tell.
+
+    ``running`` is True while a scheduler process holds the store (edge: the owner lock) or a
+    replica completed a round within its liveness window (cluster). ``last_round_at_ms`` is the
+    store-clock time of the newest completed round when the store records it, else None.
+    ``replicas`` counts the live schedulers (at most 1 on SQLite). A reader computes schedule lag
+    up to ``now`` only while ``running``; a stopped scheduler's lag is not "growing", it is stopped.
+    """
+
+    running: bool
+    last_round_at_ms: int | None = None
+    replicas: int = 0
 
 
 @dataclass(frozen=True, slots=True)

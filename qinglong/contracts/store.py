@@ -22,6 +22,7 @@ from .records import (
     RoundReport,
     RunView,
     ScheduleView,
+    SchedulerStatus,
     SkipView,
     TaskRecord,
     TriggerDefinition,
@@ -112,6 +113,10 @@ class Reader(Protocol):
 
     async def recent_skips(self, limit: int = 20) -> Sequence[SkipView]:
         """The newest recorded misfires first."""
+        ...
+
+    async def scheduler_status(self) -> SchedulerStatus:
+        """Whether a scheduler is working this store now (see :class:`SchedulerStatus`)."""
         ...
 
 
