@@ -34,6 +34,10 @@ class ExitCode(enum.IntEnum):
     INTERRUPTED = 130
     """A second SIGINT/SIGTERM forced the exit before the orderly stop finished."""
 
+    BROKEN_PIPE = 141
+    """Standard output was closed by its reader (``qinglong runs | head -1``): the rest of the output
+    is dropped quietly, with the code a shell reports for a process ended by SIGPIPE (128 + 13)."""
+
 
 class QinglongError(Exception):
     """Base of every error Qinglong raises on purpose."""
@@ -132,6 +136,10 @@ class RecoveryRequired(QinglongError):
     """Startup recovery found in-flight work that does not look exactly as admission left it."""
 
 
+class CheckFailed(QinglongError):
+    """A check command found a violation: a closure broken, migrations drifted or unknown."""
+
+
 #: The one table from error type to exit code. Most specific first; :func:`exit_code_for` walks
 #: it in order, so a subclass listed before its base wins.
 EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
@@ -139,6 +147,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (UserError, ExitCode.USER_ERROR),
     (SchemaNotReady, ExitCode.CHECK_FAILED),
     (RecoveryRequired, ExitCode.CHECK_FAILED),
+    (CheckFailed, ExitCode.CHECK_FAILED),
     (StoreUnavailable, ExitCode.UNAVAILABLE),
     (QinglongError, ExitCode.CHECK_FAILED),
 )
