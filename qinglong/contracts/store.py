@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from .diagnostics import DiagnosticSink
-from .errors import TriggerSpecError, UnknownTriggerKind
+from .errors import TriggerSpecError, UnknownTriggerKind, UserError
 from .providers import TriggerProvider
 from .records import (
     MAX_MISFIRE_GRACE_MS,
     MigrationState,
+    canonical_json,
     MisfirePolicy,
     ProjectRecord,
     RecoveryReport,
@@ -28,6 +29,15 @@ from .records import (
     TriggerDefinition,
     TriggerHead,
 )
+
+
+#: Input limits, in one place for the CLI and every publisher. A task payload or a trigger spec is
+#: measured as its canonical JSON in UTF-8; a command as its argv in execve's terms (each argument
+#: plus its terminating NUL). Nesting counts objects and arrays.
+MAX_PAYLOAD_BYTES = 64 * 1024
+MAX_SPEC_BYTES = 4 * 1024
+MAX_COMMAND_BYTES = 4 * 1024
+MAX_JSON_DEPTH = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +216,70 @@ def validate_definition(
     for label, value in (("project_id", definition.project_id), ("trigger_id", definition.trigger_id),
                          ("task_id", definition.task_id)):
         check_identifier(label, value)
+    check_json_value(f"trigger {definition.trigger_id!r}: spec", definition.spec, MAX_SPEC_BYTES)
     return provider.validate(definition.spec), provider.kind
+
+
+def check_json_value(label: str, value: Any, max_bytes: int) -> str:
+    """Refuse a value that cannot be stored as plain, bounded JSON; return its canonical JSON.
+
+    Refused, naming ``label`` and the place (``$.a[2]``) but never the value (payloads may hold
+    secrets): NaN and infinities (not JSON), text that is not valid Unicode (a lone surrogate, from
+    undecodable bytes or a ``\\udc80`` escape), keys that are not strings, nesting deeper than
+    :data:`MAX_JSON_DEPTH`, and more than ``max_bytes`` of canonical UTF-8 JSON. The walk is
+    iterative, so no input can exhaust the interpreter's stack.
+    """
+    stack: list[tuple[Any, str, int]] = [(value, "$", 0)]
+    while stack:
+        node, where, depth = stack.pop()
+        if isinstance(node, (Mapping, list, tuple)):
+            if depth >= MAX_JSON_DEPTH:
+                raise UserError(f"{label}: nested deeper than {MAX_JSON_DEPTH} levels at {where}")
+            if isinstance(node, Mapping):
+                for key, child in node.items():
+                    if not isinstance(key, str):
+                        raise UserError(f"{label}: key {type(key).__name__} at {where}: keys must be strings")
+                    _check_text(label, key, f"{where} (a key)")
+                    shown = key if len(key) <= 40 else key[:37] + "..."
+                    stack.append((child, f"{where}.{shown}" if key.isidentifier() else f"{where}[{shown!r}]",
+                                  depth + 1))
+            else:
+                stack.extend((child, f"{where}[{i}]", depth + 1) for i, child in enumerate(node))
+        elif isinstance(node, float):
+            if node != node or node in (float("inf"), float("-inf")):
+                raise UserError(f"{label}: NaN and infinities are not JSON numbers (at {where})")
+        elif isinstance(node, str):
+            _check_text(label, node, where)
+        elif node is not None and not isinstance(node, (bool, int)):
+            raise UserError(f"{label}: a {type(node).__name__} at {where} is not a JSON value")
+    text = canonical_json(value)
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise UserError(f"{label}: {size} bytes of JSON, over the limit of {max_bytes} bytes")
+    return text
+
+
+def _check_text(label: str, text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(f"{label}: text at {where} is not valid Unicode (a lone surrogate: undecodable "
+                        "bytes or a \\ud800-\\udfff escape)") from None
+
+
+def check_command(label: str, argv: Sequence[str]) -> None:
+    """Refuse a command a worker could not execute: empty, a NUL byte, not Unicode, too long."""
+    if not argv or not isinstance(argv, (list, tuple)) or not all(isinstance(a, str) for a in argv):
+        raise UserError(f"{label}: expected a non-empty list of arguments")
+    if not argv[0]:
+        raise UserError(f"{label}: the program (first argument) is empty")
+    for i, arg in enumerate(argv):
+        if "\0" in arg:
+            raise UserError(f"{label}: argument {i} contains a NUL character, which no program can receive")
+        _check_text(label, arg, f"argument {i}")
+    size = sum(len(a.encode("utf-8")) + 1 for a in argv)
+    if size > MAX_COMMAND_BYTES:
+        raise UserError(f"{label}: {size} bytes of arguments, over the limit of {MAX_COMMAND_BYTES} bytes")
 
 
 def check_identifier(label: str, value: str) -> None:
