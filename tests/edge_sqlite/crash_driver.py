@@ -4,6 +4,11 @@ with the real clock and runs rounds until it is killed.
 Usage: ``python crash_driver.py DB_PATH``. ``QL_CRASH_TX_SLEEP_MS`` (default 0) sleeps that long
 inside every admission transaction (just before the Attempt insert), so a SIGKILL at a random
 moment often lands between the Run and the commit.
+
+On stdout the driver reports its progress, one line each, flushed, so a test times its kills from
+what the child has done and never from when it was spawned: ``ready`` once recovery is over, then
+``round admitted=N skipped=N`` after every round that committed something (the counts are of
+that round, already committed when the line is written).
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ async def main(path: str) -> None:
     print("ready", flush=True)
     while True:
         report = await backend.run_round()
+        if report.admitted or report.skipped:
+            print(f"round admitted={report.admitted} skipped={report.skipped}", flush=True)
         if not report.more_due:
             await asyncio.sleep(0.05)
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import random
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,7 +30,7 @@ async def _publish(db_path: Path) -> None:
         for i in range(TRIGGERS):
             expression = "*/2 * * * * *" if i % 5 == 0 else "* * * * * *"
             policy = "skip" if i % 4 == 0 else "fire_once"
-            grace = (500, 3_000)[i % 2]
+            grace = (1_500, 3_000)[i % 2]  # a skip grace above the cadence
             await backend.publisher().put_trigger(
                 cron(f"tr{i:03d}", expression, policy=policy, grace_ms=grace))
     finally:
@@ -105,27 +107,127 @@ def _check_exactly_once(db_path: Path) -> int:
         conn.close()
 
 
+#: Generous bound on any wait for the child: a loaded machine is slow, never this slow.
+CHILD_TIMEOUT_S = 180.0
+
+
+class _Child:
+    """One crash-driver process whose stdout progress lines are read on a thread."""
+
+    def __init__(self, db_path: Path, env: dict, stderr_path: Path) -> None:
+        self.stderr_path = stderr_path
+        self._stderr = stderr_path.open("wb")
+        self.process = subprocess.Popen([sys.executable, str(DRIVER), str(db_path)], env=env,
+                                        stdout=subprocess.PIPE, stderr=self._stderr)
+        self.lines: queue.Queue = queue.Queue()
+        self.ready = False
+        self.admitted = 0
+        self.skipped = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for raw in self.process.stdout:
+            self.lines.put(raw.decode().strip())
+        self.lines.put(None)  # end of stream: the child is gone
+
+    def stderr(self) -> str:
+        if not self._stderr.closed:
+            self._stderr.flush()
+        return self.stderr_path.read_text(errors="replace")[-2000:]
+
+    def wait_for(self, condition, what: str) -> None:
+        """Consume progress lines until ``condition(self)`` holds; fail if the child ends first."""
+        deadline = time.monotonic() + CHILD_TIMEOUT_S
+        while not condition(self):
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"child never reached {what} in {CHILD_TIMEOUT_S} s: {self.stderr()}"
+            try:
+                line = self.lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            assert line is not None, f"child ended before {what} (rc {self.process.poll()}): {self.stderr()}"
+            if line == "ready":
+                self.ready = True
+            elif line.startswith("round "):
+                fields = dict(item.split("=") for item in line.split()[1:])
+                self.admitted += int(fields["admitted"])
+                self.skipped += int(fields["skipped"])
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=CHILD_TIMEOUT_S)
+        self._reader.join(timeout=CHILD_TIMEOUT_S)
+        self._stderr.close()
+        self.process.stdout.close()
+
+
+def _owed_skips(db_path: Path, restart_ms: int) -> list[str]:
+    """The ``skip`` triggers whose cursor is already older than their grace at ``restart_ms``: a
+    scheduler started then must record a misfire for each (its observations are all later)."""
+    conn = sqlite3.connect(db_path)
+    try:
+        return [trigger_id for trigger_id, in conn.execute(
+            "SELECT t.trigger_id FROM triggers t JOIN trigger_schedules s USING (trigger_id) "
+            "WHERE t.misfire_policy = 'skip' AND s.next_fire_at_ms IS NOT NULL "
+            "AND ? - s.next_fire_at_ms > t.misfire_grace_ms", (restart_ms,))]
+    finally:
+        conn.close()
+
+
 def _crash_loop(db_path: Path, kills: int, seed_value: int,
-                downtimes: tuple[float, ...] = (0, 0, 0, 1.5)) -> None:
+                downtimes: tuple[float, ...] = (0, 0, 0, 1.5)) -> dict:
+    """Kill a scheduler ``kills`` times and check the store after every kill.
+
+    Most kills land while rounds commit: they are timed from the child's own report of a committed
+    round (then a random extra delay), never from its spawn, so a slow start on a loaded machine
+    only makes the test slower. Some land at a random moment of start-up (timed from spawn:
+    whatever they hit is fine). After an outage that left a ``skip`` trigger's cursor older than
+    its grace, the next child must report a recorded misfire before it is killed. The last kill
+    waits until more Runs than triggers exist, so the exactly-once audit has something to check.
+    Returns the Run counts after each kill and how many owed misfires were seen recorded.
+    """
     asyncio.run(_publish(db_path))
     rng = random.Random(seed_value)
     env = dict(os.environ, QL_CRASH_TX_SLEEP_MS="1")
     cursors: dict = {}
-    counts = []
-    for _ in range(kills):
-        child = subprocess.Popen([sys.executable, str(DRIVER), str(db_path)], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        # From spawn: some kills land during start-up and migration, most during rounds.
-        time.sleep(rng.uniform(0.15, 1.6))
-        child.send_signal(signal.SIGKILL)
-        _, stderr = child.communicate(timeout=10)
-        assert child.returncode == -signal.SIGKILL, stderr.decode()[-2000:]
-        assert b"Traceback" not in stderr, stderr.decode()[-2000:]
+    counts = [0]
+    misfires_owed = 0
+    owed: list[str] = []
+    for n in range(kills):
+        restart_ms = time.time_ns() // 1_000_000
+        if counts[-1]:
+            owed = _owed_skips(db_path, restart_ms)
+        child = _Child(db_path, env, db_path.with_name(f"stderr-{n}.txt"))
+        last = n == kills - 1
+        startup_kill = not last and not owed and rng.random() < 0.2
+        if startup_kill:
+            # During the interpreter's start, migration, readiness or recovery, or just after.
+            time.sleep(rng.uniform(0.05, 0.6))
+        else:
+            before = counts[-1]
+            child.wait_for(lambda c: c.admitted > 0, "a committed round")
+            if owed:
+                child.wait_for(lambda c: c.skipped > 0,
+                               f"the misfire owed by {owed[:3]} after the outage")
+                misfires_owed += 1
+            if last:
+                child.wait_for(lambda c: before + c.admitted > TRIGGERS, "more Runs than triggers")
+            # A random moment among the rounds that follow (the 1 ms sleep inside every admission
+            # makes many kills land between the Run and the commit).
+            time.sleep(rng.uniform(0, 1.2))
+        child.kill()
+        assert child.process.returncode == -signal.SIGKILL, child.stderr()
+        assert "Traceback" not in child.stderr(), child.stderr()
         counts.append(_check_invariants(db_path, cursors))
-        # Sometimes stay down long enough for the short-grace triggers to misfire.
-        time.sleep(rng.choice(downtimes))
+        if not startup_kill:
+            assert counts[-1] > counts[-2], f"a round reported as committed left no Run: {counts}"
+        if not last:
+            # Sometimes stay down long enough for the short-grace triggers to misfire.
+            time.sleep(rng.choice(downtimes))
     assert counts[-1] > TRIGGERS, f"too few admissions to mean anything: {counts}"
     assert _check_exactly_once(db_path) > 0
+    return {"counts": counts[1:], "misfires_owed": misfires_owed}
 
 
 def test_sigkill_at_random_moments_never_splits_or_duplicates_an_occurrence(tmp_path):
@@ -139,4 +241,5 @@ def test_sigkill_with_long_outages_keeps_misfires_exact(tmp_path):
     """Outages longer than every grace make each restart a misfire; a skipped range recorded wrong
     would hide lost occurrences. Short form by default; QINGLONG_SOAK=full runs 150 kills."""
     kills = 150 if os.environ.get("QINGLONG_SOAK") == "full" else 6
-    _crash_loop(tmp_path / "crash.db", kills=kills, seed_value=7, downtimes=(0, 2.0, 4.0))
+    outcome = _crash_loop(tmp_path / "crash.db", kills=kills, seed_value=7, downtimes=(0, 2.0, 4.0))
+    assert outcome["misfires_owed"] > 0, f"no outage outlasted a skip grace: {outcome}"
