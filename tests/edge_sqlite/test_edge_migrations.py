@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from edge_helpers import dump, open_backend, query
-from qinglong.contracts.errors import SchemaNotReady, UserError
+from qinglong.contracts.errors import NotOurDatabase, SchemaNotReady, UserError
 from qinglong.plugins.edge_sqlite import create_backend, migrations
 from edge_helpers import make_context
 
@@ -75,8 +75,8 @@ async def test_migrate_twice_applies_nothing_twice(db_path, clock):
     "tamper, expected",
     [
         ("UPDATE schema_migrations SET checksum = 'sha256:0' WHERE version = 1", "0001_initial was altered"),
-        ("INSERT INTO schema_migrations VALUES (3, 'from_the_future', 'sha256:1', 1)",
-         "0003_from_the_future is not known"),
+        ("INSERT INTO schema_migrations VALUES (99, 'from_the_future', 'sha256:1', 1)",
+         "0099_from_the_future is not known"),
         ("DELETE FROM schema_migrations WHERE version = 1", "0001_initial is missing"),
     ],
     ids=["altered", "unknown", "missing"],
@@ -127,12 +127,12 @@ async def test_missing_directory_is_a_user_error_naming_the_path(tmp_path, clock
     await backend.close()
 
 
-async def test_a_file_that_is_not_sqlite_is_a_user_error_and_is_left_alone(db_path, clock):
+async def test_a_file_that_is_not_sqlite_is_refused_as_not_ours_and_is_left_alone(db_path, clock):
     """Pointing path at some other file must be refused clearly, never overwritten."""
     db_path.write_bytes(b"not a database at all\n" * 100)
     before = db_path.read_bytes()
     backend = create_backend(make_context(db_path, clock))
-    with pytest.raises(UserError, match=str(db_path.name)):
+    with pytest.raises(NotOurDatabase, match=str(db_path.name)):
         await backend.open()
     await backend.close()
     assert db_path.read_bytes() == before

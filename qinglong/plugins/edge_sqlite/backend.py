@@ -2,12 +2,18 @@
 
 Lifecycle, as the host drives it: :meth:`open`, :meth:`migrate` when ``auto_migrate`` (the edge
 default), :meth:`check_readiness`, :meth:`recover`, :meth:`run_round` at the cadence, :meth:`close`.
+
+Only a scheduler recovers, so :meth:`recover` is where this process becomes the file's owner: it
+takes the owner lock (a second ``qinglong run`` on the file is refused naming the first one's pid)
+and runs SQLite's page-level check before the first round. Publishing and read commands never take
+the lock. A backend opened with ``create=False`` (read commands) neither creates nor migrates.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from qinglong.contracts.diagnostics import DiagnosticEvent
 from qinglong.contracts.records import MigrationState, RecoveryReport, RoundReport
 from qinglong.contracts.store import BackendContext
 
@@ -38,28 +44,73 @@ class EdgeSqliteBackend:
         self.migrations = migrations.load_migrations()
         self._publisher = SqlitePublisher(self.store, context)
         self._reader = SqliteReader(self.store)
+        self._may_create = True
 
-    async def open(self) -> None:
-        """Connect (the directory of ``path`` must exist). Writes nothing to an existing file."""
-        await self.store.open()
+    async def open(self, *, create: bool = True) -> None:
+        """Connect (the directory of ``path`` must exist). Writes nothing to an existing file.
+
+        ``create=False`` is for commands that only read: a missing file is
+        :class:`~qinglong.contracts.errors.StoreMissing` (nothing is created) and :meth:`migrate`
+        applies nothing. ``create=True`` (``run``, ``db migrate``, publishing) may create the file
+        and refuses a read-only one at once with :class:`~qinglong.contracts.errors.StoreReadOnly`.
+        """
+        self._may_create = create
+        await self.store.open(create=create)
 
     async def migrate(self) -> Sequence[MigrationState]:
-        """Apply pending migrations; refuse a drifted, unknown or missing one, writing nothing."""
+        """Apply pending migrations; refuse another application's database, a drifted, unknown or
+        missing migration, or a schema that differs from its migrations, writing nothing.
+
+        On a backend opened with ``create=False`` nothing is applied: the status is returned and
+        :meth:`check_readiness` names what is pending.
+        """
+        if not self._may_create:
+            return await self.store.call(migrations.migration_status, self.migrations, self.store.path)
         now = self.context.clock_ms()
         return await self.store.call(migrations.apply_pending, self.migrations, self.store.path, now)
 
     async def migration_status(self) -> Sequence[MigrationState]:
-        """Every known or applied migration with its status."""
-        return await self.store.call(migrations.migration_status, self.migrations)
+        """Every known or applied migration with its status. Unless a migration drifted or is
+        unknown (which the statuses show), the live schema is compared with the migrations' and
+        the pages are checked (bounded by ``quick_check_ms``): damage is
+        :class:`~qinglong.contracts.errors.SchemaCorrupt`, not a clean status."""
+        def status(conn) -> tuple[Sequence[MigrationState], bool]:
+            states = migrations.migration_status(conn, self.migrations, self.store.path)
+            complete = True
+            if all(s.status in ("applied", "pending") for s in states):
+                migrations.check_schema(conn, self.migrations, self.store.path)
+                complete = self._page_check(conn)
+            return states, complete
+        states, complete = await self.store.call(status)
+        self._report_page_check(complete)
+        return states
 
     async def check_readiness(self) -> None:
         """Raise :class:`~qinglong.contracts.errors.SchemaNotReady` unless every migration is applied
-        exactly as shipped."""
+        exactly as shipped and the live schema is exactly what they make."""
         await self.store.call(migrations.check_ready, self.migrations, self.store.path)
 
     async def recover(self) -> RecoveryReport:
-        """Count pristine queued attempts; report other in-flight work without modifying it."""
+        """Start as the file's scheduler: take the owner lock
+        (:class:`~qinglong.contracts.errors.StoreLocked` naming the holder's pid if another
+        ``qinglong run`` has it), check the pages (bounded by ``quick_check_ms``), then count
+        pristine queued attempts and report other in-flight work without modifying it."""
+        self.store.owner_lock.acquire()
+        self._report_page_check(await self.store.call(self._page_check))
         return await self.store.call(recover_in_thread)
+
+    def _page_check(self, conn) -> bool:
+        """On the connection's thread: True unless the bounded check did not finish."""
+        budget = self.settings.quick_check_ms
+        return budget <= 0 or migrations.quick_check(conn, self.store.path, budget)
+
+    def _report_page_check(self, complete: bool) -> None:
+        if not complete:
+            budget = self.settings.quick_check_ms
+            self.context.diagnostics.emit(DiagnosticEvent(
+                "warning", "store.quick_check_incomplete",
+                f"the page check of the database did not finish within {budget} ms "
+                "(quick_check_ms); the part checked is sound", {"path": self.store.path}))
 
     async def run_round(self, *, before_commit: BeforeCommit | None = None) -> RoundReport:
         """One bounded round (one page). ``before_commit`` is a test seam run between the page's

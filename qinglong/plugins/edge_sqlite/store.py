@@ -5,22 +5,69 @@ per statement costs ~10x). So this store exposes :meth:`SqliteStore.call`, which
 function against the underlying ``sqlite3`` connection on that thread: a whole transaction, or a
 whole scheduler page, costs one hop. The connection is in autocommit mode (``isolation_level=None``)
 so every transaction is an explicit ``BEGIN IMMEDIATE ... COMMIT`` that the code can see.
+
+The file, not only the connection, is this module's concern:
+
+* :func:`translate_sqlite_error` turns what SQLite says about the file (full, read-only, corrupt,
+  not a database, busy) into the contract's error types, naming the file; :meth:`SqliteStore.call`
+  applies it to everything raised on the connection's thread, so no caller sees a bare
+  ``sqlite3.Error`` for a problem of the file;
+* :class:`OwnerLock` is the scheduler's exclusive claim on the file (a sidecar ``<path>.lock``
+  held with ``flock`` and holding the holder's pid), and :func:`probe_owner_lock` tells whether
+  some process holds it now;
+* :meth:`SqliteStore.open` with ``create=False`` never creates a file (read commands), and with
+  ``create=True`` proves at once that the file can be written.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
 import sqlite3
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
+from urllib.parse import quote
 
 import aiosqlite
 
-from qinglong.contracts.errors import UserError
+from qinglong.contracts.errors import (
+    NotOurDatabase,
+    QinglongError,
+    SchemaCorrupt,
+    StoreFull,
+    StoreLocked,
+    StoreMissing,
+    StoreReadOnly,
+    StoreUnavailable,
+    UserError,
+)
 
 from .settings import EdgeSqliteSettings
 
 T = TypeVar("T")
+
+#: The owner lock lives beside the database: ``qinglong.db`` is owned through ``qinglong.db.lock``.
+LOCK_SUFFIX = ".lock"
+
+#: How long :meth:`OwnerLock.acquire` retries a lock that is busy, so that a reader's momentary
+#: :func:`probe_owner_lock` is not mistaken for a running scheduler.
+_ACQUIRE_PATIENCE_S = 0.5
+
+#: Below this much free space in the file's directory an I/O error is reported as a full disk:
+#: SQLite reports ENOSPC on the ``-shm`` or ``-wal`` file as "disk I/O error", which misleads.
+_FULL_DISK_FREE_BYTES = 1 << 20
+
+# Primary result codes (sqlite3.h): the low byte of ``sqlite_errorcode``.
+_SQLITE_ERROR, _SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED = 1, 3, 5, 6
+_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT = 8, 10, 11
+_SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 13, 14, 26
+
+#: sqlite3 errors that are our own misuse of the driver (a bug), never a property of the file.
+_BUG_ERRORS = (sqlite3.ProgrammingError, sqlite3.InterfaceError, sqlite3.IntegrityError,
+               sqlite3.NotSupportedError)
 
 
 @contextmanager
@@ -37,6 +84,260 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("COMMIT")
 
 
+# --------------------------------------------------------------------------- errors of the file
+
+
+def _sqlite_message(exc: BaseException) -> str:
+    """SQLite's own words, without any column text it quotes (which could be a payload value)."""
+    message = str(exc)
+    cut = message.find(" with text ")
+    if cut >= 0:
+        message = message[:cut]
+    return message
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def _read_only_part(path: Path) -> str | None:
+    """What of the database cannot be written: the file, its directory, the file system, or None."""
+    directory = path.absolute().parent
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return f"the file system holding {str(directory)!r} is mounted read-only"
+    except OSError:
+        pass
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"the file {str(path)!r} is read-only"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return (f"its directory {str(directory)!r} is read-only (SQLite must create its -wal, "
+                "-shm and journal files there)")
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        if side.exists() and not os.access(side, os.W_OK):
+            return f"the file {str(side)!r} is read-only"
+    return None
+
+
+def translate_sqlite_error(exc: BaseException, path: str) -> QinglongError:
+    """The contract error for what SQLite (or the driver decoding its message) said about ``path``.
+
+    * disk or database full -> :class:`StoreFull` (also an I/O error while the disk is full);
+    * a read-only file, directory or file system -> :class:`StoreReadOnly`, naming which;
+    * damaged pages or schema, undecodable text -> :class:`SchemaCorrupt`;
+    * a file that is not SQLite -> :class:`NotOurDatabase`;
+    * busy past ``busy_timeout_ms`` -> :class:`StoreLocked`;
+    * a file that vanished -> :class:`StoreMissing`;
+    * anything else about the file -> :class:`StoreUnavailable` with SQLite's message.
+
+    Every message names the file. An error that is already a :class:`QinglongError` is returned
+    as it is.
+    """
+    if isinstance(exc, QinglongError):
+        return exc
+    where = f"database {path!r}"
+    file = Path(path)
+    if isinstance(exc, UnicodeDecodeError):
+        return SchemaCorrupt(
+            f"{where} is damaged: SQLite returned bytes that are not UTF-8 text where it keeps "
+            "text (its schema or pages were overwritten); restore it from a backup or move it "
+            "aside and start with a new file"
+        )
+    message = _sqlite_message(exc)
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    lowered = message.lower()
+    if primary == _SQLITE_FULL or "database or disk is full" in lowered:
+        free = _free_bytes(file.absolute().parent)
+        room = f" ({free} bytes free)" if free is not None else ""
+        return StoreFull(
+            f"{where}: the disk or the database is full{room}; nothing was written by the failed "
+            "statement. Free space on that file system (or raise the database's size limit) and "
+            "retry"
+        )
+    if primary in (_SQLITE_READONLY, _SQLITE_PERM) or "readonly database" in lowered:
+        part = _read_only_part(file) or "SQLite opened it read-only"
+        return StoreReadOnly(f"{where} cannot be written: {part}; make it writable for this user "
+                             "or point [backend] path at a writable file")
+    if primary == _SQLITE_NOTADB or "file is not a database" in lowered:
+        return NotOurDatabase(
+            f"{where} is not a SQLite database (some other file is at that path); qinglong leaves "
+            "it alone: point [backend] path at a new file"
+        )
+    if primary == _SQLITE_CORRUPT or "malformed" in lowered:
+        return SchemaCorrupt(
+            f"{where} is damaged ({message}); restore it from a backup, or move it aside and "
+            "start with a new file"
+        )
+    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED) or "database is locked" in lowered:
+        return StoreLocked(
+            f"{where} is busy: another process held its write lock longer than busy_timeout_ms "
+            f"({message})"
+        )
+    if primary == _SQLITE_IOERR or "disk i/o error" in lowered:
+        free = _free_bytes(file.absolute().parent)
+        if free is not None and free < _FULL_DISK_FREE_BYTES:
+            return StoreFull(
+                f"{where}: the disk is full ({free} bytes free on the file system of "
+                f"{str(file.absolute().parent)!r}; SQLite said {message!r}); free space and retry"
+            )
+        part = _read_only_part(file)
+        if part is not None:
+            return StoreReadOnly(f"{where} cannot be written: {part}")
+        return StoreUnavailable(f"{where}: I/O error from the operating system ({message}); "
+                                "check the disk and the file system")
+    if primary == _SQLITE_CANTOPEN or "unable to open database" in lowered:
+        if not file.exists():
+            return StoreMissing(f"{where} does not exist (it was removed or never created)")
+        part = _read_only_part(file)
+        if part is not None:
+            return StoreReadOnly(f"{where} cannot be opened for writing: {part}")
+        return StoreUnavailable(f"{where} cannot be opened ({message})")
+    if primary == _SQLITE_ERROR and ("no such table" in lowered or "no such column" in lowered
+                                     or "no such index" in lowered):
+        return SchemaCorrupt(
+            f"{where}: its schema is not the one this version made ({message}); "
+            "restore it from a backup"
+        )
+    return StoreUnavailable(f"{where}: SQLite error: {message}")
+
+
+def _translatable(exc: BaseException) -> bool:
+    if isinstance(exc, UnicodeDecodeError):
+        return True
+    return isinstance(exc, sqlite3.Error) and not isinstance(exc, _BUG_ERRORS)
+
+
+# --------------------------------------------------------------------------- the owner lock
+
+
+def owner_lock_path(path: str) -> Path:
+    """The sidecar lock file of the database at ``path``."""
+    return Path(str(path) + LOCK_SUFFIX)
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def probe_owner_lock(path: str) -> int | None:
+    """The pid of the process holding the owner lock of the database at ``path`` now, or None.
+
+    Non-blocking and side-effect free: a missing lock file means nobody holds it (the file is not
+    created); otherwise a shared ``flock`` is tried and released at once. A lock held by a process
+    whose pid cannot be read yet (it is being written) is reported as pid 0.
+    """
+    lock_path = owner_lock_path(path)
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            return _read_pid(fd) or 0
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+class OwnerLock:
+    """The exclusive owner lock of one database file, held by ``qinglong run``.
+
+    ``flock`` on ``<path>.lock``: the kernel releases it when the process exits, however it exits
+    (``kill -9`` included), so a stale lock cannot outlive its holder. The holder's pid is written
+    into the file for the refusal message and :func:`probe_owner_lock`. Only a scheduler takes it;
+    publishing and read commands do not (SQLite orders their writes).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lock_path = owner_lock_path(path)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """True while this process holds the lock."""
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock or raise :class:`StoreLocked` naming the holder's pid."""
+        if self._fd is not None:
+            return
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            part = _read_only_part(Path(self.path))
+            if part is not None or exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise StoreReadOnly(
+                    f"database {self.path!r}: cannot create its owner lock {str(self.lock_path)!r}: "
+                    f"{part or exc.strerror}"
+                ) from None
+            raise StoreUnavailable(
+                f"database {self.path!r}: cannot open its owner lock {str(self.lock_path)!r}: "
+                f"{exc.strerror}"
+            ) from None
+        deadline = time.monotonic() + _ACQUIRE_PATIENCE_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise
+                # A reader's probe holds a shared lock for microseconds: wait that out. A
+                # scheduler holds it for as long as it runs.
+                if time.monotonic() >= deadline:
+                    holder = _read_pid(fd)
+                    os.close(fd)
+                    who = f"process {holder}" if holder else "another process"
+                    raise StoreLocked(
+                        f"database {self.path!r} is owned by {who}, a running 'qinglong run' "
+                        f"(owner lock {str(self.lock_path)!r}); stop it first, or point this one "
+                        "at another file"
+                    ) from None
+                time.sleep(0.01)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        except OSError:
+            pass  # the lock is what counts; the pid only names the holder
+        self._fd = fd
+
+    def release(self) -> None:
+        """Release the lock (idempotent). The pid is cleared first so no probe names a stale one."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)
+        except OSError:
+            pass
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+# --------------------------------------------------------------------------- the store
+
+
 class SqliteStore:
     """Owns the connection to the database file named by the settings."""
 
@@ -44,6 +345,7 @@ class SqliteStore:
         self.settings = settings
         self.path = settings.path
         self._connection: aiosqlite.Connection | None = None
+        self.owner_lock = OwnerLock(self.path)
 
     @property
     def is_open(self) -> bool:
@@ -62,26 +364,50 @@ class SqliteStore:
             )
         return path
 
-    async def open(self) -> None:
-        """Connect and set the per-connection pragmas. Writes nothing to an existing file."""
+    async def open(self, *, create: bool = True) -> None:
+        """Connect and set the per-connection pragmas. Writes nothing to an existing file.
+
+        ``create=False`` (read commands) refuses a missing file with :class:`StoreMissing` and
+        never creates one. ``create=True`` (the scheduler, migration, publishing) may create the
+        file and proves it can be written: a read-only file, directory or file system is
+        :class:`StoreReadOnly` here, at start, not at the first write.
+
+        Whatever fails, the connection and its thread are closed before the error is raised.
+        """
         if self._connection is not None:
             return
         path = self._check_path()
-        try:
-            connection = await aiosqlite.connect(str(path), isolation_level=None)
-        except sqlite3.Error as exc:
-            raise UserError(f"cannot open the database {self.path!r}: {exc}") from None
-        if not hasattr(connection, "_execute") or not hasattr(connection, "_conn"):
-            await connection.close()
+        if not create and not path.exists():
+            raise StoreMissing(
+                f"database {self.path!r} does not exist; only 'qinglong run', 'qinglong db migrate' "
+                "and publishing commands create one (check [backend] path)"
+            )
+        if create:
+            part = _read_only_part(path)
+            if part is not None:
+                raise StoreReadOnly(f"database {self.path!r} cannot be written: {part}; make it "
+                                    "writable for this user or point [backend] path elsewhere")
+        mode = "rwc" if create else "rw"
+        uri = f"file:{quote(str(path.absolute()))}?mode={mode}"
+        connection = aiosqlite.connect(uri, uri=True, isolation_level=None)
+        if not hasattr(connection, "_execute") or not hasattr(connection, "_thread"):
             raise RuntimeError("this aiosqlite version does not expose its worker-thread executor")
+        # A daemon thread: should any path ever forget to close, the process still exits.
+        connection._thread.daemon = True
+        try:
+            await connection
+        except BaseException as exc:
+            if _translatable(exc):
+                raise translate_sqlite_error(exc, self.path) from None
+            raise
         self._connection = connection
         try:
-            await self.call(self._configure)
-        except sqlite3.Error as exc:
+            await self.call(self._configure, create)
+        except BaseException:
             await self.close()
-            raise UserError(f"cannot use the database {self.path!r}: {exc}") from None
+            raise
 
-    def _configure(self, conn: sqlite3.Connection) -> None:
+    def _configure(self, conn: sqlite3.Connection, writable: bool) -> None:
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute(f"PRAGMA busy_timeout = {int(self.settings.busy_timeout_ms)}")
         # NORMAL in WAL mode loses at most the last commits on power loss, never consistency.
@@ -90,18 +416,43 @@ class SqliteStore:
         conn.execute(f"PRAGMA cache_size = -{int(self.settings.cache_kib)}")
         # Reading the schema now surfaces "file is not a database" at open, not mid-round.
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        if writable:
+            # Taking the write lock (and giving it back) proves the file can be written now,
+            # without writing anything: a read-only file fails here, at start.
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(conn, *args)`` on the connection's thread: one hop, however many statements."""
+        """Run ``fn(conn, *args)`` on the connection's thread: one hop, however many statements.
+
+        A ``sqlite3`` error about the file (and an undecodable SQLite message) is raised as the
+        contract error :func:`translate_sqlite_error` gives; driver misuse (a bug) is re-raised as
+        it is.
+        """
         connection = self._connection
         if connection is None:
             raise RuntimeError("the SQLite store is not open")
         # aiosqlite's executor is private API; it is the only way to run a whole transaction on
         # the thread that owns the connection, which is what makes one hop per transaction possible.
-        return await connection._execute(fn, connection._conn, *args)
+        try:
+            return await connection._execute(fn, connection._conn, *args)
+        except BaseException as exc:
+            if _translatable(exc):
+                raise translate_sqlite_error(exc, self.path) from exc
+            raise
 
     async def close(self) -> None:
-        """Close the connection. Idempotent."""
+        """Close the connection and stop its thread, then release the owner lock. Idempotent;
+        the thread is stopped even when closing the connection fails."""
         connection, self._connection = self._connection, None
-        if connection is not None:
-            await connection.close()
+        try:
+            if connection is not None:
+                try:
+                    await connection.close()
+                except BaseException:
+                    # aiosqlite stops its thread in a finally; if close itself failed before that,
+                    # stop it here so the process can exit.
+                    connection.stop()
+                    raise
+        finally:
+            self.owner_lock.release()
