@@ -142,8 +142,15 @@ class SchedulerBackend(Protocol):
     name: str
     auto_migrate: bool
 
-    async def open(self) -> None:
-        """Connect. Settings were validated before; nothing is written here."""
+    async def open(self, *, create: bool = True) -> None:
+        """Connect. Settings were validated before; nothing is written here.
+
+        ``create=False`` is passed by commands that only read (listings, ``db status``): a store
+        that does not exist is :class:`~qinglong.contracts.errors.StoreMissing` and is not
+        created, and :meth:`migrate` then applies nothing. ``run``, ``db migrate`` and publishing
+        open with ``create=True``, the default. A backend whose store is never created by opening
+        (a server) accepts the keyword and may ignore it.
+        """
         ...
 
     async def migrate(self) -> Sequence[MigrationState]:
