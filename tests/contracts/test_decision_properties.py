@@ -2,8 +2,9 @@
 
 Both scheduler backends commit whatever ``decide`` returns, so a broken law here is a lost or
 duplicated Run in every profile. The laws are checked with the real cron provider over generated
-expressions, zones (including the DST zones and Lord Howe's 30-minute shift), cursors, observation
-times, misfire policies and graces, and with a fixed-period provider that has no cron at all.
+expressions, zones (including the DST zones and Lord Howe's 30-minute shift), cursors, publish and
+observation times, misfire policies and graces, and with a fixed-period provider that has no cron
+at all.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from qinglong.contracts.decision import decide
+from qinglong.contracts.decision import decide, initialization_base_ms
 from qinglong.contracts.errors import TriggerSpecError
 from qinglong.contracts.records import (
     NO_MORE_OCCURRENCES_MS,
@@ -198,9 +199,18 @@ def any_schedules():
 # --- the laws of one decision -------------------------------------------------------------------
 
 
-def cursor_at(head: TriggerHead, next_fire_at_ms: int | None, state_version: int = 1) -> ScheduleCursor:
-    """A cursor of ``head``'s revision."""
-    return ScheduleCursor(head.trigger_revision, next_fire_at_ms, None, state_version)
+def cursor_at(head: TriggerHead, next_fire_at_ms: int | None, state_version: int = 1,
+              published_at_ms: int | None = None) -> ScheduleCursor:
+    """A cursor of ``head``'s revision (published at ``published_at_ms``, if known)."""
+    return ScheduleCursor(head.trigger_revision, next_fire_at_ms, None, state_version, published_at_ms)
+
+
+def initialization_base(cursor: ScheduleCursor, observed_at_ms: int) -> int:
+    """Where the first cursor of a revision is counted from, as MISSION states it (written out here,
+    not taken from ``decision.py``): ``min(published, observed)``, the observation when unknown."""
+    if cursor.published_at_ms is None:
+        return observed_at_ms
+    return min(cursor.published_at_ms, observed_at_ms)
 
 
 def assert_decision_laws(decision: Decision, head: TriggerHead, cursor: ScheduleCursor, observed_at_ms: int, provider) -> None:
@@ -215,10 +225,16 @@ def assert_decision_laws(decision: Decision, head: TriggerHead, cursor: Schedule
         assert decision.next_fire_at_ms == current and not decision.admits_run
         return
     if kind is DecisionKind.INITIALIZE:
-        assert current is None and not decision.admits_run
+        assert current is None and not decision.admits_run and decision.skipped is None
+        # The first occurrence strictly after min(published, observed): it may already be due
+        # (owed since the publish), and none lies between that base and the cursor.
+        base = initialization_base(cursor, observed_at_ms)
+        assert decision.next_fire_at_ms > base
+        expected = provider.next_after(head.spec, base)
+        assert decision.next_fire_at_ms == (NO_MORE_OCCURRENCES_MS if expected is None else expected)
     else:
         assert current is not None and current <= observed_at_ms
-    if kind in (DecisionKind.INITIALIZE, DecisionKind.MISFIRE_SKIP, DecisionKind.MISFIRE_FIRE_ONCE):
+    if kind in (DecisionKind.MISFIRE_SKIP, DecisionKind.MISFIRE_FIRE_ONCE):
         assert decision.next_fire_at_ms > observed_at_ms
     if kind is DecisionKind.MISFIRE_SKIP:
         assert head.misfire_policy is MisfirePolicy.SKIP
@@ -271,9 +287,13 @@ def occurrences_between(provider, spec, after_ms: int, until_ms: int) -> list[in
         current = nxt
 
 
-def expected_admissions(provider, head, initialized_at_ms: int, observations: list[int]) -> list[int]:
+def expected_admissions(provider, head, initialized_at_ms: int, observations: list[int],
+                        published_at_ms: int | None = None) -> list[int]:
     """The reference model: which occurrences a run of observations must admit, and in what order.
 
+    Initialisation at ``initialized_at_ms`` counts from ``min(published, initialized)``: it is
+    modelled as an observation at that base followed by one at ``initialized_at_ms`` (the
+    occurrences owed since the publish are decided at once, at the initialising observation).
     After each observation the cursor is the first occurrence after the highest observation so
     far. At the next (higher) observation, if that cursor occurrence is within the grace, every
     occurrence up to the observation is admitted; otherwise ``fire_once`` admits only the latest
@@ -281,6 +301,9 @@ def expected_admissions(provider, head, initialized_at_ms: int, observations: li
     """
     expected: list[int] = []
     high = initialized_at_ms
+    if published_at_ms is not None and published_at_ms < initialized_at_ms:
+        high = published_at_ms
+        observations = [initialized_at_ms, *observations]
     for observed in observations:
         if observed <= high:
             continue
@@ -353,16 +376,21 @@ def test_skip_policy_never_admits_a_misfired_occurrence(schedule, cursor_from_ms
 @PROPERTY_SETTINGS
 @given(any_schedules(), st.one_of(st.none(), instants()), st.data())
 def test_every_decision_keeps_the_cursor_laws(schedule, cursor_from_ms, data):
-    """initialize/skip/fire_once move the cursor past the observation; fire past the admitted one, within grace.
+    """skip/fire_once move the cursor past the observation; fire past the admitted one, within
+    grace; initialize to the first occurrence after min(published, observed).
 
     If a cursor stayed at or before the observation after a misfire, the next round would decide
     the same backlog again (a second Run); if ``fire`` left it on the admitted occurrence, that
-    occurrence would be admitted twice.
+    occurrence would be admitted twice; an initial cursor past an occurrence owed since the
+    publish would lose it.
     """
     provider, head, period = schedule
     nxt = None if cursor_from_ms is None else provider.next_after(head.spec, cursor_from_ms)
-    cursor = cursor_at(head, nxt)
     observed_ms = data.draw(observations_near(period, nxt))
+    published = None
+    if nxt is None:
+        published = data.draw(publish_times(observed_ms, period, head.misfire_grace_ms))
+    cursor = cursor_at(head, nxt, published_at_ms=published)
     decision = decide(head, cursor, observed_ms, provider)
     assert_decision_laws(decision, head, cursor, observed_ms, provider)
 
@@ -386,11 +414,26 @@ def test_the_same_inputs_give_the_same_decision(schedule, cursor_from_ms, data):
     assert first == again == decide(head, cursor, observed_ms, provider)
 
 
+def publish_times(start_ms: int, period_ms: int, grace_ms: int) -> st.SearchStrategy[int | None]:
+    """When the revision was published, relative to its first observation ``start_ms``: unknown,
+    just before it, within or beyond the grace before it, or after it (a clock that went back)."""
+    return st.one_of(
+        st.none(),
+        st.builds(lambda d: start_ms - d, st.integers(0, 3 * period_ms)),
+        st.builds(lambda d: start_ms - d, st.integers(0, grace_ms + 2 * period_ms)),
+        st.builds(lambda d: start_ms - d, st.sampled_from([0, 1, 300, grace_ms, grace_ms + 1])),
+        st.builds(lambda d: start_ms - d, st.integers(0, 400 * period_ms)),
+        st.builds(lambda d: start_ms + d, st.integers(1, 40 * period_ms)),
+    )
+
+
 @st.composite
 def observation_runs(draw, backward: bool):
-    """(schedule, initialisation time, observations) with gaps sized to the schedule's spacing."""
+    """(schedule, initialisation time, observations, publish time) with gaps sized to the
+    schedule's spacing."""
     provider, head, period = draw(any_schedules())
     start = draw(instants())
+    published = draw(publish_times(start, period, head.misfire_grace_ms))
     low = -40 * period if backward else 0
     step = st.one_of(
         st.integers(low, 40 * period),
@@ -403,14 +446,16 @@ def observation_runs(draw, backward: bool):
     for delta in steps:
         now = now + delta
         observations.append(now)
-    return provider, head, start, observations
+    return provider, head, start, observations, published
 
 
-def run_observations(provider, head, start, observations):
+def run_observations(provider, head, start, observations, published_at_ms=None):
     """Initialise at ``start``, then settle at each observation; return the admitted occurrences."""
     admitted: list[int] = []
-    cursor = settle(head, cursor_at(head, None), start, provider, admitted)
-    assert admitted == []  # initialisation never admits
+    cursor = settle(head, cursor_at(head, None, published_at_ms=published_at_ms), start, provider, admitted)
+    assert cursor.next_fire_at_ms > start
+    if published_at_ms is None or published_at_ms >= start:
+        assert admitted == []  # nothing is owed from before the first observation
     for observed in observations:
         cursor = settle(head, cursor, observed, provider, admitted)
         assert cursor.next_fire_at_ms > observed
@@ -426,21 +471,22 @@ def test_repeated_decisions_admit_each_on_time_occurrence_exactly_once(run):
     none twice (a duplicate Run), and a misfire admits the latest occurrence (fire_once) or none
     (skip).
     """
-    provider, head, start, observations = run
-    admitted = run_observations(provider, head, start, observations)
+    provider, head, start, observations, published = run
+    admitted = run_observations(provider, head, start, observations, published)
     assert admitted == sorted(set(admitted))
-    assert admitted == expected_admissions(provider, head, start, observations)
+    assert admitted == expected_admissions(provider, head, start, observations, published)
 
 
 @PROPERTY_SETTINGS
 @given(observation_runs(backward=True))
 def test_an_observation_jumping_backward_never_admits_an_occurrence_twice(run):
     """A clock that steps back (failover to a lagging node, NTP step) must not readmit an occurrence."""
-    provider, head, start, observations = run
-    admitted = run_observations(provider, head, start, observations)
+    provider, head, start, observations, published = run
+    admitted = run_observations(provider, head, start, observations, published)
     assert admitted == sorted(set(admitted))
-    assert all(start < a <= max(observations) for a in admitted)
-    assert admitted == expected_admissions(provider, head, start, observations)
+    base = start if published is None else min(published, start)
+    assert all(base < a <= max([start, *observations]) for a in admitted)
+    assert admitted == expected_admissions(provider, head, start, observations, published)
 
 
 @PROPERTY_SETTINGS
@@ -453,6 +499,109 @@ def test_on_time_observations_admit_every_occurrence_whatever_the_policy(schedul
     observations = [start + grace * i for i in range(1, rounds + 1)]
     admitted = run_observations(provider, head, start, observations)
     assert admitted == occurrences_between(provider, head.spec, start, observations[-1])
+
+
+# --- initialisation from the publish time -------------------------------------------------------
+
+
+@PROPERTY_SETTINGS
+@given(any_schedules(), instants(), st.data())
+def test_initialization_counts_from_the_earlier_of_publish_and_observation(schedule, observed, data):
+    """The first cursor is the first occurrence strictly after min(published, observed).
+
+    Counting from the observation would lose an occurrence between the publish and the
+    scheduler's first look; counting from a publish time later than the observation (a clock that
+    stepped back) would skip the occurrences before it without a record.
+    """
+    provider, head, period = schedule
+    published = data.draw(publish_times(observed, period, head.misfire_grace_ms))
+    cursor = cursor_at(head, None, published_at_ms=published)
+    decision = decide(head, cursor, observed, provider)
+    assert decision.kind is DecisionKind.INITIALIZE
+    assert_decision_laws(decision, head, cursor, observed, provider)
+    assert initialization_base_ms(cursor, observed) == initialization_base(cursor, observed)
+    base = initialization_base(cursor, observed)
+    assert occurrences_between(provider, head.spec, base, decision.next_fire_at_ms - 1) == []
+
+
+@PROPERTY_SETTINGS
+@given(any_schedules(), instants(), st.data())
+def test_an_occurrence_owed_since_the_publish_is_decided_at_the_first_observation_once(schedule, observed, data):
+    """Every occurrence in (published, observed] is settled by the decisions at that same
+    observation: admitted (each one on time within the grace, or the latest by fire_once) or
+    reported skipped, never silently lost, and never admitted again by a later observation.
+
+    A store that waited a round after initialising would delay it a cadence; one that
+    re-initialised from the observation would lose it; a cursor left at or before the observation
+    would admit it twice.
+    """
+    provider, head, period = schedule
+    published = observed - data.draw(st.integers(0, head.misfire_grace_ms + 3 * period))
+    owed = occurrences_between(provider, head.spec, published, observed)
+    assume(len(owed) <= 2_000)
+    cursor = cursor_at(head, None, published_at_ms=published)
+    admitted: list[int] = []
+    skipped: list = []
+    for _ in range(len(owed) + 2):
+        decision = decide(head, cursor, observed, provider)
+        assert_decision_laws(decision, head, cursor, observed, provider)
+        if decision.kind is DecisionKind.NOT_DUE:
+            break
+        if decision.admits_run:
+            admitted.append(decision.scheduled_for_ms)
+        if decision.skipped is not None:
+            skipped.append(decision.skipped)
+        cursor = apply(decision, cursor)
+    else:
+        raise AssertionError(f"still due after {len(owed) + 2} decisions")
+    assert cursor.next_fire_at_ms > observed
+    assert admitted == sorted(set(admitted)) and set(admitted) <= set(owed)
+    if owed and observed - owed[0] <= head.misfire_grace_ms:
+        assert admitted == owed and skipped == []
+    elif owed:
+        assert admitted == ([owed[-1]] if head.misfire_policy is MisfirePolicy.FIRE_ONCE else [])
+        for occurrence in owed:
+            reported = [r for r in skipped if r.first_ms <= occurrence <= r.last_ms]
+            assert (occurrence in admitted) != bool(reported), f"{occurrence} lost or both admitted and skipped"
+        assert sum(r.count for r in skipped) == len(owed) - len(admitted)
+    else:
+        assert admitted == [] and skipped == []
+    later: list[int] = []
+    settle(head, cursor, observed + data.draw(st.integers(0, 3 * period)), provider, later)
+    assert not set(later) & set(admitted), "an owed occurrence was admitted twice"
+
+
+def test_a_daily_job_published_just_before_its_time_still_runs_then():
+    """Edited at 01:59:59.7 and first observed at 02:00:00.5, the 02:00 occurrence is admitted at
+    that observation; counting from the observation would lose the day's run."""
+    head = make_head("cron", CRON.validate({"expression": "0 2 * * *", "timezone": "UTC"}),
+                     MisfirePolicy.SKIP, 60_000)
+    two_am = int(datetime(2024, 5, 1, 2, tzinfo=timezone.utc).timestamp()) * 1000
+    cursor = cursor_at(head, None, published_at_ms=two_am - 300)
+    first = decide(head, cursor, two_am + 500, CRON)
+    assert (first.kind, first.next_fire_at_ms) == (DecisionKind.INITIALIZE, two_am)
+    second = decide(head, apply(first, cursor), two_am + 500, CRON)
+    assert (second.kind, second.scheduled_for_ms, second.next_fire_at_ms) == (
+        DecisionKind.FIRE, two_am, two_am + DAY_MS)
+
+
+def test_an_occurrence_at_the_publish_instant_is_not_owed():
+    """Strictly after the publish: a trigger published at 10:00:00.000 exactly does not owe the
+    10:00 occurrence (it was not yet published when that instant began)."""
+    head = make_head("fixed_period", {"period_ms": 1_000}, MisfirePolicy.FIRE_ONCE, 5_000)
+    decision = decide(head, cursor_at(head, None, published_at_ms=10_000), 12_500, FIXED)
+    assert (decision.kind, decision.next_fire_at_ms) == (DecisionKind.INITIALIZE, 11_000)
+    admitted: list[int] = []
+    settle(head, cursor_at(head, None, published_at_ms=10_000), 12_500, FIXED, admitted)
+    assert admitted == [11_000, 12_000]
+
+
+def test_a_publish_time_after_the_observation_counts_from_the_observation():
+    """A publish stamped later than the observation (the clock stepped back) must not push the
+    first cursor past occurrences that are still ahead of the observation."""
+    head = make_head("fixed_period", {"period_ms": 1_000}, MisfirePolicy.FIRE_ONCE, 5_000)
+    decision = decide(head, cursor_at(head, None, published_at_ms=50_000), 10_500, FIXED)
+    assert (decision.kind, decision.next_fire_at_ms) == (DecisionKind.INITIALIZE, 11_000)
 
 
 # --- the fixed-period provider: exact expectations ----------------------------------------------
