@@ -5,7 +5,16 @@ Spec (normalised)::
     {"expression": "*/5 * * * *", "timezone": "Europe/Berlin"}
 
 Five fields are ``minute hour day-of-month month day-of-week``; six fields put **seconds first**
-(``"*/10 * * * * *"`` fires every ten seconds). The time zone defaults to ``UTC``.
+(``"*/10 * * * * *"`` fires every ten seconds). The time zone defaults to ``UTC``. The crontab(5)
+macros are accepted and stored as written (lower case): ``@hourly`` (``0 * * * *``), ``@daily`` and
+its synonym ``@midnight`` (``0 0 * * *``), ``@weekly`` (``0 0 * * 0``), ``@monthly`` (``0 0 1 * *``),
+``@yearly`` and its synonym ``@annually`` (``0 0 1 1 *``); ``@reboot`` is not a schedule and is
+refused.
+
+A provider is pure: the same spec and instant give the same answer on every call and in every
+process. croniter's random field ``R`` (a new draw on every parse) and hashed field ``H`` (which
+needs a per-job seed) are therefore refused, as is anything else croniter would not answer the
+same way twice.
 
 Cron describes wall-clock times. Daylight-saving transitions are handled by one rule, which keeps
 occurrences strictly increasing and never fires a wall time twice:
@@ -29,6 +38,8 @@ from functools import lru_cache
 from typing import Any, Mapping
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import re
+
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 
 from qinglong.contracts.errors import TriggerSpecError
@@ -37,6 +48,18 @@ KIND = "cron"
 _ONE_SECOND = timedelta(seconds=1)
 # A reference instant for "does this expression ever fire": 2000-01-01 UTC, so 29 Feb works.
 _REFERENCE_S = 946684800
+#: crontab(5) macros and the five fields each stands for (croniter reads them the same way).
+MACROS = {
+    "@hourly": "0 * * * *",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@weekly": "0 0 * * 0",
+    "@monthly": "0 0 1 * *",
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+}
+# croniter's hashed (H) and random (R) items, optionally with a range and a step: H, R(0-29), H/15.
+_HASHED_OR_RANDOM = re.compile(r"^[hr](\(\d+-\d+\))?(/\d+)?$", re.IGNORECASE)
 
 
 @lru_cache(maxsize=512)
@@ -109,7 +132,15 @@ class CronProvider:
         if not isinstance(expression, str) or not expression.strip():
             raise TriggerSpecError(KIND, "expression", "expected a cron expression such as '*/5 * * * *'")
         fields = expression.split()
-        if len(fields) not in (5, 6):
+        if len(fields) == 1 and fields[0].startswith("@"):
+            macro = fields[0].lower()
+            if macro not in MACROS:
+                raise TriggerSpecError(
+                    KIND, "expression",
+                    f"{expression!r} is not a schedule macro; expected one of {', '.join(MACROS)}",
+                )
+            fields = [macro]
+        elif len(fields) not in (5, 6):
             raise TriggerSpecError(
                 KIND,
                 "expression",
@@ -125,6 +156,14 @@ class CronProvider:
             raise TriggerSpecError(
                 KIND, "timezone", f"unknown IANA time zone {zone_name!r} (e.g. 'UTC', 'Europe/Berlin')"
             ) from None
+        for item in (part for field in fields for part in field.split(",")):
+            if _HASHED_OR_RANDOM.match(item):
+                raise TriggerSpecError(
+                    KIND, "expression",
+                    f"{expression!r} uses croniter's {'random' if item[0] in 'rR' else 'hashed'} field "
+                    f"{item!r}, whose fire times are not the same on every reading; write the "
+                    "minute, hour, ... explicitly",
+                )
         normalised = " ".join(fields)
         try:
             itr = self._iter(normalised, _wall(_REFERENCE_S, tz))
