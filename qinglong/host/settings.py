@@ -8,10 +8,17 @@ the edge profile with ``qinglong.db`` in the working directory.
 Every mistake (missing or malformed file, unknown key, wrong type, unknown profile, a value over a
 profile's cap) becomes one :class:`SettingsError` paragraph naming where the value came from and
 what was expected. Secret values are never echoed.
+
+Values from a file are strict: TOML has types, so ``page_size = true``, ``page_size = "1024"`` and
+``auto_migrate = "yes"`` are refused, not read as 1, 1024 and True (:func:`strict_file_errors`;
+the same holds for a plugin's own section). Environment variables are text by nature and are parsed
+with pydantic's usual rules: ``QINGLONG_SCHEDULER__PAGE_SIZE=64`` is 64, and a boolean accepts
+``true/false``, ``1/0``, ``yes/no``, ``on/off``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from dataclasses import dataclass
@@ -210,6 +217,49 @@ def format_validation_error(
     return "invalid settings: " + "; ".join(parts) + "."
 
 
+class _FileLayer(BaseModel):
+    """The shape of one settings file (every key optional), for the strict per-file pass."""
+
+    model_config = ConfigDict(extra="forbid")
+    profile: str = DEFAULT_PROFILE
+    plugins: PluginsSettings = Field(default_factory=PluginsSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
+    diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
+    backend: dict[str, Any] = Field(default_factory=dict)
+
+
+def strict_file_errors(
+    model: type[BaseModel], data: Mapping[str, Any], label: str, prefix: tuple[str, ...] = ()
+) -> str | None:
+    """Type errors of ``data`` (one file's values) under ``model`` in strict mode, as one paragraph.
+
+    Validated as JSON in strict mode: a string is never read as a number or a boolean, a boolean
+    never as a number, a float never as an integer; strings still become paths and enums (a TOML
+    file, like JSON, has no such types). Only type errors are reported here: ranges, required keys
+    and cross-field rules are checked on the merged settings, where other layers count too.
+    """
+    try:
+        model.model_validate_json(json.dumps(dict(data), default=str), strict=True)
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            if not err["type"].endswith("_type"):
+                continue
+            loc = prefix + tuple(err["loc"])
+            expected = err["msg"].replace("Input should be ", "expected ")
+            shown = ""
+            if not is_secret_key(loc):
+                shown = redact(repr(err.get("input")))
+                shown = f" (got {shown[:57] + '...' if len(shown) > 60 else shown})"
+            key = ".".join(str(p) for p in loc)
+            parts.append(f"{label}: key '{key}': {expected}{shown}; a file's values are taken as "
+                         "written, never converted")
+        if parts:
+            return "invalid settings: " + "; ".join(parts) + "."
+    return None
+
+
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     current: Any = model
     for part in loc:
@@ -244,6 +294,10 @@ def load_settings(path: str | os.PathLike[str] | None = None, *, profile: str | 
     if file is not None:
         layers.append((f"settings file {file}", user))
     frozen_layers = tuple(layers)
+    for label, data in frozen_layers:
+        problem = strict_file_errors(_FileLayer, data, label)
+        if problem:
+            raise SettingsError(problem)
 
     token = _LAYERS.set(frozen_layers)
     try:
@@ -276,7 +330,20 @@ def _check_caps(loaded: LoadedSettings) -> None:
 def validate_section(
     loaded: LoadedSettings, section: str, model: type[BaseModel], data: Mapping[str, Any]
 ) -> BaseModel:
-    """Validate a free-form section (``backend``, a plugin's table) with a plugin's model."""
+    """Validate a free-form section (``backend``, a plugin's table) with a plugin's model.
+
+    Each file's part of the section is first checked strictly (see :func:`strict_file_errors`);
+    then the merged section, environment overrides included, is validated as usual.
+    """
+    path = tuple(section.split("."))
+    for label, layer in loaded.layers:
+        part: Any = layer
+        for key in path:
+            part = part.get(key) if isinstance(part, Mapping) else None
+        if isinstance(part, Mapping):
+            problem = strict_file_errors(model, part, label, prefix=path)
+            if problem:
+                raise SettingsError(problem)
     try:
         return model.model_validate(dict(data))
     except ValidationError as exc:
