@@ -1,14 +1,12 @@
 """The ``qinglong`` command line.
 
-Exit codes:
-
-* 0: success.
-* 1: an internal error (a bug): the traceback is printed.
-* 2: a usage error (unknown command or option), from argparse.
-* 3: a user error: bad settings, an unknown or broken plugin, bad input to a publish command,
-  something that does not exist. One paragraph on stderr, nothing written.
-* 4: a check failed: ``check closure`` found a forbidden module, or the database schema is not ready.
-* 130: a second SIGINT/SIGTERM forced the exit before the orderly stop finished.
+Every error maps to one exit code through the table of :mod:`qinglong.contracts.errors`
+(``EXIT_CODES``, ``ExitCode``): 0 success; 1 an internal error (a bug: the traceback is printed);
+2 a usage error (argparse); 3 a user error (settings, plugins, input, a missing database); 4 a check
+failed (closure, schema, migrations); 5 the store is unavailable (unreachable, read-only, full,
+locked); 130 a second signal forced the exit; 141 standard output was closed by its reader
+(``qinglong runs | head -1``: the rest of the output is dropped quietly). Every error the product
+raises on purpose is one paragraph ``qinglong: ...`` on stderr, never a traceback.
 
 Only the standard library's ``argparse`` is used, so the edge ``run`` path loads no UI library.
 """
@@ -29,19 +27,23 @@ from typing import Any, AsyncIterator, Sequence
 from qinglong import __version__
 from qinglong.contracts.errors import (
     AlreadyExists,
+    CheckFailed,
+    ExitCode,
     NotFound,
+    PluginLoadError,
     QinglongError,
     RecoveryRequired,
     SchemaNotReady,
+    SettingsError,
+    StoreUnavailable,
     UserError,
+    exit_code_for,
 )
 from qinglong.contracts.records import DEFAULT_MISFIRE_GRACE_MS, MisfirePolicy, TriggerDefinition
+from qinglong.contracts.store import MAX_PAYLOAD_BYTES, MAX_SPEC_BYTES, check_command, check_json_value
 
-EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_USER, EXIT_CHECK, EXIT_FORCED = 0, 1, 2, 3, 4, 130
-
-
-class CheckFailed(QinglongError):
-    """A check command found a violation (exit code 4)."""
+#: Upper bound of ``--limit`` and ``--count``: a listing is for people, not a bulk export.
+MAX_LISTING = 100_000
 
 
 # --------------------------------------------------------------------------- boot helpers
@@ -146,7 +148,7 @@ async def _run_lifecycle(lifecycle: Any, diagnostics: Any, for_seconds: float | 
         else:
             sys.stderr.write("qinglong: second signal, exiting at once\n")
             sys.stderr.flush()
-            os._exit(EXIT_FORCED)
+            os._exit(ExitCode.INTERRUPTED)
 
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -171,7 +173,7 @@ async def _run_lifecycle(lifecycle: Any, diagnostics: Any, for_seconds: float | 
         diagnostics.emit(DiagnosticEvent("info", "lifecycle.stopped", "stopped",
                                          {"rounds": stats.rounds, "admitted": stats.admitted,
                                           "failed_rounds": stats.failed_rounds}))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -194,38 +196,67 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"published trigger demo-every-second (cron '* * * * * *'); running for {args.seconds:g} s ...",
           flush=True)
     code = asyncio.run(_run_lifecycle(container.lifecycle(), container.diagnostics(), args.seconds))
-    if code != EXIT_OK:
+    if code != ExitCode.OK:
         return code
     return _show_runs(container, limit=args.limit, trigger="demo-every-second", as_json=False)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    """List installed plugins; those loaded for the chosen profile show their hooks."""
+    """List installed plugins, whatever the profile and whatever extras are installed.
+
+    The profile's plugins and the enabled ones are loaded one by one, so one that cannot be loaded
+    hides none of the others; the listing says which profile could not be loaded and why. A profile
+    whose extra is missing is a fact about this installation (exit 0); a plugin the settings name
+    that is unknown or broken is a mistake to fix (the listing is printed, then exit 3).
+    """
+    from .containers import check_profile_extra
     from .plugins import PluginHost
 
-    loaded = _load(args)
+    host = PluginHost()
+    problems: list[tuple[QinglongError, bool]] = []  # (error, whether it is the user's to fix)
+    profile_name: str | None = None
+    wanted: set[str] = set()
     try:
-        from .containers import load_plugins
-
-        host = load_plugins(loaded)
-    except UserError as exc:
-        if args.json:
-            raise
-        print(f"note: {exc}", file=sys.stderr)
-        host = PluginHost()
+        loaded = _load(args)
+    except SettingsError as exc:
+        problems.append((exc, True))
+    else:
+        profile_name = loaded.profile.name
+        wanted = set(loaded.profile.plugins) | set(loaded.settings.plugins.enable)
+        try:
+            check_profile_extra(loaded)
+        except PluginLoadError as exc:
+            problems.append((exc, False))
+        for names, required_by in (
+            (loaded.profile.plugins, f"the {loaded.profile.name} profile"),
+            (loaded.settings.plugins.enable, loaded.origin(("plugins", "enable"))),
+        ):
+            for name in names:
+                try:
+                    host.load([name], required_by=required_by)
+                except PluginLoadError as exc:
+                    problems.append((exc, True))
     infos = host.infos()
-    wanted = set(loaded.profile.plugins) | set(loaded.settings.plugins.enable)
+    profile_error = " ".join(dict.fromkeys(str(exc) for exc, _ in problems)) or None
     if args.json:
-        _print_json({"profile": loaded.profile.name,
+        _print_json({"profile": profile_name, "profile_loadable": not problems, "profile_error": profile_error,
                      "plugins": [dict(i.as_json(), selected=i.name in wanted) for i in infos]})
-        return EXIT_OK
-    print(f"profile: {loaded.profile.name}")
-    _print_table(
-        ["name", "distribution", "version", "loaded", "hooks"],
-        [[i.name, i.distribution, i.version, "yes" if i.loaded else "no", ", ".join(i.hooks) or "-"]
-         for i in infos],
-    )
-    return EXIT_OK
+    else:
+        if profile_name is None:
+            print("profile: none (the settings could not be read)")
+        elif problems:
+            print(f"profile: {profile_name} (cannot be loaded here: {profile_error})")
+        else:
+            print(f"profile: {profile_name}")
+        _print_table(
+            ["name", "distribution", "version", "loaded", "hooks"],
+            [[i.name, i.distribution, i.version, _yes_no(i.loaded), ", ".join(i.hooks) or "-"] for i in infos],
+        )
+    users = [exc for exc, own in problems if own]
+    if users:
+        sys.stdout.flush()
+        raise users[0]
+    return ExitCode.OK
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
@@ -239,11 +270,11 @@ def cmd_profiles(args: argparse.Namespace) -> int:
                       "claim_budget_cap": p.claim_budget_cap,
                       "forbidden_modules": list(p.forbidden_modules),
                       "forbidden_distributions": list(p.forbidden_distributions)} for p in profiles])
-        return EXIT_OK
+        return ExitCode.OK
     _print_table(["name", "backend", "plugins", "install", "description"],
                  [[p.name, p.backend, ", ".join(p.plugins), f"pip install 'qinglong[{p.extra}]'", p.description]
                   for p in profiles])
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -261,7 +292,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
         print(f"# profile: {loaded.profile.name}")
         print(f"# settings file: {loaded.file or '(none: profile defaults and environment only)'}")
         _print_toml(data)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _print_toml(data: dict[str, Any], prefix: str = "") -> None:
@@ -303,7 +334,7 @@ def cmd_check_closure(args: argparse.Namespace) -> int:
         if not args.json:
             print("\n".join(lines))
         raise CheckFailed(f"profile {profile.name} loads or installs what it must not")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -326,7 +357,7 @@ def cmd_db(args: argparse.Namespace) -> int:
     if bad:
         raise CheckFailed(f"{len(bad)} migration(s) drifted or unknown: "
                           + ", ".join(f"{s.version} {s.name} ({s.status})" for s in bad))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_project(args: argparse.Namespace) -> int:
@@ -344,36 +375,63 @@ def cmd_project(args: argparse.Namespace) -> int:
     elif args.json:
         _print_json([{"project_id": p.project_id, "name": p.name, "active": p.active} for p in result])
     else:
-        _print_table(["project", "name", "active"], [[p.project_id, p.name, p.active] for p in result])
-    return EXIT_OK
+        _print_table(["project", "name", "active"], [[p.project_id, p.name, _yes_no(p.active)] for p in result])
+    return ExitCode.OK
 
 
-def _json_object(option: str, text: str) -> dict[str, Any]:
-    """Parse an option's value as a JSON object, or raise a UserError naming the option."""
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _json_object(option: str, text: str, max_bytes: int) -> dict[str, Any]:
+    """Parse an option's value as a bounded JSON object, or raise a UserError naming the option.
+
+    NaN and infinities are refused (they are not JSON), and so are nesting deeper than the
+    contracts' limit, text that is not Unicode, and more than ``max_bytes``; the message never
+    repeats the value (a payload may hold secrets).
+    """
+    if len(text) > 4 * max_bytes:  # do not even parse something this far over the limit
+        raise UserError(f"{option}: {len(text)} characters of JSON, over the limit of {max_bytes} bytes")
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
+        raise UserError(f"{option} is not valid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})") from None
+    except ValueError as exc:
         raise UserError(f"{option} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UserError(f"{option}: nested too deeply to be a payload or spec") from None
     if not isinstance(value, dict):
         raise UserError(f"{option} must be a JSON object")
+    check_json_value(option, value, max_bytes)
     return value
 
 
 def cmd_task(args: argparse.Namespace) -> int:
     """Create a task, or publish a new revision of it."""
-    if args.payload is not None:
-        payload = _json_object("--payload", args.payload)
-    else:
-        payload = {"command": args.command}
+    payload = _json_object("--payload", args.payload, MAX_PAYLOAD_BYTES) if args.payload is not None else {}
+    if args.command is not None and args.argv:
+        raise UserError("give the command either after '--' or with --command, not both")
+    command = args.argv or args.command
+    if command:
+        if "command" in payload:
+            raise UserError("--payload has a 'command' key and a command is given too; give it once")
+        check_command("the command", command)
+        payload["command"] = list(command)
+    elif args.payload is None:
+        raise UserError("a task needs a command ('-- PROGRAM [ARG ...]') or --payload JSON")
+    check_json_value("the task payload", payload, MAX_PAYLOAD_BYTES)
     container = _container(args)
 
     task = _on_backend(container, lambda backend: backend.publisher().put_task(
         args.project_id, args.task_id, payload))
     print(f"task {task.project_id}/{task.task_id} at revision {task.task_revision} ({task.content_digest[:19]})")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _trigger_spec(args: argparse.Namespace, current: Any | None) -> tuple[str, dict[str, Any]]:
+    if args.timezone is not None and not args.timezone.strip():
+        raise UserError("--timezone is empty: give an IANA time zone such as 'Europe/Berlin', "
+                        "or leave the option out for UTC")
     if args.cron is not None and args.spec is not None:
         raise UserError("give either --cron or --spec, not both")
     if args.cron is not None:
@@ -381,10 +439,13 @@ def _trigger_spec(args: argparse.Namespace, current: Any | None) -> tuple[str, d
         if kind != "cron":
             raise UserError(f"--cron makes a cron trigger; --kind {kind} needs --spec")
         spec: dict[str, Any] = {"expression": args.cron}
-        spec["timezone"] = args.timezone or (current.spec.get("timezone") if current and current.kind == "cron" else "UTC")
+        if args.timezone is not None:
+            spec["timezone"] = args.timezone
+        else:
+            spec["timezone"] = current.spec.get("timezone", "UTC") if current and current.kind == "cron" else "UTC"
         return kind, spec
     if args.spec is not None:
-        return args.kind or (current.kind if current else "cron"), _json_object("--spec", args.spec)
+        return args.kind or (current.kind if current else "cron"), _json_object("--spec", args.spec, MAX_SPEC_BYTES)
     if current is None:
         raise UserError("a new trigger needs --cron EXPRESSION (or --kind KIND --spec JSON)")
     spec = dict(current.spec)
@@ -403,7 +464,7 @@ def cmd_trigger(args: argparse.Namespace) -> int:
     async def go(backend: Any) -> Any:
         pub, reader = backend.publisher(), backend.reader()
         if sub == "list":
-            return await reader.list_triggers(args.project_id)
+            return await _limited(reader.list_triggers, args.limit, args.project_id)
         if sub in ("enable", "disable"):
             return await pub.set_trigger_enabled(args.project_id, args.trigger_id, sub == "enable")
         if sub == "delete":
@@ -442,7 +503,7 @@ def cmd_trigger(args: argparse.Namespace) -> int:
         else:
             providers = container.trigger_providers()
             _print_table(["project", "trigger", "rev", "task", "enabled", "misfire", "grace_ms", "schedule"],
-                         [[t.project_id, t.trigger_id, t.trigger_revision, t.task_id, t.enabled,
+                         [[t.project_id, t.trigger_id, t.trigger_revision, t.task_id, _yes_no(t.enabled),
                            t.misfire_policy.value, t.misfire_grace_ms,
                            providers[t.kind].describe(t.spec) if t.kind in providers else t.kind]
                           for t in result])
@@ -451,7 +512,7 @@ def cmd_trigger(args: argparse.Namespace) -> int:
     else:
         state = "enabled" if result.enabled else "disabled"
         print(f"trigger {result.project_id}/{result.trigger_id} at revision {result.trigger_revision} ({state})")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _head_json(t: Any) -> dict[str, Any]:
@@ -471,7 +532,7 @@ def _show_runs(container: Any, *, limit: int, trigger: str | None, as_json: bool
         _print_table(["run", "trigger", "rev", "scheduled_for", "admitted_at", "lag_ms", "state"],
                      [[r.run_id[:12], r.trigger_id, r.trigger_revision, _iso(r.scheduled_for_ms),
                        _iso(r.admitted_at_ms), r.lag_ms, r.state] for r in runs])
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -479,26 +540,153 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return _show_runs(_container(args), limit=args.limit, trigger=args.trigger, as_json=args.json)
 
 
+def _limited(method: Any, limit: int | None, *args: Any) -> Any:
+    """``await``-able ``method(*args, limit=limit)``; a reader without ``limit`` is sliced here."""
+    import inspect
+
+    if limit is None:
+        return method(*args)
+    if "limit" in inspect.signature(method).parameters:
+        return method(*args, limit=limit)
+
+    async def sliced() -> list[Any]:
+        return list(await method(*args))[:limit]
+
+    return sliced()
+
+
+async def _scheduler_status(reader: Any) -> Any:
+    """The reader's :class:`SchedulerStatus`, or None when this store cannot tell."""
+    from qinglong.contracts.records import SchedulerStatus
+
+    method = getattr(reader, "scheduler_status", None)
+    if method is None:
+        return None
+    status = await method()
+    return status if isinstance(status, SchedulerStatus) else None
+
+
+def _yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _first_fire_preview(schedule: Any, providers: Any) -> int | None:
+    """For a schedule no round has initialised yet: its first occurrence strictly after the publish.
+
+    That is where initialisation will put the cursor (the revision's publish time is its base), so
+    the preview is what the scheduler will fire first, or decide as a misfire if it is already past.
+    """
+    if schedule.next_fire_at_ms is not None or not schedule.enabled:
+        return None
+    published = getattr(schedule, "published_at_ms", None)
+    provider = providers.get(schedule.kind)
+    if published is None or provider is None:
+        return None
+    return provider.next_after(schedule.spec, published)
+
+
 def cmd_schedules(args: argparse.Namespace) -> int:
-    """Every trigger's next fire time and current lag."""
+    """Every trigger's next fire time, and its lag while a scheduler runs."""
     container = _container(args)
 
-    schedules = _on_backend(container, lambda backend: backend.reader().list_schedules())
+    async def go(backend: Any) -> tuple[Any, Any]:
+        reader = backend.reader()
+        schedules = await _limited(reader.list_schedules, args.limit)
+        return schedules, await _scheduler_status(reader)
+
+    schedules, status = _on_backend(container, go)
     now = _now_ms()
     providers = container.trigger_providers()
+    # Lag grows only while a scheduler works the store; a stopped one's lag is frozen at its last
+    # round (or not known at all). A store that cannot tell keeps the old reading, up to now.
+    if status is None or status.running:
+        as_of: int | None = now
+    else:
+        as_of = status.last_round_at_ms
+    rows = []
+    for s in schedules:
+        rows.append((s, _first_fire_preview(s, providers), s.lag_ms(as_of) if as_of is not None else None))
     if args.json:
         _print_json([{"project_id": s.project_id, "trigger_id": s.trigger_id,
                       "trigger_revision": s.trigger_revision, "kind": s.kind, "spec": dict(s.spec),
                       "enabled": s.enabled, "misfire_policy": s.misfire_policy.value,
-                      "next_fire_at_ms": s.next_fire_at_ms, "last_scheduled_at_ms": s.last_scheduled_at_ms,
-                      "lag_ms": s.lag_ms(now)} for s in schedules])
-    else:
-        _print_table(["project", "trigger", "rev", "enabled", "next_fire_at", "last_scheduled", "lag_ms", "schedule"],
-                     [[s.project_id, s.trigger_id, s.trigger_revision, s.enabled, _iso(s.next_fire_at_ms),
-                       _iso(s.last_scheduled_at_ms), s.lag_ms(now),
-                       providers[s.kind].describe(s.spec) if s.kind in providers else s.kind]
-                      for s in schedules])
-    return EXIT_OK
+                      "next_fire_at_ms": s.next_fire_at_ms, "pending_first_fire_at_ms": preview,
+                      "published_at_ms": getattr(s, "published_at_ms", None),
+                      "last_scheduled_at_ms": s.last_scheduled_at_ms, "lag_ms": lag, "lag_as_of_ms": as_of,
+                      "scheduler_running": None if status is None else status.running}
+                     for s, preview, lag in rows])
+        return ExitCode.OK
+    print(_status_line(status))
+    _print_table(["project", "trigger", "rev", "enabled", "next_fire_at", "last_scheduled", "lag_ms", "schedule"],
+                 [[s.project_id, s.trigger_id, s.trigger_revision, _yes_no(s.enabled),
+                   f"{_iso(preview)} (pending)" if preview is not None else _iso(s.next_fire_at_ms),
+                   _iso(s.last_scheduled_at_ms), lag if lag is not None else "stopped",
+                   providers[s.kind].describe(s.spec) if s.kind in providers else s.kind]
+                  for s, preview, lag in rows])
+    return ExitCode.OK
+
+
+def _status_line(status: Any) -> str:
+    if status is None:
+        return "scheduler: status unknown (this store does not report it); lag as of now"
+    if status.running:
+        replicas = f", {status.replicas} replica{'s' if status.replicas != 1 else ''}" if status.replicas else ""
+        return f"scheduler: running{replicas}; lag as of now"
+    if status.last_round_at_ms is not None:
+        return f"scheduler: stopped; lag as of its last round at {_iso(status.last_round_at_ms)}"
+    return "scheduler: stopped; no round recorded, so no lag is shown"
+
+
+def cmd_cron_next(args: argparse.Namespace) -> int:
+    """Preview the next fire times of a cron expression, through the cron trigger provider."""
+    from zoneinfo import ZoneInfo
+
+    from .plugins import PluginHost
+
+    if args.timezone is not None and not args.timezone.strip():
+        raise UserError("--timezone is empty: give an IANA time zone such as 'Europe/Berlin', "
+                        "or leave the option out for UTC")
+    host = PluginHost()
+    host.load(["cron"], required_by="'qinglong cron next'")
+    provider = host.trigger_providers().get("cron")
+    if provider is None:
+        raise PluginLoadError("no loaded plugin provides the 'cron' trigger kind")
+    spec = provider.validate({"expression": args.expression, "timezone": args.timezone or "UTC"})
+    zone = ZoneInfo(spec["timezone"])
+    after_ms = _now_ms() if args.after is None else _parse_time("--after", args.after, zone)
+    fire_times: list[int] = []
+    cursor = after_ms
+    while len(fire_times) < args.count:
+        nxt = provider.next_after(spec, cursor)
+        if nxt is None:
+            break
+        fire_times.append(nxt)
+        cursor = nxt
+
+    def local(ms: int) -> str:
+        return datetime.fromtimestamp(ms / 1000, zone).isoformat(timespec="seconds")
+
+    if args.json:
+        _print_json({"expression": spec["expression"], "timezone": spec["timezone"],
+                     "describe": provider.describe(spec), "after_ms": after_ms,
+                     "fire_times": [{"at_ms": ms, "local": local(ms), "utc": _iso(ms)} for ms in fire_times]})
+        return ExitCode.OK
+    print(f"{provider.describe(spec)}, after {_iso(after_ms)}:")
+    _print_table(["#", "local", "utc"], [[i, local(ms), _iso(ms)] for i, ms in enumerate(fire_times, start=1)])
+    if len(fire_times) < args.count:
+        print("(no further fire times)")
+    return ExitCode.OK
+
+
+def _parse_time(option: str, text: str, zone: Any) -> int:
+    """An ISO 8601 time as epoch ms; without an offset it is a wall time in ``zone``."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UserError(f"{option} {text!r} is not an ISO 8601 time such as 2026-03-29T01:30:00+01:00") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=zone)
+    return int(moment.timestamp() * 1000)
 
 
 def cmd_skips(args: argparse.Namespace) -> int:
@@ -516,10 +704,21 @@ def cmd_skips(args: argparse.Namespace) -> int:
                      [[s.trigger_id, s.trigger_revision, s.policy.value, _iso(s.first_skipped_ms),
                        _iso(s.last_skipped_ms), f"{s.count}{'' if s.count_exact else '+'}", _iso(s.recorded_at_ms)]
                       for s in skips])
-    return EXIT_OK
+    return ExitCode.OK
 
 
 # --------------------------------------------------------------------------- parser
+
+
+def positive_count(text: str) -> int:
+    """An argparse type: a whole number from 1 to :data:`MAX_LISTING` (a usage error otherwise)."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= MAX_LISTING:
+        raise argparse.ArgumentTypeError(f"expected a number from 1 to {MAX_LISTING}, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -534,8 +733,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="qinglong",
         parents=[common],
         description="Turn scheduled Triggers into durable Runs (edge, standalone and cluster profiles).",
-        epilog="Exit codes: 0 ok, 1 internal error, 2 usage, 3 user error (settings, plugin, input), "
-               "4 check failed, 130 forced stop.",
+        epilog="Exit codes: 0 ok, 1 internal error (a bug), 2 usage, 3 user error (settings, plugin, input), "
+               "4 check failed, 5 store unavailable, 130 forced stop, 141 output closed by its reader.",
     )
     parser.add_argument("--version", action="version", version=f"qinglong {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -553,7 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("demo", "publish a trigger firing every second, run a few seconds, show its Runs", cmd_demo)
     p.add_argument("--seconds", type=float, default=5.0, help="how long to run (default 5)")
-    p.add_argument("--limit", type=int, default=10, help="Runs to show (default 10)")
+    p.add_argument("--limit", type=positive_count, default=10, help="Runs to show (default 10)")
 
     json_flag(add("plugins", "list installed plugins; loaded ones show their hooks", cmd_plugins))
     json_flag(add("profiles", "list the shipped profiles", cmd_profiles))
@@ -595,13 +794,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     tsk = add("task", "publish tasks", None)
     tsk_sub = tsk.add_subparsers(dest="task_command", metavar="SUBCOMMAND", required=True)
-    p = tsk_sub.add_parser("put", parents=[common], help="create a task or publish a new revision of it")
-    p.add_argument("project_id")
-    p.add_argument("task_id")
-    group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--command", nargs="+", help="the command a worker will run")
-    group.add_argument("--payload", help="the task payload as a JSON object")
-    p.set_defaults(func=cmd_task)
+    p = tsk_sub.add_parser(
+        "put", parents=[common], help="create a task or publish a new revision of it",
+        usage="qinglong task put PROJECT TASK [--payload JSON] [options] -- PROGRAM [ARG ...]",
+        description="Create a task or publish a new revision of it. Everything after '--' is the command a "
+                    "worker runs, as an argument list (dashes included): "
+                    "qinglong task put ops backup -- /bin/sh -c 'date'. It is stored as the payload's "
+                    "'command' list, beside any --payload keys.")
+    p.add_argument("project_id", metavar="PROJECT")
+    p.add_argument("task_id", metavar="TASK")
+    p.add_argument("--command", nargs=argparse.REMAINDER, metavar="PROGRAM [ARG ...]",
+                   help="the same as '--': every argument after it is the command (so it comes last)")
+    p.add_argument("--payload", metavar="JSON", help="the task payload as a JSON object (at most 64 KiB)")
+    # The words after '--' are split off before argparse sees them (see _split_command_argv).
+    p.set_defaults(func=cmd_task, argv=[])
 
     trg = add("trigger", "publish triggers: add, update, enable, disable, delete, list", None)
     trg_sub = trg.add_subparsers(dest="trigger_command", metavar="SUBCOMMAND", required=True)
@@ -627,37 +833,127 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=cmd_trigger)
     p = trg_sub.add_parser("list", parents=[common], help="list triggers")
     p.add_argument("project_id", nargs="?", default=None)
+    p.add_argument("--limit", type=positive_count, default=None, help="at most N triggers")
     json_flag(p)
     p.set_defaults(func=cmd_trigger)
 
     p = add("runs", "recent Runs, newest first, with lag (admitted - scheduled)", cmd_runs)
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=positive_count, default=20, help="Runs to show (default 20)")
     p.add_argument("--trigger", default=None, help="only this trigger")
     json_flag(p)
-    json_flag(add("schedules", "every trigger's next fire time and current lag", cmd_schedules))
-    p = add("skips", "recorded misfires (skipped occurrences)", cmd_skips)
-    p.add_argument("--limit", type=int, default=20)
+    p = add("schedules", "every trigger's next fire time, and its lag while a scheduler runs", cmd_schedules)
+    p.add_argument("--limit", type=positive_count, default=None, help="at most N schedules")
     json_flag(p)
+    p = add("skips", "recorded misfires (skipped occurrences)", cmd_skips)
+    p.add_argument("--limit", type=positive_count, default=20, help="records to show (default 20)")
+    json_flag(p)
+
+    cron = add("cron", "cron expressions: preview fire times", None)
+    cron_sub = cron.add_subparsers(dest="cron_command", metavar="SUBCOMMAND", required=True)
+    p = cron_sub.add_parser("next", parents=[common], help="the next fire times of a cron expression",
+                            description="The next fire times of a cron expression, computed by the cron "
+                                        "trigger provider exactly as the scheduler computes them "
+                                        "(daylight-saving rule included).")
+    p.add_argument("expression", metavar="EXPR",
+                   help="5 fields, 6 with seconds first, or @hourly/@daily/@midnight/@weekly/@monthly/@yearly")
+    p.add_argument("--timezone", default=None, metavar="ZONE", help="IANA time zone (default UTC)")
+    p.add_argument("--count", type=positive_count, default=5, help="how many fire times (default 5)")
+    p.add_argument("--after", default=None, metavar="TIME",
+                   help="start after this ISO 8601 time (default now; without an offset, in --timezone)")
+    json_flag(p)
+    p.set_defaults(func=cmd_cron_next)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``qinglong`` script. Returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _split_command_argv(arguments: list[str]) -> tuple[list[str], list[str] | None]:
+    """For ``task put``: the words after the first ``--`` are the command, whatever they look like.
+
+    argparse alone cannot do this once options stand between the positionals and ``--`` (its
+    ``nargs='*'`` positional is matched empty too early), so the command is split off first.
+    """
+    if "--" not in arguments:
+        return arguments, None
+    cut = arguments.index("--")
+    head = arguments[:cut]
+    words = [a for i, a in enumerate(head)
+             if not a.startswith("-") and not (i and head[i - 1] in ("--settings", "--profile", "--payload"))]
+    if words[:2] != ["task", "put"]:
+        return arguments, None
+    return head, arguments[cut + 1:]
+
+
+def _refuse_undecodable(argv: Sequence[str]) -> None:
+    """Refuse an argument that holds undecodable bytes (a lone surrogate after decoding).
+
+    Such text cannot be stored as UTF-8; refusing it here names the argument by position instead of
+    failing deep in a store. A ``--settings`` path is exempt: a file name may be any bytes.
+    """
+    previous = ""
+    for position, arg in enumerate(argv, start=1):
+        if previous != "--settings" and not arg.startswith("--settings="):
+            try:
+                arg.encode("utf-8")
+            except UnicodeEncodeError:
+                raise UserError(f"argument {position} is not valid UTF-8 text (it holds undecodable bytes); "
+                                "Qinglong stores only UTF-8") from None
+        previous = arg
+
+
+_PREFIXES: tuple[tuple[type[BaseException], str], ...] = (
+    (CheckFailed, "check failed"),
+    (SchemaNotReady, "not ready"),
+    (RecoveryRequired, "not ready"),
+    (StoreUnavailable, "unavailable"),
+)
+
+
+def error_paragraph(exc: QinglongError) -> str:
+    """``qinglong: <what>: <message>`` as one line, DSN passwords masked as a last defence."""
+    from qinglong.contracts.diagnostics import redact
+
+    what = next((label for kind, label in _PREFIXES if isinstance(exc, kind)), "error")
+    message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+    return f"qinglong: {what}: {redact(message)}"
+
+
+def _stdout_reader_gone() -> bool:
+    """True when standard output is a pipe or socket whose reader has closed it."""
+    import select
+
     try:
-        return args.func(args)
-    except CheckFailed as exc:
-        print(f"qinglong: check failed: {exc}", file=sys.stderr)
-        return EXIT_CHECK
-    except (SchemaNotReady, RecoveryRequired) as exc:
-        print(f"qinglong: not ready: {exc}", file=sys.stderr)
-        return EXIT_CHECK
-    except UserError as exc:
-        print(f"qinglong: error: {exc}", file=sys.stderr)
-        return EXIT_USER
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return True  # no poll() here, or stdout already closed: the pipe error was stdout's
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``qinglong`` script. Returns the exit code (an :class:`ExitCode`)."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        _refuse_undecodable(arguments)
+        head, command = _split_command_argv(arguments)
+        args = build_parser().parse_args(head)
+        if command is not None:
+            args.argv = command
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows up here at the latest, not at interpreter exit
+        return int(code)
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # some other pipe: a bug, with its traceback
+        # As the CPython documentation recommends (signal module, "Note on SIGPIPE"): point stdout at
+        # devnull so the interpreter's final flush does not fail again, and exit like a shell
+        # reports a process ended by SIGPIPE.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return int(ExitCode.BROKEN_PIPE)
+    except QinglongError as exc:
+        sys.stderr.write(error_paragraph(exc) + "\n")
+        return int(exit_code_for(exc))
     except KeyboardInterrupt:
-        return EXIT_FORCED
+        return int(ExitCode.INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ def test_second_signal_forces_the_exit(cli, site):
         (("--cron", "61 * * * *"), "invalid cron trigger: expression: '61 * * * *' is not a valid cron expression"),
         (("--cron", "* * *"), "has 3 fields; expected 5"),
         (("--cron", "* * * * *", "--timezone", "Mars/Olympus"), "unknown IANA time zone 'Mars/Olympus'"),
-        (("--cron", "* * * * *", "--grace-ms", "-5"), "misfire_grace_ms: must be >= 0, got -5"),
+        (("--cron", "* * * * *", "--grace-ms", "-5"), "misfire_grace_ms: must be between 0 and 31622400000 (366 days), got -5"),
         (("--cron", "* * * * *", "--task", "nope"), "task 'nope' does not exist in project 'ops'"),
         (("--kind", "lunar", "--spec", "{}"), "unknown trigger kind 'lunar'; kinds provided by the loaded plugins: cron"),
     ],
