@@ -114,15 +114,43 @@ def test_missing_dsn_is_a_settings_error_naming_the_key(cluster):
 
 
 def test_connection_errors_never_show_the_password(cluster):
-    """A DSN password in an error message would leak into logs and terminals."""
+    """A DSN password in an error message would leak into logs and terminals. A server that cannot
+    be reached, or refuses the login, is StoreUnavailable (exit 5) naming where it connected."""
+    from qinglong.contracts.errors import StoreUnavailable
     from qinglong.plugins.cluster_postgres.db import BackendUnavailable
 
     secret = "runtime-secret-Pw3"
-    bad = cluster.dsn("qinglong_runtime").replace("dbname=", "dbname=nosuchdb_")
-    for dsn in (bad, f"postgresql://qinglong_runtime:{secret}@127.0.0.1:1/x?connect_timeout=1",
-                f"host=127.0.0.1 password={secret} = broken"):
+    port = cluster.server.port
+    cases = [
+        (cluster.dsn("qinglong_runtime").replace("dbname=", "dbname=nosuchdb_"),
+         f"port={port} dbname=nosuchdb_"),
+        (f"postgresql://qinglong_runtime:{secret}@127.0.0.1:1/x?connect_timeout=1",
+         "host=127.0.0.1 port=1 dbname=x user=qinglong_runtime"),
+        (cluster.dsn("qinglong_runtime").replace(secret, "wrong-" + secret),
+         f"port={port} dbname={cluster.dbname} user=qinglong_runtime"),
+    ]
+    for dsn, target in cases:
         backend = cluster.backend(settings=cluster.settings(runtime_dsn=dsn, pool_timeout_ms=300))
         with pytest.raises(BackendUnavailable) as info:
             arun(backend.open())
+        assert isinstance(info.value, StoreUnavailable)
         assert secret not in str(info.value)
+        assert target in str(info.value), str(info.value)
         assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+@pytest.mark.parametrize("dsn", [
+    "host=127.0.0.1 password=runtime-secret-Pw3 = broken",
+    "host=127.0.0.1 user=qinglong_runtime password=runtime secret-Pw3 dbname=x",
+    "postgresql://qinglong_runtime:runtime@secret-Pw3@127.0.0.1:5432/x",
+    "postgresql://qinglong_runtime:runtime secret-Pw3@127.0.0.1:5432/x",
+])
+def test_a_dsn_libpq_cannot_parse_is_refused_without_quoting_it(cluster, dsn):
+    """libpq's parse errors quote the token where they stopped, and an unencoded '@' in a URI
+    password turns the rest of the password into the host name a connection error prints: either
+    would leak part of the password. Refused before libpq connects, naming only the key."""
+    backend = cluster.backend(settings=cluster.settings(runtime_dsn=dsn, pool_timeout_ms=300))
+    with pytest.raises(SettingsError, match="runtime_dsn") as info:
+        arun(backend.open())
+    for fragment in ("secret", "Pw3", "broken"):
+        assert fragment not in str(info.value)

@@ -1,13 +1,42 @@
 """Connections: the runtime and admin pools, session settings, and error wrapping.
 
-psycopg's errors can quote the conninfo (a malformed DSN is echoed back), so every database error
-that leaves this plugin goes through :func:`describe_error`: it masks every DSN and password this
-backend knows and then applies the contracts' :func:`redact`.
+**Name resolution.** Every session this plugin opens (both pools, the migration connection) starts
+with ``search_path = pg_catalog, pg_temp``, sent in the startup packet's ``options``
+(:func:`session_options`), so it holds from the very first statement, including the pool's own
+checks, and wins over any ``ALTER ROLE/DATABASE ... SET search_path`` (client settings rank above
+role and database defaults). Our tables live in the ``qinglong`` schema, which is deliberately
+*not* on the path: every SQL text of the plugin names them ``qinglong.<table>`` (see ``sql.py``),
+so nothing the plugin writes resolves through a schema someone else can create objects in.
+Functions and operators are resolved in ``pg_catalog`` only: ``pg_temp`` is never searched for
+functions or operators, and listing it last keeps temporary tables behind the catalog. This is
+the design PostgreSQL documents for SECURITY DEFINER functions, applied to whole sessions: an
+operator planted in ``public`` (``*(numeric, integer)`` is an exact match where pg_catalog needs a
+cast, so it would win resolution on a default path) is never even a candidate. Readiness
+(``roles.py``) refuses to start when the pin does not hold or when a schema on the path, any other
+schema, or the database grants creation to a role that is not its owner.
+
+**Secrets.** psycopg's errors can quote the conninfo (a malformed DSN is echoed back, and libpq's
+parse errors quote the token they stopped at, which may be part of a password), so:
+
+* :func:`check_dsn` refuses a DSN libpq cannot parse, or one that parses into a host, port, user
+  or database name containing ``@`` or whitespace (an unencoded ``@`` in a URI password), before
+  libpq ever sees it to connect, with a message that quotes nothing of the value;
+* every database error that leaves this plugin goes through :func:`describe_error`: it masks every
+  DSN and password this backend knows and then applies the contracts' :func:`redact`;
+* psycopg_pool's own log lines (logger ``psycopg.pool``) would bypass the diagnostic sink and reach
+  stderr through Python's last-resort handler: the ``psycopg`` loggers are silenced here, and the
+  pool keeps its last connection error so the error raised to the caller (masked) says why
+  (:class:`Pool`).
+
+A server that cannot be reached or refuses the login raises :class:`BackendUnavailable`, a
+:class:`~qinglong.contracts.errors.StoreUnavailable` (exit 5) naming host, port, database and user,
+never the password.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 from contextlib import contextmanager
@@ -16,14 +45,25 @@ from typing import Iterable, Iterator
 import psycopg
 from psycopg import IsolationLevel
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from qinglong.contracts.diagnostics import redact
-from qinglong.contracts.errors import QinglongError
+from qinglong.contracts.errors import QinglongError, SettingsError, StoreUnavailable
+
+#: The ``search_path`` of every session (see the module docstring).
+PINNED_SEARCH_PATH = ("pg_catalog", "pg_temp")
+
+# psycopg and psycopg_pool log through the ``psycopg`` logger tree; without a handler Python's
+# last-resort handler prints their warnings (connection errors, with libpq's text) on stderr,
+# bypassing the diagnostic sink. Errors reach the operator through the exceptions below instead.
+_PSYCOPG_LOGGER = logging.getLogger("psycopg")
+_PSYCOPG_LOGGER.addHandler(logging.NullHandler())
+_PSYCOPG_LOGGER.propagate = False
 
 
-class BackendUnavailable(QinglongError):
-    """The database could not be reached or refused the connection (message is redacted)."""
+class BackendUnavailable(StoreUnavailable):
+    """The database could not be reached, refused the connection or the login (message is
+    redacted: it names host, port, database and user, never the password)."""
 
 
 class AdmissionRefused(QinglongError):
@@ -57,6 +97,45 @@ class Secrets:
         return redact(text)
 
 
+#: conninfo keys whose values are not secret and name where a connection goes.
+_TARGET_KEYS = ("host", "hostaddr", "port", "dbname", "user")
+
+
+def check_dsn(key: str, dsn: str) -> dict[str, str]:
+    """The parsed DSN of settings key ``key``, or a :class:`SettingsError` that quotes nothing of
+    the value (libpq's own parse error quotes the token it stopped at, which can be part of a
+    password). Also refuses a DSN that parses into a host, port, user or database containing
+    ``@`` or whitespace: an unencoded ``@`` in a URI password makes libpq take the rest of the
+    password as the host name, which a connection error would then print."""
+    hint = ("quote a value containing spaces or quotes in single quotes (password='a b'), or, in a "
+            "postgresql:// URI, percent-encode it (%20 for a space, %40 for '@', %3A for ':')")
+    try:
+        parsed = conninfo_to_dict(dsn)
+    except Exception:
+        raise SettingsError(f"[backend] {key} is not a valid libpq connection string or URI; {hint}") from None
+    for name in _TARGET_KEYS:
+        value = parsed.get(name)
+        if value is not None and any(ch == "@" or ch.isspace() for ch in str(value)):
+            raise SettingsError(
+                f"[backend] {key}: its {name} contains '@' or whitespace, which usually means a "
+                f"password was not encoded; {hint}") from None
+    return {k: str(v) for k, v in parsed.items() if v is not None}
+
+
+def describe_target(dsn: str) -> str:
+    """``host=... port=... dbname=... user=...`` of a DSN (libpq defaults where unset), never the
+    password; empty when the DSN cannot be parsed."""
+    try:
+        parsed = conninfo_to_dict(dsn)
+    except Exception:
+        return ""
+    host = parsed.get("host") or parsed.get("hostaddr") or os.environ.get("PGHOST") or "(local socket)"
+    port = parsed.get("port") or os.environ.get("PGPORT") or "5432"
+    user = parsed.get("user") or os.environ.get("PGUSER") or "(login user)"
+    dbname = parsed.get("dbname") or os.environ.get("PGDATABASE") or user
+    return f"host={host} port={port} dbname={dbname} user={user}"
+
+
 def describe_error(exc: BaseException, secrets: Secrets | None = None) -> str:
     """A one-line, secret-free description of ``exc`` (type, SQLSTATE, first message line)."""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -66,10 +145,12 @@ def describe_error(exc: BaseException, secrets: Secrets | None = None) -> str:
 
 
 def session_options(statement_timeout_ms: int) -> str:
-    """libpq ``options`` for every session: a statement timeout, and READ COMMITTED as the
+    """libpq ``options`` for every session: the pinned ``search_path`` (module docstring), a
+    statement timeout, and READ COMMITTED as the
     default so a single autocommit statement (the claim) never inherits a stricter level a DBA
     set on the role; admission asks for SERIALIZABLE explicitly (SET TRANSACTION in its message)."""
     return (
+        f"-c search_path={','.join(PINNED_SEARCH_PATH)} "
         f"-c statement_timeout={int(statement_timeout_ms)} "
         "-c default_transaction_isolation=read\\ committed"
     )
@@ -160,14 +241,59 @@ async def _configure(conn: psycopg.AsyncConnection) -> None:
     await conn.set_isolation_level(IsolationLevel.SERIALIZABLE)
 
 
+class Pool(AsyncConnectionPool):
+    """An :class:`AsyncConnectionPool` that remembers why its last connection attempt failed.
+
+    The pool retries connecting in the background and, when a caller's wait ends, raises a bare
+    :class:`PoolTimeout` ("couldn't get a connection after 3.00 sec"): the reason (a refused
+    connection, a wrong password, a missing database) was only in its log lines, which are
+    silenced here. This pool adds it, masked, to the timeout's message, with where it connects.
+    """
+
+    def __init__(self, conninfo: str, **kwargs) -> None:
+        super().__init__(conninfo, **kwargs)
+        self.last_error: BaseException | None = None
+        self._secrets = Secrets([conninfo])
+        self._target = describe_target(conninfo)
+
+    async def _connect(self, timeout: float | None = None):
+        try:
+            conn = await super()._connect(timeout)
+        except psycopg.Error as exc:
+            self.last_error = exc
+            raise
+        self.last_error = None
+        return conn
+
+    def _explained(self, exc: PoolTimeout) -> PoolTimeout:
+        if self.last_error is None:
+            return exc
+        return PoolTimeout(f"{exc}; last connection attempt ({self._target}): "
+                           f"{describe_error(self.last_error, self._secrets)}")
+
+    async def wait(self, timeout: float = 30.0) -> None:
+        try:
+            await super().wait(timeout)
+        except PoolTimeout as exc:
+            raise self._explained(exc) from None
+
+    async def getconn(self, timeout: float | None = None):
+        try:
+            return await super().getconn(timeout)
+        except PoolTimeout as exc:
+            raise self._explained(exc) from None
+
+
 def make_pool(dsn: str, *, name: str, min_size: int, max_size: int, timeout_ms: int,
-              statement_timeout_ms: int, application_name: str) -> AsyncConnectionPool:
+              statement_timeout_ms: int, application_name: str) -> Pool:
     """An unopened pool of autocommit connections that checks each connection before handing it
     out (within ``timeout_ms``), so backends terminated while idle, lost to a server restart or
     hung behind a silent peer are replaced. TCP keepalives and ``tcp_user_timeout`` default to
-    :data:`TCP_DEFAULTS` where the DSN does not set them."""
-    return AsyncConnectionPool(
-        conninfo=dsn,
+    :data:`TCP_DEFAULTS` where the DSN does not set them. The DSN is checked first
+    (:func:`check_dsn`): libpq never sees one it cannot parse."""
+    check_dsn(f"{name}_dsn", dsn)
+    return Pool(
+        dsn,
         kwargs={
             "autocommit": True,
             "options": session_options(statement_timeout_ms),
@@ -187,8 +313,10 @@ def make_pool(dsn: str, *, name: str, min_size: int, max_size: int, timeout_ms: 
 
 
 async def connect(dsn: str, *, statement_timeout_ms: int, application_name: str,
-                  secrets: Secrets) -> psycopg.AsyncConnection:
-    """One autocommit connection (migrations, one-off commands), errors redacted."""
+                  secrets: Secrets, key: str = "owner_dsn") -> psycopg.AsyncConnection:
+    """One autocommit connection (migrations, one-off commands), errors redacted and naming
+    where it connects (:func:`describe_target`)."""
+    check_dsn(key, dsn)
     try:
         conn = await psycopg.AsyncConnection.connect(
             dsn,
@@ -198,6 +326,8 @@ async def connect(dsn: str, *, statement_timeout_ms: int, application_name: str,
             **tcp_defaults(dsn),
         )
     except psycopg.Error as exc:
-        raise BackendUnavailable(f"cannot connect to PostgreSQL: {describe_error(exc, secrets)}") from None
+        raise BackendUnavailable(
+            f"cannot connect to PostgreSQL ({describe_target(dsn)}): {describe_error(exc, secrets)}"
+        ) from None
     await _configure(conn)
     return conn

@@ -183,7 +183,7 @@ async def apply_pending(conn, roles: Mapping[str, str]) -> list[MigrationState]:
             await conn.execute(
                 f"INSERT INTO {SCHEMA}.schema_migrations "
                 "(version, name, checksum, capability, applied_at_ms, applied_by) VALUES "
-                "(%s, %s, %s, %s, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, current_user)",
+                "(%s, %s, %s, %s, floor(extract(epoch FROM clock_timestamp()) * 1000::numeric)::bigint, current_user)",
                 (migration.version, migration.name, migration.checksum, migration.capability),
             )
     return await status(conn)

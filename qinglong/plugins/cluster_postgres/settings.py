@@ -80,10 +80,14 @@ class ClusterPostgresSettings(BaseModel):
 
     def require_dsn(self, key: str, purpose: str) -> str:
         """The DSN of ``key`` (``runtime_dsn``, ``admin_dsn`` or ``owner_dsn``), or a
-        :class:`SettingsError` naming the missing key and what needs it."""
+        :class:`SettingsError` naming the missing key and what needs it, or saying that libpq
+        could not parse it (without quoting any of it: see ``db.check_dsn``)."""
         value = getattr(self, key)
         if value is None or not value.get_secret_value().strip():
             raise SettingsError(
                 f"[backend] {key} is not set; the cluster_postgres backend needs it {purpose}"
             )
+        from .db import check_dsn  # psycopg is needed only once something connects
+
+        check_dsn(key, value.get_secret_value())
         return value.get_secret_value()
