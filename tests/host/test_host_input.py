@@ -1,0 +1,281 @@
+"""Input the CLI must refuse, and how every error leaves it: one paragraph and the table's exit code.
+
+Each test runs the real ``qinglong`` command in a subprocess on a real SQLite file (or against a
+real, closed TCP port for the cluster profile) and checks the exit code, the one-paragraph message
+on stderr (never a traceback, never a secret), and that nothing was written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from qinglong.contracts.errors import EXIT_CODES, ExitCode, QinglongError
+from qinglong.contracts.records import content_digest
+from qinglong.contracts.store import MAX_COMMAND_BYTES, MAX_PAYLOAD_BYTES, MAX_SPEC_BYTES
+
+from host_helpers import REPO
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def _publish_task(cli) -> None:
+    assert cli("project", "create", "ops").returncode == 0
+    assert cli("task", "put", "ops", "backup", "--", "true").returncode == 0
+
+
+def _refused(result, code: int, *expected: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    if code != ExitCode.USAGE_ERROR:
+        assert len(lines) == 1 and lines[0].startswith("qinglong: "), result.stderr
+    for text in expected:
+        assert text in result.stderr, result.stderr
+
+
+def _task_missing(cli, task: str) -> bool:
+    """True when no task ``task`` exists in project ops (a trigger on it is refused as NotFound)."""
+    probe = cli("trigger", "add", "ops", "probe", "--task", task, "--cron", "0 0 * * *")
+    return probe.returncode == 3 and f"task '{task}' does not exist" in probe.stderr
+
+
+# --------------------------------------------------------------------------- exit codes
+
+
+def _readme_exit_codes() -> dict[int, str]:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("### Exit codes", 1)[1].split("\n#", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        match = re.match(r"^\| (\d+) \| `([A-Z_]+)` \|", line)
+        if match:
+            rows[int(match.group(1))] = match.group(2)
+    return rows
+
+
+def test_readme_exit_code_table_is_exactly_the_exit_code_enum():
+    """A script that branches on an exit code the README documents wrongly would retry a bug or give up
+    on a store that is only unavailable for a moment."""
+    assert _readme_exit_codes() == {int(code): code.name for code in ExitCode}
+
+
+def test_every_error_type_in_the_table_is_a_qinglong_error_with_a_non_bug_code():
+    """An error type mapped to 1 would be reported as a bug although the product raised it on purpose."""
+    for error_type, code in EXIT_CODES:
+        assert issubclass(error_type, QinglongError)
+        assert code not in (ExitCode.OK, ExitCode.INTERNAL_ERROR, ExitCode.USAGE_ERROR)
+
+
+BUGGY_PROVIDER = '''
+from qinglong.contracts.hookspecs import hookimpl
+
+
+class Provider:
+    kind = "buggy"
+
+    def validate(self, spec):
+        return dict(spec)
+
+    def next_after(self, spec, after_ms):
+        return after_ms - after_ms % 1000 + 1000
+
+    def latest_at_or_before(self, spec, at_ms):
+        return at_ms - at_ms % 1000
+
+    def describe(self, spec):
+        return 1 // 0
+
+
+@hookimpl
+def qinglong_trigger_providers():
+    return [Provider()]
+'''
+
+
+def test_a_genuine_bug_exits_1_with_its_traceback(cli, site):
+    """If a bug were dressed as a user error, nobody would report it; if a user error exited 1, every
+    mistake would look like a bug. Only an exception the product did not raise on purpose exits 1."""
+    site.add_distribution("acme-buggy", {"acme_buggy.py": BUGGY_PROVIDER}, {"buggy": "acme_buggy"})
+    settings = cli.cwd / "s.toml"
+    settings.write_text('[plugins]\nenable = ["buggy"]\n')
+    env = site.env(QINGLONG_SETTINGS=str(settings))
+    for args in (("project", "create", "ops"), ("task", "put", "ops", "t", "--", "true"),
+                 ("trigger", "add", "ops", "b", "--task", "t", "--kind", "buggy", "--spec", "{}")):
+        assert cli(*args, env=env).returncode == 0
+    result = cli("trigger", "list", env=env)
+    assert result.returncode == ExitCode.INTERNAL_ERROR
+    assert "Traceback" in result.stderr and "ZeroDivisionError" in result.stderr
+
+
+def test_unreachable_cluster_database_is_one_paragraph_exit_5_without_the_password(cli, tmp_path):
+    """A traceback (or exit 1) for a database that is down sends operators to the bug tracker, and a
+    DSN in it leaks the password."""
+    with socket.socket() as sock:  # a port that was just free: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    settings = tmp_path / "cluster.toml"
+    settings.write_text('profile = "cluster"\n[backend]\n'
+                        f'runtime_dsn = "postgresql://rt:hunter2@127.0.0.1:{port}/ql?connect_timeout=3"\n'
+                        f'admin_dsn = "postgresql://ad:hunter2@127.0.0.1:{port}/ql?connect_timeout=3"\n'
+                        'pool_timeout_ms = 3000\n')
+    for args in (("runs",), ("project", "create", "ops")):
+        result = cli("--settings", str(settings), *args)
+        _refused(result, ExitCode.UNAVAILABLE, "qinglong: unavailable: ")
+        assert "hunter2" not in result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------- argv and JSON
+
+
+def test_undecodable_bytes_in_argv_are_refused_naming_the_argument(cli):
+    """Bytes that are not UTF-8 end as a lone surrogate: once a UnicodeEncodeError traceback, and a
+    command no store can hold. Refused before anything is opened, by position (the value may be secret)."""
+    _publish_task(cli)
+    result = subprocess.run([sys.executable, "-m", "qinglong", "task", "put", "ops", "odd", "--", b"ls\xff"],
+                            cwd=cli.cwd, env=_env(), capture_output=True, text=True, timeout=60)
+    _refused(result, ExitCode.USER_ERROR, "argument 6 is not valid UTF-8 text")
+    assert _task_missing(cli, "odd")
+
+
+@pytest.mark.parametrize("payload, expected", [
+    ('{"a": "\\udc80"}', "--payload: text at $.a is not valid Unicode (a lone surrogate"),
+    ('{"a": NaN}', "--payload is not valid JSON: NaN is not a JSON number"),
+    ('{"a": [1, -Infinity]}', "--payload is not valid JSON: -Infinity is not a JSON number"),
+    ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", "--payload: nested too deeply"),
+    ('{"a": ' + "[" * 40 + "]" * 40 + "}", "--payload: nested deeper than 32 levels"),
+    ('{"a": "' + "x" * MAX_PAYLOAD_BYTES + '"}', f"over the limit of {MAX_PAYLOAD_BYTES} bytes"),
+    ('[1, 2]', "--payload must be a JSON object"),
+])
+def test_payload_that_is_not_plain_bounded_json_is_refused_and_writes_nothing(cli, payload, expected):
+    """A surrogate or 5,000 levels of nesting ended in a traceback; NaN was stored as JSON no other
+    reader accepts; an unbounded payload grows every Run's store. Each must be refused, naming where."""
+    _publish_task(cli)
+    result = cli("task", "put", "ops", "bad", "--payload", payload)
+    _refused(result, ExitCode.USER_ERROR, expected)
+    assert "xxxxxxxx" not in result.stderr  # the value is never echoed
+    assert _task_missing(cli, "bad")
+
+
+def test_spec_with_nan_or_over_the_limit_is_refused_and_writes_nothing(cli):
+    """A spec that is not plain JSON would be stored and then fail every round that reads it."""
+    _publish_task(cli)
+    for spec, expected in (('{"expression": "* * * * *", "x": NaN}', "NaN is not a JSON number"),
+                           ('{"expression": "' + " " * MAX_SPEC_BYTES + '* * * * *"}',
+                            f"over the limit of {MAX_SPEC_BYTES} bytes")):
+        result = cli("trigger", "add", "ops", "t1", "--task", "backup", "--kind", "cron", "--spec", spec)
+        _refused(result, ExitCode.USER_ERROR, expected)
+    assert json.loads(cli("trigger", "list", "--json").stdout) == []
+
+
+def test_command_over_the_limit_is_refused(cli):
+    """A command that no execve could take (or that bloats every Run) is refused at publish time."""
+    _publish_task(cli)
+    result = cli("task", "put", "ops", "huge", "--", "echo", "x" * MAX_COMMAND_BYTES)
+    _refused(result, ExitCode.USER_ERROR, f"over the limit of {MAX_COMMAND_BYTES} bytes")
+    assert _task_missing(cli, "huge")
+
+
+@pytest.mark.parametrize("identifier", ["-x", ".", ".."])
+def test_identifiers_that_read_as_options_or_paths_are_refused(cli, identifier):
+    """``-x`` reads as an option and ``.``/``..`` as paths in every tool an operator pipes ids into."""
+    result = cli("project", "create", "--", identifier)
+    _refused(result, ExitCode.USER_ERROR, f"invalid project_id {identifier!r}")
+    assert json.loads(cli("project", "list", "--json").stdout) == []
+
+
+@pytest.mark.parametrize("command", [["runs"], ["skips"], ["schedules"], ["trigger", "list"]])
+@pytest.mark.parametrize("limit", ["-1", "0", "1000001"])
+def test_listing_limit_outside_its_range_is_a_usage_error(cli, command, limit):
+    """``runs --limit -1`` ended in a ValueError traceback from the store."""
+    result = cli(*command, "--limit", limit)
+    _refused(result, ExitCode.USAGE_ERROR, "argument --limit: expected a number from 1 to 100000")
+
+
+def test_empty_timezone_is_refused_naming_the_option(cli):
+    """``--timezone ""`` silently became UTC: a Berlin job would run an hour or two off."""
+    _publish_task(cli)
+    result = cli("trigger", "add", "ops", "t1", "--task", "backup", "--cron", "0 2 * * *", "--timezone", "")
+    _refused(result, ExitCode.USER_ERROR, "--timezone is empty")
+    assert json.loads(cli("trigger", "list", "--json").stdout) == []
+
+
+@pytest.mark.parametrize("expression, what", [("R 0 * * *", "random"), ("0 H * * *", "hashed")])
+def test_nondeterministic_cron_fields_are_refused_at_publish(cli, expression, what):
+    """``R`` drew a new minute on every reading: each round and replica saw another next fire time."""
+    _publish_task(cli)
+    result = cli("trigger", "add", "ops", "t1", "--task", "backup", "--cron", expression)
+    _refused(result, ExitCode.USER_ERROR, f"uses croniter's {what} field")
+    assert json.loads(cli("trigger", "list", "--json").stdout) == []
+
+
+# --------------------------------------------------------------------------- the command argv
+
+
+@pytest.mark.parametrize("argv", [
+    ["--", "/bin/sh", "-c", "date"],
+    ["--", "ls", "-la", "--color=never"],
+    ["--payload", '{"env": {"A": "1"}}', "--", "-weird-program", "--"],
+    ["--command", "ls", "-la"],
+])
+def test_task_command_after_double_dash_is_stored_as_the_argv_list(cli, argv):
+    """``--command /bin/sh -c 'date'`` failed with exit 2: a command with a dashed argument could not
+    be published at all. Everything after ``--`` is the command, stored as a list."""
+    assert cli("project", "create", "ops").returncode == 0
+    result = cli("task", "put", "ops", "job", *argv)
+    assert result.returncode == 0, result.stderr
+    if "--payload" in argv:
+        payload = {"env": {"A": "1"}, "command": ["-weird-program", "--"]}
+    else:
+        payload = {"command": argv[1:]}
+    assert content_digest(payload)[:19] in result.stdout
+
+
+def test_command_given_twice_or_not_at_all_is_refused(cli):
+    """Two commands, or a payload and a command both naming ``command``, would silently drop one."""
+    assert cli("project", "create", "ops").returncode == 0
+    _refused(cli("task", "put", "ops", "j", "--command", "ls", "--", "-x"), 3, "not both")
+    _refused(cli("task", "put", "ops", "j", "--payload", '{"command": ["a"]}', "--", "b"), 3, "give it once")
+    _refused(cli("task", "put", "ops", "j"), 3, "a task needs a command")
+
+
+# --------------------------------------------------------------------------- a closed stdout
+
+
+@pytest.mark.parametrize("args", [["cron", "next", "* * * * * *", "--count", "100000"], ["runs"], ["profiles"]])
+def test_stdout_closed_by_its_reader_exits_141_without_a_traceback(cli, args):
+    """``qinglong runs | head -1`` printed a BrokenPipeError traceback. The reader is gone before the
+    first write here (the read end is closed at once), so every write meets a closed pipe."""
+    if args == ["runs"]:
+        _publish_task(cli)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", "qinglong", *args], cwd=cli.cwd, env=_env(),
+                                stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert result.returncode == ExitCode.BROKEN_PIPE, result.stderr
+    assert result.stderr == ""
+
+
+def test_head_of_a_long_listing_exits_quietly(cli):
+    """The same with a reader that takes one line and leaves, as ``| head -1`` does."""
+    proc = subprocess.Popen([sys.executable, "-m", "qinglong", "cron", "next", "* * * * * *", "--count", "100000"],
+                            cwd=cli.cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert first.startswith(b"cron '* * * * * *' in UTC")
+    assert proc.returncode == ExitCode.BROKEN_PIPE
+    assert err == b""
