@@ -444,3 +444,60 @@ def test_validation_normalises_and_is_idempotent():
 def test_describe_names_expression_and_zone():
     """Operators see what a trigger does in ``qinglong schedules``."""
     assert CRON.describe(spec("30 2 * * *", "Europe/Berlin")) == "cron '30 2 * * *' in Europe/Berlin"
+
+
+# --- purity and the crontab macros ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("expression", [
+    "R 0 * * *", "0 r * * *", "R(0-29) * * * *", "0 0 1,R * *", "H 0 * * *", "H/15 * * * *",
+    "H(0-29)/10 * * * *", "0 0 H * * *",
+])
+def test_random_and_hashed_fields_are_refused_because_next_after_must_be_pure(expression):
+    """croniter draws ``R`` afresh on every parse: ``next_after`` answered differently on each call, so
+    each round (and each replica) saw another next fire time, and an occurrence could be fired twice
+    or never. ``H`` needs a per-job seed croniter does not get here. Both are refused naming the field."""
+    with pytest.raises(TriggerSpecError) as caught:
+        CRON.validate({"expression": expression})
+    assert caught.value.field == "expression"
+    assert "random" in str(caught.value) or "hashed" in str(caught.value)
+
+
+def test_names_that_contain_r_or_h_are_still_plain_cron():
+    """Month and weekday names (``mar``, ``thu``) are deterministic and must stay accepted."""
+    assert walk(spec("0 0 * mar thu"), local_ms("UTC", "2024-01-01T00:00:00"), 2) == [
+        local_ms("UTC", "2024-03-07T00:00:00"), local_ms("UTC", "2024-03-14T00:00:00")]
+
+
+@pytest.mark.parametrize("macro, fields", [
+    ("@hourly", "0 * * * *"), ("@daily", "0 0 * * *"), ("@midnight", "0 0 * * *"),
+    ("@weekly", "0 0 * * 0"), ("@monthly", "0 0 1 * *"), ("@yearly", "0 0 1 1 *"), ("@annually", "0 0 1 1 *"),
+])
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin", "Australia/Lord_Howe"])
+def test_crontab_macros_fire_exactly_as_their_five_fields(macro, fields, zone):
+    """``@daily`` was refused ("1 field"); accepted, it must mean exactly crontab(5)'s ``0 0 * * *``,
+    DST rule included, in both queries, or a macro trigger would fire at other instants."""
+    as_macro, as_fields = spec(macro.upper(), zone), spec(fields, zone)
+    assert as_macro == {"expression": macro, "timezone": zone}  # stored lower case, as written
+    assert CRON.validate(as_macro) == as_macro
+    for start in (local_ms("UTC", "2024-03-30T00:00:00"), local_ms("UTC", "2024-10-05T00:00:00")):
+        assert walk(as_macro, start, 5) == walk(as_fields, start, 5)
+        assert CRON.latest_at_or_before(as_macro, start) == CRON.latest_at_or_before(as_fields, start)
+
+
+def test_reboot_and_unknown_macros_are_refused():
+    """``@reboot`` is not a schedule: it would never fire, silently."""
+    for macro in ("@reboot", "@every_5m", "@"):
+        with pytest.raises(TriggerSpecError, match="not a schedule macro"):
+            CRON.validate({"expression": macro})
+
+
+@LAW_SETTINGS
+@given(EXPRESSIONS | st.sampled_from(["@hourly", "@daily", "@weekly", "@monthly", "@yearly"]),
+       st.sampled_from(ZONES), TIMES)
+def test_next_after_is_the_same_on_every_reading(expression, zone, t):
+    """A provider is pure: a spec validated twice and asked twice answers alike (the store relies on it
+    to re-decide an occurrence after a crash)."""
+    first, second = spec(expression, zone), spec(expression, zone)
+    assert first == second
+    assert CRON.next_after(first, t) == CRON.next_after(second, t) == CronProvider().next_after(first, t)

@@ -139,3 +139,42 @@ def test_config_show_masks_secrets_and_validates_backend_keys(cli, tmp_path):
     assert result.returncode == 3
     assert f"settings file {bad}: key 'backend.bogus': unknown key; expected one of:" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("text, key, expected", [
+    ("[scheduler]\npage_size = true\n", "scheduler.page_size", "expected a valid integer (got True)"),
+    ('[scheduler]\npage_size = "64"\n', "scheduler.page_size", "expected a valid integer (got '64')"),
+    ("[scheduler]\ncadence_ms = 1000.0\n", "scheduler.cadence_ms", "expected a valid integer (got 1000.0)"),
+    ('[lifecycle]\nstop_timeout_ms = "5000"\n', "lifecycle.stop_timeout_ms", "expected a valid integer"),
+])
+def test_settings_file_values_are_taken_as_written_never_converted(tmp_path, text, key, expected):
+    """``page_size = true`` ran rounds of one schedule; a quoted number hid a typo. A file has types."""
+    path = write(tmp_path, text)
+    with pytest.raises(SettingsError) as err:
+        load_settings(path)
+    assert f"settings file {path}: key '{key}': {expected}" in str(err.value)
+
+
+@pytest.mark.parametrize("text, key", [
+    ('[backend]\nauto_migrate = "yes"\n', "backend.auto_migrate"),
+    ('[backend]\ncache_kib = "1024"\n', "backend.cache_kib"),
+    ("[backend]\nbusy_timeout_ms = false\n", "backend.busy_timeout_ms"),
+])
+def test_backend_section_from_a_file_is_strict_too(tmp_path, text, key):
+    """The backend's own model is validated strictly for a file's values: ``"yes"`` is not a boolean."""
+    from qinglong.host.containers import build_container
+
+    path = write(tmp_path, text)
+    with pytest.raises(SettingsError, match=rf"settings file {path}: key '{key}': expected a valid"):
+        build_container(load_settings(path)).backend_settings()
+
+
+def test_environment_variables_are_text_and_are_still_parsed(monkeypatch):
+    """Environment variables have no types: ``64`` and ``yes`` there are read as documented."""
+    from qinglong.host.containers import build_container
+
+    monkeypatch.setenv("QINGLONG_SCHEDULER__PAGE_SIZE", "64")
+    monkeypatch.setenv("QINGLONG_BACKEND__AUTO_MIGRATE", "no")
+    loaded = load_settings()
+    assert loaded.settings.scheduler.page_size == 64
+    assert build_container(loaded).backend_settings().auto_migrate is False
