@@ -184,9 +184,47 @@ def origin_of(loc: tuple[str | int, ...], layers: tuple[tuple[str, Mapping[str, 
     return "the built-in defaults"
 
 
+import re  # noqa: E402  (the masking helpers below are the only users)
+from urllib.parse import unquote  # noqa: E402
+
+#: Fragments of a key (percent-decoded, lower-cased, letters and digits only) that make its value
+#: a secret; ``_SECRET_HINTS`` are the historical ones.
+_SECRET_KEY_FRAGMENTS = tuple(sorted(set(_SECRET_HINTS) | {
+    "passwd", "pwd", "passphrase", "credential", "conninfo", "apikey", "privatekey", "secretkey",
+}))
+#: In a value under a key that is not secret: a secret-named parameter (``password=``,
+#: ``&pass%77ord=`` once decoded) or a URI's ``user:password@``.
+_EMBEDDED_SECRET = re.compile(
+    r"(?:" + "|".join(_SECRET_KEY_FRAGMENTS) + r")[a-z0-9_.-]*\s*=|[a-z][a-z0-9+.-]*://[^/@\s]*:[^@\s]*@",
+    re.I)
+
+
+def _decoded(text: str) -> str:
+    """``text`` percent-decoded until it no longer changes (``%2577`` is ``%77`` is ``w``): what
+    libpq and URI parsers will read, whatever the encoding depth."""
+    for _ in range(8):
+        decoded = unquote(text)
+        if decoded == text:
+            break
+        text = decoded
+    return text
+
+
+def _key_is_secret(part: str | int) -> bool:
+    folded = "".join(ch for ch in _decoded(str(part)).lower() if ch.isalnum())
+    return any(fragment in folded for fragment in _SECRET_KEY_FRAGMENTS)
+
+
 def is_secret_key(loc: tuple[str | int, ...]) -> bool:
-    """True for keys whose values are secrets and must never be echoed."""
-    return any(h in str(part).lower() for part in loc for h in _SECRET_HINTS)
+    """True for keys whose values are secrets and must never be echoed: any part of the key path,
+    percent-decoded and with separators ignored (``pass%77ord``, ``api-key``, ``runtime_dsn``),
+    names a password, secret, token, DSN or credential."""
+    return any(_key_is_secret(part) for part in loc)
+
+
+def _embeds_secret(value: str) -> bool:
+    """True when a value (percent-decoded) carries a secret-named parameter or URI credentials."""
+    return bool(_EMBEDDED_SECRET.search(value) or _EMBEDDED_SECRET.search(_decoded(value)))
 
 
 def format_validation_error(
@@ -353,7 +391,11 @@ def validate_section(
 
 
 def masked_dump(value: Any) -> Any:
-    """A JSON-ready copy of settings with every secret replaced by ``'**********'``."""
+    """A JSON-ready copy of settings with every secret replaced, whole, by ``'**********'``: every
+    value under a secret key (:func:`is_secret_key`, keys percent-decoded first), whatever its type,
+    and every other string that carries a secret-named parameter or URI credentials once
+    percent-decoded (``postgresql://h/db?pass%77ord=...``). Nothing of a masked value is kept: a
+    partly shown DSN is a partly shown password when the parser and the masker disagree."""
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
     return _mask(value, ())
@@ -362,8 +404,12 @@ def masked_dump(value: Any) -> Any:
 def _mask(value: Any, loc: tuple[str, ...]) -> Any:
     if isinstance(value, Mapping):
         return {k: _mask(v, loc + (str(k),)) for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [_mask(v, loc) for v in value]
-    if isinstance(value, str) and value and is_secret_key(loc):
-        return redact(value) if "://" in value and "@" not in value else "**********"
+    if value is None or value == "":
+        return value
+    if is_secret_key(loc):
+        return "**********"
+    if isinstance(value, str) and _embeds_secret(value):
+        return "**********"
     return value
