@@ -6,6 +6,7 @@ existence check happens inside it, before the first write, so a refused call wri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from typing import Any, Callable, Mapping
@@ -21,7 +22,13 @@ from qinglong.contracts.records import (
     content_digest,
     trigger_content_digest,
 )
-from qinglong.contracts.store import BackendContext, check_identifier, validate_definition
+from qinglong.contracts.store import (
+    BackendContext,
+    SchedulerLimits,
+    check_identifier,
+    check_misfire_grace,
+    validate_definition,
+)
 
 from .queries import q
 from .store import SqliteStore, transaction
@@ -61,6 +68,16 @@ def _write_trigger_revision(conn: sqlite3.Connection, head: TriggerHead, now_ms:
         "trigger_id": head.trigger_id, "project_id": head.project_id,
         "revision": head.trigger_revision, "now": now_ms,
     })
+    conn.execute(q("raise_trigger_revision_mark"),
+                 {"trigger_id": head.trigger_id, "revision": head.trigger_revision})
+
+
+def next_trigger_revision(conn: sqlite3.Connection, trigger_id: str, current: int) -> int:
+    """The revision a new definition of ``trigger_id`` gets: above its head's ``current`` (0 when
+    there is no head) and above every revision the id ever had (a trigger deleted and created
+    again continues, never repeats)."""
+    mark = conn.execute(q("trigger_revision_mark"), (trigger_id,)).fetchone()
+    return max(current, mark[0] if mark is not None else 0) + 1
 
 
 def put_trigger_in(conn: sqlite3.Connection, definition: TriggerDefinition,
@@ -83,19 +100,27 @@ def put_trigger_in(conn: sqlite3.Connection, definition: TriggerDefinition,
     if existing is not None and existing[9] == digest:
         return head_from_row(existing)
     head = TriggerHead(definition.project_id, definition.trigger_id, definition.task_id,
-                       existing[3] + 1 if existing is not None else 1, kind, dict(spec), policy,
-                       definition.misfire_grace_ms, definition.enabled, digest)
+                       next_trigger_revision(conn, definition.trigger_id,
+                                             existing[3] if existing is not None else 0), kind,
+                       dict(spec), policy, definition.misfire_grace_ms, definition.enabled, digest)
     _write_trigger_revision(conn, head, now_ms)
     return head
 
 
-def validated(definition: TriggerDefinition,
-              providers: Mapping[str, Any]) -> tuple[Mapping[str, Any], str, MisfirePolicy]:
-    """Validate a definition before any write; returns the normalised spec, kind and policy."""
+def validated(definition: TriggerDefinition, providers: Mapping[str, Any],
+              limits: SchedulerLimits | None = None) -> tuple[Mapping[str, Any], str, MisfirePolicy]:
+    """Validate a definition before any write; returns the normalised spec, kind and policy.
+
+    With ``limits``, a ``skip`` trigger whose grace is at or below the scheduler cadence (so its
+    on-time occurrences would be skipped) is refused too.
+    """
     spec, kind = validate_definition(definition, providers)
     policy = _policy(definition.misfire_policy)
     if not isinstance(definition.enabled, bool):
         raise UserError(f"invalid enabled {definition.enabled!r}: expected true or false")
+    if limits is not None:
+        check_misfire_grace(dataclasses.replace(definition, misfire_policy=policy), limits,
+                            leased=False)
     return spec, kind, policy
 
 
@@ -156,7 +181,7 @@ class SqlitePublisher:
 
     async def put_trigger(self, definition: TriggerDefinition) -> TriggerHead:
         """Add a trigger or publish a new revision (resetting its cursor); unchanged is a no-op."""
-        spec, kind, policy = validated(definition, self._context.providers)
+        spec, kind, policy = validated(definition, self._context.providers, self._context.limits)
         now = self._context.clock_ms()
         return await self._in_transaction(put_trigger_in, definition, spec, kind, policy, now)
 
@@ -170,18 +195,26 @@ class SqlitePublisher:
             head = _existing_head(conn, project_id, trigger_id)
             if head.enabled is enabled:
                 return head
+            if enabled:
+                # A head published before the grace floor was enforced must not start skipping.
+                check_misfire_grace(TriggerDefinition(
+                    head.project_id, head.trigger_id, head.task_id, head.kind, head.spec,
+                    head.misfire_policy, head.misfire_grace_ms, True), self._context.limits,
+                    leased=False)
             digest = trigger_content_digest(head.project_id, head.trigger_id, head.task_id, head.kind,
                                             head.spec, head.misfire_policy, head.misfire_grace_ms, enabled)
             new = TriggerHead(head.project_id, head.trigger_id, head.task_id,
-                              head.trigger_revision + 1, head.kind, head.spec, head.misfire_policy,
-                              head.misfire_grace_ms, enabled, digest)
+                              next_trigger_revision(conn, head.trigger_id, head.trigger_revision),
+                              head.kind, head.spec, head.misfire_policy, head.misfire_grace_ms,
+                              enabled, digest)
             _write_trigger_revision(conn, new, now)
             return new
 
         return await self._in_transaction(write)
 
     async def delete_trigger(self, project_id: str, trigger_id: str) -> None:
-        """Delete a trigger head and its schedule row; its Runs stay."""
+        """Delete a trigger head and its schedule row; its Runs and its revision high-water mark
+        stay, so a trigger created again under the id continues its revisions."""
 
         def write(conn: sqlite3.Connection) -> None:
             _existing_head(conn, project_id, trigger_id)

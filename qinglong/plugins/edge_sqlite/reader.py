@@ -10,6 +10,7 @@ from qinglong.contracts.records import (
     MisfirePolicy,
     ProjectRecord,
     RunView,
+    SchedulerStatus,
     ScheduleView,
     SkipView,
     TriggerHead,
@@ -17,7 +18,7 @@ from qinglong.contracts.records import (
 
 from .publisher import head_from_row
 from .queries import q
-from .store import SqliteStore
+from .store import SqliteStore, probe_owner_lock
 
 #: Upper bound of a listing when the caller gives none: a reader never loads a whole table.
 DEFAULT_LISTING_BOUND = 10_000
@@ -64,8 +65,8 @@ class SqliteReader:
         rows = await self._rows(q("list_schedules"), (bound,), bound)
         return [
             ScheduleView(pid, tid, rev, kind, json.loads(spec), bool(enabled), MisfirePolicy(policy),
-                         nxt, last)
-            for pid, tid, rev, kind, spec, enabled, policy, nxt, last in rows
+                         nxt, last, published)
+            for pid, tid, rev, kind, spec, enabled, policy, nxt, last, published in rows
         ]
 
     async def recent_runs(self, limit: int = 20, trigger_id: str | None = None) -> Sequence[RunView]:
@@ -85,3 +86,13 @@ class SqliteReader:
             SkipView(pid, tid, rev, MisfirePolicy(policy), first, last, count, bool(exact), at)
             for pid, tid, rev, policy, first, last, count, exact, at in rows
         ]
+
+    async def scheduler_status(self) -> SchedulerStatus:
+        """Whether a ``qinglong run`` holds this file's owner lock now.
+
+        ``last_round_at_ms`` is always None: the edge scheduler writes nothing per round (a
+        router's flash would wear for a status line), so only the lock tells that it works.
+        """
+        holder = probe_owner_lock(str(self._store.path))
+        running = holder is not None
+        return SchedulerStatus(running=running, last_round_at_ms=None, replicas=1 if running else 0)

@@ -52,15 +52,28 @@ ON CONFLICT (trigger_id) DO UPDATE
 
 -- name: reset_schedule_for_revision
 -- A new revision's cursor awaits initialisation; state_version moves so every older decision misses.
+-- published_at_ms is this revision's publish time: initialisation counts its first occurrence
+-- from there, so an occurrence between the publish and the first round is still owed.
 INSERT INTO trigger_schedules (trigger_id, project_id, trigger_revision, next_fire_at_ms,
-                               last_scheduled_at_ms, state_version, updated_at_ms)
-VALUES (:trigger_id, :project_id, :revision, NULL, NULL, 1, :now)
+                               last_scheduled_at_ms, state_version, updated_at_ms, published_at_ms)
+VALUES (:trigger_id, :project_id, :revision, NULL, NULL, 1, :now, :now)
 ON CONFLICT (trigger_id) DO UPDATE
    SET trigger_revision = excluded.trigger_revision,
        next_fire_at_ms = NULL,
        last_scheduled_at_ms = NULL,
        state_version = trigger_schedules.state_version + 1,
-       updated_at_ms = excluded.updated_at_ms;
+       updated_at_ms = excluded.updated_at_ms,
+       published_at_ms = excluded.published_at_ms;
+
+-- name: trigger_revision_mark
+-- The highest revision ever published under a trigger id (it outlives a deleted head).
+SELECT high_revision FROM trigger_revision_marks WHERE trigger_id = ?;
+
+-- name: raise_trigger_revision_mark
+-- Record a published revision as the trigger id's high-water mark; it never moves down.
+INSERT INTO trigger_revision_marks (trigger_id, high_revision) VALUES (:trigger_id, :revision)
+ON CONFLICT (trigger_id) DO UPDATE
+   SET high_revision = max(high_revision, excluded.high_revision);
 
 -- name: delete_schedule
 -- Remove a trigger's cursor.

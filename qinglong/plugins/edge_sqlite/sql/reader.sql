@@ -17,7 +17,7 @@ SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfi
 -- name: list_schedules
 -- Schedules joined with their heads, in due-scan order.
 SELECT s.project_id, s.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,
-       t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms
+       t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms
   FROM trigger_schedules AS s
   JOIN triggers AS t ON t.trigger_id = s.trigger_id
  ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
