@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import shutil
 import sqlite3
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
 
 from edge_helpers import Diagnostics, cron, open_backend, query, seed
+from qinglong.host.lifecycle import SchedulerLoop
+from qinglong.plugins.edge_sqlite import scheduler
 from qinglong.plugins.edge_sqlite.publisher import put_trigger_in, validated
 from qinglong.plugins.edge_sqlite.store import transaction
 
@@ -112,12 +123,14 @@ async def test_scan_order_is_uninitialised_first_then_oldest_cursor_then_ids(db_
         await publisher.put_trigger(cron("a-new", "* * * * *", project="p0", task="t1"))
         clock.advance(2 * MINUTE)
         first = await backend.run_round()
-        # Both uninitialised triggers, none of the due ones, in the first page.
-        assert (first.initialized, first.admitted, first.more_due) == (2, 0, True)
+        # Both uninitialised triggers, none of the due ones, in the first page. Initialised from
+        # their publish time, they owe the two minutes since and admit them in the same round.
+        assert (first.initialized, first.admitted, first.more_due) == (2, 4, True)
+        assert {r[0] for r in runs(db_path)} == {"z-new", "a-new"}
         second = await backend.run_round()
         assert second.admitted >= 2
         # "early" (cursor T0+1min) came before "late" (T0+2min): both were served in the same page.
-        assert {r[0] for r in runs(db_path)} == {"early", "late"}
+        assert {r[0] for r in runs(db_path)} == {"early", "late", "z-new", "a-new"}
     finally:
         await backend.close()
 
@@ -260,5 +273,255 @@ async def test_disabled_triggers_and_inactive_projects_never_fire(db_path, clock
         report = await backend.run_round()
         assert (report.scanned, report.admitted) == (0, 0)
         assert runs(db_path) == []
+    finally:
+        await backend.close()
+
+
+def _make_undecidable(db_path, count: int, kind: str = "gone") -> None:
+    """``count`` triggers of a kind no loaded plugin provides (a plugin that was uninstalled), all
+    uninitialised and sorting before every other trigger id, written straight into the file."""
+    conn = sqlite3.connect(db_path)
+    with conn:
+        conn.executemany(
+            "INSERT INTO triggers (trigger_id, project_id, task_id, trigger_revision, kind, spec_json, "
+            "misfire_policy, misfire_grace_ms, enabled, content_digest, updated_at_ms) "
+            "VALUES (?, 'p1', 't1', 1, ?, '{}', 'fire_once', 60000, 1, 'sha256:0', 0)",
+            [(f"a{i:05d}", kind) for i in range(count)])
+        conn.executemany(
+            "INSERT INTO trigger_schedules (trigger_id, project_id, trigger_revision, next_fire_at_ms, "
+            "last_scheduled_at_ms, state_version, updated_at_ms) VALUES (?, 'p1', 1, NULL, NULL, 1, 0)",
+            [(f"a{i:05d}",) for i in range(count)])
+    conn.close()
+
+
+async def test_a_page_of_undecidable_triggers_neither_spins_nor_blocks_the_trigger_behind_it(db_path, clock):
+    """Without this, a page full of triggers of an uninstalled kind set more_due every round: the
+    loop span back-to-back rounds (thousands a second, a log line per row per round) and the
+    healthy trigger behind them never got its Run."""
+    diagnostics = Diagnostics()
+    backend = await open_backend(db_path, clock, page_size=4, diagnostics=diagnostics)
+    try:
+        await seed(backend)
+        await backend.publisher().put_trigger(cron("zz-healthy", "* * * * * *", grace_ms=5_000))
+        _make_undecidable(db_path, 40)
+        first = await backend.run_round()
+        # The scan stepped past all 40 within the round and initialised the healthy trigger.
+        assert (first.initialized, first.errors) == (1, 40)
+        assert len(diagnostics.events) <= scheduler.DIAGNOSTICS_PER_ROUND + 1
+        reported = {e.fields.get("trigger_id") for e in diagnostics.events} - {None}
+        assert len(reported) == scheduler.DIAGNOSTICS_PER_ROUND
+        diagnostics.events.clear()
+        for _ in range(5):
+            clock.advance(1_000)
+            report = await backend.run_round()
+            assert (report.scanned, report.admitted, report.errors, report.more_due) == (1, 1, 0, False)
+        assert len(runs(db_path, "zz-healthy")) == 5
+        assert diagnostics.events == []
+        # When the hold ends they are decided again, fail again, and are held twice as long with
+        # one summary, not forty new reports; the healthy trigger is served in the same round.
+        clock.ms += scheduler.HOLD_FIRST_MS - 5_000
+        report = await backend.run_round()
+        assert (report.errors, report.admitted) == (40, 1)
+        (summary,) = diagnostics.events
+        assert summary.code == "scheduler.undecidable_held" and summary.fields["repeated"] == 40
+        diagnostics.events.clear()
+        clock.advance(scheduler.HOLD_FIRST_MS)  # still held (for twice the first hold)
+        report = await backend.run_round()
+        assert (report.errors, report.more_due) == (0, False) and diagnostics.events == []
+    finally:
+        await backend.close()
+
+
+async def test_a_healthy_trigger_behind_ten_thousand_undecidable_ones_fires_on_time(db_path, clock):
+    """A wall of undecidable rows at the front of the due index must cost a bounded number of
+    rounds once per hold, and then nothing: otherwise the trigger behind it is delayed by a round
+    per page (minutes) and every round reports thousands of errors."""
+    diagnostics = Diagnostics()
+    backend = await open_backend(db_path, clock, page_size=32, diagnostics=diagnostics)
+    try:
+        await seed(backend)
+        await backend.publisher().put_trigger(cron("zz-healthy", "* * * * * *", grace_ms=1_000))
+        _make_undecidable(db_path, 10_000)
+        bound = 32 * scheduler.SCAN_PAGES_PER_ROUND
+
+        async def drain() -> int:
+            back_to_back = 0
+            while (await backend.run_round()).more_due:
+                back_to_back += 1
+                assert back_to_back <= 10_000 // bound + 1
+            return back_to_back
+
+        back_to_back = await drain()
+        assert cursor(db_path, "zz-healthy") == clock.ms + 1_000
+        assert len(diagnostics.events) <= (back_to_back + 1) * (scheduler.DIAGNOSTICS_PER_ROUND + 1)
+        for _ in range(3):
+            clock.advance(1_000)
+            report = await backend.run_round()
+            assert (report.admitted, report.errors, report.more_due) == (1, 0, False)
+        # The holds end together: deciding them again is again a few back-to-back rounds, and
+        # the healthy trigger is not late by a round per page.
+        clock.ms = clock.ms // 1000 * 1000 + scheduler.HOLD_FIRST_MS + 300
+        due = clock.ms - 300
+        await drain()
+        assert runs(db_path, "zz-healthy")[-1][2] == due
+    finally:
+        await backend.close()
+
+
+async def test_rounds_of_a_held_page_follow_the_cadence_not_each_other(db_path, clock):
+    """The host loop starts the next round at once when a round says more_due; a page that can
+    never be decided must leave the loop at its cadence (the busy loop ran 3,225 rounds in 6 s)."""
+    backend = await open_backend(db_path, clock, page_size=4)
+    try:
+        await seed(backend)
+        _make_undecidable(db_path, 8)
+        loop = SchedulerLoop(backend.run_round, cadence_ms=100, diagnostics=Diagnostics())
+        started = time.monotonic()
+        loop.start()
+        deadline = started + 30
+        while loop.stats.rounds < 6 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await loop.stop(10)
+        elapsed = time.monotonic() - started
+        assert loop.stats.rounds >= 6
+        # Aligned to the cadence: at most one round per 100 ms, plus the first and the last.
+        assert loop.stats.rounds <= elapsed / 0.1 + 2
+    finally:
+        await backend.close()
+
+
+@pytest.fixture
+def small_filesystem():
+    """A real 4 MiB tmpfs (mounting needs root); unmounted afterwards."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root")
+    mountpoint = Path(tempfile.mkdtemp(prefix="qinglong-full-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mountpoint)], check=True)
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+        mountpoint.rmdir()
+
+
+async def test_a_full_disk_ends_the_round_without_more_due_and_reports_once(small_filesystem, clock):
+    """When every commit fails (disk full), trying the rest of the page and starting the next
+    round at once only burns the CPU and floods the log; the occurrences must still be admitted
+    once there is room again."""
+    db_path = small_filesystem / "q.db"
+    filler = small_filesystem / "filler"
+    diagnostics = Diagnostics()
+    backend = await open_backend(db_path, clock, page_size=4, diagnostics=diagnostics)
+    try:
+        await seed(backend)
+        for i in range(8):
+            await backend.publisher().put_trigger(cron(f"f{i}", "* * * * *", grace_ms=5 * MINUTE))
+        while (await backend.run_round()).more_due:
+            pass
+        clock.advance(MINUTE)
+        diagnostics.events.clear()
+
+        def fill_the_disk(conn: sqlite3.Connection) -> None:
+            # An empty WAL: the next commit must grow it, on a file system with no room left.
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            with open(filler, "wb", buffering=0) as out:
+                try:
+                    while True:
+                        out.write(b"\0" * 4096)
+                except OSError:
+                    pass
+
+        report = await backend.run_round(before_commit=fill_the_disk)
+        assert (report.admitted, report.errors, report.more_due) == (0, 1, False)
+        (event,) = diagnostics.events
+        assert event.code == "scheduler.store_failed" and "full" in event.message
+        assert str(db_path) in event.message
+        clock.advance(1_000)
+        report = await backend.run_round()
+        assert (report.admitted, report.more_due) == (0, False)
+        assert [e.code for e in diagnostics.events] == ["scheduler.store_failed"]  # rate-limited
+        filler.unlink()
+        clock.advance(1_000)
+        admitted = 0
+        while True:
+            report = await backend.run_round()
+            admitted += report.admitted
+            if not report.more_due:
+                break
+        assert admitted == 8 and len(runs(db_path)) == 8
+    finally:
+        await backend.close()
+
+
+async def test_a_constraint_refusing_one_commit_holds_that_trigger_and_serves_the_others(db_path, clock):
+    """A row whose commit a constraint refuses (here a Run already holding its idempotency key)
+    fails the same way every round; it must not stop the page, nor be retried and reported every
+    round."""
+    diagnostics = Diagnostics()
+    backend = await open_backend(db_path, clock, diagnostics=diagnostics)
+    try:
+        await seed(backend)
+        await backend.publisher().put_trigger(cron("a", "* * * * *"))
+        await backend.publisher().put_trigger(cron("b", "* * * * *"))
+        await backend.run_round()
+        due = clock.ms + MINUTE
+        conn = sqlite3.connect(db_path)
+        with conn:
+            conn.execute("INSERT INTO runs (run_id, project_id, trigger_id, trigger_revision, task_id, "
+                         "task_revision, task_digest, scheduled_for_ms, admitted_at_ms, queued_at_ms, "
+                         "state, idempotency_key) VALUES ('x', 'p1', 'a', 1, 't1', 1, 'd', ?, 0, 0, "
+                         "'succeeded', ?)", (due, f"ql3:cron:v1:a:1:{due}"))
+        conn.close()
+        clock.advance(MINUTE)
+        diagnostics.events.clear()
+        report = await backend.run_round()
+        assert (report.admitted, report.errors, report.more_due) == (1, 1, False)
+        (event,) = diagnostics.events
+        assert event.code == "scheduler.commit_failed" and event.fields["trigger_id"] == "a"
+        clock.advance(1_000)
+        report = await backend.run_round()
+        assert (report.errors, report.scanned) == (0, 0)
+    finally:
+        await backend.close()
+
+
+async def test_a_trigger_published_just_before_its_occurrence_fires_it(db_path, clock):
+    """A daily job edited at 01:59:59.7 must still run at 02:00: initialising from the first round
+    (02:00:00.3) instead of from the publish skipped that day's run."""
+    two_am = 1_700_013_600_000  # 2023-11-15T02:00:00Z
+    clock.ms = two_am - 300
+    backend = await open_backend(db_path, clock)
+    try:
+        await seed(backend)
+        await backend.publisher().put_trigger(cron("daily", "0 2 * * *"))
+        clock.ms = two_am + 300
+        report = await backend.run_round()
+        assert (report.initialized, report.admitted, report.more_due) == (1, 1, False)
+        assert runs(db_path) == [("daily", 1, two_am, two_am + 300)]
+        assert cursor(db_path, "daily") == two_am + 24 * HOUR
+        # Republished (a new revision) at 01:59:59.7 the next day: the same.
+        clock.ms = two_am + 24 * HOUR - 300
+        await backend.publisher().put_trigger(cron("daily", "0 2 * * *", grace_ms=2 * MINUTE))
+        clock.ms = two_am + 24 * HOUR + 300
+        report = await backend.run_round()
+        assert (report.initialized, report.admitted) == (1, 1)
+        assert runs(db_path)[-1] == ("daily", 2, two_am + 24 * HOUR, clock.ms)
+    finally:
+        await backend.close()
+
+
+async def test_an_occurrence_owed_since_the_publish_follows_the_misfire_policy(db_path, clock):
+    """An initialisation that is already late by more than the grace must misfire as the policy
+    says (skip: recorded, no Run), in the same round, not fire late work nor wait a round."""
+    clock.ms = 1_700_013_600_000 - 300
+    backend = await open_backend(db_path, clock)
+    try:
+        await seed(backend)
+        await backend.publisher().put_trigger(cron("s", "0 2 * * *", policy="skip", grace_ms=5_000))
+        clock.advance(HOUR)
+        report = await backend.run_round()
+        assert (report.initialized, report.admitted, report.skipped) == (1, 0, 1)
+        assert runs(db_path) == [] and len(skips(db_path)) == 1
+        assert cursor(db_path, "s") > clock.ms
     finally:
         await backend.close()

@@ -10,10 +10,20 @@ The whole round runs as one function on the connection's thread (one hop per rou
    ``run.created``/``run.queued`` events, plus the skipped range of a misfire. A miss (the trigger
    was republished meanwhile) rolls back and admits nothing.
 
-A ``fire`` may leave the cursor still due (a backlog inside the grace window); that row is decided
-again within the round, at most :data:`BACKLOG_FIRES_PER_ROW` times, so a backlog drains without
-one trigger taking the whole round. A crash at any point leaves an occurrence wholly committed or
-not at all, and the compare-and-set means a restarted round can never admit it twice.
+A ``fire`` may leave the cursor still due (a backlog inside the grace window), and so may an
+``initialize`` (it counts from the revision's publish time, so an occurrence between the publish
+and this round is owed); that row is decided again within the round, at most
+:data:`BACKLOG_FIRES_PER_ROW` times, so a backlog drains without one trigger taking the whole
+round. A crash at any point leaves an occurrence wholly committed or not at all, and the
+compare-and-set means a restarted round can never admit it twice.
+
+A row that cannot be decided (its kind's plugin is not loaded, its provider raises) or whose
+commit is refused by a constraint is *held*: this process remembers its (trigger, revision) for a
+while (:class:`HeldSchedules`), reports it once, and the scan steps past it, within the round by
+a keyset and in later rounds through a TEMP table the page query excludes. A failure of the store
+itself (disk full, read-only, I/O) ends the round's commits instead: every other commit would fail
+the same way. ``more_due`` (start the next round at once) is set only by a round that made
+progress, so a store that cannot be written, or a page of undecidable rows, never spins.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import json
 import sqlite3
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -40,12 +51,34 @@ from qinglong.contracts.records import (
 )
 
 from .queries import q
+from .store import translate_sqlite_error
 
 #: How many on-time backlog occurrences one trigger may admit in one round.
 BACKLOG_FIRES_PER_ROW = 64
 
 #: Bound of the per-round occurrence memo (see :class:`_MemoProvider`).
 _MEMO_BOUND = 4096
+
+#: How many rows one round may read past undecidable ones, in pages of ``page_size``: a round
+#: steps past a wall of held-worthy rows this many rows at a time, never unboundedly.
+SCAN_PAGES_PER_ROUND = 64
+
+#: How long an undecidable (trigger, revision) is first held; each further failure doubles it up
+#: to :data:`HOLD_MAX_MS`. Publishing a new revision ends a hold at once (the pair changes).
+HOLD_FIRST_MS = 60_000
+HOLD_MAX_MS = 15 * 60_000
+
+#: How many pairs the memory keeps (held or recently released); past it, new ones are not held.
+HOLD_BOUND = 65_536
+
+#: How many held rows one round reports one by one; the rest are summarised in one event.
+DIAGNOSTICS_PER_ROUND = 10
+
+#: How often a persisting store failure (disk full, read-only) is reported, at most.
+STORE_FAILURE_REPORT_MS = 60_000
+
+#: The keyset before every row: below every cursor and every identifier.
+_KEYSET_START = (-(2 ** 63), "", "")
 
 EXECUTOR = "remote_worker"
 
@@ -135,25 +168,178 @@ class RoundOutcome:
                            duration_ms=duration_ms, more_due=self.more_due)
 
 
+#: Column of the page rows holding ``spec_json`` (the memo's key).
+_SPEC_COLUMN = 9
+
+
 def _due_row(row: tuple, specs: dict) -> _DueRow:
-    (trigger_id, project_id, revision, next_fire, last_scheduled, state_version, task_id, kind,
-     spec_json, policy, grace, trigger_digest, task_revision, task_digest) = row
+    (trigger_id, project_id, revision, next_fire, last_scheduled, state_version, published,
+     task_id, kind, spec_json, policy, grace, trigger_digest, task_revision, task_digest) = row
     spec = specs.get(spec_json)
     if spec is None:
         spec = specs[spec_json] = json.loads(spec_json)
     head = TriggerHead(project_id, trigger_id, task_id, revision, kind, spec, MisfirePolicy(policy),
                        grace, True, trigger_digest)
-    return _DueRow(head, ScheduleCursor(revision, next_fire, last_scheduled, state_version),
+    return _DueRow(head, ScheduleCursor(revision, next_fire, last_scheduled, state_version, published),
                    task_revision, task_digest)
 
 
-def _error(outcome: RoundOutcome, code: str, row: _DueRow | None, exc: BaseException) -> None:
-    outcome.errors += 1
+@dataclass(slots=True)
+class _Hold:
+    until_ms: int
+    hold_ms: int
+    active: bool = True
+
+
+class HeldSchedules:
+    """This process's memory of schedules that cannot be decided or committed, for a bounded time.
+
+    Keyed by (trigger_id, trigger_revision): a new revision is a new pair, so republishing a
+    trigger ends its hold at once. An active hold is mirrored in the connection's TEMP table
+    ``scheduler_held``, which the page queries exclude, so a wall of undecidable rows at the front
+    of the due index costs a round an index walk, not a page. When a hold expires the row is
+    decided again; failing again holds it for twice as long (up to :data:`HOLD_MAX_MS`) without a
+    new per-trigger diagnostic: each pair is reported once while it is remembered. A released pair
+    is forgotten one hold period after it expired.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, int], _Hold] = {}
+        self._store_failure_reported_at: int | None = None
+        self._store_failures_unreported = 0
+
+    def __len__(self) -> int:
+        return sum(1 for hold in self._entries.values() if hold.active)
+
+    def is_held(self, trigger_id: str, revision: int) -> bool:
+        """True while (trigger_id, revision) is held (for tests and status)."""
+        hold = self._entries.get((trigger_id, revision))
+        return hold is not None and hold.active
+
+    def sync(self, conn: sqlite3.Connection, now_ms: int) -> None:
+        """Make the TEMP table match this memory: create it on a new connection (forgetting every
+        hold, which lived in the old one), release expired holds, forget old released pairs."""
+        if conn.execute(q("held_table_exists")).fetchone() is None:
+            # Before the first TEMP object: keep it in memory, never in a temp file on the flash.
+            conn.execute("PRAGMA temp_store = MEMORY")
+            conn.execute(q("create_held_table"))
+            self._entries.clear()
+        released = []
+        for key, hold in list(self._entries.items()):
+            if hold.active and hold.until_ms <= now_ms:
+                hold.active = False
+                released.append(key)
+            elif not hold.active and hold.until_ms + hold.hold_ms <= now_ms:
+                del self._entries[key]
+        if released:
+            conn.executemany(q("delete_held"), released)
+
+    def hold(self, conn: sqlite3.Connection, trigger_id: str, revision: int, now_ms: int) -> bool | None:
+        """Hold a pair. True if it is newly reported, False if it was reported before (a repeat
+        after its hold expired), None if the memory is full (not held; reported every time)."""
+        key = (trigger_id, revision)
+        hold = self._entries.get(key)
+        if hold is None:
+            if len(self._entries) >= HOLD_BOUND:
+                self._forget_released()
+                if len(self._entries) >= HOLD_BOUND:
+                    return None
+            self._entries[key] = _Hold(now_ms + HOLD_FIRST_MS, HOLD_FIRST_MS)
+            conn.execute(q("insert_held"), key)
+            return True
+        if not hold.active:
+            hold.hold_ms = min(hold.hold_ms * 2, HOLD_MAX_MS)
+        hold.until_ms = now_ms + hold.hold_ms
+        hold.active = True
+        conn.execute(q("insert_held"), key)
+        return False
+
+    def _forget_released(self) -> None:
+        for key in [k for k, hold in self._entries.items() if not hold.active]:
+            del self._entries[key]
+
+    def store_failure_due_for_report(self, now_ms: int) -> int | None:
+        """Rate-limit reports of a failing store: the number of failures since the last report
+        when one is due now, else None (and this failure is counted for the next)."""
+        last = self._store_failure_reported_at
+        if last is None or now_ms - last >= STORE_FAILURE_REPORT_MS or now_ms < last:
+            count = self._store_failures_unreported + 1
+            self._store_failure_reported_at = now_ms
+            self._store_failures_unreported = 0
+            return count
+        self._store_failures_unreported += 1
+        return None
+
+    def store_recovered(self) -> None:
+        """A commit succeeded: the next store failure is reported at once."""
+        self._store_failure_reported_at = None
+        self._store_failures_unreported = 0
+
+
+#: One memory per store (per backend), dropped with it.
+_HELD_BY_STORE: "weakref.WeakKeyDictionary[Any, HeldSchedules]" = weakref.WeakKeyDictionary()
+
+
+def held_schedules_of(store: Any) -> HeldSchedules:
+    """The :class:`HeldSchedules` of ``store`` (created on first use)."""
+    held = _HELD_BY_STORE.get(store)
+    if held is None:
+        held = _HELD_BY_STORE[store] = HeldSchedules()
+    return held
+
+
+def _fields(row: _DueRow | None, exc: BaseException) -> dict[str, Any]:
     fields: dict[str, Any] = {"error": type(exc).__name__}
     if row is not None:
         fields.update(project_id=row.head.project_id, trigger_id=row.head.trigger_id,
                       trigger_revision=row.head.trigger_revision)
-    outcome.diagnostics.append(DiagnosticEvent("error", code, str(exc)[:300], fields))
+    return fields
+
+
+class _RoundHolds:
+    """Holds made during one round, and their bounded reporting."""
+
+    __slots__ = ("held", "conn", "now_ms", "outcome", "new", "repeated", "unheld", "reported")
+
+    def __init__(self, held: HeldSchedules, conn: sqlite3.Connection, now_ms: int,
+                 outcome: "RoundOutcome") -> None:
+        self.held, self.conn, self.now_ms, self.outcome = held, conn, now_ms, outcome
+        self.new = self.repeated = self.unheld = self.reported = 0
+
+    def undecidable(self, code: str, row: _DueRow | None, exc: BaseException) -> None:
+        """Count an error, hold the row's pair, report it unless reported before or over budget."""
+        self.outcome.errors += 1
+        state: bool | None = None
+        if row is not None:
+            state = self.held.hold(self.conn, row.head.trigger_id, row.head.trigger_revision,
+                                   self.now_ms)
+        if state is False:
+            self.repeated += 1
+            return
+        if state is True:
+            self.new += 1
+        else:
+            self.unheld += 1
+        if self.reported < DIAGNOSTICS_PER_ROUND:
+            self.reported += 1
+            fields = _fields(row, exc)
+            if state:
+                fields["held_ms"] = HOLD_FIRST_MS
+            self.outcome.diagnostics.append(DiagnosticEvent("error", code, str(exc)[:300], fields))
+
+    def summarise(self) -> None:
+        """One event for what was held but not reported one by one this round."""
+        unreported = self.new + self.unheld - self.reported
+        if unreported <= 0 and not self.repeated:
+            return
+        self.outcome.diagnostics.append(DiagnosticEvent(
+            "error", "scheduler.undecidable_held",
+            f"{unreported} more schedule(s) could not be decided or committed this round and "
+            f"{self.repeated} reported before still cannot; they are held (skipped by the scan) "
+            f"for {HOLD_FIRST_MS // 1000} s or more, then tried again",
+            {"unreported": unreported, "repeated": self.repeated, "not_held": self.unheld,
+             "held_total": len(self.held)},
+        ))
 
 
 def commit_decision(conn: sqlite3.Connection, row: _DueRow, decision: Decision, now_ms: int) -> bool:
@@ -203,83 +389,182 @@ def _count(outcome: RoundOutcome, decision: Decision) -> None:
         outcome.skipped += 1
 
 
-def read_page(conn: sqlite3.Connection, now_ms: int, page_size: int) -> list[tuple]:
-    """ONE page in due-scan order: ``next_fire_at_ms NULLS FIRST, project_id, trigger_id``.
+def read_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
+              after: tuple | None = None) -> list[tuple]:
+    """ONE page in due-scan order: ``next_fire_at_ms NULLS FIRST, project_id, trigger_id``,
+    starting after the keyset ``after`` (a previous page's last row, from :func:`keyset_of`).
 
     Two index range scans (uninitialised, then due) instead of one ``IS NULL OR <=`` predicate,
     which SQLite cannot serve in index order and would answer by scanning and sorting every
-    trigger. Each stops after the page; the table is never in memory.
+    trigger. Each stops after the page; the table is never in memory. Held rows are excluded.
     """
-    rows = conn.execute(q("claim_uninitialised_page"), {"page": page_size}).fetchall()
+    rows: list[tuple] = []
+    if after is None or after[0] is None:
+        project, trigger = ("", "") if after is None else after[1:]
+        rows = conn.execute(q("claim_uninitialised_page"), {
+            "page": page_size, "after_project": project, "after_trigger": trigger}).fetchall()
+        after = _KEYSET_START
     if len(rows) < page_size:
-        rows += conn.execute(q("claim_due_page"),
-                             {"now": now_ms, "page": page_size - len(rows)}).fetchall()
+        rows += conn.execute(q("claim_due_page"), {
+            "now": now_ms, "page": page_size - len(rows), "after_next": after[0],
+            "after_project": after[1], "after_trigger": after[2]}).fetchall()
     return rows
+
+
+def keyset_of(raw: tuple) -> tuple:
+    """The scan position of a page row: (next_fire_at_ms or None, project_id, trigger_id)."""
+    return (raw[3], raw[1], raw[0])
+
+
+def _store_failure(exc: BaseException) -> bool:
+    """True for a failure of the store itself (full, read-only, I/O, busy, damaged): every other
+    commit of the round would fail alike. A constraint refusing one row is that row's failure."""
+    return isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError)
+
+
+def _decide_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
+                 providers: Mapping[str, TriggerProvider], outcome: RoundOutcome,
+                 holds: _RoundHolds) -> tuple[list[tuple[_DueRow, Decision]], bool]:
+    """Read and decide up to one page of decidable rows, stepping past undecidable ones (held) by
+    keyset, reading at most :data:`SCAN_PAGES_PER_ROUND` pages. Returns the decisions and whether
+    rows may remain unread (the page filled, or the scan bound was reached)."""
+    specs: dict[str, Any] = {}
+    memo: dict = {}
+    decided: list[tuple[_DueRow, Decision]] = []
+    scan_bound = page_size * SCAN_PAGES_PER_ROUND
+    after: tuple | None = None
+    while True:
+        need = page_size - len(decided)
+        raw_rows = read_page(conn, now_ms, need, after)
+        outcome.scanned += len(raw_rows)
+        for raw in raw_rows:
+            row = None
+            try:
+                row = _due_row(raw, specs)
+                provider = providers.get(row.head.kind)
+                if provider is None:
+                    raise LookupError(f"no loaded plugin provides trigger kind {row.head.kind!r}")
+                row.provider = _MemoProvider(provider, memo, raw[_SPEC_COLUMN])
+                decision = decide(row.head, row.cursor, now_ms, row.provider)
+                if decision.kind is DecisionKind.NOT_DUE:
+                    continue
+                if decision.scheduled_for_ms is not None:
+                    row.execution_digest = execution_digest(row)
+                decided.append((row, decision))
+            except Exception as exc:  # one trigger's failure never stops the round
+                holds.undecidable("scheduler.decide_failed", row, exc)
+        if len(raw_rows) < need:
+            return decided, False
+        if len(decided) >= page_size or outcome.scanned >= scan_bound:
+            return decided, True
+        after = keyset_of(raw_rows[-1])
+
+
+def pinned_execution_digest(project_id: str, task_id: str, task_revision: int,
+                            task_digest: str) -> str:
+    """The digest of the ``remote_worker`` execution of a task revision: what an admitted
+    occurrence's Attempt records, and what recovery checks it against."""
+    return content_digest({
+        "executor": EXECUTOR, "project_id": project_id, "task_id": task_id,
+        "task_revision": task_revision, "task_digest": task_digest,
+    })
+
+
+def execution_digest(row: _DueRow) -> str:
+    """The digest of the ``remote_worker`` execution an admitted occurrence pins."""
+    return pinned_execution_digest(row.head.project_id, row.head.task_id, row.task_revision,
+                                   row.task_digest)
 
 
 def run_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
              providers: Mapping[str, TriggerProvider],
-             before_commit: BeforeCommit | None = None) -> RoundOutcome:
-    """One round on the connection's thread. Never raises for one occurrence's failure."""
-    outcome = RoundOutcome()
-    specs: dict[str, Any] = {}
-    memo: dict = {}
-    raw_rows = read_page(conn, now_ms, page_size)
-    outcome.scanned = len(raw_rows)
-    outcome.more_due = len(raw_rows) >= page_size
+             before_commit: BeforeCommit | None = None,
+             held: HeldSchedules | None = None, path: str = "") -> RoundOutcome:
+    """One round on the connection's thread. Never raises for one occurrence's failure.
 
-    decided: list[tuple[_DueRow, Decision]] = []
-    for raw in raw_rows:
-        row = None
-        try:
-            row = _due_row(raw, specs)
-            provider = providers.get(row.head.kind)
-            if provider is None:
-                raise LookupError(f"no loaded plugin provides trigger kind {row.head.kind!r}")
-            row.provider = _MemoProvider(provider, memo, raw[8])
-            decision = decide(row.head, row.cursor, now_ms, row.provider)
-            if decision.kind is DecisionKind.NOT_DUE:
-                continue
-            if decision.scheduled_for_ms is not None:
-                row.execution_digest = content_digest({
-                    "executor": EXECUTOR, "project_id": row.head.project_id,
-                    "task_id": row.head.task_id, "task_revision": row.task_revision,
-                    "task_digest": row.task_digest,
-                })
-            decided.append((row, decision))
-        except Exception as exc:  # one trigger's failure never stops the round
-            _error(outcome, "scheduler.decide_failed", row, exc)
-    del raw_rows
+    ``held`` is the process's memory of undecidable schedules (a fresh one when None); ``path``
+    names the database in a store failure's diagnostic.
+    """
+    outcome = RoundOutcome()
+    if held is None:
+        held = HeldSchedules()
+    held.sync(conn, now_ms)
+    holds = _RoundHolds(held, conn, now_ms, outcome)
+    decided, unread = _decide_page(conn, now_ms, page_size, providers, outcome, holds)
 
     if before_commit is not None:
         before_commit(conn)
 
+    committed = 0
+    backlog_left = False
+    store_failed = False
     for row, decision in decided:
         for _ in range(BACKLOG_FIRES_PER_ROW):
             try:
-                committed = commit_decision(conn, row, decision, now_ms)
+                ok = commit_decision(conn, row, decision, now_ms)
             except Exception as exc:
-                _error(outcome, "scheduler.commit_failed", row, exc)
+                if _store_failure(exc):
+                    store_failed = True
+                    _report_store_failure(outcome, held, row, exc, now_ms, path)
+                else:
+                    holds.undecidable("scheduler.commit_failed", row, exc)
                 break
-            if not committed:
+            if not ok:
                 outcome.cas_misses += 1
                 break
+            committed += 1
             _count(outcome, decision)
-            if decision.kind is not DecisionKind.FIRE or decision.next_fire_at_ms > now_ms:
+            if (decision.kind not in (DecisionKind.FIRE, DecisionKind.INITIALIZE)
+                    or decision.next_fire_at_ms > now_ms):
                 break
-            # The cursor is still due (backlog inside the grace window): decide it again.
+            # The cursor is still due (a backlog inside the grace window, or an occurrence between
+            # the publish and this round after an initialisation): decide it again.
             row.cursor = ScheduleCursor(decision.trigger_revision, decision.next_fire_at_ms,
-                                        decision.scheduled_for_ms, row.cursor.state_version + 1)
+                                        decision.scheduled_for_ms
+                                        if decision.scheduled_for_ms is not None
+                                        else row.cursor.last_scheduled_at_ms,
+                                        row.cursor.state_version + 1, row.cursor.published_at_ms)
             try:
                 decision = decide(row.head, row.cursor, now_ms, row.provider)
+                if decision.scheduled_for_ms is not None and not row.execution_digest:
+                    row.execution_digest = execution_digest(row)
             except Exception as exc:
-                _error(outcome, "scheduler.decide_failed", row, exc)
+                holds.undecidable("scheduler.decide_failed", row, exc)
                 break
             if decision.kind is DecisionKind.NOT_DUE:
                 break
         else:
-            outcome.more_due = True
+            backlog_left = True
+        if store_failed:
+            break
+    if committed:
+        held.store_recovered()
+    holds.summarise()
+    # Start the next round at once only after progress: rows committed, or undecidable rows
+    # (newly or again) held, so the next scan starts past them. A pair is held at most once per
+    # hold period, so this cannot spin; a round that changed nothing must wait its cadence.
+    progress = committed > 0 or holds.new > 0 or holds.repeated > 0
+    outcome.more_due = progress and not store_failed and (unread or backlog_left)
     return outcome
+
+
+def _report_store_failure(outcome: RoundOutcome, held: HeldSchedules, row: _DueRow,
+                          exc: BaseException, now_ms: int, path: str) -> None:
+    outcome.errors += 1
+    count = held.store_failure_due_for_report(now_ms)
+    if count is None:
+        return
+    message = str(exc)
+    if path:
+        try:
+            message = str(translate_sqlite_error(exc, path))
+        except Exception:  # the message is best effort; the failure is reported either way
+            pass
+    fields = _fields(row, exc)
+    fields["failures_since_last_report"] = count
+    outcome.diagnostics.append(DiagnosticEvent(
+        "error", "scheduler.store_failed",
+        f"the round stopped committing: {message[:300]}", fields))
 
 
 async def run_round(store: Any, clock_ms: Callable[[], int], page_size: int,
@@ -288,7 +573,8 @@ async def run_round(store: Any, clock_ms: Callable[[], int], page_size: int,
     """Observe the clock once, run the page on the store's thread, emit its diagnostics here."""
     started = time.monotonic()
     now_ms = clock_ms()
-    outcome = await store.call(run_page, now_ms, page_size, providers, before_commit)
+    outcome = await store.call(run_page, now_ms, page_size, providers, before_commit,
+                               held_schedules_of(store), str(getattr(store, "path", "")))
     for event in outcome.diagnostics:
         try:
             diagnostics.emit(event)

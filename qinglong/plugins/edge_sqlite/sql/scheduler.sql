@@ -1,8 +1,9 @@
 -- name: claim_uninitialised_page
--- Schedules awaiting initialisation (NULL cursor sorts first), by project and trigger.
+-- Schedules awaiting initialisation (NULL cursor sorts first), by project and trigger, after the
+-- keyset (:after_project, :after_trigger) and not held as undecidable by this process.
 -- CROSS JOIN pins the schedule index as the driving loop, so the scan stops after one page.
 SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
-       s.last_scheduled_at_ms, s.state_version,
+       s.last_scheduled_at_ms, s.state_version, s.published_at_ms,
        t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.content_digest,
        k.task_revision, k.content_digest
   FROM trigger_schedules AS s
@@ -10,15 +11,19 @@ SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
  CROSS JOIN projects AS p ON p.project_id = s.project_id
  CROSS JOIN tasks AS k ON k.project_id = t.project_id AND k.task_id = t.task_id
  WHERE s.next_fire_at_ms IS NULL
+   AND (s.project_id, s.trigger_id) > (:after_project, :after_trigger)
+   AND NOT EXISTS (SELECT 1 FROM temp.scheduler_held AS h
+                    WHERE h.trigger_id = s.trigger_id AND h.trigger_revision = s.trigger_revision)
    AND t.enabled = 1
    AND p.active = 1
  ORDER BY s.project_id, s.trigger_id
  LIMIT :page;
 
 -- name: claim_due_page
--- Due schedules of enabled triggers of active projects, oldest cursor first, one page at most.
+-- Due schedules of enabled triggers of active projects, oldest cursor first, one page at most,
+-- after the keyset (:after_next, :after_project, :after_trigger) and not held as undecidable.
 SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
-       s.last_scheduled_at_ms, s.state_version,
+       s.last_scheduled_at_ms, s.state_version, s.published_at_ms,
        t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.content_digest,
        k.task_revision, k.content_digest
   FROM trigger_schedules AS s
@@ -26,6 +31,9 @@ SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
  CROSS JOIN projects AS p ON p.project_id = s.project_id
  CROSS JOIN tasks AS k ON k.project_id = t.project_id AND k.task_id = t.task_id
  WHERE s.next_fire_at_ms <= :now
+   AND (s.next_fire_at_ms, s.project_id, s.trigger_id) > (:after_next, :after_project, :after_trigger)
+   AND NOT EXISTS (SELECT 1 FROM temp.scheduler_held AS h
+                    WHERE h.trigger_id = s.trigger_id AND h.trigger_revision = s.trigger_revision)
    AND t.enabled = 1
    AND p.active = 1
  ORDER BY s.next_fire_at_ms, s.project_id, s.trigger_id
@@ -66,3 +74,24 @@ VALUES (?1, 1, 'run.created', ?2), (?1, 2, 'run.queued', ?2);
 INSERT INTO schedule_skips (project_id, trigger_id, trigger_revision, policy, first_skipped_ms,
                             last_skipped_ms, count, count_exact, recorded_at_ms)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?);
+
+-- name: create_held_table
+-- This process's memory of undecidable (trigger, revision) pairs, so the due scan steps past them.
+-- A TEMP table lives in memory with the connection (temp_store = MEMORY) and never touches the file.
+CREATE TEMP TABLE IF NOT EXISTS scheduler_held (
+    trigger_id       TEXT NOT NULL,
+    trigger_revision INTEGER NOT NULL,
+    PRIMARY KEY (trigger_id, trigger_revision)
+) WITHOUT ROWID;
+
+-- name: held_table_exists
+-- Whether this connection already has the held table (a new connection starts with an empty memory).
+SELECT 1 FROM temp.sqlite_master WHERE type = 'table' AND name = 'scheduler_held';
+
+-- name: insert_held
+-- Hold one undecidable pair.
+INSERT OR IGNORE INTO temp.scheduler_held (trigger_id, trigger_revision) VALUES (?, ?);
+
+-- name: delete_held
+-- Release one pair whose hold expired.
+DELETE FROM temp.scheduler_held WHERE trigger_id = ? AND trigger_revision = ?;
