@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from edge_helpers import cron, open_backend, query, seed
 from qinglong.contracts.store import SchedulerBackend
 from qinglong.plugins.edge_sqlite import EdgeSqliteSettings, qinglong_scheduler_backends
+from qinglong.plugins.edge_sqlite.recovery import recover_in_thread
 
 MINUTE = 60_000
 
@@ -45,8 +46,26 @@ async def test_pristine_queued_attempts_are_left_alone(db_path, clock):
         ("INSERT INTO attempts (attempt_id, run_id, attempt_no, state, executor, execution_digest, "
          "created_at_ms) SELECT 'second', run_id, 2, 'failed', 'remote_worker', 'x', 0 FROM runs "
          "WHERE rowid = 1", "attempt state 'failed'"),
+        ("INSERT INTO attempts (attempt_id, run_id, attempt_no, state, executor, execution_digest, "
+         "created_at_ms) SELECT 'second', run_id, 2, 'claimed', 'remote_worker', execution_digest, "
+         "created_at_ms FROM attempts WHERE rowid = 1", "latest attempt is #2"),
+        ("UPDATE attempts SET execution_digest = 'sha256:' || hex(randomblob(32)) WHERE rowid = 1",
+         "execution digest does not match its pinned task revision"),
+        ("UPDATE runs SET task_digest = 'sha256:0' WHERE rowid = 1",
+         "execution digest does not match its pinned task revision"),
+        ("UPDATE runs SET queued_at_ms = queued_at_ms + 1 WHERE rowid = 1",
+         "queued_at_ms differs from the admission time"),
+        ("UPDATE attempts SET created_at_ms = created_at_ms - 1 WHERE rowid = 1",
+         "attempt created_at_ms differs from the admission time"),
+        ("INSERT INTO run_events (run_id, seq, type, at_ms) SELECT run_id, 3, 'run.dispatching', "
+         "at_ms FROM run_events WHERE event_id = 1", "events are not exactly"),
+        ("DELETE FROM run_events WHERE event_id = 2", "events are not exactly"),
+        ("UPDATE run_events SET type = CASE seq WHEN 1 THEN 'run.queued' ELSE 'run.created' END "
+         "WHERE run_id = (SELECT run_id FROM runs WHERE rowid = 1)", "events are not exactly"),
     ],
-    ids=["worker-set", "dispatching", "newer-attempt"],
+    ids=["worker-set", "dispatching", "newer-attempt", "newer-pristine-looking-attempt",
+         "execution-digest", "pinned-digest", "queued-at", "attempt-created-at", "extra-event",
+         "missing-event", "swapped-events"],
 )
 async def test_drifted_in_flight_work_is_reported_and_not_modified(db_path, clock, drift, reason):
     """Anything in flight that admission did not leave exactly so must reach an operator (fail
@@ -99,3 +118,44 @@ def test_importing_the_plugin_does_not_import_the_driver():
             "bad = [m for m in ('aiosqlite', 'sqlite3', 'psycopg') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _recovery_steps(db_path, finished: int) -> int:
+    """SQLite virtual-machine steps startup recovery takes with ``finished`` terminal Runs added."""
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        if finished:
+            conn.execute("BEGIN")
+            conn.executemany(
+                "INSERT INTO runs (run_id, project_id, trigger_id, trigger_revision, task_id, "
+                "task_revision, task_digest, scheduled_for_ms, admitted_at_ms, queued_at_ms, state, "
+                "idempotency_key) VALUES (?, 'p1', 'old', 1, 't1', 1, 'd', ?, 0, 0, 'succeeded', ?)",
+                [(f"done{i}", i, f"ql3:cron:v1:old:1:{i}") for i in range(finished)])
+            conn.execute("COMMIT")
+        steps = 0
+
+        def count() -> int:
+            nonlocal steps
+            steps += 1
+            return 0
+
+        conn.set_progress_handler(count, 100)
+        report = recover_in_thread(conn)
+        conn.set_progress_handler(None, 0)
+        assert report.pristine_queued == 2 and report.candidates == ()
+        return steps
+    finally:
+        conn.close()
+
+
+async def test_recovery_reads_only_the_runs_still_in_flight(db_path, clock):
+    """Recovery that scans every Run delays the first round by seconds on a long-lived file
+    (1 M Runs: ~8 s); finished Runs never need recovery and must cost it nothing."""
+    backend = await open_backend(db_path, clock)
+    try:
+        await _admit_two(backend, clock)
+    finally:
+        await backend.close()
+    few = _recovery_steps(db_path, 0)
+    many = _recovery_steps(db_path, 20_000)
+    assert many <= few + 5, (few, many)

@@ -1,10 +1,16 @@
 """Startup recovery: leave pristine queued attempts alone, report everything else in flight.
 
 A pristine queued Attempt is exactly what admission wrote: the Run is ``queued`` with
-``queued_at_ms`` set, the Attempt is its latest, ``claimed`` for ``remote_worker``, and every
-worker, session, lease, offer, callback, start, finish, result and error field is NULL. Such a Run
-is waiting for dispatch, not failed. Anything else in flight is a candidate for an operator or a
-later recovery step; nothing here modifies it (fail closed).
+``queued_at_ms`` equal to its admission time; the Attempt is its latest and its first, ``claimed``
+for ``remote_worker``, created at the admission time, with every worker, session, lease, offer,
+callback, start, finish, result and error field NULL and the execution digest of the Run's pinned
+task revision (which is stored with that digest); and the Run has exactly the events
+``run.created`` (seq 1) and ``run.queued`` (seq 2). Such a Run is waiting for dispatch, not failed.
+Anything else in flight is a candidate for an operator or a later recovery step; nothing here
+modifies it (fail closed).
+
+Only Runs still in flight are read, through the partial index ``runs_in_flight``: finished Runs,
+most of a long-lived file, cost recovery nothing.
 """
 
 from __future__ import annotations
@@ -14,13 +20,15 @@ import sqlite3
 from qinglong.contracts.records import RecoveryReport
 
 from .queries import q
+from .scheduler import EXECUTOR, pinned_execution_digest
 
 #: How many candidates a report names one by one; the rest are summarised in one line.
 CANDIDATE_BOUND = 100
 
 
 def _describe(row: tuple) -> str:
-    run_id, run_state, queued_at, attempt_id, attempt_no, attempt_state, executor, touched = row
+    (run_id, run_state, queued_at, admitted_at, attempt_id, attempt_no, attempt_state, executor,
+     attempt_created, touched, events_ok) = row
     if attempt_id is None:
         return f"run {run_id} ({run_state}) has no attempt"
     reasons = []
@@ -28,12 +36,21 @@ def _describe(row: tuple) -> str:
         reasons.append(f"run state {run_state!r}")
     if queued_at is None:
         reasons.append("queued_at_ms is NULL")
+    elif queued_at != admitted_at:
+        reasons.append("queued_at_ms differs from the admission time")
+    if attempt_no != 1:
+        reasons.append(f"latest attempt is #{attempt_no}, admission makes only #1")
     if attempt_state != "claimed":
         reasons.append(f"attempt state {attempt_state!r}")
-    if executor != "remote_worker":
+    if executor != EXECUTOR:
         reasons.append(f"executor {executor!r}")
+    if attempt_created != admitted_at:
+        reasons.append("attempt created_at_ms differs from the admission time")
     if touched:
         reasons.append("dispatch or result fields are set")
+    if not events_ok:
+        reasons.append("events are not exactly run.created (seq 1) and run.queued (seq 2) at the "
+                       "admission time")
     detail = ", ".join(reasons) or "attempt drifted"
     return f"run {run_id} attempt {attempt_id} (#{attempt_no}): {detail}"
 
@@ -42,12 +59,39 @@ def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
     """Count pristine queued attempts and describe the other in-flight Runs, in one read snapshot."""
     conn.execute("BEGIN")
     try:
-        pristine = conn.execute(q("count_pristine_queued")).fetchone()[0]
-        rows = conn.execute(q("in_flight_not_pristine"), (CANDIDATE_BOUND + 1,)).fetchall()
+        pristine = 0
+        candidates: list[str] = []
+        overflow = False
+        for project_id, task_id, revision, task_digest, digest, count in conn.execute(
+                q("pristine_queued_by_pin")).fetchall():
+            problem = None
+            if digest != pinned_execution_digest(project_id, task_id, revision, task_digest):
+                problem = "execution digest does not match its pinned task revision"
+            elif conn.execute(q("task_revision_exists"),
+                              (project_id, task_id, revision, task_digest)).fetchone() is None:
+                problem = (f"pinned task revision {task_id!r} #{revision} is not stored with the "
+                           "digest the run recorded")
+            if problem is None:
+                pristine += count
+                continue
+            room = CANDIDATE_BOUND + 1 - len(candidates)
+            if room <= 0:
+                overflow = True
+                continue
+            for run_id, attempt_id, attempt_no in conn.execute(
+                    q("in_flight_of_pin"),
+                    (project_id, task_id, revision, task_digest, digest, room)).fetchall():
+                candidates.append(f"run {run_id} attempt {attempt_id} (#{attempt_no}): {problem}")
+        room = CANDIDATE_BOUND + 1 - len(candidates)
+        if room > 0:
+            candidates += [_describe(row) for row in
+                           conn.execute(q("in_flight_not_pristine"), (room,)).fetchall()]
+        else:
+            overflow = True
     finally:
         conn.execute("COMMIT")
-    candidates = [_describe(row) for row in rows[:CANDIDATE_BOUND]]
-    if len(rows) > CANDIDATE_BOUND:
+    if len(candidates) > CANDIDATE_BOUND or overflow:
+        candidates = candidates[:CANDIDATE_BOUND]
         candidates.append(f"more than {CANDIDATE_BOUND} in-flight runs need recovery; "
                           "only the first are listed")
     return RecoveryReport(pristine_queued=pristine, candidates=tuple(candidates))
