@@ -75,9 +75,16 @@ def boot_for_closure(profile: str, settings_path: str | None) -> list[str]:
 
 
 @asynccontextmanager
-async def _opened_backend(container: Any, *, readiness: bool = True) -> AsyncIterator[Any]:
+async def _opened_backend(container: Any, *, readiness: bool = True, create: bool = True) -> AsyncIterator[Any]:
+    import inspect
+
     backend = container.backend()
-    await backend.open()
+    # Commands that only read open with create=False, so a mistyped path is reported, not created.
+    # A backend written before that keyword existed is opened as it always was.
+    if "create" in inspect.signature(backend.open).parameters:
+        await backend.open(create=create)
+    else:
+        await backend.open()
     try:
         if readiness:
             if getattr(backend, "auto_migrate", False):
@@ -88,11 +95,14 @@ async def _opened_backend(container: Any, *, readiness: bool = True) -> AsyncIte
         await backend.close()
 
 
-def _on_backend(container: Any, action: Any, *, readiness: bool = True) -> Any:
-    """Open the profile's backend, ``await action(backend)``, close it; return the result."""
+def _on_backend(container: Any, action: Any, *, readiness: bool = True, create: bool = True) -> Any:
+    """Open the profile's backend, ``await action(backend)``, close it; return the result.
+
+    ``create=False`` for commands that only read: they never create or migrate a store.
+    """
 
     async def body() -> Any:
-        async with _opened_backend(container, readiness=readiness) as backend:
+        async with _opened_backend(container, readiness=readiness, create=create) as backend:
             return await action(backend)
 
     return asyncio.run(body())
@@ -346,7 +356,7 @@ def cmd_db(args: argparse.Namespace) -> int:
             return list(await backend.migrate())
         return list(await backend.migration_status())
 
-    states = _on_backend(container, go, readiness=False)
+    states = _on_backend(container, go, readiness=False, create=args.db_command == "migrate")
     if args.json:
         _print_json([{"version": s.version, "name": s.name, "checksum": s.checksum, "status": s.status}
                      for s in states])
@@ -369,7 +379,7 @@ def cmd_project(args: argparse.Namespace) -> int:
             return await backend.publisher().create_project(args.project_id, args.name)
         return await backend.reader().list_projects()
 
-    result = _on_backend(container, go)
+    result = _on_backend(container, go, create=args.project_command == "create")
     if args.project_command == "create":
         print(f"created project {result.project_id}")
     elif args.json:
@@ -496,7 +506,7 @@ def cmd_trigger(args: argparse.Namespace) -> int:
         )
         return await pub.put_trigger(definition)
 
-    result = _on_backend(container, go)
+    result = _on_backend(container, go, create=sub != "list")
     if sub == "list":
         if args.json:
             _print_json([_head_json(t) for t in result])
@@ -522,7 +532,7 @@ def _head_json(t: Any) -> dict[str, Any]:
 
 
 def _show_runs(container: Any, *, limit: int, trigger: str | None, as_json: bool) -> int:
-    runs = _on_backend(container, lambda backend: backend.reader().recent_runs(limit, trigger))
+    runs = _on_backend(container, lambda backend: backend.reader().recent_runs(limit, trigger), create=False)
     if as_json:
         _print_json([{"run_id": r.run_id, "project_id": r.project_id, "trigger_id": r.trigger_id,
                       "trigger_revision": r.trigger_revision, "scheduled_for_ms": r.scheduled_for_ms,
@@ -594,7 +604,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
         schedules = await _limited(reader.list_schedules, args.limit)
         return schedules, await _scheduler_status(reader)
 
-    schedules, status = _on_backend(container, go)
+    schedules, status = _on_backend(container, go, create=False)
     now = _now_ms()
     providers = container.trigger_providers()
     # Lag grows only while a scheduler works the store; a stopped one's lag is frozen at its last
@@ -693,7 +703,7 @@ def cmd_skips(args: argparse.Namespace) -> int:
     """Recorded misfires: what was not admitted, and under which policy."""
     container = _container(args)
 
-    skips = _on_backend(container, lambda backend: backend.reader().recent_skips(args.limit))
+    skips = _on_backend(container, lambda backend: backend.reader().recent_skips(args.limit), create=False)
     if args.json:
         _print_json([{"project_id": s.project_id, "trigger_id": s.trigger_id, "trigger_revision": s.trigger_revision,
                       "policy": s.policy.value, "first_skipped_ms": s.first_skipped_ms,

@@ -189,9 +189,10 @@ def test_command_over_the_limit_is_refused(cli):
 @pytest.mark.parametrize("identifier", ["-x", ".", ".."])
 def test_identifiers_that_read_as_options_or_paths_are_refused(cli, identifier):
     """``-x`` reads as an option and ``.``/``..`` as paths in every tool an operator pipes ids into."""
+    assert cli("project", "create", "ops").returncode == 0
     result = cli("project", "create", "--", identifier)
     _refused(result, ExitCode.USER_ERROR, f"invalid project_id {identifier!r}")
-    assert json.loads(cli("project", "list", "--json").stdout) == []
+    assert [p["project_id"] for p in json.loads(cli("project", "list", "--json").stdout)] == ["ops"]
 
 
 @pytest.mark.parametrize("command", [["runs"], ["skips"], ["schedules"], ["trigger", "list"]])
