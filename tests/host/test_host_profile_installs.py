@@ -139,3 +139,25 @@ def test_third_party_interval_plugin_is_discovered_validated_listed_and_runs(ven
     closure = venv.run("qinglong", "check", "closure", "--profile", "edge", "--installed", "--json",
                        cwd=tmp_path, env_extra=env, check=False)
     assert closure.returncode == 0, closure.stdout + closure.stderr
+
+
+def test_plugins_lists_every_installed_plugin_in_a_cluster_install_without_settings(venvs, tmp_path):
+    """With only the cluster extra and no settings, the default edge profile lacks aiosqlite: ``plugins
+    --json`` exited 3 and printed nothing, so the one command meant to explain an installation went
+    dark exactly when it was needed. It lists what is installed and says why the profile cannot load."""
+    venv = venvs["cluster"]
+    result = venv.run("qinglong", "plugins", "--json", cwd=tmp_path, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    listed = json.loads(result.stdout)
+    assert listed["profile"] == "edge" and listed["profile_loadable"] is False
+    assert "aiosqlite" in listed["profile_error"] and "pip install 'qinglong[edge]'" in listed["profile_error"]
+    names = {p["name"]: p for p in listed["plugins"]}
+    assert {"cron", "edge_sqlite", "cluster_postgres"} <= set(names)
+    assert names["cron"]["loaded"] is True and names["cluster_postgres"]["loaded"] is False
+
+    text = venv.run("qinglong", "plugins", cwd=tmp_path).stdout
+    assert "profile: edge (cannot be loaded here: the edge profile needs aiosqlite" in text
+    cluster = json.loads(venv.run("qinglong", "--profile", "cluster", "plugins", "--json", cwd=tmp_path).stdout)
+    assert cluster["profile_loadable"] is True and cluster["profile_error"] is None
+    assert {p["name"]: p["loaded"] for p in cluster["plugins"]}["cluster_postgres"] is True
