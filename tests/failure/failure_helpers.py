@@ -179,9 +179,13 @@ class InProcessReplica:
         self.cadence_ms = cadence_ms
         self.loop = None
         self.reports: list = []
+        self.rounds_finished = 0
 
     async def _round(self):
-        report = await self.backend.run_round()
+        try:
+            report = await self.backend.run_round()
+        finally:
+            self.rounds_finished += 1  # a round that raised is a finished round too
         self.reports.append((time.monotonic(), report))
         return report
 
@@ -205,16 +209,43 @@ class InProcessReplica:
         return sum(getattr(r, name) for _, r in self.reports)
 
 
-async def wait_for(predicate, timeout_s: float, interval_s: float = 0.02, what: str = "condition"):
-    """Poll ``predicate`` (sync, may hit the database) until truthy; its value, or AssertionError."""
-    deadline = time.monotonic() + timeout_s
+#: The overall bound on any wait for a condition: generous, so a loaded machine only makes a test
+#: slower, never failing; a condition that is never met still fails (and names what it waited for).
+PATIENCE_S = 120.0
+
+
+async def wait_for(predicate, timeout_s: float = PATIENCE_S, interval_s: float = 0.02,
+                   what: str = "condition"):
+    """Poll ``predicate`` (sync, may hit the database) until truthy; its value, or AssertionError.
+
+    ``timeout_s`` is an overall bound on a hang, never a speed requirement: callers pass nothing
+    (:data:`PATIENCE_S`) or more, and time what must happen quickly from the product's own signals.
+    """
+    deadline = time.monotonic() + max(timeout_s, PATIENCE_S)
     while True:
         value = await asyncio.to_thread(predicate)
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.1f}s waiting for {what}")
+            raise AssertionError(f"timed out after {max(timeout_s, PATIENCE_S):.1f}s waiting for {what}")
         await asyncio.sleep(interval_s)
+
+
+async def wait_rounds(replicas, rounds: int = 2, what: str = "rounds") -> None:
+    """Wait until each replica has finished ``rounds`` more scheduler rounds from now.
+
+    A window for something that must NOT happen (a second admission, a takeover under a live
+    lease) is measured in the replicas' own rounds, never in seconds: on a slow machine the window
+    only grows, and every replica has had its chances to misbehave when it closes.
+    """
+    marks = {id(r): r.rounds_finished for r in replicas}
+    await wait_for(lambda: all(r.rounds_finished >= marks[id(r)] + rounds for r in replicas),
+                   what=f"{rounds} {what} of {[r.owner for r in replicas]}")
+
+
+async def wait_db_time_past(db, instant_ms: int, what: str = "database time") -> None:
+    """Wait until the database clock is past ``instant_ms`` (a lease expiry, say)."""
+    await wait_for(lambda: db.db_now_ms() > instant_ms, what=f"{what} past {instant_ms}")
 
 
 # ---------------------------------------------------------------------------------- servers
@@ -271,7 +302,7 @@ def timeline(server: PgServer) -> int:
         return int(conn.execute("SELECT timeline_id FROM pg_control_checkpoint()").fetchone()[0])
 
 
-def wait_replayed(primary: PgServer, standby: PgServer, timeout_s: float = 30) -> float:
+def wait_replayed(primary: PgServer, standby: PgServer, timeout_s: float = PATIENCE_S) -> float:
     """Wait until the standby has replayed everything the primary has written; seconds waited."""
     started = time.monotonic()
     with psycopg.connect(primary.superuser_dsn(), autocommit=True) as conn:

@@ -67,6 +67,7 @@ class Rule:
     fired: threading.Event = field(default_factory=threading.Event)
     connection: "_Connection | None" = None
     fired_at: float | None = None
+    chunk: bytes | None = None  # the chunk it fired on, for the test to read (e.g. which trigger)
 
     def __post_init__(self) -> None:
         if self.direction not in (TO_SERVER, TO_CLIENT):
@@ -183,6 +184,7 @@ class _Connection:
             return False
         rule.connection = self
         rule.fired_at = time.monotonic()
+        rule.chunk = data
         if rule.action == "cut_mid":
             dst = self.upstream if direction == TO_SERVER else self.client
             at = data.find(rule.pattern) + len(rule.pattern) // 2

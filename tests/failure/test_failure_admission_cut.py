@@ -30,7 +30,9 @@ from tests.failure.failure_helpers import (
     Figures,
     InProcessReplica,
     occurrence_shape,
+    wait_db_time_past,
     wait_for,
+    wait_rounds,
 )
 from tests.failure.fault_proxy import TO_SERVER, FaultProxy
 
@@ -84,9 +86,15 @@ def test_admission_cut_at_any_point_leaves_the_whole_occurrence_or_nothing_and_n
         proxy = FaultProxy((db.server.host, db.server.port), name="cut").start()
         rule = proxy.arm(TO_SERVER, ADMISSION_MESSAGE, CUTS[cut])
         p = await InProcessReplica(db, "replica-p", proxy=proxy, lease_ms=LEASE_MS).start()
-        await wait_for(rule.fired.is_set, 10, what="P's admission message")
+        await wait_for(rule.fired.is_set, what="P's admission message")
         cut_at = db.db_now_ms()
-        await asyncio.sleep(0.3)  # whatever reached the server has been acted upon
+        if CUTS[cut] == "hold_replies":
+            # the whole message went on to the server: wait until it has committed there (the
+            # Run exists and the claim is cleared), however long a loaded server takes
+            await wait_for(lambda: db.count("runs") == 1 and db.sql(
+                "SELECT claim_owner FROM qinglong.trigger_schedules")[0][0] is None,
+                what="the server to commit the message it received whole")
+        # (a half message is never acted upon: nothing to wait for before looking)
         claim = db.sql("SELECT claim_owner, claim_expires_at_ms FROM qinglong.trigger_schedules")[0]
         # the fence recorded by P's claim (the claim committed before the admission was sent)
         fence = db.sql("SELECT claim_expires_at_ms FROM qinglong.trigger_schedules")[0][0]
@@ -95,14 +103,22 @@ def test_admission_cut_at_any_point_leaves_the_whole_occurrence_or_nothing_and_n
         runs_at_cut = db.count("runs")
         q = await InProcessReplica(db, "replica-q", lease_ms=LEASE_MS).start()
         if CUTS[cut] == "hold_replies":
-            await asyncio.sleep(LEASE_MS / 1000 + 1.0)  # time enough for a wrongful takeover
+            # time enough for a wrongful takeover: P's claim (made before the cut) would have
+            # lapsed by database time, and Q has then run rounds of its own
+            await wait_db_time_past(db, cut_at + LEASE_MS, "P's claim expiry")
+            await wait_rounds([q], 2, "rounds after P's lease would have lapsed")
         else:
-            await wait_for(lambda: db.count("runs") > 0, LEASE_MS / 1000 + 10, what="Q's takeover")
+            await wait_for(lambda: db.count("runs") > 0, what="Q's takeover")
         runs_before_delivery = db.count("runs")
         proxy.heal()  # anything held arrives now, late
-        await asyncio.sleep(1.0)
+        # the held bytes are delivered (or their connection is gone), then every replica has had
+        # rounds in which a late commit or a second admission would show
+        await wait_for(lambda: rule.connection is None or rule.connection.closed.is_set()
+                       or not rule.connection.pending[TO_SERVER], what="the held bytes to be delivered")
+        await wait_for(lambda: not [s for s in _session_of(db, "replica-p") if s[1] == "active"],
+                       what="P's sessions to finish what they received")
+        await wait_rounds([p, q], 2, "rounds after the late delivery")
         proxy.cut_all()
-        await asyncio.sleep(0.5)
         for r in (p, q):
             await r.stop()
         proxy.close()

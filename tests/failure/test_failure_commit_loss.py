@@ -24,6 +24,7 @@ import pytest
 from tests.cluster.conftest import seed, set_cursor
 from tests.failure.failure_helpers import (
     ADMISSION_COMMITTED,
+    PATIENCE_S,
     InProcessReplica,
     audit,
     backend_pids,
@@ -56,9 +57,9 @@ async def _lose_commit_response(db, proxy: FaultProxy):
     replica = InProcessReplica(db, "replica-a", proxy=proxy, lease_ms=2000)
     await replica.backend.open()
     round_task = asyncio.create_task(replica.backend.run_round())
-    await wait_for(rule.fired.is_set, 10, what="the COMMIT's reply")
+    await wait_for(rule.fired.is_set, what="the COMMIT's reply")
     # the server sent "COMMIT": the Run is there for everyone but the replica
-    await wait_for(lambda: db.count("runs") == 1, 5, what="the committed Run")
+    await wait_for(lambda: db.count("runs") == 1, what="the committed Run")
     assert not round_task.done(), "the replica must still be waiting for its reply"
     superuser = db.server.superuser_dsn(db.dbname)
     pids = backend_pids(superuser, "replica-a")
@@ -66,7 +67,7 @@ async def _lose_commit_response(db, proxy: FaultProxy):
     replica.killed_at = time.monotonic()
     for pid in pids:
         sql(superuser, "SELECT pg_terminate_backend(%s)", (pid,))
-    report = await asyncio.wait_for(round_task, 10)
+    report = await asyncio.wait_for(round_task, PATIENCE_S)
     return report, replica, killed_at, pids
 
 
@@ -75,7 +76,7 @@ def _run_cli(tmp_path, name: str, dsn: str, seconds: float) -> tuple[list[dict],
                                       cadence_ms=200)
     started = time.monotonic()
     proc = subprocess.run(qinglong_command(settings, "--for-seconds", str(seconds)),
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=PATIENCE_S + seconds)
     assert proc.returncode == 0, proc.stderr
     return parse_diagnostics(proc.stderr), time.monotonic() - started
 

@@ -22,6 +22,7 @@ import pytest
 from tests.cluster.conftest import seed
 from tests.failure.failure_helpers import (
     EVERY_SECOND,
+    PATIENCE_S,
     audit,
     parse_diagnostics,
     qinglong_command,
@@ -76,6 +77,14 @@ class VethNamespace:
         _ip("netns", "del", self.name, check=False)
 
 
+def _wait(condition, what: str) -> None:
+    """Poll ``condition`` until truthy, within the generous overall bound :data:`PATIENCE_S`."""
+    deadline = time.monotonic() + PATIENCE_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {PATIENCE_S:.0f}s waiting for {what}"
+        time.sleep(0.05)
+
+
 def _namespaces_permitted() -> str | None:
     """None when this kernel lets us make a namespace with a veth pair; else why not."""
     probe = VethNamespace()
@@ -119,26 +128,32 @@ def test_replica_behind_a_cut_link_loses_its_claims_and_resumes_without_duplicat
                                       stdout=subprocess.DEVNULL, stderr=logs["ns"]))
         procs.append(subprocess.Popen(qinglong_command(host_settings), stdout=subprocess.DEVNULL,
                                       stderr=logs["host"]))
-        time.sleep(5.0)
-        # cut just after a whole second, when the namespaced replica is claiming and admitting
+        # both replicas working (however slow their start), then cut just after a whole second,
+        # when the namespaced replica is claiming and admitting
+        _wait(lambda: db.count("runs", "admitted_by = 'replica-ns'") and db.count(
+            "runs", "admitted_by = 'replica-host'"), "both replicas to admit")
         time.sleep(1.0 - time.time() % 1.0 + 0.008)
         ns.cut()
         cut_at = db.db_now_ms()
-        time.sleep(0.2)
         held = db.sql("SELECT trigger_id, next_fire_at_ms, claim_expires_at_ms "
                       "FROM qinglong.trigger_schedules WHERE claim_owner = 'replica-ns'")
-        time.sleep(LEASE_MS / 1000 * 2.5)
+        # the link stays down at least 2.5 leases (database time) and until the host replica has
+        # taken over every claim the namespaced one held, so the heal never races the takeover
+        _wait(lambda: db.db_now_ms() > cut_at + LEASE_MS * 2.5, "2.5 leases of outage")
+        _wait(lambda: all(db.count("runs", "trigger_id = %s AND scheduled_for_ms = %s", (t, nxt))
+                          for t, nxt, _ in held), "the takeover of the held claims")
         healed_at = db.db_now_ms()
         ns.heal()
-        deadline = time.monotonic() + 20
-        while db.count("runs", "admitted_by = 'replica-ns' AND admitted_at_ms > %s", (healed_at,)) == 0:
-            assert time.monotonic() < deadline, "the namespaced replica never resumed after the heal"
-            time.sleep(0.2)
+        _wait(lambda: db.count("runs", "admitted_by = 'replica-ns' AND admitted_at_ms > %s", (healed_at,)),
+              "the namespaced replica to resume after the heal")
         resumed_s = (db.db_now_ms() - healed_at) / 1000
-        time.sleep(1.5)
+        # room for a late duplicate to show: both replicas admit again after the resume
+        resumed_at = db.db_now_ms()
+        _wait(lambda: all(db.count("runs", "admitted_by = %s AND admitted_at_ms > %s", (who, resumed_at))
+                          for who in ("replica-ns", "replica-host")), "both replicas to admit after the resume")
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
-        codes = [proc.wait(timeout=30) for proc in procs]
+        codes = [proc.wait(timeout=PATIENCE_S) for proc in procs]
         for f in logs.values():
             f.close()
     finally:
