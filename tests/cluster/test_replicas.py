@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.cluster.conftest import seed, set_cursor
@@ -15,23 +14,43 @@ from tests.cluster.conftest import seed, set_cursor
 DRIVER = Path(__file__).with_name("replica_driver.py")
 
 
+#: Overall bound on any wait for a replica process: a hang, never a speed requirement.
+PATIENCE_S = 180
+
+
 def _spawn(db, owner: str, *args: str) -> subprocess.Popen:
     env = dict(os.environ, QL_RUNTIME_DSN=db.dsn("qinglong_runtime"))
     return subprocess.Popen([sys.executable, str(DRIVER), "--owner", owner, *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _finish(proc: subprocess.Popen, timeout: float = 60) -> list[dict]:
-    out, err = proc.communicate(timeout=timeout)
+def _finish(proc: subprocess.Popen, before: list[dict] = ()) -> list[dict]:
+    out, err = proc.communicate(timeout=PATIENCE_S)
     assert proc.returncode == 0, err
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
+    lines = [*before, *(json.loads(line) for line in out.splitlines() if line.strip())]
+    assert not [line for line in lines if line["event"] == "timed_out"], "a replica never reached its stop condition"
+    return lines
 
 
-def _race(db, owners=("replica-a", "replica-b"), **kw) -> dict[str, list[dict]]:
-    start_at = time.time() + 1.5  # both import and connect first, then start together
-    procs = {o: _spawn(db, o, "--start-at", str(start_at), "--duration-s", str(kw.get("duration", 1.5)),
-                       "--cadence-ms", "20") for o in owners}
-    return {o: _finish(p) for o, p in procs.items()}
+def _ready(proc: subprocess.Popen) -> list[dict]:
+    """Read the replica's lines up to its ``ready`` (it is connected); those lines."""
+    seen = []
+    for line in proc.stdout:
+        seen.append(json.loads(line))
+        if seen[-1]["event"] == "ready":
+            return seen
+    raise AssertionError(f"replica ended before it was ready: {proc.communicate()[1]}")
+
+
+def _race(db, owners=("replica-a", "replica-b")) -> dict[str, list[dict]]:
+    """Both replicas connect first, then start together on a line each, and run until each has
+    had several rounds in a row that claimed nothing (all work done, whoever did it)."""
+    procs = {o: _spawn(db, o, "--start-on-stdin", "--idle-rounds", "5", "--cadence-ms", "20") for o in owners}
+    ready = {o: _ready(p) for o, p in procs.items()}
+    for p in procs.values():
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    return {o: _finish(p, ready[o]) for o, p in procs.items()}
 
 
 def _sum(lines: list[dict], field: str) -> int:
@@ -76,9 +95,12 @@ def test_killed_claim_holder_is_taken_over_only_after_expiry_and_still_one_run(c
     assert claimed and claimed["trigger_ids"] == ["tr000"]
     expires_at = claimed["expires_at_ms"][0]
     os.kill(holder.pid, signal.SIGKILL)
-    holder.wait(timeout=10)
+    holder.wait(timeout=PATIENCE_S)
 
-    survivor = _finish(_spawn(cluster, "survivor", "--duration-s", "3.5", "--cadence-ms", "100"))
+    # the survivor runs until it admitted the occurrence, then five more rounds (room for a
+    # second admission to show), however long its start or the lease takes on this machine
+    survivor = _finish(_spawn(cluster, "survivor", "--until-admitted", "1", "--then-rounds", "5",
+                              "--cadence-ms", "100"))
     rounds = [line for line in survivor if line["event"] == "round"]
     assert sum(r["admitted"] for r in rounds) == 1
     run = cluster.sql("SELECT admitted_by, admitted_at_ms FROM qinglong.runs")
