@@ -60,10 +60,10 @@ class NullSink:
         pass
 
 
-def _backend(settings: ClusterPostgresSettings, owner: str):
+def _backend(settings: ClusterPostgresSettings, owner: str, lease_ms: int = 30_000, cadence_ms: int = 1000):
     context = BackendContext(
         settings=settings,
-        limits=SchedulerLimits(page_size=32, claim_budget=16, lease_ms=30_000, cadence_ms=1000),
+        limits=SchedulerLimits(page_size=32, claim_budget=16, lease_ms=lease_ms, cadence_ms=cadence_ms),
         providers={"cron": CronProvider()}, diagnostics=NullSink(),
         clock_ms=lambda: int(time.time() * 1000), owner=owner)
     return create_backend(context)
@@ -80,8 +80,11 @@ def sql(server, statement: str, params=None):
         return cur.fetchall() if cur.description else None
 
 
-def prepare(server, triggers: int) -> dict[str, int]:
-    """Roles, database, migrations, triggers; returns each trigger's first occurrence."""
+def prepare(server, triggers: int, lease_ms: int, cadence_ms: int) -> dict[str, int]:
+    """Roles, database, migrations, triggers; returns each trigger's first occurrence.
+
+    Published under the replicas' own lease and cadence, so the skip triggers' grace is checked
+    against the floor they will run under (cadence + lease), and set 1.5 s above it."""
     create_roles(server)
     create_database(server, DBNAME)
     settings = ClusterPostgresSettings(runtime_dsn=dsn(server, "qinglong_runtime"),
@@ -89,7 +92,7 @@ def prepare(server, triggers: int) -> dict[str, int]:
                                        owner_dsn=dsn(server, "qinglong_owner"))
 
     async def body():
-        backend = _backend(settings, "chaos-setup")
+        backend = _backend(settings, "chaos-setup", lease_ms, cadence_ms)
         try:
             await backend.migrate()
             pub = backend.publisher()
@@ -100,7 +103,7 @@ def prepare(server, triggers: int) -> dict[str, int]:
                 await pub.put_trigger(TriggerDefinition(
                     "chaos", f"t{i:03d}", "task", "cron", {"expression": EXPRESSIONS[i % len(EXPRESSIONS)]},
                     misfire_policy=MisfirePolicy.FIRE_ONCE if fire_once else MisfirePolicy.SKIP,
-                    misfire_grace_ms=60_000 if fire_once else 1500))
+                    misfire_grace_ms=60_000 if fire_once else cadence_ms + lease_ms + 1500))
         finally:
             await backend.close()
 
@@ -336,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     replicas: list[Replica] = []
     started = time.monotonic()
     try:
-        first = prepare(server, args.triggers)
+        first = prepare(server, args.triggers, args.lease_ms, args.cadence_ms)
         replicas = [Replica(i, server, workdir, args.lease_ms, args.cadence_ms) for i in range(args.replicas)]
         for replica in replicas:
             replica.start()
