@@ -31,7 +31,7 @@ def _env() -> dict[str, str]:
 
 def _publish_task(cli) -> None:
     assert cli("project", "create", "ops").returncode == 0
-    assert cli("task", "put", "ops", "backup", "--", "true").returncode == 0
+    assert cli("task", "put", "ops", "backup", "--command", "true").returncode == 0
 
 
 def _refused(result, code: int, *expected: str) -> None:
@@ -110,7 +110,7 @@ def test_a_genuine_bug_exits_1_with_its_traceback(cli, site):
     settings = cli.cwd / "s.toml"
     settings.write_text('[plugins]\nenable = ["buggy"]\n')
     env = site.env(QINGLONG_SETTINGS=str(settings))
-    for args in (("project", "create", "ops"), ("task", "put", "ops", "t", "--", "true"),
+    for args in (("project", "create", "ops"), ("task", "put", "ops", "t", "--command", "true"),
                  ("trigger", "add", "ops", "b", "--task", "t", "--kind", "buggy", "--spec", "{}")):
         assert cli(*args, env=env).returncode == 0
     result = cli("trigger", "list", env=env)

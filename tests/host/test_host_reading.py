@@ -34,7 +34,7 @@ def _ok(result) -> str:
 
 def _publish(cli, *triggers: tuple[str, str], disabled: tuple[str, ...] = ()) -> None:
     _ok(cli("project", "create", "ops"))
-    _ok(cli("task", "put", "ops", "job", "--", "true"))
+    _ok(cli("task", "put", "ops", "job", "--command", "true"))
     for trigger_id, expression in triggers:
         extra = ("--disabled",) if trigger_id in disabled else ()
         _ok(cli("trigger", "add", "ops", trigger_id, "--task", "job", "--cron", expression, *extra))
