@@ -56,14 +56,22 @@ def _describe(row: tuple) -> str:
 
 
 def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
-    """Count pristine queued attempts and describe the other in-flight Runs, in one read snapshot."""
+    """Count pristine queued attempts and describe the other in-flight Runs, in one read snapshot.
+
+    One pass over the in-flight Runs summarises them per pin; the Runs of a drifted shape or a
+    wrong digest are read again (bounded) only when there are some.
+    """
     conn.execute("BEGIN")
     try:
         pristine = 0
+        drifted = False
         candidates: list[str] = []
         overflow = False
-        for project_id, task_id, revision, task_digest, digest, count in conn.execute(
-                q("pristine_queued_by_pin")).fetchall():
+        for shaped, project_id, task_id, revision, task_digest, digest, count in conn.execute(
+                q("in_flight_summary")).fetchall():
+            if not shaped:
+                drifted = True
+                continue
             problem = None
             if digest != pinned_execution_digest(project_id, task_id, revision, task_digest):
                 problem = "execution digest does not match its pinned task revision"
@@ -82,12 +90,13 @@ def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
                     q("in_flight_of_pin"),
                     (project_id, task_id, revision, task_digest, digest, room)).fetchall():
                 candidates.append(f"run {run_id} attempt {attempt_id} (#{attempt_no}): {problem}")
-        room = CANDIDATE_BOUND + 1 - len(candidates)
-        if room > 0:
-            candidates += [_describe(row) for row in
-                           conn.execute(q("in_flight_not_pristine"), (room,)).fetchall()]
-        else:
-            overflow = True
+        if drifted:
+            room = CANDIDATE_BOUND + 1 - len(candidates)
+            if room > 0:
+                candidates += [_describe(row) for row in
+                               conn.execute(q("in_flight_not_pristine"), (room,)).fetchall()]
+            else:
+                overflow = True
     finally:
         conn.execute("COMMIT")
     if len(candidates) > CANDIDATE_BOUND or overflow:

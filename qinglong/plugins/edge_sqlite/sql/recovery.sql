@@ -1,60 +1,59 @@
--- Both queries read only Runs still in flight, through the partial index runs_in_flight (finished
--- Runs are most of the table and never need recovery). "Pristine" is exactly what admission
--- writes: the Run queued at its admission time; its latest Attempt the first, claimed for
--- remote_worker at the admission time with every dispatch and result field NULL; and exactly the
--- events run.created (seq 1) and run.queued (seq 2) at the admission time. The execution digest
--- is checked against the pinned task revision by the caller, per distinct pin.
+-- Every query reads only Runs still in flight, through the partial index runs_in_flight (finished
+-- Runs are most of a long-lived file and never need recovery). "Pristine" is exactly what
+-- admission writes: the Run queued at its admission time; its latest Attempt the first, claimed
+-- for remote_worker at the admission time with every dispatch and result field NULL; and exactly
+-- the events run.created (seq 1) and run.queued (seq 2) at the admission time (the event sum is 2
+-- only for those two: any other event adds 3). The execution digest is checked against the
+-- pinned task revision by the caller, once per distinct pin.
 
--- name: pristine_queued_by_pin
--- Pristine-shaped in-flight Runs counted per pinned task revision and recorded execution digest.
-SELECT r.project_id, r.task_id, r.task_revision, r.task_digest, a.execution_digest, count(*)
+-- name: in_flight_summary
+-- One pass over the in-flight Runs: how many are pristine-shaped (1) or not (0), per pinned task
+-- revision and the execution digest their latest Attempt recorded.
+SELECT (r.state = 'queued' AND r.queued_at_ms IS r.admitted_at_ms
+        AND a.attempt_no IS 1 AND a.state IS 'claimed' AND a.executor IS 'remote_worker'
+        AND a.created_at_ms IS r.admitted_at_ms
+        AND a.worker_id IS NULL AND a.session_id IS NULL AND a.lease_id IS NULL
+        AND a.offer_id IS NULL AND a.callback_token IS NULL AND a.started_at_ms IS NULL
+        AND a.finished_at_ms IS NULL AND a.result_json IS NULL AND a.error_json IS NULL
+        AND (SELECT sum(CASE WHEN at_ms IS r.admitted_at_ms
+                             AND ((seq = 1 AND type = 'run.created') OR (seq = 2 AND type = 'run.queued'))
+                           THEN 1 ELSE 3 END)
+             FROM run_events WHERE run_id = r.run_id) IS 2) AS pristine,
+       r.project_id, r.task_id, r.task_revision, r.task_digest, a.execution_digest, count(*)
   FROM runs AS r INDEXED BY runs_in_flight
-  JOIN attempts AS a
+  LEFT JOIN attempts AS a
     ON a.run_id = r.run_id
    AND a.attempt_no = (SELECT max(attempt_no) FROM attempts WHERE run_id = r.run_id)
  WHERE r.state NOT IN ('succeeded', 'failed', 'cancelled')
-   AND r.state = 'queued' AND r.queued_at_ms IS r.admitted_at_ms
-   AND a.attempt_no = 1 AND a.state = 'claimed' AND a.executor = 'remote_worker'
-   AND a.created_at_ms IS r.admitted_at_ms
-   AND a.worker_id IS NULL AND a.session_id IS NULL AND a.lease_id IS NULL
-   AND a.offer_id IS NULL AND a.callback_token IS NULL AND a.started_at_ms IS NULL
-   AND a.finished_at_ms IS NULL AND a.result_json IS NULL AND a.error_json IS NULL
-   AND (SELECT count(*) FROM run_events WHERE run_id = r.run_id) = 2
-   AND EXISTS (SELECT 1 FROM run_events WHERE run_id = r.run_id AND seq = 1
-                  AND type = 'run.created' AND at_ms IS r.admitted_at_ms)
-   AND EXISTS (SELECT 1 FROM run_events WHERE run_id = r.run_id AND seq = 2
-                  AND type = 'run.queued' AND at_ms IS r.admitted_at_ms)
- GROUP BY r.project_id, r.task_id, r.task_revision, r.task_digest, a.execution_digest;
+ GROUP BY 1, 2, 3, 4, 5, 6;
 
 -- name: in_flight_not_pristine
--- In-flight Runs (not finished) whose shape drifted from what admission wrote, or that have no
--- Attempt at all, with what is needed to say why.
+-- In-flight Runs whose shape drifted from what admission wrote, or that have no Attempt at all,
+-- with what is needed to say why. Read only when the summary found some.
 SELECT r.run_id, r.state, r.queued_at_ms, r.admitted_at_ms, a.attempt_id, a.attempt_no, a.state,
        a.executor, a.created_at_ms,
        (a.worker_id IS NOT NULL OR a.session_id IS NOT NULL OR a.lease_id IS NOT NULL
         OR a.offer_id IS NOT NULL OR a.callback_token IS NOT NULL OR a.started_at_ms IS NOT NULL
         OR a.finished_at_ms IS NOT NULL OR a.result_json IS NOT NULL OR a.error_json IS NOT NULL),
-       ((SELECT count(*) FROM run_events WHERE run_id = r.run_id) = 2
-        AND EXISTS (SELECT 1 FROM run_events WHERE run_id = r.run_id AND seq = 1
-                       AND type = 'run.created' AND at_ms IS r.admitted_at_ms)
-        AND EXISTS (SELECT 1 FROM run_events WHERE run_id = r.run_id AND seq = 2
-                       AND type = 'run.queued' AND at_ms IS r.admitted_at_ms))
+       (SELECT sum(CASE WHEN at_ms IS r.admitted_at_ms
+                                AND ((seq = 1 AND type = 'run.created') OR (seq = 2 AND type = 'run.queued'))
+                              THEN 1 ELSE 3 END)
+                FROM run_events WHERE run_id = r.run_id) IS 2
   FROM runs AS r INDEXED BY runs_in_flight
   LEFT JOIN attempts AS a
     ON a.run_id = r.run_id
    AND a.attempt_no = (SELECT max(attempt_no) FROM attempts WHERE run_id = r.run_id)
  WHERE r.state NOT IN ('succeeded', 'failed', 'cancelled')
    AND NOT (r.state = 'queued' AND r.queued_at_ms IS r.admitted_at_ms
-            AND a.attempt_no IS 1 AND a.state IS 'claimed' AND a.executor IS 'remote_worker'
-            AND a.created_at_ms IS r.admitted_at_ms
-            AND a.worker_id IS NULL AND a.session_id IS NULL AND a.lease_id IS NULL
-            AND a.offer_id IS NULL AND a.callback_token IS NULL AND a.started_at_ms IS NULL
-            AND a.finished_at_ms IS NULL AND a.result_json IS NULL AND a.error_json IS NULL
-            AND (SELECT count(*) FROM run_events WHERE run_id = r.run_id) = 2
-            AND EXISTS (SELECT 1 FROM run_events WHERE run_id = r.run_id AND seq = 1
-                           AND type = 'run.created' AND at_ms IS r.admitted_at_ms)
-            AND EXISTS (SELECT 1 FROM run_events WHERE run_id = r.run_id AND seq = 2
-                           AND type = 'run.queued' AND at_ms IS r.admitted_at_ms))
+        AND a.attempt_no IS 1 AND a.state IS 'claimed' AND a.executor IS 'remote_worker'
+        AND a.created_at_ms IS r.admitted_at_ms
+        AND a.worker_id IS NULL AND a.session_id IS NULL AND a.lease_id IS NULL
+        AND a.offer_id IS NULL AND a.callback_token IS NULL AND a.started_at_ms IS NULL
+        AND a.finished_at_ms IS NULL AND a.result_json IS NULL AND a.error_json IS NULL
+        AND (SELECT sum(CASE WHEN at_ms IS r.admitted_at_ms
+                             AND ((seq = 1 AND type = 'run.created') OR (seq = 2 AND type = 'run.queued'))
+                           THEN 1 ELSE 3 END)
+             FROM run_events WHERE run_id = r.run_id) IS 2)
  ORDER BY r.rowid
  LIMIT ?;
 
