@@ -142,7 +142,8 @@ def test_every_command_has_help(cli):
                 ["check", "closure"], ["db"], ["db", "migrate"], ["db", "status"], ["project"],
                 ["project", "create"], ["project", "list"], ["task"], ["task", "put"], ["trigger"],
                 ["trigger", "add"], ["trigger", "update"], ["trigger", "enable"], ["trigger", "disable"],
-                ["trigger", "delete"], ["trigger", "list"], ["runs"], ["schedules"], ["skips"]]
+                ["trigger", "delete"], ["trigger", "list"], ["runs"], ["schedules"], ["skips"],
+                ["cron"], ["cron", "next"]]
     for command in commands:
         result = cli(*command, "--help")
         assert result.returncode == 0, (command, result.stderr)
