@@ -332,6 +332,25 @@ async def test_a_page_of_undecidable_triggers_neither_spins_nor_blocks_the_trigg
         await backend.close()
 
 
+async def test_a_clock_stepping_back_does_not_stretch_a_hold(db_path, clock):
+    """A hold counted on a clock that then stepped back an hour (NTP on a board without RTC) must
+    not keep a trigger out of every round for that hour once its cause is gone."""
+    backend = await open_backend(db_path, clock)
+    try:
+        await seed(backend)
+        _make_undecidable(db_path, 1, kind="cron")
+        conn = sqlite3.connect(db_path)
+        with conn:
+            conn.execute("UPDATE triggers SET spec_json = '{\"expression\": 7}'")
+        conn.close()
+        assert (await backend.run_round()).errors == 1
+        assert (await backend.run_round()).errors == 0  # held
+        clock.advance(-HOUR)
+        assert (await backend.run_round()).errors == 1  # decided again, not held for an hour
+    finally:
+        await backend.close()
+
+
 async def test_a_healthy_trigger_behind_ten_thousand_undecidable_ones_fires_on_time(db_path, clock):
     """A wall of undecidable rows at the front of the due index must cost a bounded number of
     rounds once per hold, and then nothing: otherwise the trigger behind it is delayed by a round

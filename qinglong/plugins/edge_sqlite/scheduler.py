@@ -2,7 +2,9 @@
 
 The whole round runs as one function on the connection's thread (one hop per round, see FACTS):
 
-1. read ONE page of uninitialised, then due schedules (:func:`read_page`), oldest cursor first;
+1. read ONE page of uninitialised, then due schedules (:func:`read_page`), oldest cursor first
+   (stepping past rows that cannot be decided, by keyset, at most :data:`SCAN_PAGES_PER_ROUND`
+   pages of rows in all);
 2. decide every row with the contract's :func:`~qinglong.contracts.decision.decide`, no
    transaction open, so cron maths never holds the write lock;
 3. commit each decision in its own transaction: a compare-and-set on the schedule row (revision,
@@ -186,6 +188,9 @@ def _due_row(row: tuple, specs: dict) -> _DueRow:
 
 @dataclass(slots=True)
 class _Hold:
+    """One remembered pair: held (excluded from the scan) until ``until_ms`` while ``active``;
+    once released, remembered for another ``hold_ms`` so a repeat is not reported again."""
+
     until_ms: int
     hold_ms: int
     active: bool = True
@@ -226,10 +231,12 @@ class HeldSchedules:
             self._entries.clear()
         released = []
         for key, hold in list(self._entries.items()):
-            if hold.active and hold.until_ms <= now_ms:
+            # A clock that stepped back must not stretch a hold: one longer than its period ends.
+            if hold.active and (hold.until_ms <= now_ms or hold.until_ms - now_ms > hold.hold_ms):
                 hold.active = False
+                hold.until_ms = min(hold.until_ms, now_ms)
                 released.append(key)
-            elif not hold.active and hold.until_ms + hold.hold_ms <= now_ms:
+            elif not hold.active and not now_ms - hold.hold_ms < hold.until_ms <= now_ms:
                 del self._entries[key]
         if released:
             conn.executemany(q("delete_held"), released)
