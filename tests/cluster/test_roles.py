@@ -127,3 +127,20 @@ def test_owner_owns_every_object_and_roles_cannot_connect_elsewhere(cluster):
     assert _try(cluster, OWNER, "CREATE TABLE qinglong.owner_may (x int)")
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(cluster.server.dsn(RUNTIME, "wrong-password", cluster.dbname)).close()
+
+
+def test_runtime_updates_only_the_cursor_and_claim_columns_of_a_schedule(cluster):
+    """With UPDATE on the whole row the runtime could move a schedule to another trigger, project
+    or revision (or back-date its publish time): a replica bug or a stolen runtime credential
+    could then admit Runs under a definition that was never published for them."""
+    from qinglong.plugins.cluster_postgres.roles import RUNTIME_SCHEDULE_COLUMNS
+
+    seed(cluster, 1)
+    for column in sorted(RUNTIME_SCHEDULE_COLUMNS):
+        assert _try(cluster, RUNTIME, f"UPDATE qinglong.trigger_schedules SET {column} = {column}"), column
+    columns = {r[0] for r in cluster.sql(
+        "SELECT column_name FROM information_schema.columns "
+        "WHERE table_schema = 'qinglong' AND table_name = 'trigger_schedules'")}
+    for column in sorted(columns - RUNTIME_SCHEDULE_COLUMNS):
+        assert not _try(cluster, RUNTIME, f"UPDATE qinglong.trigger_schedules SET {column} = {column}"), column
+    assert {"trigger_id", "project_id", "trigger_revision", "published_at_ms"} <= columns - RUNTIME_SCHEDULE_COLUMNS

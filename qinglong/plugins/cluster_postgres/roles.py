@@ -2,14 +2,23 @@
 
 * ``owner`` (migrator) owns the schema and every object in it;
 * ``admin`` publishes projects, tasks and triggers and creates/resets/deletes schedule rows;
-* ``runtime`` claims and advances schedules (SELECT/UPDATE only, never INSERT or DELETE) and
-  inserts Runs, Attempts, Events and skip records;
+* ``runtime`` claims and advances schedules (SELECT, and UPDATE of the cursor and claim columns
+  only: never the trigger, project or revision a schedule belongs to, never INSERT or DELETE),
+  inserts Runs, Attempts, Events and skip records, and records its own rounds;
 * ``worker_ingress`` may use the schema and nothing else: no privilege on scheduler state.
 
-The GRANTs are installed by ``migrations/0002_grants.sql``; :data:`EXPECTED_GRANTS` is the same
-set, and :func:`privilege_problems` compares it with the catalog. Anything else (a GRANT added by
-hand, a privilege for PUBLIC, a column grant, a table owned by someone else, a role that is a
-superuser or a member of another role) is drift and readiness fails closed.
+The GRANTs are installed by ``migrations/0002_grants.sql``, ``0003_schedule_semantics.sql`` and
+narrowed by ``0004_runtime_schedule_columns.sql``; :data:`EXPECTED_GRANTS` and
+:data:`EXPECTED_COLUMN_GRANTS` are the same set, and :func:`privilege_problems` compares them with
+the catalog. Anything else (a GRANT added by hand, one re-issued WITH GRANT OPTION, a privilege for
+PUBLIC, another column grant, a table owned by someone else, a role that is a superuser, a member
+of another role or has another role as a member) is drift and readiness fails closed.
+
+Readiness also checks what the session resolves names through (:func:`environment_problems`):
+the pinned ``search_path`` must hold, no schema on it may let anyone but its owner create objects,
+no other schema of the database may either (the way an operator or function gets planted), and
+the database must grant CREATE or TEMPORARY to nobody but its owner. Finally it compares the
+whole catalog fingerprint (``fingerprint.py``), which catches every structural drift as well.
 
 Creating the roles is a superuser's job (outside the migration stream, because roles are
 cluster-wide); :func:`bootstrap_statements` prints what to run.
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from .db import PINNED_SEARCH_PATH
 from .migrations import SCHEMA
 
 _ALL = ("SELECT", "INSERT", "UPDATE", "DELETE")
@@ -33,6 +43,7 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "execution_revisions": frozenset({"SELECT", "INSERT"}),
         "triggers": frozenset(_ALL),
         "trigger_schedules": frozenset(_ALL),
+        "trigger_revision_marks": frozenset({"SELECT", "INSERT", "UPDATE"}),
     },
     "runtime": {
         "schema_migrations": frozenset({"SELECT"}),
@@ -41,13 +52,27 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "task_revisions": frozenset({"SELECT"}),
         "execution_revisions": frozenset({"SELECT"}),
         "triggers": frozenset({"SELECT"}),
-        "trigger_schedules": frozenset({"SELECT", "UPDATE"}),
+        "trigger_schedules": frozenset({"SELECT"}),  # UPDATE: columns, below
         "runs": frozenset({"SELECT", "INSERT"}),
         "attempts": frozenset({"SELECT", "INSERT"}),
         "run_events": frozenset({"SELECT", "INSERT"}),
         "schedule_skips": frozenset({"SELECT", "INSERT"}),
+        "scheduler_replicas": frozenset(_ALL),
     },
     "worker_ingress": {},
+}
+
+#: The columns of ``trigger_schedules`` the runtime writes: the cursor (claim, admission) and the
+#: four-part claim fence plus its state version and acquisition time. ``trigger_id``,
+#: ``project_id``, ``trigger_revision`` and ``published_at_ms`` are the publisher's alone.
+RUNTIME_SCHEDULE_COLUMNS = frozenset({
+    "next_fire_at_ms", "last_scheduled_at_ms", "state_version", "claim_owner", "claim_token",
+    "claim_version", "claim_expires_at_ms", "updated_at_ms",
+})
+
+#: ``{role function: {table: {privilege: columns}}}``: column-level grants.
+EXPECTED_COLUMN_GRANTS: dict[str, dict[str, dict[str, frozenset[str]]]] = {
+    "runtime": {"trigger_schedules": {"UPDATE": RUNTIME_SCHEDULE_COLUMNS}},
 }
 
 #: Roles (by function) with USAGE on the schema.
@@ -57,11 +82,12 @@ EXPECTED_SCHEMA_USAGE = frozenset({"admin", "runtime", "worker_ingress"})
 EXPECTED_TABLES = frozenset({
     "schema_migrations", "projects", "tasks", "task_revisions", "execution_revisions", "triggers",
     "trigger_schedules", "runs", "attempts", "run_events", "schedule_skips",
+    "trigger_revision_marks", "scheduler_replicas",
 })
 
 _CATALOG_SQL = """
 SELECT 'table' AS what, c.relname AS object, coalesce(g.rolname, 'PUBLIC') AS grantee,
-       a.privilege_type AS privilege
+       a.privilege_type || CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END AS privilege
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 CROSS JOIN LATERAL aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
@@ -69,13 +95,15 @@ LEFT JOIN pg_roles g ON g.oid = a.grantee
 WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
   AND a.grantee <> c.relowner
 UNION ALL
-SELECT 'schema', n.nspname, coalesce(g.rolname, 'PUBLIC'), a.privilege_type
+SELECT 'schema', n.nspname, coalesce(g.rolname, 'PUBLIC'),
+       a.privilege_type || CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END
 FROM pg_namespace n
 CROSS JOIN LATERAL aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
 LEFT JOIN pg_roles g ON g.oid = a.grantee
 WHERE n.nspname = %(schema)s AND a.grantee <> n.nspowner
 UNION ALL
-SELECT 'column', c.relname || '.' || att.attname, coalesce(g.rolname, 'PUBLIC'), a.privilege_type
+SELECT 'column', c.relname::text || '.' || att.attname::text, coalesce(g.rolname, 'PUBLIC'),
+       a.privilege_type || CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END
 FROM pg_attribute att
 JOIN pg_class c ON c.oid = att.attrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -83,7 +111,8 @@ CROSS JOIN LATERAL aclexplode(att.attacl) a
 LEFT JOIN pg_roles g ON g.oid = a.grantee
 WHERE n.nspname = %(schema)s AND att.attacl IS NOT NULL
 UNION ALL
-SELECT 'function', p.proname, coalesce(g.rolname, 'PUBLIC'), a.privilege_type
+SELECT 'function', p.proname, coalesce(g.rolname, 'PUBLIC'),
+       a.privilege_type || CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END
 FROM pg_proc p
 JOIN pg_namespace n ON n.oid = p.pronamespace
 CROSS JOIN LATERAL aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
@@ -105,8 +134,56 @@ FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %
 _ROLES_SQL = """
 SELECT r.rolname, r.rolsuper, r.rolcreaterole, r.rolcreatedb, r.rolreplication, r.rolbypassrls,
        coalesce((SELECT array_agg(g.rolname ORDER BY g.rolname) FROM pg_auth_members m
-                 JOIN pg_roles g ON g.oid = m.roleid WHERE m.member = r.oid), '{}') AS member_of
+                 JOIN pg_roles g ON g.oid = m.roleid WHERE m.member = r.oid), '{}') AS member_of,
+       coalesce((SELECT array_agg(g.rolname ORDER BY g.rolname) FROM pg_auth_members m
+                 JOIN pg_roles g ON g.oid = m.member WHERE m.roleid = r.oid), '{}') AS members
 FROM pg_roles r WHERE r.rolname = ANY(%(names)s)
+"""
+
+# The session's path, and every schema on it with a privilege for someone but its owner other
+# than USAGE (pg_catalog's USAGE for PUBLIC is the server's own), or an owner that is not a
+# superuser.
+_PATH_SQL = """
+SELECT current_setting('search_path'), current_schemas(true)::text[]
+"""
+
+_PATH_SCHEMAS_SQL = """
+SELECT n.nspname, pg_get_userbyid(n.nspowner), o.rolsuper,
+       coalesce((SELECT array_agg(coalesce(g.rolname::text, 'PUBLIC') || ':' || a.privilege_type
+                                  ORDER BY g.rolname, a.privilege_type)
+                 FROM aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
+                 LEFT JOIN pg_roles g ON g.oid = a.grantee
+                 WHERE a.grantee <> n.nspowner AND a.privilege_type <> 'USAGE'), '{}')
+FROM pg_namespace n JOIN pg_roles o ON o.oid = n.nspowner
+WHERE n.nspname = ANY (current_schemas(true))
+"""
+
+# Every other schema (not ours, not the system's, not a session's temporary schema) where a role
+# other than its owner may CREATE, or whose owner is not a superuser, the database owner or our
+# owner role: whoever can create objects there can plant operators and functions.
+_OTHER_SCHEMAS_SQL = """
+SELECT n.nspname, pg_get_userbyid(n.nspowner),
+       (o.rolsuper OR o.rolname = 'pg_database_owner' OR o.rolname = %(owner)s
+        OR o.oid = (SELECT datdba FROM pg_database WHERE datname = current_database())) AS owner_ok,
+       coalesce((SELECT array_agg(coalesce(g.rolname::text, 'PUBLIC') ORDER BY g.rolname)
+                 FROM aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
+                 LEFT JOIN pg_roles g ON g.oid = a.grantee
+                 WHERE a.grantee <> n.nspowner AND a.privilege_type = 'CREATE'), '{}')
+FROM pg_namespace n JOIN pg_roles o ON o.oid = n.nspowner
+WHERE n.nspname <> %(schema)s AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+  AND n.nspname NOT LIKE 'pg\\_toast%%' AND n.nspname NOT LIKE 'pg\\_temp\\_%%'
+  AND NOT (n.nspname = ANY (current_schemas(true)))
+"""
+
+# The database's CREATE and TEMPORARY for anyone but its owner.
+_DATABASE_SQL = """
+SELECT current_database(), coalesce(g.rolname, 'PUBLIC'), a.privilege_type
+FROM pg_database d
+CROSS JOIN LATERAL aclexplode(coalesce(d.datacl, acldefault('d', d.datdba))) a
+LEFT JOIN pg_roles g ON g.oid = a.grantee
+WHERE d.datname = current_database() AND a.grantee <> d.datdba
+  AND a.privilege_type IN ('CREATE', 'TEMPORARY')
+ORDER BY 2, 3
 """
 
 
@@ -117,13 +194,59 @@ def expected_privileges(roles: Mapping[str, str]) -> set[tuple[str, str, str, st
         for table, privileges in tables.items():
             for privilege in privileges:
                 expected.add(("table", table, roles[function], privilege))
+    for function, tables in EXPECTED_COLUMN_GRANTS.items():
+        for table, by_privilege in tables.items():
+            for privilege, columns in by_privilege.items():
+                for column in columns:
+                    expected.add(("column", f"{table}.{column}", roles[function], privilege))
     for function in EXPECTED_SCHEMA_USAGE:
         expected.add(("schema", SCHEMA, roles[function], "USAGE"))
     return expected
 
 
+async def environment_problems(conn, roles: Mapping[str, str]) -> list[str]:
+    """Why names this session resolves could be someone else's objects: the pinned
+    ``search_path`` does not hold, a schema on the path or elsewhere in the database lets a role
+    other than its owner create objects (or is owned by a role that is not trusted), or the
+    database grants CREATE or TEMPORARY to a role other than its owner."""
+    problems: list[str] = []
+    cur = await conn.execute(_PATH_SQL)
+    setting, effective = await cur.fetchone()
+    pinned = ", ".join(PINNED_SEARCH_PATH)
+    given = [part.strip().strip('"') for part in setting.split(",") if part.strip()]
+    if given != list(PINNED_SEARCH_PATH):
+        problems.append(f"the session's search_path is {setting!r}, expected {pinned!r}")
+    for schema in effective:
+        if schema != "pg_catalog" and not schema.startswith("pg_temp_"):
+            problems.append(f"schema {schema} is on the session's effective search path")
+    cur = await conn.execute(_PATH_SCHEMAS_SQL)
+    for schema, owner, owner_is_superuser, grants in await cur.fetchall():
+        if not owner_is_superuser:
+            problems.append(f"schema {schema} on the search path is owned by {owner}, not a superuser")
+        for grant in grants:
+            grantee, privilege = grant.rsplit(":", 1)
+            problems.append(f"schema {schema} on the search path grants {privilege} to {grantee}")
+    cur = await conn.execute(_OTHER_SCHEMAS_SQL, {"schema": SCHEMA, "owner": roles["owner"]})
+    for schema, owner, owner_ok, creators in await cur.fetchall():
+        if not owner_ok:
+            problems.append(f"schema {schema} is owned by {owner}, who could create objects in it "
+                            "(expected a superuser or the database owner)")
+        for grantee in creators:
+            problems.append(f"schema {schema} grants CREATE to {grantee}: a role other than its owner "
+                            f"can plant functions and operators there (REVOKE CREATE ON SCHEMA "
+                            f"{schema} FROM {grantee})")
+    cur = await conn.execute(_DATABASE_SQL)
+    for database, grantee, privilege in await cur.fetchall():
+        problems.append(f"database {database} grants {privilege} to {grantee}, expected none for "
+                        f"anyone but its owner (REVOKE {privilege} ON DATABASE {database} FROM {grantee})")
+    return problems
+
+
 async def privilege_problems(conn, roles: Mapping[str, str]) -> list[str]:
-    """Every difference between the catalog and the expected roles, owners and GRANTs."""
+    """Every difference between the catalog and the expected roles, owners and GRANTs, then
+    :func:`environment_problems` and the catalog fingerprint's differences."""
+    from . import fingerprint
+
     problems: list[str] = []
     cur = await conn.execute(_CATALOG_SQL, {"schema": SCHEMA})
     actual = {tuple(row) for row in await cur.fetchall()}
@@ -155,7 +278,7 @@ async def privilege_problems(conn, roles: Mapping[str, str]) -> list[str]:
         if row is None:
             problems.append(f"role {name} ({function}) does not exist")
             continue
-        _, superuser, createrole, createdb, replication, bypassrls, member_of = row
+        _, superuser, createrole, createdb, replication, bypassrls, member_of, members = row
         for flag, label in ((superuser, "SUPERUSER"), (createrole, "CREATEROLE"),
                             (createdb, "CREATEDB"), (replication, "REPLICATION"),
                             (bypassrls, "BYPASSRLS")):
@@ -163,6 +286,11 @@ async def privilege_problems(conn, roles: Mapping[str, str]) -> list[str]:
                 problems.append(f"role {name} ({function}) has {label}")
         if member_of:
             problems.append(f"role {name} ({function}) is a member of {', '.join(member_of)}")
+        if members:
+            problems.append(f"role {name} ({function}) has member(s) {', '.join(members)}, who "
+                            "could act with its privileges")
+    problems += await environment_problems(conn, roles)
+    problems += await fingerprint.problems(conn, roles)
     return problems
 
 
