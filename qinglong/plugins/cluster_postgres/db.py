@@ -239,6 +239,9 @@ async def _configure(conn: psycopg.AsyncConnection) -> None:
     # statements are READ COMMITTED (the claim, the reader). Admission names its level in its
     # own single message (see admission.py).
     await conn.set_isolation_level(IsolationLevel.SERIALIZABLE)
+    # The path is already pinned by the startup options; set it again in case something between
+    # us and the server (a connection pooler) dropped them. Readiness verifies it either way.
+    await conn.execute("SET search_path = " + ", ".join(PINNED_SEARCH_PATH))
 
 
 class Pool(AsyncConnectionPool):
