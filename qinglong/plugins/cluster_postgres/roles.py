@@ -311,4 +311,8 @@ def bootstrap_statements(roles: Mapping[str, str], database: str) -> list[str]:
     lines.append(f"REVOKE ALL ON DATABASE {ident(database)} FROM PUBLIC;")
     others = ", ".join(ident(roles[f]) for f in ("admin", "runtime", "worker_ingress"))
     lines.append(f"GRANT CONNECT ON DATABASE {ident(database)} TO {others};")
+    # readiness refuses a database whose public schema others can create in (the default before
+    # PostgreSQL 15, kept by pg_upgrade and restores)
+    lines.append(f"\\connect {ident(database)}")
+    lines.append("REVOKE CREATE ON SCHEMA public FROM PUBLIC;")
     return lines
