@@ -230,19 +230,26 @@ def expected_schema(known: tuple[Migration, ...]) -> dict[str, SchemaObject]:
 
 
 def _describe_difference(live: dict[str, SchemaObject], expected: dict[str, SchemaObject]) -> str | None:
+    """The first difference, most telling first: a missing object, an unexpected one, then a
+    changed definition."""
     order = {"table": 0, "index": 1}
-    for name, want in sorted(expected.items(), key=lambda item: (order.get(item[1][0], 2), item[0])):
-        have = live.get(name)
-        if have is None:
-            return f"{want[0]} {name!r} is missing"
+
+    def ranked(objects: dict[str, SchemaObject]) -> list[SchemaObject]:
+        return sorted(objects.values(), key=lambda o: (order.get(o[0], 2), o[1]))
+
+    for want in ranked(expected):
+        if want[1] not in live:
+            return f"{want[0]} {want[1]!r} is missing"
+    for have in ranked(live):
+        if have[1] not in expected:
+            return f"unexpected {have[0]} {have[1]!r} (on table {have[2]!r}) that qinglong did not make"
+    for want in ranked(expected):
+        have = live[want[1]]
         if have[:4] != want[:4]:
-            return f"{want[0]} {name!r} is defined differently from this version's migrations"
+            return f"{want[0]} {want[1]!r} is defined differently from this version's migrations"
         if have[4] != want[4]:
-            return (f"{want[0]} {name!r} does not have the columns, indexes or foreign keys this "
+            return (f"{want[0]} {want[1]!r} does not have the columns, indexes or foreign keys this "
                     "version's migrations give it")
-    for name, have in live.items():
-        if name not in expected:
-            return f"unexpected {have[0]} {name!r} (on table {have[2]!r}) that qinglong did not make"
     return None
 
 

@@ -184,7 +184,8 @@ def translate_sqlite_error(exc: BaseException, path: str) -> QinglongError:
         if free is not None and free < _FULL_DISK_FREE_BYTES:
             return StoreFull(
                 f"{where}: the disk is full ({free} bytes free on the file system of "
-                f"{str(file.absolute().parent)!r}; SQLite said {message!r}); free space and retry"
+                f"{str(file.absolute().parent)!r}); nothing was written by the failed statement. "
+                "Free space on that file system and retry"
             )
         part = _read_only_part(file)
         if part is not None:

@@ -1,0 +1,423 @@
+"""The database file as a user meets it: damaged, someone else's, read-only, full, or already owned.
+
+Each case runs the real ``qinglong`` command in a subprocess on a real file and checks what the
+user sees: the exit code, one paragraph on stderr naming the file, never a traceback, and never a
+hang (every subprocess has a timeout, so a hang fails the test instead of the suite).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from edge_helpers import cron, make_context, open_backend, query, seed
+from qinglong.contracts.errors import (
+    NotOurDatabase,
+    SchemaCorrupt,
+    StoreFull,
+    StoreMissing,
+)
+from qinglong.plugins.edge_sqlite import create_backend, migrations
+from qinglong.plugins.edge_sqlite.store import OwnerLock, owner_lock_path, probe_owner_lock
+
+#: Generous bound of one CLI command; a hang shows up as a failure after this, never as a stall.
+CLI_TIMEOUT_S = 60
+
+#: Commands that only read, and ones that start the scheduler; each must refuse a bad file.
+READ_COMMANDS = (["runs"], ["schedules"], ["skips"], ["db", "status"], ["trigger", "list"])
+RUN = ["run", "--for-seconds", "20"]
+
+def _env(db: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
+    env.update({"QINGLONG_BACKEND__PATH": str(db), "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+def cli(db: Path, *args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """``python -m qinglong ARGS`` on the database ``db``."""
+    return subprocess.run([sys.executable, "-m", "qinglong", *args], cwd=db.parent, env=_env(db),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_refused(proc: subprocess.CompletedProcess[str], code: int, db: Path, *words: str) -> None:
+    """Exit ``code``, a traceback-free stderr naming the file and every one of ``words``."""
+    context = f"exit {proc.returncode}, stderr:\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, context
+    assert proc.returncode == code, context
+    assert str(db) in proc.stderr, context
+    for word in words:
+        assert word in proc.stderr, context
+
+
+async def _populated(db: Path, clock, runs: int = 0) -> None:
+    """A ready database with one project, task and trigger and ``runs`` finished Runs."""
+    backend = await open_backend(db, clock)
+    try:
+        await seed(backend)
+        await backend.publisher().put_trigger(cron("tr1"))
+    finally:
+        await backend.close()
+    if runs:
+        conn = sqlite3.connect(db, isolation_level=None)
+        conn.execute("BEGIN")
+        conn.executemany(
+            "INSERT INTO runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision, "
+            "task_digest, scheduled_for_ms, admitted_at_ms, queued_at_ms, state, idempotency_key) "
+            "VALUES (?, 'p1', 'tr1', 1, 't1', 1, 'sha256:0', ?, ?, ?, 'succeeded', ?)",
+            [(f"run-{i:08d}", i, i, i, f"key-{i:08d}") for i in range(runs)])
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+
+
+# --------------------------------------------------------------------------- damaged files
+
+
+async def test_random_bytes_after_the_header_page_are_refused_by_every_command(db_path, clock):
+    """Random bytes over everything after page 1 must be a clear exit-4 "damaged" naming the file
+    for every command; otherwise the user gets a traceback or a hung process."""
+    await _populated(db_path, clock, runs=2000)
+    data = bytearray(db_path.read_bytes())
+    rng = random.Random(8)
+    data[4096:] = bytes(rng.randrange(256) for _ in range(len(data) - 4096))
+    db_path.write_bytes(bytes(data))
+    for command in (*READ_COMMANDS, RUN):
+        assert_refused(cli(db_path, *command), 4, db_path, "damaged")
+
+
+@pytest.mark.parametrize("command", [*READ_COMMANDS, RUN], ids=lambda c: "-".join(c[:2]))
+async def test_undecodable_schema_text_is_refused_and_the_process_exits(db_path, clock, command):
+    """Non-UTF-8 bytes in the stored schema made SQLite's error message undecodable; the error
+    escaped the store, its connection thread was never stopped and the process hung forever."""
+    await _populated(db_path, clock)
+    data = bytearray(db_path.read_bytes())
+    at = data.find(b"CREATE TABLE runs")
+    assert at > 0
+    data[at + 7:at + 10] = b"\xff\xfe\xfd"
+    db_path.write_bytes(bytes(data))
+    assert_refused(cli(db_path, *command), 4, db_path, "damaged")
+
+
+async def test_damaged_data_pages_are_found_at_start_and_by_db_status(db_path, clock):
+    """Damaged b-tree pages deep in the Runs table must stop ``run`` at start and make
+    ``db status`` fail; otherwise the scheduler starts on a file that throws at some later round
+    and the status command says all is well."""
+    await _populated(db_path, clock, runs=20_000)
+    data = bytearray(db_path.read_bytes())
+    pages = len(data) // 4096
+    rng = random.Random(7)
+    for page in range(pages - 150, pages - 140):
+        offset = page * 4096
+        data[offset + 8:offset + 4096] = bytes(rng.randrange(256) for _ in range(4088))
+    db_path.write_bytes(bytes(data))
+    assert_refused(cli(db_path, *RUN), 4, db_path, "quick_check")
+    assert_refused(cli(db_path, "db", "status"), 4, db_path, "quick_check")
+
+
+@pytest.mark.parametrize("drift, named", [
+    ("DROP TABLE schedule_skips", "table 'schedule_skips' is missing"),
+    ("DROP INDEX trigger_schedules_due", "index 'trigger_schedules_due' is missing"),
+    ("ALTER TABLE runs ADD COLUMN note TEXT", "table 'runs'"),
+    ("CREATE TRIGGER runs_audit AFTER INSERT ON runs BEGIN SELECT 1; END", "trigger 'runs_audit'"),
+    ("CREATE TABLE scratch (x)", "table 'scratch'"),
+], ids=["dropped-table", "dropped-index", "added-column", "added-trigger", "extra-table"])
+async def test_schema_drift_is_refused_although_the_ledger_is_complete(db_path, clock, drift, named):
+    """A ledger that lists every migration proves nothing about the tables: a dropped table passed
+    readiness and then every round failed while ``run`` exited 0."""
+    await _populated(db_path, clock)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute(drift)
+    conn.close()
+    backend = create_backend(make_context(db_path, clock))
+    await backend.open()
+    try:
+        with pytest.raises(SchemaCorrupt, match=named) as refused:
+            await backend.check_readiness()
+        assert str(db_path) in str(refused.value)
+    finally:
+        await backend.close()
+    assert_refused(cli(db_path, *RUN), 4, db_path, named)
+
+
+def test_expected_schema_is_what_the_shipped_migrations_make_on_a_file(tmp_path):
+    """The reference schema is derived from the migration files, so a new migration moves it; if
+    it drifted from what a real file gets, every database would be refused after an upgrade."""
+    known = migrations.load_migrations()
+    path = tmp_path / "fresh.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        migrations.apply_pending(conn, known, str(path), 1)
+        assert migrations.schema_of(conn) == migrations.expected_schema(known)
+        migrations.check_schema(conn, known, str(path))
+    finally:
+        conn.close()
+
+
+# --------------------------------------------------------------------------- not our database
+
+
+@pytest.mark.parametrize("command", [["run", "--for-seconds", "5"], ["db", "migrate"],
+                                     ["project", "create", "p9"], ["runs"], ["db", "status"]],
+                         ids=lambda c: "-".join(c[:2]))
+def test_another_applications_database_is_refused_and_left_byte_for_byte(db_path, command):
+    """An unrelated application's database used to get our tables and WAL mode; it must be refused,
+    naming one of its tables, and stay exactly as it was."""
+    conn = sqlite3.connect(db_path)
+    conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, owner TEXT)")
+    conn.execute("INSERT INTO accounts (owner) VALUES ('someone')")
+    conn.commit()
+    conn.close()
+    before = db_path.read_bytes()
+    assert_refused(cli(db_path, *command), 4, db_path, "another application", "'accounts'")
+    assert db_path.read_bytes() == before
+    assert query(db_path, "PRAGMA journal_mode") == [("delete",)]
+    assert not db_path.with_name(db_path.name + "-wal").exists()
+
+
+async def test_a_foreign_schema_migrations_table_is_not_taken_for_ours(db_path, clock):
+    """Many frameworks keep a ``schema_migrations`` table; reading its rows as ours would either
+    crash or start on a foreign database."""
+    conn = sqlite3.connect(db_path)
+    conn.execute("CREATE TABLE schema_migrations (version TEXT PRIMARY KEY)")
+    conn.execute("INSERT INTO schema_migrations VALUES ('20240101000000')")
+    conn.commit()
+    conn.close()
+    before = db_path.read_bytes()
+    backend = create_backend(make_context(db_path, clock))
+    await backend.open()
+    try:
+        for step in (backend.migrate, backend.check_readiness, backend.migration_status):
+            with pytest.raises(NotOurDatabase, match="schema_migrations"):
+                await step()
+    finally:
+        await backend.close()
+    assert db_path.read_bytes() == before
+
+
+async def test_a_backend_opened_to_read_never_creates_or_migrates(tmp_path, clock):
+    """A read command on a mistyped path used to create and migrate a new database there, so the
+    user saw an empty listing instead of their typo."""
+    missing = tmp_path / "typo.db"
+    backend = create_backend(make_context(missing, clock))
+    with pytest.raises(StoreMissing, match="typo.db"):
+        await backend.open(create=False)
+    await backend.close()
+    assert not missing.exists()
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    backend = create_backend(make_context(empty, clock))
+    await backend.open(create=False)
+    try:
+        states = await backend.migrate()
+        assert {s.status for s in states} == {"pending"}
+    finally:
+        await backend.close()
+    assert empty.read_bytes() == b""
+    assert query(empty, "SELECT count(*) FROM sqlite_master") == [(0,)]
+
+
+# --------------------------------------------------------------------------- read-only and full
+
+
+@pytest.fixture
+def restore_modes(db_path):
+    """Give the test's directory and file their modes back, so the tmp directory can be removed."""
+    yield db_path
+    db_path.parent.chmod(0o755)
+    if db_path.exists():
+        db_path.chmod(0o644)
+
+
+def _drop_root_override() -> None:
+    """In the child, before exec: drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the bounding
+    set, so a root process honours mode bits as any user does (an unprivileged user's read-only
+    file is what this file's tests are about)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_capbset_drop, cap_dac_override, cap_dac_read_search = 24, 1, 2
+    for capability in (cap_dac_override, cap_dac_read_search):
+        if libc.prctl(pr_capbset_drop, capability, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def cli_as_user(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI with the permissions of an ordinary user (root's override of mode bits dropped)."""
+    preexec = _drop_root_override if os.geteuid() == 0 else None
+    return subprocess.run([sys.executable, "-m", "qinglong", *args], cwd=db.parent.parent,
+                          env=_env(db), capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+                          preexec_fn=preexec)
+
+
+async def test_read_only_file_is_refused_at_start_naming_the_file(restore_modes, clock):
+    """A read-only file used to start "healthy", fail every round and exit 0, and ``trigger add``
+    ended in a traceback; both must say at once that the file is read-only."""
+    db = restore_modes
+    await _populated(db, clock)
+    db.chmod(0o444)
+    started = time.monotonic()
+    assert_refused(cli_as_user(db, "run", "--for-seconds", "30"), 5, db, "read-only")
+    assert time.monotonic() - started < 30, "run ran its rounds on a read-only file before failing"
+    add = cli_as_user(db, "trigger", "add", "p1", "tr2", "--task", "t1", "--cron", "* * * * *")
+    assert_refused(add, 5, db, "read-only")
+
+
+async def test_read_only_directory_is_refused_naming_the_directory(restore_modes, clock):
+    """SQLite must create its -wal and -shm files beside the database; a read-only directory must
+    be named as the cause, not reported as some I/O failure mid-round."""
+    db = restore_modes
+    await _populated(db, clock)
+    db.parent.chmod(0o555)
+    assert_refused(cli_as_user(db, *RUN), 5, db, "read-only", str(db.parent))
+    assert_refused(cli_as_user(db, "project", "create", "p2"), 5, db, "read-only")
+
+
+@pytest.fixture
+def small_filesystem():
+    """A real 2 MiB tmpfs (needs root); unmounted afterwards."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root")
+    mountpoint = Path(tempfile.mkdtemp(prefix="qinglong-full-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mountpoint)], check=True)
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+        mountpoint.rmdir()
+
+
+def _fill(directory: Path) -> None:
+    """Write a filler file until the file system has no space left."""
+    with open(directory / "filler", "wb", buffering=0) as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 4096)
+        except OSError:
+            pass
+    assert shutil.disk_usage(directory).free < 4096
+
+
+async def test_full_disk_is_reported_as_full_naming_the_file(small_filesystem, clock):
+    """On a full disk SQLite says "disk I/O error" (or the driver raised a traceback); the user must
+    read that the disk is full, for publishing, migration and run alike, with nothing written."""
+    db = small_filesystem / "q.db"
+    await _populated(db, clock)
+    before = query(db, "SELECT trigger_id FROM triggers")
+    _fill(small_filesystem)
+    for command in (["trigger", "add", "p1", "tr2", "--task", "t1", "--cron", "* * * * *"],
+                    ["db", "migrate"], RUN):
+        proc = cli(db, *command)
+        assert_refused(proc, 5, db, "full")
+        assert "I/O error" not in proc.stderr
+    fresh = small_filesystem / "fresh.db"
+    assert_refused(cli(fresh, "db", "migrate"), 5, fresh, "full")
+    (small_filesystem / "filler").unlink()
+    assert query(db, "SELECT trigger_id FROM triggers") == before
+
+
+async def test_database_size_limit_is_reported_as_full_by_the_publisher(db_path, clock):
+    """SQLITE_FULL from a publishing transaction must reach the caller as StoreFull naming the
+    file, and the refused write must leave nothing behind."""
+    backend = await open_backend(db_path, clock)
+    try:
+        await seed(backend)
+        pages = await backend.store.call(lambda conn: conn.execute("PRAGMA page_count").fetchone()[0])
+        await backend.store.call(lambda conn: conn.execute(f"PRAGMA max_page_count = {pages + 2}"))
+        with pytest.raises(StoreFull, match="full") as refused:
+            for i in range(64):
+                await backend.publisher().put_task("p1", f"big{i}", {"blob": "x" * 20_000})
+        assert str(db_path) in str(refused.value)
+    finally:
+        await backend.close()
+
+
+# --------------------------------------------------------------------------- the owner lock
+
+
+def _spawn_run(db: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "qinglong", "run"], cwd=db.parent, env=_env(db),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = CLI_TIMEOUT_S) -> None:
+    """Read the child's stderr until a line contains ``needle``; fail on exit or timeout."""
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            pytest.fail(f"the child exited ({proc.wait()}) before {needle!r}:\n{''.join(seen)}")
+        seen.append(line)
+        if needle in line:
+            return
+    pytest.fail(f"no {needle!r} within {timeout} s:\n{''.join(seen)}")
+
+
+def _wait_until(condition, timeout: float = CLI_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail("condition not met in time")
+        time.sleep(0.02)
+
+
+async def test_second_run_on_one_file_is_refused_naming_the_first_ones_pid(db_path, clock):
+    """Two schedulers on one file were never what the user meant; the second must be refused with
+    the holder's pid, while publishing and reading go on beside the first."""
+    await _populated(db_path, clock)
+    first = _spawn_run(db_path)
+    try:
+        _wait_for_line(first, "scheduler started")
+        assert probe_owner_lock(str(db_path)) == first.pid
+        second = cli(db_path, *RUN)
+        assert_refused(second, 5, db_path, f"process {first.pid}")
+        assert cli(db_path, "trigger", "add", "p1", "tr2", "--task", "t1", "--cron", "* * * * *"
+                   ).returncode == 0
+        assert cli(db_path, "runs").returncode == 0
+        assert first.poll() is None, "the first scheduler stopped"
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=CLI_TIMEOUT_S)
+    assert probe_owner_lock(str(db_path)) is None
+
+
+async def test_owner_lock_dies_with_a_killed_scheduler(db_path, clock):
+    """A scheduler killed with SIGKILL cannot release anything itself; if its lock outlived it, the
+    file could never be scheduled again without a manual cleanup."""
+    await _populated(db_path, clock)
+    first = _spawn_run(db_path)
+    try:
+        _wait_for_line(first, "scheduler started")
+        assert probe_owner_lock(str(db_path)) == first.pid
+    finally:
+        first.kill()
+        first.communicate(timeout=CLI_TIMEOUT_S)
+    assert owner_lock_path(str(db_path)).exists()
+    assert probe_owner_lock(str(db_path)) is None
+    following = cli(db_path, "run", "--for-seconds", "1")
+    assert following.returncode == 0, following.stderr
+    assert "scheduler started" in following.stderr
+
+
+def test_probe_does_not_create_the_lock_file_and_is_not_mistaken_for_a_scheduler(db_path):
+    """A status probe must never block a scheduler from starting (it holds a shared lock for an
+    instant) nor leave a lock file behind where there was none."""
+    assert probe_owner_lock(str(db_path)) is None
+    assert not owner_lock_path(str(db_path)).exists()
+    lock = OwnerLock(str(db_path))
+    lock.acquire()
+    try:
+        assert probe_owner_lock(str(db_path)) == os.getpid()
+    finally:
+        lock.release()
+    assert probe_owner_lock(str(db_path)) is None
