@@ -226,6 +226,25 @@ async def test_a_backend_opened_to_read_never_creates_or_migrates(tmp_path, cloc
     assert query(empty, "SELECT count(*) FROM sqlite_master") == [(0,)]
 
 
+@pytest.mark.parametrize("command", [*READ_COMMANDS, ["project", "list"]], ids=lambda c: "-".join(c))
+def test_read_commands_on_a_missing_file_are_refused_and_create_nothing(tmp_path, command):
+    """A mistyped [backend] path used to get a new, migrated database from a mere listing: the
+    user saw an empty list instead of their typo, and a stray file was left behind."""
+    missing = tmp_path / "typo.db"
+    assert_refused(cli(missing, *command), 3, missing, "does not exist")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_read_commands_never_migrate_an_empty_file(tmp_path):
+    """Reading must not write: an empty file stays empty (no tables, no WAL) and the user is told
+    what is missing."""
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    assert_refused(cli(empty, "runs"), 4, empty, "not applied")
+    assert empty.read_bytes() == b""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]
+
+
 # --------------------------------------------------------------------------- read-only and full
 
 
