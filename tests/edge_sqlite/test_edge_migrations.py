@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
-from edge_helpers import dump, open_backend, query
-from qinglong.contracts.errors import NotOurDatabase, SchemaNotReady, UserError
+from edge_helpers import open_backend, query
+from qinglong.contracts.errors import NotOurDatabase, SchemaCorrupt, SchemaNotReady, UserError
 from qinglong.plugins.edge_sqlite import create_backend, migrations
 from edge_helpers import make_context
 
@@ -136,3 +136,38 @@ async def test_a_file_that_is_not_sqlite_is_refused_as_not_ours_and_is_left_alon
         await backend.open()
     await backend.close()
     assert db_path.read_bytes() == before
+
+
+async def test_older_database_with_a_dropped_table_is_not_migrated_forward(db_path, clock):
+    """Migrating forward on top of a damaged older schema would half-apply the new migrations and
+    leave a file neither version can read; it must be refused naming the table, writing nothing."""
+    _make_database_with(db_path, 1)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute("DROP TABLE run_events")
+    conn.close()
+    before = db_path.read_bytes()
+    backend = create_backend(make_context(db_path, clock))
+    await backend.open()
+    try:
+        with pytest.raises(SchemaCorrupt, match="table 'run_events' is missing"):
+            await backend.migrate()
+    finally:
+        await backend.close()
+    assert db_path.read_bytes() == before
+
+
+def test_a_migration_applied_meanwhile_by_another_process_is_skipped(db_path):
+    """Two processes starting on a new file both see every migration pending; the later one must
+    skip what the first applied instead of failing on "table already exists"."""
+    known = migrations.load_migrations()
+    late = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        seen = migrations.migration_status(late, known, str(db_path))
+        assert {s.status for s in seen} == {"pending"}
+        _make_database_with(db_path, len(known))
+        for migration in known:
+            migrations._apply_one(late, migration, 2)
+        assert query(db_path, "SELECT count(*), max(applied_at_ms) FROM schema_migrations") == [(len(known), 1)]
+        migrations.check_ready(late, known, str(db_path))
+    finally:
+        late.close()
