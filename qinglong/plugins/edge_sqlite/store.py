@@ -405,7 +405,10 @@ class SqliteStore:
         try:
             await self.call(self._configure, create)
         except BaseException:
-            await self.close()
+            try:
+                await self.close()
+            except Exception:
+                pass  # the error that made open fail is the one to report
             raise
 
     def _configure(self, conn: sqlite3.Connection, writable: bool) -> None:
