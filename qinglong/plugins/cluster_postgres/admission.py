@@ -24,10 +24,16 @@ Outcomes: the decision committed (a Run admitted, the cursor initialised or skip
 claim released), or :class:`~qinglong.contracts.errors.FenceLost` (someone else owns the schedule
 now: a takeover after expiry, a republish, a deleted trigger, a deactivated project; never
 retried), or :class:`AdmissionRefused` (the inputs do not verify, e.g. a corrupted execution
-revision digest; nothing written). Serialization failures are retried a bounded number of times
+revision digest; nothing written), or its subclass :class:`TaskChanged` (the task was republished
+between claim and commit: a legitimate race, not an error; the coordinator gives the claim back
+and the occurrence is decided again next round). Serialization failures are retried a bounded number of times
 with small full-jitter backoff; each retry re-checks the fence, so a retry can only end in
 FenceLost, never in a second Run. When the retries run out the coordinator gives the claim back
 (``claim.release_claim``) so the occurrence is claimed again next round.
+
+A ``fire`` or ``initialize`` may ask to keep the claim (``keep_claim``): when the new cursor is
+already due at the commit's clock, the claim stays this claimer's, the row's acquisition time
+becomes the commit's, and :meth:`ClaimedSchedule.after` gives the claim to decide again at once.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import random
 import re
 import uuid
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import psycopg
@@ -46,7 +52,7 @@ from psycopg import errors as pg_errors
 
 from qinglong.contracts.errors import FenceLost
 from qinglong.contracts.idempotency import idempotency_key
-from qinglong.contracts.records import Admission, Decision, DecisionKind
+from qinglong.contracts.records import Admission, Decision, DecisionKind, ScheduleCursor
 
 from .claim import ClaimedSchedule
 from .db import AdmissionRefused
@@ -127,13 +133,33 @@ class AdmissionResult:
     admission: Admission | None
     serialization_retries: int
     admitted_at_ms: int
+    #: the claim is still ours (``keep_claim`` and the new cursor was due at ``admitted_at_ms``)
+    claim_kept: bool = False
+
+
+def after(claimed: ClaimedSchedule, decision: Decision, result: AdmissionResult) -> ClaimedSchedule:
+    """The claim as it stands after ``result`` kept it: the decided cursor, one state version on,
+    observed at the commit's clock (the row's new acquisition time), same fence."""
+    cursor = claimed.cursor
+    last = decision.scheduled_for_ms if decision.scheduled_for_ms is not None else cursor.last_scheduled_at_ms
+    return replace(
+        claimed,
+        cursor=ScheduleCursor(cursor.trigger_revision, decision.next_fire_at_ms, last,
+                              cursor.state_version + 1, cursor.published_at_ms),
+        observed_at_ms=result.admitted_at_ms,
+    )
 
 
 class CasMiss(FenceLost):
     """The fence was intact but the schedule changed under it (revision, state or cursor)."""
 
 
-def _params(claimed: ClaimedSchedule, decision: Decision | None) -> dict:
+class TaskChanged(AdmissionRefused):
+    """The task was republished (a new revision) between the claim and the commit; nothing was
+    written and the fence is still ours: give the claim back and decide again next round."""
+
+
+def _params(claimed: ClaimedSchedule, decision: Decision | None, keep_claim: bool = False) -> dict:
     head, fence = claimed.head, claimed.fence
     if decision is None or decision.kind is DecisionKind.NOT_DUE:
         kind, next_ms, scheduled, skipped = RELEASE, claimed.cursor.next_fire_at_ms, None, None
@@ -163,12 +189,13 @@ def _params(claimed: ClaimedSchedule, decision: Decision | None) -> dict:
         "skip_last_ms": skipped.last_ms if skipped else None,
         "skip_count": skipped.count if skipped else None,
         "skip_count_exact": skipped.count_exact if skipped else None,
+        "keep_claim": bool(keep_claim) and kind in ("fire", "initialize"),
     }
 
 
 def _refusal(claimed: ClaimedSchedule, row) -> Exception:
     (project_ok, trigger_ok, task_ok, execution_ok, schedule_ok, fence_ok, decision_ok, found,
-     _now, _advanced, _runs, _complete) = row
+     _now, _advanced, _runs, _complete, _kept, task_moved, task_revision_found) = row
     name = claimed.head.trigger_id
     if not found:
         return FenceLost(f"schedule of trigger {name!r} no longer exists")
@@ -180,6 +207,15 @@ def _refusal(claimed: ClaimedSchedule, row) -> Exception:
         return FenceLost(f"project of trigger {name!r} is no longer active")
     if not schedule_ok:
         return CasMiss(f"schedule of trigger {name!r} changed since it was claimed")
+    if not task_ok and task_moved:
+        return TaskChanged(
+            f"task {claimed.head.task_id!r} of trigger {name!r} was republished since the claim"
+        )
+    if not task_ok and not task_revision_found:
+        return AdmissionRefused(
+            f"task {claimed.head.task_id!r} of trigger {name!r} points at revision "
+            f"{claimed.task_revision}, which does not exist"
+        )
     if not task_ok:
         return AdmissionRefused(
             f"task {claimed.head.task_id!r} of trigger {name!r} changed or its digest does not verify"
@@ -203,8 +239,12 @@ BACKOFF_CAP_MS = 50.0
 
 async def commit_decision(conn: psycopg.AsyncConnection, claimed: ClaimedSchedule,
                           decision: Decision | None, *, retries: int = 10,
-                          backoff_ms: float = BACKOFF_BASE_MS) -> AdmissionResult:
+                          backoff_ms: float = BACKOFF_BASE_MS,
+                          keep_claim: bool = False) -> AdmissionResult:
     """Commit ``decision`` for ``claimed`` in one SERIALIZABLE transaction (None releases the claim).
+
+    ``keep_claim`` (fire and initialize only): keep the claim when the new cursor is already due
+    at the commit's clock (``AdmissionResult.claim_kept``; see the module docstring).
 
     ``conn`` must be an autocommit connection outside pipeline mode: otherwise psycopg would send
     a BEGIN of its own ahead of the message, and the transaction would no longer be one message.
@@ -216,7 +256,7 @@ async def commit_decision(conn: psycopg.AsyncConnection, claimed: ClaimedSchedul
             "admission needs an autocommit connection outside pipeline mode (one message per transaction)")
     attempt = 0
     while True:
-        params = _params(claimed, decision)
+        params = _params(claimed, decision, keep_claim)
         # Run identity is allocated here, for this transaction only: a claim never has one.
         params["run_id"] = str(uuid.uuid4())
         params["attempt_id"] = str(uuid.uuid4())
@@ -240,4 +280,4 @@ async def commit_decision(conn: psycopg.AsyncConnection, claimed: ClaimedSchedul
                 trigger_id=claimed.head.trigger_id, trigger_revision=claimed.head.trigger_revision,
                 scheduled_for_ms=params["scheduled_for_ms"], admitted_at_ms=row[8],
             )
-        return AdmissionResult(params["kind"], admission, attempt, row[8])
+        return AdmissionResult(params["kind"], admission, attempt, row[8], bool(row[12]))

@@ -5,11 +5,15 @@ replica runs the same statement, ``FOR UPDATE ... SKIP LOCKED`` keeps two replic
 row, and the written fence (owner, fresh token, claim_version + 1, expiry from the database clock)
 keeps anyone else off it until the lease expires in database time. No cron maths and no
 identifier generation happen here; the statement commits on its own.
+
+A claim is consistent: its schedule row and its trigger head carry the same revision (a republish
+racing the statement leaves the row unclaimed until the next round, see ``sql/claim.sql``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from qinglong.contracts.records import ClaimFence, MisfirePolicy, ScheduleCursor, TriggerHead
 
@@ -39,14 +43,15 @@ def _row_to_claim(row) -> ClaimedSchedule:
     (trigger_id, project_id, task_id, trigger_revision, next_fire_at_ms, last_scheduled_at_ms,
      state_version, owner, token, claim_version, expires_at_ms, head_revision, kind, spec,
      misfire_policy, misfire_grace_ms, enabled, content_digest, task_revision, task_digest,
-     observed_at_ms) = row
+     observed_at_ms, published_at_ms) = row
     head = TriggerHead(
         project_id=project_id, trigger_id=trigger_id, task_id=task_id,
         trigger_revision=head_revision, kind=kind, spec=spec,
         misfire_policy=MisfirePolicy(misfire_policy), misfire_grace_ms=misfire_grace_ms,
         enabled=enabled, content_digest=content_digest,
     )
-    cursor = ScheduleCursor(trigger_revision, next_fire_at_ms, last_scheduled_at_ms, state_version)
+    cursor = ScheduleCursor(trigger_revision, next_fire_at_ms, last_scheduled_at_ms, state_version,
+                            published_at_ms)
     fence = ClaimFence(owner=owner, token=token, claim_version=claim_version, expires_at_ms=expires_at_ms)
     return ClaimedSchedule(head, cursor, fence, task_revision, task_digest, observed_at_ms)
 
@@ -56,8 +61,12 @@ def effective_budget(requested: int) -> int:
     return max(0, min(int(requested), CLAIM_BUDGET_HARD_CAP))
 
 
-async def claim_due_schedules(conn, *, owner: str, limit: int, lease_ms: int) -> list[ClaimedSchedule]:
+async def claim_due_schedules(conn, *, owner: str, limit: int, lease_ms: int,
+                              kinds: Iterable[str] | None = None) -> list[ClaimedSchedule]:
     """Claim up to ``limit`` (at most 256) due schedules for ``owner`` with a ``lease_ms`` lease.
+
+    ``kinds``: the trigger kinds this replica can decide (its loaded providers); triggers of other
+    kinds are left for a replica that can (None: every kind).
 
     ``conn`` must be in autocommit mode, so the statement is its own READ COMMITTED transaction
     and its row locks are released when it returns. Returns the claims in due order.
@@ -68,7 +77,9 @@ async def claim_due_schedules(conn, *, owner: str, limit: int, lease_ms: int) ->
     if lease_ms <= 0:
         raise ValueError("lease_ms must be positive")
     cur = await conn.execute(
-        query("claim_due_schedules"), {"owner": owner, "limit": budget, "lease_ms": int(lease_ms)}
+        query("claim_due_schedules"),
+        {"owner": owner, "limit": budget, "lease_ms": int(lease_ms),
+         "kinds": None if kinds is None else sorted(kinds)},
     )
     rows = await cur.fetchall()
     claims = [_row_to_claim(row) for row in rows]
@@ -82,8 +93,9 @@ async def release_claim(conn, claimed: ClaimedSchedule) -> bool:
     """Give ``claimed`` back under its whole fence, in its own autocommit statement (see
     ``sql/claim.sql``, ``release_claim``); True when it was still ours and is now released.
 
-    For an admission that gave up with nothing written: the occurrence is claimed again next
-    round (here or elsewhere) instead of waiting for the lease to expire.
+    For a claim that could not be decided or committed with nothing written (serialization retries
+    exhausted, the task republished since the claim, a decision that failed): the occurrence is
+    claimed again next round (here or elsewhere) instead of waiting for the lease to expire.
     """
     fence = claimed.fence
     cur = await conn.execute(query("release_claim"), {

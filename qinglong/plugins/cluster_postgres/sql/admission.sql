@@ -8,6 +8,11 @@
 -- run.queued, and the skip record. If any check fails nothing is written and the returned flags say
 -- which; if any write fails the statement (and so the transaction) fails. The final guard turns a
 -- write that silently produced no row into an error instead of a partial admission.
+-- %(keep_claim)s (for fire and initialize only): when the new cursor is already due at this
+-- statement's clock, keep the claim (owner, token, version, expiry) so the same claimer decides
+-- the row again at once (a backlog inside the grace, an initialisation from the publish time
+-- whose first occurrence is owed); returned as claim_kept. An initialisation counts from the
+-- revision's publish time (published_at_ms), so its cursor need only be after that.
 WITH clock AS MATERIALIZED (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 ),
@@ -17,10 +22,14 @@ checked AS MATERIALIZED (
            p.active AS project_ok,
            (t.trigger_revision = %(trigger_revision)s AND t.content_digest = %(trigger_digest)s
             AND t.enabled) AS trigger_ok,
-           (k.task_revision = %(task_revision)s AND k.content_digest = %(task_digest)s
-            AND tr.content_digest = k.content_digest
-            AND tr.content_digest = 'sha256:' || encode(sha256(convert_to(tr.payload_json, 'UTF8')), 'hex'))
-               AS task_ok,
+           coalesce(k.task_revision = %(task_revision)s AND k.content_digest = %(task_digest)s
+                    AND tr.content_digest = k.content_digest
+                    AND tr.content_digest
+                        = 'sha256:' || encode(sha256(convert_to(tr.payload_json, 'UTF8')), 'hex'),
+                    false) AS task_ok,
+           -- the task head moved to another revision since the claim (a legitimate edit)
+           (k.task_revision <> %(task_revision)s) AS task_moved,
+           (tr.task_revision IS NOT NULL) AS task_revision_found,
            coalesce(e.content_digest = 'sha256:' || encode(sha256(convert_to(e.spec_json, 'UTF8')), 'hex'),
                     false) AS execution_ok,
            e.content_digest AS execution_digest,
@@ -37,19 +46,26 @@ checked AS MATERIALIZED (
                      THEN %(scheduled_for_ms)s::bigint >= %(expected_next_ms)s::bigint
                           AND %(scheduled_for_ms)s::bigint <= %(observed_at_ms)s::bigint
                           AND %(next_fire_at_ms)s::bigint > %(observed_at_ms)s::bigint
-                     WHEN %(kind)s IN ('initialize', 'misfire_skip')
+                     WHEN %(kind)s = 'initialize'
+                     THEN %(scheduled_for_ms)s::bigint IS NULL
+                          AND %(next_fire_at_ms)s::bigint
+                              > least(coalesce(s.published_at_ms, %(observed_at_ms)s::bigint),
+                                      %(observed_at_ms)s::bigint)
+                     WHEN %(kind)s = 'misfire_skip'
                      THEN %(scheduled_for_ms)s::bigint IS NULL
                           AND %(next_fire_at_ms)s::bigint > %(observed_at_ms)s::bigint
                      WHEN %(kind)s = 'release'
                      THEN %(scheduled_for_ms)s::bigint IS NULL
                           AND %(next_fire_at_ms)s::bigint IS NOT DISTINCT FROM %(expected_next_ms)s::bigint
-                     ELSE false END) AS decision_ok
+                     ELSE false END) AS decision_ok,
+           (%(keep_claim)s::boolean AND %(kind)s IN ('fire', 'initialize')
+            AND %(next_fire_at_ms)s::bigint <= clock.now_ms) AS keep_claim
     FROM qinglong.trigger_schedules s
     CROSS JOIN clock
     JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
     JOIN qinglong.projects p ON p.project_id = t.project_id
     JOIN qinglong.tasks k ON k.project_id = t.project_id AND k.task_id = t.task_id
-    JOIN qinglong.task_revisions tr
+    LEFT JOIN qinglong.task_revisions tr
       ON tr.project_id = k.project_id AND tr.task_id = k.task_id AND tr.task_revision = k.task_revision
     LEFT JOIN qinglong.execution_revisions e
       ON e.project_id = k.project_id AND e.task_id = k.task_id AND e.task_revision = k.task_revision
@@ -62,9 +78,9 @@ advanced AS (
     SET next_fire_at_ms = %(next_fire_at_ms)s::bigint,
         last_scheduled_at_ms = coalesce(%(scheduled_for_ms)s::bigint, s.last_scheduled_at_ms),
         state_version = s.state_version + 1,
-        claim_owner = NULL,
-        claim_token = NULL,
-        claim_expires_at_ms = NULL,
+        claim_owner = CASE WHEN c.keep_claim THEN s.claim_owner END,
+        claim_token = CASE WHEN c.keep_claim THEN s.claim_token END,
+        claim_expires_at_ms = CASE WHEN c.keep_claim THEN s.claim_expires_at_ms END,
         updated_at_ms = clock.now_ms
     FROM checked c, clock
     WHERE s.trigger_id = c.trigger_id
@@ -73,7 +89,7 @@ advanced AS (
       -- the whole fence again, on the row being written
       AND s.claim_owner = %(owner)s AND s.claim_token = %(token)s::uuid
       AND s.claim_version = %(claim_version)s AND s.claim_expires_at_ms > clock.now_ms
-    RETURNING s.trigger_id, s.project_id, clock.now_ms AS now_ms
+    RETURNING s.trigger_id, s.project_id, clock.now_ms AS now_ms, c.keep_claim AS kept
 ),
 run AS (
     INSERT INTO qinglong.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
@@ -129,5 +145,7 @@ SELECT c.project_ok, c.trigger_ok, c.task_ok, c.execution_ok, c.schedule_ok, c.f
             THEN true
             ELSE ('admission incomplete: runs=' || tally.run_rows || ' attempts=' || tally.attempt_rows
                   || ' events=' || tally.event_rows || ' skips=' || tally.skip_rows)::boolean
-       END AS complete
+       END AS complete,
+       coalesce((SELECT kept FROM advanced), false) AS claim_kept,
+       c.task_moved, c.task_revision_found
 FROM clock CROSS JOIN tally LEFT JOIN checked c ON true
