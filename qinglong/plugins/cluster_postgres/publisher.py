@@ -4,13 +4,17 @@ Every call is one SERIALIZABLE transaction on the admin role's pool (retried on 
 failures, which write nothing). Input is validated before the transaction starts, so bad input
 writes nothing. Publishing a trigger upserts its schedule row in the same transaction; a new
 revision resets the cursor and the claim and increments ``state_version`` and ``claim_version``,
-which kills every older claim.
+which kills every older claim, and records the publish time (database clock) the first occurrence
+is counted from. A trigger's revisions never repeat, even across a delete and re-create
+(``trigger_revision_marks``). A ``skip`` trigger whose grace cannot be met under the scheduler's
+cadence and claim lease is refused before anything is written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 import psycopg
@@ -27,7 +31,7 @@ from qinglong.contracts.records import (
     content_digest,
     trigger_content_digest,
 )
-from qinglong.contracts.store import check_identifier, validate_definition
+from qinglong.contracts.store import SchedulerLimits, check_identifier, check_misfire_grace, validate_definition
 
 from .admission import RETRYABLE
 from .sql import query
@@ -58,10 +62,11 @@ class ClusterPublisher:
     """:class:`~qinglong.contracts.store.Publisher` on PostgreSQL (admin role)."""
 
     def __init__(self, pool_factory: Callable[[], Awaitable[Any]], providers: Mapping[str, Any],
-                 retries: int = 5) -> None:
+                 retries: int = 5, limits: SchedulerLimits | None = None) -> None:
         self._pool_factory = pool_factory
         self._providers = providers
         self._retries = retries
+        self._limits = limits
 
     async def _transaction(self, body: Callable[[psycopg.AsyncConnection], Awaitable[T]]) -> T:
         pool = await self._pool_factory()
@@ -135,9 +140,15 @@ class ClusterPublisher:
             ) from None
         if not isinstance(definition.enabled, bool):
             raise UserError("enabled must be true or false")
+        self._check_grace(replace(definition, misfire_policy=policy))
         return await self._transaction(lambda conn: self._publish(
             conn, definition.project_id, definition.trigger_id, definition.task_id, kind, spec,
             policy, definition.misfire_grace_ms, definition.enabled))
+
+    def _check_grace(self, definition: TriggerDefinition) -> None:
+        # a claim that dies is taken over a lease later: 'skip' needs a grace beyond cadence + lease
+        if self._limits is not None:
+            check_misfire_grace(definition, self._limits, leased=True)
 
     async def _publish(self, conn, project_id: str, trigger_id: str, task_id: str, kind: str,
                        spec: Mapping[str, Any], policy: MisfirePolicy, grace_ms: int,
@@ -156,7 +167,9 @@ class ClusterPublisher:
             )
         if row is not None and row[8] == digest:
             return _head(trigger_id, row)
-        revision = 1 if row is None else row[2] + 1
+        cur = await conn.execute(query("next_trigger_revision"),
+                                 {"trigger_id": trigger_id, "head_revision": 0 if row is None else row[2]})
+        revision = (await cur.fetchone())[0]
         params = {
             "trigger_id": trigger_id, "project_id": project_id, "task_id": task_id,
             "trigger_revision": revision, "kind": kind, "spec_json": Jsonb(dict(spec)),

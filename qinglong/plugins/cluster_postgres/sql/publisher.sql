@@ -63,14 +63,17 @@ SET task_id = excluded.task_id, trigger_revision = excluded.trigger_revision,
 -- name: reset_schedule
 -- Creates a trigger's schedule row, or resets it for a new revision: cursor cleared, claim
 -- cleared, state_version and claim_version incremented, so every older claim is dead forever.
+-- published_at_ms is the database clock of this publish: the first occurrence is counted from it.
 INSERT INTO qinglong.trigger_schedules AS s (trigger_id, project_id, trigger_revision,
                                              next_fire_at_ms, last_scheduled_at_ms, state_version,
                                              claim_owner, claim_token, claim_version,
-                                             claim_expires_at_ms, updated_at_ms)
-VALUES (%(trigger_id)s, %(project_id)s, %(trigger_revision)s, NULL, NULL, 1, NULL, NULL, 0, NULL,
-        floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+                                             claim_expires_at_ms, updated_at_ms, published_at_ms)
+SELECT %(trigger_id)s, %(project_id)s, %(trigger_revision)s, NULL, NULL, 1, NULL, NULL, 0, NULL,
+       c.now_ms, c.now_ms
+FROM (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms) c
 ON CONFLICT (trigger_id) DO UPDATE
 SET trigger_revision = excluded.trigger_revision,
+    published_at_ms = excluded.published_at_ms,
     next_fire_at_ms = NULL,
     last_scheduled_at_ms = NULL,
     state_version = s.state_version + 1,
@@ -79,6 +82,17 @@ SET trigger_revision = excluded.trigger_revision,
     claim_version = s.claim_version + 1,
     claim_expires_at_ms = NULL,
     updated_at_ms = greatest(s.updated_at_ms, excluded.updated_at_ms)
+
+-- name: next_trigger_revision
+-- The revision a new publish of a trigger id takes: one past both its current head and its
+-- high-water mark (which survives a delete), so revisions of a trigger id never repeat; records
+-- it as the new mark. Run after lock_trigger_head in the same transaction; the mark row's own
+-- lock serialises two creators of a deleted id.
+INSERT INTO qinglong.trigger_revision_marks AS m (trigger_id, last_revision)
+VALUES (%(trigger_id)s, %(head_revision)s::bigint + 1)
+ON CONFLICT (trigger_id) DO UPDATE
+SET last_revision = greatest(m.last_revision, %(head_revision)s::bigint) + 1
+RETURNING last_revision
 
 -- name: delete_schedule
 -- Deletes a trigger's schedule row (its Runs stay).
