@@ -213,6 +213,7 @@ class ClusterPostgresBackend:
                                     diagnostics=self.context.diagnostics,
                                     retries=self.settings.serialization_retries,
                                     secrets=self.secrets, stats=stats)
+                                await self._record_round(conn)
                             except psycopg.Error:
                                 if cut.severed:
                                     raise RoundTimedOut(bound_s) from None
@@ -236,13 +237,27 @@ class ClusterPostgresBackend:
             self.last_round = stats
             return stats.report()
 
+    async def _record_round(self, conn) -> None:
+        """Record this replica's completed round (``scheduler_replicas``, database clock), so
+        readers can tell a scheduler is working the store. A failure is reported, never fatal."""
+        from .sql import query
+
+        try:
+            await conn.execute(query("record_replica_round"), {"owner": self.owner})
+        except psycopg.Error as exc:
+            if conn.broken or isinstance(exc, psycopg.OperationalError):
+                raise
+            self._emit("warning", "cluster_postgres.round_not_recorded",
+                       describe_error(exc, self.secrets))
+
     def publisher(self) -> ClusterPublisher:
-        """The admin side (admin role)."""
-        return ClusterPublisher(self.admin_pool, self.context.providers, self.settings.serialization_retries)
+        """The admin side (admin role); refuses a 'skip' grace the cadence and lease cannot meet."""
+        return ClusterPublisher(self.admin_pool, self.context.providers,
+                                self.settings.serialization_retries, self.context.limits)
 
     def reader(self) -> ClusterReader:
         """The read side (runtime role)."""
-        return ClusterReader(self.runtime_pool)
+        return ClusterReader(self.runtime_pool, self.context.limits)
 
     async def database_now_ms(self) -> int:
         """The database clock, epoch ms (for the CLI and tests)."""

@@ -3,20 +3,49 @@
 SELECT project_id, name, active FROM qinglong.projects ORDER BY project_id
 
 -- name: list_triggers
--- Current trigger heads, optionally of one project (NULL = all).
+-- Current trigger heads, optionally of one project (NULL = all), at most %(limit)s (NULL = all).
 SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfire_policy,
        misfire_grace_ms, enabled, content_digest
 FROM qinglong.triggers
 WHERE %(project_id)s::text IS NULL OR project_id = %(project_id)s::text
 ORDER BY project_id, trigger_id
+LIMIT %(limit)s::bigint
 
 -- name: list_schedules
--- Every trigger's schedule, in the claim's due order.
+-- Every trigger's schedule with its revision's publish time, in the claim's due order, at most
+-- %(limit)s (NULL = all).
 SELECT t.project_id, t.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,
-       t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms
+       t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms
 FROM qinglong.trigger_schedules s
 JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
 ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
+LIMIT %(limit)s::bigint
+
+-- name: scheduler_status
+-- How many replicas completed a round within the last %(window_ms)s ms (database clock), and
+-- when the newest round of any replica completed.
+SELECT count(*) FILTER (WHERE r.last_round_at_ms
+                              >= floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+                                 - %(window_ms)s::bigint) AS live,
+       max(r.last_round_at_ms) AS last_round_at_ms
+FROM qinglong.scheduler_replicas r
+
+-- name: record_replica_round
+-- Records that replica %(owner)s completed a round now (database clock), and prunes the rows of
+-- replicas silent for a week (a replica's owner name is new at every start).
+WITH clock AS MATERIALIZED (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+),
+pruned AS (
+    DELETE FROM qinglong.scheduler_replicas r
+    USING clock
+    WHERE r.last_round_at_ms < clock.now_ms - 604800000 AND r.owner <> %(owner)s
+)
+INSERT INTO qinglong.scheduler_replicas AS r (owner, first_round_at_ms, last_round_at_ms, rounds)
+SELECT %(owner)s, clock.now_ms, clock.now_ms, 1 FROM clock
+ON CONFLICT (owner) DO UPDATE
+SET last_round_at_ms = greatest(r.last_round_at_ms, excluded.last_round_at_ms),
+    rounds = r.rounds + 1
 
 -- name: recent_runs
 -- The newest Runs first, optionally of one trigger.
