@@ -2,7 +2,9 @@
 
 A pristine queued Attempt (see ``sql/recovery.sql``) is exactly what admission left and is NOT a
 failed execution: it is counted and left alone. Every other in-flight Run (any drifted field, a
-``dispatching`` or ``running`` state, a newer Attempt, a missing Attempt) is a recovery candidate.
+``dispatching`` or ``running`` state, a newer Attempt, a missing Attempt, an execution digest that
+is not the pinned revision's, queue or Attempt times other than the admission time, events other
+than exactly ``run.created``/``run.queued`` with seq 1 and 2) is a recovery candidate.
 
 Choice: recovery never writes and never raises for candidates; it returns them in
 :class:`~qinglong.contracts.records.RecoveryReport` (and the backend reports their number to the

@@ -1,16 +1,21 @@
 -- name: scan_in_flight_runs
--- Lists every in-flight Run (queued, dispatching, running) and whether it is pristine: the Run is
--- runtime-owned, queued, not cancelled, has queued_at_ms, and has exactly one Attempt, number 1,
--- claimed, remote_worker, with every worker/session/lease/offer/callback/start/result/error field
--- still NULL, as admission left it. Anything else is a recovery candidate (fail closed).
+-- Lists every in-flight Run (queued, dispatching, running) and whether it is pristine: exactly as
+-- admission left it. The Run is runtime-owned, queued, not cancelled, queued at its admission
+-- time, and its execution digest is the digest of the execution revision it pins; it has exactly
+-- one Attempt, number 1, claimed, remote_worker, created at the admission time, with every
+-- worker/session/lease/offer/callback/start/result/error field still NULL; and exactly two events,
+-- run.created (seq 1) and run.queued (seq 2), at the admission time. Anything else is a recovery
+-- candidate (fail closed).
 SELECT r.run_id::text,
        coalesce(r.owned_by = 'runtime'
                 AND r.state = 'queued'
                 AND NOT r.cancelled
-                AND r.queued_at_ms IS NOT NULL
+                AND r.queued_at_ms = r.admitted_at_ms
+                AND r.execution_digest = e.content_digest
                 AND a.attempt_no = 1
                 AND a.state = 'claimed'
                 AND a.executor = 'remote_worker'
+                AND a.created_at_ms = r.admitted_at_ms
                 AND a.worker_id IS NULL AND a.session_id IS NULL
                 AND a.lease_id IS NULL AND a.lease_expires_at_ms IS NULL
                 AND a.offer_id IS NULL AND a.offered_at_ms IS NULL
@@ -18,11 +23,20 @@ SELECT r.run_id::text,
                 AND a.started_at_ms IS NULL AND a.finished_at_ms IS NULL
                 AND a.result_json IS NULL AND a.error_code IS NULL AND a.error_message IS NULL
                 AND NOT EXISTS (SELECT 1 FROM qinglong.attempts n
-                                WHERE n.run_id = r.run_id AND n.attempt_id <> a.attempt_id),
+                                WHERE n.run_id = r.run_id AND n.attempt_id <> a.attempt_id)
+                AND (SELECT count(*) = 2
+                            AND count(*) FILTER (WHERE v.seq = 1 AND v.event_type = 'run.created'
+                                                 AND v.at_ms = r.admitted_at_ms) = 1
+                            AND count(*) FILTER (WHERE v.seq = 2 AND v.event_type = 'run.queued'
+                                                 AND v.at_ms = r.admitted_at_ms) = 1
+                     FROM qinglong.run_events v WHERE v.run_id = r.run_id),
                 false) AS pristine
 FROM qinglong.runs r
 LEFT JOIN LATERAL (
     SELECT * FROM qinglong.attempts x WHERE x.run_id = r.run_id ORDER BY x.attempt_no DESC LIMIT 1
 ) a ON true
+LEFT JOIN qinglong.execution_revisions e
+  ON e.project_id = r.project_id AND e.task_id = r.task_id AND e.task_revision = r.task_revision
+ AND e.executor = r.executor
 WHERE r.state IN ('queued', 'dispatching', 'running')
 ORDER BY r.run_id
