@@ -151,7 +151,7 @@ def test_admission_writes_run_attempt_events_and_clears_the_claim_atomically(clu
 
 def test_skip_policy_advances_the_cursor_under_the_fence_without_a_run(cluster):
     """A skip that created a Run, or left the cursor behind, would replay a missed backlog."""
-    seed(cluster, 1, expression="* * * * *", policy="skip", grace_ms=1000)
+    seed(cluster, 1, expression="* * * * *", policy="skip", grace_ms=60_000)
     set_cursor(cluster, "tr000", -600_000)  # ten minutes of misfires
 
     async def body():

@@ -59,9 +59,21 @@ def test_recovery_leaves_pristine_queued_attempts_alone(cluster):
     "VALUES (gen_random_uuid(), %(run)s, 2, 'claimed', 'remote_worker', 0)",
     "WITH e AS (DELETE FROM qinglong.run_events WHERE run_id = %(run)s) "
     "DELETE FROM qinglong.attempts WHERE run_id = %(run)s",
+    # the Run no longer pins its revision's execution, or was queued or attempted at another time
+    "UPDATE qinglong.runs SET execution_digest = 'sha256:' || repeat('0', 64) WHERE run_id = %(run)s",
+    "UPDATE qinglong.runs SET queued_at_ms = queued_at_ms + 1 WHERE run_id = %(run)s",
+    "UPDATE qinglong.attempts SET created_at_ms = created_at_ms + 1 WHERE run_id = %(run)s",
+    # anything but exactly run.created (seq 1) and run.queued (seq 2)
+    "INSERT INTO qinglong.run_events (event_id, run_id, seq, event_type, at_ms) "
+    "SELECT gen_random_uuid(), %(run)s, 3, 'run.dispatching', at_ms FROM qinglong.run_events "
+    "WHERE run_id = %(run)s AND seq = 2",
+    "DELETE FROM qinglong.run_events WHERE run_id = %(run)s AND seq = 2",
+    "UPDATE qinglong.run_events SET event_type = 'run.dispatching' WHERE run_id = %(run)s AND seq = 2",
+    "UPDATE qinglong.run_events SET seq = 3 - seq + 10 WHERE run_id = %(run)s",
 ])
 def test_any_drift_from_admission_makes_a_recovery_candidate(cluster, drift):
-    """Failing open here would leave a half-dispatched Run stuck as if it were merely queued."""
+    """Failing open here would leave a half-dispatched Run stuck as if it were merely queued, or
+    hand a worker a Run whose execution is not the pinned one."""
     _admit(cluster, 2)
     run = cluster.sql("SELECT run_id FROM qinglong.runs ORDER BY run_id LIMIT 1")[0][0]
     cluster.sql(drift, {"run": run})
