@@ -410,3 +410,28 @@ def test_reader_lists_are_bounded_by_a_limit(cluster):
     two, three, every, schedules = arun(body())
     assert len(two) == 2 and len(three) == 3 and len(every) == 5 and len(schedules) == 5
     assert all(s.published_at_ms is not None for s in schedules)
+
+
+def test_triggers_of_a_kind_without_provider_are_left_alone_and_named_at_start(cluster):
+    """A replica without a trigger kind's plugin used to claim those triggers and strand each for
+    a lease (or, given back, take the page from healthy triggers every round). It must leave them
+    to a replica that can decide them, say so at start, and still admit the healthy ones."""
+    seed(cluster, 2)
+    set_cursor(cluster, None, -100)
+    cluster.sql("UPDATE qinglong.triggers SET kind = 'gone' WHERE trigger_id = 'tr000'")
+    backend = cluster.backend("r1", claim_budget=1)
+
+    async def body():
+        try:
+            await backend.recover()
+            return await backend.run_round()
+        finally:
+            await backend.close()
+
+    report = arun(body())
+    [warning] = [e for e in backend.context.diagnostics.events
+                 if e.code == "cluster_postgres.unknown_trigger_kinds"]
+    assert "'gone' (1 enabled trigger(s))" in warning.message
+    assert report.claimed == 1 and report.admitted == 1 and report.errors == 0
+    assert cluster.sql("SELECT trigger_id FROM qinglong.runs") == [("tr001",)]
+    assert cluster.sql("SELECT claim_owner FROM qinglong.trigger_schedules WHERE trigger_id = 'tr000'") == [(None,)]

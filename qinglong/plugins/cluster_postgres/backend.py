@@ -178,8 +178,20 @@ class ClusterPostgresBackend:
             raise SchemaNotReady("schema not ready: " + "; ".join(problems))
 
     async def recover(self) -> RecoveryReport:
-        """Classify in-flight Runs; candidates are reported, never touched (see ``recovery``)."""
+        """Classify in-flight Runs; candidates are reported, never touched (see ``recovery``).
+
+        Also warns about enabled triggers of a kind this replica has no provider for: its rounds
+        never claim them (another replica with the provider may), so without this they would be
+        silent here."""
         report = await self._with_runtime(recovery.scan)
+        kinds = await self._with_runtime(recovery.enabled_kinds)
+        missing = {kind: n for kind, n in kinds.items() if kind not in self.context.providers}
+        if missing:
+            self._emit("warning", "cluster_postgres.unknown_trigger_kinds",
+                       "no loaded provider for trigger kind(s) "
+                       + ", ".join(f"{kind!r} ({n} enabled trigger(s))" for kind, n in sorted(missing.items()))
+                       + "; this replica never claims them",
+                       kinds=sorted(missing))
         if report.candidates:
             self._emit("warning", "cluster_postgres.recovery_candidates",
                        f"{len(report.candidates)} in-flight run(s) are not pristine and need recovery",

@@ -30,3 +30,9 @@ async def scan(conn) -> RecoveryReport:
         else:
             candidates.append(run_id)
     return RecoveryReport(pristine_queued=pristine, candidates=tuple(candidates))
+
+
+async def enabled_kinds(conn) -> dict[str, int]:
+    """``{kind: number of enabled triggers}``; read-only."""
+    cur = await conn.execute(query("enabled_trigger_kinds"))
+    return {kind: int(n) for kind, n in await cur.fetchall()}

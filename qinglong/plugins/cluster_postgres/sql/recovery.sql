@@ -40,3 +40,8 @@ LEFT JOIN qinglong.execution_revisions e
  AND e.executor = r.executor
 WHERE r.state IN ('queued', 'dispatching', 'running')
 ORDER BY r.run_id
+
+-- name: enabled_trigger_kinds
+-- Every trigger kind that enabled triggers use, with how many use it (startup tells which kinds
+-- this replica has no provider for: it never claims those triggers).
+SELECT kind, count(*) FROM qinglong.triggers WHERE enabled GROUP BY kind ORDER BY kind
