@@ -242,12 +242,12 @@ def test_a_backlog_inside_the_grace_drains_in_one_round(cluster):
     _publish(cluster, _trigger("tr000", EVERY_SECOND, grace_ms=60_000))
     first = _align_cursor(cluster, "tr000", 10)  # a ten-second stall
     (report,), _sink = _rounds(cluster, 1)
-    [(cursor, now)] = cluster.sql("SELECT next_fire_at_ms, floor(extract(epoch FROM clock_timestamp()) "
-                                  "* 1000)::bigint FROM qinglong.trigger_schedules")
+    [(cursor,)] = cluster.sql("SELECT next_fire_at_ms FROM qinglong.trigger_schedules")
     scheduled = [r[0] for r in cluster.sql("SELECT scheduled_for_ms FROM qinglong.runs ORDER BY 1")]
+    [(last_admitted,)] = cluster.sql("SELECT max(admitted_at_ms) FROM qinglong.runs")
     assert report.admitted >= 11 and report.errors == 0 and report.more_due is False
     assert scheduled == list(range(first, cursor, 1000))  # consecutive, none twice
-    assert cursor > now - 1000  # caught up, not late by the stall
+    assert cursor > last_admitted  # caught up: nothing was still due when the round let go
 
 
 def test_a_backlog_beyond_the_per_row_bound_asks_for_another_round(cluster):
@@ -381,11 +381,13 @@ def test_scheduler_status_follows_the_replicas_rounds(cluster):
 
     before = arun(status())
     assert before.running is False and before.replicas == 0 and before.last_round_at_ms is None
+    started = cluster.db_now_ms()
     _rounds(cluster, 2, owner="r1")
     _rounds(cluster, 1, owner="r2")
+    ended = cluster.db_now_ms()
     live = arun(status())
     assert live.running is True and live.replicas == 2
-    assert abs(live.last_round_at_ms - cluster.db_now_ms()) < 30_000
+    assert started <= live.last_round_at_ms <= ended
     assert cluster.sql("SELECT owner, rounds FROM qinglong.scheduler_replicas ORDER BY owner") == [
         ("r1", 2), ("r2", 1)]
     # silent for longer than 3 cadences + a lease: stopped
