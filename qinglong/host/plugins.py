@@ -7,10 +7,13 @@ edge) cannot be pulled in by a plugin that merely exists in the environment.
 
 from __future__ import annotations
 
+import contextvars
+import functools
+import inspect
 import re
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pluggy
 
@@ -25,6 +28,11 @@ from qinglong.contracts.hookspecs import (
 )
 from qinglong.contracts.providers import TriggerProvider
 from qinglong.contracts.store import SchedulerBackendSpec
+
+#: While the host calls a hook: (plugin name, item) for every item an implementation returned.
+_PRODUCED: contextvars.ContextVar[list[tuple[str, Any]] | None] = contextvars.ContextVar(
+    "qinglong_hook_results", default=None
+)
 
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _EXTRA_MARKER = re.compile(r"""extra\s*==\s*['"]([^'"]+)['"]""")
@@ -79,6 +87,69 @@ def missing_extra_requirements(distribution: str, extra: str) -> list[str]:
     return sorted(set(missing))
 
 
+def _attributed(plugin_name: str, hook_name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` as pluggy should call it: its items remembered as this plugin's, its errors named.
+
+    ``functools.wraps`` keeps the ``hookimpl`` options (``tryfirst``, ``trylast``, ...) and, through
+    ``__wrapped__``, the signature pluggy reads the argument names from, so pluggy orders and calls
+    the implementation exactly as it would the original.
+    """
+
+    @functools.wraps(function)
+    def call(*args: Any) -> Any:
+        try:
+            produced = function(*args)
+            # A generator (``yield`` one item at a time, as conda's hooks do) runs here, inside
+            # the plugin's frame, so its errors are named too; wrappers then see a plain list.
+            if produced is None:
+                items = None
+            elif isinstance(produced, (str, bytes)) or not hasattr(produced, "__iter__"):
+                raise PluginLoadError(
+                    f'plugin "{plugin_name}" returned {produced!r} from {hook_name}, '
+                    "not an iterable of items (return a list, even of one)"
+                )
+            else:
+                items = list(produced)
+        except PluginLoadError:
+            raise
+        except Exception as exc:
+            raise PluginLoadError(
+                f'plugin "{plugin_name}" failed in {hook_name}: {exc.__class__.__name__}: {exc}'
+            ) from exc
+        record = _PRODUCED.get()
+        if record is not None and items:
+            record.extend((plugin_name, item) for item in items)
+        return items
+
+    return call
+
+
+class _AttributedPlugin:
+    """What is registered with pluggy for one plugin: its hook implementations, each attributed.
+
+    Hook wrappers (``wrapper=True`` or ``hookwrapper=True``) are registered unchanged: they see and
+    may change the results of the implementations inside them, as pluggy promises.
+    """
+
+    def __init__(self, plugin: Any, plugin_name: str, project_name: str) -> None:
+        self.__qinglong_plugin__ = plugin
+        marker = f"{project_name}_impl"
+        for attr in dir(plugin):
+            try:
+                member = getattr(plugin, attr)
+            except Exception:  # a property that raises is not a hook implementation
+                continue
+            opts = getattr(member, marker, None) if inspect.isroutine(member) else None
+            if not isinstance(opts, dict):
+                continue
+            wrapper = opts.get("wrapper") or opts.get("hookwrapper")
+            hook_name = opts.get("specname") or attr
+            setattr(self, attr, member if wrapper else _attributed(plugin_name, hook_name, member))
+
+    def __repr__(self) -> str:
+        return f"<plugin {self.__qinglong_plugin__!r}>"
+
+
 class PluginHost:
     """A pluggy manager that knows which entry points exist and loads only those it is told to."""
 
@@ -88,6 +159,7 @@ class PluginHost:
         self.pm.add_hookspecs(QinglongHookSpecs)
         self._entry_points: dict[str, metadata.EntryPoint] = {}
         self._infos: dict[str, PluginInfo] = {}
+        self._load_order: list[str] = []
         for ep in metadata.entry_points(group=group):
             if ep.name in self._entry_points:
                 other = self._entry_points[ep.name]
@@ -127,7 +199,7 @@ class PluginHost:
                     f"{exc.__class__.__name__}: {exc}"
                 ) from exc
             try:
-                self.pm.register(plugin, name=name)
+                self.register(plugin, name)
             except (ValueError, pluggy.PluginValidationError) as exc:
                 raise PluginLoadError(
                     f'plugin "{name}" from distribution {info.distribution} {info.version} '
@@ -145,6 +217,23 @@ class PluginHost:
                 "hook names start with 'qinglong_' and are listed in docs/plugins.md"
             ) from None
 
+    def register(self, plugin: Any, name: str) -> None:
+        """Register ``plugin`` under ``name`` so that every item its hooks return is known as its own.
+
+        pluggy calls the hooks (``pm.hook.<name>(...)``): ``tryfirst``, ``trylast`` and hook wrappers
+        of any plugin work as pluggy documents them; the host only remembers who returned what.
+        """
+        for other in self._load_order:
+            registered = self.pm.get_plugin(other)
+            if getattr(registered, "__qinglong_plugin__", None) is plugin:
+                raise ValueError(f"the same object is already registered as plugin {other!r}")
+        self._load_order.append(name)
+        try:
+            self.pm.register(_AttributedPlugin(plugin, name, self.pm.project_name), name=name)
+        except BaseException:
+            self._load_order.remove(name)
+            raise
+
     def infos(self) -> list[PluginInfo]:
         """Every installed plugin, with the hooks of the loaded ones."""
         for name, info in self._infos.items():
@@ -154,19 +243,40 @@ class PluginHost:
         return [self._infos[n] for n in sorted(self._infos)]
 
     def _collect(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
-        """Call each implementation of ``hook_name`` separately, remembering which plugin gave what."""
+        """Call ``hook_name`` through pluggy; each item comes with the name of the plugin that gave it.
+
+        The order is pluggy's call order (``tryfirst`` first, then the last registered first,
+        ``trylast`` last), after every hook wrapper had its say. An item a wrapper added or replaced
+        is attributed to the wrapper's plugin.
+        """
         caller = getattr(self.pm.hook, hook_name)
-        results: list[tuple[str, Any]] = []
-        for impl in caller.get_hookimpls():  # registration order
+        token = _PRODUCED.set([])
+        try:
+            results = caller(**kwargs)
+            produced = _PRODUCED.get() or []
+        finally:
+            _PRODUCED.reset(token)
+        # ``produced`` holds every item while we look them up, so no id() is reused meanwhile.
+        origin = {id(item): plugin_name for plugin_name, item in produced}
+        wrappers = [impl.plugin_name for impl in caller.get_hookimpls() if impl.wrapper or impl.hookwrapper]
+        by_wrapper = " or ".join(f'"{w}"' for w in wrappers) if wrappers else "an unknown plugin"
+        collected: list[tuple[str, Any]] = []
+        for items in results or ():
             try:
-                produced = impl.function(**{k: kwargs[k] for k in impl.argnames})
-            except Exception as exc:
+                iterator = iter(items)
+            except TypeError:
                 raise PluginLoadError(
-                    f'plugin "{impl.plugin_name}" failed in {hook_name}: {exc.__class__.__name__}: {exc}'
-                ) from exc
-            for item in produced or ():
-                results.append((impl.plugin_name, item))
-        return results
+                    f"{hook_name} gave {items!r} where an iterable of items was expected "
+                    f"(a result changed by the hook wrapper of {by_wrapper}?)"
+                ) from None
+            for item in iterator:
+                collected.append((origin.get(id(item), ", ".join(wrappers) or "?"), item))
+        return collected
+
+    def _first_loaded(self, *plugin_names: str) -> list[str]:
+        """``plugin_names`` in the order they were loaded (the profile's plugins come first)."""
+        rank = {name: i for i, name in enumerate(self._load_order)}
+        return sorted(plugin_names, key=lambda n: rank.get(n, len(rank)))
 
     def _owner_label(self, plugin_name: str) -> str:
         info = self._infos.get(plugin_name)
@@ -185,9 +295,10 @@ class PluginHost:
                     "next_after, latest_at_or_before, describe)"
                 )
             if kind in found:
+                first, second = self._first_loaded(owners[kind], plugin_name)
                 raise PluginLoadError(
-                    f"two plugins provide trigger kind {kind!r}: {self._owner_label(owners[kind])} and "
-                    f"{self._owner_label(plugin_name)}; disable one of them"
+                    f"two plugins provide trigger kind {kind!r}: {self._owner_label(first)} and "
+                    f"{self._owner_label(second)}; disable one of them"
                 )
             found[kind], owners[kind] = provider, plugin_name
         return found
@@ -203,9 +314,10 @@ class PluginHost:
                     "qinglong_scheduler_backends, which is not a SchedulerBackendSpec"
                 )
             if spec.name in found:
+                first, second = self._first_loaded(owners[spec.name], plugin_name)
                 raise PluginLoadError(
                     f"two plugins provide scheduler backend {spec.name!r}: "
-                    f"{self._owner_label(owners[spec.name])} and {self._owner_label(plugin_name)}"
+                    f"{self._owner_label(first)} and {self._owner_label(second)}"
                 )
             found[spec.name], owners[spec.name] = spec, plugin_name
         return found
