@@ -28,7 +28,7 @@ import pluggy
 
 if TYPE_CHECKING:  # types only; nothing here is imported at run time
     from .diagnostics import DiagnosticSink
-    from .providers import TriggerProvider
+    from .providers import TriggerCliOptions, TriggerProvider
     from .store import SchedulerBackend, SchedulerBackendSpec
 
 PROJECT_NAME = "qinglong"
@@ -87,6 +87,10 @@ class QinglongHookSpecs:
         ``kind`` must be unique across loaded plugins: the host refuses two providers of one kind,
         naming both plugins and their distributions.
         """
+
+    @hookspec
+    def qinglong_trigger_cli_options(self) -> Iterable["TriggerCliOptions"]:
+        """Return how operators write this plugin's trigger kinds on the command line."""
 
     @hookspec
     def qinglong_scheduler_backends(self) -> Iterable["SchedulerBackendSpec"]:

@@ -7,7 +7,8 @@ parties add kinds (``interval`` in ``examples/interval-trigger``) the same way.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -42,3 +43,46 @@ class TriggerProvider(Protocol):
     def describe(self, spec: Mapping[str, Any]) -> str:
         """A one-line human summary of a normalised spec, for ``qinglong schedules``."""
         ...
+
+
+@dataclass(frozen=True)
+class TriggerCliOption:
+    """One command-line option a trigger kind adds to ``qinglong trigger add`` and ``update``.
+
+    ``flag`` is the long option (``--every``); the value always arrives as text, and only the
+    options the operator gave are passed to :attr:`TriggerCliOptions.to_spec`, keyed by
+    :attr:`name` (``--grace-period`` -> ``grace_period``). Two kinds may declare the same flag
+    (``--timezone``); the CLI then adds it once and hands it to the kind the command is about.
+    """
+
+    flag: str
+    help: str
+    metavar: str = "VALUE"
+
+    @property
+    def name(self) -> str:
+        """The key of this option's value in the mapping ``to_spec`` receives."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class TriggerCliOptions:
+    """How operators write a trigger of one kind on the command line, instead of ``--spec JSON``.
+
+    ``to_spec(given, current)`` turns the given options (name -> text) into a spec, which the
+    publisher then validates with the kind's provider as any other spec. ``current`` is the stored
+    spec when ``trigger update`` changes a trigger of this same kind (so ``--timezone`` alone can
+    keep the expression), and None otherwise. Raise
+    :class:`~qinglong.contracts.errors.UserError` (or ``TriggerSpecError``) naming the option for
+    input that cannot become a spec. ``usage`` is the short form shown when a new trigger has no
+    schedule (``--every DURATION [--anchor-ms MS]``).
+    """
+
+    kind: str
+    options: tuple[TriggerCliOption, ...]
+    to_spec: Callable[[Mapping[str, str], "Mapping[str, Any] | None"], Mapping[str, Any]]
+    usage: str = ""
+
+    def flags(self) -> tuple[str, ...]:
+        """The flags of this kind, in declaration order."""
+        return tuple(option.flag for option in self.options)

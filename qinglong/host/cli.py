@@ -22,7 +22,7 @@ import sys
 import time
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 from qinglong import __version__
 from qinglong.contracts.errors import (
@@ -40,6 +40,7 @@ from qinglong.contracts.errors import (
     exit_code_for,
 )
 from qinglong.contracts.records import DEFAULT_MISFIRE_GRACE_MS, MisfirePolicy, TriggerDefinition
+from qinglong.contracts.providers import TriggerCliOptions
 from qinglong.contracts.store import MAX_PAYLOAD_BYTES, MAX_SPEC_BYTES, check_command, check_json_value
 
 #: Upper bound of ``--limit`` and ``--count``: a listing is for people, not a bulk export.
@@ -438,32 +439,65 @@ def cmd_task(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _trigger_spec(args: argparse.Namespace, current: Any | None) -> tuple[str, dict[str, Any]]:
-    if args.timezone is not None and not args.timezone.strip():
-        raise UserError("--timezone is empty: give an IANA time zone such as 'Europe/Berlin', "
-                        "or leave the option out for UTC")
-    if args.cron is not None and args.spec is not None:
-        raise UserError("give either --cron or --spec, not both")
-    if args.cron is not None:
-        kind = args.kind or "cron"
-        if kind != "cron":
-            raise UserError(f"--cron makes a cron trigger; --kind {kind} needs --spec")
-        spec: dict[str, Any] = {"expression": args.cron}
-        if args.timezone is not None:
-            spec["timezone"] = args.timezone
-        else:
-            spec["timezone"] = current.spec.get("timezone", "UTC") if current and current.kind == "cron" else "UTC"
-        return kind, spec
+def _trigger_spec(args: argparse.Namespace, current: Any | None,
+                  declared: Mapping[str, TriggerCliOptions]) -> tuple[str, Mapping[str, Any]]:
+    """The kind and spec to publish, from ``--kind``/``--spec`` or the options a kind declared.
+
+    The host knows no kind: each plugin declares its options (``qinglong_trigger_cli_options``) and
+    turns them into a spec; ``--kind K --spec JSON`` works for every kind, declared or not.
+    """
+    given = {option.flag: (option, getattr(args, _option_dest(option.flag)))
+             for options in declared.values() for option in options.options
+             if getattr(args, _option_dest(option.flag), None) is not None}
+    flags = sorted(given)
     if args.spec is not None:
-        return args.kind or (current.kind if current else "cron"), _json_object("--spec", args.spec, MAX_SPEC_BYTES)
+        if flags:
+            raise UserError(f"give either --spec or {', '.join(flags)}, not both")
+        kind = args.kind or (current.kind if current is not None else None)
+        if kind is None:
+            raise UserError("--spec needs --kind KIND for a new trigger"
+                            + (f" (kinds with their own options: {', '.join(sorted(declared))})" if declared else ""))
+        return kind, _json_object("--spec", args.spec, MAX_SPEC_BYTES)
+    if flags:
+        fitting = sorted(kind for kind, options in declared.items() if set(flags) <= set(options.flags()))
+        if args.kind is not None:
+            if args.kind not in declared:
+                raise UserError(f"trigger kind {args.kind!r} declares no command-line options; "
+                                f"{', '.join(flags)} belong to {', '.join(_owners_of(flags, declared))}; "
+                                "give --kind with --spec JSON")
+            kind = args.kind
+            if kind not in fitting:
+                stray = [f for f in flags if f not in declared[kind].flags()]
+                raise UserError(f"{', '.join(stray)} is not an option of trigger kind {kind!r}, which takes "
+                                f"{', '.join(declared[kind].flags())}")
+        elif current is not None and current.kind in fitting:
+            kind = current.kind
+        elif len(fitting) == 1:
+            kind = fitting[0]
+        elif not fitting:
+            raise UserError(f"{', '.join(flags)} belong to different trigger kinds "
+                            f"({', '.join(_owners_of(flags, declared))}); give the options of one kind")
+        else:
+            raise UserError(f"{', '.join(flags)} fit trigger kinds {', '.join(fitting)}; say which with --kind")
+        base = dict(current.spec) if current is not None and current.kind == kind else None
+        values = {option.name: value for option, value in given.values() if option.flag in declared[kind].flags()}
+        return kind, declared[kind].to_spec(values, base)
     if current is None:
-        raise UserError("a new trigger needs --cron EXPRESSION (or --kind KIND --spec JSON)")
-    spec = dict(current.spec)
-    if args.timezone is not None:
-        if current.kind != "cron":
-            raise UserError("--timezone applies to cron triggers")
-        spec["timezone"] = args.timezone
-    return current.kind, spec
+        forms = [f"{d.usage or ' '.join(d.flags())} ({kind})" for kind, d in sorted(declared.items())]
+        raise UserError("a new trigger needs a schedule: " + "; ".join(forms + ["--kind KIND --spec JSON"]))
+    if args.kind is not None and args.kind != current.kind:
+        raise UserError(f"--kind {args.kind} changes the trigger's kind (now {current.kind}): "
+                        "give its spec too, with --spec JSON or that kind's options")
+    return current.kind, dict(current.spec)
+
+
+def _option_dest(flag: str) -> str:
+    """Where argparse keeps a kind's option: apart from the command's own attributes."""
+    return "kind_option_" + flag.lstrip("-").replace("-", "_")
+
+
+def _owners_of(flags: Sequence[str], declared: Mapping[str, TriggerCliOptions]) -> list[str]:
+    return [f"{flag} ({', '.join(k for k, d in sorted(declared.items()) if flag in d.flags())})" for flag in flags]
 
 
 def cmd_trigger(args: argparse.Namespace) -> int:
@@ -488,7 +522,7 @@ def cmd_trigger(args: argparse.Namespace) -> int:
         if sub == "update" and current is None:
             raise NotFound(f"trigger {args.trigger_id} does not exist in project {args.project_id}; "
                            "use 'qinglong trigger add'")
-        kind, spec = _trigger_spec(args, current)
+        kind, spec = _trigger_spec(args, current, args.trigger_options)
         if args.task is None and current is None:
             raise UserError("a new trigger needs --task TASK_ID")
         definition = TriggerDefinition(
@@ -731,8 +765,12 @@ def positive_count(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (``--settings`` and ``--profile`` work before or after the command)."""
+def build_parser(trigger_options: Mapping[str, TriggerCliOptions] | None = None) -> argparse.ArgumentParser:
+    """The argument parser (``--settings`` and ``--profile`` work before or after the command).
+
+    ``trigger_options`` are the options trigger kinds declared (``trigger add --cron``); without
+    them ``trigger add`` and ``update`` take only ``--kind K --spec JSON``.
+    """
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--settings", metavar="PATH", default=argparse.SUPPRESS,
                         help="settings file (TOML); default: $QINGLONG_SETTINGS, else profile defaults only")
@@ -826,16 +864,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("project_id")
         p.add_argument("trigger_id")
         p.add_argument("--task", default=None, help="task the Runs execute")
-        p.add_argument("--cron", default=None, metavar="EXPR",
-                       help="cron expression: 5 fields, or 6 with seconds first")
-        p.add_argument("--timezone", default=None, metavar="ZONE", help="IANA time zone (default UTC)")
-        p.add_argument("--kind", default=None, help="trigger kind from a plugin (with --spec)")
-        p.add_argument("--spec", default=None, metavar="JSON", help="the trigger spec as a JSON object")
+        p.add_argument("--kind", default=None,
+                       help="trigger kind (a plugin's); implied by the options of a kind given below")
+        p.add_argument("--spec", default=None, metavar="JSON", help="the trigger spec as a JSON object (any kind)")
         p.add_argument("--misfire", choices=[m.value for m in MisfirePolicy], default=None,
                        help="what a late occurrence does (default fire_once)")
         p.add_argument("--grace-ms", type=int, default=None, help="misfire grace in ms (default 60000)")
         p.add_argument("--disabled", action="store_true", help="publish disabled")
-        p.set_defaults(func=cmd_trigger)
+        _add_trigger_kind_options(p, trigger_options or {})
+        p.set_defaults(func=cmd_trigger, trigger_options=dict(trigger_options or {}))
     for name in ("enable", "disable", "delete"):
         p = trg_sub.add_parser(name, parents=[common], help=f"{name} a trigger")
         p.add_argument("project_id")
@@ -858,6 +895,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=positive_count, default=20, help="records to show (default 20)")
     json_flag(p)
 
+    _add_cron_commands(add, common, json_flag)
+    return parser
+
+
+def _add_cron_commands(add: Any, common: argparse.ArgumentParser, json_flag: Any) -> None:
+    """``qinglong cron next``: the one command about a trigger kind itself (see docs/plugins.md)."""
     cron = add("cron", "cron expressions: preview fire times", None)
     cron_sub = cron.add_subparsers(dest="cron_command", metavar="SUBCOMMAND", required=True)
     p = cron_sub.add_parser("next", parents=[common], help="the next fire times of a cron expression",
@@ -872,7 +915,51 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start after this ISO 8601 time (default now; without an offset, in --timezone)")
     json_flag(p)
     p.set_defaults(func=cmd_cron_next)
-    return parser
+
+
+#: The options of ``trigger add`` and ``update`` themselves; a trigger kind cannot declare these.
+TRIGGER_COMMAND_FLAGS = ("--task", "--kind", "--spec", "--misfire", "--grace-ms", "--disabled",
+                         "--settings", "--profile", "--help")
+
+
+def _add_trigger_kind_options(parser: argparse.ArgumentParser, declared: Mapping[str, TriggerCliOptions]) -> None:
+    """One argument group per trigger kind, with the options its plugin declared.
+
+    A flag two kinds share is added once, in the first kind's group, naming both.
+    """
+    added: set[str] = set()
+    for kind in sorted(declared):
+        group = parser.add_argument_group(f"options of trigger kind {kind} (plugin-declared)")
+        for option in declared[kind].options:
+            if option.flag in added:
+                continue
+            added.add(option.flag)
+            kinds = [k for k in sorted(declared) if option.flag in declared[k].flags()]
+            group.add_argument(option.flag, dest=_option_dest(option.flag), default=None, metavar=option.metavar,
+                               help=option.help + (f" (kinds {', '.join(kinds)})" if len(kinds) > 1 else ""))
+
+
+def _trigger_options_for(head: Sequence[str]) -> dict[str, TriggerCliOptions]:
+    """For ``trigger add`` and ``update`` only: the trigger kinds' options from the loaded plugins.
+
+    They are needed before the command line can be parsed, so the settings named by ``--settings``
+    and ``--profile`` are read first; every other command parses without loading a plugin.
+    """
+    if _command_words(head)[:2] not in (["trigger", "add"], ["trigger", "update"]):
+        return {}
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--settings", default=None)
+    pre.add_argument("--profile", default=None)
+    known, _ = pre.parse_known_args(list(head))
+    from .containers import load_plugins
+
+    return load_plugins(_load(known)).trigger_cli_options(reserved=TRIGGER_COMMAND_FLAGS)
+
+
+def _command_words(head: Sequence[str]) -> list[str]:
+    """The words of the command line that are not options or values of the global options."""
+    return [a for i, a in enumerate(head)
+            if not a.startswith("-") and not (i and head[i - 1] in ("--settings", "--profile", "--payload"))]
 
 
 def _split_command_argv(arguments: list[str]) -> tuple[list[str], list[str] | None]:
@@ -885,9 +972,7 @@ def _split_command_argv(arguments: list[str]) -> tuple[list[str], list[str] | No
         return arguments, None
     cut = arguments.index("--")
     head = arguments[:cut]
-    words = [a for i, a in enumerate(head)
-             if not a.startswith("-") and not (i and head[i - 1] in ("--settings", "--profile", "--payload"))]
-    if words[:2] != ["task", "put"]:
+    if _command_words(head)[:2] != ["task", "put"]:
         return arguments, None
     return head, arguments[cut + 1:]
 
@@ -944,7 +1029,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _refuse_undecodable(arguments)
         head, command = _split_command_argv(arguments)
-        args = build_parser().parse_args(head)
+        args = build_parser(_trigger_options_for(head)).parse_args(head)
         if command is not None:
             args.argv = command
         code = args.func(args)

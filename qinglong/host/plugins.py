@@ -26,7 +26,7 @@ from qinglong.contracts.hookspecs import (
     LifecycleComponent,
     QinglongHookSpecs,
 )
-from qinglong.contracts.providers import TriggerProvider
+from qinglong.contracts.providers import TriggerCliOptions, TriggerProvider
 from qinglong.contracts.store import SchedulerBackendSpec
 
 #: While the host calls a hook: (plugin name, item) for every item an implementation returned.
@@ -34,6 +34,7 @@ _PRODUCED: contextvars.ContextVar[list[tuple[str, Any]] | None] = contextvars.Co
     "qinglong_hook_results", default=None
 )
 
+_LONG_FLAG = re.compile(r"^--[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _EXTRA_MARKER = re.compile(r"""extra\s*==\s*['"]([^'"]+)['"]""")
 
@@ -301,6 +302,42 @@ class PluginHost:
                     f"{self._owner_label(second)}; disable one of them"
                 )
             found[kind], owners[kind] = provider, plugin_name
+        return found
+
+    def trigger_cli_options(self, reserved: Iterable[str] = ()) -> dict[str, TriggerCliOptions]:
+        """Command-line options of trigger kinds, by kind.
+
+        Refused, naming the plugin: a value that is not a ``TriggerCliOptions``, two declarations
+        for one kind, a flag that is not a long option, and a flag in ``reserved`` (the command's
+        own options, such as ``--task``).
+        """
+        reserved = set(reserved)
+        found: dict[str, TriggerCliOptions] = {}
+        owners: dict[str, str] = {}
+        for plugin_name, declared in self._collect("qinglong_trigger_cli_options"):
+            if not isinstance(declared, TriggerCliOptions) or not isinstance(declared.kind, str):
+                raise PluginLoadError(
+                    f"plugin {self._owner_label(plugin_name)} returned {declared!r} from "
+                    "qinglong_trigger_cli_options, which is not a TriggerCliOptions"
+                )
+            for flag in declared.flags():
+                if not isinstance(flag, str) or not _LONG_FLAG.match(flag):
+                    raise PluginLoadError(
+                        f"plugin {self._owner_label(plugin_name)} declares option {flag!r} for trigger kind "
+                        f"{declared.kind!r}; options are long flags such as '--every'"
+                    )
+                if flag in reserved:
+                    raise PluginLoadError(
+                        f"plugin {self._owner_label(plugin_name)} declares option {flag} for trigger kind "
+                        f"{declared.kind!r}, which is an option of the command itself"
+                    )
+            if declared.kind in found:
+                first, second = self._first_loaded(owners[declared.kind], plugin_name)
+                raise PluginLoadError(
+                    f"two plugins declare command-line options of trigger kind {declared.kind!r}: "
+                    f"{self._owner_label(first)} and {self._owner_label(second)}; disable one of them"
+                )
+            found[declared.kind], owners[declared.kind] = declared, plugin_name
         return found
 
     def backend_specs(self) -> dict[str, SchedulerBackendSpec]:

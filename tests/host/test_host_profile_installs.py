@@ -117,7 +117,7 @@ def test_third_party_interval_plugin_is_discovered_validated_listed_and_runs(ven
     interval = next(p for p in listed["plugins"] if p["name"] == "interval")
     assert interval["loaded"] is True and interval["selected"] is True
     assert interval["distribution"] == "qinglong-interval-trigger"
-    assert interval["hooks"] == ["qinglong_trigger_providers"]
+    assert interval["hooks"] == ["qinglong_trigger_cli_options", "qinglong_trigger_providers"]
 
     # Without the settings it is installed but not loaded: nothing is imported that was not named.
     plain = json.loads(venv.run("qinglong", "plugins", "--json", cwd=tmp_path).stdout)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from qinglong.contracts.hookspecs import hookimpl
 
+from .command_line import INTERVAL_CLI_OPTIONS
 from .provider import IntervalProvider
 
-__all__ = ["IntervalProvider", "qinglong_trigger_providers"]
+__all__ = ["IntervalProvider", "qinglong_trigger_cli_options", "qinglong_trigger_providers"]
 __version__ = "0.1.0"
 
 
@@ -19,3 +20,9 @@ __version__ = "0.1.0"
 def qinglong_trigger_providers():
     """Offer the ``interval`` trigger kind."""
     return [IntervalProvider()]
+
+
+@hookimpl
+def qinglong_trigger_cli_options():
+    """``qinglong trigger add --kind interval --every 30s`` instead of ``--spec JSON``."""
+    return [INTERVAL_CLI_OPTIONS]

@@ -11,3 +11,11 @@ def qinglong_trigger_providers():
     from .provider import CronProvider
 
     return [CronProvider()]
+
+
+@hookimpl
+def qinglong_trigger_cli_options():
+    """``trigger add --cron EXPR [--timezone ZONE]`` (croniter is not imported for this)."""
+    from .command_line import CRON_CLI_OPTIONS
+
+    return [CRON_CLI_OPTIONS]
