@@ -11,18 +11,27 @@ imports only :mod:`qinglong.contracts` and its own libraries, and implements som
 
 The host loads only the plugins its profile names plus those the settings enable, registers them,
 then calls :meth:`pluggy.PluginManager.check_pending`, so a misspelled ``qinglong_*`` function is an
-error rather than silence. Hooks are called in this order during ``qinglong run``:
+error rather than silence. pluggy calls the hooks, so ``tryfirst``, ``trylast`` and hook wrappers
+(``wrapper=True``) work as pluggy documents them; the host remembers which plugin returned each
+item, so a refusal names the plugin and its distribution. Every hook returns an iterable of items
+(a list, or a generator that yields them); ``None`` counts as no items. An exception raised in a
+hook stops the command with ``PluginLoadError`` naming the plugin and the hook (exit code 3).
+
+Hooks are called in this order during ``qinglong run``:
 
 1. ``qinglong_diagnostic_sinks`` and ``qinglong_trigger_providers`` while the container is built;
 2. ``qinglong_scheduler_backends`` to find the backend the profile names;
 3. ``qinglong_lifecycle_components`` after the backend exists, before anything starts.
+
+``qinglong_trigger_cli_options`` is called only by ``qinglong trigger add`` and ``trigger update``,
+before their command line is parsed.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import pluggy
 
@@ -65,12 +74,32 @@ class LifecycleComponent(Protocol):
         ...
 
 
+class PluginSettingsSection(Protocol):
+    """The ``[plugins]`` section: which plugins the operator enabled, and their own tables."""
+
+    enable: Sequence[str]
+    settings: Mapping[str, Mapping[str, Any]]
+
+
+@runtime_checkable
+class Settings(Protocol):
+    """The validated settings, as a plugin sees them.
+
+    The host's settings model satisfies this protocol; contracts name only what a plugin may rely
+    on. Read your own table with :func:`plugin_settings` (``[plugins.settings.<name>]``).
+    """
+
+    profile: str
+    plugins: PluginSettingsSection
+    backend: Mapping[str, Any]
+
+
 @dataclass(frozen=True)
 class HostContext:
     """What ``qinglong_lifecycle_components`` receives: the running profile's pieces."""
 
     profile: str
-    settings: Any
+    settings: Settings
     backend: "SchedulerBackend"
     diagnostics: "DiagnosticSink"
     providers: Mapping[str, "TriggerProvider"]
@@ -81,25 +110,53 @@ class QinglongHookSpecs:
 
     @hookspec
     def qinglong_trigger_providers(self) -> Iterable["TriggerProvider"]:
-        """Return the trigger providers this plugin offers (an iterable, possibly empty).
+        """Return the trigger providers this plugin offers.
 
-        Called once while the host builds its container, for every loaded plugin. Each provider's
-        ``kind`` must be unique across loaded plugins: the host refuses two providers of one kind,
-        naming both plugins and their distributions.
+        Called once per process while the host builds its container (every command that reads or
+        publishes triggers, and ``qinglong run``), for every loaded plugin, in pluggy's order.
+
+        :returns: An iterable of :class:`~qinglong.contracts.providers.TriggerProvider`; each
+            provider's ``kind`` must be unique across the loaded plugins.
+
+        Two providers of one kind are refused, naming both plugins and their distributions; an
+        item that is not a ``TriggerProvider`` is refused naming the plugin. Returning nothing
+        (``None`` or an empty list) offers no kind. Raising stops the command with
+        ``PluginLoadError`` naming the plugin.
         """
 
     @hookspec
     def qinglong_trigger_cli_options(self) -> Iterable["TriggerCliOptions"]:
-        """Return how operators write this plugin's trigger kinds on the command line."""
+        """Return how operators write this plugin's trigger kinds on the command line.
+
+        Called once by ``qinglong trigger add`` and ``qinglong trigger update``, after the settings
+        are read and before the command line is parsed; no other command calls it. The declared
+        flags are added to both commands, and the ones given reach ``to_spec``, whose spec the
+        kind's provider then validates at publish.
+
+        :returns: An iterable of :class:`~qinglong.contracts.providers.TriggerCliOptions`, at most
+            one per kind.
+
+        Two declarations for one kind, a flag that is not a long option, and a flag of the
+        command itself (``--task``, ``--kind``, ``--spec``, ...) are refused naming the plugin.
+        Returning nothing leaves the kind to ``--kind KIND --spec JSON``. Raising stops the command
+        with ``PluginLoadError`` naming the plugin.
+        """
 
     @hookspec
     def qinglong_scheduler_backends(self) -> Iterable["SchedulerBackendSpec"]:
-        """Return the scheduler backends this plugin offers, as ``SchedulerBackendSpec`` values.
+        """Return the scheduler backends this plugin offers.
 
-        Called once while the container is built. The profile names exactly one backend
-        (``[profile] backend = "edge_sqlite"``); the host validates the ``[backend]`` settings section
-        with that spec's ``settings_model`` and calls its ``create`` only when the backend is needed.
-        Two plugins offering the same backend name are refused.
+        Called once per process while the container is built. The profile names exactly one
+        backend (``[profile] backend = "edge_sqlite"``); the host validates the ``[backend]``
+        settings section with that spec's ``settings_model`` and calls its ``create`` only when the
+        backend is needed (``create`` must not connect).
+
+        :returns: An iterable of :class:`~qinglong.contracts.store.SchedulerBackendSpec`.
+
+        Two plugins offering one backend name are refused naming both; an item that is not a
+        ``SchedulerBackendSpec`` is refused naming the plugin. Returning nothing offers no backend
+        (a profile naming a backend nobody offers is refused, listing the offered ones). Raising
+        stops the command with ``PluginLoadError`` naming the plugin.
         """
 
     @hookspec
@@ -107,21 +164,37 @@ class QinglongHookSpecs:
         """Return components for the lifecycle to start and stop around the scheduler.
 
         Called once by ``qinglong run`` after schema readiness and startup recovery succeeded,
-        before anything is started. ``context`` holds the profile, settings, backend, diagnostic sink
-        and trigger providers. Start order: scheduler, ``stack`` components, ``admission``
-        components; stop order is the reverse, each step bounded.
+        before anything is started. Start order: scheduler, ``stack`` components, ``admission``
+        components (each phase in the order pluggy returned them); stop order is the reverse, each
+        step bounded by ``[lifecycle] stop_timeout_ms``.
+
+        :param context: The running profile's pieces: profile name, settings, backend (open),
+            diagnostic sink and trigger providers by kind.
+        :returns: An iterable of :class:`LifecycleComponent`.
+
+        An item that is not a ``LifecycleComponent`` is refused naming the plugin. Returning
+        nothing adds no component. Raising stops ``qinglong run`` before anything started, with
+        ``PluginLoadError`` naming the plugin; a component whose ``start`` raises stops everything
+        already started.
         """
 
     @hookspec
-    def qinglong_diagnostic_sinks(self, settings: Any) -> Iterable["DiagnosticSink"]:
+    def qinglong_diagnostic_sinks(self, settings: Settings) -> Iterable["DiagnosticSink"]:
         """Return extra diagnostic sinks (the host always has its own stderr sink).
 
-        Called once while the container is built, with the validated settings. Events reach a sink
-        already redacted; a sink that raises is disabled and reported on stderr.
+        Called once per process while the container is built, before any event is emitted.
+
+        :param settings: The validated settings (:class:`Settings`); read the plugin's own table
+            with :func:`plugin_settings`.
+        :returns: An iterable of :class:`~qinglong.contracts.diagnostics.DiagnosticSink`.
+
+        Events reach a sink already redacted, in the order the sinks were returned; a sink whose
+        ``emit`` raises is disabled and reported on stderr. Returning nothing adds no sink.
+        Raising stops the command with ``PluginLoadError`` naming the plugin.
         """
 
 
-def plugin_settings(settings: Any, plugin_name: str) -> Mapping[str, Any]:
+def plugin_settings(settings: Settings, plugin_name: str) -> Mapping[str, Any]:
     """The ``[plugins.settings.<plugin_name>]`` table of the settings, or an empty mapping."""
     tables = getattr(getattr(settings, "plugins", None), "settings", None) or {}
     return tables.get(plugin_name, {})
@@ -133,7 +206,9 @@ __all__ = [
     "HostContext",
     "LifecycleComponent",
     "PROJECT_NAME",
+    "PluginSettingsSection",
     "QinglongHookSpecs",
+    "Settings",
     "hookimpl",
     "hookspec",
     "plugin_settings",

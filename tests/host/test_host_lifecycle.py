@@ -58,7 +58,7 @@ class Recorder:
         self.events.append(event)
 
 
-def test_start_and_stop_follow_the_documented_order(site, tmp_path, monkeypatch):
+def test_hook_qinglong_lifecycle_components_start_and_stop_in_the_documented_order(site, tmp_path, monkeypatch):
     """Admission must open last and close first, or Runs could be admitted by a half-started host."""
     site.add_distribution("acme-recorder", {"acme_recorder.py": RECORDER}, {"recorder": "acme_recorder"})
     monkeypatch.syspath_prepend(str(site.root))

@@ -100,7 +100,8 @@ def test_misspelled_hook_is_an_error_not_silence(cli, site, tmp_path):
     assert "qinglong_trigger_provider" in result.stderr
 
 
-def test_enabled_third_party_provider_is_loaded_and_listed_with_its_hooks(cli, site, tmp_path):
+def test_hook_qinglong_trigger_providers_of_an_enabled_third_party_is_loaded_and_listed(cli, site, tmp_path):
+    """A third party's kind must be offered and shown with its hooks, or operators cannot see it loaded."""
     site.add_distribution("acme-tick", {"acme_tick.py": PROVIDER.format(kind="tick")}, {"tick": "acme_tick"})
     settings = tmp_path / "s.toml"
     settings.write_text('[plugins]\nenable = ["tick"]\n')

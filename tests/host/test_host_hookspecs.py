@@ -1,0 +1,156 @@
+"""The plugin interface is documented and tested hook by hook, as strictly as datasette does.
+
+Every hook specification must have a test named ``test_hook_<hook>...``, its exact signature as a
+heading in docs/plugins.md, and a docstring saying its parameters, when it is called, what it
+returns, and what happens when it returns nothing or raises.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import re
+
+import pytest
+
+from qinglong.contracts.diagnostics import DiagnosticEvent
+from qinglong.contracts.hookspecs import QinglongHookSpecs, Settings
+from qinglong.host.containers import build_container
+from qinglong.host.plugins import PluginHost
+from qinglong.host.settings import load_settings
+
+from host_helpers import REPO
+
+HOOKS = sorted(name for name, _ in inspect.getmembers(QinglongHookSpecs, inspect.isfunction)
+               if name.startswith("qinglong_"))
+_HEADING = re.compile(r"^#### `(qinglong_\w+\(.*\) -> .+)`$", re.MULTILINE)
+
+
+def _declared_signature(name: str) -> str:
+    """``name(param: Type, ...) -> Return`` from the hookspec, annotations as written."""
+    spec = inspect.signature(getattr(QinglongHookSpecs, name))
+    params = [p for p in spec.parameters.values() if p.name != "self"]
+
+    def text(annotation: object) -> str:
+        return str(annotation).replace('"', "").replace("'", "")
+
+    inner = ", ".join(f"{p.name}: {text(p.annotation)}" for p in params)
+    return f"{name}({inner}) -> {text(spec.return_annotation)}"
+
+
+def test_the_hook_list_is_not_empty():
+    """The meta-tests below would pass vacuously on an empty list."""
+    assert "qinglong_trigger_providers" in HOOKS and len(HOOKS) >= 5
+
+
+def test_every_hook_has_a_test_named_for_it():
+    """A hook without a test of its own can break for plugin authors while the suite stays green."""
+    names = set()
+    for path in (REPO / "tests").rglob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_hook_"):
+                names.add(node.name)
+    missing = [hook for hook in HOOKS if not any(n.startswith(f"test_hook_{hook}") for n in names)]
+    assert missing == []
+
+
+def test_docs_show_every_hook_with_its_exact_signature():
+    """A plugin author copies the signature from docs/plugins.md; a stale one is a hook that
+    check_pending refuses or an argument that never arrives."""
+    documented = _HEADING.findall((REPO / "docs" / "plugins.md").read_text())
+    assert sorted(documented) == sorted(_declared_signature(hook) for hook in HOOKS)
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_every_hook_docstring_says_when_what_and_what_if_it_fails(hook):
+    """pytest's hookspec.py style: parameters, lifecycle moment, result, and the empty and failing cases."""
+    function = getattr(QinglongHookSpecs, hook)
+    doc = " ".join((inspect.getdoc(function) or "").split())
+    params = [p for p in inspect.signature(function).parameters if p != "self"]
+    for param in params:
+        assert f":param {param}:" in doc, f"{hook} does not describe :param {param}:"
+    assert "Called" in doc, f"{hook} does not say when it is called"
+    assert ":returns:" in doc, f"{hook} does not say what it returns"
+    assert "Returning nothing" in doc, f"{hook} does not say what returning nothing means"
+    assert "Raising" in doc, f"{hook} does not say what happens when it raises"
+
+
+SINK_PLUGIN = '''
+from qinglong.contracts.hookspecs import Settings, hookimpl, plugin_settings
+
+RECEIVED = []
+SETTINGS = []
+
+
+class Sink:
+    def __init__(self, prefix):
+        self.prefix = prefix
+
+    def emit(self, event):
+        RECEIVED.append(f"{self.prefix}{event.message}")
+
+
+@hookimpl
+def qinglong_diagnostic_sinks(settings):
+    SETTINGS.append(isinstance(settings, Settings))
+    return [Sink(plugin_settings(settings, "audit")["prefix"])]
+'''
+
+
+def test_hook_qinglong_diagnostic_sinks_gets_typed_settings_and_redacted_events(site, tmp_path, monkeypatch):
+    """A sink must receive the validated settings (its own table readable) and only redacted text:
+    a DSN password in an event would otherwise reach a plugin's log shipping."""
+    site.add_distribution("acme-audit", {"acme_audit.py": SINK_PLUGIN}, {"audit": "acme_audit"})
+    monkeypatch.syspath_prepend(str(site.root))
+    monkeypatch.delitem(importlib.sys.modules, "acme_audit", raising=False)
+    importlib.invalidate_caches()
+    settings = tmp_path / "s.toml"
+    settings.write_text('[plugins]\nenable = ["audit"]\n[plugins.settings.audit]\nprefix = "audit: "\n'
+                        '[diagnostics]\nlevel = "error"\n')
+    container = build_container(load_settings(settings))
+    container.diagnostics().emit(DiagnosticEvent("error", "test.event",
+                                                 "cannot reach postgresql://app:hunter2@db/q"))
+    module = importlib.import_module("acme_audit")
+    assert module.SETTINGS == [True]
+    assert module.RECEIVED == ["audit: cannot reach postgresql://app:***@db/q"]
+
+
+BACKEND_PLUGIN = '''
+from pydantic import BaseModel, ConfigDict
+
+from qinglong.contracts.hookspecs import hookimpl
+from qinglong.contracts.store import SchedulerBackendSpec
+
+
+class MemorySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def create(context):
+    raise AssertionError("create must not be called while backends are only listed")
+
+
+@hookimpl
+def qinglong_scheduler_backends():
+    yield SchedulerBackendSpec(name="acme_memory", settings_model=MemorySettings, create=create)
+'''
+
+
+def test_hook_qinglong_scheduler_backends_offers_a_third_party_backend_by_name(site, monkeypatch):
+    """A backend from another distribution must be found by its name beside the built-in ones,
+    without being created (create may connect; listing must not)."""
+    site.add_distribution("acme-memory", {"acme_memory.py": BACKEND_PLUGIN}, {"memory": "acme_memory"})
+    monkeypatch.syspath_prepend(str(site.root))
+    monkeypatch.delitem(importlib.sys.modules, "acme_memory", raising=False)
+    importlib.invalidate_caches()
+    host = PluginHost()
+    host.load(["edge_sqlite", "memory"])
+    specs = host.backend_specs()
+    assert sorted(specs) == ["acme_memory", "edge_sqlite"]
+    assert specs["acme_memory"].settings_model.__name__ == "MemorySettings"
+
+
+def test_the_host_settings_satisfy_the_settings_protocol_of_the_contracts():
+    """Plugins are typed against contracts' ``Settings``; the host's model must keep providing it."""
+    assert isinstance(load_settings().settings, Settings)
