@@ -481,7 +481,17 @@ def _trigger_spec(args: argparse.Namespace, current: Any | None,
             raise UserError(f"{', '.join(flags)} fit trigger kinds {', '.join(fitting)}; say which with --kind")
         base = dict(current.spec) if current is not None and current.kind == kind else None
         values = {option.name: value for option, value in given.values() if option.flag in declared[kind].flags()}
-        return kind, declared[kind].to_spec(values, base)
+        try:
+            spec = declared[kind].to_spec(values, base)
+        except QinglongError:
+            raise
+        except Exception as exc:
+            raise PluginLoadError(f"the command-line options of trigger kind {kind!r} could not make a spec "
+                                  f"(a bug in its plugin): {exc.__class__.__name__}: {exc}") from exc
+        if not isinstance(spec, Mapping):
+            raise PluginLoadError(f"the command-line options of trigger kind {kind!r} gave {spec!r}, not a spec")
+        check_json_value("the trigger spec", dict(spec), MAX_SPEC_BYTES)
+        return kind, dict(spec)
     if current is None:
         forms = [f"{d.usage or ' '.join(d.flags())} ({kind})" for kind, d in sorted(declared.items())]
         raise UserError("a new trigger needs a schedule: " + "; ".join(forms + ["--kind KIND --spec JSON"]))

@@ -170,3 +170,35 @@ def test_the_host_source_names_no_cron_specifics_outside_its_documented_exceptio
     docs = (REPO / "docs" / "plugins.md").read_text()
     for (_, function), _reason in CRON_ALLOWED.items():
         assert f"`{function}`" in docs, f"docs/plugins.md does not document the exception {function}"
+
+
+BUGGY_OPTIONS = '''
+from qinglong.contracts.hookspecs import hookimpl
+from qinglong.contracts.providers import TriggerCliOption, TriggerCliOptions
+
+
+def to_spec(given, current):
+    return {"every_ms": given["missing"]}
+
+
+@hookimpl
+def qinglong_trigger_cli_options():
+    return [TriggerCliOptions(kind="tick", options=(TriggerCliOption("--tick-every", "how often"),),
+                              to_spec=to_spec)]
+'''
+
+
+def test_a_kind_whose_options_fail_to_make_a_spec_is_named_not_a_traceback(cli, site, tmp_path):
+    """A plugin's bug while turning options into a spec must name the kind and write nothing."""
+    site.add_distribution("acme-buggy", {"acme_buggy.py": BUGGY_OPTIONS}, {"buggy": "acme_buggy"})
+    settings = tmp_path / "s.toml"
+    settings.write_text('[plugins]\nenable = ["buggy"]\n')
+    env = site.env()
+    _publish_task(cli, env, str(settings))
+    result = cli("--settings", str(settings), "trigger", "add", "ops", "t", "--task", "ping",
+                 "--tick-every", "3", env=env)
+    assert result.returncode == 3, result.stderr
+    assert ("the command-line options of trigger kind 'tick' could not make a spec (a bug in its plugin): "
+            "KeyError: 'missing'") in result.stderr
+    assert "Traceback" not in result.stderr
+    assert json.loads(_ok(cli("--settings", str(settings), "trigger", "list", "--json", env=env))) == []
