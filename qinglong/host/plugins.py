@@ -251,16 +251,23 @@ class PluginHost:
         is attributed to the wrapper's plugin.
         """
         caller = getattr(self.pm.hook, hook_name)
+        wrappers = [impl.plugin_name for impl in caller.get_hookimpls() if impl.wrapper or impl.hookwrapper]
+        by_wrapper = " or ".join(f'"{w}"' for w in wrappers) if wrappers else "an unknown plugin"
         token = _PRODUCED.set([])
         try:
             results = caller(**kwargs)
             produced = _PRODUCED.get() or []
+        except PluginLoadError:
+            raise
+        except Exception as exc:
+            # Plain implementations name themselves (see _attributed); this is a wrapper's failure.
+            raise PluginLoadError(
+                f"the hook wrapper of plugin {by_wrapper} failed in {hook_name}: {exc.__class__.__name__}: {exc}"
+            ) from exc
         finally:
             _PRODUCED.reset(token)
         # ``produced`` holds every item while we look them up, so no id() is reused meanwhile.
         origin = {id(item): plugin_name for plugin_name, item in produced}
-        wrappers = [impl.plugin_name for impl in caller.get_hookimpls() if impl.wrapper or impl.hookwrapper]
-        by_wrapper = " or ".join(f'"{w}"' for w in wrappers) if wrappers else "an unknown plugin"
         collected: list[tuple[str, Any]] = []
         for items in results or ():
             try:

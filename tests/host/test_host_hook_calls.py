@@ -164,3 +164,25 @@ def test_a_hook_returning_a_single_value_instead_of_an_iterable_is_named(install
     with pytest.raises(PluginLoadError, match=r'plugin "bare" returned 42 from qinglong_diagnostic_sinks, '
                                               r"not an iterable of items"):
         host.diagnostic_sinks(None)
+
+
+FAILING_WRAPPER = '''
+from qinglong.contracts.hookspecs import hookimpl
+
+
+@hookimpl(wrapper=True)
+def qinglong_trigger_providers():
+    yield
+    raise RuntimeError("wrapper gave up")
+'''
+
+
+def test_a_failing_hook_wrapper_is_named(installed):
+    """A wrapper's exception left the guard of every implementation: a traceback (exit 1, 'a bug')
+    instead of the plugin to disable."""
+    installed("acme-giveup", "acme_giveup", FAILING_WRAPPER, "giveup")
+    host = PluginHost()
+    host.load(["cron", "giveup"])
+    with pytest.raises(PluginLoadError, match=r'the hook wrapper of plugin "giveup" failed in '
+                                              r"qinglong_trigger_providers: RuntimeError: wrapper gave up"):
+        host.trigger_providers()
