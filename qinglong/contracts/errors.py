@@ -140,6 +140,15 @@ class CheckFailed(QinglongError):
     """A check command found a violation: a closure broken, migrations drifted or unknown."""
 
 
+class PackagingError(Exception):
+    """The installed package itself is malformed: an SQL file with an undocumented or duplicated
+    named block, a lookup of a block no file defines, a migration file misnamed or out of order.
+
+    A bug, not a user's mistake: deliberately not a :class:`QinglongError`, so it exits with
+    ``INTERNAL_ERROR`` and its traceback. The message names the file and the block or migration.
+    """
+
+
 #: The one table from error type to exit code. Most specific first; :func:`exit_code_for` walks
 #: it in order, so a subclass listed before its base wins.
 EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
