@@ -126,8 +126,9 @@ def test_plugin_package_import_does_not_load_psycopg():
 
 def test_every_sql_block_is_named_and_documented():
     """An undocumented or duplicated block would be loaded by the wrong name or not understood."""
+    from qinglong.contracts.errors import PackagingError
     from qinglong.plugins.cluster_postgres import sql
 
     assert {"claim_due_schedules", "admit_occurrence", "scan_in_flight_runs"} <= set(sql.names())
-    with pytest.raises(ValueError):
-        sql.parse_blocks("-- name: x\nSELECT 1\n")
+    with pytest.raises(PackagingError, match="no SQL block named 'nope'"):
+        sql.query("nope")
