@@ -8,7 +8,9 @@ configured, quoted role names when applied. The checksum is the sha256 of the fi
 
 Applying runs as the owner role, all pending migrations in ONE transaction, after locking the
 ``schema_migrations`` table so two migrators serialise instead of interleaving. An applied stream
-that is not a prefix of the known stream (a missing, unknown or altered migration) is refused.
+that is not a prefix of the known stream (a missing, unknown or altered migration) is refused; the
+comparison is the contracts' one algorithm (:mod:`qinglong.contracts.migrations`), this module only
+lists the shipped files and reads the ledger.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Mapping, Sequence
 
-from qinglong.contracts.errors import SchemaNotReady
+from qinglong.contracts.errors import PackagingError, SchemaNotReady
+from qinglong.contracts.migrations import label, migration_states, verdict
 from qinglong.contracts.records import MigrationState
 
 SCHEMA = "qinglong"
@@ -84,12 +87,12 @@ def known_migrations() -> tuple[Migration, ...]:
         first = text.splitlines()[0] if text else ""
         cap = _CAPABILITY.match(first)
         if not cap:
-            raise ValueError(f"migration {entry.name} must start with '-- capability: N'")
+            raise PackagingError(f"migration {entry.name} must start with '-- capability: N'")
         found.append(Migration(int(match[1]), match[2], text, checksum(text), int(cap[1])))
     found.sort(key=lambda m: m.version)
     for expected, migration in enumerate(found, start=1):
         if migration.version != expected:
-            raise ValueError(f"migration stream has a gap: expected version {expected:04d}")
+            raise PackagingError(f"migration stream has a gap: expected version {expected:04d}")
     return tuple(found)
 
 
@@ -100,40 +103,26 @@ def capability_version() -> int:
 
 
 def compare(known: Sequence[Migration], applied: Sequence[AppliedMigration]) -> list[MigrationState]:
-    """Every known or applied migration with its status.
+    """Every known or applied migration with its status (the contracts' one algorithm,
+    :func:`qinglong.contracts.migrations.migration_states`)."""
+    return migration_states(known, applied)
 
-    ``applied``: recorded with the shipped checksum and name; ``drifted``: recorded with another
-    checksum or name; ``unknown``: recorded but not shipped; ``pending``: shipped, not recorded.
-    """
-    by_version = {a.version: a for a in applied}
-    states: list[MigrationState] = []
-    for migration in known:
-        row = by_version.pop(migration.version, None)
-        if row is None:
-            status = "pending"
-        elif row.checksum == migration.checksum and row.name == migration.name:
-            status = "applied"
-        else:
-            status = "drifted"
-        states.append(MigrationState(migration.version, migration.name, migration.checksum, status))
-    for row in sorted(by_version.values(), key=lambda r: r.version):
-        states.append(MigrationState(row.version, row.name, row.checksum, "unknown"))
-    return states
+
+_PROBLEM = {
+    "altered": "was applied with another checksum",
+    "extra": "is applied but unknown to this version",
+    "missing": "is not applied although a later one is",
+    "pending": "is not applied",
+}
 
 
 def readiness_problems(states: Sequence[MigrationState]) -> list[str]:
-    """Why a migration state is not ready (empty when every shipped migration is applied)."""
-    problems = []
-    for state in states:
-        if state.status == "pending":
-            problems.append(f"migration {state.version:04d}_{state.name} is not applied")
-        elif state.status == "drifted":
-            problems.append(f"migration {state.version:04d}_{state.name} was applied with another checksum")
-        elif state.status == "unknown":
-            problems.append(
-                f"migration {state.version:04d}_{state.name} is applied but unknown to this version"
-            )
-    return problems
+    """Why a migration state is not ready (empty when every shipped migration is applied), in
+    version order."""
+    found = verdict(states)
+    problems = found.unsafe() + [("pending", s) for s in found.pending]
+    problems.sort(key=lambda item: item[1].version)
+    return [f"migration {label(state)} {_PROBLEM[kind]}" for kind, state in problems]
 
 
 async def read_applied(conn) -> list[AppliedMigration] | None:
@@ -172,12 +161,13 @@ async def apply_pending(conn, roles: Mapping[str, str]) -> list[MigrationState]:
         await conn.execute(f"LOCK TABLE {SCHEMA}.schema_migrations IN EXCLUSIVE MODE")
         applied = await read_applied(conn) or []
         states = compare(known, applied)
-        blocking = [s for s in states if s.status in ("drifted", "unknown")]
-        if blocking:
-            raise SchemaNotReady("; ".join(readiness_problems(blocking)))
-        done = {s.version for s in states if s.status == "applied"}
+        found = verdict(states)
+        if not found.safe_to_migrate:
+            raise SchemaNotReady("; ".join(
+                f"migration {label(state)} {_PROBLEM[kind]}" for kind, state in found.unsafe()))
+        pending = {s.version for s in found.pending}
         for migration in known:
-            if migration.version in done:
+            if migration.version not in pending:
                 continue
             await conn.execute(migration.render(identifiers))
             await conn.execute(

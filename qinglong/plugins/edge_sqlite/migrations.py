@@ -25,7 +25,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-from qinglong.contracts.errors import NotOurDatabase, SchemaCorrupt, SchemaNotReady
+from qinglong.contracts.errors import NotOurDatabase, PackagingError, SchemaCorrupt, SchemaNotReady
+from qinglong.contracts.migrations import label, migration_states, verdict
 from qinglong.contracts.records import MigrationState
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
@@ -56,13 +57,13 @@ def load_migrations(directory: Path = MIGRATIONS_DIR) -> tuple[Migration, ...]:
     for path in sorted(directory.glob("*.sql")):
         number, _, name = path.stem.partition("_")
         if not number.isdigit() or not name:
-            raise RuntimeError(f"migration file {path.name!r} is not named NNNN_name.sql")
+            raise PackagingError(f"migration file {path.name!r} is not named NNNN_name.sql")
         data = path.read_bytes()
         found.append(Migration(int(number), name, data.decode("utf-8"),
                                "sha256:" + hashlib.sha256(data).hexdigest()))
     versions = [m.version for m in found]
     if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migration versions must be 1..n without gaps, found {versions}")
+        raise PackagingError(f"migration versions must be 1..n without gaps, found {versions}")
     return tuple(found)
 
 
@@ -116,29 +117,27 @@ def _applied(conn: sqlite3.Connection) -> list[tuple[int, str, str]]:
 
 def migration_status(conn: sqlite3.Connection, known: Sequence[Migration],
                      path: str = "") -> list[MigrationState]:
-    """Every known or applied migration: ``applied``, ``pending``, ``drifted`` or ``unknown``.
+    """Every known or applied migration: ``applied``, ``pending``, ``drifted`` or ``unknown``
+    (the contracts' one algorithm, :func:`qinglong.contracts.migrations.migration_states`).
 
     Raises :class:`NotOurDatabase` for another application's database.
     """
     refuse_foreign(conn, path)
-    applied = {version: (name, checksum) for version, name, checksum in _applied(conn)}
-    states: list[MigrationState] = []
-    for migration in known:
-        row = applied.pop(migration.version, None)
-        if row is None:
-            status = "pending"
-        elif row[1] != migration.checksum or row[0] != migration.name:
-            status = "drifted"
-        else:
-            status = "applied"
-        states.append(MigrationState(migration.version, migration.name, migration.checksum, status))
-    for version, (name, checksum) in sorted(applied.items()):
-        states.append(MigrationState(version, name, checksum, "unknown"))
-    return states
+    return migration_states(known, [_LedgerRow(*row) for row in _applied(conn)])
 
 
-def _label(state: MigrationState) -> str:
-    return f"{state.version:04d}_{state.name}"
+@dataclass(frozen=True, slots=True)
+class _LedgerRow:
+    version: int
+    name: str
+    checksum: str
+
+
+_REFUSAL = {
+    "altered": "was altered after it was applied (checksum differs from this version's file)",
+    "extra": "is not known to this version of qinglong (the database was migrated by a newer version)",
+    "missing": "is missing although a later one was applied",
+}
 
 
 def refuse_unsafe(states: Sequence[MigrationState], path: str) -> None:
@@ -147,24 +146,11 @@ def refuse_unsafe(states: Sequence[MigrationState], path: str) -> None:
     Pending migrations after the newest applied one are fine (an older database, migrated forward);
     a pending migration *before* an applied one means the stream was edited: refuse it.
     """
-    for state in states:
-        if state.status == "drifted":
-            raise SchemaNotReady(
-                f"database {path!r}: migration {_label(state)} was altered after it was applied "
-                "(checksum differs from this version's file); refusing to start"
-            )
-        if state.status == "unknown":
-            raise SchemaNotReady(
-                f"database {path!r}: migration {_label(state)} is not known to this version of "
-                "qinglong (the database was migrated by a newer version); refusing to start"
-            )
-    newest_applied = max((s.version for s in states if s.status == "applied"), default=0)
-    for state in states:
-        if state.status == "pending" and state.version < newest_applied:
-            raise SchemaNotReady(
-                f"database {path!r}: migration {_label(state)} is missing although a later one "
-                "was applied; refusing to start"
-            )
+    unsafe = verdict(states).unsafe()
+    if unsafe:
+        kind, state = unsafe[0]
+        raise SchemaNotReady(f"database {path!r}: migration {label(state)} {_REFUSAL[kind]}; "
+                             "refusing to start")
 
 
 def check_ready(conn: sqlite3.Connection, known: Sequence[Migration], path: str) -> None:
@@ -175,7 +161,7 @@ def check_ready(conn: sqlite3.Connection, known: Sequence[Migration], path: str)
     pending = [s for s in states if s.status == "pending"]
     if pending:
         raise SchemaNotReady(
-            f"database {path!r}: migration {_label(pending[0])} is not applied "
+            f"database {path!r}: migration {label(pending[0])} is not applied "
             f"({len(pending)} pending); run 'qinglong db migrate' or set auto_migrate = true"
         )
     check_schema(conn, known, path)
@@ -358,5 +344,5 @@ def _statements(script: str) -> list[str]:
                 statements.append(buffer.strip())
             buffer = ""
     if buffer.strip() and not all(l.lstrip().startswith("--") or not l.strip() for l in buffer.splitlines()):
-        raise RuntimeError("migration ends with an incomplete statement")
+        raise PackagingError("migration ends with an incomplete statement")
     return statements
