@@ -168,3 +168,51 @@ def exit_code_for(exc: BaseException) -> ExitCode:
         if isinstance(exc, error_type):
             return code
     return ExitCode.INTERNAL_ERROR
+
+
+# ---- the publishers' refusals, worded once ------------------------------------------------------
+# Every store's publisher raises these, so a refusal reads (and exits) the same on every backend.
+
+def project_exists(project_id: str) -> AlreadyExists:
+    """A project created twice."""
+    return AlreadyExists(f"project {project_id!r} exists already")
+
+
+def project_not_found(project_id: str) -> NotFound:
+    """A task or trigger published into a project that does not exist."""
+    return NotFound(f"project {project_id!r} does not exist; create it first")
+
+
+def task_not_found(project_id: str, task_id: str) -> NotFound:
+    """A trigger naming a task its project does not have."""
+    return NotFound(f"task {task_id!r} does not exist in project {project_id!r}; "
+                    "publish the task before a trigger that runs it")
+
+
+def trigger_not_found(project_id: str, trigger_id: str) -> NotFound:
+    """A change to a trigger the project does not have."""
+    return NotFound(f"trigger {trigger_id!r} does not exist in project {project_id!r}")
+
+
+def trigger_id_taken(trigger_id: str, owner_project_id: str) -> AlreadyExists:
+    """A trigger id another project uses (trigger ids are unique across projects)."""
+    return AlreadyExists(f"trigger id {trigger_id!r} is used by project {owner_project_id!r}; "
+                         "trigger ids are unique across projects")
+
+
+def bad_misfire_policy(value: object) -> UserError:
+    """A misfire policy that is not one of the contract's."""
+    from .records import MisfirePolicy
+
+    allowed = ", ".join(repr(p.value) for p in MisfirePolicy)
+    return UserError(f"invalid misfire_policy {value!r}: expected one of {allowed}")
+
+
+def bad_enabled_flag(value: object) -> UserError:
+    """An enabled flag that is not a boolean."""
+    return UserError(f"invalid enabled {value!r}: expected true or false")
+
+
+def payload_not_a_table(task_id: str, value: object) -> UserError:
+    """A task payload that is not a mapping (never shows the value: payloads may hold secrets)."""
+    return UserError(f"task {task_id!r}: payload must be a table (mapping), got {type(value).__name__}")
