@@ -25,6 +25,29 @@ def redact(text: str) -> str:
     return _KV_PASSWORD.sub(lambda m: f"{m['key']}***", text)
 
 
+class RoundEvent:
+    """Diagnostic codes a scheduler round emits, the same on every backend.
+
+    A backend may add codes of its own (``cluster_postgres.round_timed_out``) for what only it can
+    meet; a condition the contract knows is reported under one of these, so an alert written for
+    one backend holds on every other.
+    """
+
+    UNKNOWN_TRIGGER_KIND = "scheduler.unknown_trigger_kind"
+    """A stored trigger's kind has no loaded provider: it is not decided (never fires) here.
+    Fields: ``kind``; the backend may add where it was seen (``trigger_id``) or how many."""
+
+    DECIDE_FAILED = "scheduler.decide_failed"
+    """A provider raised while deciding one trigger; that trigger is set aside, the round goes on."""
+
+    COMMIT_FAILED = "scheduler.commit_failed"
+    """The store refused one occurrence's commit (a constraint); nothing of it was written."""
+
+    TASK_CHANGED = "scheduler.task_changed"
+    """The trigger's task was republished between the decision and its commit; nothing was
+    written and the occurrence is decided again (against the new task revision)."""
+
+
 @dataclass(frozen=True, slots=True)
 class DiagnosticEvent:
     """One diagnostic: ``code`` is stable (``scheduler.round_failed``), ``message`` is for people."""

@@ -287,7 +287,27 @@ class SkipView:
 
 @dataclass(frozen=True, slots=True)
 class RoundReport:
-    """What one scheduler round did. Counters only; safe to log."""
+    """What one scheduler round did. Counters only; safe to log. Every field means the same on
+    every backend (the conformance suite holds them to it):
+
+    * ``scanned``: schedule rows the round read to decide (edge: its scan; cluster: its claims).
+    * ``claimed``: rows claimed under a lease (0 on a store without claims).
+    * ``initialized``: initialisations committed (a new revision's cursor set).
+    * ``admitted``: Runs admitted, one per committed decision that scheduled an occurrence (an
+      on-time fire, or the one occurrence of a ``fire_once`` misfire).
+    * ``skipped``: committed misfire decisions that passed over at least one occurrence, i.e. one
+      per skip record the round wrote (what ``Reader.recent_skips`` lists): every ``skip``
+      misfire, and a ``fire_once`` misfire that left older occurrences unadmitted (that decision
+      counts in ``admitted`` too). A ``fire_once`` misfire whose only late occurrence was admitted
+      skipped nothing and is not counted. Occurrences are not counted here: a skip record holds
+      their number.
+    * ``cas_misses``: decisions not committed because the schedule or its task changed after the
+      decision (a republish or a task edit raced the round); nothing of them was written.
+    * ``fence_lost``: claims another replica took over before the commit (0 without claims).
+    * ``serialization_retries``: transactions retried after a serialization failure.
+    * ``errors``: rows that could not be decided or committed, plus a failed round.
+    * ``duration_ms``: the round's wall time. ``more_due``: start the next round at once.
+    """
 
     scanned: int = 0
     claimed: int = 0

@@ -332,3 +332,36 @@ def check_misfire_grace(definition: TriggerDefinition, limits: SchedulerLimits, 
             f"{definition.misfire_grace_ms} ms, which is not above {what}: its on-time occurrences "
             f"would be skipped; use a grace above {floor} ms or misfire policy 'fire_once'",
         )
+
+
+def check_task_payload(task_id: str, payload: Any) -> str:
+    """Refuse a task payload every publisher must refuse; return its canonical JSON.
+
+    A payload is a mapping of plain JSON (see :func:`check_json_value`) of at most
+    :data:`MAX_PAYLOAD_BYTES`. Called by every publisher before it writes anything, so the API
+    refuses what the CLI refuses, in the same words.
+    """
+    from .errors import payload_not_a_table
+
+    if not isinstance(payload, Mapping):
+        raise payload_not_a_table(task_id, payload)
+    return check_json_value(f"task {task_id!r}: payload", dict(payload), MAX_PAYLOAD_BYTES)
+
+
+def misfire_policy_of(value: Any) -> MisfirePolicy:
+    """The :class:`MisfirePolicy` ``value`` names, or the contract's refusal."""
+    from .errors import bad_misfire_policy
+
+    try:
+        return MisfirePolicy(value)
+    except ValueError:
+        raise bad_misfire_policy(value) from None
+
+
+def check_enabled(value: Any) -> bool:
+    """An enabled flag must be a boolean; refused in the contract's words otherwise."""
+    from .errors import bad_enabled_flag
+
+    if not isinstance(value, bool):
+        raise bad_enabled_flag(value)
+    return value
