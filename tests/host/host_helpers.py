@@ -6,7 +6,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,3 +68,86 @@ def run_cli(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, ti
         env["PYTHONPATH"] = str(REPO)
     return subprocess.run([python, "-m", "qinglong", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+class StderrLines:
+    """Reads a child's stderr on a thread, so a wait on it never blocks past its own deadline.
+
+    ``readline`` on the pipe blocks until the child writes; reading on a thread and waiting on the
+    collected lines with a timeout keeps every wait bounded, and drains the pipe so a chatty child
+    never stalls on a full pipe buffer.
+    """
+
+    def __init__(self, stream) -> None:
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self._cond:
+                self.lines.append(line)
+                self._cond.notify_all()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def text(self) -> str:
+        with self._cond:
+            return "".join(self.lines)
+
+    def wait_for(self, marker: str, timeout: float = 120) -> str:
+        """Return stderr so far once a line holds ``marker``; fail with what was seen otherwise."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if any(marker in line for line in self.lines):
+                    return "".join(self.lines)
+                left = deadline - time.monotonic()
+                if self._closed or left <= 0:
+                    raise AssertionError(f"{marker!r} not seen within {timeout:.0f} s "
+                                         f"(stderr {'closed' if self._closed else 'open'}); stderr so far:\n"
+                                         f"{''.join(self.lines)}")
+                self._cond.wait(min(left, 1.0))
+
+    def finish(self, timeout: float = 120) -> str:
+        """Wait until the child closes stderr and return all of it."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"stderr still open after {timeout:.0f} s:\n{self.text()}"
+        return self.text()
+
+
+def wait_until(condition: Callable[[], T | None], what: str, timeout: float = 120, every: float = 0.2,
+               alive: subprocess.Popen | None = None) -> T:
+    """Poll ``condition`` until it returns something truthy; fail naming ``what`` after ``timeout``.
+
+    With ``alive``, fail at once if that child exits first (it will not bring the condition about).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if alive is not None and alive.poll() is not None:
+            raise AssertionError(f"the child exited ({alive.returncode}) before {what}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not reached within {timeout:.0f} s")
+        time.sleep(every)
+
+
+def assert_exactly_once_grid(runs: list[dict], key_prefix: str, step_ms: int = 1000,
+                             grace_ms: int = 60_000) -> None:
+    """Runs of one every-``step_ms`` trigger: one per occurrence, no gap, none twice, none early.
+
+    ``lag_ms`` is at least 0 (never admitted before its time) and at most the misfire grace (an
+    older occurrence is a misfire, not a Run); how late within that depends on the machine, so it is
+    not bounded tighter.
+    """
+    keys = [r["idempotency_key"] for r in runs]
+    assert len(set(keys)) == len(keys), keys
+    assert all(k == f"{key_prefix}{r['scheduled_for_ms']}" for k, r in zip(keys, runs)), keys
+    slots = sorted(r["scheduled_for_ms"] for r in runs)
+    assert slots == list(range(slots[0], slots[-1] + 1, step_ms)), slots
+    assert all(0 <= r["lag_ms"] <= grace_ms for r in runs), [r["lag_ms"] for r in runs]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from host_helpers import REPO
+from host_helpers import REPO, StderrLines, assert_exactly_once_grid, wait_until
 
 SLOW_STOP = '''
 import asyncio
@@ -51,65 +51,57 @@ def _start_run(cli, *extra: str, env: dict[str, str] | None = None) -> subproces
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for(proc: subprocess.Popen[str], marker: str, timeout: float = 30) -> str:
-    """Read stderr lines until ``marker`` shows up (the lifecycle reports each step)."""
-    seen = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if marker in line:
-            return "".join(seen)
-    raise AssertionError(f"{marker!r} not seen; stderr so far:\n{''.join(seen)}")
+def _runs(cli) -> list[dict]:
+    result = cli("runs", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 def test_run_admits_every_second_and_stops_cleanly_on_sigterm(cli):
-    """The main job: a six-field cron becomes one Run per second, each exactly once."""
+    """The main job: a six-field cron becomes one Run per second, each exactly once. A lost
+    occurrence leaves a gap in the grid, a duplicated one repeats a key, an early one has lag < 0."""
     _publish_every_second(cli)
     proc = _start_run(cli)
+    stderr = StderrLines(proc.stderr)
     try:
-        _wait_for(proc, "lifecycle.admission_open")
-        time.sleep(3.5)
+        stderr.wait_for("lifecycle.admission_open")
+        wait_until(lambda: len(_runs(cli)) >= 2, "two Runs admitted", alive=proc)
         proc.send_signal(signal.SIGTERM)
-        _, rest = proc.communicate(timeout=20)
+        proc.wait(timeout=120)
     finally:
         proc.kill() if proc.poll() is None else None
+    rest = stderr.finish()
     assert proc.returncode == 0, rest
     assert "lifecycle.database_closed" in rest
 
-    runs = json.loads(cli("runs", "--json").stdout)
+    runs = _runs(cli)
     assert len(runs) >= 2
-    keys = [r["idempotency_key"] for r in runs]
-    assert len(set(keys)) == len(keys)
-    assert all(k == f"ql3:cron:v1:tick:1:{r['scheduled_for_ms']}" for k, r in zip(keys, runs))
-    assert sorted(r["scheduled_for_ms"] for r in runs) == list(
-        range(min(r["scheduled_for_ms"] for r in runs), max(r["scheduled_for_ms"] for r in runs) + 1, 1000))
-    assert all(0 <= r["lag_ms"] < 1500 for r in runs)
+    assert_exactly_once_grid(runs, "ql3:cron:v1:tick:1:")
     schedules = json.loads(cli("schedules", "--json").stdout)
     assert schedules[0]["trigger_id"] == "tick"
     assert schedules[0]["next_fire_at_ms"] > max(r["scheduled_for_ms"] for r in runs)
 
 
 def test_second_signal_forces_the_exit(cli, site):
-    """An operator who presses Ctrl-C twice gets the process back even if a stop step hangs."""
+    """An operator who presses Ctrl-C twice gets the process back even if a stop step hangs
+    (here for 30 s): without the forced exit the process would hang until the step returns."""
     site.add_distribution("acme-slow", {"acme_slow.py": SLOW_STOP}, {"slow": "acme_slow"})
     settings = cli.cwd / "s.toml"
     settings.write_text('[plugins]\nenable = ["slow"]\n[lifecycle]\nstop_timeout_ms = 60000\n')
     proc = _start_run(cli, "--settings", str(settings), env=site.env())
+    stderr = StderrLines(proc.stderr)
     try:
-        _wait_for(proc, "lifecycle.admission_open")
+        stderr.wait_for("lifecycle.admission_open")
         proc.send_signal(signal.SIGINT)
-        _wait_for(proc, "lifecycle.scheduler_drained")
+        stderr.wait_for("lifecycle.scheduler_drained")
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=10)
+        proc.wait(timeout=120)
         elapsed = time.monotonic() - started
     finally:
         proc.kill() if proc.poll() is None else None
-    assert proc.returncode == 130
-    assert elapsed < 5
+    assert proc.returncode == 130, stderr.finish()
+    assert elapsed < 25  # the hung stop step sleeps 30 s; only a forced exit comes back sooner
 
 
 @pytest.mark.parametrize(

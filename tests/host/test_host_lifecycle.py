@@ -84,26 +84,41 @@ def test_hook_qinglong_lifecycle_components_start_and_stop_in_the_documented_ord
     ]
 
 
+async def _until(condition, what: str, timeout: float = 60) -> None:
+    """Yield to the event loop until ``condition()`` holds; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not reached within {timeout:.0f} s"
+        await asyncio.sleep(0.005)
+
+
 def test_rounds_never_overlap_even_when_a_round_outlasts_the_cadence():
     """Two overlapping rounds could decide the same schedule twice."""
     active = 0
     most = 0
+    entered = asyncio.Event()
+    release = asyncio.Event()
 
     async def slow_round() -> RoundReport:
         nonlocal active, most
         active += 1
         most = max(most, active)
-        await asyncio.sleep(0.03)
+        entered.set()
+        await release.wait()  # the first round is held across several cadences
+        await asyncio.sleep(0.06)  # and every round outlasts the 50 ms cadence
         active -= 1
         return RoundReport()
 
     async def go() -> SchedulerLoop:
         loop = SchedulerLoop(slow_round, cadence_ms=50, diagnostics=Recorder())
         loop.start()
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(entered.wait(), 60)
         assert await loop.run_once() is None  # refused while the loop's round runs
-        await asyncio.sleep(0.3)
-        assert await loop.stop(2.0)
+        await asyncio.sleep(0.2)  # let cadences pass while the round is held: no second round starts
+        assert loop.stats.rounds == 0 and active == 1
+        release.set()
+        await _until(lambda: loop.stats.rounds >= 3, "three rounds")
+        assert await loop.stop(60)
         return loop
 
     loop = asyncio.run(go())
@@ -127,8 +142,8 @@ def test_a_failing_round_is_reported_and_the_loop_goes_on():
     async def go() -> SchedulerLoop:
         loop = SchedulerLoop(flaky_round, cadence_ms=50, diagnostics=sink)
         loop.start()
-        await asyncio.sleep(0.35)
-        await loop.stop(1.0)
+        await _until(lambda: loop.stats.admitted >= 1, "a round after the two failures")
+        await loop.stop(60)
         return loop
 
     loop = asyncio.run(go())
@@ -140,8 +155,10 @@ def test_a_failing_round_is_reported_and_the_loop_goes_on():
 def test_stop_lets_the_current_round_finish():
     """Cancelling a round mid-commit is what the drain exists to avoid."""
     finished = []
+    started = asyncio.Event()
 
     async def round_() -> RoundReport:
+        started.set()
         await asyncio.sleep(0.2)
         finished.append(True)
         return RoundReport()
@@ -149,8 +166,8 @@ def test_stop_lets_the_current_round_finish():
     async def go() -> bool:
         loop = SchedulerLoop(round_, cadence_ms=1000, diagnostics=Recorder())
         loop.start()
-        await asyncio.sleep(0.05)
-        return await loop.stop(2.0)
+        await asyncio.wait_for(started.wait(), 60)  # stop is asked mid-round
+        return await loop.stop(60)
 
     assert asyncio.run(go()) is True
     assert finished == [True]
@@ -159,28 +176,31 @@ def test_stop_lets_the_current_round_finish():
 def test_stop_is_bounded_when_a_round_hangs():
     """A hung database call must not keep the process from stopping."""
     sink = Recorder()
+    started_round = asyncio.Event()
 
     async def hung() -> RoundReport:
+        started_round.set()
         await asyncio.sleep(30)
         return RoundReport()
 
     async def go() -> tuple[bool, float]:
         loop = SchedulerLoop(hung, cadence_ms=1000, diagnostics=sink)
         loop.start()
-        await asyncio.sleep(0.02)
+        await asyncio.wait_for(started_round.wait(), 60)
         started = time.monotonic()
         drained = await loop.stop(0.2)
         return drained, time.monotonic() - started
 
     drained, elapsed = asyncio.run(go())
     assert drained is False
-    assert elapsed < 2.0
+    assert elapsed < 10  # the round hangs for 30 s: only the bounded stop returns sooner
     assert sink.events[-1].code == "scheduler.drain_timeout"
 
 
 @pytest.mark.parametrize("more_due", [True, False])
 def test_a_full_page_is_followed_at_once_by_the_next(more_due):
-    """A backlog drains page after page instead of one page per cadence."""
+    """A backlog drains page after page instead of one page per cadence: otherwise a backlog of
+    five pages would take five minutes (cadence 60 s) instead of five rounds at once."""
     calls = 0
 
     async def round_() -> RoundReport:
@@ -191,11 +211,14 @@ def test_a_full_page_is_followed_at_once_by_the_next(more_due):
     async def go() -> None:
         loop = SchedulerLoop(round_, cadence_ms=60_000, diagnostics=Recorder())
         loop.start()
-        await asyncio.sleep(0.1)
-        await loop.stop(1.0)
+        # the first round runs at once; the loop then waits for the next cadence unless more is due
+        await _until(lambda: loop.stats.rounds >= 1, "the first round")
+        if more_due:
+            await _until(lambda: calls >= 5, "five pages in a row", timeout=30)
+        await loop.stop(60)
 
     asyncio.run(go())
     if more_due:
         assert calls >= 5  # four full pages, then one more round at once
     else:
-        assert calls <= 2  # one round, and at most one more if a minute boundary fell inside 0.1 s
+        assert calls <= 2  # one round, and at most one more if a minute boundary fell meanwhile
