@@ -11,7 +11,13 @@ import json
 import sqlite3
 from typing import Any, Callable, Mapping
 
-from qinglong.contracts.errors import AlreadyExists, NotFound, UserError
+from qinglong.contracts.errors import (
+    project_exists,
+    project_not_found,
+    task_not_found,
+    trigger_id_taken,
+    trigger_not_found,
+)
 from qinglong.contracts.records import (
     MisfirePolicy,
     ProjectRecord,
@@ -25,8 +31,11 @@ from qinglong.contracts.records import (
 from qinglong.contracts.store import (
     BackendContext,
     SchedulerLimits,
+    check_enabled,
     check_identifier,
     check_misfire_grace,
+    check_task_payload,
+    misfire_policy_of,
     validate_definition,
 )
 
@@ -41,18 +50,10 @@ def head_from_row(row: tuple) -> TriggerHead:
                        MisfirePolicy(policy), grace, bool(enabled), digest)
 
 
-def _policy(value: Any) -> MisfirePolicy:
-    try:
-        return MisfirePolicy(value)
-    except ValueError:
-        allowed = ", ".join(p.value for p in MisfirePolicy)
-        raise UserError(f"invalid misfire_policy {value!r}: expected one of {allowed}") from None
-
-
 def _require_project(conn: sqlite3.Connection, project_id: str) -> tuple:
     row = conn.execute(q("project_by_id"), (project_id,)).fetchone()
     if row is None:
-        raise NotFound(f"project {project_id!r} does not exist; create it first")
+        raise project_not_found(project_id)
     return row
 
 
@@ -85,16 +86,10 @@ def put_trigger_in(conn: sqlite3.Connection, definition: TriggerDefinition,
     """Publish a validated definition inside the caller's open transaction."""
     _require_project(conn, definition.project_id)
     if conn.execute(q("task_head"), (definition.project_id, definition.task_id)).fetchone() is None:
-        raise NotFound(
-            f"task {definition.task_id!r} does not exist in project {definition.project_id!r}; "
-            "publish the task before a trigger that runs it"
-        )
+        raise task_not_found(definition.project_id, definition.task_id)
     existing = conn.execute(q("trigger_by_id"), (definition.trigger_id,)).fetchone()
     if existing is not None and existing[0] != definition.project_id:
-        raise AlreadyExists(
-            f"trigger id {definition.trigger_id!r} is used by project {existing[0]!r}; "
-            "trigger ids are unique across projects"
-        )
+        raise trigger_id_taken(definition.trigger_id, existing[0])
     digest = trigger_content_digest(definition.project_id, definition.trigger_id, definition.task_id,
                                     kind, spec, policy, definition.misfire_grace_ms, definition.enabled)
     if existing is not None and existing[9] == digest:
@@ -115,9 +110,8 @@ def validated(definition: TriggerDefinition, providers: Mapping[str, Any],
     on-time occurrences would be skipped) is refused too.
     """
     spec, kind = validate_definition(definition, providers)
-    policy = _policy(definition.misfire_policy)
-    if not isinstance(definition.enabled, bool):
-        raise UserError(f"invalid enabled {definition.enabled!r}: expected true or false")
+    policy = misfire_policy_of(definition.misfire_policy)
+    check_enabled(definition.enabled)
     if limits is not None:
         check_misfire_grace(dataclasses.replace(definition, misfire_policy=policy), limits,
                             leased=False)
@@ -145,7 +139,7 @@ class SqlitePublisher:
 
         def write(conn: sqlite3.Connection) -> ProjectRecord:
             if conn.execute(q("project_by_id"), (project_id,)).fetchone() is not None:
-                raise AlreadyExists(f"project {project_id!r} exists already")
+                raise project_exists(project_id)
             conn.execute(q("insert_project"), (project_id, label, now))
             return ProjectRecord(project_id, label, True)
 
@@ -155,12 +149,7 @@ class SqlitePublisher:
         """Create a task or publish a new revision when its payload changed."""
         check_identifier("project_id", project_id)
         check_identifier("task_id", task_id)
-        if not isinstance(payload, Mapping):
-            raise UserError(f"task {task_id!r}: payload must be a table (mapping), got {type(payload).__name__}")
-        try:
-            payload_json = canonical_json(dict(payload))
-        except (TypeError, ValueError) as exc:
-            raise UserError(f"task {task_id!r}: payload is not JSON-serialisable: {exc}") from None
+        payload_json = check_task_payload(task_id, payload)
         digest = content_digest(json.loads(payload_json))
         now = self._context.clock_ms()
 
@@ -187,8 +176,7 @@ class SqlitePublisher:
 
     async def set_trigger_enabled(self, project_id: str, trigger_id: str, enabled: bool) -> TriggerHead:
         """Enable or disable a trigger; a change is a new revision with a reset cursor."""
-        if not isinstance(enabled, bool):
-            raise UserError(f"invalid enabled {enabled!r}: expected true or false")
+        check_enabled(enabled)
         now = self._context.clock_ms()
 
         def write(conn: sqlite3.Connection) -> TriggerHead:
@@ -227,5 +215,5 @@ class SqlitePublisher:
 def _existing_head(conn: sqlite3.Connection, project_id: str, trigger_id: str) -> TriggerHead:
     row = conn.execute(q("trigger_by_id"), (trigger_id,)).fetchone()
     if row is None or row[0] != project_id:
-        raise NotFound(f"trigger {trigger_id!r} does not exist in project {project_id!r}")
+        raise trigger_not_found(project_id, trigger_id)
     return head_from_row(row)
