@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from qinglong.contracts.decision import decide
-from qinglong.contracts.diagnostics import DiagnosticEvent
+from qinglong.contracts.diagnostics import DiagnosticEvent, RoundEvent
 from qinglong.contracts.idempotency import idempotency_key
 from qinglong.contracts.providers import TriggerProvider
 from qinglong.contracts.records import (
@@ -174,16 +174,24 @@ class RoundOutcome:
 _SPEC_COLUMN = 9
 
 
-def _due_row(row: tuple, specs: dict) -> _DueRow:
-    (trigger_id, project_id, revision, next_fire, last_scheduled, state_version, published,
-     task_id, kind, spec_json, policy, grace, trigger_digest, task_revision, task_digest) = row
+def _due_row(row: sqlite3.Row, specs: dict) -> _DueRow:
+    """A page row (from :func:`read_page`, read by column name) as the decision's inputs; ``specs``
+    memoises parsed spec JSON across the round."""
+    spec_json = row["spec_json"]
     spec = specs.get(spec_json)
     if spec is None:
         spec = specs[spec_json] = json.loads(spec_json)
-    head = TriggerHead(project_id, trigger_id, task_id, revision, kind, spec, MisfirePolicy(policy),
-                       grace, True, trigger_digest)
-    return _DueRow(head, ScheduleCursor(revision, next_fire, last_scheduled, state_version, published),
-                   task_revision, task_digest)
+    head = TriggerHead(
+        project_id=row["project_id"], trigger_id=row["trigger_id"], task_id=row["task_id"],
+        trigger_revision=row["trigger_revision"], kind=row["kind"], spec=spec,
+        misfire_policy=MisfirePolicy(row["misfire_policy"]),
+        misfire_grace_ms=row["misfire_grace_ms"], enabled=True,
+        content_digest=row["trigger_digest"])
+    cursor = ScheduleCursor(
+        trigger_revision=row["trigger_revision"], next_fire_at_ms=row["next_fire_at_ms"],
+        last_scheduled_at_ms=row["last_scheduled_at_ms"], state_version=row["state_version"],
+        published_at_ms=row["published_at_ms"])
+    return _DueRow(head, cursor, row["task_revision"], row["task_digest"])
 
 
 @dataclass(slots=True)
@@ -295,11 +303,11 @@ def held_schedules_of(store: Any) -> HeldSchedules:
     return held
 
 
-def _fields(row: _DueRow | None, exc: BaseException) -> dict[str, Any]:
-    fields: dict[str, Any] = {"error": type(exc).__name__}
+def _fields(row: _DueRow | None, exc: BaseException | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {} if exc is None else {"error": type(exc).__name__}
     if row is not None:
         fields.update(project_id=row.head.project_id, trigger_id=row.head.trigger_id,
-                      trigger_revision=row.head.trigger_revision)
+                      trigger_revision=row.head.trigger_revision, kind=row.head.kind)
     return fields
 
 
@@ -349,11 +357,25 @@ class _RoundHolds:
         ))
 
 
-def commit_decision(conn: sqlite3.Connection, row: _DueRow, decision: Decision, now_ms: int) -> bool:
-    """Commit one decision in its own transaction; False on a compare-and-set miss (nothing written)."""
+#: :func:`commit_decision`'s outcomes besides success.
+CAS_MISS = "cas_miss"
+TASK_CHANGED = "task_changed"
+
+
+def commit_decision(conn: sqlite3.Connection, row: _DueRow, decision: Decision,
+                    now_ms: int) -> bool | str:
+    """Commit one decision in its own transaction. True when committed; :data:`CAS_MISS` when the
+    schedule changed since the decision, :data:`TASK_CHANGED` when an admission's task was
+    republished since the page was read (the Run would pin a task revision that is no longer
+    current): nothing written either way."""
     head = row.head
     conn.execute("BEGIN IMMEDIATE")
     try:
+        if decision.scheduled_for_ms is not None:
+            task = conn.execute(q("task_head"), (head.project_id, head.task_id)).fetchone()
+            if task is None or task[2] != row.task_revision:
+                conn.execute("ROLLBACK")
+                return TASK_CHANGED
         changed = conn.execute(q("advance_schedule"), {
             "next": decision.next_fire_at_ms, "scheduled": decision.scheduled_for_ms, "now": now_ms,
             "trigger_id": head.trigger_id, "revision": decision.trigger_revision,
@@ -361,7 +383,7 @@ def commit_decision(conn: sqlite3.Connection, row: _DueRow, decision: Decision, 
         }).rowcount
         if changed != 1:
             conn.execute("ROLLBACK")
-            return False
+            return CAS_MISS
         if decision.scheduled_for_ms is not None:
             # Identity is allocated only now, when the occurrence is certainly admitted.
             run_id = uuid.uuid4().hex
@@ -392,29 +414,36 @@ def _count(outcome: RoundOutcome, decision: Decision) -> None:
         outcome.initialized += 1
     if decision.scheduled_for_ms is not None:
         outcome.admitted += 1
-    if decision.kind is DecisionKind.MISFIRE_SKIP:
+    if decision.skipped is not None:  # one per skip record written (see RoundReport)
         outcome.skipped += 1
 
 
 def read_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
-              after: tuple | None = None) -> list[tuple]:
+              after: tuple | None = None) -> list[sqlite3.Row]:
     """ONE page in due-scan order: ``next_fire_at_ms NULLS FIRST, project_id, trigger_id``,
     starting after the keyset ``after`` (a previous page's last row, from :func:`keyset_of`).
 
     Two index range scans (uninitialised, then due) instead of one ``IS NULL OR <=`` predicate,
     which SQLite cannot serve in index order and would answer by scanning and sorting every
     trigger. Each stops after the page; the table is never in memory. Held rows are excluded.
+    Rows are :class:`sqlite3.Row`, read by column name (the connection's own row factory is left
+    alone).
     """
-    rows: list[tuple] = []
-    if after is None or after[0] is None:
-        project, trigger = ("", "") if after is None else after[1:]
-        rows = conn.execute(q("claim_uninitialised_page"), {
-            "page": page_size, "after_project": project, "after_trigger": trigger}).fetchall()
-        after = _KEYSET_START
-    if len(rows) < page_size:
-        rows += conn.execute(q("claim_due_page"), {
-            "now": now_ms, "page": page_size - len(rows), "after_next": after[0],
-            "after_project": after[1], "after_trigger": after[2]}).fetchall()
+    rows: list[sqlite3.Row] = []
+    cur = conn.cursor()
+    cur.row_factory = sqlite3.Row
+    try:
+        if after is None or after[0] is None:
+            project, trigger = ("", "") if after is None else after[1:]
+            rows = cur.execute(q("claim_uninitialised_page"), {
+                "page": page_size, "after_project": project, "after_trigger": trigger}).fetchall()
+            after = _KEYSET_START
+        if len(rows) < page_size:
+            rows += cur.execute(q("claim_due_page"), {
+                "now": now_ms, "page": page_size - len(rows), "after_next": after[0],
+                "after_project": after[1], "after_trigger": after[2]}).fetchall()
+    finally:
+        cur.close()
     return rows
 
 
@@ -450,7 +479,9 @@ def _decide_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
                 row = _due_row(raw, specs)
                 provider = providers.get(row.head.kind)
                 if provider is None:
-                    raise LookupError(f"no loaded plugin provides trigger kind {row.head.kind!r}")
+                    holds.undecidable(RoundEvent.UNKNOWN_TRIGGER_KIND, row, LookupError(
+                        f"no loaded plugin provides trigger kind {row.head.kind!r}"))
+                    continue
                 row.provider = _MemoProvider(provider, memo, raw[_SPEC_COLUMN])
                 decision = decide(row.head, row.cursor, now_ms, row.provider)
                 if decision.kind is DecisionKind.NOT_DUE:
@@ -459,7 +490,7 @@ def _decide_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
                     row.execution_digest = execution_digest(row)
                 decided.append((row, decision))
             except Exception as exc:  # one trigger's failure never stops the round
-                holds.undecidable("scheduler.decide_failed", row, exc)
+                holds.undecidable(RoundEvent.DECIDE_FAILED, row, exc)
         if len(raw_rows) < need:
             return decided, False
         if len(decided) >= page_size or outcome.scanned >= scan_bound:
@@ -514,10 +545,16 @@ def run_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
                     store_failed = True
                     _report_store_failure(outcome, held, row, exc, now_ms, path)
                 else:
-                    holds.undecidable("scheduler.commit_failed", row, exc)
+                    holds.undecidable(RoundEvent.COMMIT_FAILED, row, exc)
                 break
-            if not ok:
+            if ok is not True:
                 outcome.cas_misses += 1
+                if ok == TASK_CHANGED:
+                    outcome.diagnostics.append(DiagnosticEvent(
+                        "info", RoundEvent.TASK_CHANGED,
+                        f"task {row.head.task_id!r} of trigger {row.head.trigger_id!r} was "
+                        "republished since the round read it; decided again next round",
+                        _fields(row, None)))
                 break
             committed += 1
             _count(outcome, decision)
@@ -536,7 +573,7 @@ def run_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
                 if decision.scheduled_for_ms is not None and not row.execution_digest:
                     row.execution_digest = execution_digest(row)
             except Exception as exc:
-                holds.undecidable("scheduler.decide_failed", row, exc)
+                holds.undecidable(RoundEvent.DECIDE_FAILED, row, exc)
                 break
             if decision.kind is DecisionKind.NOT_DUE:
                 break
