@@ -20,7 +20,13 @@ from typing import Any, Awaitable, Callable, Mapping, TypeVar
 import psycopg
 from psycopg.types.json import Jsonb
 
-from qinglong.contracts.errors import AlreadyExists, NotFound, UserError
+from qinglong.contracts.errors import (
+    project_exists,
+    project_not_found,
+    task_not_found,
+    trigger_id_taken,
+    trigger_not_found,
+)
 from qinglong.contracts.records import (
     MisfirePolicy,
     ProjectRecord,
@@ -31,7 +37,15 @@ from qinglong.contracts.records import (
     content_digest,
     trigger_content_digest,
 )
-from qinglong.contracts.store import SchedulerLimits, check_identifier, check_misfire_grace, validate_definition
+from qinglong.contracts.store import (
+    SchedulerLimits,
+    check_enabled,
+    check_identifier,
+    check_misfire_grace,
+    check_task_payload,
+    misfire_policy_of,
+    validate_definition,
+)
 
 from .admission import RETRYABLE
 from .sql import query
@@ -91,7 +105,7 @@ class ClusterPublisher:
             cur = await conn.execute(query("insert_project"), {"project_id": project_id, "name": display})
             row = await cur.fetchone()
             if row is None:
-                raise AlreadyExists(f"project {project_id!r} already exists")
+                raise project_exists(project_id)
             return ProjectRecord(*row)
 
         return await self._transaction(body)
@@ -101,12 +115,7 @@ class ClusterPublisher:
         its pinned ``remote_worker`` execution revision in the same transaction."""
         check_identifier("project_id", project_id)
         check_identifier("task_id", task_id)
-        if not isinstance(payload, Mapping):
-            raise UserError("a task payload must be a table (JSON object)")
-        try:
-            payload_json = canonical_json(payload)
-        except (TypeError, ValueError) as exc:
-            raise UserError(f"task payload is not JSON-serialisable: {exc}") from None
+        payload_json = check_task_payload(task_id, payload)
         digest = content_digest(payload)
         normalised = dict(payload)
 
@@ -132,14 +141,8 @@ class ClusterPublisher:
     async def put_trigger(self, definition: TriggerDefinition) -> TriggerHead:
         """Add a trigger or publish a new revision (resetting its schedule), in one transaction."""
         spec, kind = validate_definition(definition, self._providers)
-        try:
-            policy = MisfirePolicy(definition.misfire_policy)
-        except ValueError:
-            raise UserError(
-                f"invalid misfire_policy {definition.misfire_policy!r}: expected 'skip' or 'fire_once'"
-            ) from None
-        if not isinstance(definition.enabled, bool):
-            raise UserError("enabled must be true or false")
+        policy = misfire_policy_of(definition.misfire_policy)
+        check_enabled(definition.enabled)
         self._check_grace(replace(definition, misfire_policy=policy))
         return await self._transaction(lambda conn: self._publish(
             conn, definition.project_id, definition.trigger_id, definition.task_id, kind, spec,
@@ -156,15 +159,13 @@ class ClusterPublisher:
         await _require_project(conn, project_id)
         cur = await conn.execute(query("lock_task_head"), {"project_id": project_id, "task_id": task_id})
         if await cur.fetchone() is None:
-            raise NotFound(f"task {task_id!r} does not exist in project {project_id!r}")
+            raise task_not_found(project_id, task_id)
         digest = trigger_content_digest(project_id, trigger_id, task_id, kind, spec, policy, grace_ms,
                                         enabled)
         cur = await conn.execute(query("lock_trigger_head"), {"trigger_id": trigger_id})
         row = await cur.fetchone()
         if row is not None and row[0] != project_id:
-            raise AlreadyExists(
-                f"trigger {trigger_id!r} already exists in another project; trigger ids are unique"
-            )
+            raise trigger_id_taken(trigger_id, row[0])
         if row is not None and row[8] == digest:
             return _head(trigger_id, row)
         cur = await conn.execute(query("next_trigger_revision"),
@@ -183,14 +184,13 @@ class ClusterPublisher:
 
     async def set_trigger_enabled(self, project_id: str, trigger_id: str, enabled: bool) -> TriggerHead:
         """Enable or disable a trigger; a change is a new revision (the cursor is reset)."""
-        if not isinstance(enabled, bool):
-            raise UserError("enabled must be true or false")
+        check_enabled(enabled)
 
         async def body(conn):
             cur = await conn.execute(query("lock_trigger_head"), {"trigger_id": trigger_id})
             row = await cur.fetchone()
             if row is None or row[0] != project_id:
-                raise NotFound(f"trigger {trigger_id!r} does not exist in project {project_id!r}")
+                raise trigger_not_found(project_id, trigger_id)
             head = _head(trigger_id, row)
             if head.enabled == enabled:
                 return head
@@ -206,7 +206,7 @@ class ClusterPublisher:
             cur = await conn.execute(query("lock_trigger_head"), {"trigger_id": trigger_id})
             row = await cur.fetchone()
             if row is None or row[0] != project_id:
-                raise NotFound(f"trigger {trigger_id!r} does not exist in project {project_id!r}")
+                raise trigger_not_found(project_id, trigger_id)
             await conn.execute(query("delete_schedule"), {"trigger_id": trigger_id})
             await conn.execute(query("delete_trigger_head"),
                                {"trigger_id": trigger_id, "project_id": project_id})
@@ -217,4 +217,4 @@ class ClusterPublisher:
 async def _require_project(conn, project_id: str) -> None:
     cur = await conn.execute(query("project_exists"), {"project_id": project_id})
     if await cur.fetchone() is None:
-        raise NotFound(f"project {project_id!r} does not exist")
+        raise project_not_found(project_id)
