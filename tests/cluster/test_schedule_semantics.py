@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from tests.cluster.conftest import arun, seed, set_cursor
+from qinglong.contracts.diagnostics import RoundEvent
 from qinglong.contracts.errors import TriggerSpecError
 from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
 from qinglong.plugins.cluster_postgres import coordinator
@@ -115,7 +116,7 @@ def test_a_task_edit_between_claim_and_commit_gives_the_claim_back_and_fires_on_
     monkeypatch.setattr(coordinator, "decide", decide_while_the_task_is_edited)
     (raced, after), sink = _rounds(cluster, 2, lease_ms=30_000)
     assert raced.claimed == 1 and raced.admitted == 0 and raced.cas_misses == 1
-    assert "cluster_postgres.task_changed" in sink.codes()
+    assert RoundEvent.TASK_CHANGED in sink.codes()
     assert after.claimed == 1 and after.admitted == 1 and after.skipped == 0
     assert cluster.sql("SELECT scheduled_for_ms, task_revision FROM qinglong.runs") == [(due_at, 2)]
     assert cluster.count("schedule_skips") == 0
@@ -167,7 +168,7 @@ def test_a_republish_racing_the_claim_statement_never_hands_out_a_mixed_claim(cl
     assert not thread.is_alive()
     raced, after = reports
     codes = backend.context.diagnostics.codes()
-    assert "cluster_postgres.decision_failed" not in codes and raced.errors == 0
+    assert RoundEvent.DECIDE_FAILED not in codes and raced.errors == 0
     assert raced.admitted == 1  # tr000, claimed before the republish
     # the republished trigger is initialised by the next round, not a lease later
     assert after.initialized == 1 and after.errors == 0
@@ -207,7 +208,7 @@ def test_a_claim_whose_decision_failed_is_given_back_and_decided_next_round(clus
 
     failed, after = arun(body())
     assert failed.errors == 1 and backend.last_round is not None
-    assert "cluster_postgres.decision_failed" in backend.context.diagnostics.codes()
+    assert RoundEvent.DECIDE_FAILED in backend.context.diagnostics.codes()
     assert after.claimed == 1 and after.admitted == 1 and after.errors == 0
 
 
@@ -432,7 +433,7 @@ def test_triggers_of_a_kind_without_provider_are_left_alone_and_named_at_start(c
 
     report = arun(body())
     [warning] = [e for e in backend.context.diagnostics.events
-                 if e.code == "cluster_postgres.unknown_trigger_kinds"]
+                 if e.code == RoundEvent.UNKNOWN_TRIGGER_KIND]
     assert "'gone' (1 enabled trigger(s))" in warning.message
     assert report.claimed == 1 and report.admitted == 1 and report.errors == 0
     assert cluster.sql("SELECT trigger_id FROM qinglong.runs") == [("tr001",)]

@@ -199,10 +199,12 @@ def _refusal(claimed: ClaimedSchedule, row) -> Exception:
     name = claimed.head.trigger_id
     if not found:
         return FenceLost(f"schedule of trigger {name!r} no longer exists")
+    if not trigger_ok:
+        # a republish (or a disable, which is one) since the claim: it also reset the claim, but
+        # the cause is the schedule changing under the decision, a compare-and-set miss as on edge
+        return CasMiss(f"trigger {name!r} changed revision or was disabled since it was claimed")
     if not fence_ok:
         return FenceLost(f"claim on trigger {name!r} was lost (expired, taken over or reset)")
-    if not trigger_ok:
-        return FenceLost(f"trigger {name!r} changed revision or was disabled since it was claimed")
     if not project_ok:
         return FenceLost(f"project of trigger {name!r} is no longer active")
     if not schedule_ok:

@@ -28,7 +28,7 @@ from typing import Sequence
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from qinglong.contracts.diagnostics import DiagnosticEvent
+from qinglong.contracts.diagnostics import DiagnosticEvent, RoundEvent
 from qinglong.contracts.errors import QinglongError, SchemaNotReady, SettingsError
 from qinglong.contracts.records import MigrationState, RecoveryReport, RoundReport
 from qinglong.contracts.store import BackendContext
@@ -78,6 +78,8 @@ class ClusterPostgresBackend:
         self._admin_pool = None
         self._lock = asyncio.Lock()
         self._round_lock = asyncio.Lock()
+        #: False after ``open(create=False)``: a read command never migrates
+        self._may_migrate = True
 
     # ---- connections ---------------------------------------------------------------------
     def _app_name(self, role: str) -> str:
@@ -130,12 +132,22 @@ class ClusterPostgresBackend:
             raise BackendUnavailable(describe_error(exc, self.secrets)) from None
 
     # ---- lifecycle -------------------------------------------------------------------------
-    async def open(self) -> None:
-        """Open the runtime pool (the admin pool opens when the publisher is first used)."""
+    async def open(self, *, create: bool = True) -> None:
+        """Open the runtime pool (the admin pool opens when the publisher is first used).
+
+        A server's database is created by its operator, never by opening; ``create=False`` (a
+        read command) means :meth:`migrate` applies nothing and returns the status instead.
+        """
+        self._may_migrate = create
         await self.runtime_pool()
 
     async def migrate(self) -> Sequence[MigrationState]:
-        """Apply pending migrations as the owner role (``owner_dsn``), all in one transaction."""
+        """Apply pending migrations as the owner role (``owner_dsn``), all in one transaction.
+
+        On a backend opened with ``create=False`` nothing is applied: the status is returned and
+        :meth:`check_readiness` names what is pending."""
+        if not self._may_migrate:
+            return await self.migration_status()
         dsn = self.settings.require_dsn("owner_dsn", "to apply migrations")
         conn = await connect(dsn, statement_timeout_ms=0, application_name=self._app_name("migrate"),
                              secrets=self.secrets)
@@ -186,12 +198,10 @@ class ClusterPostgresBackend:
         report = await self._with_runtime(recovery.scan)
         kinds = await self._with_runtime(recovery.enabled_kinds)
         missing = {kind: n for kind, n in kinds.items() if kind not in self.context.providers}
-        if missing:
-            self._emit("warning", "cluster_postgres.unknown_trigger_kinds",
-                       "no loaded provider for trigger kind(s) "
-                       + ", ".join(f"{kind!r} ({n} enabled trigger(s))" for kind, n in sorted(missing.items()))
-                       + "; this replica never claims them",
-                       kinds=sorted(missing))
+        for kind, n in sorted(missing.items()):
+            self._emit("warning", RoundEvent.UNKNOWN_TRIGGER_KIND,
+                       f"no loaded provider for trigger kind {kind!r} ({n} enabled trigger(s)); "
+                       "this replica never claims them", kind=kind, triggers=n)
         if report.candidates:
             self._emit("warning", "cluster_postgres.recovery_candidates",
                        f"{len(report.candidates)} in-flight run(s) are not pristine and need recovery",

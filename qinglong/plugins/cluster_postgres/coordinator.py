@@ -35,7 +35,7 @@ from typing import Mapping
 import psycopg
 
 from qinglong.contracts.decision import decide
-from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
+from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink, RoundEvent
 from qinglong.contracts.errors import FenceLost
 from qinglong.contracts.providers import TriggerProvider
 from qinglong.contracts.records import DecisionKind, RoundReport
@@ -115,7 +115,7 @@ async def _work_claim(conn, claimed: ClaimedSchedule, providers: Mapping[str, Tr
         stats.errors += 1
         released = await _release(conn, claimed, diagnostics, secrets)
         stats.released += int(released)
-        _emit(diagnostics, "warning", "cluster_postgres.unknown_trigger_kind",
+        _emit(diagnostics, "warning", RoundEvent.UNKNOWN_TRIGGER_KIND,
               f"no loaded provider for trigger kind {head.kind!r}; the claim was given back",
               trigger_id=head.trigger_id, kind=head.kind, released=released)
         return False, False
@@ -127,7 +127,7 @@ async def _work_claim(conn, claimed: ClaimedSchedule, providers: Mapping[str, Tr
             stats.errors += 1
             released = await _release(conn, claimed, diagnostics, secrets)
             stats.released += int(released)
-            _emit(diagnostics, "error", "cluster_postgres.decision_failed",
+            _emit(diagnostics, "error", RoundEvent.DECIDE_FAILED,
                   describe_error(exc, secrets) + ("; claim given back" if released else ""),
                   trigger_id=head.trigger_id, released=released)
             return committed, False
@@ -146,7 +146,7 @@ async def _work_claim(conn, claimed: ClaimedSchedule, providers: Mapping[str, Tr
             stats.cas_misses += 1
             released = await _release(conn, claimed, diagnostics, secrets)
             stats.released += int(released)
-            _emit(diagnostics, "info", "cluster_postgres.task_changed",
+            _emit(diagnostics, "info", RoundEvent.TASK_CHANGED,
                   str(exc) + ("; claim given back, decided again next round" if released
                               else "; claim left to expire"),
                   trigger_id=head.trigger_id, released=released)
@@ -173,7 +173,7 @@ async def _work_claim(conn, claimed: ClaimedSchedule, providers: Mapping[str, Tr
                 raise  # the connection is gone: the caller ends the round
             # a write of this occurrence failed (constraint, fault, guard): all of it rolled back
             stats.errors += 1
-            _emit(diagnostics, "error", "cluster_postgres.admission_failed",
+            _emit(diagnostics, "error", RoundEvent.COMMIT_FAILED,
                   describe_error(exc, secrets), trigger_id=head.trigger_id)
             return committed, False
         committed = True
@@ -183,7 +183,7 @@ async def _work_claim(conn, claimed: ClaimedSchedule, providers: Mapping[str, Tr
             stats.admissions.append(result.admission)
         if decision.kind is DecisionKind.INITIALIZE:
             stats.initialized += 1
-        elif decision.skipped is not None or decision.kind is DecisionKind.MISFIRE_SKIP:
+        if decision.skipped is not None:  # one per skip record written (see RoundReport)
             stats.skipped += 1
         if not result.claim_kept:
             # at the bound with the cursor still due: the next round goes on at once
