@@ -302,10 +302,16 @@ class RoundReport:
       skipped nothing and is not counted. Occurrences are not counted here: a skip record holds
       their number.
     * ``cas_misses``: decisions not committed because the schedule or its task changed after the
-      decision (a republish or a task edit raced the round); nothing of them was written.
+      decision (a republish or a task edit raced the round); nothing of them was written. The
+      occurrence is decided again from the new state (a task edit: next round, against the new
+      task revision; a republish: the new revision is initialised).
     * ``fence_lost``: claims another replica took over before the commit (0 without claims).
     * ``serialization_retries``: transactions retried after a serialization failure.
-    * ``errors``: rows that could not be decided or committed, plus a failed round.
+    * ``errors``: rows that could not be decided or committed, plus a failed round. A trigger of
+      a kind without a loaded provider is reported on every backend as
+      :attr:`~qinglong.contracts.diagnostics.RoundEvent.UNKNOWN_TRIGGER_KIND`; edge's scan reads
+      it and counts an error, the cluster never claims it (another replica may have the provider)
+      and names it at start-up instead.
     * ``duration_ms``: the round's wall time. ``more_due``: start the next round at once.
     """
 
