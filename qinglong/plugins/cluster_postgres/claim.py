@@ -13,7 +13,9 @@ racing the statement leaves the row unclaimed until the next round, see ``sql/cl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable, Mapping
+
+from psycopg.rows import dict_row
 
 from qinglong.contracts.records import ClaimFence, MisfirePolicy, ScheduleCursor, TriggerHead
 
@@ -38,22 +40,25 @@ class ClaimedSchedule:
     task_digest: str
     observed_at_ms: int
 
-
-def _row_to_claim(row) -> ClaimedSchedule:
-    (trigger_id, project_id, task_id, trigger_revision, next_fire_at_ms, last_scheduled_at_ms,
-     state_version, owner, token, claim_version, expires_at_ms, head_revision, kind, spec,
-     misfire_policy, misfire_grace_ms, enabled, content_digest, task_revision, task_digest,
-     observed_at_ms, published_at_ms) = row
-    head = TriggerHead(
-        project_id=project_id, trigger_id=trigger_id, task_id=task_id,
-        trigger_revision=head_revision, kind=kind, spec=spec,
-        misfire_policy=MisfirePolicy(misfire_policy), misfire_grace_ms=misfire_grace_ms,
-        enabled=enabled, content_digest=content_digest,
-    )
-    cursor = ScheduleCursor(trigger_revision, next_fire_at_ms, last_scheduled_at_ms, state_version,
-                            published_at_ms)
-    fence = ClaimFence(owner=owner, token=token, claim_version=claim_version, expires_at_ms=expires_at_ms)
-    return ClaimedSchedule(head, cursor, fence, task_revision, task_digest, observed_at_ms)
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "ClaimedSchedule":
+        """A claim from one ``claim_due_schedules`` row, read by column name."""
+        head = TriggerHead(
+            project_id=row["project_id"], trigger_id=row["trigger_id"], task_id=row["task_id"],
+            trigger_revision=row["head_revision"], kind=row["kind"], spec=row["spec_json"],
+            misfire_policy=MisfirePolicy(row["misfire_policy"]),
+            misfire_grace_ms=row["misfire_grace_ms"], enabled=row["enabled"],
+            content_digest=row["content_digest"],
+        )
+        cursor = ScheduleCursor(
+            trigger_revision=row["trigger_revision"], next_fire_at_ms=row["next_fire_at_ms"],
+            last_scheduled_at_ms=row["last_scheduled_at_ms"], state_version=row["state_version"],
+            published_at_ms=row["published_at_ms"])
+        fence = ClaimFence(owner=row["claim_owner"], token=row["claim_token"],
+                           claim_version=row["claim_version"],
+                           expires_at_ms=row["claim_expires_at_ms"])
+        return cls(head, cursor, fence, row["task_revision"], row["task_digest"],
+                   row["observed_at_ms"])
 
 
 def effective_budget(requested: int) -> int:
@@ -76,13 +81,13 @@ async def claim_due_schedules(conn, *, owner: str, limit: int, lease_ms: int,
         return []
     if lease_ms <= 0:
         raise ValueError("lease_ms must be positive")
-    cur = await conn.execute(
-        query("claim_due_schedules"),
-        {"owner": owner, "limit": budget, "lease_ms": int(lease_ms),
-         "kinds": None if kinds is None else sorted(kinds)},
-    )
-    rows = await cur.fetchall()
-    claims = [_row_to_claim(row) for row in rows]
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(
+            query("claim_due_schedules"),
+            {"owner": owner, "limit": budget, "lease_ms": int(lease_ms),
+             "kinds": None if kinds is None else sorted(kinds)},
+        )
+        claims = [ClaimedSchedule.from_row(row) for row in await cur.fetchall()]
     # RETURNING does not keep the CTE's order; restore the due order for the caller.
     claims.sort(key=lambda c: (c.cursor.next_fire_at_ms is not None, c.cursor.next_fire_at_ms or 0,
                                c.head.project_id, c.head.trigger_id))

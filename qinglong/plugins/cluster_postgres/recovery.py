@@ -14,6 +14,8 @@ blocking it would only add an outage; the dispatch side, when it exists, owns th
 
 from __future__ import annotations
 
+from psycopg.rows import dict_row
+
 from qinglong.contracts.records import RecoveryReport
 
 from .sql import query
@@ -21,18 +23,20 @@ from .sql import query
 
 async def scan(conn) -> RecoveryReport:
     """Classify every in-flight Run; read-only."""
-    cur = await conn.execute(query("scan_in_flight_runs"))
     pristine = 0
     candidates: list[str] = []
-    for run_id, is_pristine in await cur.fetchall():
-        if is_pristine:
-            pristine += 1
-        else:
-            candidates.append(run_id)
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query("scan_in_flight_runs"))
+        for row in await cur.fetchall():
+            if row["pristine"]:
+                pristine += 1
+            else:
+                candidates.append(row["run_id"])
     return RecoveryReport(pristine_queued=pristine, candidates=tuple(candidates))
 
 
 async def enabled_kinds(conn) -> dict[str, int]:
     """``{kind: number of enabled triggers}``; read-only."""
-    cur = await conn.execute(query("enabled_trigger_kinds"))
-    return {kind: int(n) for kind, n in await cur.fetchall()}
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query("enabled_trigger_kinds"))
+        return {row["kind"]: int(row["triggers"]) for row in await cur.fetchall()}

@@ -26,9 +26,23 @@ from .scheduler import EXECUTOR, pinned_execution_digest
 CANDIDATE_BOUND = 100
 
 
-def _describe(row: tuple) -> str:
-    (run_id, run_state, queued_at, admitted_at, attempt_id, attempt_no, attempt_state, executor,
-     attempt_created, touched, events_ok) = row
+def _named(conn: sqlite3.Connection, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
+    """The rows of ``sql``, read by column name (the connection's own row factory is left alone:
+    the scheduler shares it)."""
+    cur = conn.cursor()
+    cur.row_factory = sqlite3.Row
+    try:
+        return cur.execute(sql, params).fetchall()
+    finally:
+        cur.close()
+
+
+def _describe(row: sqlite3.Row) -> str:
+    run_id, run_state, attempt_id = row["run_id"], row["run_state"], row["attempt_id"]
+    queued_at, admitted_at = row["queued_at_ms"], row["admitted_at_ms"]
+    attempt_no, attempt_state, executor = row["attempt_no"], row["attempt_state"], row["executor"]
+    attempt_created, touched, events_ok = (row["attempt_created_at_ms"], row["touched"],
+                                           row["events_ok"])
     if attempt_id is None:
         return f"run {run_id} ({run_state}) has no attempt"
     reasons = []
@@ -67,9 +81,10 @@ def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
         drifted = False
         candidates: list[str] = []
         overflow = False
-        for shaped, project_id, task_id, revision, task_digest, digest, count in conn.execute(
-                q("in_flight_summary")).fetchall():
-            if not shaped:
+        for pin in _named(conn, q("in_flight_summary")):
+            project_id, task_id, revision = pin["project_id"], pin["task_id"], pin["task_revision"]
+            task_digest, digest = pin["task_digest"], pin["execution_digest"]
+            if not pin["pristine"]:
                 drifted = True
                 continue
             problem = None
@@ -80,21 +95,21 @@ def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
                 problem = (f"pinned task revision {task_id!r} #{revision} is not stored with the "
                            "digest the run recorded")
             if problem is None:
-                pristine += count
+                pristine += pin["runs"]
                 continue
             room = CANDIDATE_BOUND + 1 - len(candidates)
             if room <= 0:
                 overflow = True
                 continue
-            for run_id, attempt_id, attempt_no in conn.execute(
-                    q("in_flight_of_pin"),
-                    (project_id, task_id, revision, task_digest, digest, room)).fetchall():
-                candidates.append(f"run {run_id} attempt {attempt_id} (#{attempt_no}): {problem}")
+            for run in _named(conn, q("in_flight_of_pin"),
+                              (project_id, task_id, revision, task_digest, digest, room)):
+                candidates.append(f"run {run['run_id']} attempt {run['attempt_id']} "
+                                  f"(#{run['attempt_no']}): {problem}")
         if drifted:
             room = CANDIDATE_BOUND + 1 - len(candidates)
             if room > 0:
                 candidates += [_describe(row) for row in
-                               conn.execute(q("in_flight_not_pristine"), (room,)).fetchall()]
+                               _named(conn, q("in_flight_not_pristine"), (room,))]
             else:
                 overflow = True
     finally:

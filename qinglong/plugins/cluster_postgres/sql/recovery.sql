@@ -44,4 +44,4 @@ ORDER BY r.run_id
 -- name: enabled_trigger_kinds
 -- Every trigger kind that enabled triggers use, with how many use it (startup tells which kinds
 -- this replica has no provider for: it never claims those triggers).
-SELECT kind, count(*) FROM qinglong.triggers WHERE enabled GROUP BY kind ORDER BY kind
+SELECT kind, count(*) AS triggers FROM qinglong.triggers WHERE enabled GROUP BY kind ORDER BY kind

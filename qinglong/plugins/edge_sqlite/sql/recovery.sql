@@ -19,7 +19,7 @@ SELECT (r.state = 'queued' AND r.queued_at_ms IS r.admitted_at_ms
                              AND ((seq = 1 AND type = 'run.created') OR (seq = 2 AND type = 'run.queued'))
                            THEN 1 ELSE 3 END)
              FROM run_events WHERE run_id = r.run_id) IS 2) AS pristine,
-       r.project_id, r.task_id, r.task_revision, r.task_digest, a.execution_digest, count(*)
+       r.project_id, r.task_id, r.task_revision, r.task_digest, a.execution_digest, count(*) AS runs
   FROM runs AS r INDEXED BY runs_in_flight
   LEFT JOIN attempts AS a
     ON a.run_id = r.run_id
@@ -30,15 +30,15 @@ SELECT (r.state = 'queued' AND r.queued_at_ms IS r.admitted_at_ms
 -- name: in_flight_not_pristine
 -- In-flight Runs whose shape drifted from what admission wrote, or that have no Attempt at all,
 -- with what is needed to say why. Read only when the summary found some.
-SELECT r.run_id, r.state, r.queued_at_ms, r.admitted_at_ms, a.attempt_id, a.attempt_no, a.state,
-       a.executor, a.created_at_ms,
+SELECT r.run_id, r.state AS run_state, r.queued_at_ms, r.admitted_at_ms, a.attempt_id, a.attempt_no,
+       a.state AS attempt_state, a.executor, a.created_at_ms AS attempt_created_at_ms,
        (a.worker_id IS NOT NULL OR a.session_id IS NOT NULL OR a.lease_id IS NOT NULL
         OR a.offer_id IS NOT NULL OR a.callback_token IS NOT NULL OR a.started_at_ms IS NOT NULL
-        OR a.finished_at_ms IS NOT NULL OR a.result_json IS NOT NULL OR a.error_json IS NOT NULL),
+        OR a.finished_at_ms IS NOT NULL OR a.result_json IS NOT NULL OR a.error_json IS NOT NULL) AS touched,
        (SELECT sum(CASE WHEN at_ms IS r.admitted_at_ms
                                 AND ((seq = 1 AND type = 'run.created') OR (seq = 2 AND type = 'run.queued'))
                               THEN 1 ELSE 3 END)
-                FROM run_events WHERE run_id = r.run_id) IS 2
+                FROM run_events WHERE run_id = r.run_id) IS 2 AS events_ok
   FROM runs AS r INDEXED BY runs_in_flight
   LEFT JOIN attempts AS a
     ON a.run_id = r.run_id

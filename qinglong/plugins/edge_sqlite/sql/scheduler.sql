@@ -4,8 +4,8 @@
 -- CROSS JOIN pins the schedule index as the driving loop, so the scan stops after one page.
 SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
        s.last_scheduled_at_ms, s.state_version, s.published_at_ms,
-       t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.content_digest,
-       k.task_revision, k.content_digest
+       t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms,
+       t.content_digest AS trigger_digest, k.task_revision, k.content_digest AS task_digest
   FROM trigger_schedules AS s
  CROSS JOIN triggers AS t ON t.trigger_id = s.trigger_id AND t.trigger_revision = s.trigger_revision
  CROSS JOIN projects AS p ON p.project_id = s.project_id
@@ -24,8 +24,8 @@ SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
 -- after the keyset (:after_next, :after_project, :after_trigger) and not held as undecidable.
 SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
        s.last_scheduled_at_ms, s.state_version, s.published_at_ms,
-       t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.content_digest,
-       k.task_revision, k.content_digest
+       t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms,
+       t.content_digest AS trigger_digest, k.task_revision, k.content_digest AS task_digest
   FROM trigger_schedules AS s
  CROSS JOIN triggers AS t ON t.trigger_id = s.trigger_id AND t.trigger_revision = s.trigger_revision
  CROSS JOIN projects AS p ON p.project_id = s.project_id
