@@ -69,10 +69,22 @@ class OtherKindProvider(CronProvider):
     kind = "othercron"
 
 
-def providers(*, other_kind: bool = False) -> dict:
+class BrokenOtherKindProvider(OtherKindProvider):
+    """The second kind's plugin with a bug: it validates specs but cannot compute occurrences."""
+
+    def next_after(self, spec, after_ms):
+        raise RuntimeError("occurrence computation failed")
+
+    def latest_at_or_before(self, spec, at_ms):
+        raise RuntimeError("occurrence computation failed")
+
+
+def providers(*, other_kind: bool = False, broken_other_kind: bool = False) -> dict:
     found = {"cron": CronProvider()}
     if other_kind:
         found["othercron"] = OtherKindProvider()
+    if broken_other_kind:
+        found["othercron"] = BrokenOtherKindProvider()
     return found
 
 
@@ -126,10 +138,11 @@ class Harness:
     async def stop(self) -> None:
         await self.backend.close()
 
-    async def restart(self) -> None:
-        """Close the backend and open a new one on the same store (a process restart)."""
+    async def restart(self, found: dict | None = None) -> None:
+        """Close the backend and open a new one on the same store (a process restart), with
+        other providers if ``found``."""
         await self.backend.close()
-        self.backend = self.create_backend(self.sink, providers())
+        self.backend = self.create_backend(self.sink, found or providers())
         await self.backend.open()
 
     async def run_round(self, between: Callable[[], None] | None = None):

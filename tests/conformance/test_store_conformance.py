@@ -20,6 +20,7 @@ from qinglong.contracts.errors import (
     UnknownTriggerKind,
     UserError,
 )
+from qinglong.contracts.idempotency import idempotency_key
 from qinglong.contracts.records import MisfirePolicy, RoundReport, TriggerDefinition
 from qinglong.contracts.store import MAX_PAYLOAD_BYTES, check_misfire_grace, skip_grace_floor_ms
 
@@ -223,6 +224,7 @@ async def test_an_on_time_occurrence_is_admitted_exactly_once(harness):
     assert (report.admitted, report.skipped, report.errors) == (1, 0, 0), report
     [run] = await harness.reader.recent_runs(trigger_id="a")
     assert run.scheduled_for_ms == due
+    assert run.idempotency_key == idempotency_key("a", 1, due, "cron")
     assert (harness.count("runs", "a"), harness.count("attempts", "a"),
             harness.count("events", "a")) == (1, 1, 2)
     again = await harness.run_round()
@@ -408,6 +410,47 @@ async def test_a_trigger_of_a_kind_without_provider_is_named_with_the_shared_cod
     named = [e for e in harness.sink.events if e.code == RoundEvent.UNKNOWN_TRIGGER_KIND]
     assert named and all(e.fields.get("kind") == "othercron" for e in named), harness.sink.codes()
     assert RoundEvent.DECIDE_FAILED not in harness.sink.codes()
+    assert harness.count("runs", "x") == 0
+
+
+async def test_one_round_counts_each_kind_of_decision_once(harness):
+    """RoundReport is what operators graph; a field counting different things per backend (or a
+    decision counted twice) misreports the same schedule."""
+    await seed(harness)
+    grace = skip_grace_floor_ms(LIMITS, leased=harness.leased) + 1
+    for definition in (every_second("fire", grace_ms=3_600_000),
+                       every_second("once", grace_ms=1500),
+                       every_second("skip", policy="skip", grace_ms=grace)):
+        await harness.publisher.put_trigger(definition)
+    assert (await harness.run_round()).initialized == 3
+    await harness.elapse((grace // SECOND + 5) * SECOND)
+    await harness.publisher.put_trigger(every_second("new", expression="0 0 1 1 *"))
+    report = await harness.run_round()
+    fired = harness.count("runs", "fire")
+    assert fired >= grace // SECOND + 5
+    assert (report.initialized, report.admitted, report.skipped) == (1, fired + 1, 2), report
+    assert (report.cas_misses, report.fence_lost, report.errors) == (0, 0, 0), report
+    assert (harness.count("runs", "once"), harness.count("runs", "skip")) == (1, 0)
+    assert harness.count("skips") == 2 == len(await harness.reader.recent_skips())
+    assert harness.count("events") == 2 * harness.count("runs") == 2 * harness.count("attempts")
+
+
+async def test_a_provider_that_fails_is_named_with_the_shared_code_and_others_fire(harness):
+    """A plugin bug in one trigger must not stop the others' occurrences, and must be reported
+    under one code on every backend."""
+    await seed(harness)
+
+    async def publish(other):
+        await other.publisher().put_trigger(every_second("x", kind="othercron"))
+    harness.elsewhere(publish, found=providers(other_kind=True))
+    await harness.publisher.put_trigger(every_second("a"))
+    await harness.restart(providers(broken_other_kind=True))
+    report = await harness.run_round()
+    assert report.initialized == 1 and report.errors == 1, report
+    failed = [e for e in harness.sink.events if e.code == RoundEvent.DECIDE_FAILED]
+    assert failed and failed[0].fields.get("trigger_id") == "x", harness.sink.codes()
+    await harness.elapse(2 * SECOND)
+    assert (await harness.run_round()).admitted >= 2
     assert harness.count("runs", "x") == 0
 
 
