@@ -89,6 +89,20 @@ def test_run_identity_is_allocated_only_by_admission(cluster):
     assert not any("run" in c for c in columns)
 
 
+def _latest_claim_expiry(cluster) -> int:
+    [(expiry,)] = cluster.sql("SELECT max(claim_expires_at_ms) FROM qinglong.trigger_schedules")
+    assert expiry is not None, "no claim is held"
+    return expiry
+
+
+async def _until_database_time_passes(cluster, at_ms: int, timeout_s: float = 60) -> None:
+    """Wait until the database clock (the one leases are judged by) is past ``at_ms``."""
+    deadline = time.monotonic() + timeout_s
+    while cluster.db_now_ms() <= at_ms:
+        assert time.monotonic() < deadline, f"database time did not pass {at_ms} within {timeout_s:.0f} s"
+        await asyncio.sleep(0.02)
+
+
 class SlowProvider(CronProvider):
     """A cron provider whose decision outlives a short lease, and that records overlap."""
 
@@ -118,7 +132,7 @@ def test_a_round_that_outlives_its_lease_commits_nothing_and_says_so(cluster):
         try:
             cut = await backend.run_round()
             backend.context.providers["cron"] = SlowProvider(0.0)
-            await asyncio.sleep(0.25)  # the cut round's claims lapse
+            await _until_database_time_passes(cluster, _latest_claim_expiry(cluster))  # the cut claims lapse
             return cut, await backend.run_round()
         finally:
             await backend.close()
@@ -209,13 +223,14 @@ def test_an_admission_that_exhausts_its_retries_gives_its_claim_back_and_is_admi
             released = backend.last_round.released
             schedule = cluster.sql("SELECT claim_owner, claim_expires_at_ms FROM qinglong.trigger_schedules")[0]
             runs_between = cluster.count("runs")
-            started = time.monotonic()
             admitted = await backend.run_round()
-            return gave_up, released, schedule, runs_between, admitted, time.monotonic() - started
+            return gave_up, released, schedule, runs_between, admitted
         finally:
             await backend.close()
 
-    gave_up, released, schedule, runs_between, admitted, second_round_s = arun(body())
+    # database time before the first claim: its lease expires no earlier than this plus 30 s
+    first_claim_not_before_ms = cluster.db_now_ms()
+    gave_up, released, schedule, runs_between, admitted = arun(body())
     codes = backend.context.diagnostics.codes()
     assert gave_up.claimed == 1 and gave_up.admitted == 0 and gave_up.errors == 1
     assert gave_up.serialization_retries == 2 and released == 1
@@ -223,7 +238,9 @@ def test_an_admission_that_exhausts_its_retries_gives_its_claim_back_and_is_admi
     assert schedule == (None, None) and runs_between == 0  # given back at once, nothing written
     # the next round, not a lease later, claims it again and admits it once
     assert admitted.claimed == 1 and admitted.admitted == 1 and admitted.errors == 0
-    assert second_round_s < 5
+    # admitted before the first claim's lease would have expired: it was given back, not waited out
+    [(admitted_at_ms,)] = cluster.sql("SELECT admitted_at_ms FROM qinglong.runs")
+    assert admitted_at_ms < first_claim_not_before_ms + 30_000
     assert cluster.count("runs") == 1 and cluster.count("attempts") == 1 and cluster.count("run_events") == 2
 
 
@@ -239,7 +256,7 @@ def test_a_released_claim_cannot_be_released_by_its_old_owner_after_a_takeover(c
         old, new = cluster.backend("r1"), cluster.backend("r2")
         try:
             [mine] = await claim(old, lease_ms=200)
-            await asyncio.sleep(0.3)
+            await _until_database_time_passes(cluster, mine.fence.expires_at_ms)
             [theirs] = await claim(new)
             pool = await old.runtime_pool()
             async with pool.connection() as conn:
