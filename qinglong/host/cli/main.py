@@ -51,13 +51,13 @@ MAX_LISTING = 100_000
 
 
 def _load(args: argparse.Namespace, profile: str | None = None):
-    from .settings import load_settings
+    from ..settings import load_settings
 
     return load_settings(getattr(args, "settings", None), profile=profile or getattr(args, "profile", None))
 
 
 def _container(args: argparse.Namespace):
-    from .containers import build_container
+    from ..containers import build_container
 
     return build_container(_load(args))
 
@@ -67,8 +67,8 @@ def boot_for_closure(profile: str, settings_path: str | None) -> list[str]:
 
     Used by ``check closure`` in a fresh interpreter.
     """
-    from .containers import build_container
-    from .settings import load_settings
+    from ..containers import build_container
+    from ..settings import load_settings
 
     container = build_container(load_settings(settings_path, profile=profile))
     container.lifecycle()  # resolves plugins, providers, diagnostics, backend (created, not opened)
@@ -220,8 +220,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     whose extra is missing is a fact about this installation (exit 0); a plugin the settings name
     that is unknown or broken is a mistake to fix (the listing is printed, then exit 3).
     """
-    from .containers import check_profile_extra
-    from .plugins import PluginHost
+    from ..containers import check_profile_extra
+    from ..plugins import PluginHost
 
     host = PluginHost()
     problems: list[tuple[QinglongError, bool]] = []  # (error, whether it is the user's to fix)
@@ -272,7 +272,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 def cmd_profiles(args: argparse.Namespace) -> int:
     """List the shipped profiles."""
-    from .profiles import available_profiles, load_profile
+    from ..profiles import available_profiles, load_profile
 
     profiles = [load_profile(name) for name in available_profiles()]
     if args.json:
@@ -290,7 +290,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 def cmd_config_show(args: argparse.Namespace) -> int:
     """Print the effective settings, secrets masked, with the backend section validated."""
-    from .settings import masked_dump
+    from ..settings import masked_dump
 
     loaded = _load(args)
     data = masked_dump(loaded.settings)
@@ -322,8 +322,8 @@ def _print_toml(data: dict[str, Any], prefix: str = "") -> None:
 
 def cmd_check_closure(args: argparse.Namespace) -> int:
     """Boot a profile in a fresh interpreter and fail on any forbidden module (or distribution)."""
-    from .closure import check_closure
-    from .profiles import load_profile
+    from ..closure import check_closure
+    from ..profiles import load_profile
 
     profile = load_profile(args.check_profile)
     report = check_closure(profile, getattr(args, "settings", None), installed=args.installed)
@@ -695,7 +695,7 @@ def cmd_cron_next(args: argparse.Namespace) -> int:
     """Preview the next fire times of a cron expression, through the cron trigger provider."""
     from zoneinfo import ZoneInfo
 
-    from .plugins import PluginHost
+    from ..plugins import PluginHost
 
     if args.timezone is not None and not args.timezone.strip():
         raise UserError("--timezone is empty: give an IANA time zone such as 'Europe/Berlin', "
@@ -961,7 +961,7 @@ def _trigger_options_for(head: Sequence[str]) -> dict[str, TriggerCliOptions]:
     pre.add_argument("--settings", default=None)
     pre.add_argument("--profile", default=None)
     known, _ = pre.parse_known_args(list(head))
-    from .containers import load_plugins
+    from ..containers import load_plugins
 
     return load_plugins(_load(known)).trigger_cli_options(reserved=TRIGGER_COMMAND_FLAGS)
 
