@@ -4,7 +4,7 @@
 process clock on edge); no clock is read here, so the same inputs always give the same decision and
 both profiles fire the same occurrences.
 
-The rules (MISSION section 1):
+The rules:
 
 * cursor NULL -> ``initialize``: the cursor becomes the first occurrence strictly after the
   revision's publish time (or the observation, if that is earlier or the publish time is unknown);

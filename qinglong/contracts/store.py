@@ -7,7 +7,7 @@ these protocols only, so the CLI's publish and read commands are the same in eve
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from .diagnostics import DiagnosticSink
@@ -69,7 +69,6 @@ class BackendContext:
     diagnostics: DiagnosticSink
     clock_ms: Callable[[], int]
     owner: str
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -78,11 +78,6 @@ class SchedulerLoop:
         self._in_round = asyncio.Lock()
         self.stats = LoopStats()
 
-    @property
-    def running(self) -> bool:
-        """True while the loop task is alive."""
-        return self._task is not None and not self._task.done()
-
     def start(self) -> None:
         """Start the loop task (idempotent)."""
         if self._task is None:

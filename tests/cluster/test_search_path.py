@@ -106,7 +106,6 @@ def test_planted_operator_never_runs_in_our_sessions_and_readiness_refuses(clust
             runs = await reader.recent_runs()
             await reader.list_schedules()
             await backend.recover()
-            await backend.database_now_ms()
             await backend.migration_status()
             return first, second, runs
         finally:

@@ -206,7 +206,7 @@ def cursor_at(head: TriggerHead, next_fire_at_ms: int | None, state_version: int
 
 
 def initialization_base(cursor: ScheduleCursor, observed_at_ms: int) -> int:
-    """Where the first cursor of a revision is counted from, as MISSION states it (written out here,
+    """Where the first cursor of a revision is counted from, as the rule states it (written out here,
     not taken from ``decision.py``): ``min(published, observed)``, the observation when unknown."""
     if cursor.published_at_ms is None:
         return observed_at_ms

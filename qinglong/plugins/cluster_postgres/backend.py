@@ -281,16 +281,6 @@ class ClusterPostgresBackend:
         """The read side (runtime role)."""
         return ClusterReader(self.runtime_pool, self.context.limits)
 
-    async def database_now_ms(self) -> int:
-        """The database clock, epoch ms (for the CLI and tests)."""
-        from .sql import query
-
-        async def body(conn):
-            cur = await conn.execute(query("database_now_ms"))
-            return (await cur.fetchone())[0]
-
-        return await self._with_runtime(body)
-
     async def close(self) -> None:
         """Close both pools. Idempotent."""
         for attr in ("_runtime_pool", "_admin_pool"):

@@ -21,7 +21,8 @@ the database must grant CREATE or TEMPORARY to nobody but its owner. Finally it 
 whole catalog fingerprint (``fingerprint.py``), which catches every structural drift as well.
 
 Creating the roles is a superuser's job (outside the migration stream, because roles are
-cluster-wide); :func:`bootstrap_statements` prints what to run.
+cluster-wide); :func:`bootstrap_statements` says what to run, and docs/cluster.md shows exactly
+that (a test holds the two equal).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The bounded scheduler round: scan one page, decide outside any transaction, commit each occurrence.
 
-The whole round runs as one function on the connection's thread (one hop per round, see FACTS):
+The whole round runs as one function on the connection's thread (one thread hop per round, not one
+per statement: see ``store.py``):
 
 1. read ONE page of uninitialised, then due schedules (:func:`read_page`), oldest cursor first
    (stepping past rows that cannot be decided, by keyset, at most :data:`SCAN_PAGES_PER_ROUND`

@@ -63,7 +63,3 @@ SELECT project_id, trigger_id, trigger_revision, policy, first_skipped_ms, last_
 FROM qinglong.schedule_skips
 ORDER BY recorded_at_ms DESC, skip_id
 LIMIT %(limit)s
-
--- name: database_now_ms
--- The database clock, as integer epoch milliseconds.
-SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
