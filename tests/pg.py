@@ -104,7 +104,7 @@ class PgServer:
         return self.base / "server.log"
 
     # ---- processes -------------------------------------------------------------------------
-    def _run(self, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
+    def _run(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
         cmd = ["runuser", "-u", self.os_user, "--", *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(self.base))
         if check and proc.returncode != 0:
@@ -154,7 +154,7 @@ class PgServer:
             self.init()
         opts = f"-p {self.port} -h {self.host} -k {self.datadir}"
         self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile),
-                  "-o", opts, "-w", "-t", "60", "start")
+                  "-o", opts, "-w", "-t", "110", "start")  # pg_ctl reports before _run times out
         self.wait_ready()
         return self
 
@@ -181,7 +181,7 @@ class PgServer:
         if pid:
             os.kill(pid, signal.SIGKILL)
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self, timeout: float = 120) -> None:
         import psycopg
 
         deadline = time.monotonic() + timeout
