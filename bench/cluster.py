@@ -287,7 +287,9 @@ def pgbench_script() -> str:
     from qinglong.plugins.cluster_postgres.sql import query
 
     claim = _strip_comments(query("claim_due_schedules"))
-    claim = _PARAM.sub(lambda m: ":" + m[1], claim)
+    # kinds: NULL = a replica that decides any kind (pgbench -D cannot pass a NULL)
+    claim_fixed = {"kinds": "NULL"}
+    claim = _PARAM.sub(lambda m: claim_fixed.get(m[1], ":" + m[1]), claim)
     # one row always: found = 0 when nothing was due (or every due row was locked by others)
     claim_wrapped = (
         "WITH claimed AS (\n" + claim + "\n)\n"
@@ -312,6 +314,8 @@ def pgbench_script() -> str:
         "policy": ":c_policy",
         "skip_first_ms": "NULL", "skip_last_ms": "NULL", "skip_count": "NULL",
         "skip_count_exact": "NULL",
+        # the next yearly occurrence is never due at once: the claim is not kept for another decision
+        "keep_claim": "false",
     }
     admit = _strip_comments(query("admit_occurrence"))
     admit = _PARAM.sub(lambda m: computed.get(m[1], ":c_" + m[1]), admit)
