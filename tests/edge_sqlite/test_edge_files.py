@@ -415,6 +415,30 @@ async def test_second_run_on_one_file_is_refused_naming_the_first_ones_pid(db_pa
     assert probe_owner_lock(str(db_path)) is None
 
 
+def test_pending_migrations_are_never_applied_beneath_a_running_scheduler(db_path):
+    """An upgraded binary must not change the schema under a scheduler that is running on the file
+    (the running one would then write rows its schema does not know, or fail every round): while
+    the owner lock is held, a second 'run' and a publish that would migrate are refused naming the
+    holder, and the ledger is left exactly as it was."""
+    known = migrations.load_migrations()
+    with sqlite3.connect(db_path) as conn:
+        migrations.apply_pending(conn, known[:1], str(db_path), 1)
+    with sqlite3.connect(db_path) as conn:
+        ledger_before = conn.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
+    holder = OwnerLock(str(db_path))
+    holder.acquire()
+    try:
+        for command in (RUN, ["project", "create", "p9"], ["db", "migrate"]):
+            assert_refused(cli(db_path, *command), 5, db_path, f"process {os.getpid()}")
+        with sqlite3.connect(db_path) as conn:
+            assert conn.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() \
+                == ledger_before
+    finally:
+        holder.release()
+    migrated = cli(db_path, "db", "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+
+
 async def test_owner_lock_dies_with_a_killed_scheduler(db_path, clock):
     """A scheduler killed with SIGKILL cannot release anything itself; if its lock outlived it, the
     file could never be scheduled again without a manual cleanup."""

@@ -5,8 +5,9 @@ default), :meth:`check_readiness`, :meth:`recover`, :meth:`run_round` at the cad
 
 Only a scheduler recovers, so :meth:`recover` is where this process becomes the file's owner: it
 takes the owner lock (a second ``qinglong run`` on the file is refused naming the first one's pid)
-and runs SQLite's page-level check before the first round. Publishing and read commands never take
-the lock. A backend opened with ``create=False`` (read commands) neither creates nor migrates.
+and runs SQLite's page-level check before the first round. :meth:`migrate` holds the lock while
+it applies anything, so a schema is never migrated beneath a running scheduler. Publishing and read
+commands otherwise never take the lock. A backend opened with ``create=False`` (read commands) neither creates nor migrates.
 """
 
 from __future__ import annotations
@@ -64,10 +65,21 @@ class EdgeSqliteBackend:
         On a backend opened with ``create=False`` nothing is applied: the status is returned and
         :meth:`check_readiness` names what is pending.
         """
-        if not self._may_create:
-            return await self.store.call(migrations.migration_status, self.migrations, self.store.path)
-        now = self.context.clock_ms()
-        return await self.store.call(migrations.apply_pending, self.migrations, self.store.path, now)
+        states = await self.store.call(migrations.migration_status, self.migrations, self.store.path)
+        if not self._may_create or all(s.status != "pending" for s in states):
+            return states
+        # Something is to be applied: never under a scheduler that is running on this file (an
+        # upgraded binary migrating the schema beneath an older running one). The owner lock is
+        # held only for the migration, unless this process already owns the file.
+        lock = self.store.owner_lock
+        owned_before = lock.held
+        lock.acquire()
+        try:
+            now = self.context.clock_ms()
+            return await self.store.call(migrations.apply_pending, self.migrations, self.store.path, now)
+        finally:
+            if not owned_before:
+                lock.release()
 
     async def migration_status(self) -> Sequence[MigrationState]:
         """Every known or applied migration with its status. Unless a migration drifted or is
