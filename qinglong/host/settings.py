@@ -227,6 +227,15 @@ def _embeds_secret(value: str) -> bool:
     return bool(_EMBEDDED_SECRET.search(value) or _EMBEDDED_SECRET.search(_decoded(value)))
 
 
+def _shown_input(value: Any) -> str:
+    """How a refused settings value is echoed in an error: its repr with passwords masked, or not at
+    all when it carries a secret in a form the mask cannot see (``pass%77ord=...``)."""
+    text = repr(value)
+    if isinstance(value, str) and _embeds_secret(value):
+        return "a value holding a secret, not shown"
+    return redact(text)
+
+
 def format_validation_error(
     exc: ValidationError,
     origin: Callable[[tuple[str | int, ...]], str],
@@ -247,7 +256,7 @@ def format_validation_error(
         else:
             problem = err["msg"]
             if not is_secret_key(loc) and err["type"] not in ("missing",):
-                shown = redact(repr(err.get("input")))
+                shown = _shown_input(err.get("input"))
                 if len(shown) > 60:
                     shown = shown[:57] + "..."
                 problem = f"{problem} (got {shown})"
@@ -288,7 +297,7 @@ def strict_file_errors(
             expected = err["msg"].replace("Input should be ", "expected ")
             shown = ""
             if not is_secret_key(loc):
-                shown = redact(repr(err.get("input")))
+                shown = _shown_input(err.get("input"))
                 shown = f" (got {shown[:57] + '...' if len(shown) > 60 else shown})"
             key = ".".join(str(p) for p in loc)
             parts.append(f"{label}: key '{key}': {expected}{shown}; a file's values are taken as "

@@ -120,3 +120,17 @@ def test_config_show_masks_every_secret_whole_even_percent_encoded(cluster, tmp_
             assert secret not in shown, (secret, shown)
             assert secret[:6] not in shown, (secret, shown)
         assert "**********" in result.stdout
+
+
+@pytest.mark.parametrize("value", [
+    "host=h pass%77ord=Zq7vKKx9pWm4t", "postgresql://u:Zq7vKKx9pWm4t@h/db", "password=Zq7vKKx9pWm4t",
+])
+def test_a_refused_settings_value_that_holds_a_secret_is_never_echoed(tmp_path, value):
+    """A DSN pasted under the wrong key (here a number's) is refused with the key named; echoing the
+    refused value would print the password, even percent-encoded where the mask cannot see it."""
+    settings = tmp_path / "qinglong.toml"
+    settings.write_text(f'[scheduler]\npage_size = "{value}"\n', encoding="utf-8")
+    result = _cli(settings, "config", "show", cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    assert "scheduler.page_size" in result.stderr
+    _assert_no_piece(result, ["Zq7vKKx9pWm4t"])
