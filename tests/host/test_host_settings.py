@@ -30,17 +30,23 @@ def test_no_settings_at_all_is_the_edge_profile_with_a_sqlite_file_in_the_workin
     """A newcomer with no file gets edge + ./qinglong.db, never a surprise profile."""
     loaded = load_settings()
     assert loaded.profile.name == "edge"
-    assert loaded.settings.backend == {"path": "qinglong.db", "cache_kib": 512}
+    from qinglong.plugins.edge_sqlite.settings import EdgeSqliteSettings
+
+    backend = EdgeSqliteSettings.model_validate(loaded.settings.backend)
+    assert (backend.path, backend.cache_kib) == ("qinglong.db", 512)
     assert loaded.settings.scheduler.page_size == 32
 
 
 def test_file_overrides_profile_defaults_and_environment_overrides_the_file(tmp_path, monkeypatch):
     """Precedence env > file > profile, section by section (a deep merge, not a replacement)."""
-    path = write(tmp_path, 'profile = "standalone"\n[scheduler]\npage_size = 100\ncadence_ms = 500\n')
+    path = write(tmp_path, 'profile = "standalone"\n[scheduler]\ncadence_ms = 500\n')
     loaded = load_settings(path)
     assert loaded.profile.name == "standalone"
+    # the standalone profile's page size, not wiped by the file's [scheduler]
+    assert (loaded.settings.scheduler.page_size, loaded.settings.scheduler.cadence_ms) == (256, 500)
+    path = write(tmp_path, 'profile = "standalone"\n[scheduler]\npage_size = 100\ncadence_ms = 500\n')
+    loaded = load_settings(path)
     assert (loaded.settings.scheduler.page_size, loaded.settings.scheduler.cadence_ms) == (100, 500)
-    assert loaded.settings.backend == {"path": "qinglong.db"}  # the standalone profile's, not wiped by the file
     monkeypatch.setenv("QINGLONG_SCHEDULER__PAGE_SIZE", "64")
     loaded = load_settings(path)
     assert (loaded.settings.scheduler.page_size, loaded.settings.scheduler.cadence_ms) == (64, 500)
