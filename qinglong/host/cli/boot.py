@@ -1,0 +1,69 @@
+"""Booting a command: its settings, its container (plugins, providers, backend), its opened backend."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+
+def settings_of(args: argparse.Namespace, profile: str | None = None):
+    from ..settings import load_settings
+
+    return load_settings(getattr(args, "settings", None), profile=profile or getattr(args, "profile", None))
+
+
+def container_of(args: argparse.Namespace):
+    from ..containers import build_container
+
+    return build_container(settings_of(args))
+
+
+@asynccontextmanager
+async def opened_backend(container: Any, *, readiness: bool = True, create: bool = True) -> AsyncIterator[Any]:
+    import inspect
+
+    backend = container.backend()
+    # Commands that only read open with create=False, so a mistyped path is reported, not created.
+    # A backend written before that keyword existed is opened as it always was.
+    if "create" in inspect.signature(backend.open).parameters:
+        await backend.open(create=create)
+    else:
+        await backend.open()
+    try:
+        if readiness:
+            if getattr(backend, "auto_migrate", False):
+                await backend.migrate()
+            await backend.check_readiness()
+        yield backend
+    finally:
+        await backend.close()
+
+
+def on_backend(container: Any, action: Any, *, readiness: bool = True, create: bool = True) -> Any:
+    """Open the profile's backend, ``await action(backend)``, close it; return the result.
+
+    ``create=False`` for commands that only read: they never create or migrate a store.
+    """
+
+    async def body() -> Any:
+        async with opened_backend(container, readiness=readiness, create=create) as backend:
+            return await action(backend)
+
+    return asyncio.run(body())
+
+
+def limited(method: Any, limit: int | None, *args: Any) -> Any:
+    """``await``-able ``method(*args, limit=limit)``; a reader without ``limit`` is sliced here."""
+    import inspect
+
+    if limit is None:
+        return method(*args)
+    if "limit" in inspect.signature(method).parameters:
+        return method(*args, limit=limit)
+
+    async def sliced() -> list[Any]:
+        return list(await method(*args))[:limit]
+
+    return sliced()

@@ -1,0 +1,62 @@
+"""What commands print: times, tables, JSON; and a standard output whose reader went away."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+from qinglong.contracts.errors import ExitCode
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def iso(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms >= 2**62:
+        return "never"
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=False, default=str))
+
+
+def yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def stdout_reader_gone() -> bool:
+    """True when standard output is a pipe or socket whose reader has closed it."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return True  # no poll() here, or stdout already closed: the pipe error was stdout's
+
+
+def drop_stdout() -> ExitCode:
+    """After a broken pipe on standard output: discard the rest of the output; the exit code to return."""
+    # As the CPython documentation recommends (signal module, "Note on SIGPIPE"): point stdout at
+    # devnull so the interpreter's final flush does not fail again, and exit like a shell
+    # reports a process ended by SIGPIPE.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return ExitCode.BROKEN_PIPE

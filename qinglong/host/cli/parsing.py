@@ -1,0 +1,40 @@
+"""Shared pieces of the command parsers: adding a command, ``--json``, bounded counts, command words."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Sequence
+
+
+#: Upper bound of ``--limit`` and ``--count``: a listing is for people, not a bulk export.
+MAX_LISTING = 100_000
+
+
+def positive_count(text: str) -> int:
+    """An argparse type: a whole number from 1 to :data:`MAX_LISTING` (a usage error otherwise)."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= MAX_LISTING:
+        raise argparse.ArgumentTypeError(f"expected a number from 1 to {MAX_LISTING}, got {value}")
+    return value
+
+
+def command_words(head: Sequence[str]) -> list[str]:
+    """The words of the command line that are not options or values of the global options."""
+    return [a for i, a in enumerate(head)
+            if not a.startswith("-") and not (i and head[i - 1] in ("--settings", "--profile", "--payload"))]
+
+
+def add_command(sub: Any, common: argparse.ArgumentParser, name: str, help_text: str, func: Any,
+                **kw: Any) -> argparse.ArgumentParser:
+    """Add command ``name`` (with the common options) to ``sub``; it runs ``func(args)``."""
+    p = sub.add_parser(name, parents=[common], help=help_text, description=help_text, **kw)
+    p.set_defaults(func=func)
+    return p
+
+
+def add_json_flag(p: argparse.ArgumentParser) -> None:
+    """The ``--json`` option of a command that can print JSON."""
+    p.add_argument("--json", action="store_true", help="print JSON")

@@ -1,0 +1,59 @@
+"""``qinglong run`` and ``qinglong demo``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from qinglong.contracts.errors import AlreadyExists, ExitCode
+from qinglong.contracts.records import TriggerDefinition
+
+from .boot import container_of, on_backend
+from .parsing import add_command, positive_count
+from .read import show_runs
+from .signals import run_lifecycle
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Start the profile's lifecycle and run until SIGTERM/SIGINT (or ``--for-seconds``)."""
+    container = container_of(args)
+    lifecycle = container.lifecycle()
+    return asyncio.run(run_lifecycle(lifecycle, container.diagnostics(), args.for_seconds))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Publish a demo trigger firing every second, run for a few seconds, show the Runs."""
+    container = container_of(args)
+
+    async def publish(backend: Any) -> None:
+        pub = backend.publisher()
+        try:
+            await pub.create_project("demo", "Demo project")
+        except AlreadyExists:
+            pass
+        await pub.put_task("demo", "hello", {"command": ["echo", "hello from qinglong"]})
+        await pub.put_trigger(TriggerDefinition(
+            project_id="demo", trigger_id="demo-every-second", task_id="hello", kind="cron",
+            spec={"expression": "* * * * * *", "timezone": "UTC"},
+        ))
+
+    on_backend(container, publish)
+    print(f"published trigger demo-every-second (cron '* * * * * *'); running for {args.seconds:g} s ...",
+          flush=True)
+    code = asyncio.run(run_lifecycle(container.lifecycle(), container.diagnostics(), args.seconds))
+    if code != ExitCode.OK:
+        return code
+    return show_runs(container, limit=args.limit, trigger="demo-every-second", as_json=False)
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``run`` and ``demo``."""
+    p = add_command(sub, common, "run", "run the scheduler until SIGTERM/SIGINT (a second signal forces the exit)",
+                    cmd_run)
+    p.add_argument("--for-seconds", type=float, default=None, metavar="S", help="stop by itself after S seconds")
+
+    p = add_command(sub, common, "demo", "publish a trigger firing every second, run a few seconds, show its Runs",
+                    cmd_demo)
+    p.add_argument("--seconds", type=float, default=5.0, help="how long to run (default 5)")
+    p.add_argument("--limit", type=positive_count, default=10, help="Runs to show (default 10)")

@@ -1,0 +1,55 @@
+"""Running a lifecycle until SIGTERM/SIGINT: the first signal stops in order, a second forces the exit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from typing import Any
+
+from qinglong.contracts.errors import ExitCode
+
+
+async def run_lifecycle(lifecycle: Any, diagnostics: Any, for_seconds: float | None) -> int:
+    from qinglong.contracts.diagnostics import DiagnosticEvent
+
+    stop = asyncio.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            diagnostics.emit(DiagnosticEvent("info", "lifecycle.stop_requested",
+                                             f"{signal.Signals(signum).name} received; stopping in order "
+                                             "(send it again to force the exit)"))
+            stop.set()
+        else:
+            sys.stderr.write("qinglong: second signal, exiting at once\n")
+            sys.stderr.flush()
+            os._exit(ExitCode.INTERRUPTED)
+
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await lifecycle.start()
+        try:
+            if for_seconds is not None:
+                try:
+                    await asyncio.wait_for(stop.wait(), for_seconds)
+                except asyncio.TimeoutError:
+                    pass
+            else:
+                await stop.wait()
+        finally:
+            await lifecycle.stop()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    stats = lifecycle.last_stats
+    if stats is not None:
+        diagnostics.emit(DiagnosticEvent("info", "lifecycle.stopped", "stopped",
+                                         {"rounds": stats.rounds, "admitted": stats.admitted,
+                                          "failed_rounds": stats.failed_rounds}))
+    return ExitCode.OK
