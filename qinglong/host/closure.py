@@ -41,10 +41,27 @@ class ImporterTracker:
 
 tracker = ImporterTracker()
 sys.meta_path.insert(0, tracker)
-from qinglong.host.cli import boot_for_closure
+from qinglong.host.closure import boot_for_closure
 modules = boot_for_closure(sys.argv[1], sys.argv[2] or None)
 sys.stdout.write("QINGLONG-MODULES " + json.dumps({"modules": sorted(modules), "importer": tracker.importer}) + "\\n")
 """
+
+
+def boot_for_closure(profile: str, settings_path: str | None) -> list[str]:
+    """Boot ``profile`` as ``qinglong run`` would, without starting or connecting; list modules.
+
+    The command line is loaded as the ``qinglong`` script loads it, then the settings, plugins and
+    container, and the backend is created but not opened. Used by ``check closure`` in a fresh
+    interpreter.
+    """
+    import qinglong.host.cli  # noqa: F401  (the entry point every command, ``run`` too, starts from)
+
+    from .containers import build_container
+    from .settings import load_settings
+
+    container = build_container(load_settings(settings_path, profile=profile))
+    container.lifecycle()  # resolves plugins, providers, diagnostics, backend (created, not opened)
+    return list(sys.modules)
 
 
 @dataclass

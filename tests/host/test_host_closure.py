@@ -58,7 +58,7 @@ def test_every_profile_forbids_what_the_mission_says():
 
 def test_edge_run_path_imports_no_ui_library(tmp_path):
     """The router's memory is for schedules, not for a terminal UI toolkit."""
-    code = ("import sys\nfrom qinglong.host.cli import boot_for_closure\nboot_for_closure('edge', None)\n"
+    code = ("import sys\nfrom qinglong.host.closure import boot_for_closure\nboot_for_closure('edge', None)\n"
             "print([m for m in sys.modules if m.split('.')[0] in ('rich', 'click', 'typer', 'textual', "
             "'prompt_toolkit', 'colorama')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)

@@ -4,6 +4,6 @@
 is one module holding its parser setup beside the functions it calls.
 """
 
-from .main import boot_for_closure, main
+from .main import main
 
-__all__ = ["boot_for_closure", "main"]
+__all__ = ["main"]

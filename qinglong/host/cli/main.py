@@ -34,19 +34,6 @@ from . import check, config, cron, db, plugins, publish, read, run
 from .output import drop_stdout, stdout_reader_gone
 
 
-def boot_for_closure(profile: str, settings_path: str | None) -> list[str]:
-    """Boot ``profile`` as ``qinglong run`` would, without starting or connecting; list modules.
-
-    Used by ``check closure`` in a fresh interpreter.
-    """
-    from ..containers import build_container
-    from ..settings import load_settings
-
-    container = build_container(load_settings(settings_path, profile=profile))
-    container.lifecycle()  # resolves plugins, providers, diagnostics, backend (created, not opened)
-    return list(sys.modules)
-
-
 def build_parser(trigger_options: Mapping[str, TriggerCliOptions] | None = None) -> argparse.ArgumentParser:
     """The argument parser (``--settings`` and ``--profile`` work before or after the command).
 
