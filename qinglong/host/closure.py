@@ -50,15 +50,15 @@ sys.stdout.write("QINGLONG-MODULES " + json.dumps({"modules": sorted(modules), "
 def boot_for_closure(profile: str, settings_path: str | None) -> list[str]:
     """Boot ``profile`` as ``qinglong run`` would, without starting or connecting; list modules.
 
-    The command line is loaded as the ``qinglong`` script loads it, then the settings, plugins and
-    container, and the backend is created but not opened. Used by ``check closure`` in a fresh
-    interpreter.
+    The command line is loaded and its parser built as ``qinglong run`` builds it, then the
+    settings, plugins and container, and the backend is created but not opened. Used by ``check
+    closure`` in a fresh interpreter.
     """
-    import qinglong.host.cli  # noqa: F401  (the entry point every command, ``run`` too, starts from)
-
+    from .cli.main import build_parser, command_groups_for
     from .containers import build_container
     from .settings import load_settings
 
+    build_parser(groups=command_groups_for(["run"]))
     container = build_container(load_settings(settings_path, profile=profile))
     container.lifecycle()  # resolves plugins, providers, diagnostics, backend (created, not opened)
     return list(sys.modules)

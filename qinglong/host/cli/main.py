@@ -14,6 +14,7 @@ Only the standard library's ``argparse`` is used, so the edge ``run`` path loads
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import Mapping, Sequence
 
@@ -30,15 +31,43 @@ from qinglong.contracts.errors import (
 )
 from qinglong.contracts.providers import TriggerCliOptions
 
-from . import check, config, cron, db, plugins, publish, read, run
 from .output import drop_stdout, stdout_reader_gone
+from .parsing import command_words, split_command_argv
+
+#: The command groups in the order ``qinglong --help`` lists them: each is a module of this package
+#: whose ``register(sub, common)`` adds these commands (``publish`` also takes the trigger kinds' options).
+COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("run", ("run", "demo")),
+    ("plugins", ("plugins", "profiles")),
+    ("config", ("config",)),
+    ("check", ("check",)),
+    ("db", ("db",)),
+    ("publish", ("project", "task", "trigger")),
+    ("read", ("runs", "schedules", "skips")),
+    ("cron", ("cron",)),
+)
 
 
-def build_parser(trigger_options: Mapping[str, TriggerCliOptions] | None = None) -> argparse.ArgumentParser:
+def command_groups_for(head: Sequence[str]) -> list[str]:
+    """The command groups to load: only the named command's, so a command imports no other's module.
+
+    All of them when there is no command, an unknown one (argparse then lists every choice), or a
+    help option (``qinglong -h run`` prints the full help).
+    """
+    words = command_words(head)
+    everything = [group for group, _ in COMMAND_GROUPS]
+    if not words or "-h" in head or "--help" in head:
+        return everything
+    return next(([group] for group, commands in COMMAND_GROUPS if words[0] in commands), everything)
+
+
+def build_parser(trigger_options: Mapping[str, TriggerCliOptions] | None = None,
+                 groups: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The argument parser (``--settings`` and ``--profile`` work before or after the command).
 
     ``trigger_options`` are the options trigger kinds declared (``trigger add --cron``); without
-    them ``trigger add`` and ``update`` take only ``--kind K --spec JSON``.
+    them ``trigger add`` and ``update`` take only ``--kind K --spec JSON``. ``groups`` limits the
+    commands to those of the named :data:`COMMAND_GROUPS` (default: all).
     """
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--settings", metavar="PATH", default=argparse.SUPPRESS,
@@ -56,14 +85,14 @@ def build_parser(trigger_options: Mapping[str, TriggerCliOptions] | None = None)
     parser.add_argument("--version", action="version", version=f"qinglong {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    run.register(sub, common)
-    plugins.register(sub, common)
-    config.register(sub, common)
-    check.register(sub, common)
-    db.register(sub, common)
-    publish.register(sub, common, trigger_options)
-    read.register(sub, common)
-    cron.register(sub, common)
+    wanted = set(dict(COMMAND_GROUPS) if groups is None else groups)
+    for group, _ in COMMAND_GROUPS:
+        if group in wanted:
+            module = importlib.import_module(f"{__package__}.{group}")
+            if group == "publish":
+                module.register(sub, common, trigger_options)
+            else:
+                module.register(sub, common)
     return parser
 
 
@@ -106,8 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
         _refuse_undecodable(arguments)
-        head, command = publish.split_command_argv(arguments)
-        args = build_parser(publish.trigger_options_for(head)).parse_args(head)
+        head, command = split_command_argv(arguments)
+        groups = command_groups_for(head)
+        trigger_options = (importlib.import_module(f"{__package__}.publish").trigger_options_for(head)
+                           if "publish" in groups else {})
+        args = build_parser(trigger_options, groups).parse_args(head)
         if command is not None:
             args.argv = command
         code = args.func(args)

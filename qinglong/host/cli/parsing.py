@@ -38,3 +38,18 @@ def add_command(sub: Any, common: argparse.ArgumentParser, name: str, help_text:
 def add_json_flag(p: argparse.ArgumentParser) -> None:
     """The ``--json`` option of a command that can print JSON."""
     p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def split_command_argv(arguments: list[str]) -> tuple[list[str], list[str] | None]:
+    """For ``task put``: the words after the first ``--`` are the command, whatever they look like.
+
+    argparse alone cannot do this once options stand between the positionals and ``--`` (its
+    ``nargs='*'`` positional is matched empty too early), so the command is split off first.
+    """
+    if "--" not in arguments:
+        return arguments, None
+    cut = arguments.index("--")
+    head = arguments[:cut]
+    if command_words(head)[:2] != ["task", "put"]:
+        return arguments, None
+    return head, arguments[cut + 1:]

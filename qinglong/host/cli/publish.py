@@ -259,21 +259,6 @@ def trigger_options_for(head: Sequence[str]) -> dict[str, TriggerCliOptions]:
     return load_plugins(settings_of(known)).trigger_cli_options(reserved=TRIGGER_COMMAND_FLAGS)
 
 
-def split_command_argv(arguments: list[str]) -> tuple[list[str], list[str] | None]:
-    """For ``task put``: the words after the first ``--`` are the command, whatever they look like.
-
-    argparse alone cannot do this once options stand between the positionals and ``--`` (its
-    ``nargs='*'`` positional is matched empty too early), so the command is split off first.
-    """
-    if "--" not in arguments:
-        return arguments, None
-    cut = arguments.index("--")
-    head = arguments[:cut]
-    if command_words(head)[:2] != ["task", "put"]:
-        return arguments, None
-    return head, arguments[cut + 1:]
-
-
 def register(sub: Any, common: argparse.ArgumentParser,
              trigger_options: Mapping[str, TriggerCliOptions] | None = None) -> None:
     """Add ``project``, ``task`` and ``trigger``; ``trigger add``/``update`` take the kinds' declared options."""
@@ -301,7 +286,7 @@ def register(sub: Any, common: argparse.ArgumentParser,
     p.add_argument("--command", nargs=argparse.REMAINDER, metavar="PROGRAM [ARG ...]",
                    help="the same as '--': every argument after it is the command (so it comes last)")
     p.add_argument("--payload", metavar="JSON", help="the task payload as a JSON object (at most 64 KiB)")
-    # The words after '--' are split off before argparse sees them (see split_command_argv).
+    # The words after '--' are split off before argparse sees them (see parsing.split_command_argv).
     p.set_defaults(func=cmd_task, argv=[])
 
     trg = add_command(sub, common, "trigger", "publish triggers: add, update, enable, disable, delete, list", None)
