@@ -115,8 +115,10 @@ def _insert(conn, batch, now_ms, grace_ms) -> None:
         "INSERT INTO triggers VALUES (?, 'bench', 'job', 1, 'cron', ?, 'fire_once', ?, 1, 'sha256:0', ?)",
         [(t, s, grace_ms, now_ms) for t, s, _ in batch])
     conn.executemany(
-        "INSERT INTO trigger_schedules VALUES (?, 'bench', 1, ?, NULL, 1, ?)",
-        [(t, n, now_ms) for t, _, n in batch])
+        "INSERT INTO trigger_schedules (trigger_id, project_id, trigger_revision, next_fire_at_ms, "
+        "last_scheduled_at_ms, state_version, updated_at_ms, published_at_ms) "
+        "VALUES (?, 'bench', 1, ?, NULL, 1, ?, ?)",
+        [(t, n, now_ms, now_ms) for t, _, n in batch])
 
 
 # ---------------------------------------------------------------- child processes
