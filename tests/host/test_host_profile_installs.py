@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from host_helpers import REPO
+from host_helpers import REPO, StderrLines, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +43,28 @@ class Venv:
         if check and result.returncode != 0:
             raise AssertionError(f"{args} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
         return result
+
+    def run_until(self, condition, what: str, *args: str, cwd: Path, timeout: float = 300,
+                  env_extra: dict[str, str] | None = None) -> str:
+        """Start ``args`` (a long-running command), poll ``condition`` until it holds, then SIGTERM:
+        the command stops on the condition, not after a fixed time. Returns its stderr."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("QINGLONG_", "PYTHON", "VIRTUAL_ENV"))}
+        env["PATH"] = f"{self.bin}{os.pathsep}{env.get('PATH', '')}"
+        env.update(env_extra or {})
+        proc = subprocess.Popen([str(self.bin / args[0]), *args[1:]], cwd=cwd, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stderr = StderrLines(proc.stderr)
+        try:
+            wait_until(condition, what, timeout=timeout, alive=proc)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            proc.kill() if proc.poll() is None else None
+        text = stderr.finish()
+        if proc.returncode != 0:
+            raise AssertionError(f"{args} failed ({proc.returncode}):\n{text}")
+        return text
 
     def distributions(self, cwd: Path) -> dict[str, str]:
         listed = json.loads(self.run("python", "-m", "pip", "list", "--format", "json", cwd=cwd).stdout)
@@ -131,8 +154,12 @@ def test_third_party_interval_plugin_is_discovered_validated_listed_and_runs(ven
     assert "invalid interval trigger: every_ms" in bad.stderr
     venv.run("qinglong", "trigger", "add", "ops", "every-second", "--task", "ping", "--kind", "interval",
              "--spec", '{"every_ms": 1000}', cwd=tmp_path, env_extra=env)
-    venv.run("qinglong", "run", "--for-seconds", "3.2", cwd=tmp_path, env_extra=env)
-    runs = json.loads(venv.run("qinglong", "runs", "--json", cwd=tmp_path, env_extra=env).stdout)
+    def runs():
+        return json.loads(venv.run("qinglong", "runs", "--json", cwd=tmp_path, env_extra=env).stdout)
+
+    venv.run_until(lambda: len(runs()) >= 2, "two Runs of the interval trigger", "qinglong", "run",
+                   cwd=tmp_path, env_extra=env)
+    runs = runs()
     assert len(runs) >= 2
     assert all(r["idempotency_key"].startswith("ql3:interval:v1:every-second:1:") for r in runs)
 
