@@ -333,19 +333,29 @@ class PostgresHarness(Harness):
         return self._sql("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint")[0][0]
 
     async def elapse(self, ms: int) -> None:
+        """Move every stored instant (each ``*_ms`` column but the grace, a duration) back by
+        ``ms``, history included (Runs' occurrences and their idempotency keys, skip ranges), in
+        one transaction: the store then looks exactly as if ``ms`` had passed."""
         columns = self._sql(
             "SELECT table_name, column_name FROM information_schema.columns "
-            "WHERE table_schema = 'qinglong' AND column_name LIKE '%%\\_at\\_ms' "
-            "AND data_type = 'bigint' ORDER BY table_name, column_name")
+            "WHERE table_schema = 'qinglong' AND column_name LIKE '%\\_ms' "
+            "AND column_name <> 'misfire_grace_ms' AND data_type = 'bigint' "
+            "ORDER BY table_name, column_name")
         by_table: dict[str, list[str]] = {}
         for table, column in columns:
             by_table.setdefault(table, []).append(column)
+        assert "scheduled_for_ms" in by_table.get("runs", []), columns
         statements = []
         for table, cols in by_table.items():
             sets = ", ".join(
                 f"{c} = CASE WHEN {c} = {NO_MORE_OCCURRENCES_MS} THEN {c} ELSE {c} - {int(ms)} END"
                 for c in cols)
             statements.append(f"UPDATE qinglong.{table} SET {sets}")
+        # the key ends in the occurrence (ql3:<kind>:v1:<trigger>:<revision>:<ms>); it is UNIQUE,
+        # so park every key first, then write the shifted one
+        statements.append("UPDATE qinglong.runs SET idempotency_key = idempotency_key || ':moving'")
+        statements.append("UPDATE qinglong.runs SET idempotency_key = "
+                          "regexp_replace(idempotency_key, ':[0-9]+:moving$', ':' || scheduled_for_ms)")
         self._sql("BEGIN; " + "; ".join(statements) + "; COMMIT")
 
     def count(self, table: str, trigger_id: str | None = None) -> int:
@@ -427,3 +437,4 @@ def pytest_pyfunc_call(pyfuncitem):
 
     asyncio.run(main())
     return True
+
