@@ -11,7 +11,8 @@ per statement: see ``store.py``):
 3. commit each decision in its own transaction: a compare-and-set on the schedule row (revision,
    state version and cursor as decided) plus, for an admission, the Run, its Attempt and the
    ``run.created``/``run.queued`` events, plus the skipped range of a misfire. A miss (the trigger
-   was republished meanwhile) rolls back and admits nothing.
+   was republished meanwhile, or an admission's task was: its Run would pin a task revision that
+   is no longer current) rolls back and admits nothing; the next round decides it again.
 
 A ``fire`` may leave the cursor still due (a backlog inside the grace window), and so may an
 ``initialize`` (it counts from the revision's publish time, so an occurrence between the publish
