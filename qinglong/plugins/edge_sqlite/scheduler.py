@@ -374,8 +374,10 @@ def commit_decision(conn: sqlite3.Connection, row: _DueRow, decision: Decision,
     conn.execute("BEGIN IMMEDIATE")
     try:
         if decision.scheduled_for_ms is not None:
-            task = conn.execute(q("task_head"), (head.project_id, head.task_id)).fetchone()
-            if task is None or task[2] != row.task_revision:
+            cur = conn.cursor()
+            cur.row_factory = sqlite3.Row
+            task = cur.execute(q("task_head"), (head.project_id, head.task_id)).fetchone()
+            if task is None or task["task_revision"] != row.task_revision:
                 conn.execute("ROLLBACK")
                 return TASK_CHANGED
         changed = conn.execute(q("advance_schedule"), {
