@@ -9,12 +9,16 @@ from typing import Any, AsyncIterator
 
 
 def settings_of(args: argparse.Namespace, profile: str | None = None):
+    """The settings the command line names (``--settings``, ``--profile``), loaded and validated."""
+
     from ..settings import load_settings
 
     return load_settings(getattr(args, "settings", None), profile=profile or getattr(args, "profile", None))
 
 
 def container_of(args: argparse.Namespace):
+    """The container (plugins, providers, diagnostics, backend) of the command line's settings."""
+
     from ..containers import build_container
 
     return build_container(settings_of(args))
@@ -22,6 +26,8 @@ def container_of(args: argparse.Namespace):
 
 @asynccontextmanager
 async def opened_backend(container: Any, *, readiness: bool = True, create: bool = True) -> AsyncIterator[Any]:
+    """The container's backend, opened (and, with ``readiness``, migrated if it may and checked ready)."""
+
     import inspect
 
     backend = container.backend()

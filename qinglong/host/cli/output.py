@@ -13,10 +13,12 @@ from qinglong.contracts.errors import ExitCode
 
 
 def now_ms() -> int:
+    """The wall clock in epoch milliseconds."""
     return time.time_ns() // 1_000_000
 
 
 def iso(ms: int | None) -> str:
+    """Epoch milliseconds as ISO 8601 UTC; ``-`` for none, ``never`` for the far-future sentinel."""
     if ms is None:
         return "-"
     if ms >= 2**62:
@@ -25,6 +27,7 @@ def iso(ms: int | None) -> str:
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Print ``rows`` under ``headers`` in left-aligned columns."""
     cells = [[str(c) for c in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
@@ -33,10 +36,12 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
 
 
 def print_json(value: Any) -> None:
+    """Print ``value`` as indented JSON."""
     print(json.dumps(value, indent=2, sort_keys=False, default=str))
 
 
 def yes_no(flag: bool) -> str:
+    """A flag as ``yes`` or ``no``."""
     return "yes" if flag else "no"
 
 

@@ -13,6 +13,7 @@ from .parsing import add_command, add_json_flag, positive_count
 
 
 def show_runs(container: Any, *, limit: int, trigger: str | None, as_json: bool) -> int:
+    """Print the most recent Runs (of one trigger, if given), newest first, with their lag."""
     runs = on_backend(container, lambda backend: backend.reader().recent_runs(limit, trigger), create=False)
     if as_json:
         print_json([{"run_id": r.run_id, "project_id": r.project_id, "trigger_id": r.trigger_id,

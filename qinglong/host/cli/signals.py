@@ -12,6 +12,8 @@ from qinglong.contracts.errors import ExitCode
 
 
 async def run_lifecycle(lifecycle: Any, diagnostics: Any, for_seconds: float | None) -> int:
+    """Start ``lifecycle``, run until SIGTERM/SIGINT (or ``for_seconds``), stop it in order."""
+
     from qinglong.contracts.diagnostics import DiagnosticEvent
 
     stop = asyncio.Event()
