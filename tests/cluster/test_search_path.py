@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 
 import psycopg
 import pytest
@@ -55,13 +56,24 @@ def planter(cluster):
 
 
 def _make_due(cluster) -> None:
-    """Every schedule due half a second ago (as the superuser, on a pinned path: the harness's
-    own sessions must not run the planted code either)."""
+    """Wait until every schedule's own cursor is due in database time (as the superuser, on a
+    pinned path: the harness's own sessions must not run the planted code either).
+
+    The cursors are left as the scheduler wrote them: moving one back would hand the backlog drain
+    an occurrence that an earlier round already admitted, and its commit would then fail on the
+    idempotency key. A per-second cron is due within a second; the bound only catches a hang.
+    """
+    deadline = time.monotonic() + 120
     with psycopg.connect(cluster.superuser_dsn(), autocommit=True) as conn:
         conn.execute("SET search_path = pg_catalog, pg_temp")
-        conn.execute("UPDATE qinglong.trigger_schedules SET next_fire_at_ms = "
-                     "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - 500, "
-                     "claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL")
+        while True:
+            (due,) = conn.execute(
+                "SELECT bool_and(next_fire_at_ms <= floor(extract(epoch FROM clock_timestamp()) "
+                "* 1000::numeric)::bigint) FROM qinglong.trigger_schedules").fetchone()
+            if due:
+                return
+            assert time.monotonic() < deadline, "schedules never became due in database time"
+            time.sleep(0.05)
 
 
 def _executions(cluster) -> list[tuple]:
