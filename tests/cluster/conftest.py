@@ -190,9 +190,13 @@ def seed(db: ClusterDb, n: int = 1, *, expression: str = "0 0 1 1 *", project: s
 
 def set_cursor(db: ClusterDb, trigger_id: str | None, offset_ms: int | None) -> None:
     """Move a schedule's cursor to database now + ``offset_ms`` (None: awaiting initialisation);
-    ``trigger_id`` None moves every schedule. Clears any claim."""
+    ``trigger_id`` None moves every schedule. Clears any claim.
+
+    ``now`` is read once for the whole statement (an uncorrelated scalar subquery is an init plan):
+    ``clock_timestamp()`` per row would give rows meant to share a cursor values a millisecond
+    apart, and the due order between them would then be left to chance."""
     value = "NULL" if offset_ms is None else (
-        f"floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + {int(offset_ms)}")
+        f"(SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) + {int(offset_ms)}")
     where = "true" if trigger_id is None else "trigger_id = %(t)s"
     db.sql(f"UPDATE qinglong.trigger_schedules SET next_fire_at_ms = {value}, claim_owner = NULL, "
            f"claim_token = NULL, claim_expires_at_ms = NULL WHERE {where}", {"t": trigger_id})
