@@ -132,10 +132,6 @@ class FenceLost(QinglongError):
     """
 
 
-class RecoveryRequired(QinglongError):
-    """Startup recovery found in-flight work that does not look exactly as admission left it."""
-
-
 class CheckFailed(QinglongError):
     """A check command found a violation: a closure broken, migrations drifted or unknown."""
 
@@ -155,7 +151,6 @@ EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (StoreMissing, ExitCode.USER_ERROR),
     (UserError, ExitCode.USER_ERROR),
     (SchemaNotReady, ExitCode.CHECK_FAILED),
-    (RecoveryRequired, ExitCode.CHECK_FAILED),
     (CheckFailed, ExitCode.CHECK_FAILED),
     (StoreUnavailable, ExitCode.UNAVAILABLE),
     (QinglongError, ExitCode.CHECK_FAILED),

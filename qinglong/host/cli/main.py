@@ -23,7 +23,6 @@ from qinglong.contracts.errors import (
     CheckFailed,
     ExitCode,
     QinglongError,
-    RecoveryRequired,
     SchemaNotReady,
     StoreUnavailable,
     UserError,
@@ -116,7 +115,6 @@ def _refuse_undecodable(argv: Sequence[str]) -> None:
 _PREFIXES: tuple[tuple[type[BaseException], str], ...] = (
     (CheckFailed, "check failed"),
     (SchemaNotReady, "not ready"),
-    (RecoveryRequired, "not ready"),
     (StoreUnavailable, "unavailable"),
 )
 
