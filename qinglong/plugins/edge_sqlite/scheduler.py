@@ -172,10 +172,6 @@ class RoundOutcome:
                            duration_ms=duration_ms, more_due=self.more_due)
 
 
-#: Column of the page rows holding ``spec_json`` (the memo's key).
-_SPEC_COLUMN = 9
-
-
 def _due_row(row: sqlite3.Row, specs: dict) -> _DueRow:
     """A page row (from :func:`read_page`, read by column name) as the decision's inputs; ``specs``
     memoises parsed spec JSON across the round."""
@@ -451,9 +447,9 @@ def read_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
     return rows
 
 
-def keyset_of(raw: tuple) -> tuple:
+def keyset_of(raw: sqlite3.Row) -> tuple:
     """The scan position of a page row: (next_fire_at_ms or None, project_id, trigger_id)."""
-    return (raw[3], raw[1], raw[0])
+    return (raw["next_fire_at_ms"], raw["project_id"], raw["trigger_id"])
 
 
 def _store_failure(exc: BaseException) -> bool:
@@ -486,7 +482,7 @@ def _decide_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
                     holds.undecidable(RoundEvent.UNKNOWN_TRIGGER_KIND, row, LookupError(
                         f"no loaded plugin provides trigger kind {row.head.kind!r}"))
                     continue
-                row.provider = _MemoProvider(provider, memo, raw[_SPEC_COLUMN])
+                row.provider = _MemoProvider(provider, memo, raw["spec_json"])
                 decision = decide(row.head, row.cursor, now_ms, row.provider)
                 if decision.kind is DecisionKind.NOT_DUE:
                     continue
