@@ -328,6 +328,43 @@ class RoundReport:
     more_due: bool = False
 
 
+#: The counters a round accumulates; :class:`RoundReport` and :class:`RoundTally` both hold them.
+ROUND_COUNTERS = ("scanned", "claimed", "initialized", "admitted", "skipped", "cas_misses",
+                  "fence_lost", "serialization_retries", "errors")
+
+
+@dataclass(slots=True)
+class RoundTally:
+    """The counters of :class:`RoundReport` while a round (or a loop of rounds) counts them.
+
+    The one mutable form of the round counters, with the same fields and meanings as
+    :class:`RoundReport`: a backend counts one round in it (adding what only it needs in a
+    subclass) and freezes it with :meth:`report`; a loop folds finished reports into one with
+    :meth:`add`.
+    """
+
+    scanned: int = 0
+    claimed: int = 0
+    initialized: int = 0
+    admitted: int = 0
+    skipped: int = 0
+    cas_misses: int = 0
+    fence_lost: int = 0
+    serialization_retries: int = 0
+    errors: int = 0
+    more_due: bool = False
+
+    def report(self, duration_ms: int) -> RoundReport:
+        """The frozen :class:`RoundReport` of these counters."""
+        return RoundReport(**{name: getattr(self, name) for name in ROUND_COUNTERS},
+                           duration_ms=duration_ms, more_due=self.more_due)
+
+    def add(self, report: RoundReport) -> None:
+        """Add a finished round's counters to these (``more_due`` is a round's, not a sum)."""
+        for name in ROUND_COUNTERS:
+            setattr(self, name, getattr(self, name) + getattr(report, name))
+
+
 @dataclass(frozen=True, slots=True)
 class MigrationState:
     """One migration as seen by ``db status``: applied, pending, or drifted (checksum differs)."""

@@ -17,7 +17,7 @@ from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
 from qinglong.contracts.errors import QinglongError
 from qinglong.contracts.hookspecs import ComponentPhase, HostContext, LifecycleComponent
 from qinglong.contracts.providers import TriggerProvider
-from qinglong.contracts.records import RoundReport
+from qinglong.contracts.records import RoundReport, RoundTally
 from qinglong.contracts.store import SchedulerBackend
 
 
@@ -25,30 +25,20 @@ class LifecycleError(QinglongError):
     """A start step failed or timed out; everything already started was stopped."""
 
 
-@dataclass
-class LoopStats:
-    """Totals over the rounds of one scheduler loop (race statistics included)."""
+@dataclass(slots=True)
+class LoopStats(RoundTally):
+    """Totals over the rounds of one scheduler loop (race statistics included): the contract's
+    round counters summed, plus what only a loop counts."""
 
     rounds: int = 0
     failed_rounds: int = 0
-    admitted: int = 0
-    initialized: int = 0
-    skipped: int = 0
-    cas_misses: int = 0
-    fence_lost: int = 0
-    serialization_retries: int = 0
     overlaps_prevented: int = 0
     last_round_ms: int = 0
 
     def add(self, report: RoundReport) -> None:
         """Fold one round's report into the totals."""
+        RoundTally.add(self, report)
         self.rounds += 1
-        self.admitted += report.admitted
-        self.initialized += report.initialized
-        self.skipped += report.skipped
-        self.cas_misses += report.cas_misses
-        self.fence_lost += report.fence_lost
-        self.serialization_retries += report.serialization_retries
         self.last_round_ms = report.duration_ms
 
 

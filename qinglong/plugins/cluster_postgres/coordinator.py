@@ -38,7 +38,7 @@ from qinglong.contracts.decision import decide
 from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink, RoundEvent
 from qinglong.contracts.errors import FenceLost
 from qinglong.contracts.providers import TriggerProvider
-from qinglong.contracts.records import DecisionKind, RoundReport
+from qinglong.contracts.records import DecisionKind, RoundReport, RoundTally
 
 from .admission import RETRYABLE, CasMiss, TaskChanged, after, commit_decision
 from .claim import ClaimedSchedule, claim_due_schedules, effective_budget, release_claim
@@ -50,33 +50,23 @@ from .db import AdmissionRefused, Secrets, describe_error
 BACKLOG_FIRES_PER_ROW = 64
 
 
-@dataclass
-class RoundStats:
-    """Mutable counters of a round in progress; :meth:`report` freezes them."""
+@dataclass(slots=True)
+class RoundStats(RoundTally):
+    """The contract's round counters while a coordinator round runs, plus what only a leased
+    round has: the claims it gave back and the admissions it made. :meth:`report` freezes them."""
 
     started: float = field(default_factory=time.monotonic)
-    claimed: int = 0
-    initialized: int = 0
-    admitted: int = 0
-    skipped: int = 0
-    cas_misses: int = 0
-    fence_lost: int = 0
-    serialization_retries: int = 0
-    errors: int = 0
     #: claims given back under the full fence (exhausted retries, a failed decision, a task
     #: republished between claim and commit), to be decided again next round
     released: int = 0
-    more_due: bool = False
     admissions: list = field(default_factory=list)
 
-    def report(self) -> RoundReport:
-        return RoundReport(
-            scanned=self.claimed, claimed=self.claimed, initialized=self.initialized,
-            admitted=self.admitted, skipped=self.skipped, cas_misses=self.cas_misses,
-            fence_lost=self.fence_lost, serialization_retries=self.serialization_retries,
-            errors=self.errors, duration_ms=int((time.monotonic() - self.started) * 1000),
-            more_due=self.more_due,
-        )
+    def report(self, duration_ms: int | None = None) -> RoundReport:
+        """The frozen report; a leased round's rows read are its claims."""
+        self.scanned = self.claimed
+        if duration_ms is None:
+            duration_ms = int((time.monotonic() - self.started) * 1000)
+        return RoundTally.report(self, duration_ms)
 
 
 async def run_round(conn, *, owner: str, claim_budget: int, lease_ms: int,

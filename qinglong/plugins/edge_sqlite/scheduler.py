@@ -49,6 +49,7 @@ from qinglong.contracts.records import (
     DecisionKind,
     MisfirePolicy,
     RoundReport,
+    RoundTally,
     ScheduleCursor,
     TriggerHead,
     content_digest,
@@ -152,24 +153,11 @@ class _DueRow:
 
 
 @dataclass(slots=True)
-class RoundOutcome:
-    """Counters and diagnostics of one round, built on the connection's thread."""
+class RoundOutcome(RoundTally):
+    """The contract's round counters plus the diagnostics of one round, built on the connection's
+    thread and emitted on the event loop (``claimed`` stays 0: SQLite has no claims)."""
 
-    scanned: int = 0
-    initialized: int = 0
-    admitted: int = 0
-    skipped: int = 0
-    cas_misses: int = 0
-    errors: int = 0
-    more_due: bool = False
     diagnostics: list[DiagnosticEvent] = field(default_factory=list)
-
-    def report(self, duration_ms: int) -> RoundReport:
-        """The contract's :class:`RoundReport` (``claimed`` stays 0: SQLite has no claims)."""
-        return RoundReport(scanned=self.scanned, initialized=self.initialized,
-                           admitted=self.admitted, skipped=self.skipped,
-                           cas_misses=self.cas_misses, errors=self.errors,
-                           duration_ms=duration_ms, more_due=self.more_due)
 
 
 def _due_row(row: sqlite3.Row, specs: dict) -> _DueRow:
