@@ -43,15 +43,27 @@ from .queries import q
 from .store import SqliteStore, transaction
 
 
-def head_from_row(row: tuple) -> TriggerHead:
-    """A :class:`TriggerHead` from a ``trigger_by_id``-shaped row."""
-    project_id, trigger_id, task_id, revision, kind, spec_json, policy, grace, enabled, digest = row
-    return TriggerHead(project_id, trigger_id, task_id, revision, kind, json.loads(spec_json),
-                       MisfirePolicy(policy), grace, bool(enabled), digest)
+def named_one(conn: sqlite3.Connection, sql: str, params: Any = ()) -> sqlite3.Row | None:
+    """The first row of ``sql``, read by column name (the row factory is set on this cursor only:
+    the scheduler shares the connection)."""
+    cur = conn.cursor()
+    cur.row_factory = sqlite3.Row
+    try:
+        return cur.execute(sql, params).fetchone()
+    finally:
+        cur.close()
 
 
-def _require_project(conn: sqlite3.Connection, project_id: str) -> tuple:
-    row = conn.execute(q("project_by_id"), (project_id,)).fetchone()
+def head_from_row(row: sqlite3.Row) -> TriggerHead:
+    """A :class:`TriggerHead` from a ``trigger_by_id``-shaped row, read by column name."""
+    return TriggerHead(row["project_id"], row["trigger_id"], row["task_id"],
+                       row["trigger_revision"], row["kind"], json.loads(row["spec_json"]),
+                       MisfirePolicy(row["misfire_policy"]), row["misfire_grace_ms"],
+                       bool(row["enabled"]), row["content_digest"])
+
+
+def _require_project(conn: sqlite3.Connection, project_id: str) -> sqlite3.Row:
+    row = named_one(conn, q("project_by_id"), (project_id,))
     if row is None:
         raise project_not_found(project_id)
     return row
@@ -77,8 +89,8 @@ def next_trigger_revision(conn: sqlite3.Connection, trigger_id: str, current: in
     """The revision a new definition of ``trigger_id`` gets: above its head's ``current`` (0 when
     there is no head) and above every revision the id ever had (a trigger deleted and created
     again continues, never repeats)."""
-    mark = conn.execute(q("trigger_revision_mark"), (trigger_id,)).fetchone()
-    return max(current, mark[0] if mark is not None else 0) + 1
+    mark = named_one(conn, q("trigger_revision_mark"), (trigger_id,))
+    return max(current, mark["high_revision"] if mark is not None else 0) + 1
 
 
 def put_trigger_in(conn: sqlite3.Connection, definition: TriggerDefinition,
@@ -87,16 +99,17 @@ def put_trigger_in(conn: sqlite3.Connection, definition: TriggerDefinition,
     _require_project(conn, definition.project_id)
     if conn.execute(q("task_head"), (definition.project_id, definition.task_id)).fetchone() is None:
         raise task_not_found(definition.project_id, definition.task_id)
-    existing = conn.execute(q("trigger_by_id"), (definition.trigger_id,)).fetchone()
-    if existing is not None and existing[0] != definition.project_id:
-        raise trigger_id_taken(definition.trigger_id, existing[0])
+    existing = named_one(conn, q("trigger_by_id"), (definition.trigger_id,))
+    if existing is not None and existing["project_id"] != definition.project_id:
+        raise trigger_id_taken(definition.trigger_id, existing["project_id"])
     digest = trigger_content_digest(definition.project_id, definition.trigger_id, definition.task_id,
                                     kind, spec, policy, definition.misfire_grace_ms, definition.enabled)
-    if existing is not None and existing[9] == digest:
+    if existing is not None and existing["content_digest"] == digest:
         return head_from_row(existing)
     head = TriggerHead(definition.project_id, definition.trigger_id, definition.task_id,
                        next_trigger_revision(conn, definition.trigger_id,
-                                             existing[3] if existing is not None else 0), kind,
+                                             existing["trigger_revision"] if existing is not None
+                                             else 0), kind,
                        dict(spec), policy, definition.misfire_grace_ms, definition.enabled, digest)
     _write_trigger_revision(conn, head, now_ms)
     return head
@@ -155,10 +168,11 @@ class SqlitePublisher:
 
         def write(conn: sqlite3.Connection) -> TaskRecord:
             _require_project(conn, project_id)
-            head = conn.execute(q("task_head"), (project_id, task_id)).fetchone()
-            if head is not None and head[4] == digest:
-                return TaskRecord(project_id, task_id, head[2], json.loads(head[3]), head[4])
-            revision = head[2] + 1 if head is not None else 1
+            head = named_one(conn, q("task_head"), (project_id, task_id))
+            if head is not None and head["content_digest"] == digest:
+                return TaskRecord(project_id, task_id, head["task_revision"],
+                                  json.loads(head["payload_json"]), head["content_digest"])
+            revision = head["task_revision"] + 1 if head is not None else 1
             params = {"project_id": project_id, "task_id": task_id, "revision": revision,
                       "payload": payload_json, "digest": digest, "now": now}
             # The head first: task_revisions references it.
@@ -213,7 +227,7 @@ class SqlitePublisher:
 
 
 def _existing_head(conn: sqlite3.Connection, project_id: str, trigger_id: str) -> TriggerHead:
-    row = conn.execute(q("trigger_by_id"), (trigger_id,)).fetchone()
-    if row is None or row[0] != project_id:
+    row = named_one(conn, q("trigger_by_id"), (trigger_id,))
+    if row is None or row["project_id"] != project_id:
         raise trigger_not_found(project_id, trigger_id)
     return head_from_row(row)

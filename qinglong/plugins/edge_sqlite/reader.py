@@ -43,6 +43,17 @@ class SqliteReader:
             return conn.execute(sql, params).fetchmany(bound)
         return await self._store.call(read)
 
+    async def _named_rows(self, sql: str, params: tuple, bound: int) -> list[sqlite3.Row]:
+        """Like :meth:`_rows`, read by column name (on this cursor only: the connection is shared)."""
+        def read(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+            cur = conn.cursor()
+            cur.row_factory = sqlite3.Row
+            try:
+                return cur.execute(sql, params).fetchmany(bound)
+            finally:
+                cur.close()
+        return await self._store.call(read)
+
     async def list_projects(self, limit: int | None = None) -> Sequence[ProjectRecord]:
         """Projects by id (at most ``limit``, default :data:`DEFAULT_LISTING_BOUND`)."""
         bound = _bounded(limit)
@@ -54,9 +65,9 @@ class SqliteReader:
         """Trigger heads, optionally of one project, by project and id."""
         bound = _bounded(limit)
         if project_id is None:
-            rows = await self._rows(q("list_triggers"), (), bound)
+            rows = await self._named_rows(q("list_triggers"), (), bound)
         else:
-            rows = await self._rows(q("list_triggers_of_project"), (project_id,), bound)
+            rows = await self._named_rows(q("list_triggers_of_project"), (project_id,), bound)
         return [head_from_row(row) for row in rows]
 
     async def list_schedules(self, limit: int | None = None) -> Sequence[ScheduleView]:
