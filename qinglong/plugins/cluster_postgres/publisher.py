@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from qinglong.contracts.errors import (
@@ -66,10 +67,18 @@ def execution_spec(project_id: str, task_id: str, task_revision: int, task_diges
     }
 
 
-def _head(trigger_id: str, row) -> TriggerHead:
-    project_id, task_id, revision, kind, spec, policy, grace, enabled, digest = row
-    return TriggerHead(project_id, trigger_id, task_id, revision, kind, spec, MisfirePolicy(policy),
-                       grace, enabled, digest)
+def _head(trigger_id: str, row: Mapping[str, Any]) -> TriggerHead:
+    """A :class:`TriggerHead` from a ``lock_trigger_head`` row, read by column name."""
+    return TriggerHead(row["project_id"], trigger_id, row["task_id"], row["trigger_revision"],
+                       row["kind"], row["spec_json"], MisfirePolicy(row["misfire_policy"]),
+                       row["misfire_grace_ms"], row["enabled"], row["content_digest"])
+
+
+async def _one(conn, sql: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The first row of ``sql``, read by column name (the row factory is this cursor's only)."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(sql, params)
+        return await cur.fetchone()
 
 
 class ClusterPublisher:
@@ -102,11 +111,10 @@ class ClusterPublisher:
         display = name if name is not None else project_id
 
         async def body(conn):
-            cur = await conn.execute(query("insert_project"), {"project_id": project_id, "name": display})
-            row = await cur.fetchone()
+            row = await _one(conn, query("insert_project"), {"project_id": project_id, "name": display})
             if row is None:
                 raise project_exists(project_id)
-            return ProjectRecord(*row)
+            return ProjectRecord(row["project_id"], row["name"], row["active"])
 
         return await self._transaction(body)
 
@@ -121,11 +129,10 @@ class ClusterPublisher:
 
         async def body(conn):
             await _require_project(conn, project_id)
-            cur = await conn.execute(query("lock_task_head"), {"project_id": project_id, "task_id": task_id})
-            row = await cur.fetchone()
-            if row is not None and row[1] == digest:
-                return TaskRecord(project_id, task_id, row[0], normalised, digest)
-            revision = 1 if row is None else row[0] + 1
+            row = await _one(conn, query("lock_task_head"), {"project_id": project_id, "task_id": task_id})
+            if row is not None and row["content_digest"] == digest:
+                return TaskRecord(project_id, task_id, row["task_revision"], normalised, digest)
+            revision = 1 if row is None else row["task_revision"] + 1
             keys = {"project_id": project_id, "task_id": task_id, "task_revision": revision}
             await conn.execute(query("upsert_task_head"), {**keys, "content_digest": digest})
             await conn.execute(query("insert_task_revision"),
@@ -162,15 +169,15 @@ class ClusterPublisher:
             raise task_not_found(project_id, task_id)
         digest = trigger_content_digest(project_id, trigger_id, task_id, kind, spec, policy, grace_ms,
                                         enabled)
-        cur = await conn.execute(query("lock_trigger_head"), {"trigger_id": trigger_id})
-        row = await cur.fetchone()
-        if row is not None and row[0] != project_id:
-            raise trigger_id_taken(trigger_id, row[0])
-        if row is not None and row[8] == digest:
+        row = await _one(conn, query("lock_trigger_head"), {"trigger_id": trigger_id})
+        if row is not None and row["project_id"] != project_id:
+            raise trigger_id_taken(trigger_id, row["project_id"])
+        if row is not None and row["content_digest"] == digest:
             return _head(trigger_id, row)
-        cur = await conn.execute(query("next_trigger_revision"),
-                                 {"trigger_id": trigger_id, "head_revision": 0 if row is None else row[2]})
-        revision = (await cur.fetchone())[0]
+        mark = await _one(conn, query("next_trigger_revision"),
+                          {"trigger_id": trigger_id,
+                           "head_revision": 0 if row is None else row["trigger_revision"]})
+        revision = mark["last_revision"]
         params = {
             "trigger_id": trigger_id, "project_id": project_id, "task_id": task_id,
             "trigger_revision": revision, "kind": kind, "spec_json": Jsonb(dict(spec)),
@@ -187,9 +194,8 @@ class ClusterPublisher:
         check_enabled(enabled)
 
         async def body(conn):
-            cur = await conn.execute(query("lock_trigger_head"), {"trigger_id": trigger_id})
-            row = await cur.fetchone()
-            if row is None or row[0] != project_id:
+            row = await _one(conn, query("lock_trigger_head"), {"trigger_id": trigger_id})
+            if row is None or row["project_id"] != project_id:
                 raise trigger_not_found(project_id, trigger_id)
             head = _head(trigger_id, row)
             if head.enabled == enabled:
@@ -203,9 +209,8 @@ class ClusterPublisher:
         """Delete a trigger and its schedule row; its Runs stay."""
 
         async def body(conn):
-            cur = await conn.execute(query("lock_trigger_head"), {"trigger_id": trigger_id})
-            row = await cur.fetchone()
-            if row is None or row[0] != project_id:
+            row = await _one(conn, query("lock_trigger_head"), {"trigger_id": trigger_id})
+            if row is None or row["project_id"] != project_id:
                 raise trigger_not_found(project_id, trigger_id)
             await conn.execute(query("delete_schedule"), {"trigger_id": trigger_id})
             await conn.execute(query("delete_trigger_head"),
