@@ -109,8 +109,12 @@ async def _prepare(conn: psycopg.AsyncConnection) -> None:
     _prepared.add(conn)
 
 
-async def _send_admission(conn: psycopg.AsyncConnection, params: dict):
-    """Send the admission as one Query message and return its result row."""
+async def _send_admission(conn: psycopg.AsyncConnection, params: dict) -> dict:
+    """Send the admission as one Query message and return its result row by column name.
+
+    The row is the third result of the message (after the two SETs'), reached by ``nextset``; it
+    is keyed by the names ``cur.description`` gives for that result, on the client only (the
+    message sent is unchanged)."""
     if conn not in _prepared:
         await _prepare(conn)
     cur = AsyncClientCursor(conn)
@@ -122,7 +126,8 @@ async def _send_admission(conn: psycopg.AsyncConnection, params: dict):
         await cur.execute(_prepared_statement()[1], params)
     cur.nextset()  # the first two results are the SETs'
     cur.nextset()
-    return await cur.fetchone()
+    names = [column.name for column in cur.description]
+    return dict(zip(names, await cur.fetchone()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,41 +198,40 @@ def _params(claimed: ClaimedSchedule, decision: Decision | None, keep_claim: boo
     }
 
 
-def _refusal(claimed: ClaimedSchedule, row) -> Exception:
-    (project_ok, trigger_ok, task_ok, execution_ok, schedule_ok, fence_ok, decision_ok, found,
-     _now, _advanced, _runs, _complete, _kept, task_moved, task_revision_found) = row
+def _refusal(claimed: ClaimedSchedule, row: dict) -> Exception:
+    """Why an admission that advanced nothing refused: from its result row, by column name."""
     name = claimed.head.trigger_id
-    if not found:
+    if not row["schedule_found"]:
         return FenceLost(f"schedule of trigger {name!r} no longer exists")
-    if not trigger_ok:
+    if not row["trigger_ok"]:
         # a republish (or a disable, which is one) since the claim: it also reset the claim, but
         # the cause is the schedule changing under the decision, a compare-and-set miss as on edge
         return CasMiss(f"trigger {name!r} changed revision or was disabled since it was claimed")
-    if not fence_ok:
+    if not row["fence_ok"]:
         return FenceLost(f"claim on trigger {name!r} was lost (expired, taken over or reset)")
-    if not project_ok:
+    if not row["project_ok"]:
         return FenceLost(f"project of trigger {name!r} is no longer active")
-    if not schedule_ok:
+    if not row["schedule_ok"]:
         return CasMiss(f"schedule of trigger {name!r} changed since it was claimed")
-    if not task_ok and task_moved:
+    if not row["task_ok"] and row["task_moved"]:
         return TaskChanged(
             f"task {claimed.head.task_id!r} of trigger {name!r} was republished since the claim"
         )
-    if not task_ok and not task_revision_found:
+    if not row["task_ok"] and not row["task_revision_found"]:
         return AdmissionRefused(
             f"task {claimed.head.task_id!r} of trigger {name!r} points at revision "
             f"{claimed.task_revision}, which does not exist"
         )
-    if not task_ok:
+    if not row["task_ok"]:
         return AdmissionRefused(
             f"task {claimed.head.task_id!r} of trigger {name!r} changed or its digest does not verify"
         )
-    if not execution_ok:
+    if not row["execution_ok"]:
         return AdmissionRefused(
             f"execution revision of task {claimed.head.task_id!r} (trigger {name!r}) is missing "
             "or its digest does not verify"
         )
-    if not decision_ok:
+    if not row["decision_ok"]:
         return AdmissionRefused(f"decision for trigger {name!r} is inconsistent with the claim")
     return AdmissionRefused(f"admission of trigger {name!r} wrote nothing")
 
@@ -271,8 +275,7 @@ async def commit_decision(conn: psycopg.AsyncConnection, claimed: ClaimedSchedul
             # full jitter, exponential, capped: racing admitters spread out instead of colliding again
             await asyncio.sleep(random.uniform(0, min(BACKOFF_CAP_MS, backoff_ms * 2 ** attempt)) / 1000)
             continue
-        advanced = row[9]
-        if advanced != 1:
+        if row["advanced_rows"] != 1:
             raise _refusal(claimed, row)
         admission = None
         if params["scheduled_for_ms"] is not None:
@@ -280,6 +283,7 @@ async def commit_decision(conn: psycopg.AsyncConnection, claimed: ClaimedSchedul
                 run_id=params["run_id"], attempt_id=params["attempt_id"],
                 idempotency_key=params["idempotency_key"], project_id=claimed.head.project_id,
                 trigger_id=claimed.head.trigger_id, trigger_revision=claimed.head.trigger_revision,
-                scheduled_for_ms=params["scheduled_for_ms"], admitted_at_ms=row[8],
+                scheduled_for_ms=params["scheduled_for_ms"], admitted_at_ms=row["now_ms"],
             )
-        return AdmissionResult(params["kind"], admission, attempt, row[8], bool(row[12]))
+        return AdmissionResult(params["kind"], admission, attempt, row["now_ms"],
+                               bool(row["claim_kept"]))
