@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from psycopg.rows import dict_row
+
 from .db import PINNED_SEARCH_PATH
 from .migrations import SCHEMA
 
@@ -272,24 +274,24 @@ async def privilege_problems(conn, roles: Mapping[str, str]) -> list[str]:
     for name in sorted(EXPECTED_TABLES - seen_tables):
         problems.append(f"missing relation {SCHEMA}.{name}")
 
-    cur = await conn.execute(_ROLES_SQL, {"names": list(roles.values())})
-    found = {row[0]: row for row in await cur.fetchall()}
+    async with conn.cursor(row_factory=dict_row) as named:
+        await named.execute(_ROLES_SQL, {"names": list(roles.values())})
+        found = {row["rolname"]: row for row in await named.fetchall()}
     for function, name in roles.items():
         row = found.get(name)
         if row is None:
             problems.append(f"role {name} ({function}) does not exist")
             continue
-        _, superuser, createrole, createdb, replication, bypassrls, member_of, members = row
-        for flag, label in ((superuser, "SUPERUSER"), (createrole, "CREATEROLE"),
-                            (createdb, "CREATEDB"), (replication, "REPLICATION"),
-                            (bypassrls, "BYPASSRLS")):
-            if flag:
+        for flag, label in (("rolsuper", "SUPERUSER"), ("rolcreaterole", "CREATEROLE"),
+                            ("rolcreatedb", "CREATEDB"), ("rolreplication", "REPLICATION"),
+                            ("rolbypassrls", "BYPASSRLS")):
+            if row[flag]:
                 problems.append(f"role {name} ({function}) has {label}")
-        if member_of:
-            problems.append(f"role {name} ({function}) is a member of {', '.join(member_of)}")
-        if members:
-            problems.append(f"role {name} ({function}) has member(s) {', '.join(members)}, who "
-                            "could act with its privileges")
+        if row["member_of"]:
+            problems.append(f"role {name} ({function}) is a member of {', '.join(row['member_of'])}")
+        if row["members"]:
+            problems.append(f"role {name} ({function}) has member(s) {', '.join(row['members'])}, "
+                            "who could act with its privileges")
     problems += await environment_problems(conn, roles)
     problems += await fingerprint.problems(conn, roles)
     return problems
