@@ -24,7 +24,7 @@ from qinglong.contracts.idempotency import idempotency_key
 from qinglong.contracts.records import MisfirePolicy, RoundReport, TriggerDefinition
 from qinglong.contracts.store import MAX_PAYLOAD_BYTES, check_misfire_grace, skip_grace_floor_ms
 
-from conftest import LIMITS, providers
+from tests.conformance.conftest import LIMITS, providers
 
 SECOND = 1000
 
