@@ -40,18 +40,7 @@ from qinglong.contracts.store import (
 )
 
 from .queries import q
-from .store import SqliteStore, transaction
-
-
-def named_one(conn: sqlite3.Connection, sql: str, params: Any = ()) -> sqlite3.Row | None:
-    """The first row of ``sql``, read by column name (the row factory is set on this cursor only:
-    the scheduler shares the connection)."""
-    cur = conn.cursor()
-    cur.row_factory = sqlite3.Row
-    try:
-        return cur.execute(sql, params).fetchone()
-    finally:
-        cur.close()
+from .store import SqliteStore, named_one, transaction
 
 
 def head_from_row(row: sqlite3.Row) -> TriggerHead:

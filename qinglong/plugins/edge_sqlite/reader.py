@@ -18,7 +18,7 @@ from qinglong.contracts.records import (
 
 from .publisher import head_from_row
 from .queries import q
-from .store import SqliteStore, probe_owner_lock
+from .store import SqliteStore, named_rows, probe_owner_lock
 
 #: Upper bound of a listing when the caller gives none: a reader never loads a whole table.
 DEFAULT_LISTING_BOUND = 10_000
@@ -45,14 +45,7 @@ class SqliteReader:
 
     async def _named_rows(self, sql: str, params: tuple, bound: int) -> list[sqlite3.Row]:
         """Like :meth:`_rows`, read by column name (on this cursor only: the connection is shared)."""
-        def read(conn: sqlite3.Connection) -> list[sqlite3.Row]:
-            cur = conn.cursor()
-            cur.row_factory = sqlite3.Row
-            try:
-                return cur.execute(sql, params).fetchmany(bound)
-            finally:
-                cur.close()
-        return await self._store.call(read)
+        return await self._store.call(named_rows, sql, params, bound)
 
     async def list_projects(self, limit: int | None = None) -> Sequence[ProjectRecord]:
         """Projects by id (at most ``limit``, default :data:`DEFAULT_LISTING_BOUND`)."""

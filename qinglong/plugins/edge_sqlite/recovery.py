@@ -21,20 +21,10 @@ from qinglong.contracts.records import RecoveryReport
 
 from .queries import q
 from .scheduler import EXECUTOR, pinned_execution_digest
+from .store import named_rows
 
 #: How many candidates a report names one by one; the rest are summarised in one line.
 CANDIDATE_BOUND = 100
-
-
-def _named(conn: sqlite3.Connection, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
-    """The rows of ``sql``, read by column name (the connection's own row factory is left alone:
-    the scheduler shares it)."""
-    cur = conn.cursor()
-    cur.row_factory = sqlite3.Row
-    try:
-        return cur.execute(sql, params).fetchall()
-    finally:
-        cur.close()
 
 
 def _describe(row: sqlite3.Row) -> str:
@@ -81,7 +71,7 @@ def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
         drifted = False
         candidates: list[str] = []
         overflow = False
-        for pin in _named(conn, q("in_flight_summary")):
+        for pin in named_rows(conn, q("in_flight_summary")):
             project_id, task_id, revision = pin["project_id"], pin["task_id"], pin["task_revision"]
             task_digest, digest = pin["task_digest"], pin["execution_digest"]
             if not pin["pristine"]:
@@ -101,7 +91,7 @@ def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
             if room <= 0:
                 overflow = True
                 continue
-            for run in _named(conn, q("in_flight_of_pin"),
+            for run in named_rows(conn, q("in_flight_of_pin"),
                               (project_id, task_id, revision, task_digest, digest, room)):
                 candidates.append(f"run {run['run_id']} attempt {run['attempt_id']} "
                                   f"(#{run['attempt_no']}): {problem}")
@@ -109,7 +99,7 @@ def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
             room = CANDIDATE_BOUND + 1 - len(candidates)
             if room > 0:
                 candidates += [_describe(row) for row in
-                               _named(conn, q("in_flight_not_pristine"), (room,))]
+                               named_rows(conn, q("in_flight_not_pristine"), (room,))]
             else:
                 overflow = True
     finally:

@@ -56,7 +56,7 @@ from qinglong.contracts.records import (
 )
 
 from .queries import q
-from .store import translate_sqlite_error
+from .store import named_cursor, named_one, translate_sqlite_error
 
 #: How many on-time backlog occurrences one trigger may admit in one round.
 BACKLOG_FIRES_PER_ROW = 64
@@ -358,9 +358,7 @@ def commit_decision(conn: sqlite3.Connection, row: _DueRow, decision: Decision,
     conn.execute("BEGIN IMMEDIATE")
     try:
         if decision.scheduled_for_ms is not None:
-            cur = conn.cursor()
-            cur.row_factory = sqlite3.Row
-            task = cur.execute(q("task_head"), (head.project_id, head.task_id)).fetchone()
+            task = named_one(conn, q("task_head"), (head.project_id, head.task_id))
             if task is None or task["task_revision"] != row.task_revision:
                 conn.execute("ROLLBACK")
                 return TASK_CHANGED
@@ -418,8 +416,7 @@ def read_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
     alone).
     """
     rows: list[sqlite3.Row] = []
-    cur = conn.cursor()
-    cur.row_factory = sqlite3.Row
+    cur = named_cursor(conn)
     try:
         if after is None or after[0] is None:
             project, trigger = ("", "") if after is None else after[1:]

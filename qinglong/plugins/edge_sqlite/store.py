@@ -71,6 +71,34 @@ _BUG_ERRORS = (sqlite3.ProgrammingError, sqlite3.InterfaceError, sqlite3.Integri
                sqlite3.NotSupportedError)
 
 
+def named_cursor(conn: sqlite3.Connection) -> sqlite3.Cursor:
+    """A cursor whose rows are :class:`sqlite3.Row`, read by column name. The row factory is set
+    on this cursor only: the connection is shared by the scheduler, the publisher and the reader."""
+    cur = conn.cursor()
+    cur.row_factory = sqlite3.Row
+    return cur
+
+
+def named_rows(conn: sqlite3.Connection, sql: str, params: Any = (),
+               limit: int | None = None) -> list[sqlite3.Row]:
+    """The rows of ``sql`` (at most ``limit``), read by column name."""
+    cur = named_cursor(conn)
+    try:
+        cur.execute(sql, params)
+        return cur.fetchall() if limit is None else cur.fetchmany(limit)
+    finally:
+        cur.close()
+
+
+def named_one(conn: sqlite3.Connection, sql: str, params: Any = ()) -> sqlite3.Row | None:
+    """The first row of ``sql``, read by column name, or None."""
+    cur = named_cursor(conn)
+    try:
+        return cur.execute(sql, params).fetchone()
+    finally:
+        cur.close()
+
+
 @contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One write transaction: ``BEGIN IMMEDIATE`` takes the write lock up front (no upgrade
