@@ -14,7 +14,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -304,20 +303,6 @@ async def test_read_only_directory_is_refused_naming_the_directory(restore_modes
     db.parent.chmod(0o555)
     assert_refused(cli_as_user(db, *RUN), 5, db, "read-only", str(db.parent))
     assert_refused(cli_as_user(db, "project", "create", "p2"), 5, db, "read-only")
-
-
-@pytest.fixture
-def small_filesystem():
-    """A real 2 MiB tmpfs (needs root); unmounted afterwards."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs needs root")
-    mountpoint = Path(tempfile.mkdtemp(prefix="qinglong-full-"))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mountpoint)], check=True)
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
-        mountpoint.rmdir()
 
 
 def _fill(directory: Path) -> None:

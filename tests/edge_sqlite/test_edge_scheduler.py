@@ -3,15 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import sqlite3
-import subprocess
-import tempfile
 import time
-from pathlib import Path
-
-import pytest
 
 from edge_helpers import Diagnostics, cron, open_backend, query, seed
 from qinglong.contracts.diagnostics import RoundEvent
@@ -410,20 +403,6 @@ async def test_rounds_of_a_held_page_follow_the_cadence_not_each_other(db_path, 
         assert loop.stats.rounds <= elapsed / 0.1 + 2
     finally:
         await backend.close()
-
-
-@pytest.fixture
-def small_filesystem():
-    """A real 4 MiB tmpfs (mounting needs root); unmounted afterwards."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs needs root")
-    mountpoint = Path(tempfile.mkdtemp(prefix="qinglong-full-"))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mountpoint)], check=True)
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
-        mountpoint.rmdir()
 
 
 async def test_a_full_disk_ends_the_round_without_more_due_and_reports_once(small_filesystem, clock):
