@@ -381,3 +381,16 @@ class RecoveryReport:
 
     pristine_queued: int = 0
     candidates: tuple[str, ...] = ()
+
+
+def record_from_row(cls: type, row: Mapping[str, Any], **given: Any) -> Any:
+    """A record of dataclass ``cls`` from a row read by column name (a ``sqlite3.Row``, a psycopg
+    ``dict_row``): each field takes the column of its own name, unless ``given`` supplies the
+    value (a parsed spec, an enum, a bool from SQLite's integer). A column that is missing is a
+    ``KeyError`` naming it, never a value silently taken from the wrong position."""
+    import dataclasses
+
+    values = {}
+    for f in dataclasses.fields(cls):
+        values[f.name] = given[f.name] if f.name in given else row[f.name]
+    return cls(**values)

@@ -104,16 +104,18 @@ class Publisher(Protocol):
 class Reader(Protocol):
     """Read-only views for the CLI and for tests."""
 
-    async def list_projects(self) -> Sequence[ProjectRecord]:
-        """All projects."""
+    async def list_projects(self, limit: int | None = None) -> Sequence[ProjectRecord]:
+        """Projects by id, at most ``limit`` rows (:func:`listing_bound`; a bad limit is a
+        ``UserError`` on every backend)."""
         ...
 
-    async def list_triggers(self, project_id: str | None = None) -> Sequence[TriggerHead]:
-        """Current trigger heads, optionally of one project."""
+    async def list_triggers(self, project_id: str | None = None,
+                            limit: int | None = None) -> Sequence[TriggerHead]:
+        """Current trigger heads by project and id, optionally of one project, at most ``limit``."""
         ...
 
-    async def list_schedules(self) -> Sequence[ScheduleView]:
-        """Every trigger's schedule, ordered like the due scan."""
+    async def list_schedules(self, limit: int | None = None) -> Sequence[ScheduleView]:
+        """Every trigger's schedule, ordered like the due scan, at most ``limit``."""
         ...
 
     async def recent_runs(self, limit: int = 20, trigger_id: str | None = None) -> Sequence[RunView]:
@@ -286,6 +288,24 @@ def check_command(label: str, argv: Sequence[str]) -> None:
     size = sum(len(a.encode("utf-8")) + 1 for a in argv)
     if size > MAX_COMMAND_BYTES:
         raise UserError(f"{label}: {size} bytes of arguments, over the limit of {MAX_COMMAND_BYTES} bytes")
+
+
+#: Most rows one reader listing returns (``None`` asks for all of them, up to this); the CLI's
+#: ``--limit`` ceiling too.
+MAX_LISTING_ROWS = 100_000
+
+
+def listing_bound(limit: int | None) -> int:
+    """The number of rows a reader returns for ``limit``: :data:`MAX_LISTING_ROWS` for None, else
+    ``limit`` capped by it. Raises :class:`~qinglong.contracts.errors.UserError` for a limit that
+    is not a whole number >= 0, on every backend alike."""
+    from .errors import UserError
+
+    if limit is None:
+        return MAX_LISTING_ROWS
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        raise UserError(f"invalid listing limit {limit!r}: expected a whole number >= 0")
+    return min(limit, MAX_LISTING_ROWS)
 
 
 def check_identifier(label: str, value: str) -> None:

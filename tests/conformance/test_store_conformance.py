@@ -494,6 +494,26 @@ async def test_reader_views_show_schedules_runs_and_status_alike(harness):
     assert status.running and status.replicas == 1
 
 
+async def test_listing_limits_follow_one_rule_on_every_backend(harness):
+    """A negative or non-integer limit was a ValueError on one backend and an empty list on the
+    other: the same CLI call must not mean two things. Both refuse it alike, and a limit caps
+    every listing, skips included."""
+    await seed(harness)
+    for trigger_id in ("a", "b", "c"):
+        await harness.publisher.put_trigger(every_second(trigger_id, expression="0 0 1 1 *"))
+    reader = harness.reader
+    for bad in (-1, True, 2.5):
+        for listing in (lambda: reader.list_schedules(limit=bad), lambda: reader.list_triggers(limit=bad),
+                        lambda: reader.list_projects(limit=bad), lambda: reader.recent_runs(limit=bad),
+                        lambda: reader.recent_skips(limit=bad)):
+            with pytest.raises(UserError, match="invalid listing limit"):
+                await listing()
+    assert [s.trigger_id for s in await reader.list_schedules(limit=2)] == ["a", "b"]
+    assert [t.trigger_id for t in await reader.list_triggers(limit=1)] == ["a"]
+    assert len(await reader.list_schedules(limit=None)) == 3
+    assert await reader.list_schedules(limit=0) == []
+
+
 async def test_opening_a_missing_store_without_create_creates_nothing(harness):
     """A read command must not create (or migrate) a store it was pointed at by mistake."""
     for _ in range(2):  # the second look proves the first created nothing

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any, Sequence
 
+from qinglong.contracts.store import MAX_LISTING_ROWS
 
-#: Upper bound of ``--limit`` and ``--count``: a listing is for people, not a bulk export.
-MAX_LISTING = 100_000
+#: Upper bound of ``--limit`` and ``--count``: the readers' own bound, so a listing the CLI
+#: accepts is never cut short behind the user's back.
+MAX_LISTING = MAX_LISTING_ROWS
 
 
 def positive_count(text: str) -> int:

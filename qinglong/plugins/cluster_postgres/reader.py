@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Sequence
 
+from psycopg.rows import dict_row
+
 from qinglong.contracts.records import (
     MisfirePolicy,
     ProjectRecord,
@@ -18,8 +20,9 @@ from qinglong.contracts.records import (
     SchedulerStatus,
     SkipView,
     TriggerHead,
+    record_from_row,
 )
-from qinglong.contracts.store import SchedulerLimits
+from qinglong.contracts.store import SchedulerLimits, listing_bound
 
 from .sql import query
 
@@ -27,10 +30,6 @@ from .sql import query
 def liveness_window_ms(limits: SchedulerLimits) -> int:
     """How recent a replica's last completed round must be for it to count as running."""
     return 3 * limits.cadence_ms + limits.lease_ms
-
-
-def _limit(limit: int | None) -> int | None:
-    return None if limit is None else max(0, int(limit))
 
 
 class ClusterReader:
@@ -41,43 +40,49 @@ class ClusterReader:
         self._pool_factory = pool_factory
         self._limits = limits
 
-    async def _fetch(self, name: str, params: dict | None = None) -> list[tuple]:
+    async def _fetch(self, name: str, params: dict | None = None) -> list[dict]:
+        """The rows of block ``name``, read by column name."""
         pool = await self._pool_factory()
         async with pool.connection() as conn:
-            cur = await conn.execute(query(name), params or {})
-            return await cur.fetchall()
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query(name), params or {})
+                return await cur.fetchall()
 
-    async def list_projects(self) -> Sequence[ProjectRecord]:
-        """All projects."""
-        return [ProjectRecord(*row) for row in await self._fetch("list_projects")]
+    async def list_projects(self, limit: int | None = None) -> Sequence[ProjectRecord]:
+        """Projects by id, at most ``limit`` (see :func:`~qinglong.contracts.store.listing_bound`)."""
+        rows = await self._fetch("list_projects", {"limit": listing_bound(limit)})
+        return [record_from_row(ProjectRecord, row) for row in rows]
 
     async def list_triggers(self, project_id: str | None = None,
                             limit: int | None = None) -> Sequence[TriggerHead]:
         """Current trigger heads, optionally of one project, at most ``limit`` (None: all)."""
-        rows = await self._fetch("list_triggers", {"project_id": project_id, "limit": _limit(limit)})
-        return [TriggerHead(p, t, k, r, kind, spec, MisfirePolicy(pol), grace, en, dig)
-                for p, t, k, r, kind, spec, pol, grace, en, dig in rows]
+        rows = await self._fetch("list_triggers", {"project_id": project_id,
+                                                   "limit": listing_bound(limit)})
+        return [record_from_row(TriggerHead, row, spec=row["spec_json"],
+                                misfire_policy=MisfirePolicy(row["misfire_policy"]))
+                for row in rows]
 
     async def list_schedules(self, limit: int | None = None) -> Sequence[ScheduleView]:
         """Every trigger's schedule (with its revision's publish time), ordered like the due scan,
         at most ``limit`` (None: all)."""
-        rows = await self._fetch("list_schedules", {"limit": _limit(limit)})
-        return [ScheduleView(p, t, r, kind, spec, en, MisfirePolicy(pol), nxt, last, published)
-                for p, t, r, kind, spec, en, pol, nxt, last, published in rows]
+        rows = await self._fetch("list_schedules", {"limit": listing_bound(limit)})
+        return [record_from_row(ScheduleView, row, spec=row["spec_json"],
+                                misfire_policy=MisfirePolicy(row["misfire_policy"]))
+                for row in rows]
 
     async def scheduler_status(self) -> SchedulerStatus:
         """Running while some replica completed a round within the liveness window."""
         window = liveness_window_ms(self._limits) if self._limits is not None else 0
-        [(live, last)] = await self._fetch("scheduler_status", {"window_ms": window})
+        [status] = await self._fetch("scheduler_status", {"window_ms": window})
+        live, last = status["live"], status["last_round_at_ms"]
         return SchedulerStatus(running=live > 0, last_round_at_ms=last, replicas=int(live))
 
     async def recent_runs(self, limit: int = 20, trigger_id: str | None = None) -> Sequence[RunView]:
         """The newest Runs first."""
-        rows = await self._fetch("recent_runs", {"limit": max(0, int(limit)), "trigger_id": trigger_id})
-        return [RunView(*row) for row in rows]
+        rows = await self._fetch("recent_runs", {"limit": listing_bound(limit), "trigger_id": trigger_id})
+        return [record_from_row(RunView, row) for row in rows]
 
     async def recent_skips(self, limit: int = 20) -> Sequence[SkipView]:
         """The newest recorded misfires first."""
-        rows = await self._fetch("recent_skips", {"limit": max(0, int(limit))})
-        return [SkipView(p, t, r, MisfirePolicy(pol), first, last, count, exact, at)
-                for p, t, r, pol, first, last, count, exact, at in rows]
+        rows = await self._fetch("recent_skips", {"limit": listing_bound(limit)})
+        return [record_from_row(SkipView, row, policy=MisfirePolicy(row["policy"])) for row in rows]

@@ -14,49 +14,34 @@ from qinglong.contracts.records import (
     ScheduleView,
     SkipView,
     TriggerHead,
+    record_from_row,
 )
+from qinglong.contracts.store import listing_bound
 
 from .publisher import head_from_row
 from .queries import q
 from .store import SqliteStore, named_rows, probe_owner_lock
 
 #: Upper bound of a listing when the caller gives none: a reader never loads a whole table.
-DEFAULT_LISTING_BOUND = 10_000
-
-
-def _bounded(limit: int | None) -> int:
-    if limit is None:
-        return DEFAULT_LISTING_BOUND
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-        raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
-    return min(limit, DEFAULT_LISTING_BOUND)
-
-
 class SqliteReader:
     """Implements :class:`qinglong.contracts.store.Reader` on the SQLite store."""
 
     def __init__(self, store: SqliteStore) -> None:
         self._store = store
 
-    async def _rows(self, sql: str, params: tuple, bound: int) -> list[tuple]:
-        def read(conn: sqlite3.Connection) -> list[tuple]:
-            return conn.execute(sql, params).fetchmany(bound)
-        return await self._store.call(read)
-
     async def _named_rows(self, sql: str, params: tuple, bound: int) -> list[sqlite3.Row]:
-        """Like :meth:`_rows`, read by column name (on this cursor only: the connection is shared)."""
+        """At most ``bound`` rows of ``sql``, read by column name (the connection is shared)."""
         return await self._store.call(named_rows, sql, params, bound)
 
     async def list_projects(self, limit: int | None = None) -> Sequence[ProjectRecord]:
-        """Projects by id (at most ``limit``, default :data:`DEFAULT_LISTING_BOUND`)."""
-        bound = _bounded(limit)
-        rows = await self._rows(q("list_projects"), (), bound)
-        return [ProjectRecord(pid, name, bool(active)) for pid, name, active in rows]
+        """Projects by id (at most ``limit``, see :func:`~qinglong.contracts.store.listing_bound`)."""
+        rows = await self._named_rows(q("list_projects"), (), listing_bound(limit))
+        return [record_from_row(ProjectRecord, row, active=bool(row["active"])) for row in rows]
 
     async def list_triggers(self, project_id: str | None = None,
                             limit: int | None = None) -> Sequence[TriggerHead]:
         """Trigger heads, optionally of one project, by project and id."""
-        bound = _bounded(limit)
+        bound = listing_bound(limit)
         if project_id is None:
             rows = await self._named_rows(q("list_triggers"), (), bound)
         else:
@@ -65,31 +50,29 @@ class SqliteReader:
 
     async def list_schedules(self, limit: int | None = None) -> Sequence[ScheduleView]:
         """Schedules in due-scan order (uninitialised first, then the oldest cursor)."""
-        bound = _bounded(limit)
-        rows = await self._rows(q("list_schedules"), (bound,), bound)
-        return [
-            ScheduleView(pid, tid, rev, kind, json.loads(spec), bool(enabled), MisfirePolicy(policy),
-                         nxt, last, published)
-            for pid, tid, rev, kind, spec, enabled, policy, nxt, last, published in rows
-        ]
+        bound = listing_bound(limit)
+        rows = await self._named_rows(q("list_schedules"), (bound,), bound)
+        return [record_from_row(ScheduleView, row, spec=json.loads(row["spec_json"]),
+                                enabled=bool(row["enabled"]),
+                                misfire_policy=MisfirePolicy(row["misfire_policy"]))
+                for row in rows]
 
     async def recent_runs(self, limit: int = 20, trigger_id: str | None = None) -> Sequence[RunView]:
         """The newest Runs first, optionally of one trigger (newest occurrence first)."""
-        bound = _bounded(limit)
+        bound = listing_bound(limit)
         if trigger_id is None:
-            rows = await self._rows(q("recent_runs"), (bound,), bound)
+            rows = await self._named_rows(q("recent_runs"), (bound,), bound)
         else:
-            rows = await self._rows(q("recent_runs_of_trigger"), (trigger_id, bound), bound)
-        return [RunView(*row) for row in rows]
+            rows = await self._named_rows(q("recent_runs_of_trigger"), (trigger_id, bound), bound)
+        return [record_from_row(RunView, row) for row in rows]
 
     async def recent_skips(self, limit: int = 20) -> Sequence[SkipView]:
         """The newest recorded misfires first."""
-        bound = _bounded(limit)
-        rows = await self._rows(q("recent_skips"), (bound,), bound)
-        return [
-            SkipView(pid, tid, rev, MisfirePolicy(policy), first, last, count, bool(exact), at)
-            for pid, tid, rev, policy, first, last, count, exact, at in rows
-        ]
+        bound = listing_bound(limit)
+        rows = await self._named_rows(q("recent_skips"), (bound,), bound)
+        return [record_from_row(SkipView, row, policy=MisfirePolicy(row["policy"]),
+                                count_exact=bool(row["count_exact"]))
+                for row in rows]
 
     async def scheduler_status(self) -> SchedulerStatus:
         """Whether a ``qinglong run`` holds this file's owner lock now.

@@ -1,6 +1,7 @@
 -- name: list_projects
--- Every project, by identifier.
+-- Projects by identifier, at most %(limit)s of them.
 SELECT project_id, name, active FROM qinglong.projects ORDER BY project_id
+LIMIT %(limit)s::bigint
 
 -- name: list_triggers
 -- Current trigger heads, optionally of one project (NULL = all), at most %(limit)s (NULL = all).
@@ -59,7 +60,7 @@ LIMIT %(limit)s
 -- name: recent_skips
 -- The newest recorded misfires first.
 SELECT project_id, trigger_id, trigger_revision, policy, first_skipped_ms, last_skipped_ms,
-       skipped_count, count_exact, recorded_at_ms
+       skipped_count AS count, count_exact, recorded_at_ms
 FROM qinglong.schedule_skips
 ORDER BY recorded_at_ms DESC, skip_id
 LIMIT %(limit)s
