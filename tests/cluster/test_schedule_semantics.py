@@ -5,6 +5,7 @@ reader can tell about the schedulers."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 
@@ -345,6 +346,35 @@ def test_skip_with_a_grace_the_lease_cannot_meet_is_refused_at_publish(cluster):
     assert accepted.trigger_id == "tr_ok"
     assert cluster.sql("SELECT trigger_id FROM qinglong.triggers") == [("tr_ok",)]
     assert cluster.sql("SELECT trigger_id FROM qinglong.trigger_schedules") == [("tr_ok",)]
+
+
+def test_enabling_a_stored_skip_trigger_below_the_floor_is_refused(cluster):
+    """A head stored before the floor was enforced (or edited by hand) must not be switched on to
+    skip its on-time occurrences in silence; the refusal writes nothing."""
+    seed(cluster, 0)
+    backend = cluster.backend("publisher", lease_ms=30_000)  # cadence 1000: floor 31000
+
+    async def publish():
+        try:
+            await backend.publisher().put_trigger(dataclasses.replace(
+                _trigger("old", "* * * * *", policy="skip", grace_ms=60_000), enabled=False))
+        finally:
+            await backend.close()
+
+    arun(publish())
+    cluster.sql("UPDATE qinglong.triggers SET misfire_grace_ms = 200 WHERE trigger_id = 'old'")
+    before = cluster.sql("SELECT trigger_revision, enabled FROM qinglong.triggers")
+    backend = cluster.backend("publisher", lease_ms=30_000)
+
+    async def enable():
+        try:
+            with pytest.raises(TriggerSpecError, match="'old'.*200 ms"):
+                await backend.publisher().set_trigger_enabled("p1", "old", True)
+        finally:
+            await backend.close()
+
+    arun(enable())
+    assert cluster.sql("SELECT trigger_revision, enabled FROM qinglong.triggers") == before
 
 
 def test_a_trigger_deleted_and_created_again_never_reuses_a_revision(cluster):

@@ -200,6 +200,11 @@ class ClusterPublisher:
             head = _head(trigger_id, row)
             if head.enabled == enabled:
                 return head
+            if enabled:
+                # a head stored before the grace floor was enforced must not start skipping
+                self._check_grace(TriggerDefinition(
+                    head.project_id, head.trigger_id, head.task_id, head.kind, head.spec,
+                    head.misfire_policy, head.misfire_grace_ms, True))
             return await self._publish(conn, project_id, trigger_id, head.task_id, head.kind,
                                        head.spec, head.misfire_policy, head.misfire_grace_ms, enabled)
 
