@@ -22,7 +22,7 @@ from . import migrations
 from .publisher import SqlitePublisher
 from .reader import SqliteReader
 from .recovery import recover_in_thread
-from .scheduler import BeforeCommit, run_round
+from .scheduler import BeforeCommit, HeldSchedules, run_round
 from .settings import EdgeSqliteSettings
 from .store import SqliteStore
 
@@ -46,6 +46,8 @@ class EdgeSqliteBackend:
         self._publisher = SqlitePublisher(self.store, context)
         self._reader = SqliteReader(self.store)
         self._may_create = True
+        # Held (undecidable) schedules, remembered across this backend's rounds.
+        self._held = HeldSchedules()
 
     async def open(self, *, create: bool = True) -> None:
         """Connect (the directory of ``path`` must exist). Writes nothing to an existing file.
@@ -128,7 +130,8 @@ class EdgeSqliteBackend:
         """One bounded round (one page). ``before_commit`` is a test seam run between the page's
         decisions and its first commit, on the connection's thread."""
         return await run_round(self.store, self.context.clock_ms, self.context.limits.page_size,
-                               self.context.providers, self.context.diagnostics, before_commit)
+                               self.context.providers, self.context.diagnostics, self._held,
+                               before_commit)
 
     def publisher(self) -> SqlitePublisher:
         """The admin side."""

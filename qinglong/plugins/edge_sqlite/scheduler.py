@@ -36,7 +36,6 @@ import json
 import sqlite3
 import time
 import uuid
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -275,18 +274,6 @@ class HeldSchedules:
         """A commit succeeded: the next store failure is reported at once."""
         self._store_failure_reported_at = None
         self._store_failures_unreported = 0
-
-
-#: One memory per store (per backend), dropped with it.
-_HELD_BY_STORE: "weakref.WeakKeyDictionary[Any, HeldSchedules]" = weakref.WeakKeyDictionary()
-
-
-def held_schedules_of(store: Any) -> HeldSchedules:
-    """The :class:`HeldSchedules` of ``store`` (created on first use)."""
-    held = _HELD_BY_STORE.get(store)
-    if held is None:
-        held = _HELD_BY_STORE[store] = HeldSchedules()
-    return held
 
 
 def _fields(row: _DueRow | None, exc: BaseException | None) -> dict[str, Any]:
@@ -598,12 +585,13 @@ def _report_store_failure(outcome: RoundOutcome, held: HeldSchedules, row: _DueR
 
 async def run_round(store: Any, clock_ms: Callable[[], int], page_size: int,
                     providers: Mapping[str, TriggerProvider], diagnostics: Any,
-                    before_commit: BeforeCommit | None = None) -> RoundReport:
-    """Observe the clock once, run the page on the store's thread, emit its diagnostics here."""
+                    held: HeldSchedules, before_commit: BeforeCommit | None = None) -> RoundReport:
+    """Observe the clock once, run the page on the store's thread, emit its diagnostics here.
+    ``held`` is the backend's memory of held schedules, which outlives the round."""
     started = time.monotonic()
     now_ms = clock_ms()
     outcome = await store.call(run_page, now_ms, page_size, providers, before_commit,
-                               held_schedules_of(store), str(getattr(store, "path", "")))
+                               held, str(getattr(store, "path", "")))
     for event in outcome.diagnostics:
         try:
             diagnostics.emit(event)
