@@ -299,8 +299,6 @@ def listing_bound(limit: int | None) -> int:
     """The number of rows a reader returns for ``limit``: :data:`MAX_LISTING_ROWS` for None, else
     ``limit`` capped by it. Raises :class:`~qinglong.contracts.errors.UserError` for a limit that
     is not a whole number >= 0, on every backend alike."""
-    from .errors import UserError
-
     if limit is None:
         return MAX_LISTING_ROWS
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
@@ -333,13 +331,16 @@ def skip_grace_floor_ms(limits: SchedulerLimits, *, leased: bool) -> int:
     return limits.cadence_ms + (limits.lease_ms if leased else 0)
 
 
-def check_misfire_grace(definition: TriggerDefinition, limits: SchedulerLimits, *, leased: bool) -> None:
+def check_misfire_grace(definition: TriggerDefinition | TriggerHead, limits: SchedulerLimits, *,
+                        leased: bool) -> None:
     """Refuse a ``skip`` trigger whose grace cannot be met (see :func:`skip_grace_floor_ms`).
 
-    Raises :class:`TriggerSpecError` naming the trigger, its grace and the floor. Called by every
-    publisher before it writes anything.
+    ``definition`` is what is being published, or the stored head that is being enabled (a head
+    stored before this rule existed must not start skipping). Its policy may be the enum or its
+    value. Raises :class:`TriggerSpecError` naming the trigger, its grace and the floor. Called by
+    every publisher before it writes anything.
     """
-    if definition.misfire_policy is not MisfirePolicy.SKIP:
+    if misfire_policy_of(definition.misfire_policy) is not MisfirePolicy.SKIP:
         return
     floor = skip_grace_floor_ms(limits, leased=leased)
     if definition.misfire_grace_ms <= floor:

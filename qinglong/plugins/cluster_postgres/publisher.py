@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import replace
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 import psycopg
@@ -150,12 +149,12 @@ class ClusterPublisher:
         spec, kind = validate_definition(definition, self._providers)
         policy = misfire_policy_of(definition.misfire_policy)
         check_enabled(definition.enabled)
-        self._check_grace(replace(definition, misfire_policy=policy))
+        self._check_grace(definition)
         return await self._transaction(lambda conn: self._publish(
             conn, definition.project_id, definition.trigger_id, definition.task_id, kind, spec,
             policy, definition.misfire_grace_ms, definition.enabled))
 
-    def _check_grace(self, definition: TriggerDefinition) -> None:
+    def _check_grace(self, definition: TriggerDefinition | TriggerHead) -> None:
         # a claim that dies is taken over a lease later: 'skip' needs a grace beyond cadence + lease
         if self._limits is not None:
             check_misfire_grace(definition, self._limits, leased=True)
@@ -202,9 +201,7 @@ class ClusterPublisher:
                 return head
             if enabled:
                 # a head stored before the grace floor was enforced must not start skipping
-                self._check_grace(TriggerDefinition(
-                    head.project_id, head.trigger_id, head.task_id, head.kind, head.spec,
-                    head.misfire_policy, head.misfire_grace_ms, True))
+                self._check_grace(head)
             return await self._publish(conn, project_id, trigger_id, head.task_id, head.kind,
                                        head.spec, head.misfire_policy, head.misfire_grace_ms, enabled)
 

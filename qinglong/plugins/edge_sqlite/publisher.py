@@ -6,7 +6,6 @@ existence check happens inside it, before the first write, so a refused call wri
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sqlite3
 from typing import Any, Callable, Mapping
@@ -115,8 +114,7 @@ def validated(definition: TriggerDefinition, providers: Mapping[str, Any],
     policy = misfire_policy_of(definition.misfire_policy)
     check_enabled(definition.enabled)
     if limits is not None:
-        check_misfire_grace(dataclasses.replace(definition, misfire_policy=policy), limits,
-                            leased=False)
+        check_misfire_grace(definition, limits, leased=False)
     return spec, kind, policy
 
 
@@ -188,10 +186,7 @@ class SqlitePublisher:
                 return head
             if enabled:
                 # A head published before the grace floor was enforced must not start skipping.
-                check_misfire_grace(TriggerDefinition(
-                    head.project_id, head.trigger_id, head.task_id, head.kind, head.spec,
-                    head.misfire_policy, head.misfire_grace_ms, True), self._context.limits,
-                    leased=False)
+                check_misfire_grace(head, self._context.limits, leased=False)
             digest = trigger_content_digest(head.project_id, head.trigger_id, head.task_id, head.kind,
                                             head.spec, head.misfire_policy, head.misfire_grace_ms, enabled)
             new = TriggerHead(head.project_id, head.trigger_id, head.task_id,
