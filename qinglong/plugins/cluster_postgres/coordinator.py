@@ -103,8 +103,7 @@ async def _work_claim(conn, claimed: ClaimedSchedule, providers: Mapping[str, Tr
     provider = providers.get(head.kind)
     if provider is None:  # the claim asks for our kinds only; kept as a guard
         stats.errors += 1
-        released = await _release(conn, claimed, diagnostics, secrets)
-        stats.released += int(released)
+        released = await _give_back(conn, claimed, diagnostics, secrets, stats)
         _emit(diagnostics, "warning", RoundEvent.UNKNOWN_TRIGGER_KIND,
               f"no loaded provider for trigger kind {head.kind!r}; the claim was given back",
               trigger_id=head.trigger_id, kind=head.kind, released=released)
@@ -115,8 +114,7 @@ async def _work_claim(conn, claimed: ClaimedSchedule, providers: Mapping[str, Tr
             decision = decide(head, claimed.cursor, claimed.observed_at_ms, provider)
         except Exception as exc:  # a provider bug must not stop the other occurrences
             stats.errors += 1
-            released = await _release(conn, claimed, diagnostics, secrets)
-            stats.released += int(released)
+            released = await _give_back(conn, claimed, diagnostics, secrets, stats)
             _emit(diagnostics, "error", RoundEvent.DECIDE_FAILED,
                   describe_error(exc, secrets) + ("; claim given back" if released else ""),
                   trigger_id=head.trigger_id, released=released)
@@ -134,8 +132,7 @@ async def _work_claim(conn, claimed: ClaimedSchedule, providers: Mapping[str, Tr
         except TaskChanged as exc:
             # a legitimate edit raced the claim: nothing written, the fence is still ours
             stats.cas_misses += 1
-            released = await _release(conn, claimed, diagnostics, secrets)
-            stats.released += int(released)
+            released = await _give_back(conn, claimed, diagnostics, secrets, stats)
             _emit(diagnostics, "info", RoundEvent.TASK_CHANGED,
                   str(exc) + ("; claim given back, decided again next round" if released
                               else "; claim left to expire"),
@@ -151,8 +148,7 @@ async def _work_claim(conn, claimed: ClaimedSchedule, providers: Mapping[str, Tr
             stats.serialization_retries += retries
             # nothing was written and the fence is still ours: give the claim back now (its own
             # autocommit statement, under the full fence) rather than strand it for a lease
-            released = await _release(conn, claimed, diagnostics, secrets)
-            stats.released += int(released)
+            released = await _give_back(conn, claimed, diagnostics, secrets, stats)
             _emit(diagnostics, "warning", "cluster_postgres.serialization_exhausted",
                   describe_error(exc, secrets) + ("; claim released for the next round" if released
                                                   else "; claim left to expire"),
@@ -182,6 +178,14 @@ async def _work_claim(conn, claimed: ClaimedSchedule, providers: Mapping[str, Tr
             return committed, backlog_left
         claimed = after(claimed, decision, result)
     return committed, False  # not reached: the last step never keeps the claim
+
+
+async def _give_back(conn, claimed, diagnostics: DiagnosticSink, secrets: Secrets | None,
+                     stats: RoundStats) -> bool:
+    """Release ``claimed`` under its full fence and count it in ``stats``; True if released."""
+    released = await _release(conn, claimed, diagnostics, secrets)
+    stats.released += int(released)
+    return released
 
 
 async def _release(conn, claimed, diagnostics: DiagnosticSink, secrets: Secrets | None) -> bool:
