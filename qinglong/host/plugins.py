@@ -290,26 +290,44 @@ class PluginHost:
         info = self._infos.get(plugin_name)
         return f'"{plugin_name}" ({info.distribution} {info.version})' if info else f'"{plugin_name}"'
 
+    def _unique(self, hook: str, expected: str, valid: Callable[[Any], bool],
+                key: Callable[[Any], str], duplicate: str,
+                check: Callable[[str, Any], None] | None = None) -> dict[str, Any]:
+        """The items ``hook`` returns, by ``key``.
+
+        Refused: an item that is not ``valid`` (naming the plugin and ``expected``), whatever
+        ``check(plugin_name, item)`` raises, and two items of one key (``duplicate``, formatted
+        with ``key`` and the two plugins in load order).
+        """
+        found: dict[str, Any] = {}
+        owners: dict[str, str] = {}
+        for plugin_name, item in self._collect(hook):
+            if not valid(item):
+                raise PluginLoadError(
+                    f"plugin {self._owner_label(plugin_name)} returned {item!r} from {hook}, "
+                    f"which is not {expected}"
+                )
+            if check is not None:
+                check(plugin_name, item)
+            name = key(item)
+            if name in found:
+                first, second = self._first_loaded(owners[name], plugin_name)
+                raise PluginLoadError(duplicate.format(
+                    key=repr(name), first=self._owner_label(first), second=self._owner_label(second)))
+            found[name], owners[name] = item, plugin_name
+        return found
+
     def trigger_providers(self) -> dict[str, TriggerProvider]:
         """Trigger providers by kind; two providers of one kind are refused, naming both."""
-        found: dict[str, TriggerProvider] = {}
-        owners: dict[str, str] = {}
-        for plugin_name, provider in self._collect("qinglong_trigger_providers"):
+        def valid(provider: Any) -> bool:
             kind = getattr(provider, "kind", None)
-            if not isinstance(kind, str) or not kind or not isinstance(provider, TriggerProvider):
-                raise PluginLoadError(
-                    f"plugin {self._owner_label(plugin_name)} returned {provider!r} from "
-                    "qinglong_trigger_providers, which is not a TriggerProvider (kind, validate, "
-                    "next_after, latest_at_or_before, describe)"
-                )
-            if kind in found:
-                first, second = self._first_loaded(owners[kind], plugin_name)
-                raise PluginLoadError(
-                    f"two plugins provide trigger kind {kind!r}: {self._owner_label(first)} and "
-                    f"{self._owner_label(second)}; disable one of them"
-                )
-            found[kind], owners[kind] = provider, plugin_name
-        return found
+            return isinstance(kind, str) and bool(kind) and isinstance(provider, TriggerProvider)
+
+        return self._unique(
+            "qinglong_trigger_providers",
+            "a TriggerProvider (kind, validate, next_after, latest_at_or_before, describe)",
+            valid, lambda provider: provider.kind,
+            "two plugins provide trigger kind {key}: {first} and {second}; disable one of them")
 
     def trigger_cli_options(self, reserved: Iterable[str] = ()) -> dict[str, TriggerCliOptions]:
         """Command-line options of trigger kinds, by kind.
@@ -319,14 +337,8 @@ class PluginHost:
         own options, such as ``--task``).
         """
         reserved = set(reserved)
-        found: dict[str, TriggerCliOptions] = {}
-        owners: dict[str, str] = {}
-        for plugin_name, declared in self._collect("qinglong_trigger_cli_options"):
-            if not isinstance(declared, TriggerCliOptions) or not isinstance(declared.kind, str):
-                raise PluginLoadError(
-                    f"plugin {self._owner_label(plugin_name)} returned {declared!r} from "
-                    "qinglong_trigger_cli_options, which is not a TriggerCliOptions"
-                )
+
+        def check_flags(plugin_name: str, declared: TriggerCliOptions) -> None:
             for flag in declared.flags():
                 if not isinstance(flag, str) or not _LONG_FLAG.match(flag):
                     raise PluginLoadError(
@@ -338,33 +350,21 @@ class PluginHost:
                         f"plugin {self._owner_label(plugin_name)} declares option {flag} for trigger kind "
                         f"{declared.kind!r}, which is an option of the command itself"
                     )
-            if declared.kind in found:
-                first, second = self._first_loaded(owners[declared.kind], plugin_name)
-                raise PluginLoadError(
-                    f"two plugins declare command-line options of trigger kind {declared.kind!r}: "
-                    f"{self._owner_label(first)} and {self._owner_label(second)}; disable one of them"
-                )
-            found[declared.kind], owners[declared.kind] = declared, plugin_name
-        return found
+
+        return self._unique(
+            "qinglong_trigger_cli_options", "a TriggerCliOptions",
+            lambda declared: isinstance(declared, TriggerCliOptions) and isinstance(declared.kind, str),
+            lambda declared: declared.kind,
+            "two plugins declare command-line options of trigger kind {key}: {first} and {second}; "
+            "disable one of them",
+            check_flags)
 
     def backend_specs(self) -> dict[str, SchedulerBackendSpec]:
         """Scheduler backends by name; two of one name are refused, naming both plugins."""
-        found: dict[str, SchedulerBackendSpec] = {}
-        owners: dict[str, str] = {}
-        for plugin_name, spec in self._collect("qinglong_scheduler_backends"):
-            if not isinstance(spec, SchedulerBackendSpec):
-                raise PluginLoadError(
-                    f"plugin {self._owner_label(plugin_name)} returned {spec!r} from "
-                    "qinglong_scheduler_backends, which is not a SchedulerBackendSpec"
-                )
-            if spec.name in found:
-                first, second = self._first_loaded(owners[spec.name], plugin_name)
-                raise PluginLoadError(
-                    f"two plugins provide scheduler backend {spec.name!r}: "
-                    f"{self._owner_label(first)} and {self._owner_label(second)}"
-                )
-            found[spec.name], owners[spec.name] = spec, plugin_name
-        return found
+        return self._unique(
+            "qinglong_scheduler_backends", "a SchedulerBackendSpec",
+            lambda spec: isinstance(spec, SchedulerBackendSpec), lambda spec: spec.name,
+            "two plugins provide scheduler backend {key}: {first} and {second}")
 
     def diagnostic_sinks(self, settings: Any) -> list[DiagnosticSink]:
         """Extra diagnostic sinks from plugins."""
