@@ -229,11 +229,12 @@ def _embeds_secret(value: str) -> bool:
 
 def _shown_input(value: Any) -> str:
     """How a refused settings value is echoed in an error: its repr with passwords masked, or not at
-    all when it carries a secret in a form the mask cannot see (``pass%77ord=...``)."""
-    text = repr(value)
+    all when it carries a secret in a form the mask cannot see (``pass%77ord=...``); at most 60
+    characters."""
     if isinstance(value, str) and _embeds_secret(value):
         return "a value holding a secret, not shown"
-    return redact(text)
+    shown = redact(repr(value))
+    return shown[:57] + "..." if len(shown) > 60 else shown
 
 
 def format_validation_error(
@@ -257,8 +258,6 @@ def format_validation_error(
             problem = err["msg"]
             if not is_secret_key(loc) and err["type"] not in ("missing",):
                 shown = _shown_input(err.get("input"))
-                if len(shown) > 60:
-                    shown = shown[:57] + "..."
                 problem = f"{problem} (got {shown})"
         parts.append(f"{origin(loc)}: key '{key}': {problem}")
     return "invalid settings: " + "; ".join(parts) + "."
@@ -297,8 +296,7 @@ def strict_file_errors(
             expected = err["msg"].replace("Input should be ", "expected ")
             shown = ""
             if not is_secret_key(loc):
-                shown = _shown_input(err.get("input"))
-                shown = f" (got {shown[:57] + '...' if len(shown) > 60 else shown})"
+                shown = f" (got {_shown_input(err.get('input'))})"
             key = ".".join(str(p) for p in loc)
             parts.append(f"{label}: key '{key}': {expected}{shown}; a file's values are taken as "
                          "written, never converted")
