@@ -21,7 +21,9 @@ Hooks are called in this order during ``qinglong run``:
 
 1. ``qinglong_diagnostic_sinks`` and ``qinglong_trigger_providers`` while the container is built;
 2. ``qinglong_scheduler_backends`` to find the backend the profile names;
-3. ``qinglong_lifecycle_components`` after the backend exists, before anything starts.
+3. ``qinglong_executors`` when the profile executes Runs locally (edge, standalone), before the
+   dispatcher starts;
+4. ``qinglong_lifecycle_components`` after the backend exists, before anything starts.
 
 ``qinglong_trigger_cli_options`` is called only by ``qinglong trigger add`` and ``trigger update``,
 before their command line is parsed.
@@ -37,6 +39,7 @@ import pluggy
 
 if TYPE_CHECKING:  # types only; nothing here is imported at run time
     from .diagnostics import DiagnosticSink
+    from .execution import ExecutorSpec
     from .providers import TriggerCliOptions, TriggerProvider
     from .store import SchedulerBackend, SchedulerBackendSpec
 
@@ -157,6 +160,23 @@ class QinglongHookSpecs:
         ``SchedulerBackendSpec`` is refused naming the plugin. Returning nothing offers no backend
         (a profile naming a backend nobody offers is refused, listing the offered ones). Raising
         stops the command with ``PluginLoadError`` naming the plugin.
+        """
+
+    @hookspec
+    def qinglong_executors(self) -> Iterable["ExecutorSpec"]:
+        """Return the executors this plugin offers: how an Attempt's process is started and watched.
+
+        Called once by ``qinglong run`` on a profile that executes Runs itself, before the
+        dispatcher starts (and by ``task put``, to refuse a task naming an executor nobody
+        offers). A task names its executor in its execution spec (``executor``, default
+        ``local_process``, the built-in plugin registered like any other).
+
+        :returns: An iterable of :class:`~qinglong.contracts.execution.ExecutorSpec`; each name
+            must be unique across the loaded plugins.
+
+        Two plugins offering one name are refused naming both; an item that is not an
+        ``ExecutorSpec`` is refused naming the plugin. Returning nothing offers no executor.
+        Raising stops the command with ``PluginLoadError`` naming the plugin.
         """
 
     @hookspec
