@@ -23,6 +23,9 @@ class ProfileDefinition:
     extra: str
     page_size_cap: int
     claim_budget_cap: int
+    max_running_cap: int
+    timeout_cap_ms: int
+    log_limit_cap_bytes: int
     forbidden_modules: tuple[str, ...]
     forbidden_distributions: tuple[str, ...]
     defaults: Mapping[str, Any] = field(default_factory=dict)
@@ -45,6 +48,9 @@ _REQUIRED = {
     "extra": str,
     "page_size_cap": int,
     "claim_budget_cap": int,
+    "max_running_cap": int,
+    "timeout_cap_ms": int,
+    "log_limit_cap_bytes": int,
     "forbidden_modules": list,
     "forbidden_distributions": list,
 }
@@ -80,6 +86,9 @@ def load_profile(name: str) -> ProfileDefinition:
         extra=meta["extra"],
         page_size_cap=meta["page_size_cap"],
         claim_budget_cap=meta["claim_budget_cap"],
+        max_running_cap=meta["max_running_cap"],
+        timeout_cap_ms=meta["timeout_cap_ms"],
+        log_limit_cap_bytes=meta["log_limit_cap_bytes"],
         forbidden_modules=tuple(meta["forbidden_modules"]),
         forbidden_distributions=tuple(meta["forbidden_distributions"]),
         defaults=data.get("defaults", {}),

@@ -69,6 +69,28 @@ class LifecycleSettings(BaseModel):
     stop_timeout_ms: int = Field(10_000, ge=100, le=600_000)
 
 
+class ExecutionSettings(BaseModel):
+    """``[execution]``: how the local dispatcher runs Runs (edge and standalone). ``max_running``,
+    ``max_timeout_ms`` and ``log_limit_bytes`` are capped by the profile."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(True, description="run admitted Runs' processes in `qinglong run`")
+    max_running: int = Field(2, ge=1, description="processes running at once, all tasks together")
+    default_timeout_ms: int = Field(3_600_000, ge=1_000, description="a task's timeout when it states none")
+    max_timeout_ms: int = Field(24 * 3_600_000, ge=1_000, description="the longest timeout a task may state")
+    log_limit_bytes: int = Field(4 * 1024 * 1024, ge=0, description="a task's log limit when it states none")
+    log_dir: str | None = Field(None, description="Attempt logs; default: <database>.logs beside the SQLite file")
+    kill_grace_ms: int = Field(10_000, ge=100, le=600_000, description="between TERM and KILL")
+    on_stop: Literal["detach", "terminate"] = Field(
+        "detach", description="at SIGTERM of `qinglong run`: leave running jobs running, or stop them")
+    poll_ms: int = Field(1_000, ge=50, le=60_000, description="fallback wake-up of the dispatcher")
+    log_retention_days: float = Field(7, gt=0, description="finished Attempts' logs are deleted after this")
+    run_retention_days: float = Field(7, gt=0, description="finished Runs are pruned after this")
+    min_free_bytes: int = Field(64 * 1024 * 1024, ge=0,
+                                description="below this free space on the log filesystem, oldest logs go first")
+    prune_batch: int = Field(200, ge=1, le=10_000, description="rows pruned per batch")
+
+
 class DiagnosticsSettings(BaseModel):
     """``[diagnostics]``: the host's stderr sink."""
 
@@ -102,6 +124,7 @@ class QinglongSettings(BaseSettings):
     plugins: PluginsSettings = Field(default_factory=PluginsSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
+    execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
     backend: dict[str, Any] = Field(
         default_factory=dict, description="validated by the profile's backend plugin"
@@ -271,6 +294,7 @@ class _FileLayer(BaseModel):
     plugins: PluginsSettings = Field(default_factory=PluginsSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
+    execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
     backend: dict[str, Any] = Field(default_factory=dict)
 
@@ -360,14 +384,18 @@ def load_settings(path: str | os.PathLike[str] | None = None, *, profile: str | 
 
 
 def _check_caps(loaded: LoadedSettings) -> None:
-    s, p = loaded.settings.scheduler, loaded.profile
-    for key, value, cap in (
-        ("page_size", s.page_size, p.page_size_cap),
-        ("claim_budget", s.claim_budget, p.claim_budget_cap),
+    s, e, p = loaded.settings.scheduler, loaded.settings.execution, loaded.profile
+    for section, key, value, cap in (
+        ("scheduler", "page_size", s.page_size, p.page_size_cap),
+        ("scheduler", "claim_budget", s.claim_budget, p.claim_budget_cap),
+        ("execution", "max_running", e.max_running, p.max_running_cap),
+        ("execution", "max_timeout_ms", e.max_timeout_ms, p.timeout_cap_ms),
+        ("execution", "log_limit_bytes", e.log_limit_bytes, p.log_limit_cap_bytes),
+        ("execution", "default_timeout_ms", e.default_timeout_ms, e.max_timeout_ms),
     ):
         if value > cap:
             raise SettingsError(
-                f"invalid settings: {loaded.origin(('scheduler', key))}: key 'scheduler.{key}': "
+                f"invalid settings: {loaded.origin((section, key))}: key '{section}.{key}': "
                 f"{value} is over the {p.name} profile's cap of {cap}."
             )
 
