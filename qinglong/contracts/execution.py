@@ -740,6 +740,9 @@ class DispatchCandidate:
     admitted_at_ms: int
     run_state: RunState
     spec: ExecutionSpec | None  # None: the task revision names no command (the Run fails)
+    #: Why ``spec`` is None when the stored payload names a command that is not a valid spec
+    #: (a revision published before specs were checked): the Run fails with this reason.
+    spec_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
