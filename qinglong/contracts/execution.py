@@ -86,26 +86,41 @@ class Actor(str, enum.Enum):
 
 
 #: ``(from, to) -> actors allowed``. Anything not listed is illegal.
+#:
+#: * the dispatcher starts a Run (queued or retry_wait -> dispatching -> running), ends one it
+#:   could not start (no such program, no command) or whose cancel request it read before
+#:   spawning, and ends a Run that never started when its overlap policy skips it or a replace
+#:   supersedes it;
+#: * completion records the end of a process it watched, from the receipt and the cancel request
+#:   (no receipt and no request: lost), and a retry (running -> retry_wait);
+#: * the reconciler, after a restart, re-adopts a process (dispatching -> running), returns a
+#:   start that provably never happened to the queue, or records an end from the evidence,
+#:   whether or not the running commit was made before the crash;
+#: * an operator ends at once only a Run with no process (queued, retry_wait); a Run that may hold
+#:   one gets a durable cancel request instead, and completion or the reconciler ends it.
 RUN_TRANSITIONS: Mapping[tuple[RunState, RunState], frozenset[Actor]] = {
     (RunState.QUEUED, RunState.DISPATCHING): frozenset({Actor.DISPATCHER}),
     (RunState.RETRY_WAIT, RunState.DISPATCHING): frozenset({Actor.DISPATCHER}),
     # a start that never happened (the control plane died before spawning): back to the queue
     (RunState.DISPATCHING, RunState.QUEUED): frozenset({Actor.RECONCILER}),
     (RunState.DISPATCHING, RunState.RUNNING): frozenset({Actor.DISPATCHER, Actor.RECONCILER}),
-    # the process could not be started at all (no such program, bad working directory)
-    (RunState.DISPATCHING, RunState.FAILED): frozenset({Actor.DISPATCHER}),
-    (RunState.DISPATCHING, RunState.RETRY_WAIT): frozenset({Actor.DISPATCHER, Actor.RECONCILER}),
+    # the process could not be started at all (no such program, bad working directory, no
+    # command), or it ran and ended before the running commit (a crash; the reconciler's receipt)
+    (RunState.DISPATCHING, RunState.FAILED): frozenset({Actor.DISPATCHER, Actor.RECONCILER}),
+    (RunState.DISPATCHING, RunState.RETRY_WAIT): frozenset({Actor.RECONCILER}),
     (RunState.DISPATCHING, RunState.LOST): frozenset({Actor.RECONCILER}),
     (RunState.DISPATCHING, RunState.SUCCEEDED): frozenset({Actor.RECONCILER}),
     (RunState.DISPATCHING, RunState.TIMED_OUT): frozenset({Actor.RECONCILER}),
-    (RunState.DISPATCHING, RunState.CANCELLED): frozenset({Actor.RECONCILER, Actor.OPERATOR}),
+    # the dispatcher read a cancel request before it spawned anything: nothing to signal
+    (RunState.DISPATCHING, RunState.CANCELLED): frozenset({Actor.DISPATCHER, Actor.RECONCILER}),
     (RunState.RUNNING, RunState.SUCCEEDED): frozenset({Actor.COMPLETION, Actor.RECONCILER}),
     (RunState.RUNNING, RunState.FAILED): frozenset({Actor.COMPLETION, Actor.RECONCILER}),
     (RunState.RUNNING, RunState.TIMED_OUT): frozenset({Actor.COMPLETION, Actor.RECONCILER}),
     (RunState.RUNNING, RunState.CANCELLED): frozenset({Actor.COMPLETION, Actor.RECONCILER}),
-    (RunState.RUNNING, RunState.LOST): frozenset({Actor.RECONCILER}),
+    # the waiter died without a receipt (killed with the job, say): seen live or after a restart
+    (RunState.RUNNING, RunState.LOST): frozenset({Actor.COMPLETION, Actor.RECONCILER}),
     (RunState.RUNNING, RunState.RETRY_WAIT): frozenset({Actor.COMPLETION, Actor.RECONCILER}),
-    # a Run that never started may be cancelled directly, or skipped by its overlap policy
+    # a Run that holds no process may be cancelled directly, or skipped by its overlap policy
     (RunState.QUEUED, RunState.CANCELLED): frozenset({Actor.OPERATOR, Actor.DISPATCHER}),
     (RunState.RETRY_WAIT, RunState.CANCELLED): frozenset({Actor.OPERATOR, Actor.DISPATCHER}),
 }
@@ -213,7 +228,7 @@ CONTRACT_LIMITS = ExecutionLimits(
 EXECUTION_KEYS = ("command", "env", "working_dir", "timeout_ms", "concurrency", "retry", "idempotent",
                   "log_limit_bytes", "executor")
 
-#: Environment variable names a task may not set: the dynamic loader's and our own.
+#: Environment variable names a task may not set: the ones the executor sets for each Attempt.
 _RESERVED_ENV_PREFIXES = ("QINGLONG_",)
 _MAX_ENV_ENTRIES = 256
 
@@ -226,6 +241,15 @@ def _refuse(task_id: str, key: str, expected: str, value: Any = None, *, show: b
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8 (no lone surrogate), so it can be stored and passed on."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _int(task_id: str, key: str, value: Any, lo: int, hi: int) -> int:
@@ -243,7 +267,7 @@ def _bool(task_id: str, key: str, value: Any) -> bool:
 def _table(task_id: str, key: str, value: Any, allowed: Sequence[str]) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise _refuse(task_id, key, "a table", value)
-    unknown = sorted(set(value) - set(allowed))
+    unknown = sorted((str(k) for k in value if k not in allowed), key=str)
     if unknown:
         raise UserError(f"task {task_id!r}: {key}.{unknown[0]}: unknown key (expected one of "
                         f"{', '.join(allowed)})")
@@ -290,14 +314,21 @@ def parse_execution_spec(task_id: str, payload: Mapping[str, Any],
             raise UserError(f"task {task_id!r}: env.{name}: expected a string value")
         if "\0" in value:
             raise UserError(f"task {task_id!r}: env.{name}: the value contains a NUL character")
+        if not _is_unicode(value):
+            raise UserError(f"task {task_id!r}: env.{name}: the value is not valid Unicode (a lone "
+                            "surrogate: undecodable bytes or a \\ud800-\\udfff escape)")
         env[name] = value
 
     working_dir = payload.get("working_dir")
     if working_dir is not None:
-        if not isinstance(working_dir, str) or not working_dir.startswith("/") or "\0" in working_dir:
-            raise _refuse(task_id, "working_dir", "an absolute path", working_dir)
+        if (not isinstance(working_dir, str) or not working_dir.startswith("/") or "\0" in working_dir
+                or not _is_unicode(working_dir)):
+            raise _refuse(task_id, "working_dir", "an absolute path of valid Unicode without NUL",
+                          working_dir)
 
-    timeout_ms = _int(task_id, "timeout_ms", payload.get("timeout_ms", limits.default_timeout_ms),
+    # a profile's default never exceeds its own cap: a task stating nothing is never refused
+    timeout_ms = _int(task_id, "timeout_ms",
+                      payload.get("timeout_ms", min(limits.default_timeout_ms, limits.max_timeout_ms)),
                       1_000, limits.max_timeout_ms)
 
     concurrency = ConcurrencyPolicy()
@@ -323,7 +354,12 @@ def parse_execution_spec(task_id: str, payload: Mapping[str, Any],
     if "retry" in payload:
         raw = payload["retry"]
         if isinstance(raw, int) and not isinstance(raw, bool):
-            raw = {"max_attempts": raw + 1}
+            # a number of retries (`--retries 3`): that many Attempts after the first
+            retries = _int(task_id, "retry", raw, 0, limits.max_attempts_cap - 1)
+            raw = {"max_attempts": retries + 1}
+        elif not isinstance(raw, Mapping):
+            raise _refuse(task_id, "retry", "a table (max_attempts, initial_backoff_ms, ...) or a "
+                          "number of retries", raw)
         raw = _table(task_id, "retry", raw, ("max_attempts", "initial_backoff_ms", "max_backoff_ms",
                                              "jitter", "exit_codes", "on_timeout"))
         max_attempts = _int(task_id, "retry.max_attempts", raw.get("max_attempts", 1), 1,
@@ -352,10 +388,11 @@ def parse_execution_spec(task_id: str, payload: Mapping[str, Any],
 
     idempotent = _bool(task_id, "idempotent", payload.get("idempotent", False))
     log_limit = _int(task_id, "log_limit_bytes",
-                     payload.get("log_limit_bytes", limits.default_log_limit_bytes),
+                     payload.get("log_limit_bytes",
+                                 min(limits.default_log_limit_bytes, limits.max_log_limit_bytes)),
                      0, limits.max_log_limit_bytes)
     executor = payload.get("executor", limits.default_executor)
-    if not isinstance(executor, str) or not executor:
+    if not isinstance(executor, str) or not executor or not executor.isprintable() or not _is_unicode(executor):
         raise _refuse(task_id, "executor", "the name of an executor", executor)
     return ExecutionSpec(tuple(command), env, working_dir, timeout_ms, concurrency, retry,
                          idempotent, log_limit, executor)
@@ -446,17 +483,15 @@ def classify_outcome(receipt: Receipt | None, cancel: CancelReason | str | None,
     kept when a receipt exists); with neither, the Attempt is ``lost`` (never ``succeeded``
     without a receipt)."""
     if cancel is not None:
+        # The request was durable before any signal, so it explains the end whatever the status:
+        # an exit 0 may be a job that traps TERM and exits cleanly, which is no proof its work was
+        # done. The receipt's status is kept beside the state for the operator to read.
         cancel = CancelReason(cancel)
         state = AttemptState.TIMED_OUT if cancel is CancelReason.TIMEOUT else AttemptState.CANCELLED
-        if receipt is not None and receipt.exit_code == 0 and cancel is not CancelReason.TIMEOUT:
-            # it finished on its own before the cancel reached it: the work is done
-            state = AttemptState.SUCCEEDED
         reason = {CancelReason.TIMEOUT: "the timeout expired",
                   CancelReason.OPERATOR: "cancelled by an operator",
                   CancelReason.REPLACED: "replaced by a newer run of the task",
                   CancelReason.SHUTDOWN: "stopped with the control plane"}[cancel]
-        if state is AttemptState.SUCCEEDED:
-            reason = None
         return _from_receipt(state, receipt, reason)
     if receipt is None:
         return AttemptOutcome(AttemptState.LOST, reason=lost_reason)
@@ -491,12 +526,13 @@ def backoff_ms(policy: RetryPolicy, attempt_no: int, rng: random.Random | None =
     """Delay before Attempt ``attempt_no + 1``: ``initial * 2**(attempt_no-1)`` capped at ``max``,
     of which the ``jitter`` fraction is drawn uniformly (so the delay lies in
     ``[(1-jitter)*d, d]``)."""
-    exponent = min(attempt_no - 1, 62)
+    exponent = min(max(attempt_no - 1, 0), 62)
     delay = min(policy.max_backoff_ms, policy.initial_backoff_ms * (2 ** exponent))
     if policy.jitter and delay:
         rng = rng or random.Random()
-        delay = int(delay * (1 - policy.jitter) + rng.random() * delay * policy.jitter)
-    return delay
+        # subtract the random part, so the delay never exceeds d nor falls below (1-jitter)*d
+        delay -= int(rng.random() * delay * min(policy.jitter, 1.0))
+    return max(delay, 0)
 
 
 def retry_decision(policy: RetryPolicy, idempotent: bool, attempt_no: int, outcome: AttemptOutcome,
@@ -505,16 +541,20 @@ def retry_decision(policy: RetryPolicy, idempotent: bool, attempt_no: int, outco
 
     ``started`` is False when the process could not be started at all (never retried: the same
     program is missing next time too)."""
+    if not outcome.state.terminal:
+        raise ValueError(f"retry_decision needs an ended attempt, not one {outcome.state.value}")
+    if attempt_no < 1:
+        raise ValueError(f"attempt numbers start at 1, not {attempt_no}")
     state = RunState(outcome.state.value)
     if outcome.state is AttemptState.SUCCEEDED:
         return Stop(RunState.SUCCEEDED, "the process exited 0")
-    if attempt_no >= policy.max_attempts:
-        why = "no retry configured" if policy.max_attempts == 1 else f"all {policy.max_attempts} attempts used"
-        return Stop(state, why)
     if outcome.state is AttemptState.CANCELLED:
         return Stop(state, "cancelled runs are not retried")
     if not started:
         return Stop(state, "the process could not be started")
+    if attempt_no >= policy.max_attempts:
+        why = "no retry configured" if policy.max_attempts == 1 else f"all {policy.max_attempts} attempts used"
+        return Stop(state, why)
     if outcome.state is AttemptState.LOST and not idempotent:
         return Stop(state, "a lost attempt may have run to the end; retried only for an idempotent task")
     if outcome.state is AttemptState.TIMED_OUT and not policy.on_timeout:
@@ -576,12 +616,17 @@ def overlap_decision(policy: ConcurrencyPolicy, active: Sequence[ActiveRun],
         return OverlapDecision(OverlapAction.START)
     if mode is ConcurrencyMode.REPLACE:
         if waiting_ahead:
-            # an older Run of this task waits too: it is superseded by this one
-            return OverlapDecision(OverlapAction.WAIT, "an older run of this task is being replaced")
+            # an older Run of this task is visited first: it replaces what runs, this one it
+            return OverlapDecision(OverlapAction.WAIT, "concurrency 'replace': an older run of this "
+                                   "task starts first")
         to_cancel = tuple(a.run_id for a in active if not a.cancel_requested)
-        if active:
+        if to_cancel:
             return OverlapDecision(OverlapAction.REPLACE, "replacing the running run of this task",
                                    to_cancel)
+        if active:
+            # every cancel is requested already: start only once the replaced runs are gone
+            return OverlapDecision(OverlapAction.WAIT, "concurrency 'replace': waiting for the "
+                                   f"replaced run {active[0].run_id} to end")
         return OverlapDecision(OverlapAction.START)
     # QUEUE
     if active or waiting_ahead:
