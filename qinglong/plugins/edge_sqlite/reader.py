@@ -6,6 +6,7 @@ import json
 import sqlite3
 from typing import Sequence
 
+from qinglong.contracts.errors import NotFound
 from qinglong.contracts.records import (
     MisfirePolicy,
     ProjectRecord,
@@ -13,6 +14,7 @@ from qinglong.contracts.records import (
     SchedulerStatus,
     ScheduleView,
     SkipView,
+    TaskRecord,
     TriggerHead,
     record_from_row,
 )
@@ -20,7 +22,7 @@ from qinglong.contracts.store import listing_bound
 
 from .publisher import head_from_row
 from .queries import q
-from .store import SqliteStore, named_rows, probe_owner_lock
+from .store import SqliteStore, named_one, named_rows, probe_owner_lock
 
 #: Upper bound of a listing when the caller gives none: a reader never loads a whole table.
 class SqliteReader:
@@ -56,6 +58,14 @@ class SqliteReader:
                                 enabled=bool(row["enabled"]),
                                 misfire_policy=MisfirePolicy(row["misfire_policy"]))
                 for row in rows]
+
+    async def task_head(self, project_id: str, task_id: str) -> TaskRecord:
+        """The task's head revision with its payload and digest (what ``task show`` prints);
+        :class:`~qinglong.contracts.errors.NotFound` if the project has no such task."""
+        row = await self._store.call(named_one, q("task_head"), (project_id, task_id))
+        if row is None:
+            raise NotFound(f"task {task_id!r} does not exist in project {project_id!r}")
+        return record_from_row(TaskRecord, row, payload=json.loads(row["payload_json"]))
 
     async def recent_runs(self, limit: int = 20, trigger_id: str | None = None) -> Sequence[RunView]:
         """The newest Runs first, optionally of one trigger (newest occurrence first)."""
