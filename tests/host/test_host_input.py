@@ -17,10 +17,16 @@ import sys
 import pytest
 
 from qinglong.contracts.errors import EXIT_CODES, ExitCode, QinglongError
+from qinglong.contracts.execution import ExecutionLimits, parse_execution_spec, spec_to_payload
 from qinglong.contracts.records import content_digest
 from qinglong.contracts.store import MAX_COMMAND_BYTES, MAX_PAYLOAD_BYTES, MAX_SPEC_BYTES
 
 from host_helpers import REPO
+
+
+#: The edge profile's execution defaults and caps, as `task put` applies them.
+EDGE_LIMITS = ExecutionLimits(default_timeout_ms=3_600_000, max_timeout_ms=86_400_000,
+                              default_log_limit_bytes=4 * 1024 * 1024, max_log_limit_bytes=4 * 1024 * 1024)
 
 
 def _env() -> dict[str, str]:
@@ -236,9 +242,12 @@ def test_task_command_after_double_dash_is_stored_as_the_argv_list(cli, argv):
     result = cli("task", "put", "ops", "job", *argv)
     assert result.returncode == 0, result.stderr
     if "--payload" in argv:
-        payload = {"env": {"A": "1"}, "command": ["-weird-program", "--"]}
+        given = {"env": {"A": "1"}, "command": ["-weird-program", "--"]}
     else:
-        payload = {"command": argv[1:]}
+        given = {"command": argv[1:]}
+    # Every execution value is stated in the stored payload (the edge profile's defaults here).
+    payload = spec_to_payload(parse_execution_spec("job", given, EDGE_LIMITS))
+    assert payload["command"] == given["command"]
     assert content_digest(payload)[:19] in result.stdout
 
 

@@ -73,3 +73,21 @@ def limited(method: Any, limit: int | None, *args: Any) -> Any:
         return list(await method(*args))[:limit]
 
     return sliced()
+
+
+def execution_of(backend: Any) -> Any:
+    """The backend's :class:`~qinglong.contracts.execution.ExecutionStore`, or None when its
+    Runs are not executed by this host (the cluster's workers are remote)."""
+    method = getattr(backend, "execution", None)
+    return method() if method is not None else None
+
+
+def need_execution(backend: Any, container: Any, command: str) -> Any:
+    """The execution store, or a UserError saying the profile does not run Runs here."""
+    from qinglong.contracts.errors import UserError
+
+    store = execution_of(backend)
+    if store is None:
+        raise UserError(f"`{command}` needs a profile that runs Runs locally (edge or standalone); the "
+                        f"{container.loaded().profile.name} profile's store does not execute them here")
+    return store

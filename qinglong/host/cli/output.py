@@ -65,3 +65,26 @@ def drop_stdout() -> ExitCode:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     return ExitCode.BROKEN_PIPE
+
+
+_DURATION_UNITS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000}
+
+
+def format_duration_ms(ms: int | None) -> str:
+    """Milliseconds in the largest unit that divides them (``30m``, ``1500ms``); ``-`` for none."""
+    if ms is None:
+        return "-"
+    for unit in ("d", "h", "m", "s"):
+        if ms and ms % _DURATION_UNITS[unit] == 0:
+            return f"{ms // _DURATION_UNITS[unit]}{unit}"
+    return f"{ms}ms"
+
+
+def format_size(n: int | None) -> str:
+    """Bytes in the largest binary unit that divides them (``4MiB``, ``1000``); ``-`` for none."""
+    if n is None:
+        return "-"
+    for unit, factor in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if n and n % factor == 0:
+            return f"{n // factor}{unit}"
+    return str(n)

@@ -1,4 +1,5 @@
-"""Publishing: ``qinglong project``, ``task put`` and ``trigger`` (add, update, enable, disable, delete, list)."""
+"""Publishing: ``qinglong project``, ``task`` (put, show, run: :mod:`.task`) and ``trigger`` (add, update,
+enable, disable, delete, list)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from typing import Any, Mapping, Sequence
 from qinglong.contracts.errors import AlreadyExists, ExitCode, NotFound, PluginLoadError, QinglongError, UserError
 from qinglong.contracts.providers import TriggerCliOptions
 from qinglong.contracts.records import DEFAULT_MISFIRE_GRACE_MS, MisfirePolicy, TriggerDefinition
-from qinglong.contracts.store import MAX_PAYLOAD_BYTES, MAX_SPEC_BYTES, check_command, check_json_value
+from qinglong.contracts.store import MAX_SPEC_BYTES, check_json_value
 
 from .boot import container_of, limited, on_backend, settings_of
 from .output import print_json, print_table, yes_no
 from .parsing import add_command, add_json_flag, command_words, positive_count
+from .task import register_task
 
 
 def cmd_project(args: argparse.Namespace) -> int:
@@ -39,7 +41,7 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _json_object(option: str, text: str, max_bytes: int) -> dict[str, Any]:
+def json_object(option: str, text: str, max_bytes: int) -> dict[str, Any]:
     """Parse an option's value as a bounded JSON object, or raise a UserError naming the option.
 
     NaN and infinities are refused (they are not JSON), and so are nesting deeper than the
@@ -62,28 +64,6 @@ def _json_object(option: str, text: str, max_bytes: int) -> dict[str, Any]:
     return value
 
 
-def cmd_task(args: argparse.Namespace) -> int:
-    """Create a task, or publish a new revision of it."""
-    payload = _json_object("--payload", args.payload, MAX_PAYLOAD_BYTES) if args.payload is not None else {}
-    if args.command is not None and args.argv:
-        raise UserError("give the command either after '--' or with --command, not both")
-    command = args.argv or args.command
-    if command:
-        if "command" in payload:
-            raise UserError("--payload has a 'command' key and a command is given too; give it once")
-        check_command("the command", command)
-        payload["command"] = list(command)
-    elif args.payload is None:
-        raise UserError("a task needs a command ('-- PROGRAM [ARG ...]') or --payload JSON")
-    check_json_value("the task payload", payload, MAX_PAYLOAD_BYTES)
-    container = container_of(args)
-
-    task = on_backend(container, lambda backend: backend.publisher().put_task(
-        args.project_id, args.task_id, payload))
-    print(f"task {task.project_id}/{task.task_id} at revision {task.task_revision} ({task.content_digest[:19]})")
-    return ExitCode.OK
-
-
 def _trigger_spec(args: argparse.Namespace, current: Any | None,
                   declared: Mapping[str, TriggerCliOptions]) -> tuple[str, Mapping[str, Any]]:
     """The kind and spec to publish, from ``--kind``/``--spec`` or the options a kind declared.
@@ -102,7 +82,7 @@ def _trigger_spec(args: argparse.Namespace, current: Any | None,
         if kind is None:
             raise UserError("--spec needs --kind KIND for a new trigger"
                             + (f" (kinds with their own options: {', '.join(sorted(declared))})" if declared else ""))
-        return kind, _json_object("--spec", args.spec, MAX_SPEC_BYTES)
+        return kind, json_object("--spec", args.spec, MAX_SPEC_BYTES)
     if flags:
         fitting = sorted(kind for kind, options in declared.items() if set(flags) <= set(options.flags()))
         if args.kind is not None:
@@ -272,22 +252,9 @@ def register(sub: Any, common: argparse.ArgumentParser,
     add_json_flag(p)
     p.set_defaults(func=cmd_project)
 
-    tsk = add_command(sub, common, "task", "publish tasks", None)
+    tsk = add_command(sub, common, "task", "tasks: put (publish), show, run (a manual Run now)", None)
     tsk_sub = tsk.add_subparsers(dest="task_command", metavar="SUBCOMMAND", required=True)
-    p = tsk_sub.add_parser(
-        "put", parents=[common], help="create a task or publish a new revision of it",
-        usage="qinglong task put PROJECT TASK [--payload JSON] [options] -- PROGRAM [ARG ...]",
-        description="Create a task or publish a new revision of it. Everything after '--' is the command a "
-                    "worker runs, as an argument list (dashes included): "
-                    "qinglong task put ops backup -- /bin/sh -c 'date'. It is stored as the payload's "
-                    "'command' list, beside any --payload keys.")
-    p.add_argument("project_id", metavar="PROJECT")
-    p.add_argument("task_id", metavar="TASK")
-    p.add_argument("--command", nargs=argparse.REMAINDER, metavar="PROGRAM [ARG ...]",
-                   help="the same as '--': every argument after it is the command (so it comes last)")
-    p.add_argument("--payload", metavar="JSON", help="the task payload as a JSON object (at most 64 KiB)")
-    # The words after '--' are split off before argparse sees them (see parsing.split_command_argv).
-    p.set_defaults(func=cmd_task, argv=[])
+    register_task(tsk_sub, common)
 
     trg = add_command(sub, common, "trigger", "publish triggers: add, update, enable, disable, delete, list", None)
     trg_sub = trg.add_subparsers(dest="trigger_command", metavar="SUBCOMMAND", required=True)
