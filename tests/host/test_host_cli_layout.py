@@ -47,5 +47,5 @@ def test_a_read_command_imports_no_other_command_module(tmp_path):
     code, modules = json.loads(out.stdout.strip().splitlines()[-1])
     assert code == 3  # the database does not exist: a read command names it and creates nothing
     assert modules == ["qinglong.host.cli", "qinglong.host.cli.boot", "qinglong.host.cli.main",
-                       "qinglong.host.cli.output", "qinglong.host.cli.parsing", "qinglong.host.cli.read"]
+                       "qinglong.host.cli.output", "qinglong.host.cli.parsing", "qinglong.host.cli.runs"]
     assert not (tmp_path / "absent.db").exists()

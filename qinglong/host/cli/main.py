@@ -42,7 +42,8 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("check", ("check",)),
     ("db", ("db",)),
     ("publish", ("project", "task", "trigger")),
-    ("read", ("runs", "schedules", "skips")),
+    ("runs", ("runs", "logs")),
+    ("read", ("schedules", "skips")),
     ("cron", ("cron",)),
 )
 

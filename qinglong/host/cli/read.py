@@ -1,4 +1,5 @@
-"""Reading: ``qinglong runs``, ``schedules`` and ``skips``; they never create or migrate a store."""
+"""Reading: ``qinglong schedules`` and ``skips``, and the admission listing of Runs that ``runs`` shows
+on a store that does not execute Runs; they never create or migrate a store."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from .parsing import add_command, add_json_flag, positive_count
 
 
 def show_runs(container: Any, *, limit: int, trigger: str | None, as_json: bool) -> int:
-    """Print the most recent Runs (of one trigger, if given), newest first, with their lag."""
+    """Print the most recent Runs (of one trigger, if given), newest first, with their lag: what
+    ``runs`` shows on a store whose Runs are executed elsewhere (the cluster's workers)."""
     runs = on_backend(container, lambda backend: backend.reader().recent_runs(limit, trigger), create=False)
     if as_json:
         print_json([{"run_id": r.run_id, "project_id": r.project_id, "trigger_id": r.trigger_id,
@@ -25,11 +27,6 @@ def show_runs(container: Any, *, limit: int, trigger: str | None, as_json: bool)
                      [[r.run_id[:12], r.trigger_id, r.trigger_revision, iso(r.scheduled_for_ms),
                        iso(r.admitted_at_ms), r.lag_ms, r.state] for r in runs])
     return ExitCode.OK
-
-
-def cmd_runs(args: argparse.Namespace) -> int:
-    """Recent Runs, newest first, with their lag."""
-    return show_runs(container_of(args), limit=args.limit, trigger=args.trigger, as_json=args.json)
 
 
 async def _scheduler_status(reader: Any) -> Any:
@@ -129,11 +126,7 @@ def cmd_skips(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    """Add ``runs``, ``schedules`` and ``skips``."""
-    p = add_command(sub, common, "runs", "recent Runs, newest first, with lag (admitted - scheduled)", cmd_runs)
-    p.add_argument("--limit", type=positive_count, default=20, help="Runs to show (default 20)")
-    p.add_argument("--trigger", default=None, help="only this trigger")
-    add_json_flag(p)
+    """Add ``schedules`` and ``skips`` (``runs`` is :mod:`.runs`'s)."""
     p = add_command(sub, common, "schedules", "every trigger's next fire time, and its lag while a scheduler runs",
                     cmd_schedules)
     p.add_argument("--limit", type=positive_count, default=None, help="at most N schedules")

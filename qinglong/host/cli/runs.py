@@ -1,0 +1,340 @@
+"""Runs and their output: ``qinglong runs`` (list, ``show``, ``cancel``) and ``qinglong logs``.
+
+On a store that executes Runs (edge, standalone: ``backend.execution()``) the listing shows what
+each Run did: state, exit code, duration, Attempts. A store that does not (the cluster, whose
+workers are remote) keeps the admission listing of the reader. These commands never create or
+migrate a store, and print no environment value of a task.
+
+``logs`` prints an Attempt's log file byte for byte (it may hold any bytes: binary output,
+text that is not UTF-8). A log deleted by retention is a tombstone: ``logs`` says so on stderr and
+exits 3 (:class:`~qinglong.contracts.errors.NotFound`); a log cut at the task's log limit prints
+what was kept and says on stderr how many bytes were dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import Any, BinaryIO, Sequence
+
+from qinglong.contracts.errors import ExitCode, NotFound, UserError
+
+from .boot import container_of, execution_of, need_execution, on_backend
+from .output import iso, now_ms, print_json, print_table
+from .parsing import add_json_flag, positive_count
+
+#: How often ``logs --follow`` looks for new output and for the Attempt's end, in seconds.
+FOLLOW_POLL_S = 0.2
+#: Bytes read at a time when copying a log or looking for its last lines.
+CHUNK = 64 * 1024
+
+
+def _value(enum_or_text: Any) -> Any:
+    return getattr(enum_or_text, "value", enum_or_text)
+
+
+def summary_json(run: Any) -> dict[str, Any]:
+    """A :class:`~qinglong.contracts.execution.RunSummary` as ``runs --json`` prints it."""
+    return {"run_id": run.run_id, "project_id": run.project_id, "task_id": run.task_id,
+            "trigger_id": run.trigger_id, "scheduled_for_ms": run.scheduled_for_ms,
+            "admitted_at_ms": run.admitted_at_ms, "lag_ms": run.admitted_at_ms - run.scheduled_for_ms,
+            "state": _value(run.state), "exit_code": run.exit_code, "duration_ms": run.duration_ms,
+            "attempts": run.attempts, "finished_at_ms": run.finished_at_ms, "reason": run.reason}
+
+
+def _ms(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def print_run_table(runs: Sequence[Any]) -> None:
+    """The runs table: what each Run did."""
+    print_table(["run", "task", "scheduled_for", "state", "exit", "duration_ms", "attempts", "reason"],
+                [[r.run_id, f"{r.project_id}/{r.task_id}", iso(r.scheduled_for_ms), _value(r.state),
+                  _ms(r.exit_code), _ms(r.duration_ms), r.attempts, r.reason or ""] for r in runs])
+
+
+async def list_runs(backend: Any, *, state: str | None, project: str | None, task: str | None,
+                    trigger: str | None, limit: int) -> list[Any] | None:
+    """The newest Runs with their outcome, or None when the store does not execute Runs."""
+    from qinglong.contracts.execution import RunState
+
+    store = execution_of(backend)
+    if store is None:
+        return None
+    if trigger is None:
+        return list(await store.list_runs(state=RunState(state) if state else None, project_id=project,
+                                          task_id=task, limit=limit))
+    # The execution listing has no trigger filter: take the trigger's newest Runs from the reader
+    # and read each one's outcome (at most ``limit`` short reads).
+    runs = []
+    for view in await backend.reader().recent_runs(limit, trigger):
+        run = (await store.run_detail(view.run_id)).run
+        if ((state is None or _value(run.state) == state) and (project is None or run.project_id == project)
+                and (task is None or run.task_id == task)):
+            runs.append(run)
+    return runs
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """Recent Runs, newest first: state, exit code, duration, Attempts."""
+    if args.runs_command == "show":
+        return _show_run(args)
+    if args.runs_command == "cancel":
+        return _cancel_run(args)
+    container = container_of(args)
+
+    async def go(backend: Any) -> tuple[list[Any] | None, dict[str, Any]]:
+        runs = await list_runs(backend, state=args.state, project=args.project, task=args.task,
+                               trigger=args.trigger, limit=args.limit)
+        keys: dict[str, Any] = {}
+        if runs is not None and args.json:
+            store = execution_of(backend)
+            for run in runs:  # the idempotency key, for scripts that check one Run per occurrence
+                keys[run.run_id] = (await store.run_detail(run.run_id)).idempotency_key
+        return runs, keys
+
+    runs, keys = on_backend(container, go, create=False)
+    if runs is None:
+        if args.state or args.task or args.project:
+            raise UserError("--state, --task and --project need a profile that runs Runs locally; "
+                            f"the {container.loaded().profile.name} profile lists admitted Runs only")
+        from .read import show_runs
+
+        return show_runs(container, limit=args.limit, trigger=args.trigger, as_json=args.json)
+    if args.json:
+        print_json([{**summary_json(r), "idempotency_key": keys.get(r.run_id)} for r in runs])
+    else:
+        print_run_table(runs)
+    return ExitCode.OK
+
+
+def attempt_json(a: Any) -> dict[str, Any]:
+    """An :class:`~qinglong.contracts.execution.AttemptView` as ``runs show --json`` prints it."""
+    return {"attempt_id": a.attempt_id, "attempt_no": a.attempt_no, "state": _value(a.state),
+            "executor": a.executor, "created_at_ms": a.created_at_ms, "not_before_ms": a.not_before_ms,
+            "started_at_ms": a.started_at_ms, "finished_at_ms": a.finished_at_ms, "exit_code": a.exit_code,
+            "signal": a.signal, "duration_ms": a.duration_ms, "log_bytes": a.log_bytes,
+            "log_dropped_bytes": a.log_dropped_bytes, "log_deleted": a.log_deleted,
+            "reason": a.reason, "cancel_reason": a.cancel_reason}
+
+
+def _outcome(a: Any) -> str:
+    if a.exit_code is not None:
+        return f"exit {a.exit_code}"
+    if a.signal is not None:
+        return f"signal {a.signal}"
+    return "-"
+
+
+def _show_run(args: argparse.Namespace) -> int:
+    container = container_of(args)
+
+    async def go(backend: Any) -> Any:
+        return await need_execution(backend, container, "runs show").run_detail(args.run_id)
+
+    detail = on_backend(container, go, create=False)
+    run = detail.run
+    if args.json:
+        print_json({**summary_json(run), "idempotency_key": detail.idempotency_key,
+                    "task_revision": detail.task_revision,
+                    "attempts": [attempt_json(a) for a in detail.attempts]})
+        return ExitCode.OK
+    print(f"run {run.run_id}: {_value(run.state)}"
+          + (f" (exit {run.exit_code})" if run.exit_code is not None else "")
+          + (f": {run.reason}" if run.reason else ""))
+    print(f"task {run.project_id}/{run.task_id} revision {detail.task_revision}, "
+          f"trigger {run.trigger_id or '-'}, idempotency key {detail.idempotency_key}")
+    print(f"scheduled for {iso(run.scheduled_for_ms)}, admitted at {iso(run.admitted_at_ms)}, "
+          f"finished at {iso(run.finished_at_ms)}, duration {_ms(run.duration_ms)} ms")
+    print_table(["attempt", "state", "outcome", "started", "ended", "duration_ms", "log_bytes", "dropped",
+                 "log", "reason"],
+                [[a.attempt_no, _value(a.state), _outcome(a), iso(a.started_at_ms), iso(a.finished_at_ms),
+                  _ms(a.duration_ms), _ms(a.log_bytes), a.log_dropped_bytes,
+                  "deleted" if a.log_deleted else ("kept" if a.attempt_dir else "-"),
+                  a.reason or (a.cancel_reason and f"cancel requested: {a.cancel_reason}") or ""]
+                 for a in detail.attempts])
+    return ExitCode.OK
+
+
+def _cancel_run(args: argparse.Namespace) -> int:
+    from qinglong.contracts.execution import Actor, CancelReason
+
+    container = container_of(args)
+
+    async def go(backend: Any) -> tuple[Any, Any]:
+        store = need_execution(backend, container, "runs cancel")
+        before = (await store.run_detail(args.run_id)).run.state
+        after = await store.request_cancel(args.run_id, CancelReason.OPERATOR, now_ms(), Actor.OPERATOR)
+        return before, after
+
+    before, after = on_backend(container, go, create=False)
+    before, after = _value(before), _value(after)
+    if args.json:
+        print_json({"run_id": args.run_id, "state_before": before, "state": after})
+    elif before == after and after in ("succeeded", "failed", "timed_out", "cancelled", "lost"):
+        print(f"run {args.run_id} had already ended: {after}; nothing to cancel")
+    elif after == "cancelled":
+        print(f"run {args.run_id}: cancelled (it was {before})")
+    else:
+        print(f"run {args.run_id}: {after}, cancel requested; its process is being stopped "
+              "(`qinglong runs show` tells when it ended)")
+    return ExitCode.OK
+
+
+# --------------------------------------------------------------------------- logs
+
+
+def tail_offset(f: BinaryIO, size: int, lines: int) -> int:
+    """Where the last ``lines`` lines of a file of ``size`` bytes start (a final newline ends the
+    last line; it does not start an empty one)."""
+    end = size - 1 if size and _byte_at(f, size - 1) == b"\n" else size
+    pos, found = end, 0
+    while pos > 0:
+        start = max(0, pos - CHUNK)
+        f.seek(start)
+        block = f.read(pos - start)
+        index = len(block)
+        while True:
+            index = block.rfind(b"\n", 0, index)
+            if index < 0:
+                break
+            found += 1
+            if found == lines:
+                return start + index + 1
+        pos = start
+    return 0
+
+
+def _byte_at(f: BinaryIO, offset: int) -> bytes:
+    f.seek(offset)
+    return f.read(1)
+
+
+def _copy(f: BinaryIO, offset: int, out: BinaryIO) -> int:
+    """Write the file's bytes from ``offset`` to its current end; the new offset."""
+    f.seek(offset)
+    while True:
+        block = f.read(CHUNK)
+        if not block:
+            break
+        out.write(block)
+        offset += len(block)
+    out.flush()
+    return offset
+
+
+def _note(text: str) -> None:
+    sys.stderr.write(f"qinglong: note: {text}\n")
+    sys.stderr.flush()
+
+
+def _pick_attempt(detail: Any, number: int | None) -> Any:
+    if not detail.attempts:
+        raise NotFound(f"run {detail.run.run_id} has no attempt")
+    if number is None:
+        return max(detail.attempts, key=lambda a: a.attempt_no)
+    for attempt in detail.attempts:
+        if attempt.attempt_no == number:
+            return attempt
+    raise NotFound(f"run {detail.run.run_id} has no attempt {number} (it has "
+                   f"{', '.join(str(a.attempt_no) for a in detail.attempts)})")
+
+
+def _tombstone(run_id: str, attempt: Any) -> NotFound:
+    return NotFound(f"the log of run {run_id} attempt {attempt.attempt_no} was deleted by log retention "
+                    f"([execution] log_retention_days, min_free_bytes); it held {_ms(attempt.log_bytes)} bytes")
+
+
+async def _print_log(store: Any, run_id: str, number: int | None, tail: int | None, follow: bool,
+                     out: BinaryIO) -> None:
+    from qinglong.contracts.execution import AttemptState
+
+    detail = await store.run_detail(run_id)
+    attempt = _pick_attempt(detail, number)
+    number = attempt.attempt_no
+    offset: int | None = None
+    f: BinaryIO | None = None
+    try:
+        while True:
+            if attempt.log_deleted:
+                raise _tombstone(run_id, attempt)
+            ended = AttemptState(_value(attempt.state)).terminal
+            if f is None and attempt.attempt_dir:
+                try:
+                    f = open(os.path.join(attempt.attempt_dir, "log"), "rb")
+                except FileNotFoundError:
+                    f = None
+            if f is not None:
+                # An end seen before this read means the log is complete once read to its end: the
+                # waiter wrote its receipt after the job's last byte.
+                ended = ended or os.path.exists(os.path.join(attempt.attempt_dir, "receipt"))
+                if offset is None:
+                    size = os.fstat(f.fileno()).st_size
+                    offset = tail_offset(f, size, tail) if tail is not None else 0
+                offset = _copy(f, offset, out)
+            if not follow or ended:
+                break
+            await asyncio.sleep(FOLLOW_POLL_S)
+            attempt = _pick_attempt(await store.run_detail(run_id), number)
+    finally:
+        if f is not None:
+            f.close()
+    if f is None:
+        state = getattr(attempt.state, "value", attempt.state)
+        _note(f"run {run_id} attempt {number} has no log ({state}"
+              + (f": {attempt.reason}" if attempt.reason else "") + ")")
+    if attempt.log_dropped_bytes:
+        _note(f"the log of run {run_id} attempt {number} stopped at the task's log limit: "
+              f"{attempt.log_dropped_bytes} more bytes of output were dropped")
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Print an Attempt's log as it is; ``--follow`` until the Attempt ends."""
+    container = container_of(args)
+    sys.stdout.flush()
+
+    async def go(backend: Any) -> None:
+        store = need_execution(backend, container, "logs")
+        await _print_log(store, args.run_id, args.attempt, args.tail, args.follow, sys.stdout.buffer)
+
+    on_backend(container, go, create=False)
+    return ExitCode.OK
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``runs`` (with ``show`` and ``cancel``) and ``logs``."""
+    from qinglong.contracts.execution import RunState
+
+    p = sub.add_parser("runs", parents=[common], help="recent Runs, newest first: state, exit code, duration",
+                       description="Recent Runs, newest first: state, exit code, duration and attempts. "
+                                   "`runs show RUN` shows one with its attempts; `runs cancel RUN` cancels it.")
+    p.set_defaults(func=cmd_runs, runs_command=None)
+    p.add_argument("--limit", type=positive_count, default=20, help="Runs to show (default 20)")
+    p.add_argument("--state", choices=[s.value for s in RunState], default=None, help="only Runs in this state")
+    p.add_argument("--project", default=None, help="only this project's Runs")
+    p.add_argument("--task", default=None, help="only this task's Runs")
+    p.add_argument("--trigger", default=None, help="only this trigger's Runs")
+    add_json_flag(p)
+    runs_sub = p.add_subparsers(dest="runs_command", metavar="SUBCOMMAND")
+    show = runs_sub.add_parser("show", parents=[common], help="one Run and each of its attempts",
+                               description="One Run and each of its attempts: state, exit code or signal, "
+                                           "start, end, duration, log size, dropped bytes, reason.")
+    show.add_argument("run_id", metavar="RUN")
+    add_json_flag(show)
+    cancel = runs_sub.add_parser("cancel", parents=[common], help="cancel a Run (its process is stopped)",
+                                 description="Cancel a Run: a queued one ends cancelled at once; a running "
+                                             "one's process is sent TERM, then KILL after the grace.")
+    cancel.add_argument("run_id", metavar="RUN")
+    add_json_flag(cancel)
+
+    p = sub.add_parser("logs", parents=[common], help="print a Run's output (an attempt's log), --follow",
+                       description="Print an attempt's log exactly as the job wrote it (default: the last "
+                                   "attempt). A log deleted by retention exits 3; dropped bytes are "
+                                   "reported on stderr.")
+    p.set_defaults(func=cmd_logs)
+    p.add_argument("run_id", metavar="RUN")
+    p.add_argument("--attempt", type=positive_count, default=None, metavar="N", help="attempt N (default the last)")
+    p.add_argument("--tail", type=positive_count, default=None, metavar="N", help="only the last N lines")
+    p.add_argument("--follow", action="store_true", help="keep printing new output until the attempt ends")
