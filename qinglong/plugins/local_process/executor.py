@@ -1,0 +1,386 @@
+"""The ``local_process`` executor: start an Attempt's job under the shell wrapper and watch it.
+
+Everything after :meth:`LocalProcessExecutor.start` works from the Attempt directory and the
+handle alone (see :mod:`.wrapper` for the directory's files), so a control plane restarted after
+a crash probes, waits for, reads and signals a job an earlier one started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import subprocess
+import time
+from typing import Mapping
+
+from qinglong.contracts.execution import (
+    ExecutorContext,
+    ProcessHandle,
+    ProcessState,
+    Receipt,
+    StartError,
+    StartRequest,
+    job_environment,
+)
+
+from . import procfs
+from .wrapper import FIFO, LOCK, LOG, PID, RECEIPT, find_tools, wrapper_argv, wrapper_script
+
+#: How often :meth:`LocalProcessExecutor.wait` looks at the lock when it cannot be told of the
+#: wrapper's exit (a kernel without pidfd), and how often it re-checks even when it can.
+POLL_SECONDS = 0.2
+PIDFD_RECHECK_SECONDS = 1.0
+#: How long :meth:`LocalProcessExecutor.find_handle` waits for the pid file of a wrapper that
+#: holds the lock but has not written it yet (it does so first thing).
+PID_FILE_GRACE_SECONDS = 1.0
+#: How long start() retries a lock that a concurrent probe holds for an instant.
+LOCK_RETRY_SECONDS = 0.05
+
+
+class LocalProcessExecutor:
+    """Starts and watches the local processes of Attempts (one instance per ``qinglong run``)."""
+
+    name = "local_process"
+
+    def __init__(self, context: ExecutorContext) -> None:
+        self._context = context
+        self._tools = find_tools()
+        self._script = wrapper_script(self._tools)
+        self._boot_id = procfs.boot_id()
+        # wrappers we spawned and have not reaped yet: reaped by wait(), or by the next start()
+        self._children: dict[int, subprocess.Popen] = {}
+
+    @property
+    def kill_grace_ms(self) -> int:
+        return self._context.kill_grace_ms
+
+    # ---------------------------------------------------------------------------------- start
+
+    async def start(self, request: StartRequest) -> ProcessHandle:
+        """Check the program and the working directory, then spawn the wrapper detached (its own
+        session and process group) holding the Attempt's lock; return its verified handle.
+
+        :raises StartError: the program is missing or not executable, the working directory is
+            missing, or the Attempt directory already shows a start; nothing was spawned.
+        """
+        self._reap_finished()
+        spec = request.spec
+        env = job_environment(self._context.base_env, request)
+        cwd = spec.working_dir or env.get("HOME") or "/"
+        _check_working_dir(cwd)
+        program = _resolve_program(spec.command[0], env.get("PATH", ""), cwd,
+                                   path_is_the_tasks="PATH" in spec.env)
+        attempt_dir = os.path.abspath(request.attempt_dir)
+        _make_private_dir(attempt_dir)
+        _refuse_a_second_start(attempt_dir)
+        lock_fd = _open_lock(os.path.join(attempt_dir, LOCK))
+        try:
+            _take_lock(lock_fd, attempt_dir)
+            _refuse_a_second_start(attempt_dir)  # checked again under the lock
+            fifo = os.path.join(attempt_dir, FIFO)
+            try:
+                os.unlink(fifo)
+            except FileNotFoundError:
+                pass
+            os.mkfifo(fifo, 0o600)
+            argv = wrapper_argv(self._tools, self._script, attempt_dir, spec.log_limit_bytes,
+                                [program, *spec.command[1:]])
+            try:
+                proc = subprocess.Popen(argv, stdin=lock_fd, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, cwd=cwd, env=env,
+                                        start_new_session=True, close_fds=True)
+            except OSError as exc:
+                raise StartError(f"could not start {spec.command[0]!r}: "
+                                 f"{exc.strerror or exc}") from None
+        finally:
+            # the wrapper holds the lock now (its stdin, then fd 9); ours is closed only after
+            # the spawn, so the lock was never free between the check and the start
+            os.close(lock_fd)
+        self._children[proc.pid] = proc
+        stat = procfs.read_stat(proc.pid)  # our unreaped child: readable even if it exited
+        if stat is None:  # pragma: no cover - only if someone else reaped our child
+            raise RuntimeError(f"the wrapper {proc.pid} vanished before its handle was read")
+        return ProcessHandle(self._boot_id, proc.pid, proc.pid, stat.start_ticks)
+
+    # ---------------------------------------------------------------------------------- probe
+
+    def probe(self, attempt_dir: str, handle: ProcessHandle | None) -> ProcessState:
+        """Lock held: ALIVE. Lock free with a receipt or a pid file: ENDED (a pid file without a
+        receipt means the wrapper died before the job's end was recorded). Nothing: NEVER_STARTED."""
+        if _lock_held(attempt_dir):
+            return ProcessState.ALIVE
+        if (os.path.lexists(os.path.join(attempt_dir, RECEIPT))
+                or os.path.lexists(os.path.join(attempt_dir, PID))):
+            return ProcessState.ENDED
+        return ProcessState.NEVER_STARTED
+
+    def find_handle(self, attempt_dir: str) -> ProcessHandle | None:
+        """The handle of the live wrapper of ``attempt_dir`` from its pid file, verified: the
+        lock is still held after the process was read, so the pid still names that wrapper.
+        None when no wrapper is alive (or one is, for over a second, without a pid file)."""
+        deadline = time.monotonic() + PID_FILE_GRACE_SECONDS
+        while True:
+            pid = _read_pid(attempt_dir)
+            if pid is not None:
+                break
+            if not _lock_held(attempt_dir) or time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
+        stat = procfs.read_stat(pid)
+        if stat is None or stat.pgrp != pid or stat.session != pid:
+            return None
+        if not _lock_held(attempt_dir):
+            return None
+        return ProcessHandle(self._boot_id, pid, pid, stat.start_ticks)
+
+    # ----------------------------------------------------------------------------------- wait
+
+    async def wait(self, attempt_dir: str, handle: ProcessHandle) -> None:
+        """Return once the Attempt's lock is free (its wrapper ended, receipt written if it
+        could). Works for a wrapper an earlier control plane started; where the kernel offers a
+        pidfd the wrapper's exit wakes us at once, otherwise the lock is polled."""
+        pidfd = None
+        try:
+            if _lock_held(attempt_dir):
+                pidfd = self._open_pidfd(handle)
+                while _lock_held(attempt_dir):
+                    if pidfd is not None:
+                        if await _readable(pidfd, PIDFD_RECHECK_SECONDS):
+                            # it exited: the lock is free now; poll if it is not (never seen)
+                            os.close(pidfd)
+                            pidfd = None
+                    else:
+                        await asyncio.sleep(POLL_SECONDS)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+        await self._reap(handle.pid)
+
+    def _open_pidfd(self, handle: ProcessHandle) -> int | None:
+        if not hasattr(os, "pidfd_open") or not self._verified(handle):
+            return None
+        try:
+            fd = os.pidfd_open(handle.pid)
+        except OSError:
+            return None
+        if not self._verified(handle):  # the pid was reused before the open: not ours
+            os.close(fd)
+            return None
+        return fd
+
+    def _verified(self, handle: ProcessHandle) -> bool:
+        stat = procfs.read_stat(handle.pid)
+        return (handle.boot_id == self._boot_id and stat is not None
+                and stat.start_ticks == handle.start_ticks)
+
+    async def _reap(self, pid: int) -> None:
+        """Reap our own wrapper (it is exiting: its lock is free) so no zombie stays behind."""
+        proc = self._children.get(pid)
+        if proc is None:
+            return
+        for _ in range(400):
+            if proc.poll() is not None:
+                self._children.pop(pid, None)
+                return
+            await asyncio.sleep(0.005)
+        # still not exited (it should have): the next start() sweeps it
+
+    def _reap_finished(self) -> None:
+        for pid, proc in list(self._children.items()):
+            if proc.poll() is not None:
+                self._children.pop(pid, None)
+
+    # -------------------------------------------------------------------------------- receipt
+
+    def read_receipt(self, attempt_dir: str) -> Receipt | None:
+        """The wrapper's receipt, or None if it never wrote one (or it cannot be read as one).
+
+        The shell reports a job killed by signal N as status 128 + N, so a status of 129 to 192
+        is recorded as that signal (a program exiting with such a code on its own is
+        indistinguishable from it)."""
+        path = os.path.join(attempt_dir, RECEIPT)
+        try:
+            with open(path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                text = f.read(4096).decode("ascii", "replace")
+        except FileNotFoundError:
+            return None
+        fields = _parse_fields(text)
+        try:
+            status = int(fields["status"])
+        except (KeyError, ValueError):
+            return None
+        if not 0 <= status <= 255:
+            return None
+        try:
+            dropped = int(fields.get("dropped", "") or 0)
+        except ValueError:
+            dropped = 0
+        if 128 < status <= 128 + 64:
+            exit_code, signal = None, status - 128
+        else:
+            exit_code, signal = status, None
+        try:
+            log_bytes = os.stat(os.path.join(attempt_dir, LOG)).st_size
+        except FileNotFoundError:
+            log_bytes = 0
+        return Receipt(exit_code, signal, stat.st_mtime_ns // 1_000_000, log_bytes, max(dropped, 0))
+
+    # --------------------------------------------------------------------------------- signal
+
+    def signal(self, handle: ProcessHandle, signum: int) -> bool:
+        """``killpg(handle.pgid, signum)`` only if the handle still names our process group:
+        same boot, and the leader either has the handle's start time or is gone (its group id
+        cannot be reused while a member lives). False, with nothing sent, otherwise."""
+        if handle.boot_id != self._boot_id or handle.pgid != handle.pid:
+            return False
+        stat = procfs.read_stat(handle.pid)
+        if stat is not None and (stat.start_ticks != handle.start_ticks or stat.pgrp != handle.pgid):
+            return False  # the pid now names another process: never signal it
+        try:
+            os.killpg(handle.pgid, signum)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def _check_working_dir(cwd: str) -> None:
+    if not os.path.exists(cwd):
+        raise StartError(f"the working directory {cwd!r} does not exist")
+    if not os.path.isdir(cwd):
+        raise StartError(f"the working directory {cwd!r} is not a directory")
+    if not os.access(cwd, os.X_OK):
+        raise StartError(f"the working directory {cwd!r} is not accessible (permission denied)")
+
+
+def _resolve_program(program: str, path: str, cwd: str, *, path_is_the_tasks: bool) -> str:
+    """The program as the wrapper runs it: as written if it holds a '/', else its absolute path on
+    the job's PATH (so a shell builtin of the same name never stands in for it)."""
+    if "/" in program:
+        candidate = program if os.path.isabs(program) else os.path.join(cwd, program)
+        where = "" if os.path.isabs(program) else f" (in the working directory {cwd!r})"
+        if not os.path.exists(candidate):
+            raise StartError(f"program {program!r} does not exist{where}")
+        if os.path.isdir(candidate) or not os.access(candidate, os.X_OK):
+            raise StartError(f"program {program!r} is not an executable file{where}")
+        return program
+    not_executable = None
+    for directory in path.split(":"):
+        full = os.path.join(cwd, directory or ".", program)
+        if os.path.isfile(full) and os.access(full, os.X_OK):
+            return os.path.normpath(full)
+        if not_executable is None and os.path.lexists(full):
+            not_executable = full
+    if not_executable is not None:
+        raise StartError(f"program {program!r} is not executable ({not_executable})")
+    # the task's PATH is one of its env values: never echoed
+    shown = "the task's PATH" if path_is_the_tasks else f"PATH {path}"
+    raise StartError(f"program {program!r} not found on {shown}")
+
+
+def _make_private_dir(path: str) -> None:
+    """Create ``path`` and any missing parent with mode 0700."""
+    missing = []
+    current = path
+    while not os.path.isdir(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    try:
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                if not os.path.isdir(directory):
+                    raise
+            os.chmod(directory, 0o700)
+    except OSError as exc:
+        raise StartError(f"cannot create the attempt directory {path!r}: {exc.strerror or exc}") from None
+
+
+def _refuse_a_second_start(attempt_dir: str) -> None:
+    for name in (PID, RECEIPT):
+        if os.path.lexists(os.path.join(attempt_dir, name)):
+            raise StartError(f"the attempt directory {attempt_dir!r} shows an earlier start "
+                             f"({name} exists): not starting the job twice")
+
+
+def _open_lock(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise StartError(f"cannot open {path!r}: {exc.strerror or exc}") from None
+
+
+def _take_lock(fd: int, attempt_dir: str) -> None:
+    deadline = time.monotonic() + LOCK_RETRY_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise StartError(f"the attempt directory {attempt_dir!r} is in use by a live "
+                                 "process: not starting the job twice") from None
+            time.sleep(0.005)
+
+
+def _lock_held(attempt_dir: str) -> bool:
+    """Whether a wrapper (or a start in progress) holds the Attempt's lock."""
+    try:
+        fd = os.open(os.path.join(attempt_dir, LOCK), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases our shared lock at once
+    return False
+
+
+def _read_pid(attempt_dir: str) -> int | None:
+    try:
+        with open(os.path.join(attempt_dir, PID), "rb") as f:
+            text = f.read(64)
+    except FileNotFoundError:
+        return None
+    try:
+        pid = int(text.strip())
+    except ValueError:
+        return None
+    return pid if pid > 1 else None
+
+
+def _parse_fields(text: str) -> Mapping[str, str]:
+    fields = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            fields[key.strip()] = value.strip()
+    return fields
+
+
+async def _readable(fd: int, timeout: float) -> bool:
+    """Wait until ``fd`` is readable (a pidfd: its process exited), at most ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def _ready() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, _ready)
+    try:
+        done, _ = await asyncio.wait([ready], timeout=timeout)
+        return bool(done)
+    finally:
+        loop.remove_reader(fd)
+        ready.cancel()

@@ -1,0 +1,59 @@
+"""What ``/proc`` says about a process: enough to tell our process from a later one reusing its pid.
+
+A pid is reused after its process is gone; the pair (boot id, start time in clock ticks since
+boot) is not. A pid also names its process group while any member lives, so the group of a dead
+leader cannot be taken over by a new process before the last member is gone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id() -> str:
+    """This boot's id (changes at every boot)."""
+    with open(BOOT_ID_PATH, encoding="ascii") as f:
+        return f.read().strip()
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """The fields of ``/proc/<pid>/stat`` we use."""
+
+    pid: int
+    state: str  # R, S, D, Z (zombie), ...
+    pgrp: int
+    session: int
+    start_ticks: int  # field 22: start time after boot, clock ticks
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """``/proc/<pid>/stat`` parsed, or None if no such process. The command name (field 2, in
+    parentheses) may itself hold spaces and parentheses: fields are read after the last ')'."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    rest = raw[raw.rindex(b")") + 2:].split()
+    # rest[0] is field 3 (state); field n is rest[n - 3]
+    return ProcStat(pid, rest[0].decode("ascii"), int(rest[2]), int(rest[3]), int(rest[19]))
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live (non-zombie) processes in process group ``pgid``."""
+    import os
+
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = read_stat(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+        if stat is not None and stat.pgrp == pgid and stat.state != "Z":
+            members.append(stat.pid)
+    return members

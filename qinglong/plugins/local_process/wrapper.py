@@ -1,0 +1,98 @@
+"""The shell wrapper that starts, logs and outlives one Attempt's job, and the Attempt directory.
+
+An Attempt directory (mode 0700) holds:
+
+* ``lock`` - taken (``flock``, exclusive) by the executor before it spawns the wrapper and held by
+  the wrapper through an inherited descriptor for its whole life: the lock is free exactly when
+  no wrapper is alive for this Attempt. Nothing else (the job, the log reader) keeps it.
+* ``pid`` - the wrapper's pid (= its session and process group), written first thing, atomically
+  (tmp + rename): without it the job was provably never started;
+* ``out`` - a FIFO: the job's stdout and stderr, read by the wrapper's log reader;
+* ``log`` - the output, appended (O_APPEND, mode 0600), at most the log limit; what comes after is
+  read and counted into ``dropped``, so the job never sees a closed pipe;
+* ``receipt`` - written atomically when the job ended: ``status=N`` (the shell's ``$?``: an exit
+  code, or 128 + the signal that ended it) and ``dropped=N``. Its mtime is the end time.
+
+The wrapper works with any POSIX ``sh`` (dash, busybox ash, bash as sh): no bash-isms, no
+``pipefail``. Its own variables are named ``QINGLONG_*``, a prefix a task's env may not use, so it
+never changes a variable the job inherits. Its helpers (``head``, ``wc``, ``mv``) are named by
+absolute path, found on the minimal PATH when the executor is built, so a task's own PATH cannot
+replace them.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+
+from qinglong.contracts.execution import minimal_environment
+
+LOCK = "lock"
+PID = "pid"
+FIFO = "out"
+LOG = "log"
+DROPPED = "dropped"
+RECEIPT = "receipt"
+
+#: argv[0] of the wrapper shell, as ``ps`` shows it.
+WRAPPER_NAME = "qinglong-job"
+
+# $1 = the Attempt directory (absolute), $2 = the log limit in bytes, $3 = "--", then the argv.
+# stdin is the lock: moved to fd 9 (kept by this shell only: `9<&-` for everything it starts),
+# then stdin becomes /dev/null for the job.
+_TEMPLATE = """\
+umask 077
+exec 9<&0 </dev/null
+QINGLONG_D=$1
+QINGLONG_L=$2
+printf '%s\\n' "$$" >"$QINGLONG_D/pid.tmp" && @MV@ -f "$QINGLONG_D/pid.tmp" "$QINGLONG_D/pid" || exit 70
+trap : TERM INT HUP
+{ trap '' TERM INT HUP; @HEAD@ -c "$QINGLONG_L" >>"$QINGLONG_D/log"; exec @WC@ -c >"$QINGLONG_D/dropped"; } <"$QINGLONG_D/out" 9<&- &
+QINGLONG_R=$!
+shift 3
+"$@" >"$QINGLONG_D/out" 2>&1 9<&-
+QINGLONG_S=$?
+wait "$QINGLONG_R"
+while [ "$?" -gt 128 ]; do wait "$QINGLONG_R"; done
+QINGLONG_N=
+IFS= read -r QINGLONG_N <"$QINGLONG_D/dropped"
+printf 'status=%s\\ndropped=%s\\n' "$QINGLONG_S" "$QINGLONG_N" >"$QINGLONG_D/receipt.tmp" && @MV@ -f "$QINGLONG_D/receipt.tmp" "$QINGLONG_D/receipt"
+"""
+
+# What the wrapper does, step by step:
+# - `trap : TERM INT HUP`: a TERM sent to the group ends the job but not the wrapper, which
+#   then records the job's status (a handler, not an ignore: the job gets default dispositions);
+# - the log reader ignores TERM for the same reason (a KILL still ends it);
+# - `head -c` reads no more than the limit; `wc -c` then reads the rest to its end and counts it;
+# - `wait` returns early (> 128) when a trapped signal arrives: wait again until the reader is
+#   really reaped (a second wait on a reaped pid returns 127).
+
+
+class WrapperToolMissing(RuntimeError):
+    """A tool the wrapper needs is not installed."""
+
+
+def find_tools() -> dict[str, str]:
+    """Absolute paths of ``sh`` and the wrapper's helpers, from the minimal PATH."""
+    path = minimal_environment(None)["PATH"]
+    tools = {}
+    for name in ("sh", "head", "wc", "mv"):
+        found = shutil.which(name, path=path)
+        if found is None:
+            raise WrapperToolMissing(f"local_process needs {name!r} (coreutils or busybox) on {path}")
+        tools[name] = found
+    return tools
+
+
+def wrapper_script(tools: dict[str, str]) -> str:
+    """The wrapper's text (the ``sh -c`` argument), with the helpers' absolute paths."""
+    script = _TEMPLATE
+    for name in ("head", "wc", "mv"):
+        script = script.replace(f"@{name.upper()}@", shlex.quote(tools[name]))
+    return script
+
+
+def wrapper_argv(tools: dict[str, str], script: str, attempt_dir: str, log_limit: int,
+                 argv: list[str]) -> list[str]:
+    """``sh -c WRAPPER qinglong-job ATTEMPT_DIR LOG_LIMIT -- ARGV...``."""
+    return [tools["sh"], "-c", script, WRAPPER_NAME, attempt_dir, str(log_limit), "--", *argv]
