@@ -11,7 +11,6 @@ from qinglong.contracts.records import TriggerDefinition
 
 from .boot import container_of, on_backend
 from .parsing import add_command, positive_count
-from .read import show_runs
 from .signals import run_lifecycle
 
 
@@ -22,9 +21,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return asyncio.run(run_lifecycle(lifecycle, container.diagnostics(), args.for_seconds))
 
 
+#: What the demo task runs: a shell only because the demo asks for one (``sh -c``).
+DEMO_COMMAND = ("sh", "-c", 'echo "hello from qinglong: run $QINGLONG_RUN_ID, attempt $QINGLONG_ATTEMPT"')
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Publish a demo trigger firing every second, run for a few seconds, show the Runs."""
+    """Publish a demo trigger firing every second, run for a few seconds, show the Runs and what
+    the last one printed."""
+    from qinglong.contracts.execution import parse_execution_spec, spec_to_payload
+
+    from .task import execution_limits
+
     container = container_of(args)
+    payload = spec_to_payload(parse_execution_spec(
+        "hello", {"command": list(DEMO_COMMAND), "timeout_ms": 60_000}, execution_limits(container.loaded())))
 
     async def publish(backend: Any) -> None:
         pub = backend.publisher()
@@ -32,19 +42,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
             await pub.create_project("demo", "Demo project")
         except AlreadyExists:
             pass
-        await pub.put_task("demo", "hello", {"command": ["echo", "hello from qinglong"]})
+        await pub.put_task("demo", "hello", payload)
         await pub.put_trigger(TriggerDefinition(
             project_id="demo", trigger_id="demo-every-second", task_id="hello", kind="cron",
             spec={"expression": "* * * * * *", "timezone": "UTC"},
         ))
 
     on_backend(container, publish)
-    print(f"published trigger demo-every-second (cron '* * * * * *'); running for {args.seconds:g} s ...",
-          flush=True)
+    print(f"published trigger demo-every-second (cron '* * * * * *') running {DEMO_COMMAND[0]} -c '...'; "
+          f"running for {args.seconds:g} s ...", flush=True)
     code = asyncio.run(run_lifecycle(container.lifecycle(), container.diagnostics(), args.seconds))
     if code != ExitCode.OK:
         return code
-    return show_runs(container, limit=args.limit, trigger="demo-every-second", as_json=False)
+    from .runs import show_demo_runs
+
+    return show_demo_runs(container, project="demo", task="hello", trigger="demo-every-second", limit=args.limit)
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:

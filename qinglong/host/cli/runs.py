@@ -338,3 +338,43 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--attempt", type=positive_count, default=None, metavar="N", help="attempt N (default the last)")
     p.add_argument("--tail", type=positive_count, default=None, metavar="N", help="only the last N lines")
     p.add_argument("--follow", action="store_true", help="keep printing new output until the attempt ends")
+
+
+def show_demo_runs(container: Any, *, project: str, task: str, trigger: str, limit: int) -> int:
+    """What ``qinglong demo`` prints after its run: the task's Runs with their exit codes, then the
+    output of the newest Run that ended. A store that does not execute Runs lists its admissions."""
+    from qinglong.contracts.execution import TERMINAL_RUN_STATES, RunState
+
+    async def go(backend: Any) -> tuple[list[Any] | None, Any, bytes | None]:
+        store = execution_of(backend)
+        if store is None:
+            return None, None, None
+        runs = list(await store.list_runs(project_id=project, task_id=task, limit=limit))
+        ended = next((r for r in runs if RunState(_value(r.state)) in TERMINAL_RUN_STATES), None)
+        if ended is None:
+            return runs, None, None
+        detail = await store.run_detail(ended.run_id)
+        last = max(detail.attempts, key=lambda a: a.attempt_no)
+        output = None
+        if last.attempt_dir and not last.log_deleted:
+            try:
+                with open(os.path.join(last.attempt_dir, "log"), "rb") as f:
+                    output = f.read(CHUNK)
+            except FileNotFoundError:
+                output = None
+        return runs, ended, output
+
+    runs, ended, output = on_backend(container, go, create=False)
+    if runs is None:
+        from .read import show_runs
+
+        return show_runs(container, limit=limit, trigger=trigger, as_json=False)
+    print_run_table(runs)
+    if ended is None:
+        print("no Run has ended yet; `qinglong runs` shows them as they do")
+        return ExitCode.OK
+    print(f"\noutput of run {ended.run_id} (`qinglong logs {ended.run_id}`):")
+    sys.stdout.flush()
+    sys.stdout.buffer.write(output or b"")
+    sys.stdout.buffer.flush()
+    return ExitCode.OK
