@@ -19,6 +19,7 @@ import pluggy
 
 from qinglong.contracts.diagnostics import DiagnosticSink
 from qinglong.contracts.errors import PluginLoadError
+from qinglong.contracts.execution import ExecutorSpec
 from qinglong.contracts.hookspecs import (
     ENTRY_POINT_GROUP,
     PROJECT_NAME,
@@ -365,6 +366,15 @@ class PluginHost:
             "qinglong_scheduler_backends", "a SchedulerBackendSpec",
             lambda spec: isinstance(spec, SchedulerBackendSpec), lambda spec: spec.name,
             "two plugins provide scheduler backend {key}: {first} and {second}")
+
+    def executor_specs(self) -> dict[str, ExecutorSpec]:
+        """Executors by name; two of one name are refused, naming both plugins."""
+        return self._unique(
+            "qinglong_executors", "an ExecutorSpec (name, create)",
+            lambda spec: (isinstance(spec, ExecutorSpec) and isinstance(spec.name, str) and bool(spec.name)
+                          and callable(spec.create)),
+            lambda spec: spec.name,
+            "two plugins provide executor {key}: {first} and {second}; disable one of them")
 
     def diagnostic_sinks(self, settings: Any) -> list[DiagnosticSink]:
         """Extra diagnostic sinks from plugins."""

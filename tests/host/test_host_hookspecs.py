@@ -154,3 +154,80 @@ def test_hook_qinglong_scheduler_backends_offers_a_third_party_backend_by_name(s
 def test_the_host_settings_satisfy_the_settings_protocol_of_the_contracts():
     """Plugins are typed against contracts' ``Settings``; the host's model must keep providing it."""
     assert isinstance(load_settings().settings, Settings)
+
+
+EXECUTOR_PLUGIN = '''
+from qinglong.contracts.execution import ExecutorSpec
+from qinglong.contracts.hookspecs import hookimpl
+
+CONTEXTS = []
+
+
+class NullExecutor:
+    name = "acme_null"
+
+    def __init__(self, context):
+        CONTEXTS.append(context)
+
+
+@hookimpl
+def qinglong_executors():
+    yield ExecutorSpec(name="acme_null", create=NullExecutor, description="does nothing")
+'''
+
+RIVAL_EXECUTOR_PLUGIN = '''
+from qinglong.contracts.execution import ExecutorSpec
+from qinglong.contracts.hookspecs import hookimpl
+
+
+@hookimpl
+def qinglong_executors():
+    return [ExecutorSpec(name="acme_null", create=lambda context: None)]
+'''
+
+
+def _add_executor_plugins(site, monkeypatch):
+    site.add_distribution("acme-null", {"acme_null.py": EXECUTOR_PLUGIN}, {"null": "acme_null"})
+    site.add_distribution("acme-rival", {"acme_rival.py": RIVAL_EXECUTOR_PLUGIN}, {"rival": "acme_rival"})
+    monkeypatch.syspath_prepend(str(site.root))
+    for module in ("acme_null", "acme_rival"):
+        monkeypatch.delitem(importlib.sys.modules, module, raising=False)
+    importlib.invalidate_caches()
+
+
+def test_hook_qinglong_executors_offers_a_third_party_executor_created_with_the_execution_context(
+        site, tmp_path, monkeypatch):
+    """A third party's executor must be found by name and built with the settings' context: a
+    wrong log directory would put Attempt logs where retention never looks, and the control
+    plane's own environment (which may hold its secrets) must never become a job's base."""
+    from qinglong.host.containers import create_executors, executor_context
+
+    _add_executor_plugins(site, monkeypatch)
+    monkeypatch.setenv("QINGLONG_TEST_SECRET", "hunter2")
+    settings = tmp_path / "s.toml"
+    settings.write_text(f'[plugins]\nenable = ["null"]\n[backend]\npath = "{tmp_path / "q.db"}"\n'
+                        '[execution]\nkill_grace_ms = 1500\n')
+    loaded = load_settings(settings)
+    container = build_container(loaded)
+    host = container.plugin_host()
+    assert "acme_null" in host.executor_specs()
+    context = executor_context(loaded, container.backend_settings())
+    executors = create_executors(host, context)
+    assert executors["acme_null"].__class__.__name__ == "NullExecutor"
+    made = importlib.import_module("acme_null").CONTEXTS[-1]
+    assert made.log_dir == str(tmp_path / "q.db") + ".logs"
+    assert made.kill_grace_ms == 1500
+    assert "QINGLONG_TEST_SECRET" not in made.base_env and set(made.base_env) <= {"PATH", "LANG", "HOME"}
+
+
+def test_hook_qinglong_executors_refuses_two_plugins_offering_one_name(site, monkeypatch):
+    """Two executors of one name would leave it to load order which one runs a task's processes."""
+    from qinglong.contracts.errors import PluginLoadError
+
+    _add_executor_plugins(site, monkeypatch)
+    host = PluginHost()
+    host.load(["null", "rival"])
+    with pytest.raises(PluginLoadError) as err:
+        host.executor_specs()
+    assert "two plugins provide executor 'acme_null'" in str(err.value)
+    assert '"null" (acme-null 0.1.0)' in str(err.value) and '"rival" (acme-rival 0.1.0)' in str(err.value)
