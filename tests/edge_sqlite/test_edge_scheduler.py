@@ -54,7 +54,7 @@ async def test_initialize_then_fire_admits_one_run_with_attempt_and_two_events(d
         assert (state, key, queued) == ("queued", f"ql3:cron:v1:a:1:{due}", clock.ms)
         assert query(db_path, "SELECT attempt_no, state, executor, worker_id, lease_id, started_at_ms "
                               "FROM attempts WHERE run_id = ?", (run_id,)) == \
-            [(1, "claimed", "remote_worker", None, None, None)]
+            [(1, "claimed", "local_process", None, None, None)]
         assert query(db_path, "SELECT seq, type FROM run_events WHERE run_id = ? ORDER BY seq",
                      (run_id,)) == [(1, "run.created"), (2, "run.queued")]
         assert query(db_path, "SELECT last_scheduled_at_ms FROM trigger_schedules") == [(due,)]

@@ -19,6 +19,7 @@ from qinglong.contracts.records import MigrationState, RecoveryReport, RoundRepo
 from qinglong.contracts.store import BackendContext
 
 from . import migrations
+from .execution import SqliteExecutionStore
 from .publisher import SqlitePublisher
 from .reader import SqliteReader
 from .recovery import recover_in_thread
@@ -45,6 +46,7 @@ class EdgeSqliteBackend:
         self.migrations = migrations.load_migrations()
         self._publisher = SqlitePublisher(self.store, context)
         self._reader = SqliteReader(self.store)
+        self._execution = SqliteExecutionStore(self.store)
         self._may_create = True
         # Held (undecidable) schedules, remembered across this backend's rounds.
         self._held = HeldSchedules()
@@ -140,6 +142,11 @@ class EdgeSqliteBackend:
     def reader(self) -> SqliteReader:
         """The read side."""
         return self._reader
+
+    def execution(self) -> SqliteExecutionStore:
+        """The execution side (:class:`~qinglong.contracts.execution.ExecutionStore`): the local
+        dispatcher's and the run commands' one store, on this backend's connection."""
+        return self._execution
 
     async def close(self) -> None:
         """Close the connection. Idempotent."""

@@ -1,10 +1,12 @@
 """Startup recovery: leave pristine queued attempts alone, report everything else in flight.
 
 A pristine queued Attempt is exactly what admission wrote: the Run is ``queued`` with
-``queued_at_ms`` equal to its admission time; the Attempt is its latest and its first, ``claimed``
-for ``remote_worker``, created at the admission time, with every worker, session, lease, offer,
-callback, start, finish, result and error field NULL and the execution digest of the Run's pinned
-task revision (which is stored with that digest); and the Run has exactly the events
+``queued_at_ms`` equal to its admission time and no finish; the Attempt is its latest and its
+first, ``claimed`` for the executor its pinned task revision names (``executor`` in the payload,
+default ``local_process``), created at the admission time, with every worker, session, lease,
+offer, callback, dispatch, process, cancel, start, finish, result, log and error field unset and
+the execution digest of that revision and executor (the revision stored with the digest the Run
+recorded); and the Run has exactly the events
 ``run.created`` (seq 1) and ``run.queued`` (seq 2). Such a Run is waiting for dispatch, not failed.
 Anything else in flight is a candidate for an operator or a later recovery step; nothing here
 modifies it (fail closed).
@@ -20,7 +22,7 @@ import sqlite3
 from qinglong.contracts.records import RecoveryReport
 
 from .queries import q
-from .scheduler import EXECUTOR, pinned_execution_digest
+from .scheduler import pinned_execution_digest
 from .store import named_rows
 
 #: How many candidates a report names one by one; the rest are summarised in one line.
@@ -30,7 +32,7 @@ CANDIDATE_BOUND = 100
 def _describe(row: sqlite3.Row) -> str:
     run_id, run_state, attempt_id = row["run_id"], row["run_state"], row["attempt_id"]
     queued_at, admitted_at = row["queued_at_ms"], row["admitted_at_ms"]
-    attempt_no, attempt_state, executor = row["attempt_no"], row["attempt_state"], row["executor"]
+    attempt_no, attempt_state = row["attempt_no"], row["attempt_state"]
     attempt_created, touched, events_ok = (row["attempt_created_at_ms"], row["touched"],
                                            row["events_ok"])
     if attempt_id is None:
@@ -46,8 +48,6 @@ def _describe(row: sqlite3.Row) -> str:
         reasons.append(f"latest attempt is #{attempt_no}, admission makes only #1")
     if attempt_state != "claimed":
         reasons.append(f"attempt state {attempt_state!r}")
-    if executor != EXECUTOR:
-        reasons.append(f"executor {executor!r}")
     if attempt_created != admitted_at:
         reasons.append("attempt created_at_ms differs from the admission time")
     if touched:
@@ -74,16 +74,22 @@ def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
         for pin in named_rows(conn, q("in_flight_summary")):
             project_id, task_id, revision = pin["project_id"], pin["task_id"], pin["task_revision"]
             task_digest, digest = pin["task_digest"], pin["execution_digest"]
+            executor = pin["executor"]
             if not pin["pristine"]:
                 drifted = True
                 continue
             problem = None
-            if digest != pinned_execution_digest(project_id, task_id, revision, task_digest):
+            named = conn.execute(q("task_revision_executor"),
+                                 (project_id, task_id, revision, task_digest)).fetchone()
+            if digest != pinned_execution_digest(project_id, task_id, revision, task_digest,
+                                                 executor):
                 problem = "execution digest does not match its pinned task revision"
-            elif conn.execute(q("task_revision_exists"),
-                              (project_id, task_id, revision, task_digest)).fetchone() is None:
+            elif named is None:
                 problem = (f"pinned task revision {task_id!r} #{revision} is not stored with the "
                            "digest the run recorded")
+            elif named[0] != executor:
+                problem = (f"executor {executor!r} is not the one its pinned task revision names "
+                           f"({named[0]!r})")
             if problem is None:
                 pristine += pin["runs"]
                 continue
@@ -92,7 +98,8 @@ def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
                 overflow = True
                 continue
             for run in named_rows(conn, q("in_flight_of_pin"),
-                              (project_id, task_id, revision, task_digest, digest, room)):
+                              (project_id, task_id, revision, task_digest, executor, digest,
+                               room)):
                 candidates.append(f"run {run['run_id']} attempt {run['attempt_id']} "
                                   f"(#{run['attempt_no']}): {problem}")
         if drifted:

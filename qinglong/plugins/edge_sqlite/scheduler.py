@@ -84,7 +84,8 @@ STORE_FAILURE_REPORT_MS = 60_000
 #: The keyset before every row: below every cursor and every identifier.
 _KEYSET_START = (-(2 ** 63), "", "")
 
-EXECUTOR = "remote_worker"
+#: The executor an Attempt is claimed for when its task's payload names none.
+DEFAULT_EXECUTOR = "local_process"
 
 #: A test seam: called on the connection's thread after every decision of the page was made and
 #: before the first commit, to change the database between decision and commit.
@@ -149,6 +150,7 @@ class _DueRow:
     task_digest: str
     provider: Any = None
     execution_digest: str = ""
+    executor: str = DEFAULT_EXECUTOR
 
 
 @dataclass(slots=True)
@@ -176,7 +178,8 @@ def _due_row(row: sqlite3.Row, specs: dict) -> _DueRow:
         trigger_revision=row["trigger_revision"], next_fire_at_ms=row["next_fire_at_ms"],
         last_scheduled_at_ms=row["last_scheduled_at_ms"], state_version=row["state_version"],
         published_at_ms=row["published_at_ms"])
-    return _DueRow(head, cursor, row["task_revision"], row["task_digest"])
+    return _DueRow(head, cursor, row["task_revision"], row["task_digest"],
+                   executor=row["executor"])
 
 
 @dataclass(slots=True)
@@ -366,7 +369,9 @@ def commit_decision(conn: sqlite3.Connection, row: _DueRow, decision: Decision,
                 idempotency_key(head.trigger_id, head.trigger_revision, decision.scheduled_for_ms,
                                 head.kind),
             ))
-            conn.execute(q("insert_attempt"), (uuid.uuid4().hex, run_id, row.execution_digest, now_ms))
+            conn.execute(q("insert_attempt"), {
+                "attempt_id": uuid.uuid4().hex, "run_id": run_id, "executor": row.executor,
+                "digest": row.execution_digest, "now": now_ms})
             conn.execute(q("insert_run_events"), (run_id, now_ms))
         skipped = decision.skipped
         if skipped is not None:
@@ -471,19 +476,19 @@ def _decide_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
 
 
 def pinned_execution_digest(project_id: str, task_id: str, task_revision: int,
-                            task_digest: str) -> str:
-    """The digest of the ``remote_worker`` execution of a task revision: what an admitted
-    occurrence's Attempt records, and what recovery checks it against."""
+                            task_digest: str, executor: str = DEFAULT_EXECUTOR) -> str:
+    """The digest of a task revision's execution by ``executor``: what an admitted Run's
+    Attempt records, and what recovery checks it against."""
     return content_digest({
-        "executor": EXECUTOR, "project_id": project_id, "task_id": task_id,
+        "executor": executor, "project_id": project_id, "task_id": task_id,
         "task_revision": task_revision, "task_digest": task_digest,
     })
 
 
 def execution_digest(row: _DueRow) -> str:
-    """The digest of the ``remote_worker`` execution an admitted occurrence pins."""
+    """The digest of the execution an admitted occurrence pins (by the executor its task names)."""
     return pinned_execution_digest(row.head.project_id, row.head.task_id, row.task_revision,
-                                   row.task_digest)
+                                   row.task_digest, row.executor)
 
 
 def run_page(conn: sqlite3.Connection, now_ms: int, page_size: int,

@@ -1,11 +1,14 @@
 -- name: claim_uninitialised_page
 -- Schedules awaiting initialisation (NULL cursor sorts first), by project and trigger, after the
 -- keyset (:after_project, :after_trigger) and not held as undecidable by this process.
+-- executor: the one the task head's payload names (a string), else the default, local_process.
 -- CROSS JOIN pins the schedule index as the driving loop, so the scan stops after one page.
 SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
        s.last_scheduled_at_ms, s.state_version, s.published_at_ms,
        t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms,
-       t.content_digest AS trigger_digest, k.task_revision, k.content_digest AS task_digest
+       t.content_digest AS trigger_digest, k.task_revision, k.content_digest AS task_digest,
+       CASE WHEN json_type(k.payload_json, '$.executor') = 'text'
+            THEN json_extract(k.payload_json, '$.executor') ELSE 'local_process' END AS executor
   FROM trigger_schedules AS s
  CROSS JOIN triggers AS t ON t.trigger_id = s.trigger_id AND t.trigger_revision = s.trigger_revision
  CROSS JOIN projects AS p ON p.project_id = s.project_id
@@ -25,7 +28,9 @@ SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
 SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
        s.last_scheduled_at_ms, s.state_version, s.published_at_ms,
        t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms,
-       t.content_digest AS trigger_digest, k.task_revision, k.content_digest AS task_digest
+       t.content_digest AS trigger_digest, k.task_revision, k.content_digest AS task_digest,
+       CASE WHEN json_type(k.payload_json, '$.executor') = 'text'
+            THEN json_extract(k.payload_json, '$.executor') ELSE 'local_process' END AS executor
   FROM trigger_schedules AS s
  CROSS JOIN triggers AS t ON t.trigger_id = s.trigger_id AND t.trigger_revision = s.trigger_revision
  CROSS JOIN projects AS p ON p.project_id = s.project_id
@@ -59,10 +64,10 @@ INSERT INTO runs (run_id, project_id, trigger_id, trigger_revision, task_id, tas
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?);
 
 -- name: insert_attempt
--- The Run's first Attempt, claimed for a remote worker; every dispatch field is still NULL.
+-- The Run's first Attempt, claimed for the executor its task names; every dispatch field is NULL.
 INSERT INTO attempts (attempt_id, run_id, attempt_no, state, executor, execution_digest,
                       created_at_ms)
-VALUES (?, ?, 1, 'claimed', 'remote_worker', ?, ?);
+VALUES (:attempt_id, :run_id, 1, 'claimed', :executor, :digest, :now);
 
 -- name: insert_run_events
 -- The two events of an admission, in one statement.
