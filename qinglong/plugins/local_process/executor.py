@@ -43,9 +43,11 @@ class LocalProcessExecutor:
 
     name = "local_process"
 
-    def __init__(self, context: ExecutorContext) -> None:
+    def __init__(self, context: ExecutorContext, tools: Mapping[str, str] | None = None) -> None:
+        """``tools``: absolute paths of ``sh``, ``head``, ``wc`` and ``mv`` (default: found on
+        the minimal PATH), e.g. to run the wrapper under busybox."""
         self._context = context
-        self._tools = find_tools()
+        self._tools = dict(tools) if tools is not None else find_tools()
         self._script = wrapper_script(self._tools)
         self._boot_id = procfs.boot_id()
         # wrappers we spawned and have not reaped yet: reaped by wait(), or by the next start()
@@ -238,6 +240,8 @@ class LocalProcessExecutor:
         stat = procfs.read_stat(handle.pid)
         if stat is not None and (stat.start_ticks != handle.start_ticks or stat.pgrp != handle.pgid):
             return False  # the pid now names another process: never signal it
+        if stat is None and not procfs.group_members(handle.pgid):
+            return False  # leader and group gone (zombies at most): nothing of ours to signal
         try:
             os.killpg(handle.pgid, signum)
         except (ProcessLookupError, PermissionError):

@@ -1,0 +1,475 @@
+"""The ``local_process`` executor with real processes: start, log, receipt, probe, wait, signal.
+
+Every wait here is for a condition (the lock, a file, /proc) with a generous overall timeout;
+nothing sleeps a fixed time and then asserts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import replace
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from qinglong.contracts.execution import (
+    Executor,
+    ExecutionSpec,
+    ExecutorContext,
+    ProcessHandle,
+    ProcessState,
+    StartError,
+    StartRequest,
+    minimal_environment,
+)
+from qinglong.plugins.local_process import create_executor, qinglong_executors
+from qinglong.plugins.local_process.executor import LocalProcessExecutor
+from qinglong.plugins.local_process.procfs import group_members, read_stat
+
+TIMEOUT = 60.0
+MIB = 1024 * 1024
+
+
+def wait_until(condition, what: str, timeout: float = TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Path:
+    return tmp_path / "db.logs" / "nested"
+
+
+@pytest.fixture
+def executor(log_dir: Path, tmp_path: Path) -> LocalProcessExecutor:
+    return create_executor(ExecutorContext(str(log_dir), minimal_environment(str(tmp_path)), 2_000))
+
+
+def request(log_dir: Path, command, *, attempt: str = "a1", **spec) -> StartRequest:
+    return StartRequest("run-1", attempt, 1, 1_700_000_000_000,
+                        ExecutionSpec(tuple(command), **spec), str(log_dir / attempt))
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, TIMEOUT))
+
+
+async def start_and_wait(executor, req):
+    handle = await executor.start(req)
+    await executor.wait(req.attempt_dir, handle)
+    return handle
+
+
+def alive(pid: int) -> bool:
+    stat_ = read_stat(pid)
+    return stat_ is not None and stat_.state != "Z"
+
+
+# ------------------------------------------------------------------------------ the plugin
+
+
+def test_local_process_is_offered_by_entry_point_and_builds_an_executor(log_dir, tmp_path):
+    """Without the entry point no profile could start a job: every Run would stay queued."""
+    (point,) = [p for p in entry_points(group="qinglong.plugins") if p.name == "local_process"]
+    module = point.load()
+    (spec,) = module.qinglong_executors()
+    assert spec.name == "local_process" and spec is not None
+    built = spec.create(ExecutorContext(str(log_dir), minimal_environment(None), 1_000))
+    assert isinstance(built, Executor) and built.name == "local_process"
+    assert [s.name for s in qinglong_executors()] == ["local_process"]
+
+
+# ------------------------------------------------------------------- output, status, files
+
+
+def test_echo_is_logged_and_its_receipt_says_exit_0_with_private_files(executor, log_dir):
+    """A lost receipt or log loses the Run's outcome and output; a world-readable log or
+    directory leaks what the job printed to every local user."""
+    req = request(log_dir, ["echo", "hello", "world"])
+    handle = run(start_and_wait(executor, req))
+    receipt = executor.read_receipt(req.attempt_dir)
+    assert receipt is not None and receipt.exit_code == 0 and receipt.signal is None
+    assert receipt.dropped_bytes == 0 and receipt.log_bytes == len(b"hello world\n")
+    attempt = Path(req.attempt_dir)
+    assert (attempt / "log").read_bytes() == b"hello world\n"
+    assert abs(receipt.ended_at_ms - (attempt / "receipt").stat().st_mtime_ns // 1_000_000) <= 1
+    for directory in (attempt, attempt.parent, attempt.parent.parent):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    for name in ("log", "receipt", "pid", "lock"):
+        assert stat.S_IMODE((attempt / name).stat().st_mode) == 0o600, name
+    assert int((attempt / "pid").read_text()) == handle.pid == handle.pgid
+    assert not alive(handle.pid) and read_stat(handle.pid) is None, "the wrapper was left a zombie"
+
+
+def test_non_zero_exit_and_death_by_signal_are_recorded(executor, log_dir):
+    """A failure recorded as success (or a signal as an exit code) hides a broken job and
+    retries the wrong thing."""
+    req = request(log_dir, ["sh", "-c", "echo out; echo err >&2; exit 3"])
+    run(start_and_wait(executor, req))
+    receipt = executor.read_receipt(req.attempt_dir)
+    assert (receipt.exit_code, receipt.signal) == (3, None)
+    assert (Path(req.attempt_dir) / "log").read_bytes().splitlines()[:2] == [b"out", b"err"]
+
+    req = request(log_dir, ["sh", "-c", "kill -KILL $$"], attempt="a2")
+    run(start_and_wait(executor, req))
+    receipt = executor.read_receipt(req.attempt_dir)
+    assert (receipt.exit_code, receipt.signal) == (None, signal.SIGKILL)
+
+
+def test_the_job_sees_its_task_env_and_the_minimal_env_but_not_the_control_planes(
+        executor, log_dir, tmp_path, monkeypatch):
+    """The control plane's own environment (database passwords, tokens) leaking into every job
+    would hand its secrets to any task; a missing task variable breaks the job."""
+    monkeypatch.setenv("QL_TEST_DATABASE_PASSWORD", "hunter2-secret")
+    req = request(log_dir, ["sh", "-c", "env"], env={"GREETING": "hi there", "PATH": "/usr/bin:/bin"})
+    run(start_and_wait(executor, req))
+    seen = dict(line.split("=", 1) for line in
+                (Path(req.attempt_dir) / "log").read_text().splitlines() if "=" in line)
+    assert seen["GREETING"] == "hi there"
+    assert seen["PATH"] == "/usr/bin:/bin"  # the task's env wins over the minimal one
+    assert seen["HOME"] == str(tmp_path) and seen["LANG"] == "C.UTF-8"
+    assert seen["QINGLONG_RUN_ID"] == "run-1" and seen["QINGLONG_ATTEMPT_ID"] == "a1"
+    assert seen["QINGLONG_ATTEMPT"] == "1" and seen["QINGLONG_SCHEDULED_FOR_MS"] == "1700000000000"
+    assert "QL_TEST_DATABASE_PASSWORD" not in seen
+    assert "hunter2-secret" not in (Path(req.attempt_dir) / "log").read_text()
+    # the wrapper's own variables are not exported to the job
+    assert not [name for name in seen if name.startswith("QINGLONG_") and name not in
+                ("QINGLONG_RUN_ID", "QINGLONG_ATTEMPT_ID", "QINGLONG_ATTEMPT", "QINGLONG_SCHEDULED_FOR_MS")]
+
+
+def test_working_dir_is_honoured_and_defaults_to_home(executor, log_dir, tmp_path):
+    """A job run in the wrong directory writes or deletes files elsewhere than its owner meant."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "script.sh").write_text("#!/bin/sh\npwd\n")
+    (work / "script.sh").chmod(0o700)
+    req = request(log_dir, ["./script.sh"], working_dir=str(work))
+    run(start_and_wait(executor, req))
+    assert (Path(req.attempt_dir) / "log").read_text() == f"{work}\n"
+    assert executor.read_receipt(req.attempt_dir).exit_code == 0
+
+    req = request(log_dir, ["pwd"], attempt="a2")
+    run(start_and_wait(executor, req))
+    assert (Path(req.attempt_dir) / "log").read_text() == f"{tmp_path}\n"
+
+
+@pytest.mark.parametrize("command, working_dir, message", [
+    (["no-such-program-ql"], None, "program 'no-such-program-ql' not found on PATH"),
+    (["/nonexistent/bin/tool"], None, "program '/nonexistent/bin/tool' does not exist"),
+    (["./missing.sh"], "WORK", "program './missing.sh' does not exist (in the working directory"),
+    (["./data.txt"], "WORK", "program './data.txt' is not an executable file"),
+    (["echo"], "/nonexistent/work/dir", "the working directory '/nonexistent/work/dir' does not exist"),
+    (["echo"], "WORK/data.txt", "is not a directory"),
+])
+def test_a_missing_program_or_working_dir_is_a_start_error_and_nothing_is_spawned(
+        executor, log_dir, tmp_path, command, working_dir, message):
+    """A missing program reported as a spawned job that 'failed' (or a hang) would hide a typo;
+    anything spawned, or any pid file left, would make the Attempt look started."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.txt").write_text("not a program")
+    if working_dir is not None:
+        working_dir = working_dir.replace("WORK", str(work))
+    req = request(log_dir, command, working_dir=working_dir)
+    before = set(group_members_of_children())
+    with pytest.raises(StartError) as raised:
+        run(executor.start(req))
+    assert message in str(raised.value)
+    assert set(group_members_of_children()) == before, "a process was spawned"
+    attempt = Path(req.attempt_dir)
+    assert not (attempt / "pid").exists() and not (attempt / "receipt").exists()
+    assert executor.probe(req.attempt_dir, None) is ProcessState.NEVER_STARTED
+
+
+def test_a_start_error_never_echoes_a_path_set_by_the_task(executor, log_dir):
+    """Task env values may be secrets: a PATH from the task must not appear in an error."""
+    req = request(log_dir, ["no-such-program-ql"], env={"PATH": "/opt/s3cr3t-token/bin"})
+    with pytest.raises(StartError) as raised:
+        run(executor.start(req))
+    assert "s3cr3t" not in str(raised.value) and "the task's PATH" in str(raised.value)
+
+
+def group_members_of_children() -> list[int]:
+    """Live children of this test process (what a start could have spawned)."""
+    me = os.getpid()
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                fields = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] != b"Z":
+                out.append(int(name))
+    return out
+
+
+def test_an_attempt_directory_that_shows_a_start_is_never_started_again(executor, log_dir, tmp_path):
+    """Starting an Attempt twice would run the job twice for one occurrence."""
+    marker = tmp_path / "runs"
+    req = request(log_dir, ["sh", "-c", f"echo x >> {marker}"])
+    run(start_and_wait(executor, req))
+    with pytest.raises(StartError, match="earlier start"):
+        run(executor.start(req))
+    assert marker.read_text() == "x\n"
+
+
+def test_a_second_start_while_the_first_is_alive_is_refused(executor, log_dir, tmp_path):
+    """Two wrappers for one Attempt would run the job twice and write two receipts."""
+    go = tmp_path / "go"
+    req = request(log_dir, ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done"])
+
+    async def scenario():
+        handle = await executor.start(req)
+        with pytest.raises(StartError):
+            await executor.start(req)
+        go.touch()
+        await executor.wait(req.attempt_dir, handle)
+
+    run(scenario())
+    assert executor.read_receipt(req.attempt_dir).exit_code == 0
+
+
+# ------------------------------------------------------------------------------- signals
+
+
+def test_term_to_the_group_ends_the_job_and_its_grandchildren(executor, log_dir, tmp_path):
+    """A timeout that ends only the leader leaves grandchildren running (leaked processes
+    holding files, ports and memory) and the Attempt never ends."""
+    started = tmp_path / "started"
+    req = request(log_dir, ["sh", "-c", f"sleep 600 & sleep 600 & echo $$ > {started}; wait"])
+
+    async def scenario():
+        handle = await executor.start(req)
+        await asyncio.to_thread(wait_until, lambda: started.exists() and started.read_text(), "the job")
+        await asyncio.to_thread(wait_until, lambda: len(group_members(handle.pgid)) >= 5,
+                                "the wrapper, its log reader, the job and two sleeps")
+        assert executor.signal(handle, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(executor.wait(req.attempt_dir, handle),
+                                   executor.kill_grace_ms / 1000)
+        except asyncio.TimeoutError:
+            assert executor.signal(handle, signal.SIGKILL)
+            await executor.wait(req.attempt_dir, handle)
+        return handle
+
+    handle = run(scenario())
+    wait_until(lambda: not group_members(handle.pgid), "every member of the group to be gone")
+    receipt = executor.read_receipt(req.attempt_dir)
+    assert receipt is not None and receipt.signal == signal.SIGTERM
+    assert executor.probe(req.attempt_dir, handle) is ProcessState.ENDED
+    assert not executor.signal(handle, signal.SIGTERM), "signalled a group that is gone"
+
+
+def test_a_job_that_ignores_term_is_ended_by_kill_after_the_grace(executor, log_dir, tmp_path):
+    """A job ignoring TERM would outlive its timeout forever without the KILL that follows."""
+    ready = tmp_path / "ready"
+    req = request(log_dir, ["sh", "-c", f"trap '' TERM; touch {ready}; while :; do sleep 0.05; done"])
+
+    async def scenario():
+        handle = await executor.start(req)
+        await asyncio.to_thread(wait_until, ready.exists, "the job to ignore TERM")
+        assert executor.signal(handle, signal.SIGTERM)
+        waiting = asyncio.ensure_future(executor.wait(req.attempt_dir, handle))
+        done, _ = await asyncio.wait([waiting], timeout=executor.kill_grace_ms / 1000)
+        assert not done, "the job was supposed to ignore TERM"
+        assert executor.probe(req.attempt_dir, handle) is ProcessState.ALIVE
+        assert executor.signal(handle, signal.SIGKILL)
+        await waiting
+        return handle
+
+    handle = run(scenario())
+    wait_until(lambda: not group_members(handle.pgid), "every member of the group to be gone")
+    assert executor.probe(req.attempt_dir, handle) is ProcessState.ENDED
+    assert executor.read_receipt(req.attempt_dir) is None  # the wrapper was killed with it
+
+
+def test_a_handle_whose_start_time_or_boot_does_not_match_is_never_signalled(executor, log_dir, tmp_path):
+    """Signalling a reused pid would kill an unrelated process of the machine."""
+    go = tmp_path / "go"
+    req = request(log_dir, ["sh", "-c", f"trap 'exit 0' TERM; while [ ! -e {go} ]; do sleep 0.02; done"])
+
+    async def scenario():
+        handle = await executor.start(req)
+        stale_time = replace(handle, start_ticks=handle.start_ticks - 1)
+        other_boot = replace(handle, boot_id="00000000-0000-0000-0000-000000000000")
+        other_group = replace(handle, pgid=os.getpgid(0))
+        for wrong in (stale_time, other_boot, other_group):
+            assert executor.signal(wrong, signal.SIGTERM) is False
+            assert executor.signal(wrong, signal.SIGKILL) is False
+        await asyncio.to_thread(wait_until, lambda: len(group_members(handle.pgid)) >= 3,
+                                "the wrapper, its log reader and the job")
+        for wrong in (stale_time, other_boot, other_group):
+            assert executor.signal(wrong, signal.SIGTERM) is False
+        assert executor.probe(req.attempt_dir, handle) is ProcessState.ALIVE
+        assert alive(handle.pid) and len(group_members(handle.pgid)) >= 3
+        go.touch()
+        await executor.wait(req.attempt_dir, handle)
+
+    run(scenario())
+    receipt = executor.read_receipt(req.attempt_dir)
+    assert (receipt.exit_code, receipt.signal) == (0, None), "the job was signalled"
+
+
+# ---------------------------------------------------------------------------------- logs
+
+
+def test_a_job_writing_100_mib_runs_to_its_own_exit_and_its_log_holds_the_limit(executor, log_dir, tmp_path):
+    """Killing a chatty job by SIGPIPE at the limit would fail a job that works; an uncapped
+    log fills a router's flash; an unrecorded truncation hides that output is missing."""
+    done = tmp_path / "done"
+    limit = 4 * MIB
+    total = 100 * MIB
+    req = request(log_dir, ["sh", "-c", f"head -c {total} /dev/zero && echo finished > {done}"],
+                  log_limit_bytes=limit)
+    run(start_and_wait(executor, req))
+    receipt = executor.read_receipt(req.attempt_dir)
+    assert (receipt.exit_code, receipt.signal) == (0, None)
+    assert done.read_text() == "finished\n"
+    assert (Path(req.attempt_dir) / "log").stat().st_size == limit == receipt.log_bytes
+    assert receipt.dropped_bytes == total - limit
+
+
+def test_binary_and_non_utf8_output_is_kept_byte_for_byte(executor, log_dir):
+    """Decoding or re-encoding the output would corrupt what a job printed."""
+    payload = bytes(range(256)) * 3 + b"\xff\xfe\xc3(\x00\r\n no newline at the end \xe2\x82"
+    req = request(log_dir, [sys.executable, "-c",
+                            f"import sys; sys.stdout.buffer.write({payload!r}); sys.stdout.flush();"
+                            f"sys.stderr.buffer.write(b'\\x80err')"])
+    run(start_and_wait(executor, req))
+    assert (Path(req.attempt_dir) / "log").read_bytes() == payload + b"\x80err"
+    assert executor.read_receipt(req.attempt_dir).exit_code == 0
+
+
+def test_a_zero_log_limit_keeps_nothing_and_counts_everything(executor, log_dir):
+    """With no room for output the job must still run to its end, and the count say so."""
+    req = request(log_dir, ["sh", "-c", "printf 12345"], log_limit_bytes=0)
+    run(start_and_wait(executor, req))
+    receipt = executor.read_receipt(req.attempt_dir)
+    assert (receipt.exit_code, receipt.log_bytes, receipt.dropped_bytes) == (0, 0, 5)
+
+
+# --------------------------------------------------------------------- probe and handles
+
+
+def test_probe_follows_the_life_cycle_and_find_handle_reads_the_pid_file(executor, log_dir, tmp_path):
+    """A probe that says NEVER_STARTED for a started job makes the reconciler start it twice;
+    ALIVE for an ended one hangs the Attempt; no handle for a live job leaves it unkillable."""
+    empty = log_dir / "empty"
+    empty.mkdir(parents=True)
+    assert executor.probe(str(empty), None) is ProcessState.NEVER_STARTED
+    assert executor.probe(str(log_dir / "absent"), None) is ProcessState.NEVER_STARTED
+    assert executor.find_handle(str(empty)) is None
+
+    go = tmp_path / "go"
+    req = request(log_dir, ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done"])
+
+    async def scenario():
+        handle = await executor.start(req)
+        assert executor.probe(req.attempt_dir, handle) is ProcessState.ALIVE
+        assert executor.probe(req.attempt_dir, None) is ProcessState.ALIVE
+        assert executor.find_handle(req.attempt_dir) == handle
+        go.touch()
+        await executor.wait(req.attempt_dir, handle)
+        return handle
+
+    handle = run(scenario())
+    assert executor.probe(req.attempt_dir, handle) is ProcessState.ENDED
+    assert executor.find_handle(req.attempt_dir) is None
+    # a wrapper that died before the receipt: a pid file, no receipt, lock free -> ENDED
+    (Path(req.attempt_dir) / "receipt").unlink()
+    assert executor.probe(req.attempt_dir, handle) is ProcessState.ENDED
+    assert executor.read_receipt(req.attempt_dir) is None
+
+
+STARTER = textwrap.dedent("""
+    import asyncio, json, os, sys
+    from qinglong.contracts.execution import (ExecutionSpec, ExecutorContext, StartRequest,
+                                              minimal_environment)
+    from qinglong.plugins.local_process import create_executor
+
+    log_dir, attempt_dir, go = sys.argv[1:4]
+    executor = create_executor(ExecutorContext(log_dir, minimal_environment(None), 1000))
+    spec = ExecutionSpec(("sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done; echo survived; exit 7"))
+    handle = asyncio.run(executor.start(StartRequest("r", "a", 1, 0, spec, attempt_dir)))
+    print(json.dumps(handle.to_json()), flush=True)
+    os._exit(0)  # dies at once: no cleanup, no wait, nothing reaped
+""")
+
+
+def test_a_job_outlives_the_control_plane_that_started_it_and_its_receipt_is_written(
+        executor, log_dir, tmp_path):
+    """If the job died with the control plane (or its outcome were not written), a restart
+    would lose the Run's outcome, or a reconciler would run the job a second time."""
+    go = tmp_path / "go"
+    attempt_dir = log_dir / "survivor"
+    starter = subprocess.run([sys.executable, "-c", STARTER, str(log_dir), str(attempt_dir), str(go)],
+                             capture_output=True, text=True, timeout=TIMEOUT)
+    assert starter.returncode == 0, starter.stderr
+    handle = ProcessHandle.from_json(json.loads(starter.stdout))
+    # the starter is gone; its wrapper and job live on, holding the Attempt
+    assert alive(handle.pid)
+    assert executor.probe(str(attempt_dir), None) is ProcessState.ALIVE
+    assert executor.find_handle(str(attempt_dir)) == handle
+    assert executor.read_receipt(str(attempt_dir)) is None
+
+    async def adopt():
+        waiting = asyncio.ensure_future(executor.wait(str(attempt_dir), handle))
+        await asyncio.sleep(0)
+        assert executor.probe(str(attempt_dir), handle) is ProcessState.ALIVE
+        go.touch()
+        await waiting
+
+    run(adopt())
+    assert executor.probe(str(attempt_dir), handle) is ProcessState.ENDED
+    receipt = executor.read_receipt(str(attempt_dir))
+    assert (receipt.exit_code, receipt.signal) == (7, None)
+    assert (attempt_dir / "log").read_text() == "survived\n"
+
+
+# ------------------------------------------------------------------------------ busybox
+
+
+@pytest.mark.skipif(shutil.which("busybox") is None, reason="busybox is not installed")
+def test_the_wrapper_works_under_busybox_sh_and_tools(log_dir, tmp_path):
+    """Routers run busybox: a wrapper that needs bash or GNU tools would run no job there."""
+    tools_dir = tmp_path / "busybox"
+    tools_dir.mkdir()
+    for tool in ("sh", "head", "wc", "mv"):
+        (tools_dir / tool).symlink_to(shutil.which("busybox"))
+    executor = LocalProcessExecutor(ExecutorContext(str(log_dir), minimal_environment(None), 1_000),
+                                    {tool: str(tools_dir / tool) for tool in ("sh", "head", "wc", "mv")})
+    req = request(log_dir, ["sh", "-c", "echo hi; head -c 300000 /dev/zero; exit 4"], log_limit_bytes=1000)
+    run(start_and_wait(executor, req))
+    receipt = executor.read_receipt(req.attempt_dir)
+    assert (receipt.exit_code, receipt.log_bytes) == (4, 1000)
+    # busybox's head reads through stdio: up to one buffer past the limit is not counted
+    assert 300003 - 1000 - 4096 <= receipt.dropped_bytes <= 300003 - 1000
+
+    ready = tmp_path / "ready"
+    req = request(log_dir, ["sh", "-c", f"touch {ready}; sleep 600"], attempt="a2")
+
+    async def terminate():
+        handle = await executor.start(req)
+        await asyncio.to_thread(wait_until, ready.exists, "the job")
+        assert executor.signal(handle, signal.SIGTERM)
+        await executor.wait(req.attempt_dir, handle)
+
+    run(terminate())
+    assert executor.read_receipt(req.attempt_dir).signal == signal.SIGTERM
