@@ -27,6 +27,18 @@ WAIT_S = 90.0
 
 TERMINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled", "lost"})
 
+#: The event types that end a Run (``run.finished``; a per-state name would count too).
+FINISH_EVENTS = ("run.finished", *(f"run.{state}" for state in sorted(TERMINAL)))
+#: The event of an ended Attempt that got a successor.
+RETRY_EVENT = "run.retry_scheduled"
+
+
+def finish_events(ws: "Workspace", run_id: str) -> list[str]:
+    """The events of ``run_id`` that end it: exactly one for a terminal Run."""
+    return [t for t, in ws.sql(f"SELECT type FROM run_events WHERE run_id = ? AND type IN "
+                               f"({','.join('?' * len(FINISH_EVENTS))}) ORDER BY seq",
+                               (run_id, *FINISH_EVENTS))]
+
 
 def wait_until(condition: Callable[[], T], what: str, *, timeout: float = WAIT_S, interval: float = 0.05,
                alive: "ControlPlane | None" = None) -> T:
