@@ -246,6 +246,29 @@ def test_a_second_start_while_the_first_is_alive_is_refused(executor, log_dir, t
     assert executor.read_receipt(req.attempt_dir).exit_code == 0
 
 
+def test_the_job_holds_only_null_stdin_and_the_log_pipe_never_the_lock(executor, log_dir, tmp_path):
+    """A job (or a daemon it leaves behind) holding the Attempt's lock would make it look alive
+    after its wrapper died, hanging the Attempt; a job reading the control plane's stdin would
+    steal its input."""
+    job_pid = tmp_path / "job.pid"
+    req = request(log_dir, ["sh", "-c", f"echo $$ > {job_pid}; exec sleep 600"])
+
+    async def scenario():
+        handle = await executor.start(req)
+        pid = int(await asyncio.to_thread(
+            wait_until, lambda: job_pid.exists() and job_pid.read_text().strip(), "the job's pid"))
+        await asyncio.to_thread(
+            wait_until, lambda: Path(f"/proc/{pid}/comm").read_text() == "sleep\n", "the exec")
+        fds = {int(fd): os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        assert executor.signal(handle, signal.SIGKILL)
+        await executor.wait(req.attempt_dir, handle)
+        return fds
+
+    fds = run(scenario())
+    fifo = str(Path(req.attempt_dir) / "out")
+    assert fds == {0: "/dev/null", 1: fifo, 2: fifo}
+
+
 # ------------------------------------------------------------------------------- signals
 
 

@@ -101,9 +101,10 @@ class LocalProcessExecutor:
             os.close(lock_fd)
         self._children[proc.pid] = proc
         stat = procfs.read_stat(proc.pid)  # our unreaped child: readable even if it exited
-        if stat is None:  # pragma: no cover - only if someone else reaped our child
-            raise RuntimeError(f"the wrapper {proc.pid} vanished before its handle was read")
-        return ProcessHandle(self._boot_id, proc.pid, proc.pid, stat.start_ticks)
+        # None only if something else in this process reaped our child (a waitpid(-1)): it has
+        # ended; a start time of -1 matches no process, so the handle is never signalled
+        start_ticks = stat.start_ticks if stat is not None else -1
+        return ProcessHandle(self._boot_id, proc.pid, proc.pid, start_ticks)
 
     # ---------------------------------------------------------------------------------- probe
 
