@@ -19,6 +19,7 @@ from typing import Any
 from dependency_injector import containers, providers
 
 from qinglong.contracts.errors import PluginLoadError, SettingsError
+from qinglong.contracts.execution import ExecutorContext, minimal_environment
 from qinglong.contracts.store import BackendContext, SchedulerBackendSpec, SchedulerLimits
 
 from .diagnostics import FanoutSink, StderrSink
@@ -109,6 +110,63 @@ def create_backend(spec: SchedulerBackendSpec, context: BackendContext, loaded: 
         ) from exc
 
 
+def execution_log_dir(loaded: LoadedSettings, backend_settings: Any) -> str | None:
+    """Where Attempt directories live: ``[execution] log_dir``, else ``<database path>.logs``
+    beside the backend's SQLite file (None for a backend without a ``path``). Absolute, so a job's
+    working directory never changes what it names."""
+    configured = loaded.settings.execution.log_dir
+    if configured:
+        return os.path.abspath(configured)
+    path = getattr(backend_settings, "path", None)
+    if not isinstance(path, str) or not path:
+        return None
+    return os.path.abspath(path) + ".logs"
+
+
+def executor_context(loaded: LoadedSettings, backend_settings: Any) -> ExecutorContext:
+    """What every executor's factory receives: the log directory, the minimal base environment
+    (HOME of the control plane, nothing else of its environment) and the TERM-to-KILL grace."""
+    return ExecutorContext(
+        log_dir=execution_log_dir(loaded, backend_settings) or os.path.abspath("qinglong.logs"),
+        base_env=minimal_environment(os.environ.get("HOME")),
+        kill_grace_ms=loaded.settings.execution.kill_grace_ms,
+    )
+
+
+def create_executors(host: PluginHost, context: ExecutorContext) -> dict[str, Any]:
+    """Every loaded plugin's executors, created (by name); a failing factory names its plugin."""
+    executors = {}
+    for name, spec in host.executor_specs().items():
+        try:
+            executors[name] = spec.create(context)
+        except Exception as exc:
+            raise PluginLoadError(
+                f"executor {name!r} could not be created: {exc.__class__.__name__}: {exc}") from exc
+    return executors
+
+
+def dispatcher_factory(host: PluginHost, loaded: LoadedSettings, backend_settings: Any,
+                       sink: Any, clock_ms: Any) -> Any:
+    """``backend -> Dispatcher | None`` for the lifecycle: a dispatcher only when ``[execution]
+    enabled`` and the backend executes Runs locally (``backend.execution()`` is not None). The
+    executors are collected (hook ``qinglong_executors``) only then."""
+
+    def build(backend: Any) -> Any:
+        if not loaded.settings.execution.enabled:
+            return None
+        execution = getattr(backend, "execution", None)
+        store = execution() if callable(execution) else None
+        if store is None:
+            return None
+        from .execution import Dispatcher, DispatcherConfig
+
+        context = executor_context(loaded, backend_settings)
+        config = DispatcherConfig.from_settings(loaded.settings.execution, context.log_dir)
+        return Dispatcher(store, create_executors(host, context), config, sink, clock_ms)
+
+    return build
+
+
 class HostContainer(containers.DeclarativeContainer):
     """Wiring shared by every profile."""
 
@@ -141,6 +199,8 @@ class HostContainer(containers.DeclarativeContainer):
         owner=owner,
     )
     backend = providers.Singleton(create_backend, backend_spec, backend_context, loaded)
+    dispatcher_factory = providers.Singleton(dispatcher_factory, plugin_host, loaded, backend_settings,
+                                             diagnostics, clock_ms)
 
     lifecycle = providers.Singleton(
         Lifecycle,
@@ -153,6 +213,7 @@ class HostContainer(containers.DeclarativeContainer):
         cadence_ms=config.scheduler.cadence_ms,
         start_step_timeout_ms=config.lifecycle.start_step_timeout_ms,
         stop_timeout_ms=config.lifecycle.stop_timeout_ms,
+        dispatcher_factory=dispatcher_factory,
     )
 
 

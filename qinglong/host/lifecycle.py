@@ -2,8 +2,10 @@
 
 Start: (configuration was validated before the container was built) -> open the database ->
 migrate when the backend asks for it -> schema readiness -> startup recovery -> scheduler loop ->
-``stack`` components -> ``admission`` components. Stop, each step bounded: withdraw admission ->
-stop and drain the scheduler -> stop the stack -> close the database.
+dispatcher (when the profile executes Runs locally; its reconciler runs first) -> ``stack``
+components -> ``admission`` components. Stop, each step bounded: withdraw admission -> stop the
+dispatcher (it detaches from, or terminates, the running jobs) -> stop and drain the scheduler ->
+stop the stack -> close the database.
 """
 
 from __future__ import annotations
@@ -59,8 +61,12 @@ class SchedulerLoop:
         run_round: Callable[[], Awaitable[RoundReport]],
         cadence_ms: int,
         diagnostics: DiagnosticSink,
+        on_admitted: Callable[[RoundReport], None] | None = None,
     ) -> None:
+        """``on_admitted`` is called after every round that admitted a Run (the dispatcher's
+        wake-up); its errors are reported, never fatal to the loop."""
         self._run_round = run_round
+        self._on_admitted = on_admitted
         self._cadence_s = cadence_ms / 1000
         self._diagnostics = diagnostics
         self._stopping = asyncio.Event()
@@ -96,6 +102,13 @@ class SchedulerLoop:
                 )
                 return None
             self.stats.add(report)
+            if report.admitted and self._on_admitted is not None:
+                try:
+                    self._on_admitted(report)
+                except Exception as exc:
+                    self._diagnostics.emit(DiagnosticEvent(
+                        "error", "scheduler.on_admitted_failed",
+                        f"the admitted-runs callback failed: {exc.__class__.__name__}: {exc}"))
             if report.errors or report.fence_lost:
                 self._diagnostics.emit(
                     DiagnosticEvent(
@@ -167,8 +180,12 @@ class Lifecycle:
     cadence_ms: int
     start_step_timeout_ms: int
     stop_timeout_ms: int
+    #: ``backend -> Dispatcher | None``: the profile's dispatcher, None when it does not execute
+    #: Runs locally (no factory: never).
+    dispatcher_factory: Callable[[SchedulerBackend], Any] | None = None
     steps: list[str] = field(default_factory=list)
     loop: SchedulerLoop | None = None
+    dispatcher: Any = None
     last_stats: LoopStats | None = None
     _started: list[LifecycleComponent] = field(default_factory=list)
     _opened: bool = False
@@ -209,9 +226,15 @@ class Lifecycle:
                     DiagnosticEvent("warning", "recovery.candidate", "in-flight work needs recovery",
                                     {"what": candidate})
                 )
-            self.loop = SchedulerLoop(self.backend.run_round, self.cadence_ms, self.diagnostics)
+            dispatcher = self.dispatcher_factory(self.backend) if self.dispatcher_factory else None
+            self.loop = SchedulerLoop(self.backend.run_round, self.cadence_ms, self.diagnostics,
+                                      on_admitted=dispatcher.wake if dispatcher is not None else None)
             self.loop.start()
             self._note("scheduler_started", cadence_ms=self.cadence_ms)
+            if dispatcher is not None:
+                self.dispatcher = dispatcher
+                reconciled = await self._bounded("start dispatcher", dispatcher.start())
+                self._note("dispatcher_started", **reconciled.as_fields())
             context = HostContext(self.profile, self.settings, self.backend, self.diagnostics, self.providers)
             components = list(self.components_factory(context))
             for phase in (ComponentPhase.STACK, ComponentPhase.ADMISSION):
@@ -226,13 +249,15 @@ class Lifecycle:
             raise
 
     async def stop(self) -> None:
-        """Withdraw admission, drain the scheduler, stop the stack, close the database; each bounded."""
+        """Withdraw admission, stop the dispatcher, drain the scheduler, stop the stack, close the
+        database; each bounded."""
         bound = self.stop_timeout_ms / 1000
         for component in reversed([c for c in self._started if c.phase is ComponentPhase.ADMISSION]):
             await self._stop_component(component, bound)
         if self._admission_open:
             self._admission_open = False
             self._note("admission_withdrawn")
+        await self._stop_dispatcher(bound)
         await self._stop_loop(bound)
         for component in reversed([c for c in self._started if c.phase is ComponentPhase.STACK]):
             await self._stop_component(component, bound)
@@ -247,6 +272,20 @@ class Lifecycle:
                 )
             self._opened = False
             self._note("database_closed")
+
+    async def _stop_dispatcher(self, bound: float) -> None:
+        if self.dispatcher is None:
+            return
+        dispatcher, self.dispatcher = self.dispatcher, None
+        watched = dispatcher.watched
+        try:
+            await asyncio.wait_for(dispatcher.stop(bound), bound)
+        except (asyncio.TimeoutError, Exception) as exc:
+            self.diagnostics.emit(
+                DiagnosticEvent("error", "lifecycle.stop_failed",
+                                f"stopping the dispatcher failed: {exc.__class__.__name__}")
+            )
+        self._note("dispatcher_stopped", jobs=watched)
 
     async def _stop_loop(self, bound: float) -> None:
         if self.loop is not None:

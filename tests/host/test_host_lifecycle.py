@@ -59,7 +59,9 @@ class Recorder:
 
 
 def test_hook_qinglong_lifecycle_components_start_and_stop_in_the_documented_order(site, tmp_path, monkeypatch):
-    """Admission must open last and close first, or Runs could be admitted by a half-started host."""
+    """Admission must open last and close first, or Runs could be admitted by a half-started host;
+    the dispatcher starts after the scheduler and stops before it drains, so no Run is started
+    by a host whose scheduler is gone."""
     site.add_distribution("acme-recorder", {"acme_recorder.py": RECORDER}, {"recorder": "acme_recorder"})
     monkeypatch.syspath_prepend(str(site.root))
     importlib.invalidate_caches()
@@ -75,11 +77,13 @@ def test_hook_qinglong_lifecycle_components_start_and_stop_in_the_documented_ord
         await lifecycle.stop()
 
     asyncio.run(go())
-    events = [e for e in sys.modules["acme_recorder"].EVENTS if not e.startswith("scheduler.")]
+    events = [e for e in sys.modules["acme_recorder"].EVENTS
+              if not e.startswith(("scheduler.", "execution."))]
     assert events == [
         "lifecycle.database_opened", "lifecycle.migrated", "lifecycle.schema_ready", "lifecycle.recovered",
-        "lifecycle.scheduler_started", "start:metrics", "start:intake", "lifecycle.admission_open",
-        "stop:intake", "lifecycle.admission_withdrawn", "lifecycle.scheduler_drained", "stop:metrics",
+        "lifecycle.scheduler_started", "lifecycle.dispatcher_started", "start:metrics", "start:intake",
+        "lifecycle.admission_open", "stop:intake", "lifecycle.admission_withdrawn",
+        "lifecycle.dispatcher_stopped", "lifecycle.scheduler_drained", "stop:metrics",
         "lifecycle.database_closed",
     ]
 
@@ -222,3 +226,29 @@ def test_a_full_page_is_followed_at_once_by_the_next(more_due):
         assert calls >= 5  # four full pages, then one more round at once
     else:
         assert calls <= 2  # one round, and at most one more if a minute boundary fell meanwhile
+
+
+def test_a_round_that_admitted_runs_wakes_the_dispatcher_at_once():
+    """The dispatcher's wake-up: without the callback an admitted Run waits for the poll timer
+    (up to a second late); a callback that raises must not stop the rounds either."""
+    reports = [RoundReport(), RoundReport(admitted=2), RoundReport(), RoundReport(admitted=1)]
+    woken: list[int] = []
+    sink = Recorder()
+
+    async def round_() -> RoundReport:
+        return reports.pop(0) if reports else RoundReport()
+
+    def on_admitted(report: RoundReport) -> None:
+        woken.append(report.admitted)
+        if len(woken) == 1:
+            raise RuntimeError("a failing wake-up")
+
+    async def go() -> None:
+        loop = SchedulerLoop(round_, cadence_ms=50, diagnostics=sink, on_admitted=on_admitted)
+        loop.start()
+        await _until(lambda: len(woken) == 2, "both admitting rounds woke the dispatcher")
+        await loop.stop(60)
+
+    asyncio.run(go())
+    assert woken == [2, 1]
+    assert [e.code for e in sink.events] == ["scheduler.on_admitted_failed"]

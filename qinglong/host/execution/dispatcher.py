@@ -1,0 +1,495 @@
+"""The dispatcher: starts admitted Runs as processes, enforces their timeouts and cancel requests,
+and records each process's end exactly once.
+
+A pass (woken at once when a scheduler round admitted something or a job ended, else by the
+``[execution] poll_ms`` timer):
+
+1. read the active Attempts; settle any nobody here watches (the reconciler's rules);
+2. enforce deadlines (a durable cancel request first, then TERM to the process group, KILL after
+   ``kill_grace_ms``) and cancel requests, whoever wrote them (``qinglong runs cancel`` in another
+   process writes the request; the dispatcher signals);
+3. visit the dispatchable Runs in order and, up to the free slots (``max_running`` minus what is
+   active), apply each task's overlap policy: skip, replace (cancel the running one, then wait),
+   wait, or start. A start is ``claimed -> dispatching`` in one short transaction, the spawn outside
+   any transaction, then ``running`` with the process's handle.
+
+Each running job has a watcher task: it waits for the process, reads its completion receipt and
+records the outcome (:func:`~qinglong.contracts.execution.classify_outcome`, with the Attempt's
+cancel request). The store applies the retry decision.
+
+At stop, ``on_stop = "detach"`` (the default) stops dispatching and leaves the jobs running: their
+waiters write receipts and the next start's reconciler records them. ``"terminate"`` requests a
+cancel (``shutdown``), signals, and waits for the outcomes within the stop bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
+from qinglong.contracts.execution import (
+    ActiveAttempt,
+    ActiveRun,
+    Actor,
+    AttemptOutcome,
+    AttemptState,
+    CancelReason,
+    DispatchCandidate,
+    Executor,
+    ExecutionStore,
+    FinishResult,
+    OverlapAction,
+    ProcessHandle,
+    StartError,
+    StartRequest,
+    classify_outcome,
+    overlap_decision,
+)
+
+from .reconciler import ReconcileReport, reconcile, reconcile_attempt
+from .retention import Retention
+
+#: Candidates read per pass beyond the free slots: skipped and waiting Runs must not hide the
+#: startable ones behind them.
+CANDIDATE_MARGIN = 32
+MAX_CANDIDATES = 1_000
+#: Retention's first sweep after start, then its period.
+RETENTION_FIRST_S = 5.0
+RETENTION_PERIOD_S = 60.0
+NO_COMMAND = "the task has no command"
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    """The ``[execution]`` values the dispatcher works with, and the log directory."""
+
+    max_running: int
+    log_dir: str
+    kill_grace_ms: int = 10_000
+    poll_ms: int = 1_000
+    on_stop: str = "detach"
+    log_retention_days: float = 7
+    run_retention_days: float = 7
+    min_free_bytes: int = 64 * 1024 * 1024
+    prune_batch: int = 200
+    retention_first_s: float = RETENTION_FIRST_S
+    retention_period_s: float = RETENTION_PERIOD_S
+
+    @classmethod
+    def from_settings(cls, execution: Any, log_dir: str) -> "DispatcherConfig":
+        """From ``[execution]`` (``qinglong.host.settings.ExecutionSettings``)."""
+        return cls(max_running=execution.max_running, log_dir=log_dir, kill_grace_ms=execution.kill_grace_ms,
+                   poll_ms=execution.poll_ms, on_stop=execution.on_stop,
+                   log_retention_days=execution.log_retention_days,
+                   run_retention_days=execution.run_retention_days,
+                   min_free_bytes=execution.min_free_bytes, prune_batch=execution.prune_batch)
+
+
+@dataclass
+class _Job:
+    """A process this dispatcher watches."""
+
+    run_id: str
+    attempt_id: str
+    executor: Executor
+    attempt_dir: str
+    handle: ProcessHandle
+    task: asyncio.Task[None] | None = None
+    term_sent_at: float | None = None  # monotonic
+    kill_sent: bool = False
+
+
+@dataclass
+class DispatcherStats:
+    """Counters over the dispatcher's life (safe to log)."""
+
+    passes: int = 0
+    failed_passes: int = 0
+    started: int = 0
+    start_failed: int = 0
+    finished: int = 0
+    skipped: int = 0
+    timed_out: int = 0
+    reconciled: dict[str, int] = field(default_factory=dict)
+
+
+class Dispatcher:
+    """Starts and watches the processes of one store's Runs (one per ``qinglong run``)."""
+
+    name = "dispatcher"
+
+    def __init__(self, store: ExecutionStore, executors: Mapping[str, Executor], config: DispatcherConfig,
+                 diagnostics: DiagnosticSink, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+        self._store = store
+        self._executors = dict(executors)
+        self._config = config
+        self._diagnostics = diagnostics
+        self._clock_ms = clock_ms
+        self._jobs: dict[str, _Job] = {}
+        self._wakeup = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._retention_task: asyncio.Task[None] | None = None
+        self._next_retry_ms: int | None = None
+        self._next_deadline_ms: int | None = None
+        self._warned: set[str] = set()
+        self.retention = Retention(store, config.log_dir, log_retention_days=config.log_retention_days,
+                                   run_retention_days=config.run_retention_days,
+                                   min_free_bytes=config.min_free_bytes, prune_batch=config.prune_batch,
+                                   diagnostics=diagnostics)
+        self.stats = DispatcherStats()
+
+    # ---------------------------------------------------------------------------------- control
+
+    def wake(self, *_: Any) -> None:
+        """Run a pass as soon as possible (a round admitted something, a job ended)."""
+        self._wakeup.set()
+
+    @property
+    def watched(self) -> int:
+        """Processes this dispatcher waits on now."""
+        return len(self._jobs)
+
+    async def start(self) -> ReconcileReport:
+        """Settle what an earlier run left (the reconciler), then start passes and retention."""
+        os.makedirs(self._config.log_dir, mode=0o700, exist_ok=True)
+        report = await reconcile(self._store, self._executors, self._clock_ms, self._adopt, self._recorded,
+                                 self._diagnostics, skip=self._jobs.__contains__)
+        self.stats.reconciled = report.as_fields()
+        self._diagnostics.emit(DiagnosticEvent("info", "execution.reconciled",
+                                               "attempts left by an earlier run settled", report.as_fields()))
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="qinglong-dispatcher")
+        self._retention_task = loop.create_task(self._run_retention(), name="qinglong-retention")
+        return report
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop dispatching; then detach from the running jobs or terminate them (``on_stop``)."""
+        deadline = time.monotonic() + timeout_s * 0.9
+        self._stopping = True
+        self._wakeup.set()
+        for task in (self._retention_task, self._task):
+            if task is None:
+                continue
+            if task is self._retention_task:
+                task.cancel()
+            try:
+                await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                task.cancel()
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._config.on_stop == "terminate" and self._jobs:
+            await self._terminate_all(deadline)
+        left = len(self._jobs)
+        for job in list(self._jobs.values()):
+            if job.task is not None:
+                job.task.cancel()
+        for job in list(self._jobs.values()):
+            if job.task is not None:
+                try:
+                    await job.task
+                except (asyncio.CancelledError, Exception):
+                    pass
+        self._jobs.clear()
+        if left:
+            self._diagnostics.emit(DiagnosticEvent(
+                "info", "execution.detached",
+                f"{left} job(s) left running; the next start records their outcomes",
+                {"jobs": left, "on_stop": self._config.on_stop}))
+
+    async def _terminate_all(self, deadline: float) -> None:
+        now = self._clock_ms()
+        for job in list(self._jobs.values()):
+            try:
+                await self._store.request_cancel(job.run_id, CancelReason.SHUTDOWN, now, Actor.DISPATCHER)
+            except Exception as exc:
+                self._report_error("execution.cancel_failed", f"run {job.run_id}: the stop's cancel request "
+                                   f"could not be recorded: {exc.__class__.__name__}: {exc}")
+            self._signal(job)
+        while self._jobs and time.monotonic() < deadline:
+            for job in list(self._jobs.values()):
+                self._signal(job)
+            tasks = [job.task for job in self._jobs.values() if job.task is not None]
+            if not tasks:
+                break
+            await asyncio.wait(tasks, timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+
+    # ---------------------------------------------------------------------------------- the loop
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            self._wakeup.clear()
+            try:
+                await self.run_pass()
+                self.stats.passes += 1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.stats.failed_passes += 1
+                self._report_error("execution.pass_failed",
+                                   f"a dispatch pass failed: {exc.__class__.__name__}: {exc}")
+            if self._stopping:
+                break
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), self._sleep_s())
+            except asyncio.TimeoutError:
+                pass
+
+    def _sleep_s(self) -> float:
+        """Until the next pass: the poll timer, or sooner a retry's time, a deadline or a KILL due."""
+        delay = self._config.poll_ms / 1000
+        now = self._clock_ms()
+        for at_ms in (self._next_retry_ms, self._next_deadline_ms):
+            if at_ms is not None:
+                delay = min(delay, max(0.0, (at_ms - now) / 1000))
+        grace = self._config.kill_grace_ms / 1000
+        for job in self._jobs.values():
+            if job.term_sent_at is not None and not job.kill_sent:
+                delay = min(delay, max(0.0, job.term_sent_at + grace - time.monotonic()))
+        return delay + 0.001
+
+    async def run_pass(self) -> None:
+        """One pass: settle, enforce, start (see the module docstring)."""
+        now = self._clock_ms()
+        if self._next_retry_ms is not None and self._next_retry_ms <= now:
+            self._next_retry_ms = None
+        active = list(await self._store.active_attempts())
+        for attempt in active:
+            if attempt.attempt_id not in self._jobs:
+                await self._settle_orphan(attempt)
+        if self._stopping:
+            return
+        await self._enforce(active, now)
+
+        free = self._config.max_running - len(active)
+        by_task: dict[tuple[str, str], list[ActiveRun]] = defaultdict(list)
+        for attempt in active:
+            by_task[(attempt.project_id, attempt.task_id)].append(
+                ActiveRun(attempt.run_id, attempt.scheduled_for_ms, attempt.cancel_reason is not None))
+        waiting: dict[tuple[str, str], int] = defaultdict(int)
+        limit = min(MAX_CANDIDATES, max(self._config.max_running, 1) + CANDIDATE_MARGIN)
+        cancelled_any = False
+        for candidate in await self._store.dispatch_candidates(now, limit):
+            if self._stopping:
+                return
+            key = (candidate.project_id, candidate.task_id)
+            if candidate.spec is None:
+                await self._fail_without_start(candidate, candidate.spec_error or NO_COMMAND, now)
+                continue
+            decision = overlap_decision(candidate.spec.concurrency, by_task[key], waiting[key])
+            if decision.action is OverlapAction.SKIP:
+                if await self._store.skip_run(candidate.run_id, candidate.attempt_id, decision.reason, now):
+                    self.stats.skipped += 1
+                continue
+            if decision.action is OverlapAction.REPLACE:
+                for run_id in decision.cancel:
+                    await self._store.request_cancel(run_id, CancelReason.REPLACED, now, Actor.DISPATCHER)
+                    cancelled_any = True
+                by_task[key] = [ActiveRun(a.run_id, a.scheduled_for_ms, True) for a in by_task[key]]
+                waiting[key] += 1
+                continue
+            if decision.action is OverlapAction.WAIT or free <= 0:
+                waiting[key] += 1
+                continue
+            if await self._start(candidate, now):
+                by_task[key].append(ActiveRun(candidate.run_id, candidate.scheduled_for_ms))
+                free -= 1
+        if cancelled_any:
+            self.wake()  # signal the replaced processes at once
+
+    # ---------------------------------------------------------------------------------- starting
+
+    async def _fail_without_start(self, candidate: DispatchCandidate, reason: str, now: int) -> None:
+        attempt_dir = os.path.join(self._config.log_dir, candidate.attempt_id)
+        if not await self._store.begin_dispatch(candidate.attempt_id, attempt_dir, now, now):
+            return
+        await self._record_start_failure(candidate, reason)
+
+    async def _record_start_failure(self, candidate: DispatchCandidate, reason: str) -> None:
+        self.stats.start_failed += 1
+        outcome = AttemptOutcome(AttemptState.FAILED, ended_at_ms=self._clock_ms(), reason=reason)
+        await self._store.record_finished(candidate.attempt_id, outcome, self._clock_ms(), Actor.DISPATCHER,
+                                          started=False)
+        self._diagnostics.emit(DiagnosticEvent(
+            "warning", "execution.start_failed", f"run {candidate.run_id} could not start: {reason}",
+            {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id,
+             "project_id": candidate.project_id, "task_id": candidate.task_id}))
+
+    async def _start(self, candidate: DispatchCandidate, now: int) -> bool:
+        """Start one candidate; True when its process runs (it then holds a slot)."""
+        spec = candidate.spec
+        assert spec is not None
+        attempt_dir = os.path.join(self._config.log_dir, candidate.attempt_id)
+        executor = self._executors.get(spec.executor)
+        if executor is None:
+            loaded = ", ".join(sorted(self._executors)) or "none"
+            await self._fail_without_start(
+                candidate, f"no loaded plugin provides executor {spec.executor!r} (loaded executors: {loaded})",
+                now)
+            return False
+        if not await self._store.begin_dispatch(candidate.attempt_id, attempt_dir, now + spec.timeout_ms, now):
+            return False
+        request = StartRequest(candidate.run_id, candidate.attempt_id, candidate.attempt_no,
+                               candidate.scheduled_for_ms, spec, attempt_dir)
+        try:
+            handle = await executor.start(request)
+        except StartError as err:
+            await self._record_start_failure(candidate, str(err) or err.__class__.__name__)
+            return False
+        except Exception as exc:
+            # Whether a process exists is unknown: the next pass settles the Attempt from its
+            # directory (alive: adopted; never started: queued again).
+            self._report_error("execution.start_error",
+                               f"run {candidate.run_id}: the executor failed while starting: "
+                               f"{exc.__class__.__name__}: {exc}")
+            return True
+        self.stats.started += 1
+        job = _Job(candidate.run_id, candidate.attempt_id, executor, attempt_dir, handle)
+        self._watch(job)
+        if not await self._store.record_started(candidate.attempt_id, handle, self._clock_ms()):
+            # ended meanwhile (cancelled by an operator while it was dispatching): stop the process
+            self._signal(job)
+        return True
+
+    # ---------------------------------------------------------------------------------- watching
+
+    def _adopt(self, attempt: ActiveAttempt, executor: Executor, handle: ProcessHandle) -> None:
+        self._watch(_Job(attempt.run_id, attempt.attempt_id, executor, attempt.attempt_dir or "", handle))
+
+    def _watch(self, job: _Job) -> None:
+        self._jobs[job.attempt_id] = job
+        job.task = asyncio.get_running_loop().create_task(self._wait_and_record(job),
+                                                          name=f"qinglong-job-{job.attempt_id}")
+
+    async def _wait_and_record(self, job: _Job) -> None:
+        try:
+            await job.executor.wait(job.attempt_dir, job.handle)
+            receipt = job.executor.read_receipt(job.attempt_dir)
+            cancel = None
+            for attempt in await self._store.active_attempts():
+                if attempt.attempt_id == job.attempt_id:
+                    cancel = attempt.cancel_reason
+                    break
+            else:
+                return  # already ended (recorded elsewhere): nothing to add
+            outcome = classify_outcome(receipt, cancel)
+            result = await self._store.record_finished(job.attempt_id, outcome, self._clock_ms(), Actor.COMPLETION)
+            if result.recorded:
+                self._recorded_outcome(job.run_id, job.attempt_id, outcome, result)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # left active in the store: the next pass settles it from its directory
+            self._report_error("execution.completion_failed",
+                               f"run {job.run_id}: recording the end of its process failed: "
+                               f"{exc.__class__.__name__}: {exc}")
+        finally:
+            if self._jobs.get(job.attempt_id) is job:
+                del self._jobs[job.attempt_id]
+            self.wake()
+
+    def _recorded(self, attempt: ActiveAttempt, outcome: AttemptOutcome, result: FinishResult) -> None:
+        self._recorded_outcome(attempt.run_id, attempt.attempt_id, outcome, result)
+
+    def _recorded_outcome(self, run_id: str, attempt_id: str, outcome: AttemptOutcome,
+                          result: FinishResult) -> None:
+        self.stats.finished += 1
+        if result.next_attempt is not None:
+            at = result.next_attempt.at_ms
+            self._next_retry_ms = at if self._next_retry_ms is None else min(self._next_retry_ms, at)
+        if outcome.state is AttemptState.LOST:
+            self._diagnostics.emit(DiagnosticEvent(
+                "warning", "execution.attempt_lost", f"run {run_id}: attempt lost: {outcome.reason}",
+                {"run_id": run_id, "attempt_id": attempt_id}))
+        elif outcome.state is AttemptState.TIMED_OUT:
+            self.stats.timed_out += 1
+
+    async def _settle_orphan(self, attempt: ActiveAttempt) -> None:
+        """An active Attempt nobody here watches (left by an earlier run, or a failed record)."""
+        done = await reconcile_attempt(self._store, self._executors, attempt, self._clock_ms, self._adopt,
+                                       self._recorded, self._diagnostics, find_handle_wait_s=0)
+        if done == "unknown_executor" and attempt.attempt_id not in self._warned:
+            self._warned.add(attempt.attempt_id)
+            self._diagnostics.emit(DiagnosticEvent(
+                "warning", "execution.unknown_executor",
+                f"run {attempt.run_id}: its attempt was started by executor {attempt.executor!r}, which no "
+                "loaded plugin provides; it is left as it is until that executor is loaded",
+                {"run_id": attempt.run_id, "attempt_id": attempt.attempt_id, "executor": attempt.executor}))
+
+    # ---------------------------------------------------------------------------------- cancelling
+
+    async def _enforce(self, active: list[ActiveAttempt], now: int) -> None:
+        """Deadlines become durable cancel requests; every cancel request is signalled."""
+        next_deadline: int | None = None
+        for attempt in active:
+            job = self._jobs.get(attempt.attempt_id)
+            if job is None or attempt.state != AttemptState.RUNNING:
+                continue
+            reason = attempt.cancel_reason
+            if reason is None and attempt.deadline_ms is not None:
+                if now >= attempt.deadline_ms:
+                    await self._store.request_cancel(attempt.run_id, CancelReason.TIMEOUT, now, Actor.DISPATCHER)
+                    reason = CancelReason.TIMEOUT
+                    self._diagnostics.emit(DiagnosticEvent(
+                        "warning", "execution.timeout",
+                        f"run {attempt.run_id}: the timeout expired; stopping its process group",
+                        {"run_id": attempt.run_id, "attempt_id": attempt.attempt_id,
+                         "deadline_ms": attempt.deadline_ms}))
+                else:
+                    next_deadline = (attempt.deadline_ms if next_deadline is None
+                                     else min(next_deadline, attempt.deadline_ms))
+            if reason is not None:
+                self._signal(job)
+        self._next_deadline_ms = next_deadline
+
+    def _signal(self, job: _Job) -> None:
+        """TERM to the job's group the first time, KILL once the grace has passed."""
+        grace = self._config.kill_grace_ms / 1000
+        if job.term_sent_at is None:
+            job.term_sent_at = time.monotonic()
+            self._send(job, signal.SIGTERM)
+        elif not job.kill_sent and time.monotonic() - job.term_sent_at >= grace:
+            job.kill_sent = True
+            self._send(job, signal.SIGKILL)
+
+    def _send(self, job: _Job, signum: int) -> None:
+        try:
+            sent = job.executor.signal(job.handle, signum)
+        except Exception as exc:
+            self._report_error("execution.signal_failed", f"run {job.run_id}: signalling its process failed: "
+                               f"{exc.__class__.__name__}: {exc}")
+            return
+        if not sent:
+            self._diagnostics.emit(DiagnosticEvent(
+                "info", "execution.signal_not_sent",
+                f"run {job.run_id}: its handle no longer names a live process; nothing was signalled",
+                {"run_id": job.run_id, "signal": int(signum)}))
+
+    # ---------------------------------------------------------------------------------- retention
+
+    async def _run_retention(self) -> None:
+        delay = self._config.retention_first_s
+        while not self._stopping:
+            await asyncio.sleep(delay)
+            delay = self._config.retention_period_s
+            try:
+                await self.retention.sweep(self._clock_ms())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._report_error("execution.retention_failed",
+                                   f"a retention sweep failed: {exc.__class__.__name__}: {exc}")
+
+    def _report_error(self, code: str, message: str) -> None:
+        self._diagnostics.emit(DiagnosticEvent("error", code, message))
