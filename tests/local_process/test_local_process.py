@@ -153,7 +153,7 @@ def test_the_job_sees_its_task_env_and_the_minimal_env_but_not_the_control_plane
                 ("QINGLONG_RUN_ID", "QINGLONG_ATTEMPT_ID", "QINGLONG_ATTEMPT", "QINGLONG_SCHEDULED_FOR_MS")]
 
 
-def test_working_dir_is_honoured_and_defaults_to_home(executor, log_dir, tmp_path):
+def test_working_dir_is_honoured_and_defaults_to_the_control_planes_home(executor, log_dir, tmp_path):
     """A job run in the wrong directory writes or deletes files elsewhere than its owner meant."""
     work = tmp_path / "work"
     work.mkdir()
@@ -164,7 +164,8 @@ def test_working_dir_is_honoured_and_defaults_to_home(executor, log_dir, tmp_pat
     assert (Path(req.attempt_dir) / "log").read_text() == f"{work}\n"
     assert executor.read_receipt(req.attempt_dir).exit_code == 0
 
-    req = request(log_dir, ["pwd"], attempt="a2")
+    # without a working_dir: the control plane's HOME, even when the task sets its own HOME
+    req = request(log_dir, ["pwd"], attempt="a2", env={"HOME": "/nonexistent-home"})
     run(start_and_wait(executor, req))
     assert (Path(req.attempt_dir) / "log").read_text() == f"{tmp_path}\n"
 

@@ -69,7 +69,9 @@ class LocalProcessExecutor:
         self._reap_finished()
         spec = request.spec
         env = job_environment(self._context.base_env, request)
-        cwd = spec.working_dir or env.get("HOME") or "/"
+        # without a working_dir: the control plane's HOME (never a task's env value, which an
+        # error message would otherwise have to show)
+        cwd = spec.working_dir or self._context.base_env.get("HOME") or "/"
         _check_working_dir(cwd)
         program = _resolve_program(spec.command[0], env.get("PATH", ""), cwd,
                                    path_is_the_tasks="PATH" in spec.env)

@@ -15,7 +15,8 @@ An Attempt directory (mode 0700) holds:
 
 The wrapper works with any POSIX ``sh`` (dash, busybox ash, bash as sh): no bash-isms, no
 ``pipefail``. Its own variables are named ``QINGLONG_*``, a prefix a task's env may not use, so it
-never changes a variable the job inherits. Its helpers (``head``, ``wc``, ``mv``) are named by
+never changes a variable the job inherits. Under busybox, whose ``head`` reads through stdio, the
+dropped count may miss up to one buffer (4 KiB) read past the limit; the log is exact. Its helpers (``head``, ``wc``, ``mv``) are named by
 absolute path, found on the minimal PATH when the executor is built, so a task's own PATH cannot
 replace them.
 """
