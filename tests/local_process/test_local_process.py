@@ -497,3 +497,48 @@ def test_the_wrapper_works_under_busybox_sh_and_tools(log_dir, tmp_path):
 
     run(terminate())
     assert executor.read_receipt(req.attempt_dir).signal == signal.SIGTERM
+
+
+# ------------------------------------------------------------------------------- waiting
+
+
+def test_a_cancelled_wait_leaves_the_job_running_and_a_later_wait_sees_its_end(executor, log_dir, tmp_path):
+    """Stopping the control plane with on_stop = detach cancels its waits: if that ended or
+    orphaned the job's outcome, detaching would lose every running Run."""
+    go = tmp_path / "go"
+    req = request(log_dir, ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done; exit 5"])
+
+    async def scenario():
+        handle = await executor.start(req)
+        waiting = asyncio.ensure_future(executor.wait(req.attempt_dir, handle))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert executor.probe(req.attempt_dir, handle) is ProcessState.ALIVE
+        go.touch()
+        await executor.wait(req.attempt_dir, handle)
+
+    run(scenario())
+    assert executor.read_receipt(req.attempt_dir).exit_code == 5
+
+
+def test_wait_polls_the_lock_on_a_kernel_without_pidfd(executor, log_dir, tmp_path, monkeypatch):
+    """Routers run old kernels: without pidfd, wait must still return when the job ends
+    (else every Attempt there would hang in running)."""
+    monkeypatch.delattr(os, "pidfd_open", raising=False)
+    go = tmp_path / "go"
+    req = request(log_dir, ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done"])
+
+    async def scenario():
+        handle = await executor.start(req)
+        waiting = asyncio.ensure_future(executor.wait(req.attempt_dir, handle))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        go.touch()
+        await waiting
+        return handle
+
+    handle = run(scenario())
+    assert executor.read_receipt(req.attempt_dir).exit_code == 0
+    wait_until(lambda: read_stat(handle.pid) is None, "the wrapper to be reaped")
