@@ -3,7 +3,8 @@
 -- it ended; an Attempt records its process (directory, durable handle, deadline), a durable cancel
 -- request, its exit status and log size; a manual Run's idempotency key outlives the Run; and the
 -- dispatcher's queries read partial indexes whose size is what is waiting or active, never the
--- whole history.
+-- whole history. Runs admitted before (for a remote worker an edge store never had) end
+-- cancelled, with the reason.
 
 -- Attempts only gain columns (no constraint changes), so no rebuild is needed.
 -- not_before_ms: a retry's backoff (NULL: due at once). attempt_dir: the directory the process
@@ -78,6 +79,34 @@ SELECT old_rowid, run_id, project_id, trigger_id, trigger_revision, task_id, tas
  ORDER BY old_rowid;
 
 DROP TABLE runs_before_0004;
+
+-- Runs admitted before this version were claimed for a remote worker that an edge store never
+-- had: nothing was ever going to run them. Starting that backlog now (a per-second trigger leaves
+-- 86,400 a day) would run stale occurrences late, against their misfire policy. They end
+-- cancelled, saying why, at the migration's time (so retention prunes them like any other).
+UPDATE attempts
+   SET state = 'cancelled',
+       finished_at_ms = CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER),
+       reason = 'admitted before this store executed runs; no worker was going to run it'
+ WHERE state = 'claimed' AND executor = 'remote_worker'
+   AND run_id IN (SELECT run_id FROM runs WHERE state = 'queued');
+
+INSERT INTO run_events (run_id, seq, type, at_ms)
+SELECT r.run_id, (SELECT max(e.seq) FROM run_events AS e WHERE e.run_id = r.run_id) + 1,
+       'run.finished', CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)
+  FROM runs AS r
+ WHERE r.state = 'queued'
+   AND EXISTS (SELECT 1 FROM attempts AS a WHERE a.run_id = r.run_id AND a.state = 'cancelled'
+                                            AND a.executor = 'remote_worker')
+   AND EXISTS (SELECT 1 FROM run_events AS e WHERE e.run_id = r.run_id);
+
+UPDATE runs
+   SET state = 'cancelled',
+       finished_at_ms = CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER),
+       reason = 'admitted before this store executed runs; no worker was going to run it'
+ WHERE state = 'queued'
+   AND EXISTS (SELECT 1 FROM attempts AS a WHERE a.run_id = runs.run_id AND a.state = 'cancelled'
+                                            AND a.executor = 'remote_worker');
 
 -- Dropping the table dropped its indexes: 0002's by-trigger index comes back unchanged.
 CREATE INDEX runs_by_trigger ON runs (trigger_id, scheduled_for_ms);

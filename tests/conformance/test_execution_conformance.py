@@ -1,0 +1,565 @@
+"""Every execution-store behaviour of the contracts, on every backend that executes Runs itself.
+
+The tests drive a store only through ``ExecutionStore`` (``backend.execution()``), ``Publisher``
+and the harness's clock (see ``conftest.py``); the one thing the protocols do not show, a Run's
+events, is read by :func:`events_of`. Today the edge SQLite store is the only one that executes;
+a backend joins by adding its harness name to :data:`EXECUTION_BACKENDS` (and a branch to
+:func:`events_of`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import pytest
+
+from qinglong.contracts.errors import NotFound
+from qinglong.contracts.execution import (
+    RUN_TRANSITIONS,
+    Actor,
+    AttemptOutcome,
+    AttemptState,
+    CancelReason,
+    IllegalTransition,
+    ProcessHandle,
+    Receipt,
+    RetryAt,
+    RunState,
+    classify_outcome,
+)
+from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
+
+from tests.conformance.conftest import CollectingSink, SqliteHarness, providers
+
+SECOND = 1000
+
+#: Every backend whose ``execution()`` is not None, by harness name.
+EXECUTION_BACKENDS = ["sqlite"]
+
+
+@pytest.fixture(params=EXECUTION_BACKENDS)
+def harness(request, tmp_path):
+    """A harness of each executing backend (started and stopped by the conftest's runner)."""
+    if request.param == "sqlite":
+        yield SqliteHarness(tmp_path / "qinglong.db")
+        return
+    raise LookupError(f"no harness for executing backend {request.param!r}")
+
+
+def events_of(h, run_id: str) -> list[tuple[int, str]]:
+    """The Run's events as (seq, type), in seq order (backend SQL: no protocol lists events)."""
+    if h.name == "sqlite":
+        return [tuple(r) for r in h._sql(
+            "SELECT seq, type FROM run_events WHERE run_id = ? ORDER BY seq", (run_id,))]
+    raise LookupError(f"no event reader for {h.name!r}")
+
+
+HANDLE = ProcessHandle("boot", 4242, 4242, 99)
+
+
+def store(h):
+    return h.backend.execution()
+
+
+async def publish(h, task_id: str = "t1", **spec) -> None:
+    if not [p for p in await h.reader.list_projects() if p.project_id == "p1"]:
+        await h.publisher.create_project("p1")
+    await h.publisher.put_task("p1", task_id, {"command": ["true"], **spec})
+
+
+def retrying(max_attempts: int, **more) -> dict:
+    return {"retry": {"max_attempts": max_attempts, "initial_backoff_ms": SECOND, "jitter": 0,
+                      **more}}
+
+
+async def manual(h, task_id: str = "t1", key: str | None = None) -> str:
+    run_id, created = await store(h).admit_manual_run("p1", task_id, key or uuid.uuid4().hex,
+                                                      await h.now_ms())
+    assert created
+    return run_id
+
+
+async def detail(h, run_id: str):
+    return await store(h).run_detail(run_id)
+
+
+async def state_of(h, run_id: str) -> RunState:
+    return (await detail(h, run_id)).run.state
+
+
+async def current(h, run_id: str):
+    return (await detail(h, run_id)).attempts[-1]
+
+
+async def dispatch(h, run_id: str) -> str:
+    """claimed -> dispatching for the Run's current Attempt; returns its id."""
+    attempt = await current(h, run_id)
+    now = await h.now_ms()
+    assert await store(h).begin_dispatch(attempt.attempt_id, f"/logs/{attempt.attempt_id}",
+                                         now + 60 * SECOND, now)
+    return attempt.attempt_id
+
+
+async def start(h, run_id: str) -> str:
+    """Dispatch and record the process started; returns the Attempt's id."""
+    attempt_id = await dispatch(h, run_id)
+    assert await store(h).record_started(attempt_id, HANDLE, await h.now_ms())
+    return attempt_id
+
+
+def exited(code: int, at_ms: int, log_bytes: int = 5) -> AttemptOutcome:
+    return classify_outcome(Receipt(code, None, at_ms, log_bytes), None)
+
+
+async def finish(h, attempt_id: str, outcome: AttemptOutcome, actor: Actor = Actor.COMPLETION):
+    return await store(h).record_finished(attempt_id, outcome, await h.now_ms(), actor)
+
+
+# ---- dispatch ---------------------------------------------------------------------------------
+
+async def test_candidates_come_in_scheduled_time_then_admission_order_and_respect_the_limit(harness):
+    """A dispatcher that started Runs in admission order would run a trigger's late backlog after
+    a newer manual Run, and one that ignored the limit would read the whole backlog at once."""
+    h = harness
+    await publish(h)
+    await publish(h, "t2")
+    await h.publisher.put_trigger(TriggerDefinition("p1", "tr", "t2", "cron",
+                                                    {"expression": "* * * * * *"},
+                                                    MisfirePolicy.FIRE_ONCE, 60_000))
+    await h.run_round()  # initialises the cursor
+    await h.elapse(3 * SECOND)
+    first_manual = await manual(h)  # admitted before the backlog, scheduled after most of it
+    await h.elapse(SECOND)
+    second_manual = await manual(h)
+    report = await h.run_round()
+    assert report.admitted >= 3
+    candidates = await store(h).dispatch_candidates(await h.now_ms(), 100)
+    keys = [(c.scheduled_for_ms, c.admitted_at_ms, c.run_id) for c in candidates]
+    assert keys == sorted(keys) and len(keys) == report.admitted + 2
+    by_id = {c.run_id: c for c in candidates}
+    manual_position = [c.run_id for c in candidates].index(first_manual)
+    assert any(c.admitted_at_ms > by_id[first_manual].admitted_at_ms
+               for c in candidates[:manual_position]), "a later admission scheduled earlier goes first"
+    assert {c.run_id for c in candidates} >= {first_manual, second_manual}
+    assert all(c.run_state is RunState.QUEUED and c.attempt_no == 1 for c in candidates)
+    assert all(c.spec is not None and c.spec.command == ("true",) for c in candidates)
+    assert [c.run_id for c in await store(h).dispatch_candidates(await h.now_ms(), 2)] == \
+        [c.run_id for c in candidates[:2]]
+
+
+async def test_a_task_without_a_command_is_a_candidate_without_a_spec(harness):
+    """Admission must not depend on the spec: a Run of a task with no command is offered with no
+    spec (to fail at dispatch, saying so) rather than left queued for ever."""
+    h = harness
+    await h.publisher.create_project("p1")
+    await h.publisher.put_task("p1", "t1", {"note": "nothing to run"})
+    run_id = await manual(h)
+    [candidate] = await store(h).dispatch_candidates(await h.now_ms(), 10)
+    assert (candidate.run_id, candidate.spec) == (run_id, None)
+    assert "no command" in candidate.spec_error
+    attempt_id = await dispatch(h, run_id)
+    result = await store(h).record_finished(
+        attempt_id, AttemptOutcome(AttemptState.FAILED, reason=candidate.spec_error),
+        await h.now_ms(), Actor.DISPATCHER, started=False)
+    assert (result.recorded, result.run_state) == (True, RunState.FAILED)
+    assert "no command" in (await detail(h, run_id)).run.reason
+
+
+async def test_two_dispatchers_racing_for_one_attempt_find_exactly_one_winner(harness):
+    """Two winners would start one Attempt's process twice (a job run twice)."""
+    h = harness
+    await publish(h)
+    run_ids = [await manual(h) for _ in range(5)]
+    other = h.create_backend(CollectingSink(), providers())
+    await other.open()
+    try:
+        for run_id in run_ids:
+            attempt = await current(h, run_id)
+            now = await h.now_ms()
+            results = await asyncio.gather(*(
+                s.begin_dispatch(attempt.attempt_id, f"/logs/{attempt.attempt_id}", now + SECOND, now)
+                for s in (store(h), other.execution())))
+            assert sorted(results) == [False, True], results
+            assert await state_of(h, run_id) is RunState.DISPATCHING
+            assert [t for _, t in events_of(h, run_id)].count("run.dispatching") == 1
+    finally:
+        await other.close()
+    assert await store(h).dispatch_candidates(await h.now_ms(), 10) == []
+
+
+async def test_begin_dispatch_refuses_an_attempt_that_is_not_claimed_and_due(harness):
+    """Dispatching a retry before its backoff, or an ended Attempt, would start a process that
+    the policy did not allow."""
+    h = harness
+    await publish(h, **retrying(2))
+    run_id = await manual(h)
+    attempt_id = await start(h, run_id)
+    now = await h.now_ms()
+    assert not await store(h).begin_dispatch(attempt_id, "/logs/x", now, now)  # running
+    result = await finish(h, attempt_id, exited(1, now))
+    assert isinstance(result.next_attempt, RetryAt) and result.run_state is RunState.RETRY_WAIT
+    retry = await current(h, run_id)
+    assert retry.not_before_ms == now + SECOND
+    assert not await store(h).begin_dispatch(retry.attempt_id, "/logs/y", now + 5, now + 5)
+    assert await store(h).dispatch_candidates(now + SECOND - 1, 10) == []
+    [due] = await store(h).dispatch_candidates(now + SECOND, 10)
+    assert (due.attempt_id, due.attempt_no, due.run_state) == (retry.attempt_id, 2, RunState.RETRY_WAIT)
+    assert await store(h).begin_dispatch(retry.attempt_id, "/logs/y", now + 2 * SECOND, now + SECOND)
+    assert not await store(h).begin_dispatch(attempt_id, "/logs/x", now + SECOND, now + SECOND)
+
+
+async def test_record_started_moves_only_a_dispatching_attempt(harness):
+    """A start recorded on a claimed or ended Attempt would name a process for a Run that has
+    none (it would be waited on, or signalled, for ever)."""
+    h = harness
+    await publish(h)
+    run_id = await manual(h)
+    attempt = await current(h, run_id)
+    assert not await store(h).record_started(attempt.attempt_id, HANDLE, await h.now_ms())
+    assert await state_of(h, run_id) is RunState.QUEUED
+    await dispatch(h, run_id)
+    assert await store(h).record_started(attempt.attempt_id, HANDLE, await h.now_ms())
+    assert not await store(h).record_started(attempt.attempt_id, HANDLE, await h.now_ms())
+    [active] = await store(h).active_attempts()
+    assert (active.attempt_id, active.state, active.handle) == (attempt.attempt_id,
+                                                                AttemptState.RUNNING, HANDLE)
+    assert active.attempt_dir == f"/logs/{attempt.attempt_id}" and active.deadline_ms is not None
+    await finish(h, attempt.attempt_id, exited(0, await h.now_ms()))
+    assert not await store(h).record_started(attempt.attempt_id, HANDLE, await h.now_ms())
+    assert await store(h).active_attempts() == []
+
+
+async def test_a_start_that_never_happened_goes_back_to_the_queue_unless_cancelled(harness):
+    """A dispatching Attempt whose process never started would be stranded (never run) if it
+    could not be queued again, and a cancelled one would run after all if it were."""
+    h = harness
+    await publish(h)
+    run_id, cancelled_id = await manual(h), await manual(h)
+    attempt_id = await dispatch(h, run_id)
+    assert await store(h).return_to_queue(attempt_id, await h.now_ms())
+    assert not await store(h).return_to_queue(attempt_id, await h.now_ms())
+    assert await state_of(h, run_id) is RunState.QUEUED
+    assert (await current(h, run_id)).attempt_id == attempt_id
+    other = await dispatch(h, cancelled_id)
+    assert await store(h).request_cancel(cancelled_id, CancelReason.OPERATOR,
+                                         await h.now_ms()) is RunState.DISPATCHING
+    assert await store(h).return_to_queue(other, await h.now_ms())
+    assert await state_of(h, cancelled_id) is RunState.CANCELLED
+    assert [c.run_id for c in await store(h).dispatch_candidates(await h.now_ms(), 10)] == [run_id]
+
+
+# ---- completion and retries --------------------------------------------------------------------
+
+async def test_an_outcome_is_recorded_exactly_once(harness):
+    """A second completion (a reconciler and a waiter both seeing the end) must not overwrite the
+    first exit code, add an Attempt or end the Run twice."""
+    h = harness
+    await publish(h, **retrying(3))
+    run_id = await manual(h)
+    attempt_id = await start(h, run_id)
+    now = await h.now_ms()
+    first = await finish(h, attempt_id, exited(0, now, log_bytes=7))
+    assert (first.recorded, first.run_state, first.next_attempt) == (True, RunState.SUCCEEDED, None)
+    before = (await detail(h, run_id), events_of(h, run_id))
+    again = await finish(h, attempt_id, exited(3, now + 1))
+    lost = await store(h).record_finished(attempt_id, AttemptOutcome(AttemptState.LOST, reason="x"),
+                                          now + 2, Actor.RECONCILER)
+    assert (again.recorded, again.run_state) == (False, RunState.SUCCEEDED)
+    assert (lost.recorded, lost.run_state) == (False, RunState.SUCCEEDED)
+    assert (await detail(h, run_id), events_of(h, run_id)) == before
+    view = before[0].attempts[0]
+    assert (view.exit_code, view.log_bytes, len(before[0].attempts)) == (0, 7, 1)
+
+
+@pytest.mark.parametrize("max_attempts", [1, 2, 3])
+async def test_failing_attempts_are_retried_up_to_the_policy_and_never_beyond(harness, max_attempts):
+    """More Attempts than the policy allows run a failing job again; fewer give up early."""
+    h = harness
+    await publish(h, **retrying(max_attempts))
+    run_id = await manual(h)
+    for number in range(1, max_attempts + 1):
+        attempt_id = await start(h, run_id)
+        await h.elapse(2 * SECOND)
+        result = await finish(h, attempt_id, exited(2, await h.now_ms()))
+        if number < max_attempts:
+            assert result.run_state is RunState.RETRY_WAIT
+            assert result.next_attempt.attempt_no == number + 1
+            await h.elapse(result.next_attempt.at_ms - await h.now_ms())
+        else:
+            assert (result.run_state, result.next_attempt) == (RunState.FAILED, None)
+    run = await detail(h, run_id)
+    assert [a.attempt_no for a in run.attempts] == list(range(1, max_attempts + 1))
+    assert all(a.state is AttemptState.FAILED and a.exit_code == 2 for a in run.attempts)
+    assert (run.run.attempts, run.run.exit_code, run.run.duration_ms) == (max_attempts, 2, 2 * SECOND)
+    assert run.run.finished_at_ms is not None and "exit status 2" in run.run.reason
+    assert await store(h).dispatch_candidates(await h.now_ms() + 10**9, 10) == []
+    types = [t for _, t in events_of(h, run_id)]
+    assert types.count("run.retry_scheduled") == max_attempts - 1
+    assert types.count("run.finished") == 1 and types[-1] == "run.finished"
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_a_lost_attempt_is_retried_only_for_an_idempotent_task(harness, idempotent):
+    """A lost Attempt may have run to its end: retrying a non-idempotent job could do its work
+    twice; not retrying an idempotent one gives up a job that could safely run again."""
+    h = harness
+    await publish(h, idempotent=idempotent, **retrying(3))
+    run_id = await manual(h)
+    attempt_id = await start(h, run_id)
+    result = await store(h).record_finished(
+        attempt_id, classify_outcome(None, None), await h.now_ms(), Actor.RECONCILER)
+    run = await detail(h, run_id)
+    if idempotent:
+        assert result.run_state is RunState.RETRY_WAIT and len(run.attempts) == 2
+    else:
+        assert result.run_state is RunState.LOST and len(run.attempts) == 1
+        assert "completion receipt" in run.run.reason
+    assert run.attempts[0].state is AttemptState.LOST
+
+
+async def test_a_cancelled_or_unstartable_attempt_is_never_retried(harness):
+    """A retry after `runs cancel` would run the job the operator stopped; a retry of a missing
+    program fails the same way again."""
+    h = harness
+    await publish(h, **retrying(3))
+    cancelled, unstartable = await manual(h), await manual(h)
+    attempt_id = await start(h, cancelled)
+    await store(h).request_cancel(cancelled, CancelReason.OPERATOR, await h.now_ms())
+    outcome = classify_outcome(Receipt(None, 15, await h.now_ms(), 0), CancelReason.OPERATOR)
+    result = await finish(h, attempt_id, outcome)
+    assert (result.run_state, result.next_attempt) == (RunState.CANCELLED, None)
+    attempt_id = await dispatch(h, unstartable)
+    result = await store(h).record_finished(
+        attempt_id, AttemptOutcome(AttemptState.FAILED, reason="no such program: nope"),
+        await h.now_ms(), Actor.DISPATCHER, started=False)
+    assert (result.run_state, result.next_attempt) == (RunState.FAILED, None)
+    for run_id in (cancelled, unstartable):
+        assert len((await detail(h, run_id)).attempts) == 1
+
+
+# ---- cancel and skip --------------------------------------------------------------------------
+
+async def test_cancelling_a_queued_run_ends_it_and_a_running_one_only_requests_it(harness):
+    """A queued Run must end at once (no process to stop, it must never start); a running one
+    must keep its state until its process is gone, with the request durable so a restart still
+    stops it, and the first reason kept."""
+    h = harness
+    await publish(h)
+    queued, running = await manual(h), await manual(h)
+    attempt_id = await start(h, running)
+    now = await h.now_ms()
+    assert await store(h).request_cancel(queued, CancelReason.OPERATOR, now) is RunState.CANCELLED
+    assert not await store(h).begin_dispatch((await current(h, queued)).attempt_id, "/l", now, now)
+    assert await store(h).request_cancel(running, CancelReason.TIMEOUT, now) is RunState.RUNNING
+    assert await store(h).request_cancel(running, CancelReason.OPERATOR, now + 1) is RunState.RUNNING
+    [active] = await store(h).active_attempts()
+    assert (active.run_id, active.cancel_reason, active.cancel_requested_at_ms) == (
+        running, CancelReason.TIMEOUT, now)
+    outcome = classify_outcome(Receipt(None, 9, now + 2, 0), active.cancel_reason)
+    assert (await finish(h, attempt_id, outcome)).run_state is RunState.TIMED_OUT
+    assert await store(h).request_cancel(running, CancelReason.OPERATOR, now + 3) is RunState.TIMED_OUT
+    assert await store(h).request_cancel(queued, CancelReason.OPERATOR, now + 3) is RunState.CANCELLED
+    assert [t for _, t in events_of(h, running)].count("run.cancel_requested") == 1
+    with pytest.raises(NotFound):
+        await store(h).request_cancel("no-such-run", CancelReason.OPERATOR, now)
+
+
+async def test_a_skipped_run_ends_cancelled_with_its_reason_and_only_while_claimed(harness):
+    """A skip that hit a started Attempt would end a Run whose process still runs; a skip
+    without its reason leaves the operator guessing why the job did not run."""
+    h = harness
+    await publish(h)
+    skipped, started = await manual(h), await manual(h)
+    attempt = await current(h, skipped)
+    now = await h.now_ms()
+    assert not await store(h).skip_run(started, attempt.attempt_id, "wrong run", now)
+    assert await store(h).skip_run(skipped, attempt.attempt_id, "skipped: forbid", now)
+    assert not await store(h).skip_run(skipped, attempt.attempt_id, "skipped: forbid", now)
+    run = await detail(h, skipped)
+    assert (run.run.state, run.run.reason, run.attempts[0].state) == (
+        RunState.CANCELLED, "skipped: forbid", AttemptState.CANCELLED)
+    attempt_id = await dispatch(h, started)
+    assert not await store(h).skip_run(started, attempt_id, "too late", now)
+    assert await state_of(h, started) is RunState.DISPATCHING
+
+
+# ---- manual Runs and retention -----------------------------------------------------------------
+
+async def test_a_manual_key_admits_one_run_even_after_that_run_was_pruned(harness):
+    """A retried `task run --idempotency-key K` (a script re-run after a timeout) must not run
+    the job twice, also once the first Run's rows are gone."""
+    h = harness
+    await publish(h)
+    first, created = await store(h).admit_manual_run("p1", "t1", "nightly-1", await h.now_ms())
+    again = await store(h).admit_manual_run("p1", "t1", "nightly-1", await h.now_ms())
+    assert created and again == (first, False)
+    run = await detail(h, first)
+    assert run.idempotency_key == "ql3:manual:v1:nightly-1" and run.run.trigger_id == ""
+    assert h.count("runs") == 1
+    attempt_id = await start(h, first)
+    await finish(h, attempt_id, exited(0, await h.now_ms()))
+    await store(h).mark_log_deleted(attempt_id, await h.now_ms())
+    await h.elapse(SECOND)
+    assert (await store(h).prune(await h.now_ms(), 10)).runs == 1
+    with pytest.raises(NotFound):
+        await detail(h, first)
+    assert await store(h).admit_manual_run("p1", "t1", "nightly-1", await h.now_ms()) == (first, False)
+    assert h.count("runs") == 0 and await store(h).dispatch_candidates(await h.now_ms(), 10) == []
+    with pytest.raises(NotFound):
+        await store(h).admit_manual_run("p1", "missing", "k2", await h.now_ms())
+    with pytest.raises(NotFound):
+        await store(h).admit_manual_run("nope", "t1", "k3", await h.now_ms())
+    assert h.count("runs") == 0
+
+
+async def test_prune_deletes_bounded_batches_of_old_finished_runs_and_nothing_in_flight(harness):
+    """An unbounded prune holds the write lock over a round; one that deleted a queued, running
+    or recent Run, or a Run whose log is still on disk, loses work or leaks the file."""
+    h = harness
+    await publish(h)
+    finished = []
+    for _ in range(5):
+        run_id = await manual(h)
+        attempt_id = await start(h, run_id)
+        await finish(h, attempt_id, exited(0, await h.now_ms()))
+        finished.append((run_id, attempt_id))
+    queued, running = await manual(h), await manual(h)
+    await start(h, running)
+    await h.elapse(10 * SECOND)
+    recent = await manual(h)
+    await store(h).request_cancel(recent, CancelReason.OPERATOR, await h.now_ms())
+    cutoff = await h.now_ms() - SECOND
+    assert (await store(h).prune(cutoff, 10)).runs == 0, "logs still on disk"
+    logs = await store(h).finished_logs(cutoff, 100)
+    assert sorted(logs) == sorted((a, f"/logs/{a}") for _, a in finished)
+    assert await store(h).finished_logs(cutoff, 2) == logs[:2]
+    for attempt_id, _ in logs:
+        await store(h).mark_log_deleted(attempt_id, await h.now_ms())
+    assert await store(h).finished_logs(cutoff, 100) == []
+    assert (await detail(h, finished[0][0])).attempts[0].log_deleted
+    events_before = h.count("events")
+    reports = [await store(h).prune(cutoff, 2) for _ in range(4)]
+    assert [r.runs for r in reports] == [2, 2, 1, 0]
+    assert sum(r.attempts for r in reports) == 5
+    assert sum(r.events for r in reports) == events_before - h.count("events") > 0
+    left = {r.run_id for r in await store(h).list_runs(limit=100)}
+    assert left == {queued, running, recent}
+
+
+async def test_listings_show_state_attempts_exit_code_and_duration_newest_first(harness):
+    """`qinglong runs` reads these fields; a wrong attempt count or the exit code of another
+    Attempt misreports what ran."""
+    h = harness
+    await publish(h, **retrying(2))
+    await publish(h, "t2")
+    older = await manual(h)
+    attempt_id = await start(h, older)
+    await h.elapse(3 * SECOND)
+    await finish(h, attempt_id, exited(4, await h.now_ms()))
+    await h.elapse(SECOND)
+    newer = await manual(h, "t2")
+    runs = await store(h).list_runs()
+    assert [r.run_id for r in runs] == [newer, older]
+    older_view = runs[1]
+    assert (older_view.state, older_view.attempts, older_view.exit_code, older_view.duration_ms) == (
+        RunState.RETRY_WAIT, 2, 4, 3 * SECOND)
+    assert (runs[0].state, runs[0].attempts, runs[0].exit_code) == (RunState.QUEUED, 1, None)
+    assert [r.run_id for r in await store(h).list_runs(state=RunState.RETRY_WAIT)] == [older]
+    assert [r.run_id for r in await store(h).list_runs(project_id="p1", task_id="t2")] == [newer]
+    assert [r.run_id for r in await store(h).list_runs(limit=1)] == [newer]
+    assert await store(h).list_runs(state=RunState.SUCCEEDED) == []
+
+
+# ---- events and the state machine --------------------------------------------------------------
+
+async def test_events_follow_each_step_with_consecutive_sequence_numbers(harness):
+    """Events out of order or with gaps would make a Run's history unreadable (and a reader
+    following by seq would miss or repeat one)."""
+    h = harness
+    await publish(h, **retrying(2))
+    run_id = await manual(h)
+    attempt_id = await start(h, run_id)
+    result = await finish(h, attempt_id, exited(1, await h.now_ms()))
+    await h.elapse(result.next_attempt.at_ms - await h.now_ms())
+    second = await start(h, run_id)
+    await store(h).request_cancel(run_id, CancelReason.OPERATOR, await h.now_ms())
+    await finish(h, second, classify_outcome(Receipt(None, 15, await h.now_ms(), 0),
+                                             CancelReason.OPERATOR))
+    events = events_of(h, run_id)
+    assert [seq for seq, _ in events] == list(range(1, len(events) + 1))
+    assert [t for _, t in events] == [
+        "run.created", "run.queued", "run.dispatching", "run.started", "run.retry_scheduled",
+        "run.dispatching", "run.started", "run.cancel_requested", "run.finished"]
+
+
+async def test_every_state_change_is_a_legal_transition_and_an_illegal_one_writes_nothing(harness):
+    """A store that moved a Run along a path the state machine forbids could end it twice or
+    report `succeeded` without proof; a refused step that wrote half of itself corrupts it."""
+    h = harness
+    await publish(h, idempotent=True, **retrying(3, exit_codes=[3], on_timeout=False))
+    s = store(h)
+    paths = [await manual(h) for _ in range(6)]
+    seen: dict[str, list[RunState]] = {run_id: [RunState.QUEUED] for run_id in paths}
+
+    async def act(call):
+        """Run one store call, then note every Run's state (each call is one step)."""
+        result = await call
+        for run_id in paths:
+            state = await state_of(h, run_id)
+            if seen[run_id][-1] is not state:
+                seen[run_id].append(state)
+        return result
+
+    async def begin(run_id: str) -> str:
+        attempt = await current(h, run_id)
+        now = await h.now_ms()
+        assert await act(s.begin_dispatch(attempt.attempt_id, "/logs/x", now + SECOND, now))
+        return attempt.attempt_id
+
+    async def run(run_id: str, actor: Actor = Actor.DISPATCHER) -> str:
+        attempt_id = await begin(run_id)
+        assert await act(s.record_started(attempt_id, HANDLE, await h.now_ms(), actor))
+        return attempt_id
+
+    a, b, c, d, e, f = paths
+    now = await h.now_ms()
+    # a succeeds; b exits 3 (a retried code), then 4 (not retried) and fails
+    await act(s.record_finished(await run(a), exited(0, now), now, Actor.COMPLETION))
+    await act(s.record_finished(await run(b), exited(3, now), now, Actor.COMPLETION))
+    await h.elapse(10 * SECOND)
+    now = await h.now_ms()
+    await act(s.record_finished(await run(b), exited(4, now), now, Actor.COMPLETION))
+    # c is lost while dispatching (reconciler), retried as idempotent, cancelled while it waits
+    await act(s.record_finished(await begin(c), classify_outcome(None, None), now, Actor.RECONCILER))
+    await act(s.request_cancel(c, CancelReason.OPERATOR, now))
+    # d is skipped; e times out; f is re-adopted by the reconciler, which records its success
+    await act(s.skip_run(d, (await current(h, d)).attempt_id, "skipped", now))
+    e_attempt = await run(e)
+    await act(s.request_cancel(e, CancelReason.TIMEOUT, now))
+    await act(s.record_finished(e_attempt, classify_outcome(Receipt(None, 9, now, 0),
+                                                            CancelReason.TIMEOUT),
+                                now, Actor.COMPLETION))
+    f_attempt = await run(f, Actor.RECONCILER)
+    # illegal: a dispatcher may not end an Attempt as lost, nor anyone a claimed one
+    f_before = (await detail(h, f), events_of(h, f))
+    with pytest.raises(IllegalTransition):
+        await s.record_finished(f_attempt, classify_outcome(None, None), now, Actor.DISPATCHER)
+    queued = await manual(h)
+    q_before = (await detail(h, queued), events_of(h, queued))
+    with pytest.raises(IllegalTransition):
+        await s.record_finished((await current(h, queued)).attempt_id, exited(0, now), now,
+                                Actor.COMPLETION)
+    assert (await detail(h, f), events_of(h, f)) == f_before
+    assert (await detail(h, queued), events_of(h, queued)) == q_before
+    await act(s.record_finished(f_attempt, exited(0, now), now, Actor.RECONCILER))
+
+    for run_id, states in seen.items():
+        for before, after in zip(states, states[1:]):
+            assert (before, after) in RUN_TRANSITIONS, (run_id, states)
+    assert [seen[r][-1] for r in paths] == [RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED,
+                                            RunState.CANCELLED, RunState.TIMED_OUT, RunState.SUCCEEDED]
+    assert seen[b] == [RunState.QUEUED, RunState.DISPATCHING, RunState.RUNNING, RunState.RETRY_WAIT,
+                       RunState.DISPATCHING, RunState.RUNNING, RunState.FAILED]
+    assert len((await detail(h, b)).attempts) == 2
