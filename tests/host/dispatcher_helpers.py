@@ -29,12 +29,15 @@ TERMINAL = {"succeeded", "failed", "timed_out", "cancelled", "lost"}
 PROJECT = "p"
 
 
-def write_settings(root: Path, *, level: str = "error", **execution: Any) -> Path:
+def write_settings(root: Path, *, level: str = "error", lifecycle: dict[str, Any] | None = None,
+                   **execution: Any) -> Path:
     """A settings file for a fresh database ``root/q.db`` (logs in ``root/q.db.logs``)."""
     values: dict[str, Any] = {"poll_ms": 100, "kill_grace_ms": 300}
     values.update(execution)
     lines = ['profile = "edge"', "[backend]", f"path = {json.dumps(str(root / 'q.db'))}", "[execution]"]
     lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    if lifecycle:
+        lines += ["[lifecycle]"] + [f"{key} = {json.dumps(value)}" for key, value in lifecycle.items()]
     lines += ["[diagnostics]", f'level = "{level}"']
     path = root / "settings.toml"
     path.write_text("\n".join(lines) + "\n")

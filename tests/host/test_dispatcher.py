@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 import pytest
 
@@ -185,15 +186,16 @@ def test_allow_runs_a_due_run_beside_the_one_still_running(tmp_path, marks):
 
 
 def test_a_timeout_ends_the_run_timed_out_and_kills_its_whole_process_group(tmp_path, marks):
-    """``sleep 600`` with a 1 s timeout: without the durable request and the group signals, the
-    Run would hang for ten minutes, or end while a grandchild keeps running unseen."""
+    """``sleep 600`` with a 1 s timeout, TERM ignored: without the durable request, the group
+    signals and the KILL after the grace, the Run would hang for ten minutes, or end while a
+    grandchild keeps running unseen."""
     settings = write_settings(tmp_path, kill_grace_ms=300)
     grandchild = tmp_path / "grandchild"
 
     async def body() -> None:
         async with running(settings) as h:
-            await h.put_task("slow", marker_script(marks, f"sleep 600 & echo $! > {grandchild}; sleep 600"),
-                             timeout_ms=1000)
+            await h.put_task("slow", marker_script(
+                marks, f"trap '' TERM; sleep 600 & echo $! > {grandchild}; sleep 600"), timeout_ms=1000)
             run = await h.admit("slow")
             started = await h.until_state(run, "running")
             pgid = wrapper_pid(started.attempts[0].attempt_dir)
@@ -297,8 +299,10 @@ def test_stop_detaches_by_default_and_the_next_start_records_the_outcome(tmp_pat
 
 def test_stop_with_terminate_cancels_the_running_jobs_and_records_them(tmp_path, marks):
     """``on_stop = "terminate"``: the jobs must be stopped and recorded cancelled before the stop
-    returns, leaving no process of theirs behind."""
-    settings = write_settings(tmp_path, on_stop="terminate", kill_grace_ms=300)
+    returns, leaving no process of theirs behind, even when the job ignores TERM and the KILL
+    grace is longer than the stop may take."""
+    settings = write_settings(tmp_path, on_stop="terminate", kill_grace_ms=60_000,
+                              lifecycle={"stop_timeout_ms": 3000})
 
     async def body() -> None:
         async with running(settings) as h:
@@ -398,3 +402,45 @@ def test_a_cancel_request_written_by_another_process_is_signalled(tmp_path, mark
 
     asyncio.run(body())
 
+
+
+def test_a_per_second_trigger_whose_job_outlasts_its_period_never_overlaps_under_forbid(tmp_path, marks):
+    """The case cron panels get wrong: a job scheduled every second that runs longer. Under
+    'forbid' the occurrences due meanwhile must be skipped with the reason recorded (not queued
+    up to run in a burst, not run beside it), and after it ended the next occurrence runs."""
+    from qinglong.contracts.records import TriggerDefinition
+
+    settings = write_settings(tmp_path)
+
+    async def body() -> None:
+        async with running(settings) as h:
+            await h.put_task("long", _long_job(tmp_path, marks), concurrency="forbid")
+            await h.backend.publisher().put_trigger(TriggerDefinition(
+                project_id="p", trigger_id="every-second", task_id="long", kind="cron",
+                spec={"expression": "* * * * * *", "timezone": "UTC"}))
+
+            async def states() -> dict[str, list[str]]:
+                found: dict[str, list[str]] = {}
+                for run in await h.store.list_runs(task_id="long", limit=100):
+                    found.setdefault(state_of(run.state), []).append(run.run_id)
+                return found
+
+            async def two_skipped() -> Any:
+                found = await states()
+                return found if len(found.get("cancelled", [])) >= 2 else None
+            found = await until(two_skipped, "two occurrences skipped while the first runs")
+            assert len(found.get("running", [])) == 1
+            first = found["running"][0]
+            for run_id in found["cancelled"]:
+                assert "forbid" in ((await h.detail(run_id)).run.reason or "")
+            (tmp_path / "GO").touch()
+            await h.until_ended(first)
+
+            async def a_later_run_succeeded() -> bool:
+                return len((await states()).get("succeeded", [])) >= 2
+            await until(a_later_run_succeeded, "a later occurrence ran after the first ended")
+        lines = _lines(tmp_path)
+        assert max_overlap([line.split()[0] for line in lines]) == 1
+        assert lines[:2] == [f"start {first}", f"end {first}"]
+
+    asyncio.run(body())

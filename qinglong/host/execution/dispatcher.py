@@ -19,7 +19,8 @@ cancel request). The store applies the retry decision.
 
 At stop, ``on_stop = "detach"`` (the default) stops dispatching and leaves the jobs running: their
 waiters write receipts and the next start's reconciler records them. ``"terminate"`` requests a
-cancel (``shutdown``), signals, and waits for the outcomes within the stop bound.
+cancel (``shutdown``), signals (KILL after ``kill_grace_ms``, or sooner if the stop bound would end
+first), and waits for the outcomes within the stop bound.
 """
 
 from __future__ import annotations
@@ -217,9 +218,12 @@ class Dispatcher:
                 self._report_error("execution.cancel_failed", f"run {job.run_id}: the stop's cancel request "
                                    f"could not be recorded: {exc.__class__.__name__}: {exc}")
             self._signal(job)
+        # KILL after the grace, or sooner when the stop bound would end before it: a stop that
+        # terminates must not return with a job still running
+        grace = min(self._config.kill_grace_ms / 1000, max(0.0, (deadline - time.monotonic()) * 0.6))
         while self._jobs and time.monotonic() < deadline:
             for job in list(self._jobs.values()):
-                self._signal(job)
+                self._signal(job, grace)
             tasks = [job.task for job in self._jobs.values() if job.task is not None]
             if not tasks:
                 break
@@ -453,9 +457,9 @@ class Dispatcher:
                 self._signal(job)
         self._next_deadline_ms = next_deadline
 
-    def _signal(self, job: _Job) -> None:
-        """TERM to the job's group the first time, KILL once the grace has passed."""
-        grace = self._config.kill_grace_ms / 1000
+    def _signal(self, job: _Job, grace: float | None = None) -> None:
+        """TERM to the job's group the first time, KILL once the grace (``kill_grace_ms``) passed."""
+        grace = self._config.kill_grace_ms / 1000 if grace is None else grace
         if job.term_sent_at is None:
             job.term_sent_at = time.monotonic()
             self._send(job, signal.SIGTERM)
