@@ -19,7 +19,9 @@ child process, beside its ceiling measured in the same run:
   a job that sleeps 2 s, so the running slots stay full; the rest hourly, not due) beside the same
   with ``[execution] enabled = false`` (the difference is what the dispatcher costs), the edge
   import floor beside them; and what each running job adds besides its own process: the control
-  plane's RSS growth per running job and the RSS/PSS of the job's shell wrapper (its waiter).
+  plane's RSS growth per running job, and the RSS/PSS of the processes the wrapper adds to the
+  job's group (the waiter shell, its log reader's subshell and ``head``; PSS counts shared pages
+  once, which is what a router's memory sees).
 
 Results go to stdout and to ``bench/results/execution.json``. ``--quick`` shrinks every part to a
 fast check (figures then say little). Uses only the stdlib and the project.
@@ -91,6 +93,29 @@ def _children_of(pid: int) -> list[int]:
             if int(fields[1]) == pid and fields[0] != b"Z":
                 found.append(int(entry.name))
     return found
+
+
+def _group_members(pgid: int) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(b")") + 2:].split()
+            if int(fields[2]) == pgid and fields[0] != b"Z":
+                found.append(int(entry.name))
+    return found
+
+
+def _cmdline(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().split(b"\0")[:-1]
+    except OSError:
+        return []
 
 
 # ---------------------------------------------------------------- the ceiling (a child process)
@@ -316,14 +341,18 @@ def per_job(tmp: Path, jobs: int) -> dict:
     time.sleep(2)
     after = _status_kib(proc.pid, "VmRSS")
     wrappers = _children_of(proc.pid)
-    wrapper_rss = [_status_kib(p, "VmRSS") for p in wrappers]
-    wrapper_pss = [_pss_kib(p) for p in wrappers]
+    # every process of the job's group except the job itself (`sleep 600`): the wrapper shell,
+    # its log reader's subshell and `head`
+    helpers = [p for w in wrappers for p in _group_members(w) if _cmdline(p) != [b"sleep", b"600"]]
+    helper_rss = sum(_status_kib(p, "VmRSS") for p in helpers)
+    helper_pss = sum(_pss_kib(p) for p in helpers)
     ws.stop(proc)
+    n = len(wrappers) or 1
     return {"jobs": jobs, "control_plane_rss_idle_kib": before, "control_plane_rss_running_kib": after,
             "control_plane_kib_per_running_job": round((after - before) / jobs, 1),
-            "wrappers_seen": len(wrappers),
-            "wrapper_rss_kib": round(sum(wrapper_rss) / len(wrapper_rss)) if wrapper_rss else None,
-            "wrapper_pss_kib": round(sum(wrapper_pss) / len(wrapper_pss)) if wrapper_pss else None}
+            "wrappers_seen": len(wrappers), "helper_processes_per_job": round(len(helpers) / n, 1),
+            "helpers_rss_kib_per_job": round(helper_rss / n),
+            "helpers_pss_kib_per_job": round(helper_pss / n)}
 
 
 def main() -> None:

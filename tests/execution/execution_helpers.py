@@ -70,11 +70,11 @@ class ControlPlane:
         self.pid = self.process.pid
 
     def stderr(self) -> str:
-        self._stderr.flush()
-        return self.stderr_path.read_text(errors="replace")[-4000:]
+        return self.full_stderr()[-4000:]
 
     def full_stderr(self) -> str:
-        self._stderr.flush()
+        if not self._stderr.closed:
+            self._stderr.flush()
         return self.stderr_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = WAIT_S) -> None:
