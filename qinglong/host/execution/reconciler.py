@@ -93,11 +93,8 @@ async def reconcile_attempt(store: ExecutionStore, executors: Mapping[str, Execu
     else:
         receipt = executor.read_receipt(attempt.attempt_dir or "")
         outcome = classify_outcome(receipt, attempt.cancel_reason, lost_reason=LOST_WHILE_DOWN)
-    # The state machine lets only the dispatcher end a dispatching Attempt ``failed`` (a start
-    # that failed); the reconciler runs inside the dispatcher and has the receipt's proof.
-    actor = (Actor.DISPATCHER if attempt.state == AttemptState.DISPATCHING
-             and outcome.state is AttemptState.FAILED else Actor.RECONCILER)
-    result = await store.record_finished(attempt.attempt_id, outcome, clock_ms(), actor, started=True)
+    result = await store.record_finished(attempt.attempt_id, outcome, clock_ms(), Actor.RECONCILER,
+                                         started=True)
     if result.recorded:
         recorded(attempt, outcome, result)
     return "recorded"
