@@ -300,6 +300,22 @@ async def test_failing_attempts_are_retried_up_to_the_policy_and_never_beyond(ha
     assert types.count("run.finished") == 1 and types[-1] == "run.finished"
 
 
+async def test_a_run_that_succeeds_on_retry_reports_the_last_attempt_and_no_failure(harness):
+    """`runs` showing the first Attempt's failure (exit code, reason) for a Run that succeeded
+    on its retry would send an operator after a problem that solved itself."""
+    h = harness
+    await publish(h, **retrying(2))
+    run_id = await manual(h)
+    result = await finish(h, await start(h, run_id), exited(1, await h.now_ms()))
+    await h.elapse(result.next_attempt.at_ms - await h.now_ms())
+    second = await start(h, run_id)
+    await h.elapse(SECOND)
+    assert (await finish(h, second, exited(0, await h.now_ms()))).run_state is RunState.SUCCEEDED
+    run = (await detail(h, run_id)).run
+    assert (run.state, run.attempts, run.exit_code, run.duration_ms, run.reason) == (
+        RunState.SUCCEEDED, 2, 0, SECOND, None)
+
+
 @pytest.mark.parametrize("idempotent", [False, True])
 async def test_a_lost_attempt_is_retried_only_for_an_idempotent_task(harness, idempotent):
     """A lost Attempt may have run to its end: retrying a non-idempotent job could do its work
@@ -558,6 +574,7 @@ async def test_every_state_change_is_a_legal_transition_and_an_illegal_one_write
     for run_id, states in seen.items():
         for before, after in zip(states, states[1:]):
             assert (before, after) in RUN_TRANSITIONS, (run_id, states)
+    assert (await detail(h, a)).run.reason is None
     assert [seen[r][-1] for r in paths] == [RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED,
                                             RunState.CANCELLED, RunState.TIMED_OUT, RunState.SUCCEEDED]
     assert seen[b] == [RunState.QUEUED, RunState.DISPATCHING, RunState.RUNNING, RunState.RETRY_WAIT,

@@ -164,6 +164,37 @@ async def test_admission_claims_the_attempt_for_the_executor_its_task_names(db_p
         await backend.close()
 
 
+async def test_recovery_leaves_executing_runs_to_the_reconciler_and_still_reports_drift(db_path, clock):
+    """Reporting every running job as 'in-flight work needs recovery' at each restart buries real
+    drift in noise; passing over a Run whose Attempt disagrees with it hides real drift."""
+    from qinglong.contracts.execution import ProcessHandle, Receipt, classify_outcome
+
+    backend = await open_backend(db_path, clock)
+    try:
+        await backend.publisher().create_project("p1")
+        await backend.publisher().put_task("p1", "t1", {
+            "command": ["true"], "retry": {"max_attempts": 2, "initial_backoff_ms": 60_000}})
+        store = backend.execution()
+        ids = [(await store.admit_manual_run("p1", "t1", f"k{i}", clock.ms))[0] for i in range(4)]
+        attempts = [(await store.run_detail(r)).attempts[0].attempt_id for r in ids]
+        for attempt_id in attempts[:3]:
+            assert await store.begin_dispatch(attempt_id, f"/l/{attempt_id}", clock.ms + MINUTE, clock.ms)
+        for attempt_id in attempts[1:3]:
+            assert await store.record_started(attempt_id, ProcessHandle("b", 1, 1, 1), clock.ms)
+        result = await store.record_finished(attempts[2], classify_outcome(Receipt(1, None, clock.ms, 0), None),
+                                             clock.ms, Actor.COMPLETION)
+        assert result.run_state is RunState.RETRY_WAIT
+        report = await backend.recover()
+        assert (report.pristine_queued, report.candidates) == (1, ())  # dispatching, running, retry_wait
+        query_write(db_path, "UPDATE attempts SET state = 'claimed' WHERE attempt_id = ?", (attempts[1],))
+        report = await backend.recover()
+        assert report.pristine_queued == 1
+        [candidate] = report.candidates
+        assert ids[1] in candidate and "run state 'running'" in candidate
+    finally:
+        await backend.close()
+
+
 def query_write(path: Path, sql: str, params=()) -> None:
     conn = sqlite3.connect(path)
     try:

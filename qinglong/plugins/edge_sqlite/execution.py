@@ -139,7 +139,8 @@ class SqliteExecutionStore:
         check_run_transition(current, target, actor)
         finished = now_ms if target.terminal else None
         changed = conn.execute(q("exec_move_run"), {
-            "target": target.value, "finished": finished, "reason": reason, "run_id": run_id,
+            "target": target.value, "finished": finished, "reason": reason,
+            "set_reason": int(target.terminal or reason is not None), "run_id": run_id,
             "current": current}).rowcount
         if changed != 1:  # the transaction read this state: only a bug gets here
             raise RuntimeError(f"run {run_id} was not in state {current!r}")

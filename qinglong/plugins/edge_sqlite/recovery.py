@@ -1,4 +1,5 @@
-"""Startup recovery: leave pristine queued attempts alone, report everything else in flight.
+"""Startup recovery: leave pristine queued attempts and executing Runs alone, report everything
+else in flight.
 
 A pristine queued Attempt is exactly what admission wrote: the Run is ``queued`` with
 ``queued_at_ms`` equal to its admission time and no finish; the Attempt is its latest and its
@@ -8,8 +9,11 @@ offer, callback, dispatch, process, cancel, start, finish, result, log and error
 the execution digest of that revision and executor (the revision stored with the digest the Run
 recorded); and the Run has exactly the events
 ``run.created`` (seq 1) and ``run.queued`` (seq 2). Such a Run is waiting for dispatch, not failed.
-Anything else in flight is a candidate for an operator or a later recovery step; nothing here
-modifies it (fail closed).
+A Run that is executing is not a candidate either: dispatching or running with its current
+Attempt in the same state, or waiting in ``retry_wait`` for a later Attempt's backoff. The
+dispatcher's reconciler inspects every one of those at start (re-adopt the process, take its
+receipt, or end it ``lost``). Anything else in flight is a candidate for an operator or a later
+recovery step; nothing here modifies it (fail closed).
 
 Only Runs still in flight are read, through the partial index ``runs_in_flight``: finished Runs,
 most of a long-lived file, cost recovery nothing.
@@ -75,6 +79,8 @@ def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
             project_id, task_id, revision = pin["project_id"], pin["task_id"], pin["task_revision"]
             task_digest, digest = pin["task_digest"], pin["execution_digest"]
             executor = pin["executor"]
+            if pin["executing"]:
+                continue  # the dispatcher's reconciler inspects it (re-adopt, receipt or lost)
             if not pin["pristine"]:
                 drifted = True
                 continue

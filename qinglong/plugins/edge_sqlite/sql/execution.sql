@@ -58,11 +58,12 @@ SELECT r.run_id, r.state AS run_state, a.attempt_id, a.attempt_no, a.state, a.ca
 
 -- name: exec_move_run
 -- Compare-and-set a Run's state (and, for a terminal state, its finish), from the state the
--- caller read.
+-- caller read. The reason is replaced when :set_reason (a terminal state always sets its own,
+-- None for a success), else kept (a retry's reason stays while the next Attempt runs).
 UPDATE runs
    SET state = :target,
        finished_at_ms = :finished,
-       reason = COALESCE(:reason, reason)
+       reason = CASE WHEN :set_reason THEN :reason ELSE reason END
  WHERE run_id = :run_id AND state = :current;
 
 -- name: exec_begin_dispatch

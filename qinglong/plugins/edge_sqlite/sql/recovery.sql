@@ -8,8 +8,10 @@
 -- distinct pin.
 
 -- name: in_flight_summary
--- One pass over the in-flight Runs: how many are pristine-shaped (1) or not (0), per pinned task
--- revision and the execution digest their latest Attempt recorded.
+-- One pass over the in-flight Runs: how many are pristine-shaped (1) or not (0), and how many are
+-- executing (their Attempt holds, or may hold, a process in the Run's state, or waits for its
+-- retry's backoff: the dispatcher's reconciler inspects those), per pinned task revision and the
+-- executor and execution digest their latest Attempt recorded.
 SELECT (r.state = 'queued' AND r.queued_at_ms IS r.admitted_at_ms
         AND a.attempt_no IS 1 AND a.state IS 'claimed'
         AND a.created_at_ms IS r.admitted_at_ms
@@ -25,6 +27,9 @@ SELECT (r.state = 'queued' AND r.queued_at_ms IS r.admitted_at_ms
                              AND ((seq = 1 AND type = 'run.created') OR (seq = 2 AND type = 'run.queued'))
                            THEN 1 ELSE 3 END)
              FROM run_events WHERE run_id = r.run_id) IS 2) AS pristine,
+       ((r.state IN ('dispatching', 'running') AND a.state IS r.state)
+        OR (r.state = 'retry_wait' AND a.state IS 'claimed' AND a.attempt_no > 1
+            AND a.not_before_ms IS NOT NULL)) AS executing,
        r.project_id, r.task_id, r.task_revision, r.task_digest, a.executor, a.execution_digest,
        count(*) AS runs
   FROM runs AS r INDEXED BY runs_in_flight
@@ -32,11 +37,12 @@ SELECT (r.state = 'queued' AND r.queued_at_ms IS r.admitted_at_ms
     ON a.run_id = r.run_id
    AND a.attempt_no = (SELECT max(attempt_no) FROM attempts WHERE run_id = r.run_id)
  WHERE r.state NOT IN ('succeeded', 'failed', 'timed_out', 'cancelled', 'lost')
- GROUP BY 1, 2, 3, 4, 5, 6, 7;
+ GROUP BY 1, 2, 3, 4, 5, 6, 7, 8;
 
 -- name: in_flight_not_pristine
--- In-flight Runs whose shape drifted from what admission wrote, or that have no Attempt at all,
--- with what is needed to say why. Read only when the summary found some.
+-- In-flight Runs whose shape drifted from what admission wrote and that are not executing, or
+-- that have no Attempt at all, with what is needed to say why. Read only when the summary found
+-- some.
 SELECT r.run_id, r.state AS run_state, r.queued_at_ms, r.admitted_at_ms, a.attempt_id, a.attempt_no,
        a.state AS attempt_state, a.executor, a.created_at_ms AS attempt_created_at_ms,
        (a.worker_id IS NOT NULL OR a.session_id IS NOT NULL OR a.lease_id IS NOT NULL
@@ -57,6 +63,9 @@ SELECT r.run_id, r.state AS run_state, r.queued_at_ms, r.admitted_at_ms, a.attem
     ON a.run_id = r.run_id
    AND a.attempt_no = (SELECT max(attempt_no) FROM attempts WHERE run_id = r.run_id)
  WHERE r.state NOT IN ('succeeded', 'failed', 'timed_out', 'cancelled', 'lost')
+   AND NOT COALESCE((r.state IN ('dispatching', 'running') AND a.state IS r.state)
+        OR (r.state = 'retry_wait' AND a.state IS 'claimed' AND a.attempt_no > 1
+            AND a.not_before_ms IS NOT NULL), 0)
    AND NOT (r.state = 'queued' AND r.queued_at_ms IS r.admitted_at_ms
         AND a.attempt_no IS 1 AND a.state IS 'claimed'
         AND a.created_at_ms IS r.admitted_at_ms
