@@ -186,7 +186,14 @@ def process_alive(pid: int) -> bool:
 
 
 def wrapper_pid(attempt_dir: str) -> int:
-    return int(Path(attempt_dir, "pid").read_text().strip())
+    """The job wrapper's pid (its process group): written by the wrapper itself first thing, so
+    it may follow the running commit by a moment; polled for."""
+    path = Path(attempt_dir, "pid")
+    deadline = time.monotonic() + WAIT_S
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no pid file in {attempt_dir}"
+        time.sleep(0.01)
+    return int(path.read_text().strip())
 
 
 def max_overlap(lines: list[str]) -> int:

@@ -144,6 +144,7 @@ class Dispatcher:
         self._next_retry_ms: int | None = None
         self._next_deadline_ms: int | None = None
         self._warned: set[str] = set()
+        self._cancel_requested = False
         self.retention = Retention(store, config.log_dir, log_retention_days=config.log_retention_days,
                                    run_retention_days=config.run_retention_days,
                                    min_free_bytes=config.min_free_bytes, prune_batch=config.prune_batch,
@@ -271,7 +272,12 @@ class Dispatcher:
         active = list(await self._store.active_attempts())
         for attempt in active:
             if attempt.attempt_id not in self._jobs:
-                await self._settle_orphan(attempt)
+                try:
+                    await self._settle_orphan(attempt)
+                except Exception as exc:
+                    self._report_error("execution.reconcile_failed",
+                                       f"run {attempt.run_id}: its attempt could not be settled yet: "
+                                       f"{exc.__class__.__name__}: {exc}")
         if self._stopping:
             return
         await self._enforce(active, now)
@@ -283,34 +289,51 @@ class Dispatcher:
                 ActiveRun(attempt.run_id, attempt.scheduled_for_ms, attempt.cancel_reason is not None))
         waiting: dict[tuple[str, str], int] = defaultdict(int)
         limit = min(MAX_CANDIDATES, max(self._config.max_running, 1) + CANDIDATE_MARGIN)
-        cancelled_any = False
+        cancelled_any = self._cancel_requested = False
         for candidate in await self._store.dispatch_candidates(now, limit):
             if self._stopping:
                 return
-            key = (candidate.project_id, candidate.task_id)
-            if candidate.spec is None:
-                await self._fail_without_start(candidate, candidate.spec_error or NO_COMMAND, now)
+            try:
+                started = await self._visit(candidate, now, by_task, waiting, free > 0)
+            except Exception as exc:
+                # one Run that cannot be handled must not keep the Runs behind it from starting
+                self._report_error("execution.dispatch_failed",
+                                   f"run {candidate.run_id} could not be dispatched: "
+                                   f"{exc.__class__.__name__}: {exc}")
                 continue
-            decision = overlap_decision(candidate.spec.concurrency, by_task[key], waiting[key])
-            if decision.action is OverlapAction.SKIP:
-                if await self._store.skip_run(candidate.run_id, candidate.attempt_id, decision.reason, now):
-                    self.stats.skipped += 1
-                continue
-            if decision.action is OverlapAction.REPLACE:
-                for run_id in decision.cancel:
-                    await self._store.request_cancel(run_id, CancelReason.REPLACED, now, Actor.DISPATCHER)
-                    cancelled_any = True
-                by_task[key] = [ActiveRun(a.run_id, a.scheduled_for_ms, True) for a in by_task[key]]
-                waiting[key] += 1
-                continue
-            if decision.action is OverlapAction.WAIT or free <= 0:
-                waiting[key] += 1
-                continue
-            if await self._start(candidate, now):
-                by_task[key].append(ActiveRun(candidate.run_id, candidate.scheduled_for_ms))
+            if started:
                 free -= 1
+            cancelled_any = cancelled_any or self._cancel_requested
+            self._cancel_requested = False
         if cancelled_any:
             self.wake()  # signal the replaced processes at once
+
+    async def _visit(self, candidate: DispatchCandidate, now: int, by_task: dict[tuple[str, str], list[ActiveRun]],
+                     waiting: dict[tuple[str, str], int], slot_free: bool) -> bool:
+        """Apply the candidate's overlap policy; True when it started (it holds a slot)."""
+        key = (candidate.project_id, candidate.task_id)
+        if candidate.spec is None:
+            await self._fail_without_start(candidate, candidate.spec_error or NO_COMMAND, now)
+            return False
+        decision = overlap_decision(candidate.spec.concurrency, by_task[key], waiting[key])
+        if decision.action is OverlapAction.SKIP:
+            if await self._store.skip_run(candidate.run_id, candidate.attempt_id, decision.reason, now):
+                self.stats.skipped += 1
+            return False
+        if decision.action is OverlapAction.REPLACE:
+            for run_id in decision.cancel:
+                await self._store.request_cancel(run_id, CancelReason.REPLACED, now, Actor.DISPATCHER)
+                self._cancel_requested = True
+            by_task[key] = [ActiveRun(a.run_id, a.scheduled_for_ms, True) for a in by_task[key]]
+            waiting[key] += 1
+            return False
+        if decision.action is OverlapAction.WAIT or not slot_free:
+            waiting[key] += 1
+            return False
+        if await self._start(candidate, now):
+            by_task[key].append(ActiveRun(candidate.run_id, candidate.scheduled_for_ms))
+            return True
+        return False
 
     # ---------------------------------------------------------------------------------- starting
 

@@ -117,7 +117,16 @@ async def reconcile(store: ExecutionStore, executors: Mapping[str, Executor], cl
     for attempt in await store.active_attempts():
         if skip(attempt.attempt_id):
             continue
-        done = await reconcile_attempt(store, executors, attempt, clock_ms, adopt, recorded, diagnostics)
+        try:
+            done = await reconcile_attempt(store, executors, attempt, clock_ms, adopt, recorded, diagnostics)
+        except Exception as exc:
+            # one Attempt that cannot be settled now must not keep the others (or the start) from
+            # going on: the dispatcher's passes look at it again
+            done = "pending"
+            diagnostics.emit(DiagnosticEvent(
+                "error", "execution.reconcile_failed",
+                f"run {attempt.run_id}: its attempt could not be settled yet: {exc.__class__.__name__}: {exc}",
+                {"run_id": attempt.run_id, "attempt_id": attempt.attempt_id}))
         setattr(report, done, getattr(report, done) + 1)
         if done == "unknown_executor":
             diagnostics.emit(DiagnosticEvent(
