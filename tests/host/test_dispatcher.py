@@ -444,3 +444,50 @@ def test_a_per_second_trigger_whose_job_outlasts_its_period_never_overlaps_under
         assert lines[:2] == [f"start {first}", f"end {first}"]
 
     asyncio.run(body())
+
+
+def test_with_execution_disabled_no_dispatcher_starts_and_runs_stay_queued(tmp_path, marks):
+    """``[execution] enabled = false`` is how an operator keeps a host from running jobs (say, a
+    standby copy of the file): a dispatcher started anyway would run them here too."""
+    from qinglong.host.containers import build_container
+    from qinglong.host.settings import load_settings
+
+    settings = write_settings(tmp_path, enabled=False)
+
+    async def body() -> None:
+        lifecycle = build_container(load_settings(settings)).lifecycle()
+        await lifecycle.start()
+        try:
+            assert lifecycle.dispatcher is None and "dispatcher_started" not in lifecycle.steps
+            store = lifecycle.backend.execution()
+            await put_task(lifecycle.backend, "work", marker_script(marks, "exit 0"))
+            run, _ = await store.admit_manual_run("p", "work", "disabled", now_ms())
+            for _ in range(3):
+                await lifecycle.loop.run_once()
+            assert state_of((await store.run_detail(run)).run.state) == "queued"
+        finally:
+            await lifecycle.stop()
+        assert _markers(marks) == []
+
+    asyncio.run(body())
+
+
+def test_diagnostics_of_start_errors_and_timeouts_never_show_env_values(tmp_path, marks, capfd):
+    """A task's env holds its secrets; the dispatcher's diagnostics (start errors, timeouts) go to
+    stderr and plugin sinks, where a value must never appear."""
+    settings = write_settings(tmp_path, level="debug")
+    secret = "s3cret-token-value"
+
+    async def body() -> None:
+        async with running(settings) as h:
+            await h.put_task("missing", ["no-such-program-here"], env={"API_TOKEN": secret})
+            await h.put_task("slow", marker_script(marks, "sleep 600"), env={"API_TOKEN": secret},
+                             timeout_ms=1000)
+            missing, slow = await h.admit("missing"), await h.admit("slow")
+            assert state_of((await h.until_ended(missing)).run.state) == "failed"
+            assert state_of((await h.until_ended(slow)).run.state) == "timed_out"
+
+    asyncio.run(body())
+    err = capfd.readouterr().err
+    assert "execution.start_failed" in err and "execution.timeout" in err
+    assert secret not in err
