@@ -117,7 +117,7 @@ def attempt_json(a: Any) -> dict[str, Any]:
             "started_at_ms": a.started_at_ms, "finished_at_ms": a.finished_at_ms, "exit_code": a.exit_code,
             "signal": a.signal, "duration_ms": a.duration_ms, "log_bytes": a.log_bytes,
             "log_dropped_bytes": a.log_dropped_bytes, "log_deleted": a.log_deleted,
-            "reason": a.reason, "cancel_reason": a.cancel_reason}
+            "attempt_dir": a.attempt_dir, "reason": a.reason, "cancel_reason": a.cancel_reason}
 
 
 def _outcome(a: Any) -> str:
