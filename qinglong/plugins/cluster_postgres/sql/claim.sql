@@ -7,6 +7,15 @@
 -- observation. Run alone in autocommit (READ COMMITTED): the row locks last one statement. `now`
 -- is clock_timestamp() read once (MATERIALIZED): the time this statement ran, not the start of
 -- some earlier transaction, and the same value for every row.
+-- Cost: the due test is an index condition, so the scan reads only the due part of
+-- trigger_schedules_due and stops where the future begins, whatever the number of schedules. The
+-- scans read `now` through an uncorrelated scalar subquery of the clock (an init plan, computed
+-- once: a value, not a join), which the planner can compare with the index; joined as a row, the
+-- due and lease tests would be a join filter above a walk of the whole index. The NULLS FIRST
+-- order is read as two ranges of the same index, the rows awaiting initialisation (IS NULL) and
+-- then the due ones (<= now), each its own index condition; their concatenation is the index
+-- order, and the outer LIMIT pulls the due range only as far as the budget left by the first
+-- (a CTE is read on demand, so its locks are taken only for rows actually claimed).
 -- Consistency with the trigger head: the schedule row is locked, so a republish that committed
 -- after this statement's snapshot is seen on it (its latest version) while the joined trigger
 -- head still comes from the snapshot. Both the lock and the update re-check that the two carry
@@ -15,21 +24,39 @@
 WITH clock AS MATERIALIZED (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 ),
+awaiting AS (
+    SELECT s.trigger_id
+    FROM qinglong.trigger_schedules s
+    JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
+    JOIN qinglong.projects p ON p.project_id = t.project_id
+    WHERE s.next_fire_at_ms IS NULL
+      AND (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms < (SELECT now_ms FROM clock))
+      AND p.active
+      AND t.enabled
+      AND t.trigger_revision = s.trigger_revision
+      AND (%(kinds)s::text[] IS NULL OR t.kind = ANY (%(kinds)s::text[]))
+    ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+),
 due AS (
     SELECT s.trigger_id
     FROM qinglong.trigger_schedules s
     JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
     JOIN qinglong.projects p ON p.project_id = t.project_id
-    CROSS JOIN clock
-    WHERE p.active
+    WHERE s.next_fire_at_ms <= (SELECT now_ms FROM clock)
+      AND (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms < (SELECT now_ms FROM clock))
+      AND p.active
       AND t.enabled
       AND t.trigger_revision = s.trigger_revision
       AND (%(kinds)s::text[] IS NULL OR t.kind = ANY (%(kinds)s::text[]))
-      AND (s.next_fire_at_ms IS NULL OR s.next_fire_at_ms <= clock.now_ms)
-      AND (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms < clock.now_ms)
     ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
+),
+picked AS (
+    SELECT trigger_id FROM awaiting UNION ALL SELECT trigger_id FROM due
+    LIMIT %(limit)s
 )
 UPDATE qinglong.trigger_schedules s
 SET claim_owner = %(owner)s,
@@ -38,8 +65,8 @@ SET claim_owner = %(owner)s,
     claim_expires_at_ms = clock.now_ms + %(lease_ms)s,
     state_version = s.state_version + 1,
     updated_at_ms = clock.now_ms
-FROM due, clock, qinglong.triggers t, qinglong.tasks k
-WHERE s.trigger_id = due.trigger_id
+FROM picked, clock, qinglong.triggers t, qinglong.tasks k
+WHERE s.trigger_id = picked.trigger_id
   AND t.trigger_id = s.trigger_id
   AND k.project_id = t.project_id AND k.task_id = t.task_id
   -- re-checked on the locked row's latest version (see above)
