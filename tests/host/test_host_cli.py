@@ -132,7 +132,8 @@ def test_bad_trigger_input_is_a_clear_error_and_writes_nothing(cli, args, expect
 def test_every_command_has_help(cli):
     commands = [[], ["run"], ["demo"], ["plugins"], ["profiles"], ["config"], ["config", "show"], ["check"],
                 ["check", "closure"], ["db"], ["db", "migrate"], ["db", "status"], ["project"],
-                ["project", "create"], ["project", "list"], ["task"], ["task", "put"], ["trigger"],
+                ["project", "create"], ["project", "list"], ["task"], ["task", "put"], ["task", "show"],
+                ["task", "run"], ["runs", "show"], ["runs", "cancel"], ["logs"], ["trigger"],
                 ["trigger", "add"], ["trigger", "update"], ["trigger", "enable"], ["trigger", "disable"],
                 ["trigger", "delete"], ["trigger", "list"], ["runs"], ["schedules"], ["skips"],
                 ["cron"], ["cron", "next"]]
@@ -147,12 +148,18 @@ def test_usage_errors_exit_2(cli):
     assert cli("runs", "--limit", "many").returncode == 2
 
 
-def test_demo_publishes_runs_and_shows_runs(cli):
-    """The README's one-command main job."""
-    result = cli("demo", "--seconds", "2.5")
+def test_demo_shows_runs_that_ran_and_what_they_printed(cli):
+    """The README's one-command main job: a demo that only showed admitted Runs would not show the
+    one thing a newcomer asks first (did my job run, and what did it print)."""
+    result = cli("demo", "--seconds", "1.5")
     assert result.returncode == 0, result.stderr
     assert "demo-every-second" in result.stdout
-    assert result.stdout.count("queued") >= 1
+    rows = [line.split() for line in result.stdout.splitlines() if "demo/hello" in line]
+    assert rows, result.stdout
+    ended = [row for row in rows if row[3] == "succeeded"]
+    assert ended and all(row[4] == "0" for row in ended), result.stdout  # state, then exit code
+    run_id = result.stdout.split("output of run ", 1)[1].split()[0]
+    assert f"hello from qinglong: run {run_id}, attempt 1" in result.stdout
 
 
 def test_profiles_lists_the_three_profiles_with_their_install_line(cli):

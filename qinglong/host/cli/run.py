@@ -51,10 +51,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     on_backend(container, publish)
     print(f"published trigger demo-every-second (cron '* * * * * *') running {DEMO_COMMAND[0]} -c '...'; "
           f"running for {args.seconds:g} s ...", flush=True)
-    code = asyncio.run(run_lifecycle(container.lifecycle(), container.diagnostics(), args.seconds))
+    from .runs import a_run_has_ended, show_demo_runs
+
+    async def shown_run_has_ended() -> bool:  # the lifecycle's own open backend
+        return await a_run_has_ended(container.backend(), project="demo", task="hello", limit=args.limit)
+
+    code = asyncio.run(run_lifecycle(container.lifecycle(), container.diagnostics(), args.seconds,
+                                     until=shown_run_has_ended))
     if code != ExitCode.OK:
         return code
-    from .runs import show_demo_runs
 
     return show_demo_runs(container, project="demo", task="hello", trigger="demo-every-second", limit=args.limit)
 

@@ -340,6 +340,18 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--follow", action="store_true", help="keep printing new output until the attempt ends")
 
 
+async def a_run_has_ended(backend: Any, *, project: str, task: str, limit: int) -> bool:
+    """Whether one of the task's newest ``limit`` Runs has ended (True when the store does not
+    execute Runs: there is nothing to wait for)."""
+    from qinglong.contracts.execution import TERMINAL_RUN_STATES, RunState
+
+    store = execution_of(backend)
+    if store is None:
+        return True
+    runs = await store.list_runs(project_id=project, task_id=task, limit=limit)
+    return any(RunState(_value(r.state)) in TERMINAL_RUN_STATES for r in runs)
+
+
 def show_demo_runs(container: Any, *, project: str, task: str, trigger: str, limit: int) -> int:
     """What ``qinglong demo`` prints after its run: the task's Runs with their exit codes, then the
     output of the newest Run that ended. A store that does not execute Runs lists its admissions."""

@@ -6,13 +6,20 @@ import asyncio
 import os
 import signal
 import sys
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from qinglong.contracts.errors import ExitCode
 
 
-async def run_lifecycle(lifecycle: Any, diagnostics: Any, for_seconds: float | None) -> int:
-    """Start ``lifecycle``, run until SIGTERM/SIGINT (or ``for_seconds``), stop it in order."""
+async def run_lifecycle(lifecycle: Any, diagnostics: Any, for_seconds: float | None, *,
+                        until: Callable[[], Awaitable[bool]] | None = None, until_at_most_s: float = 60.0,
+                        until_poll_s: float = 0.2) -> int:
+    """Start ``lifecycle``, run until SIGTERM/SIGINT (or ``for_seconds``), stop it in order.
+
+    With ``until``, after ``for_seconds`` it keeps running while ``await until()`` is false, for at
+    most ``until_at_most_s`` more (``qinglong demo`` waits for a Run that has ended, however slow
+    the machine). A signal stops it at once either way.
+    """
 
     from qinglong.contracts.diagnostics import DiagnosticEvent
 
@@ -42,6 +49,13 @@ async def run_lifecycle(lifecycle: Any, diagnostics: Any, for_seconds: float | N
                     await asyncio.wait_for(stop.wait(), for_seconds)
                 except asyncio.TimeoutError:
                     pass
+                if until is not None:
+                    deadline = loop.time() + until_at_most_s
+                    while not stop.is_set() and loop.time() < deadline and not await until():
+                        try:
+                            await asyncio.wait_for(stop.wait(), until_poll_s)
+                        except asyncio.TimeoutError:
+                            pass
             else:
                 await stop.wait()
         finally:
