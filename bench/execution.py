@@ -3,13 +3,19 @@
     python bench/execution.py [--quick] [--python PY] [--max-running 2] [--backlog 2000]
                               [--latency-seconds 40] [--triggers 10000]
 
+The measured children run in the clean virtualenv bench/edge.py builds (only ``qinglong[edge]``
+from this checkout, under ``bench/results/venv-edge``) unless ``--python`` names an interpreter;
+``--quick`` uses the running interpreter.
+
 Every figure of ours is measured on a real ``qinglong run`` (settings file, plugins loaded by entry
 point, the edge store, the dispatcher, the ``local_process`` executor and its shell wrapper) in a
 child process, beside its ceiling measured in the same run:
 
 * ceiling: the same no-op job (``/bin/true``) started by a bare asyncio ``create_subprocess_exec``
-  loop: the spawn latency (call -> process exists) p50/p99 one at a time, and jobs completed per
-  second draining a backlog with the same concurrency as ours (``--max-running``);
+  loop: the spawn latency (call -> process exists) p50/p99 one at a time; arrival -> started for
+  bursts of 17 jobs through the same number of slots as ours (1,000 a minute arrive as ~17 at
+  each second); and jobs completed per second draining a backlog with that concurrency
+  (``--max-running``, the edge default 2; the full run repeats latency at the edge cap, 8);
 * latency: 1,000 triggers spread over the minute (six-field crons ``S * * * * *``, about 17 Runs a
   second, 1,000 a minute) running ``/bin/true``: admitted -> process started p50/p99 (from the
   store: the Run's admission time, the Attempt's start time) and scheduled -> admitted beside it;
@@ -120,7 +126,10 @@ def _cmdline(pid: int) -> list[bytes]:
 
 # ---------------------------------------------------------------- the ceiling (a child process)
 
-def child_ceiling(sequential: int, backlog: int, concurrency: int) -> dict:
+BURST = 17  # 1,000 Runs a minute, as they arrive: about 17 at each second
+
+
+def child_ceiling(sequential: int, backlog: int, concurrency: int, bursts: int = 30) -> dict:
     """A bare asyncio loop starting ``/bin/true``: spawn latency one at a time, then a backlog."""
     import asyncio
 
@@ -143,8 +152,26 @@ def child_ceiling(sequential: int, backlog: int, concurrency: int) -> dict:
         t0 = time.perf_counter()
         await asyncio.gather(*(one() for _ in range(backlog)))
         elapsed = time.perf_counter() - t0
+
+        # 1,000 a minute arrive as ~17 at each second (a cron's resolution is the second): the
+        # same bursts through the same number of slots, arrival -> process started
+        waits: list[float] = []
+
+        async def arriving(t_arrival: float) -> None:
+            async with slots:
+                proc = await asyncio.create_subprocess_exec(NOOP, stdin=asyncio.subprocess.DEVNULL,
+                                                            start_new_session=True)
+                waits.append((time.perf_counter() - t_arrival) * 1000)
+                await proc.wait()
+
+        for _ in range(bursts):
+            t_arrival = time.perf_counter()
+            await asyncio.gather(*(arriving(t_arrival) for _ in range(BURST)))
         return {"spawn_latency_p50_ms": round(_percentile(latencies, 0.5), 2),
                 "spawn_latency_p99_ms": round(_percentile(latencies, 0.99), 2),
+                "burst_of": BURST, "bursts": bursts,
+                "burst_arrival_to_started_p50_ms": round(_percentile(waits, 0.5), 2),
+                "burst_arrival_to_started_p99_ms": round(_percentile(waits, 0.99), 2),
                 "backlog": backlog, "concurrency": concurrency, "seconds": round(elapsed, 3),
                 "completed_per_s": round(backlog / elapsed, 1)}
 
@@ -248,7 +275,7 @@ TERMINAL = "('succeeded', 'failed', 'timed_out', 'cancelled', 'lost')"
 
 def latency(tmp: Path, seconds: float, max_running: int) -> dict:
     """1,000 triggers spread over the minute: admitted -> started of each Run."""
-    ws = Workspace(tmp, "latency", {"max_running": max_running})
+    ws = Workspace(tmp, f"latency-{max_running}", {"max_running": max_running})
     ws.publish({"noop": [NOOP]})
     ws.add_triggers("noop", [(f"s{i:04d}", f"{i % 60} * * * * *", None) for i in range(1000)])
     proc = ws.start()
@@ -355,11 +382,22 @@ def per_job(tmp: Path, jobs: int) -> dict:
             "helpers_pss_kib_per_job": round(helper_pss / n)}
 
 
+def _clean_venv() -> str:
+    """The clean ``qinglong[edge]`` virtualenv of bench/edge.py (one definition of it): a developer's
+    environment carries packages an edge install does not, which alone cost several MiB."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_edge", ROOT / "bench" / "edge.py")
+    edge = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(edge)
+    return edge._clean_venv()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a fast check, not figures")
-    parser.add_argument("--python", default=None, help="interpreter of the measured children "
-                        "(default: this one; bench/edge.py builds a clean qinglong[edge] venv)")
+    parser.add_argument("--python", default=None, help="interpreter of the measured children (default: "
+                        "the clean qinglong[edge] venv bench/edge.py builds; with --quick: this one)")
     parser.add_argument("--max-running", type=int, default=2, help="[execution] max_running (edge default 2)")
     parser.add_argument("--backlog", type=int, default=2000, help="no-op Runs of the drain")
     parser.add_argument("--latency-seconds", type=float, default=40.0, help="length of the latency run")
@@ -373,7 +411,10 @@ def main() -> None:
         return
 
     global PYTHON
-    PYTHON = args.python or sys.executable
+    if args.python:
+        PYTHON = args.python
+    elif not args.quick:
+        PYTHON = _clean_venv()
     if args.quick:
         args.backlog, args.latency_seconds, args.triggers = 200, 10.0, 1000
     memory_seconds = 4.0 if args.quick else 10.0
@@ -382,12 +423,19 @@ def main() -> None:
                      "cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg()[0]}
     results["floor_bare_python_peak_rss_mib"] = round(_peak_rss_of([PYTHON, "-c", "pass"]) / MiB, 1)
     results["floor_imports_peak_rss_mib"] = round(_peak_rss_of([PYTHON, "-c", FLOOR_IMPORTS]) / MiB, 1)
-    out = subprocess.run([PYTHON, __file__, "--child", "ceiling", "200" if not args.quick else "50",
-                          str(args.backlog), str(args.max_running)], capture_output=True, text=True, check=True)
-    results["ceiling_bare_asyncio"] = json.loads(out.stdout.strip().splitlines()[-1])
+    def ceiling(concurrency: int) -> dict:
+        out = subprocess.run([PYTHON, __file__, "--child", "ceiling", "200" if not args.quick else "50",
+                              str(args.backlog), str(concurrency)], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    results["ceiling_bare_asyncio"] = ceiling(args.max_running)
     with tempfile.TemporaryDirectory(prefix="ql-bench-exec-") as tmp:
         tmpdir = Path(tmp)
         results["latency"] = latency(tmpdir, args.latency_seconds, args.max_running)
+        if not args.quick and args.max_running != 8:
+            # the edge profile's cap: the bursts then queue far less
+            results["ceiling_bare_asyncio_max_running_8"] = ceiling(8)
+            results["latency_max_running_8"] = latency(tmpdir, args.latency_seconds, 8)
         results["drain"] = drain(tmpdir, args.backlog, args.max_running)
         results["memory"] = memory(tmpdir, args.triggers, memory_seconds, args.max_running)
         results["per_running_job"] = per_job(tmpdir, 8)
