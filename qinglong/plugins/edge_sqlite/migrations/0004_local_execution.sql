@@ -35,16 +35,45 @@ CREATE TABLE manual_run_keys (
     created_at_ms   INTEGER NOT NULL
 ) WITHOUT ROWID;
 
+-- Runs admitted before this version were claimed for a remote worker that an edge store never
+-- had: nothing was ever going to run them. Starting that backlog now (a per-second trigger leaves
+-- 86,400 a day) would run stale occurrences late, against their misfire policy. They end
+-- cancelled, saying why, at the migration's time (so retention prunes them like any other): their
+-- Attempt here, their run.finished event here, the Run itself in the copy below. The old
+-- runs_in_flight index finds them (its predicate is repeated so that SQLite may use it).
+UPDATE attempts
+   SET state = 'cancelled',
+       finished_at_ms = CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER),
+       reason = 'admitted before this store executed runs; no worker was going to run it'
+ WHERE state = 'claimed' AND executor = 'remote_worker'
+   AND run_id IN (SELECT run_id FROM runs
+                   WHERE state = 'queued' AND state NOT IN ('succeeded', 'failed', 'cancelled'));
+
+INSERT INTO run_events (run_id, seq, type, at_ms)
+SELECT r.run_id, (SELECT max(e.seq) FROM run_events AS e WHERE e.run_id = r.run_id) + 1,
+       'run.finished', CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)
+  FROM runs AS r
+ WHERE r.state = 'queued' AND r.state NOT IN ('succeeded', 'failed', 'cancelled')
+   AND EXISTS (SELECT 1 FROM attempts AS a WHERE a.run_id = r.run_id AND a.state = 'cancelled'
+                                            AND a.executor = 'remote_worker')
+   AND EXISTS (SELECT 1 FROM run_events AS e WHERE e.run_id = r.run_id);
+
 -- The Runs' state CHECK can only change by rebuilding the table (as in 0003). attempts and
 -- run_events reference runs: with the keys deferred, the dropped table's rows count as violations
 -- until the same keys are inserted again, so the copy goes back into a table of the same name,
 -- each row under its old rowid (listings read insertion order from it). A Run already in a
--- terminal state gets its admission time as its finish time, so pruning can find it.
+-- terminal state gets its admission time as its finish time, so pruning can find it; a Run
+-- whose Attempt was just cancelled above ends cancelled now.
 -- A manual Run (admitted by `task run`, not by a trigger) has trigger_id '' and
 -- trigger_revision 0: no trigger id is empty and revisions start at 1.
 PRAGMA defer_foreign_keys = ON;
 
-CREATE TABLE runs_before_0004 AS SELECT rowid AS old_rowid, * FROM runs;
+CREATE TABLE runs_before_0004 AS
+SELECT rowid AS old_rowid, *,
+       (state = 'queued'
+        AND EXISTS (SELECT 1 FROM attempts AS a WHERE a.run_id = runs.run_id
+                       AND a.state = 'cancelled' AND a.executor = 'remote_worker')) AS unrunnable
+  FROM runs;
 
 DROP TABLE runs;
 
@@ -73,40 +102,17 @@ INSERT INTO runs (rowid, run_id, project_id, trigger_id, trigger_revision, task_
                   task_digest, scheduled_for_ms, admitted_at_ms, queued_at_ms, state,
                   idempotency_key, finished_at_ms, reason)
 SELECT old_rowid, run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
-       task_digest, scheduled_for_ms, admitted_at_ms, queued_at_ms, state, idempotency_key,
-       CASE WHEN state IN ('succeeded', 'failed', 'cancelled') THEN admitted_at_ms END, NULL
+       task_digest, scheduled_for_ms, admitted_at_ms, queued_at_ms,
+       CASE WHEN unrunnable THEN 'cancelled' ELSE state END,
+       idempotency_key,
+       CASE WHEN unrunnable THEN CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)
+            WHEN state IN ('succeeded', 'failed', 'cancelled') THEN admitted_at_ms END,
+       CASE WHEN unrunnable
+            THEN 'admitted before this store executed runs; no worker was going to run it' END
   FROM runs_before_0004
  ORDER BY old_rowid;
 
 DROP TABLE runs_before_0004;
-
--- Runs admitted before this version were claimed for a remote worker that an edge store never
--- had: nothing was ever going to run them. Starting that backlog now (a per-second trigger leaves
--- 86,400 a day) would run stale occurrences late, against their misfire policy. They end
--- cancelled, saying why, at the migration's time (so retention prunes them like any other).
-UPDATE attempts
-   SET state = 'cancelled',
-       finished_at_ms = CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER),
-       reason = 'admitted before this store executed runs; no worker was going to run it'
- WHERE state = 'claimed' AND executor = 'remote_worker'
-   AND run_id IN (SELECT run_id FROM runs WHERE state = 'queued');
-
-INSERT INTO run_events (run_id, seq, type, at_ms)
-SELECT r.run_id, (SELECT max(e.seq) FROM run_events AS e WHERE e.run_id = r.run_id) + 1,
-       'run.finished', CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)
-  FROM runs AS r
- WHERE r.state = 'queued'
-   AND EXISTS (SELECT 1 FROM attempts AS a WHERE a.run_id = r.run_id AND a.state = 'cancelled'
-                                            AND a.executor = 'remote_worker')
-   AND EXISTS (SELECT 1 FROM run_events AS e WHERE e.run_id = r.run_id);
-
-UPDATE runs
-   SET state = 'cancelled',
-       finished_at_ms = CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER),
-       reason = 'admitted before this store executed runs; no worker was going to run it'
- WHERE state = 'queued'
-   AND EXISTS (SELECT 1 FROM attempts AS a WHERE a.run_id = runs.run_id AND a.state = 'cancelled'
-                                            AND a.executor = 'remote_worker');
 
 -- Dropping the table dropped its indexes: 0002's by-trigger index comes back unchanged.
 CREATE INDEX runs_by_trigger ON runs (trigger_id, scheduled_for_ms);
