@@ -8,7 +8,7 @@ and private pages (/proc/PID/smaps_rollup) of every member but the job. VmRSS co
 shell shares with every other shell of the machine once per process; Pss splits them.
 Under busybox too when it is installed.
 """
-import asyncio, os, shutil, signal, sys, tempfile, time
+import asyncio, shutil, signal, tempfile
 from pathlib import Path
 from qinglong.contracts.execution import ExecutionSpec, ExecutorContext, StartRequest, minimal_environment
 from qinglong.plugins.local_process.executor import LocalProcessExecutor

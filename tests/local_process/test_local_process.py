@@ -57,8 +57,31 @@ def log_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def executor(log_dir: Path, tmp_path: Path) -> LocalProcessExecutor:
-    return create_executor(ExecutorContext(str(log_dir), minimal_environment(str(tmp_path)), 2_000))
+def started():
+    """Handles of the jobs a test started: their groups are KILLed (verified) at teardown, so a
+    failing test leaks no process."""
+    handles: list[tuple[LocalProcessExecutor, ProcessHandle]] = []
+    yield handles
+    for owner, handle in handles:
+        owner.signal(handle, signal.SIGKILL)
+
+
+def tracked(executor: LocalProcessExecutor, started) -> LocalProcessExecutor:
+    start = executor.start
+
+    async def start_and_track(req):
+        handle = await start(req)
+        started.append((executor, handle))
+        return handle
+
+    executor.start = start_and_track
+    return executor
+
+
+@pytest.fixture
+def executor(log_dir: Path, tmp_path: Path, started) -> LocalProcessExecutor:
+    return tracked(create_executor(ExecutorContext(str(log_dir), minimal_environment(str(tmp_path)),
+                                                   2_000)), started)
 
 
 def request(log_dir: Path, command, *, attempt: str = "a1", **spec) -> StartRequest:
@@ -438,7 +461,7 @@ STARTER = textwrap.dedent("""
 
 
 def test_a_job_outlives_the_control_plane_that_started_it_and_its_receipt_is_written(
-        executor, log_dir, tmp_path):
+        executor, log_dir, tmp_path, started):
     """If the job died with the control plane (or its outcome were not written), a restart
     would lose the Run's outcome, or a reconciler would run the job a second time."""
     go = tmp_path / "go"
@@ -447,6 +470,7 @@ def test_a_job_outlives_the_control_plane_that_started_it_and_its_receipt_is_wri
                              capture_output=True, text=True, timeout=TIMEOUT)
     assert starter.returncode == 0, starter.stderr
     handle = ProcessHandle.from_json(json.loads(starter.stdout))
+    started.append((executor, handle))
     # the starter is gone; its wrapper and job live on, holding the Attempt
     assert alive(handle.pid)
     assert executor.probe(str(attempt_dir), None) is ProcessState.ALIVE
@@ -471,14 +495,15 @@ def test_a_job_outlives_the_control_plane_that_started_it_and_its_receipt_is_wri
 
 
 @pytest.mark.skipif(shutil.which("busybox") is None, reason="busybox is not installed")
-def test_the_wrapper_works_under_busybox_sh_and_tools(log_dir, tmp_path):
+def test_the_wrapper_works_under_busybox_sh_and_tools(log_dir, tmp_path, started):
     """Routers run busybox: a wrapper that needs bash or GNU tools would run no job there."""
     tools_dir = tmp_path / "busybox"
     tools_dir.mkdir()
     for tool in ("sh", "head", "wc", "mv"):
         (tools_dir / tool).symlink_to(shutil.which("busybox"))
-    executor = LocalProcessExecutor(ExecutorContext(str(log_dir), minimal_environment(None), 1_000),
-                                    {tool: str(tools_dir / tool) for tool in ("sh", "head", "wc", "mv")})
+    executor = tracked(LocalProcessExecutor(
+        ExecutorContext(str(log_dir), minimal_environment(None), 1_000),
+        {tool: str(tools_dir / tool) for tool in ("sh", "head", "wc", "mv")}), started)
     req = request(log_dir, ["sh", "-c", "echo hi; head -c 300000 /dev/zero; exit 4"], log_limit_bytes=1000)
     run(start_and_wait(executor, req))
     receipt = executor.read_receipt(req.attempt_dir)
