@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from qinglong.contracts.errors import NotFound
+from qinglong.contracts.errors import NotFound, UserError
 from qinglong.contracts.execution import (
     RUN_TRANSITIONS,
     Actor,
@@ -430,6 +430,26 @@ async def test_a_manual_key_admits_one_run_even_after_that_run_was_pruned(harnes
     assert h.count("runs") == 0
 
 
+async def test_one_manual_key_admitted_by_two_stores_at_once_is_one_run(harness):
+    """Two `task run --idempotency-key K` at the same moment (a retried script, two operators)
+    must admit one Run, not one each."""
+    h = harness
+    await publish(h)
+    other = h.create_backend(CollectingSink(), providers())
+    await other.open()
+    try:
+        now = await h.now_ms()
+        for number in range(5):
+            key = f"together-{number}"
+            results = await asyncio.gather(*(s.admit_manual_run("p1", "t1", key, now)
+                                             for s in (store(h), other.execution())))
+            assert sorted(created for _, created in results) == [False, True], results
+            assert results[0][0] == results[1][0]
+    finally:
+        await other.close()
+    assert h.count("runs") == 5
+
+
 async def test_prune_deletes_bounded_batches_of_old_finished_runs_and_nothing_in_flight(harness):
     """An unbounded prune holds the write lock over a round; one that deleted a queued, running
     or recent Run, or a Run whose log is still on disk, loses work or leaks the file."""
@@ -486,6 +506,8 @@ async def test_listings_show_state_attempts_exit_code_and_duration_newest_first(
     assert [r.run_id for r in await store(h).list_runs(project_id="p1", task_id="t2")] == [newer]
     assert [r.run_id for r in await store(h).list_runs(limit=1)] == [newer]
     assert await store(h).list_runs(state=RunState.SUCCEEDED) == []
+    with pytest.raises(UserError, match="unknown run state"):
+        await store(h).list_runs(state="finished")
 
 
 # ---- events and the state machine --------------------------------------------------------------

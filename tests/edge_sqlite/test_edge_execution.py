@@ -229,6 +229,36 @@ async def test_a_stored_spec_that_is_invalid_is_offered_with_the_reason(db_path,
         await backend.close()
 
 
+async def test_one_prune_deletes_at_most_its_cap_whatever_batch_it_is_asked(db_path, clock):
+    """A prune asked for a huge batch would hold the write lock for as long as it deletes, and a
+    round waiting behind it would miss its cadence."""
+    from qinglong.contracts.errors import UserError
+    from qinglong.plugins.edge_sqlite.execution import MAX_PRUNE_BATCH
+
+    backend = await open_backend(db_path, clock)
+    try:
+        total = MAX_PRUNE_BATCH + 100
+        conn = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            conn.execute("BEGIN")
+            conn.executemany(
+                "INSERT INTO runs (run_id, project_id, trigger_id, trigger_revision, task_id, "
+                "task_revision, task_digest, scheduled_for_ms, admitted_at_ms, queued_at_ms, state, "
+                "idempotency_key, finished_at_ms) VALUES (?, 'p1', 'tr', 1, 't1', 1, 'd', ?, ?, ?, "
+                "'failed', ?, ?)", [(f"r{i}", i, i, i, f"k{i}", i) for i in range(total)])
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        store = backend.execution()
+        with pytest.raises(UserError, match="prune batch"):
+            await store.prune(clock.ms, 0)
+        assert (await store.prune(clock.ms, 10 * total)).runs == MAX_PRUNE_BATCH
+        assert (await store.prune(clock.ms, 10 * total)).runs == 100
+        assert query(db_path, "SELECT count(*) FROM runs") == [(0,)]
+    finally:
+        await backend.close()
+
+
 # ---- two processes on one file ---------------------------------------------------------------
 
 def race_driver(path: str) -> None:
