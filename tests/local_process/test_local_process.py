@@ -112,7 +112,7 @@ def test_local_process_is_offered_by_entry_point_and_builds_an_executor(log_dir,
     (point,) = [p for p in entry_points(group="qinglong.plugins") if p.name == "local_process"]
     module = point.load()
     (spec,) = module.qinglong_executors()
-    assert spec.name == "local_process" and spec is not None
+    assert spec.name == "local_process" and callable(spec.create)
     built = spec.create(ExecutorContext(str(log_dir), minimal_environment(None), 1_000))
     assert isinstance(built, Executor) and built.name == "local_process"
     assert [s.name for s in qinglong_executors()] == ["local_process"]
@@ -211,11 +211,11 @@ def test_a_missing_program_or_working_dir_is_a_start_error_and_nothing_is_spawne
     if working_dir is not None:
         working_dir = working_dir.replace("WORK", str(work))
     req = request(log_dir, command, working_dir=working_dir)
-    before = set(group_members_of_children())
+    before = set(live_children())
     with pytest.raises(StartError) as raised:
         run(executor.start(req))
     assert message in str(raised.value)
-    assert set(group_members_of_children()) == before, "a process was spawned"
+    assert set(live_children()) == before, "a process was spawned"
     attempt = Path(req.attempt_dir)
     assert not (attempt / "pid").exists() and not (attempt / "receipt").exists()
     assert executor.probe(req.attempt_dir, None) is ProcessState.NEVER_STARTED
@@ -229,7 +229,7 @@ def test_a_start_error_never_echoes_a_path_set_by_the_task(executor, log_dir):
     assert "s3cr3t" not in str(raised.value) and "the task's PATH" in str(raised.value)
 
 
-def group_members_of_children() -> list[int]:
+def live_children() -> list[int]:
     """Live children of this test process (what a start could have spawned)."""
     me = os.getpid()
     out = []
