@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
+import time
 import uuid
 from typing import Any, Sequence
 
@@ -80,6 +81,11 @@ _CANCEL_WORDS = {
     CancelReason.REPLACED: "replaced by a newer run of the task",
     CancelReason.SHUTDOWN: "stopped with the control plane",
 }
+
+
+def _utc(ms: int) -> str:
+    """An instant as an operator reads it (UTC, to the second)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms // 1000))
 
 
 def _status_words(outcome: AttemptOutcome) -> str | None:
@@ -324,7 +330,7 @@ class SqliteExecutionStore:
                         "now": now_ms})
                     what = outcome.reason or status or outcome.state.value
                     reason = (f"attempt {row['attempt_no']} {outcome.state.value} ({what}); "
-                              f"attempt {decision.attempt_no} not before {decision.at_ms}")
+                              f"attempt {decision.attempt_no} not before {_utc(decision.at_ms)}")
                     self._move_run(conn, run_id, run_state, RunState.RETRY_WAIT, actor, now_ms,
                                    reason)
                     self._event(conn, run_id, "run.retry_scheduled", now_ms)
