@@ -119,6 +119,19 @@ def test_the_migrated_schema_is_the_one_a_fresh_database_gets(tmp_path):
             "attempts_log_kept", "manual_run_keys", "runs_in_flight"} <= set(schemas[1])
 
 
+async def test_the_backend_offers_one_execution_store_implementing_the_contract(db_path, clock):
+    """A second store instance per backend would hold its own caches beside the connection's
+    thread; one that missed a protocol method would fail only when the dispatcher first calls it."""
+    from qinglong.contracts.execution import ExecutionStore
+
+    backend = await open_backend(db_path, clock)
+    try:
+        assert isinstance(backend.execution(), ExecutionStore)
+        assert backend.execution() is backend.execution()
+    finally:
+        await backend.close()
+
+
 # ---- admission and recovery by executor --------------------------------------------------------
 
 async def _admit(backend, clock, payload: dict) -> str:
