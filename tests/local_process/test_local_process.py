@@ -431,7 +431,10 @@ def test_probe_follows_the_life_cycle_and_find_handle_reads_the_pid_file(executo
         handle = await executor.start(req)
         assert executor.probe(req.attempt_dir, handle) is ProcessState.ALIVE
         assert executor.probe(req.attempt_dir, None) is ProcessState.ALIVE
-        assert executor.find_handle(req.attempt_dir) == handle
+        # the wrapper writes its pid file first thing; until then find_handle says "not yet"
+        found = await asyncio.to_thread(wait_until, lambda: executor.find_handle(req.attempt_dir),
+                                        "the pid file")
+        assert found == handle
         go.touch()
         await executor.wait(req.attempt_dir, handle)
         return handle
@@ -474,7 +477,7 @@ def test_a_job_outlives_the_control_plane_that_started_it_and_its_receipt_is_wri
     # the starter is gone; its wrapper and job live on, holding the Attempt
     assert alive(handle.pid)
     assert executor.probe(str(attempt_dir), None) is ProcessState.ALIVE
-    assert executor.find_handle(str(attempt_dir)) == handle
+    assert wait_until(lambda: executor.find_handle(str(attempt_dir)), "the pid file") == handle
     assert executor.read_receipt(str(attempt_dir)) is None
 
     async def adopt():

@@ -31,9 +31,6 @@ from .wrapper import FIFO, LOCK, LOG, PID, RECEIPT, find_tools, wrapper_argv, wr
 #: wrapper's exit (a kernel without pidfd), and how often it re-checks even when it can.
 POLL_SECONDS = 0.2
 PIDFD_RECHECK_SECONDS = 1.0
-#: How long :meth:`LocalProcessExecutor.find_handle` waits for the pid file of a wrapper that
-#: holds the lock but has not written it yet (it does so first thing).
-PID_FILE_GRACE_SECONDS = 1.0
 #: How long start() retries a lock that a concurrent probe holds for an instant.
 LOCK_RETRY_SECONDS = 0.05
 
@@ -123,15 +120,11 @@ class LocalProcessExecutor:
     def find_handle(self, attempt_dir: str) -> ProcessHandle | None:
         """The handle of the live wrapper of ``attempt_dir`` from its pid file, verified: the
         lock is still held after the process was read, so the pid still names that wrapper.
-        None when no wrapper is alive (or one is, for over a second, without a pid file)."""
-        deadline = time.monotonic() + PID_FILE_GRACE_SECONDS
-        while True:
-            pid = _read_pid(attempt_dir)
-            if pid is not None:
-                break
-            if not _lock_held(attempt_dir) or time.monotonic() > deadline:
-                return None
-            time.sleep(0.01)
+        None when no wrapper is alive, or when the one alive has not written its pid file yet
+        (it does so first thing: ask again a moment later). Never blocks."""
+        pid = _read_pid(attempt_dir)
+        if pid is None:
+            return None
         stat = procfs.read_stat(pid)
         if stat is None or stat.pgrp != pid or stat.session != pid:
             return None
