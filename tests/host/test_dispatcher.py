@@ -496,3 +496,21 @@ def test_diagnostics_of_start_errors_and_timeouts_never_show_env_values(tmp_path
     err = capfd.readouterr().err
     assert "execution.start_failed" in err and "execution.timeout" in err
     assert secret not in err
+
+
+def test_a_task_naming_an_executor_nobody_offers_fails_naming_it(tmp_path, marks):
+    """A task whose executor plugin is not loaded (disabled, uninstalled) must fail saying which
+    executor is missing, not wait forever in the queue nor run under another executor."""
+    settings = write_settings(tmp_path)
+
+    async def body() -> None:
+        async with running(settings) as h:
+            await h.put_task("elsewhere", marker_script(marks, "exit 0"), executor="acme_remote")
+            run = await h.admit("elsewhere")
+            ended = await h.until_ended(run)
+            assert state_of(ended.run.state) == "failed" and len(ended.attempts) == 1
+            assert "'acme_remote'" in (ended.attempts[0].reason or "")
+            assert "local_process" in (ended.attempts[0].reason or "")
+        assert _markers(marks) == []
+
+    asyncio.run(body())
