@@ -84,7 +84,12 @@ class LocalProcessExecutor:
                 os.unlink(fifo)
             except FileNotFoundError:
                 pass
-            os.mkfifo(fifo, 0o600)
+            try:
+                os.mkfifo(fifo, 0o600)
+            except OSError as exc:
+                raise StartError(f"cannot create the output FIFO {fifo!r}: {exc.strerror or exc} "
+                                 "(the log directory must be on a filesystem with FIFOs and "
+                                 "locks, e.g. ext4 or tmpfs; not vfat)") from None
             argv = wrapper_argv(self._tools, self._script, attempt_dir, spec.log_limit_bytes,
                                 [program, *spec.command[1:]])
             try:
