@@ -38,16 +38,20 @@ def test_per_second_trigger_runs_echo_and_its_output_is_readable(tmp_path: Path)
     assert rc == 0, cp.full_stderr()
     assert "Traceback" not in cp.full_stderr()
 
-    succeeded = [r for r in _runs(ws, "--state", "succeeded")]
+    everything = _runs(ws)
+    ended_otherwise = [r for r in everything if r["state"] in TERMINAL - {"succeeded"}]
+    assert ended_otherwise == [], ended_otherwise
+    succeeded = _runs(ws, "--state", "succeeded")
     assert len(succeeded) >= 3
     for run in succeeded:
+        assert run["trigger_id"] == "every-second", run
         assert run["exit_code"] == 0, run
         assert run["attempts"] == 1, run
         assert isinstance(run["duration_ms"], int) and run["duration_ms"] >= 0, run
-    logs = ws.cli("logs", succeeded[0]["run_id"])
-    assert logs.stdout.strip().splitlines() == ["tick"], logs.stdout
-    for run in succeeded:
         assert len(finish_events(ws, run["run_id"])) == 1
+    for run in succeeded[:3]:
+        logs = ws.cli("logs", run["run_id"])
+        assert logs.stdout == "tick\n", logs.stdout + logs.stderr
     ws.close()
 
 
