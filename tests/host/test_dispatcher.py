@@ -514,3 +514,25 @@ def test_a_task_naming_an_executor_nobody_offers_fails_naming_it(tmp_path, marks
         assert _markers(marks) == []
 
     asyncio.run(body())
+
+
+def test_a_backlog_waiting_under_queue_does_not_hide_another_tasks_run_behind_it(tmp_path, marks):
+    """A 'queue' task whose job outlasts its period piles up waiting Runs ahead (in scheduled
+    order) of every later Run; if the dispatcher looked only at the first page, another task's
+    Run would never start while a slot is free."""
+    settings = write_settings(tmp_path, max_running=2)
+
+    async def body() -> None:
+        async with running(settings) as h:
+            await h.put_task("long", _long_job(tmp_path, marks), concurrency="queue")
+            await h.put_task("quick", marker_script(marks, "exit 0"))
+            first = await h.admit("long")
+            await h.until_state(first, "running")
+            backlog = [await h.admit("long") for _ in range(60)]
+            quick = await h.admit("quick")
+            assert state_of((await h.until_ended(quick)).run.state) == "succeeded"
+            assert all([await h.state(run) == "queued" for run in backlog])
+            (tmp_path / "GO").touch()
+            await h.until_ended(backlog[-1])
+
+    asyncio.run(body())

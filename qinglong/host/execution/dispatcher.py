@@ -56,10 +56,10 @@ from qinglong.contracts.execution import (
 from .reconciler import ReconcileReport, reconcile, reconcile_attempt
 from .retention import Retention
 
-#: Candidates read per pass beyond the free slots: skipped and waiting Runs must not hide the
-#: startable ones behind them.
+#: Candidates read per pass beyond the slots (a first page; a full page of waiting Runs with slots
+#: still free is followed by a larger one, up to MAX_CANDIDATES).
 CANDIDATE_MARGIN = 32
-MAX_CANDIDATES = 1_000
+MAX_CANDIDATES = 2_048
 #: Retention's first sweep after start, then its period.
 RETENTION_FIRST_S = 5.0
 RETENTION_PERIOD_S = 60.0
@@ -290,21 +290,32 @@ class Dispatcher:
         waiting: dict[tuple[str, str], int] = defaultdict(int)
         limit = min(MAX_CANDIDATES, max(self._config.max_running, 1) + CANDIDATE_MARGIN)
         cancelled_any = self._cancel_requested = False
-        for candidate in await self._store.dispatch_candidates(now, limit):
-            if self._stopping:
-                return
-            try:
-                started = await self._visit(candidate, now, by_task, waiting, free > 0)
-            except Exception as exc:
-                # one Run that cannot be handled must not keep the Runs behind it from starting
-                self._report_error("execution.dispatch_failed",
-                                   f"run {candidate.run_id} could not be dispatched: "
-                                   f"{exc.__class__.__name__}: {exc}")
-                continue
-            if started:
-                free -= 1
-            cancelled_any = cancelled_any or self._cancel_requested
-            self._cancel_requested = False
+        visited: set[str] = set()
+        while True:
+            page = await self._store.dispatch_candidates(now, limit)
+            for candidate in page:
+                if self._stopping:
+                    return
+                if candidate.run_id in visited:
+                    continue  # waiting, seen on the smaller page
+                visited.add(candidate.run_id)
+                try:
+                    started = await self._visit(candidate, now, by_task, waiting, free > 0)
+                except Exception as exc:
+                    # one Run that cannot be handled must not keep the Runs behind it from starting
+                    self._report_error("execution.dispatch_failed",
+                                       f"run {candidate.run_id} could not be dispatched: "
+                                       f"{exc.__class__.__name__}: {exc}")
+                    continue
+                if started:
+                    free -= 1
+                cancelled_any = cancelled_any or self._cancel_requested
+                self._cancel_requested = False
+            # A full page of Runs that wait (a 'queue' task's backlog) must not hide a startable
+            # Run of another task behind it: while slots are free, look further.
+            if free <= 0 or len(page) < limit or limit >= MAX_CANDIDATES:
+                break
+            limit = min(MAX_CANDIDATES, limit * 4)
         if cancelled_any:
             self.wake()  # signal the replaced processes at once
 
