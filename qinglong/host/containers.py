@@ -134,7 +134,8 @@ def executor_context(loaded: LoadedSettings, backend_settings: Any) -> ExecutorC
 
 
 def create_executors(host: PluginHost, context: ExecutorContext) -> dict[str, Any]:
-    """Every loaded plugin's executors, created (by name); a failing factory names its plugin."""
+    """Every loaded plugin's executors, created (by name); a failing factory is a PluginLoadError
+    naming the executor."""
     executors = {}
     for name, spec in host.executor_specs().items():
         try:
