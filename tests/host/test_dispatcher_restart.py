@@ -149,3 +149,52 @@ def test_a_process_spawned_but_not_recorded_running_is_adopted_with_its_handle(t
         assert sorted(p.name for p in marks.iterdir()) == [candidate.attempt_id]
 
     asyncio.run(body())
+
+
+def test_a_job_that_ended_while_no_control_plane_ran_is_recorded_from_its_receipt(tmp_path):
+    """A job finishing while ``qinglong run`` is down: the next start must take its exit code from
+    the receipt the wrapper left (not call it lost, not run it again)."""
+    marks, go = tmp_path / "marks", tmp_path / "GO"
+    marks.mkdir()
+    settings = write_settings(tmp_path)
+
+    async def body() -> None:
+        async with running(settings) as h:
+            await h.put_task("long", marker_script(marks, f"{wait_for_go(go)}; echo done; exit 6"))
+            run_id = await h.admit("long")
+            attempt_dir = (await h.until_state(run_id, "running")).attempts[0].attempt_dir
+        go.touch()  # detached: the job ends with no control plane watching
+        await until(lambda: os.path.exists(os.path.join(attempt_dir, "receipt")), "the receipt written")
+        async with running(settings) as h:
+            assert h.dispatcher.stats.reconciled["recorded"] == 1
+            ended = await h.detail(run_id)
+            assert state_of(ended.run.state) == "failed" and ended.run.exit_code == 6
+            assert len(ended.attempts) == 1
+        assert len(list(marks.iterdir())) == 1
+
+    asyncio.run(body())
+
+
+def test_a_job_whose_waiter_died_without_a_receipt_is_lost_with_the_reason_and_not_retried(tmp_path):
+    """The job and its wrapper killed together while ``qinglong run`` is down leave no receipt:
+    its fate is unknown, so the Attempt must end lost with the reason, never succeeded, and a task
+    that is not idempotent must not run again (it may have done its work)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    settings = write_settings(tmp_path)
+
+    async def body() -> None:
+        async with running(settings) as h:
+            await h.put_task("long", marker_script(marks, "sleep 600"), retry={"max_attempts": 3})
+            run_id = await h.admit("long")
+            attempt_dir = (await h.until_state(run_id, "running")).attempts[0].attempt_dir
+            pgid = wrapper_pid(attempt_dir)
+        os.killpg(pgid, signal.SIGKILL)
+        await until(lambda: not process_alive(pgid), "the wrapper gone")
+        async with running(settings) as h:
+            ended = await h.until_ended(run_id)
+            assert state_of(ended.run.state) == "lost" and len(ended.attempts) == 1
+            assert "receipt" in (ended.attempts[0].reason or "")
+        assert len(list(marks.iterdir())) == 1
+
+    asyncio.run(body())
