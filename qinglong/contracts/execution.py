@@ -305,8 +305,10 @@ def parse_execution_spec(task_id: str, payload: Mapping[str, Any],
         if (not isinstance(name, str) or not name or "=" in name or "\0" in name
                 or not (name[0].isalpha() or name[0] == "_")
                 or not all(c.isalnum() or c == "_" for c in name) or not name.isascii()):
+            # `NAME=value` written as a name: show the name only, the value may be a secret
+            shown = name.split("=", 1)[0] + "=..." if isinstance(name, str) and "=" in name else name
             raise _refuse(task_id, "env", "variable names of letters, digits and _ not starting "
-                          "with a digit", name)
+                          "with a digit", shown)
         if name.startswith(_RESERVED_ENV_PREFIXES):
             raise UserError(f"task {task_id!r}: env.{name}: names starting with QINGLONG_ are set "
                             "by the executor")
