@@ -394,7 +394,8 @@ def parse_execution_spec(task_id: str, payload: Mapping[str, Any],
                                  min(limits.default_log_limit_bytes, limits.max_log_limit_bytes)),
                      0, limits.max_log_limit_bytes)
     executor = payload.get("executor", limits.default_executor)
-    if not isinstance(executor, str) or not executor or not executor.isprintable() or not _is_unicode(executor):
+    if (not isinstance(executor, str) or not executor or not executor.isprintable()
+            or not _is_unicode(executor)):
         raise _refuse(task_id, "executor", "the name of an executor", executor)
     return ExecutionSpec(tuple(command), env, working_dir, timeout_ms, concurrency, retry,
                          idempotent, log_limit, executor)
