@@ -380,6 +380,9 @@ class Dispatcher:
             return False
         request = StartRequest(candidate.run_id, candidate.attempt_id, candidate.attempt_no,
                                candidate.scheduled_for_ms, spec, attempt_dir)
+        # taken before the spawn: the job may end (its receipt's time) before start() returns,
+        # and a start time read after it would give that job a negative duration
+        spawned_at = self._clock_ms()
         try:
             handle = await executor.start(request)
         except StartError as err:
@@ -395,7 +398,7 @@ class Dispatcher:
         self.stats.started += 1
         job = _Job(candidate.run_id, candidate.attempt_id, executor, attempt_dir, handle)
         self._watch(job)
-        if not await self._store.record_started(candidate.attempt_id, handle, self._clock_ms()):
+        if not await self._store.record_started(candidate.attempt_id, handle, spawned_at):
             # ended meanwhile (cancelled by an operator while it was dispatching): stop the process
             self._signal(job)
         return True

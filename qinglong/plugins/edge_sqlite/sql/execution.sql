@@ -89,9 +89,11 @@ UPDATE attempts
  WHERE attempt_id = :attempt_id AND state = 'dispatching';
 
 -- name: exec_end_attempt
--- End an Attempt once, from the state the caller read, with its outcome.
+-- End an Attempt once, from the state the caller read, with its outcome. The end never precedes
+-- the recorded start: a receipt's time comes from the kernel's coarse file clock, which may lag
+-- the process clock that stamped the start by a tick.
 UPDATE attempts
-   SET state = :state, finished_at_ms = :finished, exit_code = :exit_code, signal = :signal,
+   SET state = :state, finished_at_ms = max(:finished, COALESCE(started_at_ms, :finished)), exit_code = :exit_code, signal = :signal,
        log_bytes = :log_bytes, log_dropped_bytes = :dropped, reason = :reason,
        cancel_reason = COALESCE(cancel_reason, :cancel_reason),
        cancel_requested_at_ms = COALESCE(cancel_requested_at_ms, :cancel_at)
