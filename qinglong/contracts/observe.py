@@ -1,0 +1,202 @@
+"""What an operator observes: the store-derived figures behind ``/metrics`` and ``qinglong status``,
+the metric names, and the status verdict.
+
+Store-derived figures (:class:`StoreStats`) are read by one bounded statement (or one short read
+transaction) per backend, the same on every replica of a cluster; process figures (rounds,
+admissions and their lag, dispatches) are counted by the process that did the work. Metric names,
+types and labels are fixed here, once, for the HTTP surface, the alert rules and the docs.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+#: How long a store-derived read may take, and how long its result is served from cache, so a
+#: scrape storm costs the database at most one read a second.
+STATS_READ_TIMEOUT_MS = 1_000
+STATS_CACHE_MS = 1_000
+
+#: The window of the admission-lag percentiles and the skip/lost counts of ``qinglong status``.
+LAG_WINDOW_MS = 5 * 60_000
+RECENT_WINDOW_MS = 60 * 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """One consistent reading of a store, at store time ``now_ms``.
+
+    * ``schedules_total`` / ``schedules_enabled``: schedule rows (of enabled triggers of active
+      projects, for the latter);
+    * ``schedules_due``: enabled schedules whose occurrence is due at ``now_ms`` and not yet
+      admitted (the backlog), awaiting initialisation excluded; ``oldest_due_ms``: the scheduled
+      time of the oldest of them (None when none is due);
+    * ``runs_by_state``: Runs by :class:`~qinglong.contracts.execution.RunState` value (every
+      state present, zeros included);
+    * ``admission_lag_p50_ms`` / ``_p99_ms``: admitted minus scheduled over the Runs admitted in
+      the last :data:`LAG_WINDOW_MS` from triggers (None when there were none);
+      ``admitted_in_window``: how many;
+    * ``skipped_recent``: occurrences recorded as skipped in the last :data:`RECENT_WINDOW_MS`;
+    * ``lost_recent``: Attempts that ended ``lost`` in the last :data:`RECENT_WINDOW_MS`;
+    * ``running``: Attempts holding a process now;
+    * ``workers_by_state`` / ``worker_free_slots``: cluster workers (empty / None elsewhere);
+    * ``live_schedulers``: schedulers working the store (the owner lock on SQLite, live replicas
+      on PostgreSQL); ``last_round_at_ms``: the newest completed round the store records.
+    """
+
+    now_ms: int
+    schedules_total: int
+    schedules_enabled: int
+    schedules_due: int
+    oldest_due_ms: int | None
+    runs_by_state: Mapping[str, int]
+    admission_lag_p50_ms: int | None
+    admission_lag_p99_ms: int | None
+    admitted_in_window: int
+    skipped_recent: int
+    lost_recent: int
+    running: int
+    live_schedulers: int
+    last_round_at_ms: int | None = None
+    workers_by_state: Mapping[str, int] = field(default_factory=dict)
+    worker_free_slots: int | None = None
+
+    @property
+    def oldest_due_seconds(self) -> float:
+        """How long the oldest due occurrence has waited (0 without a backlog)."""
+        if self.oldest_due_ms is None:
+            return 0.0
+        return max(0, self.now_ms - self.oldest_due_ms) / 1000
+
+
+@runtime_checkable
+class StatsReader(Protocol):
+    """The one bounded read behind ``/metrics`` and ``qinglong status`` (every reader offers it)."""
+
+    async def store_stats(self) -> StoreStats:
+        """Read :class:`StoreStats`; raise :class:`~qinglong.contracts.errors.StoreUnavailable`
+        when the store cannot answer within :data:`STATS_READ_TIMEOUT_MS`."""
+        ...
+
+
+class MetricType(str, enum.Enum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    HISTOGRAM = "histogram"
+    INFO = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """A metric's fixed name (without a counter's ``_total`` suffix for prometheus_client, which
+    adds it), type, help text and label names (low cardinality only: never a project, trigger or
+    run id)."""
+
+    name: str
+    type: MetricType
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+#: Every metric the HTTP surface exports. Names as the operator sees them in the scrape.
+METRICS: Sequence[MetricSpec] = (
+    MetricSpec("qinglong_schedules_due", MetricType.GAUGE,
+               "Schedules whose occurrence is due and not yet admitted (the backlog)."),
+    MetricSpec("qinglong_schedule_oldest_due_seconds", MetricType.GAUGE,
+               "How long the oldest due, unadmitted occurrence has waited."),
+    MetricSpec("qinglong_schedules_total", MetricType.GAUGE, "Schedules, by whether they are enabled.",
+               ("enabled",)),
+    MetricSpec("qinglong_admission_lag_seconds", MetricType.HISTOGRAM,
+               "Admitted minus scheduled time, per admission by this process."),
+    MetricSpec("qinglong_admissions_total", MetricType.COUNTER, "Runs admitted by this process."),
+    MetricSpec("qinglong_skipped_occurrences_total", MetricType.COUNTER,
+               "Misfire decisions that passed over occurrences, by misfire policy.", ("policy",)),
+    MetricSpec("qinglong_rounds_total", MetricType.COUNTER, "Scheduler rounds, by result.", ("result",)),
+    MetricSpec("qinglong_round_duration_seconds", MetricType.HISTOGRAM, "Wall time of a scheduler round."),
+    MetricSpec("qinglong_claims_total", MetricType.COUNTER, "Schedule rows claimed under a lease."),
+    MetricSpec("qinglong_claim_races_total", MetricType.COUNTER,
+               "Claims or decisions lost to a concurrent change, by kind.", ("kind",)),
+    MetricSpec("qinglong_serialization_retries_total", MetricType.COUNTER,
+               "Transactions retried after a serialization failure."),
+    MetricSpec("qinglong_runs", MetricType.GAUGE, "Runs in the store, by state.", ("state",)),
+    MetricSpec("qinglong_dispatch_lag_seconds", MetricType.HISTOGRAM,
+               "Admitted to process started, per Attempt started by this process."),
+    MetricSpec("qinglong_attempts_finished_total", MetricType.COUNTER,
+               "Attempts this process saw end, by outcome.", ("outcome",)),
+    MetricSpec("qinglong_running", MetricType.GAUGE, "Attempts holding a process now."),
+    MetricSpec("qinglong_workers", MetricType.GAUGE, "Cluster workers, by session state.", ("state",)),
+    MetricSpec("qinglong_worker_free_slots", MetricType.GAUGE, "Free slots of live cluster workers."),
+    MetricSpec("qinglong_metrics_read_errors_total", MetricType.COUNTER,
+               "Store reads behind a scrape that failed (the scrape served the last values)."),
+    MetricSpec("qinglong_build_info", MetricType.INFO, "Version and profile of this process.",
+               ("version", "profile")),
+)
+
+#: Buckets of the lag histograms (seconds): from a few ms (on time) to a lease and beyond.
+LAG_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+ROUND_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Verdict(enum.IntEnum):
+    """``qinglong status``'s answer, as its exit code."""
+
+    CLEAR = 0
+    CONVERGING = 10   # a backlog, but shrinking
+    ATTENTION = 20    # a growing backlog, lag over the grace, lost attempts, nobody scheduling
+
+
+@dataclass(frozen=True, slots=True)
+class StatusFinding:
+    verdict: Verdict
+    reasons: tuple[str, ...]
+
+
+def status_verdict(before: StoreStats | None, now: StoreStats, *, grace_ms: int,
+                   expect_workers: bool = False) -> StatusFinding:
+    """The verdict from one reading (and an earlier one, when taken, to see a backlog's trend).
+
+    Attention: no live scheduler; a backlog larger than at ``before``, or (without ``before``) an
+    oldest due occurrence older than ``grace_ms``; admission lag p99 over ``grace_ms``; lost
+    Attempts in the recent window; Runs waiting while no worker slot is free (``expect_workers``).
+    Converging: a backlog that is not growing. Clear otherwise.
+    """
+    attention: list[str] = []
+    if now.live_schedulers == 0:
+        attention.append("no scheduler is running on this store")
+    if now.admission_lag_p99_ms is not None and now.admission_lag_p99_ms > grace_ms:
+        attention.append(f"admission lag p99 {now.admission_lag_p99_ms} ms is over the grace of {grace_ms} ms")
+    if now.lost_recent:
+        attention.append(f"{now.lost_recent} attempt(s) lost in the last hour")
+    if expect_workers:
+        waiting = now.runs_by_state.get("queued", 0)
+        if waiting and (now.worker_free_slots or 0) == 0:
+            attention.append(f"{waiting} run(s) waiting and no free worker slot")
+    converging: list[str] = []
+    if now.schedules_due:
+        growing = before is not None and now.schedules_due > before.schedules_due
+        stale = before is None and now.oldest_due_ms is not None and now.now_ms - now.oldest_due_ms > grace_ms
+        if growing:
+            attention.append(f"the backlog grows ({before.schedules_due} -> {now.schedules_due} due)")
+        elif stale:
+            attention.append(f"the oldest due occurrence waits {now.oldest_due_seconds:.1f} s, over the grace")
+        else:
+            converging.append(f"{now.schedules_due} occurrence(s) due, not growing")
+    if attention:
+        return StatusFinding(Verdict.ATTENTION, tuple(attention))
+    if converging:
+        return StatusFinding(Verdict.CONVERGING, tuple(converging))
+    return StatusFinding(Verdict.CLEAR, ())
+
+
+def percentile(sorted_values: Sequence[int], q: float) -> int | None:
+    """The nearest-rank ``q`` percentile (0 < q <= 1) of an ascending sequence, None if empty."""
+    if not sorted_values:
+        return None
+    import math
+
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+__all__ = [name for name in dir() if not name.startswith("_")]
