@@ -92,7 +92,8 @@ class Actor(str, enum.Enum):
 #:   spawning, and ends a Run that never started when its overlap policy skips it or a replace
 #:   supersedes it;
 #: * completion records the end of a process it watched, from the receipt and the cancel request
-#:   (no receipt and no request: lost), and a retry (running -> retry_wait);
+#:   (no receipt and no request: lost), and a retry (-> retry_wait), also when the process ended
+#:   before its own running commit landed (a job that exits at once);
 #: * the reconciler, after a restart, re-adopts a process (dispatching -> running), returns a
 #:   start that provably never happened to the queue, or records an end from the evidence,
 #:   whether or not the running commit was made before the crash;
@@ -105,14 +106,17 @@ RUN_TRANSITIONS: Mapping[tuple[RunState, RunState], frozenset[Actor]] = {
     (RunState.DISPATCHING, RunState.QUEUED): frozenset({Actor.RECONCILER}),
     (RunState.DISPATCHING, RunState.RUNNING): frozenset({Actor.DISPATCHER, Actor.RECONCILER}),
     # the process could not be started at all (no such program, bad working directory, no
-    # command), or it ran and ended before the running commit (a crash; the reconciler's receipt)
-    (RunState.DISPATCHING, RunState.FAILED): frozenset({Actor.DISPATCHER, Actor.RECONCILER}),
-    (RunState.DISPATCHING, RunState.RETRY_WAIT): frozenset({Actor.RECONCILER}),
-    (RunState.DISPATCHING, RunState.LOST): frozenset({Actor.RECONCILER}),
-    (RunState.DISPATCHING, RunState.SUCCEEDED): frozenset({Actor.RECONCILER}),
-    (RunState.DISPATCHING, RunState.TIMED_OUT): frozenset({Actor.RECONCILER}),
-    # the dispatcher read a cancel request before it spawned anything: nothing to signal
-    (RunState.DISPATCHING, RunState.CANCELLED): frozenset({Actor.DISPATCHER, Actor.RECONCILER}),
+    # command: the dispatcher), or it ran and ended before the running commit: watched (a job
+    # that exits at once) or found after a crash
+    (RunState.DISPATCHING, RunState.FAILED): frozenset({Actor.DISPATCHER, Actor.COMPLETION,
+                                                        Actor.RECONCILER}),
+    (RunState.DISPATCHING, RunState.RETRY_WAIT): frozenset({Actor.COMPLETION, Actor.RECONCILER}),
+    (RunState.DISPATCHING, RunState.LOST): frozenset({Actor.COMPLETION, Actor.RECONCILER}),
+    (RunState.DISPATCHING, RunState.SUCCEEDED): frozenset({Actor.COMPLETION, Actor.RECONCILER}),
+    (RunState.DISPATCHING, RunState.TIMED_OUT): frozenset({Actor.COMPLETION, Actor.RECONCILER}),
+    # also: the dispatcher read a cancel request before it spawned anything (nothing to signal)
+    (RunState.DISPATCHING, RunState.CANCELLED): frozenset({Actor.DISPATCHER, Actor.COMPLETION,
+                                                           Actor.RECONCILER}),
     (RunState.RUNNING, RunState.SUCCEEDED): frozenset({Actor.COMPLETION, Actor.RECONCILER}),
     (RunState.RUNNING, RunState.FAILED): frozenset({Actor.COMPLETION, Actor.RECONCILER}),
     (RunState.RUNNING, RunState.TIMED_OUT): frozenset({Actor.COMPLETION, Actor.RECONCILER}),

@@ -539,8 +539,8 @@ class Model:
             run = pick([r for r in self.runs if r.state in ACTIVE and r.current.alive])
             if run:
                 self.process_ends(run, END_KINDS[args[1] % len(END_KINDS)])
-        elif kind == "complete":
-            run = pick([r for r in self.runs if r.state is RunState.RUNNING and r.current.spawned
+        elif kind == "complete":  # also before the running commit landed (a job that exits at once)
+            run = pick([r for r in self.runs if r.state in ACTIVE and r.current.spawned
                         and not r.current.alive])
             if run:
                 self.complete(run)
