@@ -437,7 +437,11 @@ def masked_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
     shown = dict(payload)
     env = shown.get("env")
     if isinstance(env, Mapping):
-        shown["env"] = {name: "(set)" for name in env}
+        shown["env"] = {str(name): "(set)" for name in env}
+    elif "env" in shown:
+        # not a table (a payload stored by another writer, refused by parsing): it may still
+        # hold NAME=value strings, so none of it is shown
+        shown["env"] = "(set, not a table)"
     return shown
 
 

@@ -212,6 +212,9 @@ def test_the_masked_payload_shows_env_names_but_never_values(marker: str, names:
     assert sorted(shown["env"]) == sorted(names)
     assert shown["timeout_ms"] == 60_000
     assert payload["env"][names[0]].startswith(marker)  # the caller's payload is left as it was
+    for env in ([f"{names[0]}={marker}"], f"{names[0]}={marker}", [[names[0], marker]]):
+        # an env that is not a table (stored by another writer) is hidden whole, not echoed
+        assert marker not in json.dumps(masked_payload({"command": COMMAND, "env": env}))
 
 
 # --------------------------------------------------------------------------------------------
