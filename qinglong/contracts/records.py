@@ -313,6 +313,10 @@ class RoundReport:
       it and counts an error, the cluster never claims it (another replica may have the provider)
       and names it at start-up instead.
     * ``duration_ms``: the round's wall time. ``more_due``: start the next round at once.
+    * ``admission_lags_ms``: for each admission counted in ``admitted`` (when the backend records
+      them), admitted minus scheduled time in ms: the per-admission figure behind the admission
+      lag histogram. ``skipped_policies``: for each decision counted in ``skipped`` (when
+      recorded), the misfire policy of its trigger (``skip`` or ``fire_once``).
     """
 
     scanned: int = 0
@@ -326,6 +330,8 @@ class RoundReport:
     errors: int = 0
     duration_ms: int = 0
     more_due: bool = False
+    admission_lags_ms: tuple[int, ...] = ()
+    skipped_policies: tuple[str, ...] = ()
 
 
 #: The counters a round accumulates; :class:`RoundReport` and :class:`RoundTally` both hold them.
