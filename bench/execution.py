@@ -19,6 +19,8 @@ child process, beside its ceiling measured in the same run:
 * latency: 1,000 triggers spread over the minute (six-field crons ``S * * * * *``, about 17 Runs a
   second, 1,000 a minute) running ``/bin/true``: admitted -> process started p50/p99 (from the
   store: the Run's admission time, the Attempt's start time) and scheduled -> admitted beside it;
+* executor alone: the ``local_process`` executor (its shell wrapper) starting, waiting for and
+  reading the receipt of the same backlog with no store and no dispatcher, between the two;
 * drain: a backlog of ``--backlog`` admitted no-op Runs (admitted first by a ``qinglong run`` with
   ``[execution] enabled = false``), then drained by one with it enabled: Runs completed per second;
 * memory: peak RSS of ``qinglong run`` with ``--triggers`` triggers (ten of them firing every second
@@ -175,6 +177,42 @@ def child_ceiling(sequential: int, backlog: int, concurrency: int, bursts: int =
                 "backlog": backlog, "concurrency": concurrency, "seconds": round(elapsed, 3),
                 "completed_per_s": round(backlog / elapsed, 1)}
 
+    return asyncio.run(run())
+
+
+def child_executor(backlog: int, concurrency: int, log_dir: str) -> dict:
+    """The ``local_process`` executor alone (its shell wrapper, no store, no dispatcher): start,
+    wait, read the receipt of ``backlog`` no-op jobs through ``concurrency`` slots. Between the
+    bare loop and ``qinglong run``, it says how much of the difference the wrapper costs."""
+    import asyncio
+    import uuid
+
+    from qinglong.contracts.execution import (ExecutionSpec, ExecutorContext, StartRequest,
+                                              minimal_environment)
+    from qinglong.plugins.local_process import create_executor
+
+    executor = create_executor(ExecutorContext(log_dir=log_dir, base_env=minimal_environment("/"),
+                                               kill_grace_ms=1000))
+    spec = ExecutionSpec(command=(NOOP,))
+
+    async def run() -> dict:
+        slots = asyncio.Semaphore(concurrency)
+
+        async def one() -> None:
+            async with slots:
+                attempt = uuid.uuid4().hex
+                request = StartRequest(attempt, attempt, 1, 0, spec, os.path.join(log_dir, attempt))
+                handle = await executor.start(request)
+                await executor.wait(request.attempt_dir, handle)
+                assert executor.read_receipt(request.attempt_dir) is not None
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(backlog)))
+        elapsed = time.perf_counter() - t0
+        return {"backlog": backlog, "concurrency": concurrency, "seconds": round(elapsed, 3),
+                "completed_per_s": round(backlog / elapsed, 1)}
+
+    os.makedirs(log_dir, mode=0o700, exist_ok=True)
     return asyncio.run(run())
 
 
@@ -370,7 +408,8 @@ def per_job(tmp: Path, jobs: int) -> dict:
     wrappers = _children_of(proc.pid)
     # every process of the job's group except the job itself (`sleep 600`): the wrapper shell,
     # its log reader's subshell and `head`
-    helpers = [p for w in wrappers for p in _group_members(w) if _cmdline(p) != [b"sleep", b"600"]]
+    helpers = [p for w in wrappers for p in _group_members(w)
+               if not (_cmdline(p)[-1:] == [b"600"] and _cmdline(p)[0].endswith(b"sleep"))]
     helper_rss = sum(_status_kib(p, "VmRSS") for p in helpers)
     helper_pss = sum(_pss_kib(p) for p in helpers)
     ws.stop(proc)
@@ -406,8 +445,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         mode, *rest = args.child
-        assert mode == "ceiling"
-        print(json.dumps(child_ceiling(int(rest[0]), int(rest[1]), int(rest[2]))))
+        if mode == "ceiling":
+            print(json.dumps(child_ceiling(int(rest[0]), int(rest[1]), int(rest[2]))))
+        else:
+            print(json.dumps(child_executor(int(rest[0]), int(rest[1]), rest[2])))
         return
 
     global PYTHON
@@ -436,6 +477,10 @@ def main() -> None:
             # the edge profile's cap: the bursts then queue far less
             results["ceiling_bare_asyncio_max_running_8"] = ceiling(8)
             results["latency_max_running_8"] = latency(tmpdir, args.latency_seconds, 8)
+        out = subprocess.run([PYTHON, __file__, "--child", "executor", str(args.backlog),
+                              str(args.max_running), str(tmpdir / "executor-logs")],
+                             capture_output=True, text=True, check=True)
+        results["executor_alone"] = json.loads(out.stdout.strip().splitlines()[-1])
         results["drain"] = drain(tmpdir, args.backlog, args.max_running)
         results["memory"] = memory(tmpdir, args.triggers, memory_seconds, args.max_running)
         results["per_running_job"] = per_job(tmpdir, 8)
