@@ -189,14 +189,20 @@ def status_verdict(before: StoreStats | None, now: StoreStats, *, grace_ms: int,
     return StatusFinding(Verdict.CLEAR, ())
 
 
+def nearest_rank(count: int, q: float) -> int:
+    """The 1-based rank of the nearest-rank ``q`` percentile (0 < q <= 1) among ``count`` values
+    (``count`` >= 1): ``ceil(q * count)``, at least 1 and at most ``count``. A store that ranks in
+    SQL asks for this row, so it reports exactly what :func:`percentile` would."""
+    import math
+
+    return min(max(1, math.ceil(q * count)), count)
+
+
 def percentile(sorted_values: Sequence[int], q: float) -> int | None:
     """The nearest-rank ``q`` percentile (0 < q <= 1) of an ascending sequence, None if empty."""
     if not sorted_values:
         return None
-    import math
-
-    rank = max(1, math.ceil(q * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
+    return sorted_values[nearest_rank(len(sorted_values), q) - 1]
 
 
 __all__ = [name for name in dir() if not name.startswith("_")]
