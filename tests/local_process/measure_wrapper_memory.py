@@ -45,7 +45,7 @@ async def main():
     await measure(None, "dash+coreutils", tmp)
     if shutil.which("busybox"):
         bb = Path(tmp) / "bb"; bb.mkdir()
-        for t in ("sh", "head", "wc", "mv"):
+        for t in ("sh", "dd", "wc", "mv"):
             (bb / t).symlink_to(shutil.which("busybox"))
-        await measure({t: str(bb / t) for t in ("sh", "head", "wc", "mv")}, "busybox", tmp)
+        await measure({t: str(bb / t) for t in ("sh", "dd", "wc", "mv")}, "busybox", tmp)
 asyncio.run(main())

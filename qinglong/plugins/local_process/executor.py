@@ -41,7 +41,7 @@ class LocalProcessExecutor:
     name = "local_process"
 
     def __init__(self, context: ExecutorContext, tools: Mapping[str, str] | None = None) -> None:
-        """``tools``: absolute paths of ``sh``, ``head``, ``wc`` and ``mv`` (default: found on
+        """``tools``: absolute paths of ``sh``, ``dd``, ``wc`` and ``mv`` (default: found on
         the minimal PATH), e.g. to run the wrapper under busybox."""
         self._context = context
         self._tools = dict(tools) if tools is not None else find_tools()

@@ -15,10 +15,13 @@ An Attempt directory (mode 0700) holds:
 
 The wrapper works with any POSIX ``sh`` (dash, busybox ash, bash as sh): no bash-isms, no
 ``pipefail``. Its own variables are named ``QINGLONG_*``, a prefix a task's env may not use, so it
-never changes a variable the job inherits. Under busybox, whose ``head`` reads through stdio, the
-dropped count may miss up to one buffer (4 KiB) read past the limit; the log is exact. Its helpers (``head``, ``wc``, ``mv``) are named by
+never changes a variable the job inherits. Its helpers (``dd``, ``wc``, ``mv``) are named by
 absolute path, found on the minimal PATH when the executor is built, so a task's own PATH cannot
 replace them.
+
+The log is readable while the job runs: every read of the pipe is written to it at once (``dd``
+with ``bs=``, not a tool writing through stdio, which would hold up to a 4 KiB buffer back until
+the job ended), and both the log and the dropped count are exact.
 """
 
 from __future__ import annotations
@@ -48,7 +51,21 @@ QINGLONG_D=$1
 QINGLONG_L=$2
 printf '%s\\n' "$$" >"$QINGLONG_D/pid.tmp" && @MV@ -f "$QINGLONG_D/pid.tmp" "$QINGLONG_D/pid" || exit 70
 trap : TERM INT HUP
-{ trap '' TERM INT HUP; @HEAD@ -c "$QINGLONG_L" >>"$QINGLONG_D/log"; exec @WC@ -c >"$QINGLONG_D/dropped"; } <"$QINGLONG_D/out" 9<&- &
+{
+  trap '' TERM INT HUP
+  QINGLONG_K=0
+  true >>"$QINGLONG_D/log" && QINGLONG_N=$(@WC@ -c <"$QINGLONG_D/log") && QINGLONG_K=$((QINGLONG_L - $QINGLONG_N))
+  while [ "$QINGLONG_K" -gt 0 ]; do
+    QINGLONG_B=$((QINGLONG_K / 1024))
+    if [ "$QINGLONG_B" -gt 4096 ]; then QINGLONG_B=4096; elif [ "$QINGLONG_B" -lt 1 ]; then QINGLONG_B=1; fi
+    @DD@ bs="$QINGLONG_B" count=$((QINGLONG_K / QINGLONG_B)) >>"$QINGLONG_D/log" 2>/dev/null || break
+    QINGLONG_N=$(@WC@ -c <"$QINGLONG_D/log") || break
+    QINGLONG_N=$((QINGLONG_L - $QINGLONG_N))
+    [ "$QINGLONG_N" -lt "$QINGLONG_K" ] || break
+    QINGLONG_K=$QINGLONG_N
+  done
+  exec @WC@ -c >"$QINGLONG_D/dropped"
+} <"$QINGLONG_D/out" 9<&- &
 QINGLONG_R=$!
 shift 3
 "$@" >"$QINGLONG_D/out" 2>&1 9<&-
@@ -63,8 +80,19 @@ printf 'status=%s\\ndropped=%s\\n' "$QINGLONG_S" "$QINGLONG_N" >"$QINGLONG_D/rec
 # What the wrapper does, step by step:
 # - `trap : TERM INT HUP`: a TERM sent to the group ends the job but not the wrapper, which
 #   then records the job's status (a handler, not an ignore: the job gets default dispositions);
-# - the log reader ignores TERM for the same reason (a KILL still ends it);
-# - `head -c` reads no more than the limit; `wc -c` then reads the rest to its end and counts it;
+# - the log reader ignores TERM for the same reason (a KILL still ends it), and whatever fails
+#   in it (the log cannot be created or read: `true`, not `:`, whose failed redirection would
+#   end the reader) it still drains the pipe to its end;
+# - the log reader copies with `dd bs=B count=C`: one read() of at most B bytes per record,
+#   each written to the log at once (so a running job's log shows what it printed), and at most C
+#   records, B * C <= K (the room left), so the log never exceeds the limit. B = K / 1024, at
+#   least 1 and at most 4 KiB: one dd lasts min(1024, K) reads at least, so a slow job costs two
+#   spawns (dd, wc) per 1024 of its writes, not per write, and a fast job's output goes through
+#   in reads of up to 4 KiB. After each dd the room left is the limit minus the log's size
+#   (`wc -c`: GNU's stats the file, busybox's reads it, so fewer rounds matter); no growth means
+#   dd read the end of the output (EOF); a failing dd (a full disk) ends the copy too. `wc -c`
+#   then reads the rest to its end and counts it: the job's writes never fail, however much it
+#   prints;
 # - `wait` returns early (> 128) when a trapped signal arrives: wait again until the reader is
 #   really reaped (a second wait on a reaped pid returns 127).
 
@@ -77,7 +105,7 @@ def find_tools() -> dict[str, str]:
     """Absolute paths of ``sh`` and the wrapper's helpers, from the minimal PATH."""
     path = minimal_environment(None)["PATH"]
     tools = {}
-    for name in ("sh", "head", "wc", "mv"):
+    for name in ("sh", "dd", "wc", "mv"):
         found = shutil.which(name, path=path)
         if found is None:
             raise WrapperToolMissing(f"local_process needs {name!r} (coreutils or busybox) on {path}")
@@ -88,7 +116,7 @@ def find_tools() -> dict[str, str]:
 def wrapper_script(tools: dict[str, str]) -> str:
     """The wrapper's text (the ``sh -c`` argument), with the helpers' absolute paths."""
     script = _TEMPLATE
-    for name in ("head", "wc", "mv"):
+    for name in ("dd", "wc", "mv"):
         script = script.replace(f"@{name.upper()}@", shlex.quote(tools[name]))
     return script
 
