@@ -45,7 +45,7 @@ class EdgeSqliteBackend:
         self.store = SqliteStore(settings)
         self.migrations = migrations.load_migrations()
         self._publisher = SqlitePublisher(self.store, context)
-        self._reader = SqliteReader(self.store)
+        self._reader = SqliteReader(self.store, context.clock_ms)
         self._execution = SqliteExecutionStore(self.store)
         self._may_create = True
         # Held (undecidable) schedules, remembered across this backend's rounds.

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Sequence
+import time
+from typing import Callable, Sequence
 
 from qinglong.contracts.errors import NotFound
+from qinglong.contracts.observe import StoreStats
 from qinglong.contracts.records import (
     MisfirePolicy,
     ProjectRecord,
@@ -28,8 +30,9 @@ from .store import SqliteStore, named_one, named_rows, probe_owner_lock
 class SqliteReader:
     """Implements :class:`qinglong.contracts.store.Reader` on the SQLite store."""
 
-    def __init__(self, store: SqliteStore) -> None:
+    def __init__(self, store: SqliteStore, clock_ms: Callable[[], int] | None = None) -> None:
         self._store = store
+        self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
 
     async def _named_rows(self, sql: str, params: tuple, bound: int) -> list[sqlite3.Row]:
         """At most ``bound`` rows of ``sql``, read by column name (the connection is shared)."""
@@ -93,3 +96,10 @@ class SqliteReader:
         holder = probe_owner_lock(str(self._store.path))
         running = holder is not None
         return SchedulerStatus(running=running, last_round_at_ms=None, replicas=1 if running else 0)
+
+    async def store_stats(self) -> StoreStats:
+        """The store-derived figures of ``/metrics`` and ``qinglong status``, in one read
+        transaction bounded by ``STATS_READ_TIMEOUT_MS`` (:mod:`.stats`)."""
+        from .stats import read_store_stats
+
+        return await read_store_stats(self._store, self._clock_ms)
