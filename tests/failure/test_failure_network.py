@@ -41,20 +41,21 @@ def _proxy(db, name: str) -> FaultProxy:
     return FaultProxy((db.server.host, db.server.port), name=name).start()
 
 
-def _admitted_key(rule, trigger_id: str) -> str:
-    """The idempotency key quoted in the admission message ``rule`` fired on, for ``trigger_id``."""
-    found = set(re.findall(rb"'(ql3:[a-z_]+:v1:" + trigger_id.encode() + rb":\d+:\d+)'", rule.chunk))
-    assert len(found) == 1, f"expected one idempotency key in the admission message, found {found}"
-    return found.pop().decode()
+def _admitted_keys(rule) -> list[str]:
+    """The idempotency keys quoted in the admission message ``rule`` fired on: one per row of its
+    page that creates a Run (initialisations and releases have none)."""
+    found = sorted(set(re.findall(rb"'(ql3:[a-z_]+:v1:[A-Za-z0-9_-]+:\d+:\d+)'", rule.chunk)))
+    assert found, "expected an idempotency key in the admission message"
+    return [key.decode() for key in found]
 
 
-def _admitted_trigger(rule, prefix: str = "tr") -> str:
-    """The trigger id of the admission message ``rule`` fired on: the one quoted literal of the
-    message that is a whole id of :func:`seed`'s form (``tr000``; the idempotency key quotes it
-    only inside a longer literal)."""
-    found = set(re.findall(rb"'(" + prefix.encode() + rb"\d{3})'", rule.chunk))
-    assert len(found) == 1, f"expected one trigger id in the admission message, found {found}"
-    return found.pop().decode()
+def _admitted_triggers(rule, prefix: str = "tr") -> list[str]:
+    """The trigger ids of the admission message ``rule`` fired on (every row of its page): the
+    quoted literals of the message that are whole ids of :func:`seed`'s form (``tr000``; an
+    idempotency key quotes one only inside a longer literal)."""
+    found = sorted(set(re.findall(rb"'(" + prefix.encode() + rb"\d{3})'", rule.chunk)))
+    assert found, "expected a trigger id in the admission message"
+    return [t.decode() for t in found]
 
 
 @pytest.mark.soak
@@ -249,16 +250,17 @@ def test_connection_hanging_open_is_cut_at_the_lease_and_its_replica_admits_agai
         rule = ph.arm(TO_SERVER, ADMISSION_MESSAGE, "hold_replies", also=(FIRE_DECISION,))
         await wait_for(rule.fired.is_set, what="H to start an admission")
         hung_at = time.monotonic()
-        hung_trigger = _admitted_trigger(rule)
-        hung_key = _admitted_key(rule, hung_trigger)
-        # the message went on whole: wait until the server is done with it (its claim is cleared:
-        # committed, or rolled back by a serialization failure and taken over after expiry), so
-        # the claims left to H below are exactly those its hung round never reached (H cannot
-        # claim it again before its hung round is cut; Q may claim its next occurrence)
-        await wait_for(lambda: db.sql("SELECT claim_owner IS DISTINCT FROM 'replica-h' "
-                                      "FROM qinglong.trigger_schedules WHERE trigger_id = %s",
-                                      (hung_trigger,))[0][0],
-                       what=f"the server to finish the hung admission of {hung_trigger}")
+        hung_triggers = _admitted_triggers(rule)
+        hung_keys = _admitted_keys(rule)
+        # the message went on whole: wait until the server is done with it (no session of H is
+        # still executing an admission: it committed, or rolled back by a serialization failure
+        # and its rows are taken over after expiry), so the claims left to H below are exactly
+        # those its hung round never reached, or rows of the hung page the server refused (H
+        # cannot claim again before its hung round is cut; Q may claim next occurrences)
+        await wait_for(lambda: not db.sql(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'qinglong runtime replica-h' "
+            "AND state <> 'idle' AND query LIKE %s", ("%EXECUTE qinglong_admit_occurrence(%",)),
+            what=f"the server to finish the hung admission of {hung_triggers}")
         held = db.sql("SELECT trigger_id, next_fire_at_ms, claim_expires_at_ms "
                       "FROM qinglong.trigger_schedules WHERE claim_owner = 'replica-h'")
         reported_before = h.total("admitted")
@@ -275,15 +277,16 @@ def test_connection_hanging_open_is_cut_at_the_lease_and_its_replica_admits_agai
         ph.close()
         pq.close()
         return (h, q, held, reported_before, timed_out_after_s, resumed_after_s, hung_connection_closed,
-                hung_key)
+                hung_keys)
 
-    h, q, held, reported_before, timed_out_after_s, resumed_after_s, hung_closed, hung_key = asyncio.run(body())
+    h, q, held, reported_before, timed_out_after_s, resumed_after_s, hung_closed, hung_keys = asyncio.run(body())
     in_db_by_h = db.count("runs", "admitted_by = 'replica-h'")
     # whether the server committed the message whose reply H never saw: it may also have lost a
     # serialization race with Q there and rolled back by itself, and then the occurrence must have
     # been taken over and admitted once by someone else (the audit below counts it)
-    hung_by = db.sql("SELECT admitted_by FROM qinglong.runs WHERE idempotency_key = %s", (hung_key,))
-    hung_committed_by_h = hung_by == [("replica-h",)]
+    hung_by = db.sql("SELECT idempotency_key, admitted_by FROM qinglong.runs "
+                     "WHERE idempotency_key = ANY (%s)", (hung_keys,))
+    hung_committed_by_h = sum(1 for _, by in hung_by if by == "replica-h")
     figures = audit(db.superuser_dsn(), first, "connection_hangs_open",
                     claims_left_when_hung=len(held), timed_out_after_s=round(timed_out_after_s, 2),
                     resumed_after_s=round(resumed_after_s, 2),
@@ -305,10 +308,11 @@ def test_connection_hanging_open_is_cut_at_the_lease_and_its_replica_admits_agai
     assert resumed_after_s <= 3 * LEASE_MS / 1000 + 5.0
     # the cut connection was closed by H (never handed back to the pool): the proxy saw it go
     assert hung_closed
-    # the admission whose reply never came is in the database exactly once, unreported by H (or,
-    # rolled back on the server, admitted once after the takeover): H counts only what it saw
-    assert len(hung_by) == 1
-    assert in_db_by_h == h.total("admitted") + (1 if hung_committed_by_h else 0)
+    # each occurrence of the page whose reply never came is in the database exactly once,
+    # unreported by H (or, rolled back on the server, admitted once after the takeover): H counts
+    # only what it saw
+    assert sorted(k for k, _ in hung_by) == sorted(hung_keys)
+    assert in_db_by_h == h.total("admitted") + hung_committed_by_h
     for trigger_id, admitted_by, admitted_at in runs_for_held:
         assert admitted_at > expiry[trigger_id]  # taken over (by Q, or H's next round) after expiry
     assert len(runs_for_held) == len(held)

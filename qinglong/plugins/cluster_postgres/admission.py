@@ -1,8 +1,13 @@
-"""Admission: commit one decision for one claimed schedule, atomically, under the full fence.
+"""Admission: commit the decisions of a page of claimed schedules, atomically, each row under its
+own full fence.
 
-One SERIALIZABLE transaction per occurrence, holding one statement (``sql/admission.sql``,
-``admit_occurrence``). The statement re-checks everything by primary key and writes the Run,
-Attempt, the two events, the skip record and the cursor advance together, or nothing.
+One SERIALIZABLE transaction per page, holding one statement (``sql/admission.sql``,
+``admit_page``). The statement re-checks every row by primary key (project, trigger and task
+revisions and digests, the execution revision's digest, the schedule's revision, state and cursor,
+the whole fence, the decision) and writes, for the rows that pass, the cursor advance, the Run,
+Attempt, the two events and the skip record together; a row that fails a check writes nothing
+and is reported on its own (see :class:`PageResult`). A write that fails fails the whole page:
+never a partial occurrence. :func:`commit_decision` is the page of one row.
 
 Wire-atomic: the whole transaction travels as ONE simple-protocol Query message,
 ``SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; SET LOCAL enable_seqscan = off;
@@ -10,30 +15,35 @@ EXECUTE qinglong_admit_occurrence(<literals>)``,
 on an autocommit connection. PostgreSQL runs such a message as one implicit transaction that
 commits at the end of the message and rolls back by itself on any error, leaving the session
 idle. The server executes nothing until the whole message has arrived, so a link cut at any
-point either commits the whole occurrence (the client may not learn it: the same case as a lost
-COMMIT reply) or nothing, and never leaves a transaction open with the schedule row locked.
+point either commits the whole page (the client may not learn it: the same case as a lost
+COMMIT reply) or nothing, and never leaves a transaction open with the schedule rows locked.
 (Sending BEGIN, the statement and COMMIT as separate messages could strand the transaction
-between statement and COMMIT, with the row locked and SKIP LOCKED keeping every takeover off.)
+between statement and COMMIT, with the rows locked and SKIP LOCKED keeping every takeover off.)
+The statement returns one row whatever the page size, so the message's last CommandComplete,
+sent only once the transaction committed, is always ``SELECT 1``.
 
 The statement is a server-side prepared statement, made once per connection (a new connection
 after a reconnect prepares it again) by a message of its own, so the large CTE is parsed and
-planned once per session instead of once per occurrence; its arguments are bound client-side as
-literals into the single message.
+planned once per session instead of once per page; its arguments (one array per column, one
+element per row) are bound client-side as literals into the single message.
 
-Outcomes: the decision committed (a Run admitted, the cursor initialised or skipped forward, or a
-claim released), or :class:`~qinglong.contracts.errors.FenceLost` (someone else owns the schedule
-now: a takeover after expiry, a republish, a deleted trigger, a deactivated project; never
-retried), or :class:`AdmissionRefused` (the inputs do not verify, e.g. a corrupted execution
-revision digest; nothing written), or its subclass :class:`TaskChanged` (the task was republished
-between claim and commit: a legitimate race, not an error; the coordinator gives the claim back
-and the occurrence is decided again next round). Serialization failures are retried a bounded number of times
-with small full-jitter backoff; each retry re-checks the fence, so a retry can only end in
-FenceLost, never in a second Run. When the retries run out the coordinator gives the claim back
+Outcomes, per row: the decision committed (a Run admitted, the cursor initialised or skipped
+forward, or a claim released), or :class:`~qinglong.contracts.errors.FenceLost` (someone else
+owns the schedule now: a takeover after expiry, a republish, a deleted trigger, a deactivated
+project; never retried), or :class:`AdmissionRefused` (the inputs do not verify, e.g. a
+corrupted execution revision digest; nothing written), or its subclass :class:`TaskChanged` (the
+task was republished between claim and commit: a legitimate race, not an error; the coordinator
+gives the claim back and the occurrence is decided again next round). Serialization failures are
+retried with small full-jitter backoff: the page whole a few times, then split in halves down to
+single rows, each retried a bounded number of times, so a row that keeps conflicting ends alone
+and the rest of its page commits. Each retry re-checks every fence, so a retry can only end in a
+refusal, never in a second Run. When a row's retries run out the coordinator gives its claim back
 (``claim.release_claim``) so the occurrence is claimed again next round.
 
 A ``fire`` or ``initialize`` may ask to keep the claim (``keep_claim``): when the new cursor is
 already due at the commit's clock, the claim stays this claimer's, the row's acquisition time
-becomes the commit's, and :meth:`ClaimedSchedule.after` gives the claim to decide again at once.
+becomes the commit's, and :func:`after` gives the claim to decide again at once (in the next page
+of the same round).
 """
 
 from __future__ import annotations
@@ -74,33 +84,47 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 _prepared: "weakref.WeakSet[psycopg.AsyncConnection]" = weakref.WeakSet()
 
 
-@lru_cache(maxsize=1)
-def _prepared_statement() -> tuple[str, str]:
-    """``(PREPARE text, admission message template)`` built from the ``admit_occurrence`` block.
+#: ``%(name)s::type[]``: each argument of the page statement and the array type it is read as.
+_ARRAY_PLACEHOLDER = re.compile(r"%\((\w+)\)s::(\w+)\[\]")
 
-    The block's named placeholders become positional parameters in order of first appearance
-    (their types are inferred by the server from the statement); the template is the single
-    message, with the same names as client-side placeholders in the same order.
-    """
+
+@lru_cache(maxsize=1)
+def _prepared_statement() -> tuple[str, tuple[tuple[str, str], ...]]:
+    """``(PREPARE text, the arguments in order as (name, element type))`` of the ``admit_page``
+    block: its named placeholders become positional parameters in order of first appearance
+    (their types are the array casts written in the block)."""
     names: list[str] = []
+    types = dict(_ARRAY_PLACEHOLDER.findall(query("admit_page")))
 
     def positional(match: re.Match) -> str:
         if match[1] not in names:
             names.append(match[1])
         return f"${names.index(match[1]) + 1}"
 
-    body = _PLACEHOLDER.sub(positional, query("admit_occurrence"))
-    arguments = ", ".join(f"%({name})s" for name in names)
-    # enable_seqscan off, for this transaction only: under SERIALIZABLE a sequential scan takes a
-    # relation-level SIRead lock, which conflicts with every concurrent admission's insert. The
-    # admission touches rows by key only, but the foreign-key checks of attempts and run_events
-    # against runs are planned per session, and a small (or empty, analysed) runs table gets a
-    # sequential scan: measured, that lock caused more than half of the serialization failures
-    # of four replicas draining a backlog. PostgreSQL's documentation advises steering
-    # serializable transactions towards index scans for this reason.
-    message = (f"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; SET LOCAL enable_seqscan = off; "
-               f"EXECUTE {PREPARED_NAME}({arguments})")
-    return f"PREPARE {PREPARED_NAME} AS {body}", message
+    body = _PLACEHOLDER.sub(positional, query("admit_page"))
+    return f"PREPARE {PREPARED_NAME} AS {body}", tuple((name, types[name]) for name in names)
+
+
+@lru_cache(maxsize=64)
+def _message(rows: int) -> str:
+    """The admission message of a page of ``rows`` rows, with client-side placeholders.
+
+    Each argument is written as ``ARRAY[v0, v1, ...]::type[]``, one literal per row, so the
+    message reads like the per-occurrence one did (a fire decision is the literal ``'fire'``, a
+    trigger id and an idempotency key are quoted literals of their own).
+
+    enable_seqscan off, for this transaction only: under SERIALIZABLE a sequential scan takes a
+    relation-level SIRead lock, which conflicts with every concurrent admission's insert. The
+    admission touches rows by key only, but the foreign-key checks of attempts and run_events
+    against runs are planned per session, and a small (or empty, analysed) runs table gets a
+    sequential scan: measured, that lock caused more than half of the serialization failures of
+    four replicas draining a backlog. PostgreSQL's documentation advises steering serializable
+    transactions towards index scans for this reason."""
+    arguments = ", ".join(
+        "ARRAY[" + ", ".join(f"%({name}_{j})s" for j in range(rows)) + f"]::{kind}[]"
+        for name, kind in _prepared_statement()[1])
+    return (f"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; SET LOCAL enable_seqscan = off; "
+            f"EXECUTE {PREPARED_NAME}({arguments})")
 
 
 async def _prepare(conn: psycopg.AsyncConnection) -> None:
@@ -109,21 +133,24 @@ async def _prepare(conn: psycopg.AsyncConnection) -> None:
     _prepared.add(conn)
 
 
-async def _send_admission(conn: psycopg.AsyncConnection, params: dict) -> dict:
-    """Send the admission as one Query message and return its result row by column name.
+async def _send_admission(conn: psycopg.AsyncConnection, rows: list[dict]) -> dict:
+    """Send the admission of ``rows`` (one parameter dict per row) as one Query message and
+    return its one result row by column name.
 
     The row is the third result of the message (after the two SETs'), reached by ``nextset``; it
     is keyed by the names ``cur.description`` gives for that result, on the client only (the
     message sent is unchanged)."""
     if conn not in _prepared:
         await _prepare(conn)
+    params = {f"{name}_{j}": row[name] for j, row in enumerate(rows)
+              for name, _ in _prepared_statement()[1]}
     cur = AsyncClientCursor(conn)
     try:
-        await cur.execute(_prepared_statement()[1], params)
+        await cur.execute(_message(len(rows)), params)
     except pg_errors.InvalidSqlStatementName:
         # the session lost the statement (DEALLOCATE, DISCARD): nothing ran; prepare and resend
         await _prepare(conn)
-        await cur.execute(_prepared_statement()[1], params)
+        await cur.execute(_message(len(rows)), params)
     cur.nextset()  # the first two results are the SETs'
     cur.nextset()
     names = [column.name for column in cur.description]
@@ -243,11 +270,141 @@ BACKOFF_BASE_MS = 2.0
 BACKOFF_CAP_MS = 50.0
 
 
+#: How many times a page of several rows is retried whole after a serialization failure before
+#: it is split in two (each half is retried the same way, a single row up to ``retries`` times):
+#: a row that keeps conflicting (a hot row) ends up alone instead of starving its page.
+PAGE_RETRIES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class PageItem:
+    """One row of a page: a claim, its decision (None releases the claim), and whether a fire or
+    an initialisation may keep the claim (see the module docstring)."""
+
+    claimed: ClaimedSchedule
+    decision: Decision | None
+    keep_claim: bool = False
+
+
+@dataclass(slots=True)
+class PageResult:
+    """What a page commit did: per row (in the page's order) an :class:`AdmissionResult` or the
+    exception that row ended with (FenceLost, CasMiss, AdmissionRefused, TaskChanged, a
+    serialization failure whose retries ran out, or the database error of a write that failed on
+    that row alone), and how many times a serialization failure made the page (or a part of it)
+    be sent again, whole or split (the last failure of a row whose retries ran out is not one)."""
+
+    outcomes: list
+    serialization_retries: int = 0
+
+
+def _page_ids(count: int) -> list[str]:
+    """``count`` fresh random (version 4) UUIDs that differ only in their last 16 bits, in order.
+
+    The Runs of one page then sit side by side in ``runs_pkey`` (one leaf page, not one leaf
+    page each), and the pages of different transactions at random places apart. Under
+    SERIALIZABLE, the foreign-key checks of a page's Attempts and events read ``runs_pkey`` and
+    take page-level SIRead locks where they look; with one random id per Run, a page's checks
+    locked a dozen leaf pages that the other replicas' pages were inserting into, and the
+    replicas aborted each other. Unique: the 106 random bits are drawn afresh for every page
+    (and every retry), and the row number fills the last 16."""
+    if count > 0xFFFF:
+        raise ValueError("a page holds at most 65535 rows")
+    base = uuid.uuid4().int & ~0xFFFF
+    return [str(uuid.UUID(int=base | j)) for j in range(count)]
+
+
+def _check_connection(conn: psycopg.AsyncConnection) -> None:
+    if not conn.autocommit or conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        raise psycopg.ProgrammingError(
+            "admission needs an autocommit connection outside pipeline mode (one message per transaction)")
+
+
+async def commit_page(conn: psycopg.AsyncConnection, items: list[PageItem], *, retries: int = 10,
+                      backoff_ms: float = BACKOFF_BASE_MS) -> PageResult:
+    """Commit the decisions of ``items`` (distinct schedules) in one SERIALIZABLE transaction,
+    one message (see the module docstring and ``sql/admission.sql``, ``admit_page``).
+
+    Every row is checked under its own whole fence and decision; the rows that pass commit
+    together, each failing row gets its own refusal. On a serialization failure the page is
+    retried whole (:data:`PAGE_RETRIES` times), then split in two halves committed one after the
+    other, recursively, down to single rows retried up to ``retries`` times: every retry re-checks
+    every fence, so a retry can only end in a refusal, never in a second Run. A write that fails
+    (a constraint, a fault) rolls the whole page back; the page is split the same way until the
+    failing row is alone, and only that row reports the error. A connection error propagates
+    (the caller ends the round): nothing of the message in flight is reported.
+    """
+    _check_connection(conn)
+    if len({item.claimed.head.trigger_id for item in items}) != len(items):
+        raise ValueError("a page holds each schedule once")
+    result = PageResult([None] * len(items))
+
+    async def commit(indices: list[int], earlier_retries: int) -> None:
+        tries = retries if len(indices) == 1 else min(retries, PAGE_RETRIES)
+        attempt = 0
+        while True:
+            rows = [_params(items[i].claimed, items[i].decision, items[i].keep_claim) for i in indices]
+            # Run identity is allocated here, for this transaction only: a claim never has one.
+            run_ids, attempt_ids = _page_ids(len(rows)), _page_ids(len(rows))
+            for row, run_id, attempt_id in zip(rows, run_ids, attempt_ids):
+                row["run_id"], row["attempt_id"] = run_id, attempt_id
+            try:
+                reply = await _send_admission(conn, rows)
+            except RETRYABLE as exc:
+                if attempt < tries:
+                    result.serialization_retries += 1
+                    attempt += 1
+                    # full jitter, exponential, capped: racing admitters spread out
+                    await asyncio.sleep(random.uniform(0, min(BACKOFF_CAP_MS, backoff_ms * 2 ** attempt)) / 1000)
+                    continue
+                if len(indices) == 1:
+                    result.outcomes[indices[0]] = exc
+                    return
+                result.serialization_retries += 1
+                await _split(indices, earlier_retries + attempt + 1)
+                return
+            except psycopg.Error as exc:
+                if conn.broken or isinstance(exc, psycopg.OperationalError):
+                    raise
+                if len(indices) == 1:
+                    result.outcomes[indices[0]] = exc
+                    return
+                await _split(indices, earlier_retries + attempt)
+                return
+            flags = reply["results"]
+            for i, row, flag in zip(indices, rows, flags):
+                claimed = items[i].claimed
+                if not flag["advanced"]:
+                    result.outcomes[i] = _refusal(claimed, flag)
+                    continue
+                admission = None
+                if row["scheduled_for_ms"] is not None:
+                    admission = Admission(
+                        run_id=row["run_id"], attempt_id=row["attempt_id"],
+                        idempotency_key=row["idempotency_key"], project_id=claimed.head.project_id,
+                        trigger_id=claimed.head.trigger_id,
+                        trigger_revision=claimed.head.trigger_revision,
+                        scheduled_for_ms=row["scheduled_for_ms"], admitted_at_ms=reply["now_ms"],
+                    )
+                result.outcomes[i] = AdmissionResult(row["kind"], admission, earlier_retries + attempt,
+                                                     reply["now_ms"], bool(flag["claim_kept"]))
+            return
+
+    async def _split(indices: list[int], earlier_retries: int) -> None:
+        half = len(indices) // 2
+        await commit(indices[:half], earlier_retries)
+        await commit(indices[half:], earlier_retries)
+
+    if items:
+        await commit(list(range(len(items))), 0)
+    return result
+
+
 async def commit_decision(conn: psycopg.AsyncConnection, claimed: ClaimedSchedule,
                           decision: Decision | None, *, retries: int = 10,
                           backoff_ms: float = BACKOFF_BASE_MS,
                           keep_claim: bool = False) -> AdmissionResult:
-    """Commit ``decision`` for ``claimed`` in one SERIALIZABLE transaction (None releases the claim).
+    """Commit ``decision`` for ``claimed`` alone (a page of one row; None releases the claim).
 
     ``keep_claim`` (fire and initialize only): keep the claim when the new cursor is already due
     at the commit's clock (``AdmissionResult.claim_kept``; see the module docstring).
@@ -257,33 +414,10 @@ async def commit_decision(conn: psycopg.AsyncConnection, claimed: ClaimedSchedul
     Raises FenceLost, AdmissionRefused, or the database error after ``retries`` serialization
     failures.
     """
-    if not conn.autocommit or conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
-        raise psycopg.ProgrammingError(
-            "admission needs an autocommit connection outside pipeline mode (one message per transaction)")
-    attempt = 0
-    while True:
-        params = _params(claimed, decision, keep_claim)
-        # Run identity is allocated here, for this transaction only: a claim never has one.
-        params["run_id"] = str(uuid.uuid4())
-        params["attempt_id"] = str(uuid.uuid4())
-        try:
-            row = await _send_admission(conn, params)
-        except RETRYABLE:
-            if attempt >= retries:
-                raise
-            attempt += 1
-            # full jitter, exponential, capped: racing admitters spread out instead of colliding again
-            await asyncio.sleep(random.uniform(0, min(BACKOFF_CAP_MS, backoff_ms * 2 ** attempt)) / 1000)
-            continue
-        if row["advanced_rows"] != 1:
-            raise _refusal(claimed, row)
-        admission = None
-        if params["scheduled_for_ms"] is not None:
-            admission = Admission(
-                run_id=params["run_id"], attempt_id=params["attempt_id"],
-                idempotency_key=params["idempotency_key"], project_id=claimed.head.project_id,
-                trigger_id=claimed.head.trigger_id, trigger_revision=claimed.head.trigger_revision,
-                scheduled_for_ms=params["scheduled_for_ms"], admitted_at_ms=row["now_ms"],
-            )
-        return AdmissionResult(params["kind"], admission, attempt, row["now_ms"],
-                               bool(row["claim_kept"]))
+    _check_connection(conn)
+    page = await commit_page(conn, [PageItem(claimed, decision, keep_claim)], retries=retries,
+                             backoff_ms=backoff_ms)
+    [outcome] = page.outcomes
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome

@@ -1,14 +1,17 @@
-"""One bounded coordinator round: claim, then decide and admit each claim.
+"""One bounded coordinator round: claim, then decide and admit the claimed page.
 
 Every replica runs the same round; there is no leader. A round claims at most
 ``min(claim_budget, 256)`` schedules of the kinds it has providers for, in one statement
 (committed at once), then for each claim computes the decision with
 :func:`qinglong.contracts.decision.decide` (outside any lock, from the claim's database-clock
-observation) and commits it in its own SERIALIZABLE transaction.
+observation) and commits the decisions of the whole page in one SERIALIZABLE transaction
+(:func:`admission.commit_page`: each row under its own fence, the failing rows reported one by
+one and handled as below).
 
 A ``fire`` whose next cursor is already due (a backlog inside the grace window), or an
 ``initialize`` whose first occurrence (counted from the revision's publish time) is already due,
-keeps its claim and is decided again at once, at most :data:`BACKLOG_FIRES_PER_ROW` times per row
+keeps its claim and is decided again at once (the rows that kept their claims form the next
+page), at most :data:`BACKLOG_FIRES_PER_ROW` times per row
 and always within the claim's lease (the fence's expiry is checked by every commit); a row that
 reaches the bound with its cursor still due sets ``more_due``. So a backlog drains on the cluster
 as it does on edge.
@@ -40,7 +43,7 @@ from qinglong.contracts.errors import FenceLost
 from qinglong.contracts.providers import TriggerProvider
 from qinglong.contracts.records import DecisionKind, RoundReport, RoundTally
 
-from .admission import RETRYABLE, CasMiss, TaskChanged, after, commit_decision
+from .admission import RETRYABLE, CasMiss, PageItem, TaskChanged, after, commit_page
 from .claim import ClaimedSchedule, claim_due_schedules, effective_budget, release_claim
 from .db import AdmissionRefused, Secrets, describe_error
 
@@ -85,99 +88,98 @@ async def run_round(conn, *, owner: str, claim_budget: int, lease_ms: int,
     stats.claimed = len(claims)
     work_remains = budget > 0 and len(claims) == budget
     progress = False
+    pending: list[ClaimedSchedule] = []
     for claimed in claims:
-        committed, backlog_left = await _work_claim(conn, claimed, providers, diagnostics, retries,
-                                                    secrets, stats)
-        progress = progress or committed
-        work_remains = work_remains or backlog_left
+        if claimed.head.kind in providers:
+            pending.append(claimed)
+            continue
+        # the claim asks for our kinds only; kept as a guard
+        stats.errors += 1
+        released = await _give_back(conn, claimed, diagnostics, secrets, stats)
+        _emit(diagnostics, "warning", RoundEvent.UNKNOWN_TRIGGER_KIND,
+              f"no loaded provider for trigger kind {claimed.head.kind!r}; the claim was given back",
+              trigger_id=claimed.head.trigger_id, kind=claimed.head.kind, released=released)
+    for step in range(1, BACKLOG_FIRES_PER_ROW + 1):
+        if not pending:
+            break
+        items: list[PageItem] = []
+        for claimed in pending:
+            head = claimed.head
+            try:
+                decision = decide(head, claimed.cursor, claimed.observed_at_ms, providers[head.kind])
+            except Exception as exc:  # a provider bug must not stop the other occurrences
+                stats.errors += 1
+                released = await _give_back(conn, claimed, diagnostics, secrets, stats)
+                _emit(diagnostics, "error", RoundEvent.DECIDE_FAILED,
+                      describe_error(exc, secrets) + ("; claim given back" if released else ""),
+                      trigger_id=head.trigger_id, released=released)
+                continue
+            keep = (step < BACKLOG_FIRES_PER_ROW
+                    and decision.kind in (DecisionKind.FIRE, DecisionKind.INITIALIZE))
+            items.append(PageItem(claimed, decision, keep))
+        if not items:
+            break
+        page = await commit_page(conn, items, retries=retries)
+        stats.serialization_retries += page.serialization_retries
+        pending = []
+        for item, outcome in zip(items, page.outcomes):
+            if isinstance(outcome, BaseException):
+                await _refused(conn, item.claimed, outcome, diagnostics, secrets, stats)
+                continue
+            progress = True
+            decision = item.decision
+            if outcome.admission is not None:
+                stats.admitted += 1
+                stats.admissions.append(outcome.admission)
+            if decision.kind is DecisionKind.INITIALIZE:
+                stats.initialized += 1
+            if decision.skipped is not None:  # one per skip record written (see RoundReport)
+                stats.skipped += 1
+            if outcome.claim_kept:
+                pending.append(after(item.claimed, decision, outcome))
+            elif (not item.keep_claim and decision.kind in (DecisionKind.FIRE, DecisionKind.INITIALIZE)
+                  and decision.next_fire_at_ms <= outcome.admitted_at_ms):
+                # at the bound with the cursor still due: the next round goes on at once
+                work_remains = True
     stats.more_due = progress and work_remains
     return stats
 
 
-async def _work_claim(conn, claimed: ClaimedSchedule, providers: Mapping[str, TriggerProvider],
-                      diagnostics: DiagnosticSink, retries: int, secrets: Secrets | None,
-                      stats: RoundStats) -> tuple[bool, bool]:
-    """Decide and commit one claim, again while it stays due (see the module docstring).
-    Returns (committed at least once, a backlog left due at the per-row bound)."""
+async def _refused(conn, claimed: ClaimedSchedule, exc: BaseException, diagnostics: DiagnosticSink,
+                   secrets: Secrets | None, stats: RoundStats) -> None:
+    """Count and report one row of a page that did not commit, and give its claim back when it
+    is still ours and could be decided again next round (see the module docstring)."""
     head = claimed.head
-    provider = providers.get(head.kind)
-    if provider is None:  # the claim asks for our kinds only; kept as a guard
-        stats.errors += 1
+    if isinstance(exc, CasMiss):
+        stats.cas_misses += 1
+    elif isinstance(exc, FenceLost):
+        stats.fence_lost += 1
+    elif isinstance(exc, TaskChanged):
+        # a legitimate edit raced the claim: nothing written, the fence is still ours
+        stats.cas_misses += 1
         released = await _give_back(conn, claimed, diagnostics, secrets, stats)
-        _emit(diagnostics, "warning", RoundEvent.UNKNOWN_TRIGGER_KIND,
-              f"no loaded provider for trigger kind {head.kind!r}; the claim was given back",
-              trigger_id=head.trigger_id, kind=head.kind, released=released)
-        return False, False
-    committed = False
-    for step in range(1, BACKLOG_FIRES_PER_ROW + 1):
-        try:
-            decision = decide(head, claimed.cursor, claimed.observed_at_ms, provider)
-        except Exception as exc:  # a provider bug must not stop the other occurrences
-            stats.errors += 1
-            released = await _give_back(conn, claimed, diagnostics, secrets, stats)
-            _emit(diagnostics, "error", RoundEvent.DECIDE_FAILED,
-                  describe_error(exc, secrets) + ("; claim given back" if released else ""),
-                  trigger_id=head.trigger_id, released=released)
-            return committed, False
-        keep = (step < BACKLOG_FIRES_PER_ROW
-                and decision.kind in (DecisionKind.FIRE, DecisionKind.INITIALIZE))
-        try:
-            result = await commit_decision(conn, claimed, decision, retries=retries, keep_claim=keep)
-        except CasMiss:
-            stats.cas_misses += 1
-            return committed, False
-        except FenceLost:
-            stats.fence_lost += 1
-            return committed, False
-        except TaskChanged as exc:
-            # a legitimate edit raced the claim: nothing written, the fence is still ours
-            stats.cas_misses += 1
-            released = await _give_back(conn, claimed, diagnostics, secrets, stats)
-            _emit(diagnostics, "info", RoundEvent.TASK_CHANGED,
-                  str(exc) + ("; claim given back, decided again next round" if released
-                              else "; claim left to expire"),
-                  trigger_id=head.trigger_id, released=released)
-            return committed, False
-        except AdmissionRefused as exc:
-            stats.errors += 1
-            _emit(diagnostics, "error", "cluster_postgres.admission_refused", str(exc),
-                  trigger_id=head.trigger_id)
-            return committed, False
-        except RETRYABLE as exc:
-            stats.errors += 1
-            stats.serialization_retries += retries
-            # nothing was written and the fence is still ours: give the claim back now (its own
-            # autocommit statement, under the full fence) rather than strand it for a lease
-            released = await _give_back(conn, claimed, diagnostics, secrets, stats)
-            _emit(diagnostics, "warning", "cluster_postgres.serialization_exhausted",
-                  describe_error(exc, secrets) + ("; claim released for the next round" if released
-                                                  else "; claim left to expire"),
-                  trigger_id=head.trigger_id, released=released)
-            return committed, False
-        except psycopg.Error as exc:
-            if conn.broken or isinstance(exc, psycopg.OperationalError):
-                raise  # the connection is gone: the caller ends the round
-            # a write of this occurrence failed (constraint, fault, guard): all of it rolled back
-            stats.errors += 1
-            _emit(diagnostics, "error", RoundEvent.COMMIT_FAILED,
-                  describe_error(exc, secrets), trigger_id=head.trigger_id)
-            return committed, False
-        committed = True
-        stats.serialization_retries += result.serialization_retries
-        if result.admission is not None:
-            stats.admitted += 1
-            stats.admissions.append(result.admission)
-        if decision.kind is DecisionKind.INITIALIZE:
-            stats.initialized += 1
-        if decision.skipped is not None:  # one per skip record written (see RoundReport)
-            stats.skipped += 1
-        if not result.claim_kept:
-            # at the bound with the cursor still due: the next round goes on at once
-            backlog_left = (not keep and decision.kind in (DecisionKind.FIRE, DecisionKind.INITIALIZE)
-                            and decision.next_fire_at_ms <= result.admitted_at_ms)
-            return committed, backlog_left
-        claimed = after(claimed, decision, result)
-    return committed, False  # not reached: the last step never keeps the claim
+        _emit(diagnostics, "info", RoundEvent.TASK_CHANGED,
+              str(exc) + ("; claim given back, decided again next round" if released
+                          else "; claim left to expire"),
+              trigger_id=head.trigger_id, released=released)
+    elif isinstance(exc, AdmissionRefused):
+        stats.errors += 1
+        _emit(diagnostics, "error", "cluster_postgres.admission_refused", str(exc),
+              trigger_id=head.trigger_id)
+    elif isinstance(exc, RETRYABLE):
+        stats.errors += 1
+        # nothing was written and the fence is still ours: give the claim back now (its own
+        # autocommit statement, under the full fence) rather than strand it for a lease
+        released = await _give_back(conn, claimed, diagnostics, secrets, stats)
+        _emit(diagnostics, "warning", "cluster_postgres.serialization_exhausted",
+              describe_error(exc, secrets) + ("; claim released for the next round" if released
+                                              else "; claim left to expire"),
+              trigger_id=head.trigger_id, released=released)
+    else:
+        # a write of this occurrence failed (constraint, fault, guard): all of it rolled back
+        stats.errors += 1
+        _emit(diagnostics, "error", RoundEvent.COMMIT_FAILED,
+              describe_error(exc, secrets), trigger_id=head.trigger_id)
 
 
 async def _give_back(conn, claimed, diagnostics: DiagnosticSink, secrets: Secrets | None,
