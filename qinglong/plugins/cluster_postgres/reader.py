@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Sequence
 
+from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
+
+from qinglong.contracts.errors import StoreUnavailable, UserError
 
 from qinglong.contracts.records import (
     MisfirePolicy,
@@ -25,6 +28,20 @@ from qinglong.contracts.records import (
 from qinglong.contracts.store import SchedulerLimits, listing_bound
 
 from .sql import query
+
+
+def _schedule_cursor(after) -> tuple:
+    """``(next_fire_at_ms, project_id, trigger_id)`` of a keyset cursor (all None: no cursor)."""
+    if after is None:
+        return (None, None, None)
+    if isinstance(after, ScheduleView):
+        return (after.next_fire_at_ms, after.project_id, after.trigger_id)
+    if (isinstance(after, tuple) and len(after) == 3
+            and (after[0] is None or (isinstance(after[0], int) and not isinstance(after[0], bool)))
+            and isinstance(after[1], str) and isinstance(after[2], str)):
+        return after
+    raise UserError(f"invalid schedule cursor {after!r}: expected the last schedule of a page or "
+                    "(next_fire_at_ms or None, project_id, trigger_id)")
 
 
 def liveness_window_ms(limits: SchedulerLimits) -> int:
@@ -62,10 +79,29 @@ class ClusterReader:
                                 misfire_policy=MisfirePolicy(row["misfire_policy"]))
                 for row in rows]
 
-    async def list_schedules(self, limit: int | None = None) -> Sequence[ScheduleView]:
-        """Every trigger's schedule (with its revision's publish time), ordered like the due scan,
-        at most ``limit`` (None: all)."""
-        rows = await self._fetch("list_schedules", {"limit": listing_bound(limit)})
+    async def list_schedules(self, limit: int | None = None,
+                             after: ScheduleView | tuple | None = None) -> Sequence[ScheduleView]:
+        """Every trigger's schedule (with its revision's publish time), ordered like the due scan
+        (next fire time, awaiting initialisation first, then project and trigger id), at most
+        ``limit`` (None: the listing bound).
+
+        ``after``: a keyset cursor, the last schedule of the previous page (a
+        :class:`ScheduleView`, or its ``(next_fire_at_ms, project_id, trigger_id)``): the page
+        starts right after it. Paging this way costs each page its own rows, however many
+        schedules there are (no offset is skipped over, nothing is sorted); a schedule that moves
+        while a listing pages may be seen twice or not at all, as in any keyset listing.
+        A statement that outlives the statement timeout raises StoreUnavailable (page with a
+        smaller ``limit``)."""
+        bound = listing_bound(limit)
+        cursor = _schedule_cursor(after)
+        try:
+            rows = await self._fetch("list_schedules", {
+                "limit": bound, "after_next": cursor[0], "after_project": cursor[1],
+                "after_trigger": cursor[2]})
+        except pg_errors.QueryCanceled:
+            raise StoreUnavailable(
+                f"listing {bound} schedules took longer than the statement timeout; "
+                "ask for fewer at a time (a smaller limit) and page with the cursor") from None
         return [record_from_row(ScheduleView, row, spec=row["spec_json"],
                                 misfire_policy=MisfirePolicy(row["misfire_policy"]))
                 for row in rows]

@@ -13,13 +13,34 @@ ORDER BY project_id, trigger_id
 LIMIT %(limit)s::bigint
 
 -- name: list_schedules
--- Every trigger's schedule with its revision's publish time, in the claim's due order, at most
--- %(limit)s (NULL = all).
-SELECT t.project_id, t.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,
-       t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms
-FROM qinglong.trigger_schedules s
-JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
-ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
+-- Every trigger's schedule with its revision's publish time, in the claim's due order
+-- (next_fire_at_ms NULLS FIRST, project_id, trigger_id), at most %(limit)s rows, starting after
+-- the keyset cursor (%(after_next)s, %(after_project)s, %(after_trigger)s) when
+-- %(after_trigger)s is not NULL (a NULL %(after_next)s: the cursor is in the rows awaiting
+-- initialisation). The two ranges of the due index (IS NULL, then NOT NULL) are read apart, each
+-- from the cursor on through an index condition and in index order, so a page costs its own
+-- rows whatever the number of schedules, and nothing is sorted.
+(SELECT t.project_id, t.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,
+        t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms
+ FROM qinglong.trigger_schedules s
+ JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
+ WHERE s.next_fire_at_ms IS NULL
+   AND %(after_next)s::bigint IS NULL
+   AND (%(after_trigger)s::text IS NULL
+        OR (s.project_id, s.trigger_id) > (%(after_project)s::text, %(after_trigger)s::text))
+ ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
+ LIMIT %(limit)s::bigint)
+UNION ALL
+(SELECT t.project_id, t.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,
+        t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms
+ FROM qinglong.trigger_schedules s
+ JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
+ WHERE s.next_fire_at_ms IS NOT NULL
+   AND (%(after_next)s::bigint IS NULL
+        OR (s.next_fire_at_ms, s.project_id, s.trigger_id)
+           > (%(after_next)s::bigint, %(after_project)s::text, %(after_trigger)s::text))
+ ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
+ LIMIT %(limit)s::bigint)
 LIMIT %(limit)s::bigint
 
 -- name: scheduler_status
