@@ -1,0 +1,111 @@
+"""The shipped systemd unit of `qinglong run` (standalone and edge): systemd accepts it, it waits
+for readiness, it is sandboxed, it can write exactly the database and its logs, and its kill mode
+keeps detached jobs alive across a restart."""
+
+from __future__ import annotations
+
+import configparser
+import shutil
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from qinglong.host.settings import ExecutionSettings
+from qinglong.plugins.edge_sqlite.settings import EdgeSqliteSettings
+
+REPO = Path(__file__).resolve().parents[2]
+SYSTEMD = REPO / "deploy" / "systemd"
+UNIT = SYSTEMD / "qinglong.service"
+SHIPPED_EXEC = "/opt/qinglong/bin/qinglong"
+
+
+def _unit() -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(interpolation=None, strict=True, delimiters=("=",))
+    parser.optionxform = str  # systemd keys are case-sensitive
+    parser.read_string(UNIT.read_text())
+    return parser
+
+
+def _qinglong_executable() -> str:
+    path = Path(sys.executable).with_name("qinglong")
+    assert path.exists(), f"{path} is missing: install the project (pip install -e '.[test]')"
+    return str(path)
+
+
+def test_unit_passes_systemd_analyze_verify(tmp_path):
+    """A unit systemd cannot parse (a misspelled key, a bad value) is loaded with the line
+    ignored and no error: a hardening option or the kill mode would silently not apply. verify
+    reports those as warnings, so any output at all fails."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed on this machine")
+    text = UNIT.read_text()
+    assert text.count(f"ExecStart={SHIPPED_EXEC} ") == 1
+    # verify checks that ExecStart's program exists: point it at this checkout's entry point
+    copy = tmp_path / "qinglong.service"
+    copy.write_text(text.replace(f"ExecStart={SHIPPED_EXEC} ", f"ExecStart={_qinglong_executable()} "))
+    result = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "" and result.stderr.strip() == "", result.stdout + result.stderr
+
+
+def test_sysusers_file_declares_the_units_user():
+    """The unit runs as a dedicated user; if the sysusers file named another one, the service
+    would fail to start on a fresh machine ("Failed to determine user credentials")."""
+    unit = _unit()["Service"]
+    entries = [line.split() for line in (SYSTEMD / "qinglong.sysusers.conf").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    assert [(e[0], e[1]) for e in entries] == [("u", unit["User"])]
+    assert unit["User"] not in {"root", "0"} and unit["Group"] == unit["User"]
+
+
+def test_unit_waits_for_readiness_and_runs_qinglong_run():
+    """Without Type=notify systemd would call the service started as soon as it forked, before
+    schema readiness and recovery: units ordered after it would start against a scheduler that
+    is not admitting, and a failed readiness check would still leave the unit "active"."""
+    service = _unit()["Service"]
+    assert service["Type"] == "notify"
+    assert service["NotifyAccess"] == "main"
+    assert service["ExecStart"].split() == [SHIPPED_EXEC, "run"]
+    assert "4" in service["RestartPreventExitStatus"].split()  # a failed readiness check: no loop
+
+
+def test_unit_sandbox_options_are_set():
+    """Each missing option widens what a compromised control plane or task could reach: the rest
+    of the file system, new privileges through setuid programs, other users' temporary files."""
+    service = _unit()["Service"]
+    expected = {
+        "ProtectSystem": "strict", "NoNewPrivileges": "yes", "PrivateTmp": "yes", "ProtectHome": "yes",
+        "PrivateDevices": "yes", "RestrictSUIDSGID": "yes", "CapabilityBoundingSet": "",
+        "ProtectKernelTunables": "yes", "ProtectControlGroups": "yes",
+    }
+    assert {key: service.get(key) for key in expected} == expected
+
+
+def test_unit_can_write_the_default_database_and_its_logs_directory():
+    """Under ProtectSystem=strict every path not listed is read-only: if the database or the
+    Attempt logs directory were outside ReadWritePaths the service would fail at its first
+    write (the migration at start) or every Run would fail to open its log."""
+    service = _unit()["Service"]
+    writable = [PurePosixPath(p.lstrip("-")) for p in service["ReadWritePaths"].split()]
+    workdir = PurePosixPath(service["WorkingDirectory"])
+    assert PurePosixPath("/var/lib", service["StateDirectory"]) == workdir
+    database = workdir / EdgeSqliteSettings().path  # relative to the working directory
+    logs = PurePosixPath(str(database) + ".logs")  # [execution] log_dir's default: beside the database
+    assert ExecutionSettings().log_dir is None
+    for path in (database, PurePosixPath(str(database) + "-wal"), logs / "attempt"):
+        assert any(path.is_relative_to(root) for root in writable), f"{path} is not writable"
+    assert service["Environment"] == "QINGLONG_SETTINGS=/etc/qinglong/qinglong.toml"
+
+
+def test_kill_mode_leaves_detached_jobs_running_across_a_restart():
+    """With systemd's default KillMode=control-group (or mixed, which SIGKILLs what remains), a
+    stop or restart of the unit, e.g. for an upgrade, would kill every running job although
+    [execution] on_stop = "detach" promises to leave them running and re-adopt them."""
+    assert ExecutionSettings().on_stop == "detach"
+    service = _unit()["Service"]
+    assert service["KillMode"] == "process"
+    assert service["KillSignal"] == "SIGTERM"
