@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from qinglong.contracts.diagnostics import redact
@@ -91,6 +91,40 @@ class ExecutionSettings(BaseModel):
     prune_batch: int = Field(200, ge=1, le=10_000, description="rows pruned per batch")
 
 
+class HttpSettings(BaseModel):
+    """``[http]``: the read-only HTTP surface of ``qinglong run`` (probes, metrics, status page).
+    Off while ``listen`` is empty; a listen address that is not loopback needs a bearer token."""
+
+    model_config = ConfigDict(extra="forbid")
+    listen: str = Field("", description='"host:port" to listen on ("[::1]:8080" for IPv6); empty: off')
+    token: str | None = Field(None, min_length=16, description="bearer token every request must carry")
+    token_env: str | None = Field(None, min_length=1, description="environment variable holding the token")
+    max_header_bytes: int = Field(8_192, ge=1_024, le=65_536, description="request line and headers")
+    max_body_bytes: int = Field(1_024, ge=0, le=1_048_576, description="a request body (none is needed)")
+    max_connections: int = Field(16, ge=1, le=1_024, description="connections served at once")
+    request_timeout_ms: int = Field(5_000, ge=100, le=120_000,
+                                    description="to receive a request and answer it; idle keep-alive too")
+    status_rows: int = Field(50, ge=1, le=1_000, description="rows of each table on the status page")
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_is_host_port(cls, value: str) -> str:
+        if value:
+            split_listen(value)
+        return value
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    """``"host:port"`` (``"[v6]:port"``) as ``(host, port)``; port 0 picks a free one (named in the
+    ``http.listening`` line). ValueError saying what is expected."""
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65_536:
+        raise ValueError('expected "host:port" such as "127.0.0.1:8080" or "[::1]:8080"')
+    return host, int(port)
+
+
 class DiagnosticsSettings(BaseModel):
     """``[diagnostics]``: the host's stderr sink."""
 
@@ -125,6 +159,7 @@ class QinglongSettings(BaseSettings):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
     backend: dict[str, Any] = Field(
         default_factory=dict, description="validated by the profile's backend plugin"
@@ -295,6 +330,7 @@ class _FileLayer(BaseModel):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
     backend: dict[str, Any] = Field(default_factory=dict)
 
