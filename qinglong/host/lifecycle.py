@@ -3,7 +3,8 @@
 Start: (configuration was validated before the container was built) -> open the database ->
 migrate when the backend asks for it -> schema readiness -> startup recovery -> scheduler loop ->
 dispatcher (when the profile executes Runs locally; its reconciler runs first) -> ``stack``
-components -> ``admission`` components. Stop, each step bounded: withdraw admission -> stop the
+components -> ``admission`` components (the plugins', then the HTTP surface) -> ready (systemd hears
+``READY=1``). Stop, each step bounded: not ready (``STOPPING=1``) -> withdraw admission -> stop the
 dispatcher (it detaches from, or terminates, the running jobs) -> stop and drain the scheduler ->
 stop the stack -> close the database.
 """
@@ -21,6 +22,8 @@ from qinglong.contracts.hookspecs import ComponentPhase, HostContext, LifecycleC
 from qinglong.contracts.providers import TriggerProvider
 from qinglong.contracts.records import RoundReport, RoundTally
 from qinglong.contracts.store import SchedulerBackend
+
+from .readiness import Readiness
 
 
 class LifecycleError(QinglongError):
@@ -73,6 +76,23 @@ class SchedulerLoop:
         self._task: asyncio.Task[None] | None = None
         self._in_round = asyncio.Lock()
         self.stats = LoopStats()
+        #: Called after every round with its report (None: the round failed) and its wall time
+        #: in ms (the HTTP surface's metrics); an observer's error is reported, never fatal.
+        self.observers: list[Callable[[RoundReport | None, int], None]] = []
+
+    @property
+    def alive(self) -> bool:
+        """The loop task runs (started, not ended)."""
+        return self._task is not None and not self._task.done()
+
+    def _observe(self, report: RoundReport | None, elapsed_ms: int) -> None:
+        for observer in self.observers:
+            try:
+                observer(report, elapsed_ms)
+            except Exception as exc:
+                self._diagnostics.emit(DiagnosticEvent(
+                    "error", "scheduler.observer_failed",
+                    f"a round observer failed: {exc.__class__.__name__}: {exc}"))
 
     def start(self) -> None:
         """Start the loop task (idempotent)."""
@@ -92,6 +112,7 @@ class SchedulerLoop:
                 raise
             except Exception as exc:
                 self.stats.failed_rounds += 1
+                self._observe(None, int((time.monotonic() - started) * 1000))
                 self._diagnostics.emit(
                     DiagnosticEvent(
                         "error",
@@ -102,6 +123,7 @@ class SchedulerLoop:
                 )
                 return None
             self.stats.add(report)
+            self._observe(report, report.duration_ms)
             if report.admitted and self._on_admitted is not None:
                 try:
                     self._on_admitted(report)
@@ -183,6 +205,10 @@ class Lifecycle:
     #: ``backend -> Dispatcher | None``: the profile's dispatcher, None when it does not execute
     #: Runs locally (no factory: never).
     dispatcher_factory: Callable[[SchedulerBackend], Any] | None = None
+    #: ``lifecycle -> components`` of the host's own admission phase (the HTTP surface), started
+    #: after the plugins' admission components.
+    admission_factory: Callable[["Lifecycle"], Sequence[LifecycleComponent]] | None = None
+    readiness: Readiness = field(default_factory=Readiness)
     steps: list[str] = field(default_factory=list)
     loop: SchedulerLoop | None = None
     dispatcher: Any = None
@@ -207,14 +233,17 @@ class Lifecycle:
     async def start(self) -> None:
         """Run every start step in order; on failure stop what was started and re-raise."""
         try:
+            self.readiness.starting("opening the database")
             await self._bounded("open_database", self.backend.open())
             self._opened = True
             self._note("database_opened", backend=self.backend.name)
             if getattr(self.backend, "auto_migrate", False):
                 await self._bounded("migrate", self.backend.migrate())
                 self._note("migrated")
+            self.readiness.starting("checking schema readiness")
             await self._bounded("schema_readiness", self.backend.check_readiness())
             self._note("schema_ready")
+            self.readiness.starting("startup recovery")
             report = await self._bounded("startup_recovery", self.backend.recover())
             self._note(
                 "recovered",
@@ -232,17 +261,22 @@ class Lifecycle:
             self.loop.start()
             self._note("scheduler_started", cadence_ms=self.cadence_ms)
             if dispatcher is not None:
+                self.readiness.starting("starting the dispatcher")
                 self.dispatcher = dispatcher
                 reconciled = await self._bounded("start dispatcher", dispatcher.start())
                 self._note("dispatcher_started", **reconciled.as_fields())
             context = HostContext(self.profile, self.settings, self.backend, self.diagnostics, self.providers)
             components = list(self.components_factory(context))
+            if self.admission_factory is not None:
+                components += list(self.admission_factory(self))
+            self.readiness.starting("opening the admission phase")
             for phase in (ComponentPhase.STACK, ComponentPhase.ADMISSION):
                 for component in components:
                     if component.phase is phase:
                         await self._bounded(f"start {component.name}", component.start())
                         self._started.append(component)
             self._admission_open = True
+            self.readiness.mark_ready()
             self._note("admission_open", components=len(self._started))
         except BaseException:
             await self.stop()
@@ -252,6 +286,7 @@ class Lifecycle:
         """Withdraw admission, stop the dispatcher, drain the scheduler, stop the stack, close the
         database; each bounded."""
         bound = self.stop_timeout_ms / 1000
+        self.readiness.mark_stopping()
         for component in reversed([c for c in self._started if c.phase is ComponentPhase.ADMISSION]):
             await self._stop_component(component, bound)
         if self._admission_open:

@@ -150,6 +150,24 @@ class Dispatcher:
                                    min_free_bytes=config.min_free_bytes, prune_batch=config.prune_batch,
                                    diagnostics=diagnostics)
         self.stats = DispatcherStats()
+        #: Observers (the HTTP surface's metrics): ``on_started(lag_ms)`` per process started
+        #: (admitted to spawned), ``on_finished(state)`` per Attempt end recorded here. They must
+        #: not raise; an error is reported and ignored.
+        self.on_started: list[Callable[[int], None]] = []
+        self.on_finished: list[Callable[[str], None]] = []
+
+    @property
+    def alive(self) -> bool:
+        """The dispatch loop task runs (started, not ended)."""
+        return self._task is not None and not self._task.done()
+
+    def _notify(self, observers: list[Callable[[Any], None]], value: Any) -> None:
+        for observer in observers:
+            try:
+                observer(value)
+            except Exception as exc:
+                self._report_error("execution.observer_failed",
+                                   f"a dispatch observer failed: {exc.__class__.__name__}: {exc}")
 
     # ---------------------------------------------------------------------------------- control
 
@@ -359,6 +377,7 @@ class Dispatcher:
         outcome = AttemptOutcome(AttemptState.FAILED, ended_at_ms=self._clock_ms(), reason=reason)
         await self._store.record_finished(candidate.attempt_id, outcome, self._clock_ms(), Actor.DISPATCHER,
                                           started=False)
+        self._notify(self.on_finished, AttemptState.FAILED.value)
         self._diagnostics.emit(DiagnosticEvent(
             "warning", "execution.start_failed", f"run {candidate.run_id} could not start: {reason}",
             {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id,
@@ -396,6 +415,7 @@ class Dispatcher:
                                f"{exc.__class__.__name__}: {exc}")
             return True
         self.stats.started += 1
+        self._notify(self.on_started, max(0, spawned_at - candidate.admitted_at_ms))
         job = _Job(candidate.run_id, candidate.attempt_id, executor, attempt_dir, handle)
         self._watch(job)
         if not await self._store.record_started(candidate.attempt_id, handle, spawned_at):
@@ -446,6 +466,7 @@ class Dispatcher:
     def _recorded_outcome(self, run_id: str, attempt_id: str, outcome: AttemptOutcome,
                           result: FinishResult) -> None:
         self.stats.finished += 1
+        self._notify(self.on_finished, outcome.state.value)
         if result.next_attempt is not None:
             at = result.next_attempt.at_ms
             self._next_retry_ms = at if self._next_retry_ms is None else min(self._next_retry_ms, at)
