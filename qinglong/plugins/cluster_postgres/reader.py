@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 
 from qinglong.contracts.errors import StoreUnavailable, UserError
 
+from qinglong.contracts.observe import StoreStats
 from qinglong.contracts.records import (
     MisfirePolicy,
     ProjectRecord,
@@ -122,3 +123,12 @@ class ClusterReader:
         """The newest recorded misfires first."""
         rows = await self._fetch("recent_skips", {"limit": listing_bound(limit)})
         return [record_from_row(SkipView, row, policy=MisfirePolicy(row["policy"])) for row in rows]
+
+    async def store_stats(self) -> StoreStats:
+        """The store-derived figures of ``/metrics`` and ``qinglong status``: one statement in a
+        READ ONLY transaction bounded by ``STATS_READ_TIMEOUT_MS``, in database time
+        (:mod:`.stats`)."""
+        from .stats import read_store_stats
+
+        window = liveness_window_ms(self._limits) if self._limits is not None else 0
+        return await read_store_stats(self._pool_factory, window)

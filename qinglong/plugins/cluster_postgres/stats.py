@@ -1,0 +1,86 @@
+"""The store-derived figures of the PostgreSQL store (:class:`~qinglong.contracts.observe.StoreStats`).
+
+One statement (``sql/stats.sql``: ``store_stats``) in a READ ONLY transaction whose
+``statement_timeout`` is :data:`~qinglong.contracts.observe.STATS_READ_TIMEOUT_MS` (``SET LOCAL``:
+it ends with the transaction, the pooled session keeps its own), on the runtime role's pool, in
+database time. Waiting for a pooled connection is bounded by the same time. So a scrape, whatever
+else the database is doing (a lock held by a migration, a slow disk), either answers within about
+the bound or raises :class:`~qinglong.contracts.errors.StoreUnavailable`; the caller keeps its
+last reading. Every replica reads the same figures.
+
+Workers: none register with the cluster yet, so ``workers_by_state`` is empty and
+``worker_free_slots`` None; this is where their sessions will be counted once they exist. No
+Attempt can end lost here yet either (``lost_recent`` is 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import dict_row
+from psycopg_pool import PoolTimeout
+
+from qinglong.contracts.errors import StoreUnavailable
+from qinglong.contracts.execution import RunState
+from qinglong.contracts.observe import (
+    LAG_WINDOW_MS,
+    RECENT_WINDOW_MS,
+    STATS_READ_TIMEOUT_MS,
+    StoreStats,
+)
+
+from .db import describe_error
+from .sql import query
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+async def read_store_stats(pool_factory: Callable[[], Awaitable[Any]], live_window_ms: int,
+                           timeout_ms: int = STATS_READ_TIMEOUT_MS) -> StoreStats:
+    """One bounded reading of the store (see the module docstring). ``live_window_ms``: how
+    recent a replica's last completed round must be for it to count as live."""
+    params = {"lag_window_ms": LAG_WINDOW_MS, "recent_window_ms": RECENT_WINDOW_MS,
+              "live_window_ms": int(live_window_ms)}
+    try:
+        pool = await pool_factory()
+        async with pool.connection(timeout=timeout_ms / 1000) as conn:
+            async with conn.transaction():
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute("SET TRANSACTION READ ONLY")
+                    await cur.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
+                    await cur.execute(query("store_stats"), params)
+                    row = await cur.fetchone()
+    except pg_errors.QueryCanceled:
+        raise StoreUnavailable(
+            f"the store's figures could not be read within {timeout_ms} ms (the statement timeout: "
+            "a lock or a busy database); the last reading stands") from None
+    except PoolTimeout:
+        raise StoreUnavailable(
+            f"no database connection within {timeout_ms} ms to read the store's figures (the pool "
+            "is busy or the server does not answer); the last reading stands") from None
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"the store's figures could not be read: {describe_error(exc)}") from None
+    runs_by_state = {state.value: 0 for state in RunState}
+    runs_by_state.update({str(k): int(v) for k, v in (row["runs_by_state"] or {}).items()})
+    return StoreStats(
+        now_ms=int(row["now_ms"]),
+        schedules_total=int(row["schedules_total"]),
+        schedules_enabled=int(row["schedules_enabled"]),
+        schedules_due=int(row["schedules_due"]),
+        oldest_due_ms=_int_or_none(row["oldest_due_ms"]),
+        runs_by_state=runs_by_state,
+        admission_lag_p50_ms=_int_or_none(row["admission_lag_p50_ms"]),
+        admission_lag_p99_ms=_int_or_none(row["admission_lag_p99_ms"]),
+        admitted_in_window=int(row["admitted_in_window"]),
+        skipped_recent=int(row["skipped_recent"]),
+        lost_recent=0,
+        running=int(row["running"]),
+        live_schedulers=int(row["live_schedulers"]),
+        last_round_at_ms=_int_or_none(row["last_round_at_ms"]),
+        workers_by_state={},
+        worker_free_slots=None,
+    )

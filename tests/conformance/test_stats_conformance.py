@@ -1,0 +1,175 @@
+"""The store-derived figures (``Reader.store_stats()``) on every backend (see ``conftest.py``).
+
+Each test runs on SQLite, PostgreSQL 18 and PostgreSQL 15 with one history and checks the figures
+against what that history must give: exact counts where the history fixes them, and otherwise
+the same definition applied to the store's own listings (a schedule is due when its cursor is at
+or before the reading's time; a lag is admitted minus scheduled, its percentile nearest-rank).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from qinglong.contracts.errors import StoreUnavailable
+from qinglong.contracts.execution import RunState
+from qinglong.contracts.observe import (
+    LAG_WINDOW_MS,
+    RECENT_WINDOW_MS,
+    STATS_READ_TIMEOUT_MS,
+    StatsReader,
+    StoreStats,
+    percentile,
+)
+
+from tests.conformance.test_store_conformance import SECOND, every_second, initialised, schedule, seed
+
+YEARLY = "0 0 1 1 *"
+
+
+def expected_due(schedules, now_ms: int) -> tuple[int, int | None]:
+    """The backlog by definition: enabled schedules whose cursor is at or before ``now_ms``."""
+    cursors = [s.next_fire_at_ms for s in schedules
+               if s.enabled and s.next_fire_at_ms is not None and s.next_fire_at_ms <= now_ms]
+    return len(cursors), (min(cursors) if cursors else None)
+
+
+async def lags_in_window(h, stats: StoreStats) -> list[int]:
+    """Admitted minus scheduled of the trigger Runs admitted in the lag window, ascending."""
+    since = stats.now_ms - LAG_WINDOW_MS
+    return sorted(r.admitted_at_ms - r.scheduled_for_ms for r in await h.reader.recent_runs(limit=10_000)
+                  if r.admitted_at_ms >= since and r.trigger_revision >= 1)
+
+
+async def test_every_reader_offers_the_bounded_stats_read(harness):
+    """A backend without ``store_stats`` would leave /metrics and ``qinglong status`` blind on it."""
+    assert isinstance(harness.reader, StatsReader)
+    stats = await harness.reader.store_stats()
+    assert isinstance(stats, StoreStats)
+    assert abs(stats.now_ms - await harness.now_ms()) < 60_000  # the store's own clock
+
+
+async def test_nothing_due_reads_an_empty_backlog_with_no_oldest_occurrence(harness):
+    """A quiet store must read as clear: a backlog of 0 with an oldest-due time would page an
+    operator (or a dashboard would show an age for nothing waiting)."""
+    await seed(harness)
+    await initialised(harness, "a", every_second("a", expression=YEARLY))
+    await harness.publisher.put_trigger(every_second("off", expression=YEARLY))
+    await harness.publisher.set_trigger_enabled("p1", "off", False)
+    stats = await harness.reader.store_stats()
+    assert (stats.schedules_total, stats.schedules_enabled) == (2, 1)
+    assert (stats.schedules_due, stats.oldest_due_ms, stats.oldest_due_seconds) == (0, None, 0.0)
+    assert stats.runs_by_state == {state.value: 0 for state in RunState}
+    assert (stats.admission_lag_p50_ms, stats.admission_lag_p99_ms, stats.admitted_in_window) == (None, None, 0)
+    assert (stats.skipped_recent, stats.lost_recent, stats.running) == (0, 0, 0)
+
+
+async def test_a_stalled_store_reads_its_backlog_and_the_age_of_the_oldest_due(harness):
+    """The backlog and its age are what tells an operator that nothing is admitting: both must
+    count every due enabled schedule (none disabled, none awaiting initialisation) and date the
+    oldest from its cursor."""
+    await seed(harness)
+    await harness.publisher.put_trigger(every_second("a"))
+    await harness.publisher.put_trigger(every_second("b"))
+    await harness.publisher.put_trigger(every_second("off"))
+    report = await harness.run_round()
+    assert report.initialized == 3, report
+    await harness.publisher.set_trigger_enabled("p1", "off", False)
+    await harness.publisher.put_trigger(every_second("fresh"))  # awaiting initialisation
+    await harness.elapse(5 * SECOND)  # no round: a stopped scheduler
+    stats = await harness.reader.store_stats()
+    cursors = [(await schedule(harness, t)).next_fire_at_ms for t in ("a", "b")]
+    assert stats.schedules_due == 2
+    assert stats.oldest_due_ms == min(cursors)
+    assert stats.oldest_due_seconds >= 4.0
+    assert (stats.schedules_total, stats.schedules_enabled) == (4, 3)
+    assert expected_due(await harness.reader.list_schedules(), stats.now_ms) == (2, min(cursors))
+
+
+async def test_a_drained_backlog_reads_its_runs_and_admission_lag_percentiles(harness):
+    """After a stall the lag percentiles must show how late the backlog was admitted (p99 over the
+    grace pages the operator), and every admitted Run must be counted queued, on every store."""
+    await seed(harness)
+    await initialised(harness, "a", every_second("a"))
+    await initialised(harness, "b", every_second("b"))
+    await harness.elapse(4 * SECOND)
+    report = await harness.run_round()
+    assert report.admitted >= 8, report
+    stats = await harness.reader.store_stats()
+    lags = await lags_in_window(harness, stats)
+    assert stats.admitted_in_window == len(lags) >= 8
+    assert stats.admission_lag_p50_ms == percentile(lags, 0.5)
+    assert stats.admission_lag_p99_ms == percentile(lags, 0.99)
+    assert stats.admission_lag_p99_ms >= 3 * SECOND  # the oldest occurrence waited the stall
+    runs = await harness.reader.recent_runs(limit=10_000)
+    assert stats.runs_by_state == {**{state.value: 0 for state in RunState}, "queued": len(runs)}
+    # the backlog by definition at the reading's instant (a per-second cron keeps coming due)
+    assert (stats.schedules_due, stats.oldest_due_ms) == expected_due(
+        await harness.reader.list_schedules(), stats.now_ms)
+
+
+async def test_skips_count_their_occurrences_and_leave_the_recent_windows(harness):
+    """Skips are what a misfire policy did not admit: the count must be of occurrences, and an
+    hour later they (and the lag of old admissions) no longer read as recent."""
+    await seed(harness)
+    await initialised(harness, "a", every_second("a", grace_ms=1500))
+    await harness.elapse(10 * SECOND)
+    report = await harness.run_round()
+    assert report.skipped == 1, report
+    [skip] = await harness.reader.recent_skips()
+    stats = await harness.reader.store_stats()
+    assert stats.skipped_recent == skip.count >= 8
+    await harness.elapse(RECENT_WINDOW_MS + SECOND)
+    later = await harness.reader.store_stats()
+    assert later.skipped_recent == 0
+    assert (later.admitted_in_window, later.admission_lag_p50_ms, later.admission_lag_p99_ms) == (0, None, None)
+    assert later.runs_by_state["queued"] == stats.runs_by_state["queued"]  # totals stay
+
+
+async def test_a_working_scheduler_reads_as_live_and_none_as_zero(harness):
+    """``live_schedulers == 0`` is what makes ``qinglong status`` say nobody is scheduling: it
+    must be 0 before any scheduler worked the store and 1 once one does."""
+    await seed(harness)
+    await harness.publisher.put_trigger(every_second("a", expression=YEARLY))
+    assert (await harness.reader.store_stats()).live_schedulers == 0
+    await harness.backend.recover()  # a scheduler starts (edge: takes the owner lock)
+    await harness.run_round()        # and completes a round (cluster: records it)
+    assert (await harness.reader.store_stats()).live_schedulers == 1
+
+
+@pytest.mark.parametrize("harness", ["pg18", "pg15"], indirect=True)
+async def test_a_locked_table_makes_the_read_fail_within_its_bound_instead_of_hanging(harness):
+    """A scrape that waited on a lock (a migration, a long ALTER) would hang every scrape and
+    status call behind it; the read must give up within its timeout as StoreUnavailable."""
+    import psycopg
+
+    await seed(harness)
+    locked = threading.Event()
+    release = threading.Event()
+
+    def hold_lock() -> None:
+        with psycopg.connect(harness.server.superuser_dsn(harness.dbname)) as conn:
+            conn.execute("LOCK TABLE qinglong.runs IN ACCESS EXCLUSIVE MODE")
+            locked.set()
+            release.wait(60)
+            conn.rollback()
+
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    try:
+        assert await asyncio.to_thread(locked.wait, 60)
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as raised:
+            await harness.reader.store_stats()
+        waited = time.monotonic() - started
+        assert f"{STATS_READ_TIMEOUT_MS} ms" in str(raised.value)
+        # the timeout, not a hang: generous headroom for a loaded machine, far below forever
+        assert waited < 30, waited
+    finally:
+        release.set()
+        await asyncio.to_thread(holder.join, 60)
+    # the pooled connection is usable again and the session kept its own timeout
+    assert (await harness.reader.store_stats()).runs_by_state["queued"] == 0
