@@ -36,7 +36,7 @@ import json
 import sqlite3
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from qinglong.contracts.decision import decide
@@ -159,6 +159,14 @@ class RoundOutcome(RoundTally):
     thread and emitted on the event loop (``claimed`` stays 0: SQLite has no claims)."""
 
     diagnostics: list[DiagnosticEvent] = field(default_factory=list)
+    admission_lags_ms: list[int] = field(default_factory=list)
+    skipped_policies: list[str] = field(default_factory=list)
+
+    def report(self, duration_ms: int) -> RoundReport:
+        """The frozen report, with each admission's lag and each skip's misfire policy."""
+        return replace(RoundTally.report(self, duration_ms),
+                       admission_lags_ms=tuple(self.admission_lags_ms),
+                       skipped_policies=tuple(self.skipped_policies))
 
 
 def _due_row(row: sqlite3.Row, specs: dict) -> _DueRow:
@@ -387,13 +395,15 @@ def commit_decision(conn: sqlite3.Connection, row: _DueRow, decision: Decision,
     return True
 
 
-def _count(outcome: RoundOutcome, decision: Decision) -> None:
+def _count(outcome: RoundOutcome, decision: Decision, row: _DueRow, now_ms: int) -> None:
     if decision.kind is DecisionKind.INITIALIZE:
         outcome.initialized += 1
     if decision.scheduled_for_ms is not None:
         outcome.admitted += 1
+        outcome.admission_lags_ms.append(max(0, now_ms - decision.scheduled_for_ms))
     if decision.skipped is not None:  # one per skip record written (see RoundReport)
         outcome.skipped += 1
+        outcome.skipped_policies.append(row.head.misfire_policy.value)
 
 
 def read_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
@@ -534,7 +544,7 @@ def run_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
                         _fields(row, None)))
                 break
             committed += 1
-            _count(outcome, decision)
+            _count(outcome, decision, row, now_ms)
             if (decision.kind not in (DecisionKind.FIRE, DecisionKind.INITIALIZE)
                     or decision.next_fire_at_ms > now_ms):
                 break
