@@ -168,6 +168,17 @@ def dispatcher_factory(host: PluginHost, loaded: LoadedSettings, backend_setting
     return build
 
 
+def http_admission(loaded: LoadedSettings) -> Any:
+    """``lifecycle -> [HTTP surface]`` when ``[http] listen`` is set, else None; its token is checked
+    here, before anything starts (the module is stdlib-only: prometheus_client is imported only
+    when the surface is built)."""
+    from qinglong import __version__
+
+    from .http import admission_factory
+
+    return admission_factory(loaded, __version__)
+
+
 class HostContainer(containers.DeclarativeContainer):
     """Wiring shared by every profile."""
 
@@ -202,6 +213,7 @@ class HostContainer(containers.DeclarativeContainer):
     backend = providers.Singleton(create_backend, backend_spec, backend_context, loaded)
     dispatcher_factory = providers.Singleton(dispatcher_factory, plugin_host, loaded, backend_settings,
                                              diagnostics, clock_ms)
+    http_admission = providers.Singleton(http_admission, loaded)
 
     lifecycle = providers.Singleton(
         Lifecycle,
@@ -215,6 +227,7 @@ class HostContainer(containers.DeclarativeContainer):
         start_step_timeout_ms=config.lifecycle.start_step_timeout_ms,
         stop_timeout_ms=config.lifecycle.stop_timeout_ms,
         dispatcher_factory=dispatcher_factory,
+        admission_factory=http_admission,
     )
 
 

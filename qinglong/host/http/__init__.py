@@ -1,0 +1,76 @@
+"""The HTTP surface of ``qinglong run``: ``/livez``, ``/readyz``, ``/metrics`` and the status page
+at ``/``, one ``admission``-phase lifecycle component (opened last at start, withdrawn first at stop).
+
+Off unless ``[http] listen`` is set (the standalone and cluster profiles set it; edge does not), and
+nothing of it (prometheus_client included) is imported while it is off. The server is asyncio's
+streams with the request line and headers parsed by the standard library's ``http.server``: chosen
+by measured cost, since prometheus_client imports ``http.server`` anyway (docs/http.md).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from typing import Any, Callable, Sequence
+
+from qinglong.contracts.errors import SettingsError
+
+from ..settings import LoadedSettings, split_listen
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses; a host name is taken as reachable from afar."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_token(loaded: LoadedSettings) -> bytes | None:
+    """The bearer token (``[http] token``, or the variable ``[http] token_env`` names), or None.
+
+    Refused, naming the key and never the value: ``token_env`` naming an unset or empty variable,
+    and a listen address that is not loopback without any token.
+    """
+    http = loaded.settings.http
+    token = http.token
+    if http.token_env:
+        value = os.environ.get(http.token_env, "")
+        if not value:
+            raise SettingsError(
+                f"invalid settings: {loaded.origin(('http', 'token_env'))}: key 'http.token_env': "
+                f"environment variable {http.token_env} is not set or empty.")
+        if len(value) < 16:
+            raise SettingsError(
+                f"invalid settings: {loaded.origin(('http', 'token_env'))}: key 'http.token_env': "
+                f"the token in {http.token_env} is shorter than 16 characters.")
+        token = value
+    host, _ = split_listen(http.listen)
+    if token is None and not is_loopback(host):
+        raise SettingsError(
+            f"invalid settings: {loaded.origin(('http', 'listen'))}: key 'http.listen': "
+            f"{http.listen} is not a loopback address, so the HTTP surface needs a bearer token: "
+            "set [http] token or [http] token_env.")
+    return token.encode() if token is not None else None
+
+
+def admission_factory(loaded: LoadedSettings, version: str) -> Callable[[Any], Sequence[Any]] | None:
+    """``lifecycle -> [HttpSurface]`` when ``[http] listen`` is set (the token checked now, before
+    anything starts), else None."""
+    if not loaded.settings.http.listen:
+        return None
+    token = resolve_token(loaded)
+    # Only the profile's own default may fail to bind without failing the start: several processes
+    # of one host (test suites, a second replica) would otherwise fight over 127.0.0.1:8080. An
+    # address the operator set is a promise: failing to keep it fails the start.
+    required = loaded.origin(("http", "listen")) != loaded.profile.source
+
+    def build(lifecycle: Any) -> Sequence[Any]:
+        from .server import HttpSurface
+
+        return [HttpSurface(lifecycle, loaded.settings.http, token, loaded.profile.name, version,
+                            required=required)]
+
+    return build

@@ -1,0 +1,116 @@
+"""The read-only status page at ``/``: server-rendered HTML, no script, no build step, one column on
+a phone. Every value is HTML-escaped; every table holds at most ``[http] status_rows`` rows."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timezone
+from html import escape
+from typing import Any, Iterable, Sequence
+
+from qinglong.contracts.observe import STATS_READ_TIMEOUT_MS, StoreStats, status_verdict
+
+STYLE = """
+body{font:15px/1.4 system-ui,sans-serif;margin:0 auto;max-width:60rem;padding:.75rem;color:#111}
+h1{font-size:1.3rem;margin:.2rem 0}h2{font-size:1.05rem;margin:1.2rem 0 .3rem}
+.v0{color:#176117}.v10{color:#8a5a00}.v20{color:#a11}.muted{color:#666}
+table{border-collapse:collapse;width:100%;display:block;overflow-x:auto}
+th,td{text-align:left;padding:.25rem .5rem;border-bottom:1px solid #ddd;white-space:nowrap}
+dl{display:grid;grid-template-columns:max-content 1fr;gap:.15rem .8rem;margin:0}dt{color:#555}dd{margin:0}
+"""
+VERDICT_NAMES = {0: "clear", 10: "converging", 20: "attention"}
+
+
+def _utc(ms: int | None) -> str:
+    if ms is None:
+        return "–"
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _seconds(ms: int | None) -> str:
+    if ms is None:
+        return "–"
+    return f"{ms / 1000:.3f} s" if abs(ms) < 10_000 else f"{ms / 1000:.0f} s"
+
+
+def _table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]], empty: str) -> str:
+    rows = list(rows)
+    if not rows:
+        return f"<h2>{escape(title)}</h2><p class=muted>{escape(empty)}</p>"
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<h2>{escape(title)}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+async def _bounded(awaitable: Any, what: str, problems: list[str]) -> Any:
+    try:
+        return await asyncio.wait_for(awaitable, STATS_READ_TIMEOUT_MS / 1000)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        problems.append(f"{what}: {'timed out' if isinstance(exc, asyncio.TimeoutError) else exc.__class__.__name__}")
+        return None
+
+
+async def render_status_page(lifecycle: Any, cache: Any, profile: str, version: str, rows: int) -> str:
+    """The page: summary and verdict, schedules (next fire, lag), recent Runs (state, exit code),
+    recent skips, workers. A read that fails shows what failed instead of its table."""
+    problems: list[str] = []
+    stats: StoreStats | None = await cache.refresh()
+    if cache.last_error:
+        problems.append(f"store figures: {cache.last_error} (showing the last ones)")
+    reader = lifecycle.backend.reader()
+    schedules = await _bounded(reader.list_schedules(limit=rows), "schedules", problems) or ()
+    skips = await _bounded(reader.recent_skips(limit=rows), "skips", problems) or ()
+    execution = getattr(lifecycle.backend, "execution", None)
+    store = execution() if callable(execution) else None
+    if store is not None:
+        runs = await _bounded(store.list_runs(limit=rows), "runs", problems) or ()
+        run_rows = [(r.project_id, r.trigger_id or "–", r.state.value, _utc(r.scheduled_for_ms),
+                     _seconds(r.admitted_at_ms - r.scheduled_for_ms),
+                     "–" if r.exit_code is None else r.exit_code) for r in runs]
+    else:
+        runs = await _bounded(reader.recent_runs(limit=rows), "runs", problems) or ()
+        run_rows = [(r.project_id, r.trigger_id, r.state, _utc(r.scheduled_for_ms),
+                     _seconds(r.admitted_at_ms - r.scheduled_for_ms), "–") for r in runs]
+    now_ms = stats.now_ms if stats is not None else time.time_ns() // 1_000_000
+    readiness = lifecycle.readiness
+    parts = [f"<h1>Qinglong · {escape(profile)}</h1>",
+             f"<p class=muted>version {escape(version)} · {escape(_utc(now_ms))} · "
+             f"{escape(readiness.reason)}</p>"]
+    if stats is not None:
+        finding = status_verdict(None, stats, grace_ms=60_000)
+        name = VERDICT_NAMES.get(int(finding.verdict), str(int(finding.verdict)))
+        reasons = "; ".join(finding.reasons) or "nothing needs attention"
+        runs_by_state = ", ".join(f"{k} {v}" for k, v in sorted(stats.runs_by_state.items()) if v) or "none"
+        parts.append(f"<p class=v{int(finding.verdict)}><strong>{escape(name)}</strong>: {escape(reasons)}</p>")
+        parts.append("<dl>" + "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in (
+            ("schedules", f"{stats.schedules_enabled} enabled of {stats.schedules_total}"),
+            ("backlog", f"{stats.schedules_due} due, oldest {_seconds(int(stats.oldest_due_seconds * 1000))}"),
+            ("admission lag", f"p50 {_seconds(stats.admission_lag_p50_ms)}, p99 {_seconds(stats.admission_lag_p99_ms)}"
+                              f" over {stats.admitted_in_window} admissions (5 min)"),
+            ("runs", runs_by_state),
+            ("running", str(stats.running)),
+            ("skipped (1 h)", str(stats.skipped_recent)),
+            ("lost (1 h)", str(stats.lost_recent)),
+        )) + "</dl>")
+    for problem in problems:
+        parts.append(f"<p class=v20>could not read {escape(problem)}</p>")
+    parts.append(_table("Schedules", ("project", "trigger", "kind", "enabled", "next fire", "late by"), (
+        (s.project_id, s.trigger_id, s.kind, "yes" if s.enabled else "no", _utc(s.next_fire_at_ms),
+         _seconds(now_ms - s.next_fire_at_ms) if s.next_fire_at_ms is not None and s.enabled
+         and s.next_fire_at_ms <= now_ms else "–")
+        for s in list(schedules)[:rows]), "no schedules"))
+    parts.append(_table("Recent runs", ("project", "trigger", "state", "scheduled", "admission lag", "exit code"),
+                        run_rows[:rows], "no runs yet"))
+    parts.append(_table("Skipped occurrences", ("project", "trigger", "policy", "skipped", "from", "to"), (
+        (k.project_id, k.trigger_id, k.policy.value, f"{k.count}{'' if k.count_exact else '+'}",
+         _utc(k.first_skipped_ms), _utc(k.last_skipped_ms)) for k in list(skips)[:rows]), "no skips recorded"))
+    if stats is not None and (stats.workers_by_state or stats.worker_free_slots is not None):
+        parts.append(_table("Workers", ("state", "count"), sorted(stats.workers_by_state.items()), "no workers"))
+        parts.append(f"<p>free worker slots: {escape(str(stats.worker_free_slots))}</p>")
+    return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
+            "<meta name=viewport content='width=device-width,initial-scale=1'>"
+            "<meta http-equiv=refresh content=10><title>Qinglong status</title>"
+            f"<style>{STYLE}</style></head><body>" + "".join(parts) + "</body></html>")
