@@ -1,0 +1,52 @@
+"""Suite-wide safety net: no job process outlives the test that started it.
+
+Jobs run in their own sessions (they are meant to survive the control plane), so a test that
+fails half-way, or kills ``qinglong run`` on purpose, can leave a job waiting forever for a file
+that will never appear. After each test that used ``tmp_path``, every process whose command line
+names that directory (a job's wrapper names its Attempt directory) is killed with its group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import warnings
+
+import pytest
+
+
+def _processes_naming(path: str) -> list[tuple[int, int]]:
+    found = []
+    needle = path.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            if needle in cmdline:
+                found.append((int(entry), os.getpgid(int(entry))))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test(request):
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    path = str(request.getfixturevalue("tmp_path"))  # torn down after this fixture
+    yield
+    leaked = _processes_naming(path)
+    if not leaked:
+        return
+    for pid, pgid in leaked:
+        try:
+            if pgid == pid:
+                os.killpg(pgid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    warnings.warn(f"{request.node.nodeid} left {len(leaked)} process(es) running under {path}; killed")
