@@ -156,34 +156,50 @@ def status_verdict(before: StoreStats | None, now: StoreStats, *, grace_ms: int,
                    expect_workers: bool = False) -> StatusFinding:
     """The verdict from one reading (and an earlier one, when taken, to see a backlog's trend).
 
-    Attention: no live scheduler; a backlog larger than at ``before``, or (without ``before``) an
-    oldest due occurrence older than ``grace_ms``; admission lag p99 over ``grace_ms``; lost
-    Attempts in the recent window; Runs waiting while no worker slot is free (``expect_workers``).
-    Converging: a backlog that is not growing. Clear otherwise.
+    A *backlog* is due occurrences the oldest of which has waited more than ``grace_ms``:
+    occurrences that have only just come due are being admitted on time (a reading taken between
+    an occurrence and the round that admits it sees them), whatever their number.
+
+    Attention: no live scheduler; lost Attempts in the recent window; Runs waiting while no worker
+    slot is free (``expect_workers``); a backlog without ``before`` to compare with, or one that
+    is larger than at ``before``, or as large with the same oldest occurrence (nothing moves);
+    admission lag p99 over ``grace_ms`` unless a backlog is draining (late admissions are what
+    draining it looks like). Converging: a backlog smaller than at ``before``, or as large with a
+    newer oldest occurrence. Clear otherwise: then no reason is given.
     """
     attention: list[str] = []
+    converging: list[str] = []
     if now.live_schedulers == 0:
         attention.append("no scheduler is running on this store")
-    if now.admission_lag_p99_ms is not None and now.admission_lag_p99_ms > grace_ms:
-        attention.append(f"admission lag p99 {now.admission_lag_p99_ms} ms is over the grace of {grace_ms} ms")
     if now.lost_recent:
         attention.append(f"{now.lost_recent} attempt(s) lost in the last hour")
     if expect_workers:
         waiting = now.runs_by_state.get("queued", 0)
         if waiting and (now.worker_free_slots or 0) == 0:
             attention.append(f"{waiting} run(s) waiting and no free worker slot")
-    converging: list[str] = []
-    if now.schedules_due:
-        growing = before is not None and now.schedules_due > before.schedules_due
-        stale = before is None and now.oldest_due_ms is not None and now.now_ms - now.oldest_due_ms > grace_ms
-        if growing:
-            attention.append(f"the backlog grows ({before.schedules_due} -> {now.schedules_due} due)")
-        elif stale:
-            attention.append(f"the oldest due occurrence waits {now.oldest_due_seconds:.1f} s, over the grace")
+    draining = False
+    aged = (now.schedules_due > 0 and now.oldest_due_ms is not None
+            and now.now_ms - now.oldest_due_ms > grace_ms)
+    if aged:
+        waited = f"the oldest due occurrence waits {now.oldest_due_seconds:.1f} s"
+        if before is None:
+            attention.append(f"{now.schedules_due} occurrence(s) due; {waited}, over the grace of "
+                             f"{grace_ms} ms")
+        elif now.schedules_due > before.schedules_due:
+            attention.append(f"the backlog grows ({before.schedules_due} -> {now.schedules_due} due); "
+                             f"{waited}")
+        elif now.schedules_due < before.schedules_due or (
+                before.oldest_due_ms is not None and now.oldest_due_ms > before.oldest_due_ms):
+            draining = True
+            converging.append(f"the backlog shrinks ({before.schedules_due} -> {now.schedules_due} "
+                              f"due); {waited}")
         else:
-            converging.append(f"{now.schedules_due} occurrence(s) due, not growing")
+            attention.append(f"the backlog does not move ({now.schedules_due} due); {waited}")
+    if now.admission_lag_p99_ms is not None and now.admission_lag_p99_ms > grace_ms:
+        late = f"admission lag p99 {now.admission_lag_p99_ms} ms is over the grace of {grace_ms} ms"
+        (converging if draining else attention).append(late)
     if attention:
-        return StatusFinding(Verdict.ATTENTION, tuple(attention))
+        return StatusFinding(Verdict.ATTENTION, tuple(attention + converging))
     if converging:
         return StatusFinding(Verdict.CONVERGING, tuple(converging))
     return StatusFinding(Verdict.CLEAR, ())
