@@ -419,7 +419,8 @@ class Dispatcher:
         job = _Job(candidate.run_id, candidate.attempt_id, executor, attempt_dir, handle)
         self._watch(job)
         if not await self._store.record_started(candidate.attempt_id, handle, spawned_at):
-            # ended meanwhile (cancelled by an operator while it was dispatching): stop the process
+            # ended meanwhile (its waiter recorded a quick exit first, or the Attempt was
+            # settled elsewhere): make sure nothing of it runs on
             self._signal(job)
         return True
 
