@@ -10,8 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from qinglong.contracts.execution import AttemptState, RunState
+from qinglong.contracts.execution import RunState
 from qinglong.contracts.observe import METRICS, MetricType
+from qinglong.host.http.metrics import ATTEMPT_OUTCOMES, ROUND_RESULTS
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = REPO / "deploy" / "prometheus"
@@ -33,11 +34,12 @@ STORE_DERIVED = {
     "qinglong_runs", "qinglong_running", "qinglong_workers", "qinglong_worker_free_slots",
 }
 
-#: Label values the process exports, by label name.
+#: Label values the process exports, by label name (the HTTP surface pre-creates every round
+#: result and attempt outcome, so those series exist from the first scrape).
 LABEL_VALUES = {
     "state": {s.value for s in RunState},
-    "outcome": {s.value for s in AttemptState},
-    "result": {"ok", "failed"},
+    "outcome": set(ATTEMPT_OUTCOMES),
+    "result": set(ROUND_RESULTS),
 }
 
 
