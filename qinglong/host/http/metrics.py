@@ -79,9 +79,10 @@ class _StoreCollector(Collector):
         running = self._running()
         if running is None and stats is not None:
             running = stats.running
-        if running is not None:
-            yield _gauge("qinglong_running", value=running)
-        if stats is None:
+        yield _gauge("qinglong_running", value=running) if running is not None else _gauge("qinglong_running")
+        if stats is None:  # announced, without samples, until the first reading
+            for name in STORE_METRICS:
+                yield _gauge(name)
             return
         yield _gauge("qinglong_schedules_due", value=stats.schedules_due)
         yield _gauge("qinglong_schedule_oldest_due_seconds", value=stats.oldest_due_seconds)
@@ -97,14 +98,16 @@ class _StoreCollector(Collector):
         for state, count in sorted(stats.workers_by_state.items()):
             family.add_metric([state], count)
         yield family
-        if stats.worker_free_slots is not None:
-            yield _gauge("qinglong_worker_free_slots", value=stats.worker_free_slots)
+        yield (_gauge("qinglong_worker_free_slots", value=stats.worker_free_slots)
+               if stats.worker_free_slots is not None else _gauge("qinglong_worker_free_slots"))
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())
 
 
 def _gauge(name: str, value: float | None = None) -> GaugeMetricFamily:
+    """The family of a contract gauge: with its one sample, or empty (labelled samples added by
+    the caller; none at all for a figure this store does not have)."""
     spec = SPECS[name]
     assert spec.type is MetricType.GAUGE
     if value is not None:

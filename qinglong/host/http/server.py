@@ -34,7 +34,9 @@ class HttpStartError(QinglongError):
 class _ParsedRequest(BaseHTTPRequestHandler):
     """The standard library's request parser run over a request head already read (never over a
     socket): :meth:`parse_request` fills ``command``, ``path``, ``headers`` and
-    ``close_connection``, or writes the error response into ``wfile``."""
+    ``close_connection``, or keeps the error in ``error``."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive for HTTP/1.1 clients (probes reuse connections)
 
     def __init__(self, head: bytes) -> None:  # noqa: D107  (no socket server behind it)
         self.rfile = io.BytesIO(head)
@@ -42,8 +44,14 @@ class _ParsedRequest(BaseHTTPRequestHandler):
         self.client_address = ("", 0)
         self.command = None
         self.close_connection = True
+        self.error: tuple[HTTPStatus, str] = (HTTPStatus.BAD_REQUEST, "bad request")
         self.raw_requestline = self.rfile.readline(65_537)
         self.ok = self.parse_request()
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Keep the parser's verdict; the server answers it (in HTTP/1.1, even to a request line
+        the parser took for HTTP/0.9)."""
+        self.error = (HTTPStatus(code), message or HTTPStatus(code).phrase)
 
     def handle_expect_100(self) -> bool:
         return True  # a body is small and bounded: no interim response
@@ -117,8 +125,13 @@ class HttpSurface:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._connections >= self._settings.max_connections:
-            await _send(writer, HTTPStatus.SERVICE_UNAVAILABLE, "too many connections, try again\n",
-                        close=True, extra={"Retry-After": "1"})
+            try:
+                await _send(writer, HTTPStatus.SERVICE_UNAVAILABLE, "too many connections, try again\n",
+                            close=True, extra={"Retry-After": "1"})
+            except ConnectionError:
+                pass
+            finally:
+                writer.close()
             return
         self._connections += 1
         try:
@@ -148,8 +161,8 @@ class HttpSurface:
             return False  # the client closed the connection
         request = _ParsedRequest(head)
         if not request.ok:
-            writer.write(request.wfile.getvalue())
-            await writer.drain()
+            status, message = request.error
+            await _send(writer, status, message[:200] + "\n", close=True)
             return False
         if request.headers.get("Transfer-Encoding"):
             await _send(writer, HTTPStatus.LENGTH_REQUIRED, "a body must come with Content-Length\n", close=True)
