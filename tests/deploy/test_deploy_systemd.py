@@ -5,6 +5,7 @@ keeps detached jobs alive across a restart."""
 from __future__ import annotations
 
 import configparser
+import os
 import shutil
 import subprocess
 import sys
@@ -109,3 +110,48 @@ def test_kill_mode_leaves_detached_jobs_running_across_a_restart():
     service = _unit()["Service"]
     assert service["KillMode"] == "process"
     assert service["KillSignal"] == "SIGTERM"
+
+
+def test_ready_notification_arrives_when_readyz_answers_200_and_stopping_at_sigterm(tmp_path):
+    """Type=notify relies on the process: a READY=1 sent before /readyz turns 200 would start
+    dependent units too early, one never sent would time the unit out (TimeoutStartSec) and
+    restart it forever; STOPPING=1 tells systemd a stop is under way."""
+    import signal
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    from tests.pg import free_port
+
+    port = free_port()
+    settings = tmp_path / "qinglong.toml"
+    settings.write_text(f'profile = "standalone"\n[http]\nlisten = "127.0.0.1:{port}"\n')
+    notify = tmp_path / "notify"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify))
+    sock.settimeout(60)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QINGLONG_", "NOTIFY_"))}
+    env.update(QINGLONG_SETTINGS=str(settings), NOTIFY_SOCKET=str(notify))
+    command = _unit()["Service"]["ExecStart"].split()
+    command[0] = _qinglong_executable()
+    with open(tmp_path / "stderr", "w+") as err:
+        process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            message = sock.recv(4096).decode()
+            # READY=1 first, then /readyz; a 503 now would mean READY came early
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=30) as answer:
+                assert (answer.status, answer.read().decode().strip()) == (200, "ready")
+            assert message.split("\n")[0] == "READY=1", message
+            process.send_signal(signal.SIGTERM)
+            assert sock.recv(4096).decode().split("\n")[0] == "STOPPING=1"
+            assert process.wait(timeout=60) == 0
+        finally:
+            sock.close()
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        err.seek(0)
+        logged = err.read()
+    assert process.returncode == 0, logged
+    assert (tmp_path / "qinglong.db").exists()  # the default path, relative to the working directory
