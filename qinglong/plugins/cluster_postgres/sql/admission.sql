@@ -1,5 +1,7 @@
 -- name: admit_occurrence
--- Commits one decision for one claimed schedule, in one statement run inside a SERIALIZABLE
+-- The per-occurrence form of admit_page below (which the backend sends: a page of claims per
+-- transaction), kept as the reference of one row's checks and as the single-row statement the
+-- drain benchmark's pgbench ceiling runs. Commits one decision for one claimed schedule, in one statement run inside a SERIALIZABLE
 -- transaction: re-locks the schedule by primary key, checks project, trigger revision + digest,
 -- task revision + digest, the pinned remote_worker execution revision's digest (recomputed here),
 -- schedule revision/state/cursor, the whole fence (owner, token, claim_version, expiry > now) and
