@@ -205,10 +205,17 @@ class Lifecycle:
     #: ``backend -> Dispatcher | None``: the profile's dispatcher, None when it does not execute
     #: Runs locally (no factory: never).
     dispatcher_factory: Callable[[SchedulerBackend], Any] | None = None
-    #: ``lifecycle -> components`` of the host's own admission phase (the HTTP surface), started
-    #: after the plugins' admission components.
+    #: ``lifecycle -> components`` of the host's own admission phase (the HTTP surface): built
+    #: before the scheduler loop, started after the plugins' admission components.
     admission_factory: Callable[["Lifecycle"], Sequence[LifecycleComponent]] | None = None
     readiness: Readiness = field(default_factory=Readiness)
+    #: What the host's admission components (built before the first round, so they miss none)
+    #: observe: every round's report, every process started (its dispatch lag in ms), every
+    #: Attempt end recorded here (its state); wired into the loop and the dispatcher as they are
+    #: created.
+    round_observers: list[Callable[[RoundReport | None, int], None]] = field(default_factory=list)
+    dispatch_observers: list[Callable[[int], None]] = field(default_factory=list)
+    finish_observers: list[Callable[[str], None]] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
     loop: SchedulerLoop | None = None
     dispatcher: Any = None
@@ -255,9 +262,14 @@ class Lifecycle:
                     DiagnosticEvent("warning", "recovery.candidate", "in-flight work needs recovery",
                                     {"what": candidate})
                 )
+            admission = list(self.admission_factory(self)) if self.admission_factory is not None else []
             dispatcher = self.dispatcher_factory(self.backend) if self.dispatcher_factory else None
+            if dispatcher is not None:
+                dispatcher.on_started.extend(self.dispatch_observers)
+                dispatcher.on_finished.extend(self.finish_observers)
             self.loop = SchedulerLoop(self.backend.run_round, self.cadence_ms, self.diagnostics,
                                       on_admitted=dispatcher.wake if dispatcher is not None else None)
+            self.loop.observers.extend(self.round_observers)
             self.loop.start()
             self._note("scheduler_started", cadence_ms=self.cadence_ms)
             if dispatcher is not None:
@@ -266,9 +278,7 @@ class Lifecycle:
                 reconciled = await self._bounded("start dispatcher", dispatcher.start())
                 self._note("dispatcher_started", **reconciled.as_fields())
             context = HostContext(self.profile, self.settings, self.backend, self.diagnostics, self.providers)
-            components = list(self.components_factory(context))
-            if self.admission_factory is not None:
-                components += list(self.admission_factory(self))
+            components = list(self.components_factory(context)) + admission
             self.readiness.starting("opening the admission phase")
             for phase in (ComponentPhase.STACK, ComponentPhase.ADMISSION):
                 for component in components:

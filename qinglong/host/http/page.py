@@ -25,7 +25,7 @@ VERDICT_NAMES = {0: "clear", 10: "converging", 20: "attention"}
 def _utc(ms: int | None) -> str:
     if ms is None:
         return "–"
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%m-%d %H:%M:%S")
 
 
 def _seconds(ms: int | None) -> str:
@@ -67,17 +67,17 @@ async def render_status_page(lifecycle: Any, cache: Any, profile: str, version: 
     store = execution() if callable(execution) else None
     if store is not None:
         runs = await _bounded(store.list_runs(limit=rows), "runs", problems) or ()
-        run_rows = [(r.project_id, r.trigger_id or "–", r.state.value, _utc(r.scheduled_for_ms),
-                     _seconds(r.admitted_at_ms - r.scheduled_for_ms),
-                     "–" if r.exit_code is None else r.exit_code) for r in runs]
+        run_rows = [(f"{r.project_id}/{r.trigger_id or r.task_id}", r.state.value,
+                     "–" if r.exit_code is None else r.exit_code, _utc(r.scheduled_for_ms),
+                     _seconds(r.admitted_at_ms - r.scheduled_for_ms), r.reason or "") for r in runs]
     else:
         runs = await _bounded(reader.recent_runs(limit=rows), "runs", problems) or ()
-        run_rows = [(r.project_id, r.trigger_id, r.state, _utc(r.scheduled_for_ms),
-                     _seconds(r.admitted_at_ms - r.scheduled_for_ms), "–") for r in runs]
+        run_rows = [(f"{r.project_id}/{r.trigger_id}", r.state, "–", _utc(r.scheduled_for_ms),
+                     _seconds(r.admitted_at_ms - r.scheduled_for_ms), "") for r in runs]
     now_ms = stats.now_ms if stats is not None else time.time_ns() // 1_000_000
     readiness = lifecycle.readiness
     parts = [f"<h1>Qinglong · {escape(profile)}</h1>",
-             f"<p class=muted>version {escape(version)} · {escape(_utc(now_ms))} · "
+             f"<p class=muted>version {escape(version)} · {escape(_utc(now_ms))} UTC · "
              f"{escape(readiness.reason)}</p>"]
     if stats is not None:
         finding = status_verdict(None, stats, grace_ms=60_000)
@@ -97,15 +97,15 @@ async def render_status_page(lifecycle: Any, cache: Any, profile: str, version: 
         )) + "</dl>")
     for problem in problems:
         parts.append(f"<p class=v20>could not read {escape(problem)}</p>")
-    parts.append(_table("Schedules", ("project", "trigger", "kind", "enabled", "next fire", "late by"), (
-        (s.project_id, s.trigger_id, s.kind, "yes" if s.enabled else "no", _utc(s.next_fire_at_ms),
+    parts.append(_table("Schedules", ("trigger", "next fire (UTC)", "late by", "enabled", "kind"), (
+        (f"{s.project_id}/{s.trigger_id}", _utc(s.next_fire_at_ms),
          _seconds(now_ms - s.next_fire_at_ms) if s.next_fire_at_ms is not None and s.enabled
-         and s.next_fire_at_ms <= now_ms else "–")
+         and s.next_fire_at_ms <= now_ms else "–", "yes" if s.enabled else "no", s.kind)
         for s in list(schedules)[:rows]), "no schedules"))
-    parts.append(_table("Recent runs", ("project", "trigger", "state", "scheduled", "admission lag", "exit code"),
+    parts.append(_table("Recent runs", ("run of", "state", "exit code", "scheduled (UTC)", "admission lag", "reason"),
                         run_rows[:rows], "no runs yet"))
-    parts.append(_table("Skipped occurrences", ("project", "trigger", "policy", "skipped", "from", "to"), (
-        (k.project_id, k.trigger_id, k.policy.value, f"{k.count}{'' if k.count_exact else '+'}",
+    parts.append(_table("Skipped occurrences", ("trigger", "policy", "skipped", "from (UTC)", "to (UTC)"), (
+        (f"{k.project_id}/{k.trigger_id}", k.policy.value, f"{k.count}{'' if k.count_exact else '+'}",
          _utc(k.first_skipped_ms), _utc(k.last_skipped_ms)) for k in list(skips)[:rows]), "no skips recorded"))
     if stats is not None and (stats.workers_by_state or stats.worker_free_slots is not None):
         parts.append(_table("Workers", ("state", "count"), sorted(stats.workers_by_state.items()), "no workers"))

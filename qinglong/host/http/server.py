@@ -80,17 +80,16 @@ class HttpSurface:
         self._connections = 0
         self.cache = StatsCache(lifecycle.backend.reader())
         self.metrics = Metrics(self.cache, profile=profile, version=version, running=self._running)
+        # built before the first round and the dispatcher's first pass: nothing goes uncounted
+        lifecycle.round_observers.append(self.metrics.observe_round)
+        lifecycle.dispatch_observers.append(self.metrics.observe_dispatch)
+        lifecycle.finish_observers.append(self.metrics.observe_finished)
 
     # ------------------------------------------------------------------ lifecycle component
 
     async def start(self) -> None:
-        """Attach the counters to the scheduler loop and the dispatcher, then listen."""
+        """Listen (the counters already observe the loop and the dispatcher)."""
         lifecycle = self._lifecycle
-        if lifecycle.loop is not None:
-            lifecycle.loop.observers.append(self.metrics.observe_round)
-        if lifecycle.dispatcher is not None:
-            lifecycle.dispatcher.on_started.append(self.metrics.observe_dispatch)
-            lifecycle.dispatcher.on_finished.append(self.metrics.observe_finished)
         host, port = split_listen(self._settings.listen)
         try:
             self._server = await asyncio.start_server(
