@@ -648,3 +648,127 @@ def test_wait_polls_the_lock_on_a_kernel_without_pidfd(executor, log_dir, tmp_pa
     handle = run(scenario())
     assert executor.read_receipt(req.attempt_dir).exit_code == 0
     wait_until(lambda: read_stat(handle.pid) is None, "the wrapper to be reaped")
+
+
+# ------------------------------------------------------- files written in place, processes per job
+
+
+def test_a_pid_file_cut_short_means_never_started_and_the_attempt_still_starts(executor, log_dir):
+    """The wrapper writes its pid file in place: one cut short by its death (empty, or without
+    its newline) read as a start would record as lost a job that never ran and refuse to run it
+    again; read as a pid it would name another process, which a cancel would then signal."""
+    req = request(log_dir, ["sh", "-c", "exit 6"])
+    attempt = Path(req.attempt_dir)
+    attempt.mkdir(parents=True, mode=0o700)
+    for cut_short in (b"", b"4", b"4321"):
+        (attempt / "pid").write_bytes(cut_short)
+        assert executor.probe(req.attempt_dir, None) is ProcessState.NEVER_STARTED, cut_short
+        assert executor.find_handle(req.attempt_dir) is None, cut_short
+    handle = run(start_and_wait(executor, req))
+    assert (attempt / "pid").read_bytes() == b"%d\n" % handle.pid
+    assert executor.read_receipt(req.attempt_dir).exit_code == 6
+    assert executor.probe(req.attempt_dir, handle) is ProcessState.ENDED
+
+
+def test_a_receipt_cut_short_counts_as_none_and_an_earlier_wrappers_receipt_is_read(executor, log_dir):
+    """The wrapper writes its receipt in place: one read half-written would record a wrong
+    outcome (status=137, a KILL, cut to status=1 or 13: a failure with another exit code), so
+    every shorter prefix must read as no receipt (the job's outcome is then lost, as when the
+    wrapper died before writing it). A receipt of an earlier wrapper (renamed into place, so
+    whole, without the last line) must still be read, or a job that ran across an upgrade loses
+    its outcome."""
+    req = request(log_dir, ["sh", "-c", "printf 123; kill -KILL $$"])
+    run(start_and_wait(executor, req))
+    path = Path(req.attempt_dir) / "receipt"
+    whole = path.read_bytes()
+    assert whole == b"format=2\nstatus=137\ndropped=0\nend\n"
+    receipt = executor.read_receipt(req.attempt_dir)
+    assert (receipt.exit_code, receipt.signal) == (None, signal.SIGKILL)
+    assert receipt.log_bytes == (Path(req.attempt_dir) / "log").stat().st_size >= 3
+    for length in range(len(whole)):
+        path.write_bytes(whole[:length])
+        assert executor.read_receipt(req.attempt_dir) is None, whole[:length]
+        assert executor.probe(req.attempt_dir, None) is ProcessState.ENDED
+    path.write_bytes(b"status=3\ndropped=7\n")
+    receipt = executor.read_receipt(req.attempt_dir)
+    assert (receipt.exit_code, receipt.signal, receipt.dropped_bytes) == (3, None, 7)
+
+
+def counting_executor(kind: str, tmp_path: Path, log_dir: Path, started, *,
+                      report: bool = True) -> tuple[LocalProcessExecutor, Path]:
+    """An executor whose ``dd`` and ``wc`` are scripts noting each start in a file, then running
+    the real tool (the machine's or busybox's); with ``report=False`` dd's report is thrown away."""
+    tools_dir = tmp_path / f"counting-{kind}"
+    tools_dir.mkdir(exist_ok=True)
+    starts = tools_dir / "starts"
+    tools = {}
+    for tool in WRAPPER_TOOLS:
+        if kind == "busybox":
+            real = tools_dir / "busybox" / tool  # busybox runs the applet its link is named
+            real.parent.mkdir(exist_ok=True)
+            if not real.exists():
+                real.symlink_to(shutil.which("busybox"))
+            real = str(real)
+        else:
+            real = shutil.which(tool, path=minimal_environment(None)["PATH"])
+        if tool == "sh":
+            tools[tool] = real
+            continue
+        quiet = " 2>/dev/null" if tool == "dd" and not report else ""
+        script = tools_dir / f"counted-{tool}"
+        script.write_text(f"#!/bin/sh\necho {tool} >> {starts}\nexec {real} \"$@\"{quiet}\n")
+        script.chmod(0o700)
+        tools[tool] = str(script)
+    executor = tracked(LocalProcessExecutor(
+        ExecutorContext(str(log_dir), minimal_environment(None), 1_000), tools), started)
+    return executor, starts
+
+
+def helper_starts(starts: Path) -> list[str]:
+    found = starts.read_text().split() if starts.exists() else []
+    starts.unlink(missing_ok=True)
+    return sorted(found)
+
+
+@pytest.mark.parametrize("kind", ["dash_and_gnu_tools", pytest.param("busybox", marks=NO_BUSYBOX)])
+def test_a_job_whose_output_ends_before_the_limit_costs_the_wrapper_one_dd_and_no_wc(
+        kind, tmp_path, log_dir, started):
+    """Every helper process the wrapper starts is paid by every job, and a small router drains
+    its queue at the rate of process starts: a silent job or one printing a line must cost one
+    dd (which tells the end of the output itself) and no wc; the log and the count stay exact
+    when the output runs into the limit, where measuring begins."""
+    executor, starts = counting_executor(kind, tmp_path, log_dir, started)
+    for attempt, command, log in (("silent", ["true"], b""), ("line", ["echo", "a line"], b"a line\n"),
+                                  ("lines", ["sh", "-c", "echo one; sleep 0.05; echo two"], b"one\ntwo\n")):
+        req = request(log_dir, command, attempt=attempt)
+        run(start_and_wait(executor, req))
+        assert (Path(req.attempt_dir) / "log").read_bytes() == log
+        assert executor.read_receipt(req.attempt_dir).dropped_bytes == 0
+        assert helper_starts(starts) == ["dd"], attempt
+
+    req = request(log_dir, ["sh", "-c", "head -c 300000 /dev/zero"], attempt="over", log_limit_bytes=1000)
+    run(start_and_wait(executor, req))
+    receipt = executor.read_receipt(req.attempt_dir)
+    assert (receipt.exit_code, receipt.log_bytes, receipt.dropped_bytes) == (0, 1000, 299_000)
+    assert "wc" in helper_starts(starts)
+
+
+@pytest.mark.parametrize("kind", ["dash_and_gnu_tools", pytest.param("busybox", marks=NO_BUSYBOX)])
+def test_without_dds_report_the_log_reader_measures_and_stays_exact(kind, tmp_path, log_dir, started):
+    """The reader learns the end of the output from dd's report; a dd reporting nothing (or in
+    words the reader does not know) must not end the copy early (a truncated log, a job killed by
+    SIGPIPE) nor overshoot the limit: the reader then measures the log as it always could."""
+    executor, starts = counting_executor(kind, tmp_path, log_dir, started, report=False)
+    req = request(log_dir, ["sh", "-c", "echo one; sleep 0.05; echo two"], attempt="small")
+    run(start_and_wait(executor, req))
+    assert (Path(req.attempt_dir) / "log").read_bytes() == b"one\ntwo\n"
+    assert executor.read_receipt(req.attempt_dir).dropped_bytes == 0
+    lines = 3000
+    expected = b"".join(b"line %d\n" % i for i in range(lines))
+    req = request(log_dir, ["sh", "-c", f'i=0; while [ $i -lt {lines} ]; do echo "line $i"; i=$((i+1)); done'],
+                  attempt="over", log_limit_bytes=5_001)
+    run(start_and_wait(executor, req))
+    receipt = executor.read_receipt(req.attempt_dir)
+    assert (Path(req.attempt_dir) / "log").read_bytes() == expected[:5_001]
+    assert (receipt.exit_code, receipt.dropped_bytes) == (0, len(expected) - 5_001)
+    assert "wc" in helper_starts(starts)

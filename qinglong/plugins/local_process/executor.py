@@ -41,7 +41,7 @@ class LocalProcessExecutor:
     name = "local_process"
 
     def __init__(self, context: ExecutorContext, tools: Mapping[str, str] | None = None) -> None:
-        """``tools``: absolute paths of ``sh``, ``dd``, ``wc`` and ``mv`` (default: found on
+        """``tools``: absolute paths of ``sh``, ``dd`` and ``wc`` (default: found on
         the minimal PATH), e.g. to run the wrapper under busybox."""
         self._context = context
         self._tools = dict(tools) if tools is not None else find_tools()
@@ -114,11 +114,11 @@ class LocalProcessExecutor:
 
     def probe(self, attempt_dir: str, handle: ProcessHandle | None) -> ProcessState:
         """Lock held: ALIVE. Lock free with a receipt or a pid file: ENDED (a pid file without a
-        receipt means the wrapper died before the job's end was recorded). Nothing: NEVER_STARTED."""
+        receipt means the wrapper died before the job's end was recorded). Nothing, or a pid file
+        the wrapper did not finish writing (it died before starting the job): NEVER_STARTED."""
         if _lock_held(attempt_dir):
             return ProcessState.ALIVE
-        if (os.path.lexists(os.path.join(attempt_dir, RECEIPT))
-                or os.path.lexists(os.path.join(attempt_dir, PID))):
+        if os.path.lexists(os.path.join(attempt_dir, RECEIPT)) or _read_pid(attempt_dir) is not None:
             return ProcessState.ENDED
         return ProcessState.NEVER_STARTED
 
@@ -197,7 +197,8 @@ class LocalProcessExecutor:
     # -------------------------------------------------------------------------------- receipt
 
     def read_receipt(self, attempt_dir: str) -> Receipt | None:
-        """The wrapper's receipt, or None if it never wrote one (or it cannot be read as one).
+        """The wrapper's receipt, or None if it never wrote one, did not finish writing it (a
+        receipt is complete once its last line, ``end``, is there), or it cannot be read as one.
 
         The shell reports a job killed by signal N as status 128 + N, so a status of 129 to 192
         is recorded as that signal (a program exiting with such a code on its own is
@@ -208,6 +209,8 @@ class LocalProcessExecutor:
                 stat = os.fstat(f.fileno())
                 text = f.read(4096).decode("ascii", "replace")
         except FileNotFoundError:
+            return None
+        if not _receipt_complete(text):
             return None
         fields = _parse_fields(text)
         try:
@@ -310,10 +313,17 @@ def _make_private_dir(path: str) -> None:
 
 
 def _refuse_a_second_start(attempt_dir: str) -> None:
-    for name in (PID, RECEIPT):
-        if os.path.lexists(os.path.join(attempt_dir, name)):
-            raise StartError(f"the attempt directory {attempt_dir!r} shows an earlier start "
-                             f"({name} exists): not starting the job twice")
+    """A receipt, or a pid file the wrapper finished writing (it then went on to start the job),
+    shows an earlier start. A pid file cut short (the wrapper died writing it) does not: that
+    wrapper never started the job, and the next one overwrites the file."""
+    if _read_pid(attempt_dir) is not None:
+        name = PID
+    elif os.path.lexists(os.path.join(attempt_dir, RECEIPT)):
+        name = RECEIPT
+    else:
+        return
+    raise StartError(f"the attempt directory {attempt_dir!r} shows an earlier start "
+                     f"({name} exists): not starting the job twice")
 
 
 def _open_lock(path: str) -> int:
@@ -352,16 +362,30 @@ def _lock_held(attempt_dir: str) -> bool:
 
 
 def _read_pid(attempt_dir: str) -> int | None:
+    """The pid the wrapper wrote, or None: no pid file, or one it has not finished writing (the
+    wrapper writes it in place, the line's newline last: empty or without it means "not yet")."""
     try:
         with open(os.path.join(attempt_dir, PID), "rb") as f:
             text = f.read(64)
     except FileNotFoundError:
+        return None
+    if not text.endswith(b"\n"):
         return None
     try:
         pid = int(text.strip())
     except ValueError:
         return None
     return pid if pid > 1 else None
+
+
+def _receipt_complete(text: str) -> bool:
+    """Whether a receipt was written to its end. The wrapper writes it in place (no rename): one
+    that begins with ``format=`` counts only with its last line ``end``, so a wrapper killed while
+    writing it leaves no receipt, as one killed before. A receipt without ``format=`` was written
+    by an earlier wrapper (tmp + rename, so always whole): a job that outlived an upgrade."""
+    if text.startswith("format="):
+        return text.endswith("\nend\n")
+    return text.startswith("status=")
 
 
 def _parse_fields(text: str) -> Mapping[str, str]:

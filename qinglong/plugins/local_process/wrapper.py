@@ -5,23 +5,34 @@ An Attempt directory (mode 0700) holds:
 * ``lock`` - taken (``flock``, exclusive) by the executor before it spawns the wrapper and held by
   the wrapper through an inherited descriptor for its whole life: the lock is free exactly when
   no wrapper is alive for this Attempt. Nothing else (the job, the log reader) keeps it.
-* ``pid`` - the wrapper's pid (= its session and process group), written first thing, atomically
-  (tmp + rename): without it the job was provably never started;
+* ``pid`` - the wrapper's pid (= its session and process group) and a newline, written first
+  thing, in place (one ``write``, no helper process): a reader takes a file without its newline
+  (empty, or cut short by the wrapper's death) as not written yet, and without a whole pid file
+  the job was provably never started;
 * ``out`` - a FIFO: the job's stdout and stderr, read by the wrapper's log reader;
 * ``log`` - the output, appended (O_APPEND, mode 0600), at most the log limit; what comes after is
   read and counted into ``dropped``, so the job never sees a closed pipe;
-* ``receipt`` - written atomically when the job ended: ``status=N`` (the shell's ``$?``: an exit
-  code, or 128 + the signal that ended it) and ``dropped=N``. Its mtime is the end time.
+* ``copied`` - scratch: the last ``dd``'s report (how many reads it made);
+* ``dropped`` - scratch: the count of bytes beyond the limit, from the log reader to the wrapper;
+* ``receipt`` - written in place when the job ended: ``format=2``, ``status=N`` (the shell's
+  ``$?``: an exit code, or 128 + the signal that ended it), ``dropped=N`` and a last line ``end``:
+  a receipt without it (a wrapper killed while writing it) counts as none, as if killed before.
+  Its mtime is the end time.
 
 The wrapper works with any POSIX ``sh`` (dash, busybox ash, bash as sh): no bash-isms, no
 ``pipefail``. Its own variables are named ``QINGLONG_*``, a prefix a task's env may not use, so it
-never changes a variable the job inherits. Its helpers (``dd``, ``wc``, ``mv``) are named by
+never changes a variable the job inherits. Its helpers (``dd``, ``wc``) are named by
 absolute path, found on the minimal PATH when the executor is built, so a task's own PATH cannot
 replace them.
 
 The log is readable while the job runs: every read of the pipe is written to it at once (``dd``
 with ``bs=``, not a tool writing through stdio, which would hold up to a 4 KiB buffer back until
 the job ended), and both the log and the dropped count are exact.
+
+What a job costs in processes: the wrapper shell, its log reader (a subshell), one ``dd`` and the
+job itself, for every job whose output ends before 1024 reads and the limit (the shell's builtins
+do the rest); only a job printing more costs a ``wc -c`` and another ``dd`` per further 1024 reads,
+and one reaching the limit a last ``wc -c`` counting what is dropped.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ PID = "pid"
 FIFO = "out"
 LOG = "log"
 DROPPED = "dropped"
+COPIED = "copied"
 RECEIPT = "receipt"
 
 #: argv[0] of the wrapper shell, as ``ps`` shows it.
@@ -49,21 +61,38 @@ umask 077
 exec 9<&0 </dev/null
 QINGLONG_D=$1
 QINGLONG_L=$2
-printf '%s\\n' "$$" >"$QINGLONG_D/pid.tmp" && @MV@ -f "$QINGLONG_D/pid.tmp" "$QINGLONG_D/pid" || exit 70
+printf '%s\\n' "$$" >"$QINGLONG_D/pid" || exit 70
 trap : TERM INT HUP
 {
   trap '' TERM INT HUP
   QINGLONG_K=0
-  true >>"$QINGLONG_D/log" && QINGLONG_N=$(@WC@ -c <"$QINGLONG_D/log") && QINGLONG_K=$((QINGLONG_L - $QINGLONG_N))
+  QINGLONG_E=
+  if true >>"$QINGLONG_D/log"; then
+    if [ -s "$QINGLONG_D/log" ]; then
+      QINGLONG_N=$(@WC@ -c <"$QINGLONG_D/log") && QINGLONG_K=$((QINGLONG_L - $QINGLONG_N))
+    else
+      QINGLONG_K=$QINGLONG_L
+    fi
+  fi
   while [ "$QINGLONG_K" -gt 0 ]; do
     QINGLONG_B=$((QINGLONG_K / 1024))
     if [ "$QINGLONG_B" -gt 4096 ]; then QINGLONG_B=4096; elif [ "$QINGLONG_B" -lt 1 ]; then QINGLONG_B=1; fi
-    @DD@ bs="$QINGLONG_B" count=$((QINGLONG_K / QINGLONG_B)) >>"$QINGLONG_D/log" 2>/dev/null || break
+    QINGLONG_C=$((QINGLONG_K / QINGLONG_B))
+    LC_ALL=C @DD@ bs="$QINGLONG_B" count="$QINGLONG_C" >>"$QINGLONG_D/log" 2>"$QINGLONG_D/copied" || break
+    QINGLONG_X=
+    while IFS= read -r QINGLONG_N; do
+      case $QINGLONG_N in *" records in") QINGLONG_X=${QINGLONG_N%% *} ;; esac
+    done <"$QINGLONG_D/copied"
+    case $QINGLONG_X in
+      *[!0-9+]* | *+*+*) ;;
+      [0-9]*+[0-9]*) if [ $((${QINGLONG_X%+*} + ${QINGLONG_X#*+})) -lt "$QINGLONG_C" ]; then QINGLONG_E=1; break; fi ;;
+    esac
     QINGLONG_N=$(@WC@ -c <"$QINGLONG_D/log") || break
     QINGLONG_N=$((QINGLONG_L - $QINGLONG_N))
     [ "$QINGLONG_N" -lt "$QINGLONG_K" ] || break
     QINGLONG_K=$QINGLONG_N
   done
+  if [ -n "$QINGLONG_E" ]; then printf '0\\n' >"$QINGLONG_D/dropped"; exit 0; fi
   exec @WC@ -c >"$QINGLONG_D/dropped"
 } <"$QINGLONG_D/out" 9<&- &
 QINGLONG_R=$!
@@ -74,7 +103,7 @@ wait "$QINGLONG_R"
 while [ "$?" -gt 128 ]; do wait "$QINGLONG_R"; done
 QINGLONG_N=
 IFS= read -r QINGLONG_N <"$QINGLONG_D/dropped"
-printf 'status=%s\\ndropped=%s\\n' "$QINGLONG_S" "$QINGLONG_N" >"$QINGLONG_D/receipt.tmp" && @MV@ -f "$QINGLONG_D/receipt.tmp" "$QINGLONG_D/receipt"
+printf 'format=2\\nstatus=%s\\ndropped=%s\\nend\\n' "$QINGLONG_S" "$QINGLONG_N" >"$QINGLONG_D/receipt"
 """
 
 # What the wrapper does, step by step:
@@ -83,16 +112,26 @@ printf 'status=%s\\ndropped=%s\\n' "$QINGLONG_S" "$QINGLONG_N" >"$QINGLONG_D/rec
 # - the log reader ignores TERM for the same reason (a KILL still ends it), and whatever fails
 #   in it (the log cannot be created or read: `true`, not `:`, whose failed redirection would
 #   end the reader) it still drains the pipe to its end;
+# - the room left K starts at the limit: the log is new (`[ -s ]`, a builtin, says it is empty;
+#   a log already holding bytes is measured with `wc -c`);
 # - the log reader copies with `dd bs=B count=C`: one read() of at most B bytes per record,
 #   each written to the log at once (so a running job's log shows what it printed), and at most C
 #   records, B * C <= K (the room left), so the log never exceeds the limit. B = K / 1024, at
 #   least 1 and at most 4 KiB: one dd lasts min(1024, K) reads at least, so a slow job costs two
 #   spawns (dd, wc) per 1024 of its writes, not per write, and a fast job's output goes through
-#   in reads of up to 4 KiB. After each dd the room left is the limit minus the log's size
-#   (`wc -c`: GNU's stats the file, busybox's reads it, so fewer rounds matter); no growth means
-#   dd read the end of the output (EOF); a failing dd (a full disk) ends the copy too. `wc -c`
-#   then reads the rest to its end and counts it: the job's writes never fail, however much it
-#   prints;
+#   in reads of up to 4 KiB;
+# - dd stops after C records or at the end of the output (EOF: every writer closed the pipe),
+#   and its report says which: on stderr (to `copied`; LC_ALL=C for dd alone, so the line reads
+#   "F+P records in" in any locale) it counts F full and P partial records, and F + P < C only
+#   at EOF. Then the whole output is in the log and nothing was dropped: `dropped` is written by
+#   the shell's printf, no `wc`. A dd that made all C reads, or a report that does not read as
+#   that, leads to measuring: the room left is the limit minus the log's size (`wc -c`: GNU's
+#   stats the file, busybox's reads it, so fewer rounds matter); no growth means EOF too; a
+#   failing dd (a full disk) ends the copy. Unless EOF was seen, `wc -c` then reads the rest to
+#   its end and counts it: the job's writes never fail, however much it prints;
+# - the pid file and the receipt are written in place by the shell's printf (one write; a reader
+#   tells a file cut short by its missing last line), not aside and renamed, which cost a `mv`
+#   process each;
 # - `wait` returns early (> 128) when a trapped signal arrives: wait again until the reader is
 #   really reaped (a second wait on a reaped pid returns 127).
 
@@ -105,7 +144,7 @@ def find_tools() -> dict[str, str]:
     """Absolute paths of ``sh`` and the wrapper's helpers, from the minimal PATH."""
     path = minimal_environment(None)["PATH"]
     tools = {}
-    for name in ("sh", "dd", "wc", "mv"):
+    for name in ("sh", "dd", "wc"):
         found = shutil.which(name, path=path)
         if found is None:
             raise WrapperToolMissing(f"local_process needs {name!r} (coreutils or busybox) on {path}")
@@ -116,7 +155,7 @@ def find_tools() -> dict[str, str]:
 def wrapper_script(tools: dict[str, str]) -> str:
     """The wrapper's text (the ``sh -c`` argument), with the helpers' absolute paths."""
     script = _TEMPLATE
-    for name in ("dd", "wc", "mv"):
+    for name in ("dd", "wc"):
         script = script.replace(f"@{name.upper()}@", shlex.quote(tools[name]))
     return script
 
