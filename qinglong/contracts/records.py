@@ -317,6 +317,9 @@ class RoundReport:
       them), admitted minus scheduled time in ms: the per-admission figure behind the admission
       lag histogram. ``skipped_policies``: for each decision counted in ``skipped`` (when
       recorded), the misfire policy of its trigger (``skip`` or ``fire_once``).
+    * ``claims_released``: claims given back undecided under the full fence (exhausted retries,
+      a failed decision, a task republished between claim and commit), decided again next round
+      (0 without claims).
     """
 
     scanned: int = 0
@@ -332,6 +335,7 @@ class RoundReport:
     more_due: bool = False
     admission_lags_ms: tuple[int, ...] = ()
     skipped_policies: tuple[str, ...] = ()
+    claims_released: int = 0
 
 
 #: The counters a round accumulates; :class:`RoundReport` and :class:`RoundTally` both hold them.
