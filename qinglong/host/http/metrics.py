@@ -184,6 +184,8 @@ class Metrics:
             self.races.labels("fence_lost").inc(report.fence_lost)
         if report.cas_misses:
             self.races.labels("cas_miss").inc(report.cas_misses)
+        if report.claims_released:
+            self.races.labels("released").inc(report.claims_released)
         if report.serialization_retries:
             self.retries.inc(report.serialization_retries)
 

@@ -32,7 +32,7 @@ repeated at once.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 import psycopg
@@ -63,13 +63,17 @@ class RoundStats(RoundTally):
     #: republished between claim and commit), to be decided again next round
     released: int = 0
     admissions: list = field(default_factory=list)
+    #: per admission, admitted minus scheduled (ms); per skip record, its misfire policy
+    admission_lags_ms: list[int] = field(default_factory=list)
+    skipped_policies: list[str] = field(default_factory=list)
 
     def report(self, duration_ms: int | None = None) -> RoundReport:
         """The frozen report; a leased round's rows read are its claims."""
         self.scanned = self.claimed
         if duration_ms is None:
             duration_ms = int((time.monotonic() - self.started) * 1000)
-        return RoundTally.report(self, duration_ms)
+        return replace(RoundTally.report(self, duration_ms), admission_lags_ms=tuple(self.admission_lags_ms),
+                       skipped_policies=tuple(self.skipped_policies), claims_released=self.released)
 
 
 async def run_round(conn, *, owner: str, claim_budget: int, lease_ms: int,
@@ -131,10 +135,13 @@ async def run_round(conn, *, owner: str, claim_budget: int, lease_ms: int,
             if outcome.admission is not None:
                 stats.admitted += 1
                 stats.admissions.append(outcome.admission)
+                if decision.scheduled_for_ms is not None:
+                    stats.admission_lags_ms.append(max(0, outcome.admitted_at_ms - decision.scheduled_for_ms))
             if decision.kind is DecisionKind.INITIALIZE:
                 stats.initialized += 1
             if decision.skipped is not None:  # one per skip record written (see RoundReport)
                 stats.skipped += 1
+                stats.skipped_policies.append(item.claimed.head.misfire_policy.value)
             if outcome.claim_kept:
                 pending.append(after(item.claimed, decision, outcome))
             elif (not item.keep_claim and decision.kind in (DecisionKind.FIRE, DecisionKind.INITIALIZE)
