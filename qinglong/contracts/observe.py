@@ -152,6 +152,12 @@ class StatusFinding:
     reasons: tuple[str, ...]
 
 
+def _aged_backlog(stats: StoreStats, grace_ms: int) -> bool:
+    """Whether the oldest due occurrence of ``stats`` has waited more than ``grace_ms``."""
+    return (stats.schedules_due > 0 and stats.oldest_due_ms is not None
+            and stats.now_ms - stats.oldest_due_ms > grace_ms)
+
+
 def status_verdict(before: StoreStats | None, now: StoreStats, *, grace_ms: int,
                    expect_workers: bool = False) -> StatusFinding:
     """The verdict from one reading (and an earlier one, when taken, to see a backlog's trend).
@@ -165,7 +171,8 @@ def status_verdict(before: StoreStats | None, now: StoreStats, *, grace_ms: int,
     is larger than at ``before``, or as large with the same oldest occurrence (nothing moves);
     admission lag p99 over ``grace_ms`` unless a backlog is draining (late admissions are what
     draining it looks like). Converging: a backlog smaller than at ``before``, or as large with a
-    newer oldest occurrence. Clear otherwise: then no reason is given.
+    newer oldest occurrence, or one ``before`` had and that is gone now. Clear otherwise: then no
+    reason is given.
     """
     attention: list[str] = []
     converging: list[str] = []
@@ -178,9 +185,12 @@ def status_verdict(before: StoreStats | None, now: StoreStats, *, grace_ms: int,
         if waiting and (now.worker_free_slots or 0) == 0:
             attention.append(f"{waiting} run(s) waiting and no free worker slot")
     draining = False
-    aged = (now.schedules_due > 0 and now.oldest_due_ms is not None
-            and now.now_ms - now.oldest_due_ms > grace_ms)
-    if aged:
+    aged = _aged_backlog(now, grace_ms)
+    if before is not None and _aged_backlog(before, grace_ms) and not aged:
+        draining = True
+        converging.append(f"the backlog drained ({before.schedules_due} -> {now.schedules_due} due, "
+                          "none waiting over the grace)")
+    elif aged:
         waited = f"the oldest due occurrence waits {now.oldest_due_seconds:.1f} s"
         if before is None:
             attention.append(f"{now.schedules_due} occurrence(s) due; {waited}, over the grace of "
