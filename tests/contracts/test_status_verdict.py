@@ -79,8 +79,19 @@ def test_a_healthy_store_without_an_aged_backlog_is_clear(before, now, grace):
     """A scheduler keeping up is read between an occurrence and its round now and then: occurrences
     due for less than the grace, however many, must not make a monitor flap."""
     now = on_time(now, grace)
-    assume(not aged(now, grace))
+    assume(not aged(now, grace) and (before is None or not aged(before, grace)))
     assert status_verdict(before, now, grace_ms=grace).verdict is Verdict.CLEAR
+
+
+@LAWS
+@given(before=readings(healthy=True), now=readings(healthy=True), grace=GRACE)
+def test_an_aged_backlog_gone_by_the_second_reading_is_converging(before, now, grace):
+    """A scheduler that resumed after a stall drains the backlog at once and admits it late: that
+    is recovery (10, wait), not a new problem (20, page), whatever the lag of those admissions."""
+    assume(aged(before, grace) and not aged(now, grace))
+    finding = status_verdict(before, now, grace_ms=grace)
+    assert finding.verdict is Verdict.CONVERGING
+    assert any("the backlog drained" in reason for reason in finding.reasons)
 
 
 @LAWS
@@ -110,6 +121,8 @@ def test_an_aged_backlog_converges_exactly_when_it_shrinks_or_moves(before, now,
        over=st.integers(min_value=1, max_value=600_000), fresh=st.booleans())
 def test_lag_over_the_grace_without_a_draining_backlog_is_attention(before, now, grace, over, fresh):
     """Late admissions with nothing draining mean the scheduler cannot keep up."""
+    if before is not None and aged(before, grace):
+        before = dataclasses.replace(before, schedules_due=0, oldest_due_ms=None)
     due = now.schedules_due if fresh else 0
     now = dataclasses.replace(now, admission_lag_p99_ms=grace + over, admission_lag_p50_ms=0,
                               admitted_in_window=max(1, now.admitted_in_window), schedules_due=due,
