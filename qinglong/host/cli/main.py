@@ -44,6 +44,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("publish", ("project", "task", "trigger")),
     ("runs", ("runs", "logs")),
     ("read", ("schedules", "skips")),
+    ("status", ("status",)),
     ("cron", ("cron",)),
 )
 
