@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from qinglong.contracts.diagnostics import DiagnosticEvent
-from qinglong.contracts.errors import QinglongError
+from qinglong.contracts.errors import UserError
 from qinglong.contracts.hookspecs import ComponentPhase
 
 from ..settings import HttpSettings, split_listen
@@ -27,7 +27,7 @@ TEXT = "text/plain; charset=utf-8"
 HTML = "text/html; charset=utf-8"
 
 
-class HttpStartError(QinglongError):
+class HttpStartError(UserError):
     """The HTTP surface could not listen (the address is taken, or not this host's)."""
 
 
