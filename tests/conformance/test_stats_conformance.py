@@ -173,3 +173,32 @@ async def test_a_locked_table_makes_the_read_fail_within_its_bound_instead_of_ha
         await asyncio.to_thread(holder.join, 60)
     # the pooled connection is usable again and the session kept its own timeout
     assert (await harness.reader.store_stats()).runs_by_state["queued"] == 0
+
+
+@pytest.mark.parametrize("harness", ["sqlite"], indirect=True)
+async def test_a_sqlite_read_past_its_bound_is_interrupted_and_leaves_the_connection_as_it_was(harness):
+    """On a router's slow flash a scrape must not hold the one shared connection for long: past
+    its bound the read is interrupted as StoreUnavailable, and the scheduler's connection keeps its
+    own busy timeout and no leftover interrupt."""
+    import sqlite3
+
+    from qinglong.plugins.edge_sqlite.stats import read_store_stats
+
+    await seed(harness)
+    conn = sqlite3.connect(harness.path)
+    with conn:  # a long history: the Runs-by-state count reads every row
+        conn.executemany(
+            "INSERT INTO runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision, "
+            "task_digest, scheduled_for_ms, admitted_at_ms, state, idempotency_key, finished_at_ms) "
+            "VALUES (?, 'p1', 'a', 1, 't1', 1, 'd', ?, ?, 'succeeded', ?, ?)",
+            ((f"r{i}", i, i, f"k{i}", i) for i in range(200_000)))
+    conn.close()
+    store = harness.backend.store
+    with pytest.raises(StoreUnavailable) as raised:
+        await read_store_stats(store, harness.clock, timeout_ms=1)
+    assert "within 1 ms" in str(raised.value)
+    busy = await store.call(lambda c: c.execute("PRAGMA busy_timeout").fetchone()[0])
+    assert busy == store.settings.busy_timeout_ms
+    assert not await store.call(lambda c: c.in_transaction)
+    stats = await harness.reader.store_stats()  # the default bound: the same store answers
+    assert stats.runs_by_state["succeeded"] == 200_000
