@@ -168,7 +168,7 @@ class SchedulerLoop:
         Returns True when the loop drained within the bound.
         """
         self._stopping.set()
-        if self._task is None:
+        if self._task is None or self._task.done():  # never started, or ended already: nothing to drain
             return True
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
