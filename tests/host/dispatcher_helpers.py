@@ -187,13 +187,15 @@ def process_alive(pid: int) -> bool:
 
 def wrapper_pid(attempt_dir: str) -> int:
     """The job wrapper's pid (its process group): written by the wrapper itself first thing, so
-    it may follow the running commit by a moment; polled for."""
+    it may follow the running commit by a moment; polled for until whole (its newline ends it)."""
     path = Path(attempt_dir, "pid")
     deadline = time.monotonic() + WAIT_S
-    while not path.exists():
-        assert time.monotonic() < deadline, f"no pid file in {attempt_dir}"
+    while True:
+        text = path.read_text() if path.exists() else ""
+        if text.endswith("\n"):
+            return int(text)
+        assert time.monotonic() < deadline, f"no whole pid file in {attempt_dir}"
         time.sleep(0.01)
-    return int(path.read_text().strip())
 
 
 def max_overlap(lines: list[str]) -> int:
