@@ -8,8 +8,8 @@ duration, so a scrape never waits on the file longer than the bound. An interrup
 
 Cost (``sql/stats.sql``): the backlog is a range of the due index (the due part only), the lag
 percentiles, recent skips and lost Attempts read indexes on the time they were recorded (migration
-0005), running Attempts the active-attempts partial index; only the totals (schedules, Runs by
-state) are counts of their tables.
+0005), running Attempts the active-attempts partial index; only the totals are counts: schedules
+of their table, Runs by state of the narrow state index (migration 0006).
 
 The store's time is the process clock the backend was given (the scheduler's clock), so a status
 reading and a round agree on what is due.
