@@ -4,8 +4,11 @@ and the wall time of a ``/metrics`` scrape and of the status page at a given sch
 
     python bench/http_surface.py [--schedules 10000] [--seconds 8] [--repeat 3] [--json]
 
-RSS figures: ``VmRSS`` of the child one second before it stops (steady state) and its peak RSS
-(``wait4``), medians of ``--repeat`` runs. Absolute numbers drift between machines; the differences
+Modes: ``off`` (no ``[http]``), ``on`` (listening, never asked), ``scraped`` (``/metrics`` once a
+second, as Prometheus would), ``storm`` (``/metrics`` and ``/`` ten times a second). RSS figures:
+``VmRSS`` of the child one second before it stops (steady state) and its peak RSS (``wait4``),
+medians of ``--repeat`` runs; admission lag from the Runs table (admitted minus scheduled) of the
+occurrences each run admitted. Absolute numbers drift between machines; the differences
 are the result.
 """
 
@@ -93,9 +96,29 @@ def write_settings(root: Path) -> None:
     (root / "on.toml").write_text(base + '[http]\nlisten = "127.0.0.1:0"\n')
 
 
+#: mode -> (HTTP on, seconds between scrapes or None, paths scraped)
+MODES = {"off": (False, None, ()), "on": (True, None, ()), "scraped": (True, 1.0, ("/metrics",)),
+         "storm": (True, 0.1, ("/metrics", "/"))}
+
+
+def admission_lags(db: Path, from_ms: int, to_ms: int) -> list[int]:
+    """Admitted minus scheduled (ms) of the Runs scheduled in ``[from_ms, to_ms)``, ascending."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT admitted_at_ms - scheduled_for_ms FROM runs WHERE scheduled_for_ms >= ? "
+                            "AND scheduled_for_ms < ? ORDER BY 1", (from_ms, to_ms)).fetchall()
+    finally:
+        conn.close()
+    return [r[0] for r in rows]
+
+
 def run_once(root: Path, mode: str, seconds: float) -> dict:
-    """One ``qinglong run`` for ``seconds``: mode off, on (idle) or scraped (10 scrapes a second)."""
-    settings = root / ("off.toml" if mode == "off" else "on.toml")
+    """One ``qinglong run`` for ``seconds`` in one of :data:`MODES`."""
+    http_on, interval, paths = MODES[mode]
+    settings = root / ("on.toml" if http_on else "off.toml")
+    wall_start_ms = time.time_ns() // 1_000_000
     proc = subprocess.Popen([PYTHON, "-m", "qinglong", "--settings", str(settings), "run", "--for-seconds",
                              str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=_env(), cwd=root)
@@ -116,25 +139,28 @@ def run_once(root: Path, mode: str, seconds: float) -> dict:
     started = time.monotonic()
     scrape_ms: list[float] = []
     page_ms: list[float] = []
-    if mode != "off":
+    if http_on:
         assert port_seen.wait(60), "".join(lines)
     while time.monotonic() - started < seconds - 1:
-        if mode == "scraped":
-            for path, into in (("/metrics", scrape_ms), ("/", page_ms)):
+        if interval is not None:
+            for path, into in ((p, scrape_ms if p == "/metrics" else page_ms) for p in paths):
                 conn = http.client.HTTPConnection("127.0.0.1", port[0], timeout=30)
                 t0 = time.perf_counter()
                 conn.request("GET", path)
                 conn.getresponse().read()
                 into.append((time.perf_counter() - t0) * 1000)
                 conn.close()
-            time.sleep(0.1)
+            time.sleep(interval)
         else:
             time.sleep(0.05)
     steady = vm_rss(proc.pid)
+    wall_end_ms = time.time_ns() // 1_000_000
     _, status, usage = os.wait4(proc.pid, 0)
     reader.join(10)
+    # the Runs scheduled while the process was settled (its first and last second left out)
+    lags = admission_lags(root / "q.db", wall_start_ms + 2000, wall_end_ms - 1000)
     return {"steady_rss": steady, "peak_rss": usage.ru_maxrss * 1024, "scrape_ms": scrape_ms,
-            "page_ms": page_ms, "exit": os.waitstatus_to_exitcode(status)}
+            "page_ms": page_ms, "lags": lags, "exit": os.waitstatus_to_exitcode(status)}
 
 
 def main() -> None:
@@ -158,19 +184,24 @@ def main() -> None:
         t0 = time.monotonic()
         populate(root, args.schedules, args.every_second)
         results["populate_s"] = round(time.monotonic() - t0, 1)
-        runs: dict[str, list[dict]] = {"off": [], "on": [], "scraped": []}
+        runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
         for _ in range(args.repeat):
             for mode in runs:
                 runs[mode].append(run_once(root, mode, args.seconds))
     for mode, measured in runs.items():
         results[f"{mode}_steady_rss_mib"] = round(statistics.median(m["steady_rss"] for m in measured) / MiB, 1)
         results[f"{mode}_peak_rss_mib"] = round(statistics.median(m["peak_rss"] for m in measured) / MiB, 1)
+        lags = sorted(lag for m in measured for lag in m["lags"])
+        if lags:
+            results[f"{mode}_admission_lag_ms_p50"] = lags[len(lags) // 2]
+            results[f"{mode}_admission_lag_ms_p99"] = lags[min(len(lags) - 1, int(len(lags) * 0.99))]
+            results[f"{mode}_admissions_measured"] = len(lags)
     results["http_adds_steady_rss_mib"] = round(results["on_steady_rss_mib"] - results["off_steady_rss_mib"], 1)
-    results["http_scraped_adds_steady_rss_mib"] = round(
-        results["scraped_steady_rss_mib"] - results["off_steady_rss_mib"], 1)
+    results["http_storm_adds_steady_rss_mib"] = round(
+        results["storm_steady_rss_mib"] - results["off_steady_rss_mib"], 1)
     results["http_adds_peak_rss_mib"] = round(results["on_peak_rss_mib"] - results["off_peak_rss_mib"], 1)
-    scrapes = sorted(ms for m in runs["scraped"] for ms in m["scrape_ms"])
-    pages = sorted(ms for m in runs["scraped"] for ms in m["page_ms"])
+    scrapes = sorted(ms for m in runs["storm"] for ms in m["scrape_ms"])
+    pages = sorted(ms for m in runs["storm"] for ms in m["page_ms"])
     if scrapes:
         results["scrape_ms_p50"] = round(statistics.median(scrapes), 1)
         results["scrape_ms_p99"] = round(scrapes[min(len(scrapes) - 1, int(len(scrapes) * 0.99))], 1)
