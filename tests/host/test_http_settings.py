@@ -96,3 +96,13 @@ def test_the_profile_default_address_taken_is_a_warning_but_a_configured_one_fai
     finally:
         if held is not None:
             held.close()
+
+
+def test_config_show_masks_the_http_token(tmp_path):
+    """`qinglong config show` output pasted into a ticket must not carry the bearer token."""
+    secret = "token-in-the-settings-file-0123"
+    settings = write_settings(tmp_path, http=f'listen = "0.0.0.0:9"\ntoken = "{secret}"')
+    shown = subprocess.run([sys.executable, "-m", "qinglong", "--settings", str(settings), "config", "show"],
+                           env=child_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "0.0.0.0:9" in shown.stdout and secret not in shown.stdout + shown.stderr

@@ -4,7 +4,6 @@ and promtool."""
 
 from __future__ import annotations
 
-import http.client
 import os
 import shutil
 import signal
@@ -16,14 +15,14 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from host_helpers import REPO, wait_until
+from host_helpers import wait_until
 from http_helpers import Plane, child_env, cli, write_settings
 from qinglong.contracts.observe import METRICS, MetricType
 
 TOKEN = "s3cret-token-" + "x" * 24
 
 
-def _scrape(plane: Plane) -> dict[str, object]:
+def _scrape(plane: Plane) -> tuple[dict, str]:
     status, body, _ = plane.get("/metrics")
     assert status == 200, body
     return {family.name: family for family in text_string_to_metric_families(body)}, body
