@@ -1,6 +1,8 @@
 """The store-derived figures of the PostgreSQL store (:class:`~qinglong.contracts.observe.StoreStats`).
 
-One statement (``sql/stats.sql``: ``store_stats``) in a READ ONLY transaction whose
+The database clock, then one statement of every figure at that instant (``sql/stats.sql``:
+``stats_clock``, ``store_stats``; the instant is a bound value, so the planner reads each range
+through its index), in a READ ONLY transaction whose
 ``statement_timeout`` is :data:`~qinglong.contracts.observe.STATS_READ_TIMEOUT_MS` (``SET LOCAL``:
 it ends with the transaction, the pooled session keeps its own), on the runtime role's pool, in
 database time. Waiting for a pooled connection is bounded by the same time. So a scrape, whatever
@@ -52,6 +54,8 @@ async def read_store_stats(pool_factory: Callable[[], Awaitable[Any]], live_wind
                 async with conn.cursor(row_factory=dict_row) as cur:
                     await cur.execute("SET TRANSACTION READ ONLY")
                     await cur.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
+                    await cur.execute(query("stats_clock"))
+                    params["now_ms"] = (await cur.fetchone())["now_ms"]
                     await cur.execute(query("store_stats"), params)
                     row = await cur.fetchone()
     except pg_errors.QueryCanceled:
