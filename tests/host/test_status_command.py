@@ -226,3 +226,53 @@ def test_an_unreachable_cluster_store_is_unavailable_without_its_password(tmp_pa
     assert done.returncode == 5, (done.stdout, done.stderr)
     assert secret not in done.stdout + done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_cluster_store_reads_attention_without_a_replica_and_clear_with_one(tmp_path):
+    """On the cluster the verdict comes from the database every replica shares: no replica
+    completing rounds must page (20), a replica keeping up must read 0, the workers line must
+    be there for the operator, and no DSN password may reach the output."""
+    import pg  # tests/pg.py (tests/ is on the path through its conftest)
+
+    server = pg.start_server("pg18")
+    try:
+        pg.create_roles(server)
+        pg.create_database(server, "ql_status")
+        dsns = {key: server.dsn(role, pg.ROLE_PASSWORDS[role], "ql_status") for key, role in (
+            ("runtime_dsn", "qinglong_runtime"), ("admin_dsn", "qinglong_admin"),
+            ("owner_dsn", "qinglong_owner"))}
+        store = Store(tmp_path)
+        store.settings.write_text('profile = "cluster"\n[scheduler]\nlease_ms = 5000\n[backend]\n'
+                                  + "".join(f'{k} = "{v}"\n' for k, v in dsns.items()))
+        store.publish("db", "migrate")
+        store.publish("project", "create", "ops")
+        store.publish("task", "put", "ops", "hello", "--", "true")
+        code, report, stderr = store.status("--once")
+        assert code == 20 and "no scheduler is running on this store" in report["reasons"]
+        assert report["stats"]["workers_by_state"] == {} and report["stats"]["worker_free_slots"] is None
+        outputs = [json.dumps(report), stderr]
+        plane = Scheduler(store)
+        try:
+            store.publish("trigger", "add", "ops", "tick", "--task", "hello", "--cron", "* * * * * *")
+
+            def admitted():
+                code, report, stderr = store.status("--once")
+                outputs.extend([json.dumps(report), stderr])
+                return (code, report) if report["stats"]["admitted_in_window"] >= 3 else None
+
+            wait_until(admitted, "three admissions read by status", timeout=60, every=0.5, alive=plane.process)
+            code, report, stderr = store.status("--interval", "1")
+            assert code == 0, report["reasons"]
+            assert report["stats"]["live_schedulers"] == 1 and report["grace_ms"] == 3 * 1000 + 5000
+            screen = run_cli(["--settings", str(store.settings), "status", "--once"], cwd=store.root,
+                             env=store.env(), timeout=120)
+            assert screen.returncode == 0, screen.stdout + screen.stderr
+            assert "workers        none registered" in screen.stdout
+            outputs.extend([json.dumps(report), stderr, screen.stdout, screen.stderr,
+                            plane.stderr.text()])
+        finally:
+            plane.stop()
+        for secret in pg.ROLE_PASSWORDS.values():
+            assert all(secret not in text for text in outputs)
+    finally:
+        server.destroy()
