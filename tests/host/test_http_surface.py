@@ -1,5 +1,5 @@
 """The HTTP surface of a real ``qinglong run``: probes across start and stop, systemd readiness, the
-bearer token off loopback, request bounds, and a real scrape checked by prometheus_client's parser
+bearer token off loopback (the probes answer without it, with fixed phrases only), request bounds, and a real scrape checked by prometheus_client's parser
 and promtool."""
 
 from __future__ import annotations
@@ -128,18 +128,110 @@ def test_a_listen_address_off_loopback_needs_a_token_that_is_checked_and_never_s
     try:
         for headers in ({}, {"Authorization": "Bearer wrong-" + TOKEN[6:]}, {"Authorization": TOKEN},
                         {"Authorization": f"Basic {TOKEN}"}):
-            for path in ("/metrics", "/", "/readyz", "/nowhere"):
+            for path in ("/metrics", "/", "/nowhere"):
                 status, body, response = plane.get(path, headers)
                 assert status == 401, (path, headers, status)
                 assert response.getheader("WWW-Authenticate", "").startswith("Bearer")
                 assert TOKEN not in body
-        status, body, _ = plane.get("/readyz", {"Authorization": f"Bearer {TOKEN}"})
-        assert (status, body) == (200, "ready\n")
+        status, body, _ = plane.get("/", {"Authorization": f"Bearer {TOKEN}"})
+        assert status == 200 and "<html" in body.lower()
         status, body, _ = plane.get("/metrics", {"Authorization": f"bearer {TOKEN}"})
         assert status == 200 and "qinglong_build_info" in body
     finally:
         plane.stop()
     assert TOKEN not in plane.stderr.finish()
+
+
+def test_off_loopback_the_probes_answer_without_the_token_and_nothing_else_does(tmp_path):
+    """A kubelet httpGet probe cannot send a header from a Secret: if /livez and /readyz wanted the
+    token every replica would stay unready (or each pod would pay a whole interpreter per probe);
+    if the probe paths opened anything else (a look-alike path, /metrics behind a query), anyone on
+    the network would read the metrics and the status page."""
+    settings = write_settings(tmp_path, http='listen = "0.0.0.0:0"\ntoken_env = "QL_TEST_HTTP_TOKEN"')
+    plane = Plane(settings, env=child_env(QL_TEST_HTTP_TOKEN=TOKEN))
+    kubelet = {"User-Agent": "kube-probe/1.32", "Accept": "*/*", "Connection": "close"}
+    try:
+        # the kubelet's own request, and the same with a wrong or malformed token: probes ignore it
+        for headers in (kubelet, dict(kubelet, Authorization="Bearer wrong-" + TOKEN[6:]),
+                        dict(kubelet, Authorization="garbage")):
+            for path, answer in (("/livez", "alive\n"), ("/readyz", "ready\n"), ("/readyz?full=1", "ready\n")):
+                status, body, response = plane.get(path, headers)
+                assert (status, body) == (200, answer), (path, headers)
+                assert response.getheader("WWW-Authenticate") is None
+        conn = plane.connection()
+        try:
+            conn.request("HEAD", "/readyz")
+            head = conn.getresponse()
+            assert (head.status, head.read()) == (200, b"")
+            conn.request("POST", "/livez", body=b"")
+            assert conn.getresponse().status == 405  # still read-only
+        finally:
+            conn.close()
+        for path in ("/metrics", "/", "/metrics?/livez", "/livez/../metrics", "/readyz/"):
+            status, body, response = plane.get(path, kubelet)
+            assert status == 401, (path, status, body)
+            assert response.getheader("WWW-Authenticate", "").startswith("Bearer")
+            assert "qinglong_" not in body and "<html" not in body.lower()
+    finally:
+        plane.stop()
+    assert TOKEN not in plane.stderr.finish()
+
+
+def test_a_probe_answers_only_fixed_phrases_whatever_the_readiness_line_holds(tmp_path):
+    """The probes answer anyone on the network: a readiness line that carried an error's text, a
+    DSN, a path or a task's environment would hand it to whoever asks; and a start step whose line
+    is missing from the fixed phrases would be answered as a bare 'not ready', hiding why."""
+    import ast
+    import asyncio
+    import http.client
+
+    from qinglong.host import lifecycle as lifecycle_module
+    from qinglong.host.containers import build_container
+    from qinglong.host.http.server import PROBE_LINES
+    from qinglong.host.readiness import Readiness
+    from qinglong.host.settings import load_settings
+
+    tree = ast.parse(open(lifecycle_module.__file__).read())
+    steps = [call.args[0] for call in ast.walk(tree) if isinstance(call, ast.Call)
+             and isinstance(call.func, ast.Attribute) and call.func.attr == "starting"]
+    assert len(steps) >= 5
+    for step in steps:
+        assert isinstance(step, ast.Constant), f"line {step.lineno}: a readiness line built from a value"
+        assert f"starting: {step.value}" in PROBE_LINES, step.value
+    fresh, stopping = Readiness(), Readiness()
+    stopping.mark_stopping()
+    assert {fresh.reason, stopping.reason} <= PROBE_LINES
+
+    settings = write_settings(tmp_path, http=f'listen = "127.0.0.1:0"\ntoken = "{TOKEN}"')
+
+    def get(port: int, path: str) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    async def scenario() -> None:
+        lifecycle = build_container(load_settings(settings)).lifecycle()
+        await lifecycle.start()
+        try:
+            (surface,) = [c for c in lifecycle._started if c.name == "http"]
+            port = surface._server.sockets[0].getsockname()[1]
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(None, get, port, "/readyz") == (200, b"ready\n")
+            readiness = lifecycle.readiness
+            readiness.ready = False
+            readiness.reason = "starting: connecting to postgresql://qinglong:hunter2@db:5432/q"
+            assert await loop.run_in_executor(None, get, port, "/readyz") == (503, b"not ready\n")
+            readiness.reason = "starting: startup recovery"
+            assert await loop.run_in_executor(None, get, port, "/readyz") == (503, b"starting: startup recovery\n")
+            readiness.ready = True
+        finally:
+            await lifecycle.stop()
+
+    asyncio.run(scenario())
 
 
 def _raw(port: int, data: bytes, *, timeout: float = 60) -> bytes:

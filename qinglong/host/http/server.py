@@ -2,9 +2,12 @@
 library's :class:`http.server.BaseHTTPRequestHandler` (no hand-written HTTP parsing), bounded in
 header size, body size, connections at once and time per request.
 
-Read-only: ``GET`` and ``HEAD`` only. With a token every request needs ``Authorization: Bearer
-<token>`` (compared with :func:`hmac.compare_digest`); the token is never logged, and requests are
-not logged at all.
+Read-only: ``GET`` and ``HEAD`` only. The probes ``/livez`` and ``/readyz`` answer without a token,
+as an orchestrator's probes need (a kubelet ``httpGet`` probe cannot send a header from a Secret):
+they tell alive or ready and one line from :data:`PROBE_LINES`, fixed phrases that never carry a
+value of the settings, the store or a task. With a token every other request (``/metrics``, the
+status page, any other path) needs ``Authorization: Bearer <token>`` (compared with
+:func:`hmac.compare_digest`); the token is never logged, and requests are not logged at all.
 """
 
 from __future__ import annotations
@@ -25,6 +28,28 @@ from .metrics import CONTENT_TYPE_LATEST, Metrics, StatsCache
 
 TEXT = "text/plain; charset=utf-8"
 HTML = "text/html; charset=utf-8"
+
+#: The paths served without the token: they reveal alive/ready and one line of PROBE_LINES.
+PROBE_PATHS = frozenset({"/livez", "/readyz"})
+_SCHEDULER_DEAD = "the scheduler loop is not running"
+_DISPATCHER_DEAD = "the dispatcher is not running"
+#: The start steps ``Lifecycle.start`` names in its readiness line (``starting: <step>``).
+_START_STEPS = ("opening the database", "checking schema readiness", "startup recovery",
+                "starting the dispatcher", "opening the admission phase")
+#: Every line a probe may answer with, whoever asks: fixed phrases only. A readiness reason that
+#: is not one of them (a future step whose line could carry a name, a path or an error's text) is
+#: answered as the bare "not ready" instead of being passed on to an unauthenticated client.
+PROBE_LINES = frozenset({
+    "alive", "ready", "not alive", "not ready", "stopping: the process is shutting down",
+    *(f"starting: {step}" for step in _START_STEPS),
+    *(f"{verdict}: {problem}" for verdict in ("not alive", "not ready")
+      for problem in (_SCHEDULER_DEAD, _DISPATCHER_DEAD)),
+})
+
+
+def probe_line(line: str, fallback: str) -> str:
+    """``line`` if it is one of :data:`PROBE_LINES`, else ``fallback`` (itself one of them)."""
+    return line if line in PROBE_LINES else fallback
 
 
 class HttpStartError(UserError):
@@ -188,16 +213,19 @@ class HttpSurface:
         return keep
 
     async def _answer(self, request: _ParsedRequest) -> tuple[HTTPStatus, str, str | bytes, dict[str, str]]:
-        if self._token is not None and not self._authorized(request.headers.get("Authorization", "")):
+        path = request.path.split("?", 1)[0]
+        # the probes answer anyone (their lines are fixed phrases); everything else needs the token
+        if (path not in PROBE_PATHS and self._token is not None
+                and not self._authorized(request.headers.get("Authorization", ""))):
             return (HTTPStatus.UNAUTHORIZED, TEXT, "a bearer token is required\n",
                     {"WWW-Authenticate": 'Bearer realm="qinglong"'})
         if request.command not in ("GET", "HEAD"):
             return HTTPStatus.METHOD_NOT_ALLOWED, TEXT, "read-only: GET or HEAD\n", {"Allow": "GET, HEAD"}
-        path = request.path.split("?", 1)[0]
         if path == "/livez":
             problem = self._liveness_problem()
             if problem:
-                return HTTPStatus.SERVICE_UNAVAILABLE, TEXT, f"not alive: {problem}\n", {}
+                line = probe_line(f"not alive: {problem}", "not alive")
+                return HTTPStatus.SERVICE_UNAVAILABLE, TEXT, line + "\n", {}
             return HTTPStatus.OK, TEXT, "alive\n", {}
         if path == "/readyz":
             readiness = self._lifecycle.readiness
@@ -205,7 +233,7 @@ class HttpSurface:
             if readiness.ready and not problem:
                 return HTTPStatus.OK, TEXT, "ready\n", {}
             reason = readiness.reason if not readiness.ready else f"not ready: {problem}"
-            return HTTPStatus.SERVICE_UNAVAILABLE, TEXT, reason + "\n", {}
+            return HTTPStatus.SERVICE_UNAVAILABLE, TEXT, probe_line(reason, "not ready") + "\n", {}
         if path == "/metrics":
             return HTTPStatus.OK, CONTENT_TYPE_LATEST, await self.metrics.scrape(), {}
         if path == "/":
@@ -228,9 +256,9 @@ class HttpSurface:
         if lifecycle.readiness.stopping:
             return None  # a stop is orderly: the loops are stopped on purpose
         if lifecycle.loop is None or not lifecycle.loop.alive:
-            return "the scheduler loop is not running"
+            return _SCHEDULER_DEAD
         if lifecycle.dispatcher is not None and not lifecycle.dispatcher.alive:
-            return "the dispatcher is not running"
+            return _DISPATCHER_DEAD
         return None
 
 
