@@ -1,17 +1,18 @@
 """The Kubernetes base in deploy/kubernetes: valid against the Kubernetes schemas, rendered by
 kustomize, and in agreement with the settings models (ports, probe paths, env and Secret names);
 its migration Job and replica command, with their env, migrate a real PostgreSQL and run a replica
-whose probe scripts answer as the kubelet needs."""
+whose httpGet probes, sent as the kubelet sends them (no token), answer while /metrics and the
+status page refuse a request without the token."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,12 @@ TOKEN = "deploy-test-token-0123456789abcdef"
 #: promtool's lint findings on a scrape that are known and accepted: the gauge
 #: qinglong_schedules_total keeps the name the contract fixed (docs/operations.md says so).
 KNOWN_LINT = {'qinglong_schedules_total non-counter metrics should not have "_total" suffix'}
+
+#: The probes of the replicas' container and the path each one GETs.
+PROBE_PATHS = {"startupProbe": "/livez", "livenessProbe": "/livez", "readinessProbe": "/readyz"}
+#: The fields of a probe besides its handler (all timing).
+PROBE_TIMING = {"initialDelaySeconds", "periodSeconds", "timeoutSeconds", "successThreshold",
+                "failureThreshold", "terminationGracePeriodSeconds"}
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -161,6 +168,20 @@ def test_deployment_runs_the_cluster_profile_as_non_root_on_a_read_only_root():
     assert deployment["spec"]["replicas"] > pdb["spec"]["maxUnavailable"]
 
 
+def _http_get(container: dict, name: str) -> tuple[str, int]:
+    """The path and container port of the probe ``name``, which must be a plain httpGet: no
+    headers (the kubelet cannot take one from a Secret), no host (the pod's IP), plain HTTP."""
+    probe = container[name]
+    assert set(probe) - PROBE_TIMING == {"httpGet"}, f"{name} is not an httpGet probe: {sorted(probe)}"
+    get = probe["httpGet"]
+    assert set(get) <= {"path", "port", "scheme"}, f"{name}: {sorted(get)}"
+    assert get.get("scheme", "HTTP") == "HTTP"
+    port = get["port"]
+    if isinstance(port, str):  # a named port of the container
+        (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == port]
+    return get["path"], port
+
+
 def test_probes_and_ports_agree_with_the_http_settings(tmp_path):
     """Probes on another port or path than the one the process serves would restart healthy
     replicas forever (liveness) or keep them out of service (readiness)."""
@@ -170,16 +191,11 @@ def test_probes_and_ports_agree_with_the_http_settings(tmp_path):
     secrets[("qinglong-http", "token")] = TOKEN
     loaded = _load_as_container(_env(container, secrets), tmp_path, container["command"])
     host, port = split_listen(loaded.settings.http.listen)
-    assert host == "0.0.0.0"
+    assert host == "0.0.0.0"  # the kubelet probes the pod's IP, not its loopback
     (container_port,) = container["ports"]
     assert container_port == {"name": "http", "containerPort": port, "protocol": "TCP"}
-    probes = {name: container[name]["exec"]["command"] for name in ("startupProbe", "livenessProbe", "readinessProbe")}
-    assert {name: command[-1] for name, command in probes.items()} == {
-        "startupProbe": "/livez", "livenessProbe": "/livez", "readinessProbe": "/readyz"}
-    for command in probes.values():
-        assert command[:2] == ["python3", "-c"]
-        assert f'"http://127.0.0.1:{port}"' in command[2]
-        assert 'os.environ["QINGLONG_HTTP__TOKEN"]' in command[2]
+    assert {name: _http_get(container, name) for name in PROBE_PATHS} == {
+        name: (path, port) for name, path in PROBE_PATHS.items()}
     (service,) = _by_kind(docs, "Service")
     assert service["spec"]["ports"][0]["targetPort"] == container_port["name"]
 
@@ -240,10 +256,17 @@ def postgres():
         server.destroy()
 
 
-def _probe(command: list[str], env: dict[str, str], port: int) -> subprocess.CompletedProcess[str]:
-    script = command[2].replace('"http://127.0.0.1:8080"', f'"http://127.0.0.1:{port}"')
-    return subprocess.run([sys.executable, "-c", script, *command[3:]], env=env, capture_output=True,
-                          text=True, timeout=30)
+def _kubelet_get(port: int, path: str, timeout: float) -> tuple[int, str]:
+    """A GET as the kubelet's httpGet probe sends it (its headers, never a token); the kubelet
+    counts 200 to 399 as success."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"User-Agent": "kube-probe/1.32", "Accept": "*/*",
+                                           "Connection": "close"})
+        response = conn.getresponse()
+        return response.status, response.read(10 * 1024).decode("utf-8", "replace")
+    finally:
+        conn.close()
 
 
 @dataclass
@@ -254,11 +277,14 @@ class Replica:
     container: dict
     env: dict[str, str]
     port: int
-    first_ready: subprocess.CompletedProcess[str]
+    first_ready: tuple[int, str]
     stderr: Path
 
-    def probe(self, name: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return _probe(self.container[name]["exec"]["command"], self.env if env is None else env, self.port)
+    def probe(self, name: str) -> tuple[int, str]:
+        """The probe ``name`` as the kubelet runs it: its path, on the port standing in here for
+        its container port, with the probe's own timeout."""
+        path, _ = _http_get(self.container, name)
+        return _kubelet_get(self.port, path, self.container[name].get("timeoutSeconds", 1))
 
     def get(self, path: str) -> str:
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
@@ -270,7 +296,9 @@ class Replica:
 @pytest.fixture(scope="module")
 def replica(postgres, tmp_path_factory):
     """The Job's command and env alone (the owner and runtime DSNs) must migrate, and the
-    replica's alone (the runtime DSN, the token) must start and pass its readiness probe script."""
+    replica's alone (the runtime DSN, the token) must start and pass its readiness probe. The
+    replica listens on the settings' own host (every interface, off loopback, so the token is
+    required), on a free port standing in for the container port on a shared machine."""
     from tests.pg import ROLE_PASSWORDS, free_port
 
     tmp_path = tmp_path_factory.mktemp("replica")
@@ -283,12 +311,15 @@ def replica(postgres, tmp_path_factory):
     settings = tmp_path / "qinglong.toml"
     settings.write_text(_settings_text())
     port = free_port()
+    container = _container(docs, "Deployment")
+    host, _ = split_listen(_load_as_container(_env(container, secrets), tmp_path, container["command"])
+                           .settings.http.listen)
 
     def process_env(kind: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
         env.update(_env(_container(docs, kind), secrets))
         env["QINGLONG_SETTINGS"] = str(settings)  # the ConfigMap's file, mounted elsewhere here
-        env["QINGLONG_HTTP__LISTEN"] = f"127.0.0.1:{port}"  # a free port on a shared machine
+        env["QINGLONG_HTTP__LISTEN"] = f"{host}:{port}"  # a free port on a shared machine
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         return env
 
@@ -297,22 +328,26 @@ def replica(postgres, tmp_path_factory):
                               text=True, timeout=120)
     assert migrated.returncode == 0, migrated.stderr
 
-    container = _container(docs, "Deployment")
     env = process_env("Deployment")
     stderr = tmp_path / "stderr"
     with open(stderr, "w") as err:
         process = subprocess.Popen(container["command"], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
                                    stderr=err)
     try:
+        replica = Replica(container, env, port, (0, ""), stderr)
         deadline = time.monotonic() + 60
         while True:
-            ready = _probe(container["readinessProbe"]["exec"]["command"], env, port)
-            if ready.returncode == 0:
+            try:
+                ready = replica.probe("readinessProbe")
+            except OSError as exc:  # nothing listens before the admission phase opens
+                ready = (0, str(exc))
+            if ready[0] == 200:
                 break
             assert process.poll() is None, f"the replica exited ({process.returncode}): {stderr.read_text()}"
-            assert time.monotonic() < deadline, f"not ready within 60 s: {ready.stdout}{ready.stderr}"
+            assert time.monotonic() < deadline, f"not ready within 60 s: {ready}"
             time.sleep(0.2)
-        yield Replica(container, env, port, ready, stderr)
+        replica.first_ready = ready
+        yield replica
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -326,28 +361,31 @@ def replica(postgres, tmp_path_factory):
     assert TOKEN not in logged and ROLE_PASSWORDS["qinglong_runtime"] not in logged
 
 
-def test_migration_job_then_replica_pass_the_probe_scripts(replica):
+def test_migration_job_then_replica_pass_the_http_get_probes(replica):
     """A fresh install whose Job cannot migrate with its own env, or whose replica cannot start
-    with its own, or whose probe scripts do not reach the process, never gets a ready pod."""
-    assert replica.first_ready.stdout.strip() == "ready"
+    with its own, or whose probes do not reach the process, never gets a ready pod."""
+    assert replica.first_ready == (200, "ready\n")
     for name in ("startupProbe", "livenessProbe"):
-        alive = replica.probe(name)
-        assert (alive.returncode, alive.stdout.strip()) == (0, "alive"), alive.stderr
-    for result in (replica.first_ready, alive):
-        assert TOKEN not in result.stdout + result.stderr
+        assert replica.probe(name) == (200, "alive\n")
 
 
-def test_probes_need_the_token_so_they_cannot_be_plain_http_gets(replica):
-    """The surface refuses a request without the bearer token, probes included; a kubelet httpGet
-    probe cannot read a header from a Secret, so httpGet probes would keep every replica unready.
-    If the probe paths ever answer without a token, this fails: switch the probes to httpGet."""
-    wrong = dict(replica.env, QINGLONG_HTTP__TOKEN="not-the-token-0123456789")
-    refused = replica.probe("readinessProbe", wrong)
-    assert refused.returncode == 1 and "bearer token" in refused.stderr
-    assert TOKEN not in refused.stdout + refused.stderr
-    with pytest.raises(urllib.error.HTTPError) as plain:
-        urllib.request.urlopen(f"http://127.0.0.1:{replica.port}/livez", timeout=30)
-    assert plain.value.code == 401
+def test_probes_are_plain_http_gets_that_answer_without_the_token_while_metrics_refuse(replica):
+    """The kubelet's httpGet probes send no token: if /livez or /readyz wanted it every replica
+    would stay unready and be restarted forever (or each pod would pay an interpreter per probe
+    again); and if /metrics or the status page answered without it, anyone reaching a pod's IP
+    would read what runs when."""
+    host, _ = split_listen(replica.env["QINGLONG_HTTP__LISTEN"])
+    assert host == "0.0.0.0", "the replica must listen off loopback, as in the pod, for this to hold"
+    for name, path in PROBE_PATHS.items():
+        assert _http_get(replica.container, name)[0] == path
+        status, body = replica.probe(name)
+        assert 200 <= status < 400, (name, status, body)  # the kubelet's success
+        assert body in ("alive\n", "ready\n") and TOKEN not in body
+    for path in ("/metrics", "/"):
+        status, body = _kubelet_get(replica.port, path, 30)
+        assert status == 401, (path, status)
+        assert "qinglong_" not in body and "<html" not in body.lower()
+    assert "qinglong_build_info" in replica.get("/metrics")  # with the token it answers
 
 
 def test_a_real_scrape_passes_promtool_check_metrics_and_has_every_metric(replica):
