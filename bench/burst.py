@@ -157,8 +157,9 @@ def serialization_failures(server, offset: int) -> tuple[int, dict]:
 
 class LockSampler:
     """Samples pg_locks' SIRead locks every ``every_s`` during a run, in a thread: per relation and
-    lock granularity (relation, page, tuple), the most seen at once and the sum over samples; what
-    the serialization failures' conflicts are made of."""
+    lock granularity (relation, page, tuple), the most seen at once and the sum over samples (what
+    the serialization failures' conflicts are made of); and the replicas' sessions by state and
+    wait event (where a burst waits)."""
 
     def __init__(self, su: str, every_s: float = 0.05) -> None:
         import threading
@@ -178,6 +179,10 @@ class LockSampler:
                 rows = conn.execute(
                     "SELECT coalesce(l.relation::regclass::text, '?') || ' ' || l.locktype, count(*) "
                     "FROM pg_locks l WHERE l.mode = 'SIReadLock' GROUP BY 1").fetchall()
+                rows += conn.execute(
+                    "SELECT 'session ' || state || ' ' || coalesce(wait_event_type || ':' || wait_event, 'cpu'), "
+                    "count(*) FROM pg_stat_activity WHERE application_name LIKE 'qinglong runtime %%' "
+                    "GROUP BY 1").fetchall()
                 self.samples += 1
                 for key, count in rows:
                     self.peak[key] = max(self.peak.get(key, 0), count)
@@ -194,8 +199,8 @@ class LockSampler:
 
     def figures(self) -> dict:
         return {"samples": self.samples,
-                "peak": dict(sorted(self.peak.items(), key=lambda kv: -kv[1])[:12]),
-                "sum": dict(sorted(self.total.items(), key=lambda kv: -kv[1])[:12])}
+                "peak": dict(sorted(self.peak.items(), key=lambda kv: -kv[1])[:16]),
+                "sum": dict(sorted(self.total.items(), key=lambda kv: -kv[1])[:16])}
 
 
 def settings_file(workdir: Path, owner: str, dsn: str) -> Path:
@@ -283,6 +288,14 @@ def burst(triggers: int, replicas: int, lead_s: float = 20.0, tail_s: float = 15
                 "min(admitted_at_ms), max(admitted_at_ms) FROM qinglong.runs "
                 "WHERE scheduled_for_ms = %s", (t_ms,))[0]
         other = sql(su, "SELECT count(*) FROM qinglong.runs WHERE scheduled_for_ms <> %s", (t_ms,))[0][0]
+        # Runs admitted per half second after T, per replica: where a burst stalls
+        timeline: dict[str, list[int]] = {}
+        for by, bucket, count in sql(
+                su, "SELECT admitted_by, (admitted_at_ms - %s) / 500, count(*) FROM qinglong.runs "
+                    "WHERE scheduled_for_ms = %s GROUP BY 1, 2 ORDER BY 1, 2", (t_ms, t_ms)):
+            row = timeline.setdefault(by, [])
+            row.extend([0] * (int(bucket) + 1 - len(row)))
+            row[int(bucket)] = count
         return {
             "triggers": triggers, "replicas": replicas, "runs": runs,
             "first_after_T_s": None if first_ms is None else round((first_ms - t_ms) / 1000, 3),
@@ -291,6 +304,7 @@ def burst(triggers: int, replicas: int, lead_s: float = 20.0, tail_s: float = 15
             "runs_for_other_occurrences": other,
             "serialization_failures": failures, "serialization_reasons": reasons,
             "replica_cpu_s": replica_cpu, "server_cpu_s": round(server_cpu, 2),
+            "runs_per_half_second_by_replica": timeline,
         } | ({"siread_locks": sampler.figures()} if sampler else {})
     finally:
         server.destroy()
