@@ -340,7 +340,11 @@ class RoundReport:
 
 #: The counters a round accumulates; :class:`RoundReport` and :class:`RoundTally` both hold them.
 ROUND_COUNTERS = ("scanned", "claimed", "initialized", "admitted", "skipped", "cas_misses",
-                  "fence_lost", "serialization_retries", "errors")
+                  "fence_lost", "serialization_retries", "errors", "claims_released")
+
+#: The per-event samples of one round (a lag per admission, a policy per skip record): reported
+#: with the round, never summed into a loop's totals (they would grow without bound).
+ROUND_SAMPLES = ("admission_lags_ms", "skipped_policies")
 
 
 @dataclass(slots=True)
@@ -362,11 +366,15 @@ class RoundTally:
     fence_lost: int = 0
     serialization_retries: int = 0
     errors: int = 0
+    claims_released: int = 0
     more_due: bool = False
+    admission_lags_ms: list[int] = field(default_factory=list)
+    skipped_policies: list[str] = field(default_factory=list)
 
     def report(self, duration_ms: int) -> RoundReport:
-        """The frozen :class:`RoundReport` of these counters."""
+        """The frozen :class:`RoundReport` of these counters and samples."""
         return RoundReport(**{name: getattr(self, name) for name in ROUND_COUNTERS},
+                           **{name: tuple(getattr(self, name)) for name in ROUND_SAMPLES},
                            duration_ms=duration_ms, more_due=self.more_due)
 
     def add(self, report: RoundReport) -> None:

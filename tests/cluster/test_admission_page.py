@@ -153,7 +153,7 @@ def test_a_round_admits_a_page_and_gives_back_an_exhausted_row_for_the_next_roun
     async def body():
         try:
             first = await backend.run_round()
-            released = backend.last_round.released
+            released = backend.last_round.claims_released
             cluster.sql("DROP TRIGGER serialization_fault ON qinglong.runs")
             second = await backend.run_round()
             return first, released, second

@@ -220,7 +220,7 @@ def test_an_admission_that_exhausts_its_retries_gives_its_claim_back_and_is_admi
     async def body():
         try:
             gave_up = await backend.run_round()
-            released = backend.last_round.released
+            released = backend.last_round.claims_released
             schedule = cluster.sql("SELECT claim_owner, claim_expires_at_ms FROM qinglong.trigger_schedules")[0]
             runs_between = cluster.count("runs")
             admitted = await backend.run_round()

@@ -6,15 +6,30 @@ import dataclasses
 
 from hypothesis import given, strategies as st
 
-from qinglong.contracts.records import ROUND_COUNTERS, RoundReport, RoundTally
+from qinglong.contracts.records import ROUND_COUNTERS, ROUND_SAMPLES, RoundReport, RoundTally
 
 
 def test_report_and_tally_hold_exactly_the_same_counters():
-    """A counter added to one and not the other would be dropped between a round and its report
-    (or between reports and a loop's totals) without any error."""
+    """A counter or sample added to one and not the other would be dropped between a round and
+    its report (or between reports and a loop's totals) without any error."""
     report_fields = {f.name for f in dataclasses.fields(RoundReport)} - {"duration_ms", "more_due"}
     tally_fields = {f.name for f in dataclasses.fields(RoundTally)} - {"more_due"}
-    assert report_fields == tally_fields == set(ROUND_COUNTERS)
+    assert report_fields == tally_fields == set(ROUND_COUNTERS) | set(ROUND_SAMPLES)
+    assert not set(ROUND_COUNTERS) & set(ROUND_SAMPLES)
+
+
+def test_a_tally_freezes_its_samples_and_a_loop_never_accumulates_them():
+    """A round's lags reach its report (the lag histogram); a loop summing them into its totals
+    would grow without bound over a long-running process."""
+    tally = RoundTally(admitted=2)
+    tally.admission_lags_ms += [3, 5]
+    tally.skipped_policies.append("skip")
+    report = tally.report(1)
+    assert report.admission_lags_ms == (3, 5) and report.skipped_policies == ("skip",)
+    total = RoundTally()
+    total.add(report)
+    total.add(report)
+    assert total.admitted == 4 and total.admission_lags_ms == [] and total.skipped_policies == []
 
 
 counts = st.fixed_dictionaries({name: st.integers(0, 10_000) for name in ROUND_COUNTERS})

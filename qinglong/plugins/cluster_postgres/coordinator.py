@@ -32,7 +32,7 @@ repeated at once.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import psycopg
@@ -59,21 +59,14 @@ class RoundStats(RoundTally):
     round has: the claims it gave back and the admissions it made. :meth:`report` freezes them."""
 
     started: float = field(default_factory=time.monotonic)
-    #: claims given back under the full fence (exhausted retries, a failed decision, a task
-    #: republished between claim and commit), to be decided again next round
-    released: int = 0
     admissions: list = field(default_factory=list)
-    #: per admission, admitted minus scheduled (ms); per skip record, its misfire policy
-    admission_lags_ms: list[int] = field(default_factory=list)
-    skipped_policies: list[str] = field(default_factory=list)
 
     def report(self, duration_ms: int | None = None) -> RoundReport:
         """The frozen report; a leased round's rows read are its claims."""
         self.scanned = self.claimed
         if duration_ms is None:
             duration_ms = int((time.monotonic() - self.started) * 1000)
-        return replace(RoundTally.report(self, duration_ms), admission_lags_ms=tuple(self.admission_lags_ms),
-                       skipped_policies=tuple(self.skipped_policies), claims_released=self.released)
+        return RoundTally.report(self, duration_ms)
 
 
 async def run_round(conn, *, owner: str, claim_budget: int, lease_ms: int,
@@ -193,7 +186,7 @@ async def _give_back(conn, claimed, diagnostics: DiagnosticSink, secrets: Secret
                      stats: RoundStats) -> bool:
     """Release ``claimed`` under its full fence and count it in ``stats``; True if released."""
     released = await _release(conn, claimed, diagnostics, secrets)
-    stats.released += int(released)
+    stats.claims_released += int(released)
     return released
 
 

@@ -36,7 +36,7 @@ import json
 import sqlite3
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from qinglong.contracts.decision import decide
@@ -159,14 +159,6 @@ class RoundOutcome(RoundTally):
     thread and emitted on the event loop (``claimed`` stays 0: SQLite has no claims)."""
 
     diagnostics: list[DiagnosticEvent] = field(default_factory=list)
-    admission_lags_ms: list[int] = field(default_factory=list)
-    skipped_policies: list[str] = field(default_factory=list)
-
-    def report(self, duration_ms: int) -> RoundReport:
-        """The frozen report, with each admission's lag and each skip's misfire policy."""
-        return replace(RoundTally.report(self, duration_ms),
-                       admission_lags_ms=tuple(self.admission_lags_ms),
-                       skipped_policies=tuple(self.skipped_policies))
 
 
 def _due_row(row: sqlite3.Row, specs: dict) -> _DueRow:
