@@ -7,7 +7,9 @@
                            [--lag-seconds 20] [--lag-repeat 3] [--skip-cluster] [--skip-lag]
 
 * store read: a store with ``--schedules`` schedules, all far in the future except ``--due`` that
-  are due now (the backlog the read counts), grown from one count to the next. One trigger of
+  are due now (the backlog the read counts), grown from one count to the next. Before the first
+  count is measured, real scheduler rounds (``run_round``) admit the due ones, which are then made
+  due again: so the lag window holds ``--due`` recent Runs for the percentiles to read. One trigger of
   each kind is published through the real publisher; the rest are copies of it inserted in bulk
   (edge: one ``INSERT ... SELECT`` per table; cluster: ``tests/cluster/scale_seed.py``), because
   publishing a million triggers one by one takes hours. ``--reads`` calls of
@@ -158,6 +160,33 @@ async def edge_reads(root: Path, reads: int):
     return samples, first
 
 
+async def edge_admit(root: Path) -> int:
+    """Real scheduler rounds on the edge store until one admits nothing; Runs admitted."""
+    from qinglong.host.containers import build_container
+    from qinglong.host.settings import load_settings
+
+    backend = build_container(load_settings(root / "off.toml")).backend()
+    await backend.open()
+    admitted = 0
+    try:
+        while True:
+            report = await backend.run_round()
+            admitted += report.admitted
+            if report.admitted == 0 and report.claimed == 0:
+                return admitted
+    finally:
+        await backend.close()
+
+
+def edge_make_due(db: Path, trigger_ids: list[str]) -> None:
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.executemany("UPDATE trigger_schedules SET next_fire_at_ms = ? WHERE trigger_id = ?",
+                         [(now_ms() - 1000, t) for t in trigger_ids])
+    finally:
+        conn.close()
+
+
 def bench_edge(counts: list[int], due: int, reads: int) -> list[dict]:
     out = []
     with tempfile.TemporaryDirectory(prefix="qinglong-bench-scrape-edge-") as tmp:
@@ -167,11 +196,17 @@ def bench_edge(counts: list[int], due: int, reads: int) -> list[dict]:
         for count in counts:
             t0 = time.monotonic()
             edge_clone(db, "tr0", have, count - have, due if have == 1 else 0)
+            if have == 1 and due:
+                # Recent Runs for the lag percentiles to read: a real round admits the due ones,
+                # then the same schedules are made due again (the backlog).
+                admitted = asyncio.run(edge_admit(root))
+                print(f"  a round admitted {admitted} Runs", flush=True)
+                edge_make_due(db, [f"x{n:08d}" for n in range(1, due + 1)])
             seed_s = time.monotonic() - t0
             have = count
             samples, first = asyncio.run(edge_reads(root, reads))
             row = {"schedules": first.schedules_total, "due": first.schedules_due,
-                   "seed_s": round(seed_s, 1), "db_mib": round(db.stat().st_size / 2**20, 1),
+                   "runs_in_lag_window": first.admitted_in_window, "seed_s": round(seed_s, 1), "db_mib": round(db.stat().st_size / 2**20, 1),
                    **summary_ms(samples)}
             print(f"edge {count:>9,} schedules ({first.schedules_due} due): store_stats median "
                   f"{row['median_ms']} ms, p99 {row['p99_ms']} ms, max {row['max_ms']} ms "
@@ -207,6 +242,23 @@ def explain_stats(su_dsn: str) -> dict:
             "shared_blocks": int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))}
 
 
+async def cluster_admit(dsns: dict) -> int:
+    """Real scheduler rounds on the cluster store until one admits nothing; Runs admitted."""
+    import cluster as bench_cluster
+
+    backend = bench_cluster._admin_backend(dsns)
+    await backend.open()
+    admitted = 0
+    try:
+        while True:
+            report = await backend.run_round()
+            admitted += report.admitted
+            if report.admitted == 0 and report.claimed == 0:
+                return admitted
+    finally:
+        await backend.close()
+
+
 def bench_cluster(counts: list[int], due: int, reads: int) -> tuple[list[dict], dict]:
     import psycopg
 
@@ -225,8 +277,12 @@ def bench_cluster(counts: list[int], due: int, reads: int) -> tuple[list[dict], 
             with psycopg.connect(dsns["superuser"], autocommit=True) as conn:
                 prefix = f"x{i}"
                 clone_triggers(conn, template, count - have, prefix=prefix)
-                if have == 1:
-                    make_due(conn, [f"{prefix}{n:08d}" for n in range(1, due + 1)])
+                if have == 1 and due:
+                    ids = [f"{prefix}{n:08d}" for n in range(1, due + 1)]
+                    make_due(conn, ids)
+                    admitted = asyncio.run(cluster_admit(dsns))
+                    print(f"  a round admitted {admitted} Runs", flush=True)
+                    make_due(conn, ids)
             seed_s = time.monotonic() - t0
             have = count
 
@@ -252,7 +308,8 @@ def bench_cluster(counts: list[int], due: int, reads: int) -> tuple[list[dict], 
             }
             with psycopg.connect(dsns["superuser"]) as conn:
                 size = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
-            row = {"schedules": first.schedules_total, "due": first.schedules_due, "seed_s": round(seed_s, 1),
+            row = {"schedules": first.schedules_total, "due": first.schedules_due,
+                   "runs_in_lag_window": first.admitted_in_window, "seed_s": round(seed_s, 1),
                    "db_mib": round(size / 2**20, 1), "client": summary_ms(samples), "server": server_side}
             print(f"cluster {count:>9,} schedules ({first.schedules_due} due): store_stats median "
                   f"{row['client']['median_ms']} ms, p99 {row['client']['p99_ms']} ms (client, {reads} reads); "
