@@ -1,4 +1,4 @@
-"""The bounded scheduler round: scan one page, decide outside any transaction, commit each occurrence.
+"""The bounded scheduler round: scan one page, decide outside any transaction, commit the page at once.
 
 The whole round runs as one function on the connection's thread (one thread hop per round, not one
 per statement: see ``store.py``):
@@ -8,25 +8,29 @@ per statement: see ``store.py``):
    pages of rows in all);
 2. decide every row with the contract's :func:`~qinglong.contracts.decision.decide`, no
    transaction open, so cron maths never holds the write lock;
-3. commit each decision in its own transaction: a compare-and-set on the schedule row (revision,
-   state version and cursor as decided) plus, for an admission, the Run, its Attempt and the
+3. commit the page's decisions in ONE transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``), each
+   occurrence under its own SAVEPOINT: a compare-and-set on the schedule row (revision, state
+   version and cursor as decided) plus, for an admission, the Run, its Attempt and the
    ``run.created``/``run.queued`` events, plus the skipped range of a misfire. A miss (the trigger
    was republished meanwhile, or an admission's task was: its Run would pin a task revision that
-   is no longer current) rolls back and admits nothing; the next round decides it again.
+   is no longer current) rolls back to that occurrence's savepoint, is reported, and the rest of
+   the page commits; the next round decides the missed row again. One commit (one WAL sync) per
+   page instead of one per occurrence is what lets a burst drain at the store's page rate.
 
 A ``fire`` may leave the cursor still due (a backlog inside the grace window), and so may an
 ``initialize`` (it counts from the revision's publish time, so an occurrence between the publish
 and this round is owed); that row is decided again within the round, at most
 :data:`BACKLOG_FIRES_PER_ROW` times, so a backlog drains without one trigger taking the whole
-round. A crash at any point leaves an occurrence wholly committed or not at all, and the
+round. A crash at any point leaves the page (so every occurrence) wholly committed or not at all, and the
 compare-and-set means a restarted round can never admit it twice.
 
 A row that cannot be decided (its kind's plugin is not loaded, its provider raises) or whose
 commit is refused by a constraint is *held*: this process remembers its (trigger, revision) for a
 while (:class:`HeldSchedules`), reports it once, and the scan steps past it, within the round by
 a keyset and in later rounds through a TEMP table the page query excludes. A failure of the store
-itself (disk full, read-only, I/O) ends the round's commits instead: every other commit would fail
-the same way. ``more_due`` (start the next round at once) is set only by a round that made
+itself (disk full, read-only, I/O) ends the page's writes instead (every other write would fail
+the same way): what was written before it is committed if the transaction is still open, and
+nothing is counted unless the COMMIT succeeded. ``more_due`` (start the next round at once) is set only by a round that made
 progress, so a store that cannot be written, or a page of undecidable rows, never spins.
 """
 
@@ -88,7 +92,7 @@ _KEYSET_START = (-(2 ** 63), "", "")
 DEFAULT_EXECUTOR = "local_process"
 
 #: A test seam: called on the connection's thread after every decision of the page was made and
-#: before the first commit, to change the database between decision and commit.
+#: before the page transaction begins, to change the database between decision and commit.
 BeforeCommit = Callable[[sqlite3.Connection], None]
 
 
@@ -333,58 +337,69 @@ class _RoundHolds:
         ))
 
 
-#: :func:`commit_decision`'s outcomes besides success.
+#: :func:`write_occurrence`'s outcomes besides success.
 CAS_MISS = "cas_miss"
 TASK_CHANGED = "task_changed"
 
 
-def commit_decision(conn: sqlite3.Connection, row: _DueRow, decision: Decision,
-                    now_ms: int) -> bool | str:
-    """Commit one decision in its own transaction. True when committed; :data:`CAS_MISS` when the
-    schedule changed since the decision, :data:`TASK_CHANGED` when an admission's task was
+def write_occurrence(conn: sqlite3.Connection, row: _DueRow, decision: Decision,
+                     now_ms: int) -> bool | str:
+    """Write one decision inside the page's open transaction (the caller wraps it in its own
+    SAVEPOINT and rolls back to it unless this returns True). True when written; :data:`CAS_MISS`
+    when the schedule changed since the decision, :data:`TASK_CHANGED` when an admission's task was
     republished since the page was read (the Run would pin a task revision that is no longer
-    current): nothing written either way."""
+    current)."""
     head = row.head
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        if decision.scheduled_for_ms is not None:
-            task = named_one(conn, q("task_head"), (head.project_id, head.task_id))
-            if task is None or task["task_revision"] != row.task_revision:
-                conn.execute("ROLLBACK")
-                return TASK_CHANGED
-        changed = conn.execute(q("advance_schedule"), {
-            "next": decision.next_fire_at_ms, "scheduled": decision.scheduled_for_ms, "now": now_ms,
-            "trigger_id": head.trigger_id, "revision": decision.trigger_revision,
-            "state_version": row.cursor.state_version, "expected": decision.expected_next_fire_at_ms,
-        }).rowcount
-        if changed != 1:
-            conn.execute("ROLLBACK")
-            return CAS_MISS
-        if decision.scheduled_for_ms is not None:
-            # Identity is allocated only now, when the occurrence is certainly admitted.
-            run_id = uuid.uuid4().hex
-            conn.execute(q("insert_run"), (
-                run_id, head.project_id, head.trigger_id, head.trigger_revision, head.task_id,
-                row.task_revision, row.task_digest, decision.scheduled_for_ms, now_ms, now_ms,
-                idempotency_key(head.trigger_id, head.trigger_revision, decision.scheduled_for_ms,
-                                head.kind),
-            ))
-            conn.execute(q("insert_attempt"), {
-                "attempt_id": uuid.uuid4().hex, "run_id": run_id, "executor": row.executor,
-                "digest": row.execution_digest, "now": now_ms})
-            conn.execute(q("insert_run_events"), (run_id, now_ms))
-        skipped = decision.skipped
-        if skipped is not None:
-            conn.execute(q("insert_schedule_skip"), (
-                head.project_id, head.trigger_id, head.trigger_revision, head.misfire_policy.value,
-                skipped.first_ms, skipped.last_ms, skipped.count, int(skipped.count_exact), now_ms,
-            ))
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
+    if decision.scheduled_for_ms is not None:
+        task = named_one(conn, q("task_head"), (head.project_id, head.task_id))
+        if task is None or task["task_revision"] != row.task_revision:
+            return TASK_CHANGED
+    changed = conn.execute(q("advance_schedule"), {
+        "next": decision.next_fire_at_ms, "scheduled": decision.scheduled_for_ms, "now": now_ms,
+        "trigger_id": head.trigger_id, "revision": decision.trigger_revision,
+        "state_version": row.cursor.state_version, "expected": decision.expected_next_fire_at_ms,
+    }).rowcount
+    if changed != 1:
+        return CAS_MISS
+    if decision.scheduled_for_ms is not None:
+        # Identity is allocated only now, when the occurrence is certainly admitted.
+        run_id = uuid.uuid4().hex
+        conn.execute(q("insert_run"), (
+            run_id, head.project_id, head.trigger_id, head.trigger_revision, head.task_id,
+            row.task_revision, row.task_digest, decision.scheduled_for_ms, now_ms, now_ms,
+            idempotency_key(head.trigger_id, head.trigger_revision, decision.scheduled_for_ms,
+                            head.kind),
+        ))
+        conn.execute(q("insert_attempt"), {
+            "attempt_id": uuid.uuid4().hex, "run_id": run_id, "executor": row.executor,
+            "digest": row.execution_digest, "now": now_ms})
+        conn.execute(q("insert_run_events"), (run_id, now_ms))
+    skipped = decision.skipped
+    if skipped is not None:
+        conn.execute(q("insert_schedule_skip"), (
+            head.project_id, head.trigger_id, head.trigger_revision, head.misfire_policy.value,
+            skipped.first_ms, skipped.last_ms, skipped.count, int(skipped.count_exact), now_ms,
+        ))
     return True
+
+
+def _in_savepoint(conn: sqlite3.Connection, row: _DueRow, decision: Decision,
+                  now_ms: int) -> bool | str:
+    """:func:`write_occurrence` under its own SAVEPOINT: the occurrence's Run, Attempt, events,
+    skip record and cursor advance stay in the page transaction together or not at all. Raises
+    what the write raised, after undoing the occurrence (if the transaction is still open)."""
+    conn.execute("SAVEPOINT occurrence")
+    try:
+        ok = write_occurrence(conn, row, decision, now_ms)
+    except BaseException:
+        if conn.in_transaction:  # a store failure may have rolled the whole transaction back
+            conn.execute("ROLLBACK TO occurrence")
+            conn.execute("RELEASE occurrence")
+        raise
+    if ok is not True:
+        conn.execute("ROLLBACK TO occurrence")
+    conn.execute("RELEASE occurrence")
+    return ok
 
 
 def _count(outcome: RoundOutcome, decision: Decision, row: _DueRow, now_ms: int) -> None:
@@ -512,19 +527,75 @@ def run_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
     if before_commit is not None:
         before_commit(conn)
 
-    committed = 0
+    written: list[tuple[_DueRow, Decision]] = []  # counted once the page commits
+    refused: list[tuple[str, _DueRow, BaseException]] = []  # held once the page transaction ended
     backlog_left = False
     store_failed = False
+    if decided:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except Exception as exc:
+            if not _store_failure(exc):
+                raise
+            store_failed = True
+            _report_store_failure(outcome, held, decided[0][0], exc, now_ms, path)
+    if decided and not store_failed:
+        try:
+            backlog_left, failure = _write_page(conn, decided, now_ms, outcome, written, refused)
+            if failure is not None:
+                store_failed = True
+                _report_store_failure(outcome, held, failure[0], failure[1], now_ms, path)
+                if not conn.in_transaction:  # SQLite rolled the whole page back itself
+                    written.clear()
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+        except Exception as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if not _store_failure(exc):
+                raise
+            if not store_failed:
+                store_failed = True
+                _report_store_failure(outcome, held, written[-1][0] if written else decided[-1][0],
+                                      exc, now_ms, path)
+            written.clear()
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    for code, row, exc in refused:
+        holds.undecidable(code, row, exc)
+    for row, decision in written:
+        _count(outcome, decision, row, now_ms)
+    committed = len(written)
+    if committed:
+        held.store_recovered()
+    holds.summarise()
+    # Start the next round at once only after progress: rows committed, or undecidable rows
+    # (newly or again) held, so the next scan starts past them. A pair is held at most once per
+    # hold period, so this cannot spin; a round that changed nothing must wait its cadence.
+    progress = committed > 0 or holds.new > 0 or holds.repeated > 0
+    outcome.more_due = progress and not store_failed and (unread or backlog_left)
+    return outcome
+
+
+def _write_page(conn: sqlite3.Connection, decided: list[tuple[_DueRow, Decision]], now_ms: int,
+                outcome: RoundOutcome, written: list,
+                refused: list) -> tuple[bool, tuple[_DueRow, BaseException] | None]:
+    """Write a page of decisions inside the open page transaction, each occurrence under its own
+    SAVEPOINT and compare-and-set. Appends what was written to ``written`` and the rows a
+    constraint or a decision refused to ``refused``; a CAS miss is counted and reported and the
+    rest of the page goes on. Returns whether a backlog was left and, when the store itself failed
+    (every later write would fail alike, so the page stops there), the row and the error."""
+    backlog_left = False
     for row, decision in decided:
         for _ in range(BACKLOG_FIRES_PER_ROW):
             try:
-                ok = commit_decision(conn, row, decision, now_ms)
+                ok = _in_savepoint(conn, row, decision, now_ms)
             except Exception as exc:
                 if _store_failure(exc):
-                    store_failed = True
-                    _report_store_failure(outcome, held, row, exc, now_ms, path)
-                else:
-                    holds.undecidable(RoundEvent.COMMIT_FAILED, row, exc)
+                    return backlog_left, (row, exc)
+                refused.append((RoundEvent.COMMIT_FAILED, row, exc))
                 break
             if ok is not True:
                 outcome.cas_misses += 1
@@ -535,8 +606,7 @@ def run_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
                         "republished since the round read it; decided again next round",
                         _fields(row, None)))
                 break
-            committed += 1
-            _count(outcome, decision, row, now_ms)
+            written.append((row, decision))
             if (decision.kind not in (DecisionKind.FIRE, DecisionKind.INITIALIZE)
                     or decision.next_fire_at_ms > now_ms):
                 break
@@ -552,23 +622,13 @@ def run_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
                 if decision.scheduled_for_ms is not None and not row.execution_digest:
                     row.execution_digest = execution_digest(row)
             except Exception as exc:
-                holds.undecidable(RoundEvent.DECIDE_FAILED, row, exc)
+                refused.append((RoundEvent.DECIDE_FAILED, row, exc))
                 break
             if decision.kind is DecisionKind.NOT_DUE:
                 break
         else:
             backlog_left = True
-        if store_failed:
-            break
-    if committed:
-        held.store_recovered()
-    holds.summarise()
-    # Start the next round at once only after progress: rows committed, or undecidable rows
-    # (newly or again) held, so the next scan starts past them. A pair is held at most once per
-    # hold period, so this cannot spin; a round that changed nothing must wait its cadence.
-    progress = committed > 0 or holds.new > 0 or holds.repeated > 0
-    outcome.more_due = progress and not store_failed and (unread or backlog_left)
-    return outcome
+    return backlog_left, None
 
 
 def _report_store_failure(outcome: RoundOutcome, held: HeldSchedules, row: _DueRow,
