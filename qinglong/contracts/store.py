@@ -114,8 +114,13 @@ class Reader(Protocol):
         """Current trigger heads by project and id, optionally of one project, at most ``limit``."""
         ...
 
-    async def list_schedules(self, limit: int | None = None) -> Sequence[ScheduleView]:
-        """Every trigger's schedule, ordered like the due scan, at most ``limit``."""
+    async def list_schedules(self, limit: int | None = None,
+                             after: ScheduleView | tuple | None = None) -> Sequence[ScheduleView]:
+        """Every trigger's schedule, ordered like the due scan, at most ``limit``.
+
+        ``after``: a keyset cursor, the last schedule of the previous page (a
+        :class:`ScheduleView`, or its ``(next_fire_at_ms or None, project_id, trigger_id)``): the
+        page starts right after it, so paging costs each page its own rows."""
         ...
 
     async def recent_runs(self, limit: int = 20, trigger_id: str | None = None) -> Sequence[RunView]:

@@ -7,7 +7,7 @@ import sqlite3
 import time
 from typing import Callable, Sequence
 
-from qinglong.contracts.errors import NotFound
+from qinglong.contracts.errors import NotFound, UserError
 from qinglong.contracts.observe import StoreStats
 from qinglong.contracts.records import (
     MisfirePolicy,
@@ -26,7 +26,50 @@ from .publisher import head_from_row
 from .queries import q
 from .store import SqliteStore, named_one, named_rows, probe_owner_lock
 
-#: Upper bound of a listing when the caller gives none: a reader never loads a whole table.
+def _schedule_cursor(after) -> tuple | None:
+    """``(next_fire_at_ms or None, project_id, trigger_id)`` of a keyset cursor (None: from the
+    start); anything else is a :class:`~qinglong.contracts.errors.UserError`."""
+    if after is None:
+        return None
+    if isinstance(after, ScheduleView):
+        return (after.next_fire_at_ms, after.project_id, after.trigger_id)
+    if (isinstance(after, tuple) and len(after) == 3
+            and (after[0] is None or (isinstance(after[0], int) and not isinstance(after[0], bool)))
+            and isinstance(after[1], str) and isinstance(after[2], str)):
+        return after
+    raise UserError(f"invalid schedule cursor {after!r}: expected the last schedule of a page or "
+                    "(next_fire_at_ms or None, project_id, trigger_id)")
+
+
+def _schedule_view(row: sqlite3.Row) -> ScheduleView:
+    return record_from_row(ScheduleView, row, spec=json.loads(row["spec_json"]),
+                           enabled=bool(row["enabled"]),
+                           misfire_policy=MisfirePolicy(row["misfire_policy"]))
+
+
+def _schedule_page(conn: sqlite3.Connection, bound: int, cursor: tuple | None) -> list[ScheduleView]:
+    """One page of schedules after ``cursor``, on the connection's thread (one hop), in one read
+    transaction so both ranges see the same snapshot."""
+    rows: list[sqlite3.Row] = []
+    began = not conn.in_transaction
+    if began:
+        conn.execute("BEGIN")
+    try:
+        if cursor is None or cursor[0] is None:
+            project, trigger = ("", "") if cursor is None else cursor[1:]
+            rows = named_rows(conn, q("list_schedules_uninitialised"), {
+                "after_project": project, "after_trigger": trigger, "limit": bound}, bound)
+            cursor = (-(2 ** 63), "", "")
+        if len(rows) < bound:
+            rows += named_rows(conn, q("list_schedules_initialised"), {
+                "after_next": cursor[0], "after_project": cursor[1], "after_trigger": cursor[2],
+                "limit": bound - len(rows)}, bound - len(rows))
+    finally:
+        if began and conn.in_transaction:
+            conn.execute("COMMIT")
+    return [_schedule_view(row) for row in rows]
+
+
 class SqliteReader:
     """Implements :class:`qinglong.contracts.store.Reader` on the SQLite store."""
 
@@ -53,14 +96,19 @@ class SqliteReader:
             rows = await self._named_rows(q("list_triggers_of_project"), (project_id,), bound)
         return [head_from_row(row) for row in rows]
 
-    async def list_schedules(self, limit: int | None = None) -> Sequence[ScheduleView]:
-        """Schedules in due-scan order (uninitialised first, then the oldest cursor)."""
+    async def list_schedules(self, limit: int | None = None,
+                             after: ScheduleView | tuple | None = None) -> Sequence[ScheduleView]:
+        """Schedules in due-scan order (uninitialised first, then the oldest cursor, then project
+        and trigger id), at most ``limit`` (None: the listing bound).
+
+        ``after``: a keyset cursor, the last schedule of the previous page (a
+        :class:`ScheduleView`, or its ``(next_fire_at_ms or None, project_id, trigger_id)``): the
+        page starts right after it. Each page reads the two ranges of the due index from the
+        cursor on, so it costs its own rows however many schedules there are; a schedule that
+        moves while a listing pages may be seen twice or not at all, as in any keyset listing."""
         bound = listing_bound(limit)
-        rows = await self._named_rows(q("list_schedules"), (bound,), bound)
-        return [record_from_row(ScheduleView, row, spec=json.loads(row["spec_json"]),
-                                enabled=bool(row["enabled"]),
-                                misfire_policy=MisfirePolicy(row["misfire_policy"]))
-                for row in rows]
+        cursor = _schedule_cursor(after)
+        return await self._store.call(_schedule_page, bound, cursor)
 
     async def task_head(self, project_id: str, task_id: str) -> TaskRecord:
         """The task's head revision with its payload and digest (what ``task show`` prints);

@@ -14,14 +14,30 @@ SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfi
        misfire_grace_ms, enabled, content_digest
   FROM triggers WHERE project_id = ? ORDER BY trigger_id;
 
--- name: list_schedules
--- Schedules joined with their heads, in due-scan order.
+-- name: list_schedules_uninitialised
+-- Schedules awaiting initialisation (NULL cursor: first in the due order), by project and trigger,
+-- after the keyset (:after_project, :after_trigger), at most :limit. A range of the due index read
+-- in index order from the cursor on: a page costs its own rows, nothing is sorted.
 SELECT s.project_id, s.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,
        t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms
-  FROM trigger_schedules AS s
-  JOIN triggers AS t ON t.trigger_id = s.trigger_id
- ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
- LIMIT ?;
+  FROM trigger_schedules AS s INDEXED BY trigger_schedules_due
+ CROSS JOIN triggers AS t ON t.trigger_id = s.trigger_id
+ WHERE s.next_fire_at_ms IS NULL
+   AND (s.project_id, s.trigger_id) > (:after_project, :after_trigger)
+ ORDER BY s.next_fire_at_ms, s.project_id, s.trigger_id
+ LIMIT :limit;
+
+-- name: list_schedules_initialised
+-- Schedules with a cursor, oldest first, then by project and trigger, after the keyset
+-- (:after_next, :after_project, :after_trigger), at most :limit; the second range of the due index.
+SELECT s.project_id, s.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,
+       t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms
+  FROM trigger_schedules AS s INDEXED BY trigger_schedules_due
+ CROSS JOIN triggers AS t ON t.trigger_id = s.trigger_id
+ WHERE s.next_fire_at_ms IS NOT NULL
+   AND (s.next_fire_at_ms, s.project_id, s.trigger_id) > (:after_next, :after_project, :after_trigger)
+ ORDER BY s.next_fire_at_ms, s.project_id, s.trigger_id
+ LIMIT :limit;
 
 -- name: recent_runs
 -- The newest Runs first (rowid follows insertion order).
