@@ -4,6 +4,7 @@ on a store that does not execute Runs; they never create or migrate a store."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from qinglong.contracts.errors import ExitCode
@@ -55,44 +56,160 @@ def _first_fire_preview(schedule: Any, providers: Any) -> int | None:
     return provider.next_after(schedule.spec, published)
 
 
+#: Schedules read per page by ``schedules``: each page is printed as it arrives, so memory is one
+#: page whatever the store holds.
+SCHEDULES_PAGE = 1_000
+
+
+def encode_schedule_cursor(schedule: Any) -> str:
+    """The ``--after`` token of a schedule: its keyset (next fire time or null, project, trigger)
+    as compact JSON in URL-safe base64, so it passes through a shell unquoted."""
+    import base64
+    import json
+
+    raw = json.dumps([schedule.next_fire_at_ms, schedule.project_id, schedule.trigger_id],
+                     separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_schedule_cursor(token: str) -> tuple:
+    """The keyset of an ``--after`` token (argparse type); a clear error for anything else."""
+    import base64
+    import binascii
+    import json
+
+    try:
+        value = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        value = None
+    if (isinstance(value, list) and len(value) == 3
+            and (value[0] is None or (isinstance(value[0], int) and not isinstance(value[0], bool)))
+            and isinstance(value[1], str) and isinstance(value[2], str)):
+        return tuple(value)
+    raise argparse.ArgumentTypeError(
+        f"{token!r} is not a schedule cursor: pass the token a listing printed after "
+        "'--after' when its --limit cut it")
+
+
+async def _schedule_pages(reader: Any, limit: int | None, after: tuple | None) -> Any:
+    """Yield pages of at most :data:`SCHEDULES_PAGE` schedules after ``after``, at most ``limit`` in
+    all; then yield the last schedule's cursor token as a string if ``limit`` cut the listing
+    (more schedules follow), else nothing more. A reader without ``after`` is read once."""
+    import inspect
+
+    if "after" not in inspect.signature(reader.list_schedules).parameters:
+        if after is not None:
+            from qinglong.contracts.errors import UserError
+
+            raise UserError("this store's reader cannot page schedules; --after is not available")
+        yield list(await limited(reader.list_schedules, limit))
+        return
+    left = limit
+    while left is None or left > 0:
+        size = SCHEDULES_PAGE if left is None else min(SCHEDULES_PAGE, left)
+        page = await reader.list_schedules(size, after=after)
+        if page:
+            yield page
+            after = page[-1]
+        if left is not None:
+            left -= len(page)
+        if len(page) < size:
+            return
+    if page and await reader.list_schedules(1, after=after):
+        yield encode_schedule_cursor(page[-1])
+
+
+def _schedule_json(s: Any, preview: Any, lag: Any, as_of: Any, status: Any) -> dict:
+    return {"project_id": s.project_id, "trigger_id": s.trigger_id,
+            "trigger_revision": s.trigger_revision, "kind": s.kind, "spec": dict(s.spec),
+            "enabled": s.enabled, "misfire_policy": s.misfire_policy.value,
+            "next_fire_at_ms": s.next_fire_at_ms, "pending_first_fire_at_ms": preview,
+            "published_at_ms": getattr(s, "published_at_ms", None),
+            "last_scheduled_at_ms": s.last_scheduled_at_ms, "lag_ms": lag, "lag_as_of_ms": as_of,
+            "scheduler_running": None if status is None else status.running}
+
+
+class _StreamedTable:
+    """A table printed page by page: the header once, columns as wide as the widest cell so far."""
+
+    def __init__(self, headers: list[str]) -> None:
+        self.headers = headers
+        self.widths = [len(h) for h in headers]
+        self.started = False
+
+    def page(self, rows: list[list[Any]]) -> None:
+        cells = [[str(c) for c in row] for row in rows]
+        for row in cells:
+            self.widths = [max(w, len(c)) for w, c in zip(self.widths, row)]
+        lines = []
+        if not self.started:
+            self.started = True
+            lines.append("  ".join(h.ljust(w) for h, w in zip(self.headers, self.widths)).rstrip())
+        lines.extend("  ".join(c.ljust(w) for c, w in zip(row, self.widths)).rstrip() for row in cells)
+        if lines:
+            sys.stdout.write("\n".join(lines) + "\n")
+            sys.stdout.flush()
+
+
 def cmd_schedules(args: argparse.Namespace) -> int:
-    """Every trigger's next fire time, and its lag while a scheduler runs."""
+    """Every trigger's next fire time, and its lag while a scheduler runs, read and printed a page
+    at a time (memory stays one page whatever the store holds).
+
+    ``--json`` streams ONE JSON array: ``[`` first, each schedule's object as its page arrives,
+    ``]`` last; should the store fail mid-listing, the array is left open and the exit code says
+    so. When ``--limit`` cut the listing, the cursor of its last schedule is printed (a last line
+    ``more: --after TOKEN``; on standard error with ``--json``) to continue from there."""
+    import json
+
     container = container_of(args)
-
-    async def go(backend: Any) -> tuple[Any, Any]:
-        reader = backend.reader()
-        schedules = await limited(reader.list_schedules, args.limit)
-        return schedules, await _scheduler_status(reader)
-
-    schedules, status = on_backend(container, go, create=False)
-    now = now_ms()
     providers = container.trigger_providers()
-    # Lag grows only while a scheduler works the store; a stopped one's lag is frozen at its last
-    # round (or not known at all). A store that cannot tell keeps the old reading, up to now.
-    if status is None or status.running:
-        as_of: int | None = now
-    else:
-        as_of = status.last_round_at_ms
-    rows = []
-    for s in schedules:
-        rows.append((s, _first_fire_preview(s, providers), s.lag_ms(as_of) if as_of is not None else None))
-    if args.json:
-        print_json([{"project_id": s.project_id, "trigger_id": s.trigger_id,
-                      "trigger_revision": s.trigger_revision, "kind": s.kind, "spec": dict(s.spec),
-                      "enabled": s.enabled, "misfire_policy": s.misfire_policy.value,
-                      "next_fire_at_ms": s.next_fire_at_ms, "pending_first_fire_at_ms": preview,
-                      "published_at_ms": getattr(s, "published_at_ms", None),
-                      "last_scheduled_at_ms": s.last_scheduled_at_ms, "lag_ms": lag, "lag_as_of_ms": as_of,
-                      "scheduler_running": None if status is None else status.running}
-                     for s, preview, lag in rows])
-        return ExitCode.OK
-    print(_status_line(status))
-    print_table(["project", "trigger", "rev", "enabled", "next_fire_at", "last_scheduled", "lag_ms", "schedule"],
-                 [[s.project_id, s.trigger_id, s.trigger_revision, yes_no(s.enabled),
-                   f"{iso(preview)} (pending)" if preview is not None else iso(s.next_fire_at_ms),
-                   iso(s.last_scheduled_at_ms), lag if lag is not None else "stopped",
-                   providers[s.kind].describe(s.spec) if s.kind in providers else s.kind]
-                  for s, preview, lag in rows])
+
+    async def go(backend: Any) -> None:
+        reader = backend.reader()
+        status = await _scheduler_status(reader)
+        # Lag grows only while a scheduler works the store; a stopped one's lag is frozen at its
+        # last round (or not known at all). A store that cannot tell keeps the old reading, up to now.
+        as_of = now_ms() if status is None or status.running else status.last_round_at_ms
+        table = None
+        if args.json:
+            sys.stdout.write("[")
+        else:
+            print(_status_line(status))
+            table = _StreamedTable(["project", "trigger", "rev", "enabled", "next_fire_at",
+                                    "last_scheduled", "lag_ms", "schedule"])
+        first = True
+        more = None
+        async for page in _schedule_pages(reader, args.limit, args.after):
+            if isinstance(page, str):
+                more = page
+                break
+            rows = [(s, _first_fire_preview(s, providers),
+                     s.lag_ms(as_of) if as_of is not None else None) for s in page]
+            if table is None:
+                chunk = []
+                for s, preview, lag in rows:
+                    chunk.append(("\n  " if first else ",\n  ")
+                                 + json.dumps(_schedule_json(s, preview, lag, as_of, status), default=str))
+                    first = False
+                sys.stdout.write("".join(chunk))
+                sys.stdout.flush()
+            else:
+                table.page([[s.project_id, s.trigger_id, s.trigger_revision, yes_no(s.enabled),
+                             f"{iso(preview)} (pending)" if preview is not None else iso(s.next_fire_at_ms),
+                             iso(s.last_scheduled_at_ms), lag if lag is not None else "stopped",
+                             providers[s.kind].describe(s.spec) if s.kind in providers else s.kind]
+                            for s, preview, lag in rows])
+        if table is None:
+            sys.stdout.write("\n]\n" if not first else "]\n")
+            sys.stdout.flush()
+            if more is not None:
+                print(f"more: --after {more}", file=sys.stderr)
+        else:
+            table.page([])
+            if more is not None:
+                print(f"more: --after {more}")
+
+    on_backend(container, go, create=False)
     return ExitCode.OK
 
 
@@ -129,8 +246,14 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add ``schedules`` and ``skips`` (``runs`` is :mod:`.runs`'s)."""
     p = add_command(sub, common, "schedules", "every trigger's next fire time, and its lag while a scheduler runs",
                     cmd_schedules)
-    p.add_argument("--limit", type=positive_count, default=None, help="at most N schedules")
+    p.add_argument("--limit", type=positive_count, default=None,
+                   help="at most N schedules; when more follow, the last line says how to go on "
+                        "(more: --after TOKEN; on standard error with --json)")
+    p.add_argument("--after", type=decode_schedule_cursor, default=None, metavar="CURSOR",
+                   help="start after the schedule of this cursor (the TOKEN a --limit listing printed)")
     add_json_flag(p)
+    p.epilog = ("Schedules are read and printed 1,000 at a time, so a store of any size lists in "
+                "bounded memory. --json streams one JSON array, written element by element.")
     p = add_command(sub, common, "skips", "recorded misfires (skipped occurrences)", cmd_skips)
     p.add_argument("--limit", type=positive_count, default=20, help="records to show (default 20)")
     add_json_flag(p)
