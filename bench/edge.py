@@ -152,10 +152,12 @@ def child_ceiling(path: str, count: int, synchronous: str) -> dict:
                      "trigger_revision = ? AND state_version = ? AND next_fire_at_ms IS ?",
                      (nxt + 3_600_000, nxt, now, tid, rev, version, nxt))
         run_id = uuid.uuid4().hex
-        conn.execute("INSERT INTO runs VALUES (?, 'bench', ?, ?, 'job', 1, 'sha256:0', ?, ?, ?, 'queued', ?)",
+        conn.execute("INSERT INTO runs (run_id, project_id, trigger_id, trigger_revision, task_id, "
+                     "task_revision, task_digest, scheduled_for_ms, admitted_at_ms, queued_at_ms, state, "
+                     "idempotency_key) VALUES (?, 'bench', ?, ?, 'job', 1, 'sha256:0', ?, ?, ?, 'queued', ?)",
                      (run_id, tid, rev, nxt, now, now, f"ql3:cron:v1:{tid}:{rev}:{nxt}"))
         conn.execute("INSERT INTO attempts (attempt_id, run_id, attempt_no, state, executor, "
-                     "execution_digest, created_at_ms) VALUES (?, ?, 1, 'claimed', 'remote_worker', "
+                     "execution_digest, created_at_ms) VALUES (?, ?, 1, 'claimed', 'local_process', "
                      "'sha256:0', ?)", (uuid.uuid4().hex, run_id, now))
         conn.execute("INSERT INTO run_events (run_id, seq, type, at_ms) VALUES (?1, 1, 'run.created', ?2), "
                      "(?1, 2, 'run.queued', ?2)", (run_id, now))
