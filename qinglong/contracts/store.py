@@ -300,6 +300,23 @@ def check_command(label: str, argv: Sequence[str]) -> None:
 MAX_LISTING_ROWS = 100_000
 
 
+def schedule_cursor(after: Any) -> tuple[int | None, str, str] | None:
+    """The keyset ``(next_fire_at_ms or None, project_id, trigger_id)`` of a schedule listing's
+    ``after`` (the last :class:`ScheduleView` of a page, or that tuple); None from the start.
+    Anything else is a :class:`~qinglong.contracts.errors.UserError`, in the same words on every
+    backend."""
+    if after is None:
+        return None
+    if isinstance(after, ScheduleView):
+        return (after.next_fire_at_ms, after.project_id, after.trigger_id)
+    if (isinstance(after, tuple) and len(after) == 3
+            and (after[0] is None or (isinstance(after[0], int) and not isinstance(after[0], bool)))
+            and isinstance(after[1], str) and isinstance(after[2], str)):
+        return after
+    raise UserError(f"invalid schedule cursor {after!r}: expected the last schedule of a page or "
+                    "(next_fire_at_ms or None, project_id, trigger_id)")
+
+
 def listing_bound(limit: int | None) -> int:
     """The number of rows a reader returns for ``limit``: :data:`MAX_LISTING_ROWS` for None, else
     ``limit`` capped by it. Raises :class:`~qinglong.contracts.errors.UserError` for a limit that

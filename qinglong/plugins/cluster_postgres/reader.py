@@ -13,7 +13,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
-from qinglong.contracts.errors import StoreUnavailable, UserError
+from qinglong.contracts.errors import StoreUnavailable
 
 from qinglong.contracts.observe import StoreStats
 from qinglong.contracts.records import (
@@ -26,23 +26,9 @@ from qinglong.contracts.records import (
     TriggerHead,
     record_from_row,
 )
-from qinglong.contracts.store import SchedulerLimits, listing_bound
+from qinglong.contracts.store import SchedulerLimits, listing_bound, schedule_cursor
 
 from .sql import query
-
-
-def _schedule_cursor(after) -> tuple:
-    """``(next_fire_at_ms, project_id, trigger_id)`` of a keyset cursor (all None: no cursor)."""
-    if after is None:
-        return (None, None, None)
-    if isinstance(after, ScheduleView):
-        return (after.next_fire_at_ms, after.project_id, after.trigger_id)
-    if (isinstance(after, tuple) and len(after) == 3
-            and (after[0] is None or (isinstance(after[0], int) and not isinstance(after[0], bool)))
-            and isinstance(after[1], str) and isinstance(after[2], str)):
-        return after
-    raise UserError(f"invalid schedule cursor {after!r}: expected the last schedule of a page or "
-                    "(next_fire_at_ms or None, project_id, trigger_id)")
 
 
 def liveness_window_ms(limits: SchedulerLimits) -> int:
@@ -94,7 +80,7 @@ class ClusterReader:
         A statement that outlives the statement timeout raises StoreUnavailable (page with a
         smaller ``limit``)."""
         bound = listing_bound(limit)
-        cursor = _schedule_cursor(after)
+        cursor = schedule_cursor(after) or (None, None, None)
         try:
             rows = await self._fetch("list_schedules", {
                 "limit": bound, "after_next": cursor[0], "after_project": cursor[1],

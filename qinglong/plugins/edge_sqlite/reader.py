@@ -7,7 +7,7 @@ import sqlite3
 import time
 from typing import Callable, Sequence
 
-from qinglong.contracts.errors import NotFound, UserError
+from qinglong.contracts.errors import NotFound
 from qinglong.contracts.observe import StoreStats
 from qinglong.contracts.records import (
     MisfirePolicy,
@@ -20,26 +20,11 @@ from qinglong.contracts.records import (
     TriggerHead,
     record_from_row,
 )
-from qinglong.contracts.store import listing_bound
+from qinglong.contracts.store import listing_bound, schedule_cursor
 
 from .publisher import head_from_row
 from .queries import q
 from .store import SqliteStore, named_one, named_rows, probe_owner_lock
-
-def _schedule_cursor(after) -> tuple | None:
-    """``(next_fire_at_ms or None, project_id, trigger_id)`` of a keyset cursor (None: from the
-    start); anything else is a :class:`~qinglong.contracts.errors.UserError`."""
-    if after is None:
-        return None
-    if isinstance(after, ScheduleView):
-        return (after.next_fire_at_ms, after.project_id, after.trigger_id)
-    if (isinstance(after, tuple) and len(after) == 3
-            and (after[0] is None or (isinstance(after[0], int) and not isinstance(after[0], bool)))
-            and isinstance(after[1], str) and isinstance(after[2], str)):
-        return after
-    raise UserError(f"invalid schedule cursor {after!r}: expected the last schedule of a page or "
-                    "(next_fire_at_ms or None, project_id, trigger_id)")
-
 
 def _schedule_view(row: sqlite3.Row) -> ScheduleView:
     return record_from_row(ScheduleView, row, spec=json.loads(row["spec_json"]),
@@ -107,7 +92,7 @@ class SqliteReader:
         cursor on, so it costs its own rows however many schedules there are; a schedule that
         moves while a listing pages may be seen twice or not at all, as in any keyset listing."""
         bound = listing_bound(limit)
-        cursor = _schedule_cursor(after)
+        cursor = schedule_cursor(after)
         return await self._store.call(_schedule_page, bound, cursor)
 
     async def task_head(self, project_id: str, task_id: str) -> TaskRecord:
