@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from tests.proc_helpers import group_members  # noqa: F401 (re-exported)
+
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
@@ -209,19 +211,3 @@ def process_exists(pid: int) -> bool:
         return False
     return stat[stat.rindex(b")") + 2:].split()[0] != b"Z"
 
-
-def group_members(pgid: int) -> list[int]:
-    """Live processes in process group ``pgid``."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2:].split()
-        if fields[0] != b"Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members

@@ -82,14 +82,15 @@ def test_timeout_ends_timed_out_and_takes_the_whole_process_group(tmp_path: Path
             wait_until(lambda: all((d / f"{name}.{p}").exists() and (d / f"{name}.{p}").read_text().strip()
                                    for p in ("shell", "child", "grandchild")),
                        f"{name}: its processes started", alive=cp)
-            shell = int((d / f"{name}.shell").read_text())
-            stat = Path(f"/proc/{shell}/stat").read_bytes()
-            groups[name] = int(stat[stat.rindex(b")") + 2:].split()[2])
         for name in ("slow", "stubborn"):
             run = wait_until(lambda: (r := _run_of_task(ws, name)) and r["state"] in TERMINAL and r,
                              f"{name}: the Run ended", alive=cp, interval=0.3)
             assert run["state"] == "timed_out", run
             assert run["attempts"] == 1, run
+            # the group is the wrapper's pid, kept in the Attempt's directory (read from there,
+            # not from /proc: under load the timeout may have ended the job before we looked)
+            attempt_dir = ws.cli_json("runs", "show", run["run_id"])["attempts"][0]["attempt_dir"]
+            groups[name] = int(Path(attempt_dir, "pid").read_text())
             wait_until(lambda: not group_members(groups[name]), f"{name}: its process group gone",
                        timeout=30)
             for p in ("shell", "child", "grandchild"):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shlex
 import time
 import uuid
@@ -22,6 +21,8 @@ from qinglong.contracts.errors import AlreadyExists
 from qinglong.contracts.execution import RunState
 from qinglong.host.containers import build_container
 from qinglong.host.settings import load_settings
+
+from tests.proc_helpers import group_members, process_alive  # noqa: F401 (re-exported)
 
 T = TypeVar("T")
 WAIT_S = 60.0
@@ -159,30 +160,8 @@ async def opened(settings: Path) -> AsyncIterator[Any]:
         await backend.close()
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group ``pgid``."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2:].split()
-        if fields[0] != b"Z" and int(fields[2]) == pgid:
-            found.append(int(entry.name))
-    return found
 
 
-def process_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2:].split()[0] != b"Z"
 
 
 def wrapper_pid(attempt_dir: str) -> int:
