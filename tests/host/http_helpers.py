@@ -35,6 +35,23 @@ class NotifySocket:
         self.sock.close()
 
 
+def fetch(port: int, path: str) -> tuple[int, bytes]:
+    """``GET path`` on the loopback port: the status and the body's bytes."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def surface_port(lifecycle: Any) -> int:
+    """The port the HTTP surface of an in-process lifecycle listens on."""
+    (surface,) = [c for c in lifecycle._started if c.name == "http"]
+    return surface._server.sockets[0].getsockname()[1]
+
+
 def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_") and k != "NOTIFY_SOCKET"}
     env["PYTHONPATH"] = str(REPO)

@@ -7,7 +7,7 @@ import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from http_helpers import cli, write_settings
+from http_helpers import cli, fetch, surface_port, write_settings
 from qinglong.contracts.observe import STATS_CACHE_MS
 from qinglong.host.containers import build_container
 from qinglong.host.http.metrics import Metrics, StatsCache
@@ -58,28 +58,16 @@ def test_a_failed_store_read_serves_the_last_values_and_counts_an_error(tmp_path
 def test_livez_and_readyz_fail_when_the_scheduler_loop_died_outside_a_stop(tmp_path):
     """A process whose scheduler loop ended (a bug, a cancelled task) but that still answers 200
     is never restarted: it admits nothing while every probe says all is well."""
-    import http.client
-
     settings = write_settings(tmp_path)
-
-    def get(port: int, path: str) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        try:
-            conn.request("GET", path)
-            response = conn.getresponse()
-            return response.status, response.read()
-        finally:
-            conn.close()
 
     async def scenario() -> None:
         lifecycle = build_container(load_settings(settings)).lifecycle()
         await lifecycle.start()
         try:
-            (surface,) = [c for c in lifecycle._started if c.name == "http"]
-            port = surface._server.sockets[0].getsockname()[1]
+            port = surface_port(lifecycle)
             loop = asyncio.get_running_loop()
-            assert await loop.run_in_executor(None, get, port, "/livez") == (200, b"alive\n")
-            assert await loop.run_in_executor(None, get, port, "/readyz") == (200, b"ready\n")
+            assert await loop.run_in_executor(None, fetch, port, "/livez") == (200, b"alive\n")
+            assert await loop.run_in_executor(None, fetch, port, "/readyz") == (200, b"ready\n")
             task = lifecycle.loop._task
             task.cancel()  # the loop dies while nobody asked for a stop
             try:
@@ -87,8 +75,8 @@ def test_livez_and_readyz_fail_when_the_scheduler_loop_died_outside_a_stop(tmp_p
             except asyncio.CancelledError:
                 pass
             problem = b"the scheduler loop is not running\n"
-            assert await loop.run_in_executor(None, get, port, "/livez") == (503, b"not alive: " + problem)
-            assert await loop.run_in_executor(None, get, port, "/readyz") == (503, b"not ready: " + problem)
+            assert await loop.run_in_executor(None, fetch, port, "/livez") == (503, b"not alive: " + problem)
+            assert await loop.run_in_executor(None, fetch, port, "/readyz") == (503, b"not ready: " + problem)
         finally:
             await lifecycle.stop()
 

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from host_helpers import wait_until
-from http_helpers import Plane, child_env, cli, write_settings
+from http_helpers import Plane, child_env, cli, fetch, surface_port, write_settings
 from qinglong.contracts.observe import METRICS, MetricType
 
 TOKEN = "s3cret-token-" + "x" * 24
@@ -183,7 +183,6 @@ def test_a_probe_answers_only_fixed_phrases_whatever_the_readiness_line_holds(tm
     is missing from the fixed phrases would be answered as a bare 'not ready', hiding why."""
     import ast
     import asyncio
-    import http.client
 
     from qinglong.host import lifecycle as lifecycle_module
     from qinglong.host.containers import build_container
@@ -204,29 +203,19 @@ def test_a_probe_answers_only_fixed_phrases_whatever_the_readiness_line_holds(tm
 
     settings = write_settings(tmp_path, http=f'listen = "127.0.0.1:0"\ntoken = "{TOKEN}"')
 
-    def get(port: int, path: str) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        try:
-            conn.request("GET", path)
-            response = conn.getresponse()
-            return response.status, response.read()
-        finally:
-            conn.close()
-
     async def scenario() -> None:
         lifecycle = build_container(load_settings(settings)).lifecycle()
         await lifecycle.start()
         try:
-            (surface,) = [c for c in lifecycle._started if c.name == "http"]
-            port = surface._server.sockets[0].getsockname()[1]
+            port = surface_port(lifecycle)
             loop = asyncio.get_running_loop()
-            assert await loop.run_in_executor(None, get, port, "/readyz") == (200, b"ready\n")
+            assert await loop.run_in_executor(None, fetch, port, "/readyz") == (200, b"ready\n")
             readiness = lifecycle.readiness
             readiness.ready = False
             readiness.reason = "starting: connecting to postgresql://qinglong:hunter2@db:5432/q"
-            assert await loop.run_in_executor(None, get, port, "/readyz") == (503, b"not ready\n")
+            assert await loop.run_in_executor(None, fetch, port, "/readyz") == (503, b"not ready\n")
             readiness.reason = "starting: startup recovery"
-            assert await loop.run_in_executor(None, get, port, "/readyz") == (503, b"starting: startup recovery\n")
+            assert await loop.run_in_executor(None, fetch, port, "/readyz") == (503, b"starting: startup recovery\n")
             readiness.ready = True
         finally:
             await lifecycle.stop()
