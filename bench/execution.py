@@ -88,7 +88,9 @@ def _pss_kib(pid: int) -> int:
     raise KeyError("Pss")
 
 
-def _children_of(pid: int) -> list[int]:
+def _live_processes(field: int, value: int) -> list[int]:
+    """Live (non-zombie) pids whose ``/proc/<pid>/stat`` field ``field`` (counted after the
+    command name: 1 the parent, 2 the process group) is ``value``."""
     found = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -98,24 +100,17 @@ def _children_of(pid: int) -> list[int]:
             except OSError:
                 continue
             fields = stat[stat.rindex(b")") + 2:].split()
-            if int(fields[1]) == pid and fields[0] != b"Z":
+            if int(fields[field]) == value and fields[0] != b"Z":
                 found.append(int(entry.name))
     return found
+
+
+def _children_of(pid: int) -> list[int]:
+    return _live_processes(1, pid)
 
 
 def _group_members(pgid: int) -> list[int]:
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                    stat = fh.read()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(b")") + 2:].split()
-            if int(fields[2]) == pgid and fields[0] != b"Z":
-                found.append(int(entry.name))
-    return found
+    return _live_processes(2, pgid)
 
 
 def _cmdline(pid: int) -> list[bytes]:
