@@ -160,12 +160,8 @@ async def edge_reads(root: Path, reads: int):
     return samples, first
 
 
-async def edge_admit(root: Path) -> int:
-    """Real scheduler rounds on the edge store until one admits nothing; Runs admitted."""
-    from qinglong.host.containers import build_container
-    from qinglong.host.settings import load_settings
-
-    backend = build_container(load_settings(root / "off.toml")).backend()
+async def _admit_until_idle(backend) -> int:
+    """Real scheduler rounds on ``backend`` until one admits and claims nothing; Runs admitted."""
     await backend.open()
     admitted = 0
     try:
@@ -176,6 +172,14 @@ async def edge_admit(root: Path) -> int:
                 return admitted
     finally:
         await backend.close()
+
+
+async def edge_admit(root: Path) -> int:
+    """Real scheduler rounds on the edge store until one admits nothing; Runs admitted."""
+    from qinglong.host.containers import build_container
+    from qinglong.host.settings import load_settings
+
+    return await _admit_until_idle(build_container(load_settings(root / "off.toml")).backend())
 
 
 def edge_make_due(db: Path, trigger_ids: list[str]) -> None:
@@ -246,17 +250,7 @@ async def cluster_admit(dsns: dict) -> int:
     """Real scheduler rounds on the cluster store until one admits nothing; Runs admitted."""
     import cluster as bench_cluster
 
-    backend = bench_cluster._admin_backend(dsns)
-    await backend.open()
-    admitted = 0
-    try:
-        while True:
-            report = await backend.run_round()
-            admitted += report.admitted
-            if report.admitted == 0 and report.claimed == 0:
-                return admitted
-    finally:
-        await backend.close()
+    return await _admit_until_idle(bench_cluster._admin_backend(dsns))
 
 
 def bench_cluster(counts: list[int], due: int, reads: int) -> tuple[list[dict], dict]:
