@@ -205,6 +205,9 @@ class ExecutionSpec:
     idempotent: bool = False
     log_limit_bytes: int = 4 * 1024 * 1024
     executor: str = "local_process"
+    #: Labels a cluster worker must offer to run this task (all of them). A local profile runs
+    #: every Run on its own machine and does not read them.
+    labels: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +233,7 @@ CONTRACT_LIMITS = ExecutionLimits(
 
 #: The payload keys the execution spec reads; any other key is the task's own data.
 EXECUTION_KEYS = ("command", "env", "working_dir", "timeout_ms", "concurrency", "retry", "idempotent",
-                  "log_limit_bytes", "executor")
+                  "log_limit_bytes", "executor", "labels")
 
 #: Environment variable names a task may not set: the ones the executor sets for each Attempt.
 _RESERVED_ENV_PREFIXES = ("QINGLONG_",)
@@ -401,8 +404,29 @@ def parse_execution_spec(task_id: str, payload: Mapping[str, Any],
     if (not isinstance(executor, str) or not executor or not executor.isprintable()
             or not _is_unicode(executor)):
         raise _refuse(task_id, "executor", "the name of an executor", executor)
+    labels = parse_labels(payload.get("labels", []),
+                          lambda expected, value: _refuse(task_id, "labels", expected, value))
     return ExecutionSpec(tuple(command), env, working_dir, timeout_ms, concurrency, retry,
-                         idempotent, log_limit, executor)
+                         idempotent, log_limit, executor, labels)
+
+
+#: What a label may be: what a worker offers and a task requires (``gpu``, ``zone=eu-1``).
+LABEL_PATTERN = r"^[A-Za-z0-9_.:=/-]{1,64}$"
+MAX_LABELS = 32
+
+
+def parse_labels(value: Any, refuse: Any) -> tuple[str, ...]:
+    """A list of distinct labels, sorted; ``refuse(expected, value)`` builds the error."""
+    import re
+
+    expected = (f"a list of at most {MAX_LABELS} labels, each 1-64 characters of letters, digits "
+                "and _ . : = / -")
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_LABELS:
+        raise refuse(expected, value)
+    for label in value:
+        if not isinstance(label, str) or not re.match(LABEL_PATTERN, label):
+            raise refuse(expected, label)
+    return tuple(sorted(set(value)))
 
 
 def spec_to_payload(spec: ExecutionSpec) -> dict[str, Any]:
@@ -429,6 +453,8 @@ def spec_to_payload(spec: ExecutionSpec) -> dict[str, Any]:
         payload["concurrency"]["max_running"] = spec.concurrency.max_running
     if spec.retry.exit_codes is not None:
         payload["retry"]["exit_codes"] = list(spec.retry.exit_codes)
+    if spec.labels:
+        payload["labels"] = list(spec.labels)
     return payload
 
 

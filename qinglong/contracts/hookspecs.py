@@ -40,6 +40,7 @@ import pluggy
 if TYPE_CHECKING:  # types only; nothing here is imported at run time
     from .diagnostics import DiagnosticSink
     from .execution import ExecutorSpec
+    from .worker import WorkerProtocolSpec
     from .providers import TriggerCliOptions, TriggerProvider
     from .store import SchedulerBackend, SchedulerBackendSpec
 
@@ -176,6 +177,23 @@ class QinglongHookSpecs:
 
         Two plugins offering one name are refused naming both; an item that is not an
         ``ExecutorSpec`` is refused naming the plugin. Returning nothing offers no executor.
+        Raising stops the command with ``PluginLoadError`` naming the plugin.
+        """
+
+    @hookspec
+    def qinglong_worker_protocols(self) -> Iterable["WorkerProtocolSpec"]:
+        """Return the stores a ``qinglong worker`` can talk to through the worker protocol.
+
+        Called once by ``qinglong worker`` at start, before it connects. The worker uses the
+        protocol named by the profile's backend (``[profile] backend``) and connects with
+        ``[worker] dsn``.
+
+        :returns: An iterable of :class:`~qinglong.contracts.worker.WorkerProtocolSpec`; each name
+            must be unique across the loaded plugins.
+
+        Two plugins offering one name are refused naming both; an item that is not a
+        ``WorkerProtocolSpec`` is refused naming the plugin. Returning nothing offers none (a
+        profile whose backend offers none cannot run workers, and ``qinglong worker`` says so).
         Raising stops the command with ``PluginLoadError`` naming the plugin.
         """
 

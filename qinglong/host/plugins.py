@@ -376,6 +376,17 @@ class PluginHost:
             lambda spec: spec.name,
             "two plugins provide executor {key}: {first} and {second}; disable one of them")
 
+    def worker_protocol_specs(self) -> dict[str, Any]:
+        """Worker protocols by name; two of one name are refused, naming both plugins."""
+        from qinglong.contracts.worker import WorkerProtocolSpec
+
+        return self._unique(
+            "qinglong_worker_protocols", "a WorkerProtocolSpec (name, create)",
+            lambda spec: (isinstance(spec, WorkerProtocolSpec) and isinstance(spec.name, str)
+                          and bool(spec.name) and callable(spec.create)),
+            lambda spec: spec.name,
+            "two plugins provide worker protocol {key}: {first} and {second}; disable one of them")
+
     def diagnostic_sinks(self, settings: Any) -> list[DiagnosticSink]:
         """Extra diagnostic sinks from plugins."""
         return [sink for _, sink in self._collect("qinglong_diagnostic_sinks", settings=settings)]

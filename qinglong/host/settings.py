@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from qinglong.contracts.diagnostics import redact
@@ -89,6 +89,31 @@ class ExecutionSettings(BaseModel):
     min_free_bytes: int = Field(64 * 1024 * 1024, ge=0,
                                 description="below this free space on the log filesystem, oldest logs go first")
     prune_batch: int = Field(200, ge=1, le=10_000, description="rows pruned per batch")
+
+
+class WorkerSettings(BaseModel):
+    """``[worker]``: a ``qinglong worker`` process of the cluster profile, which pulls Runs from
+    the store through the worker protocol and runs them with the executor plugins.
+    ``max_running`` is capped by the profile; the timing must let a worker miss one heartbeat and
+    still stop its jobs inside its session lease (checked at start, in words)."""
+
+    model_config = ConfigDict(extra="forbid")
+    dsn: SecretStr | None = Field(None, description="the worker_ingress role's connection (a secret)")
+    worker_id: str | None = Field(None, min_length=1, max_length=200,
+                                  description="this worker's id; default: the host name")
+    labels: list[str] = Field(default_factory=list, description="what this worker offers to tasks' labels")
+    max_running: int = Field(2, ge=1, description="jobs running at once on this worker")
+    session_lease_ms: int = Field(45_000, ge=5_000, le=600_000,
+                                  description="session lease, in the store's clock")
+    heartbeat_ms: int = Field(10_000, ge=500, le=300_000, description="between heartbeats")
+    self_fence_margin_ms: int = Field(5_000, ge=500, le=120_000,
+                                      description="jobs are gone this long before the lease can expire")
+    kill_grace_ms: int = Field(10_000, ge=100, le=600_000, description="between TERM and KILL")
+    poll_ms: int = Field(1_000, ge=50, le=60_000, description="between claims while there are free slots")
+    log_dir: str | None = Field(None, description="Attempt logs on this machine; default: ./qinglong-worker-logs")
+    drain_timeout_ms: int = Field(60_000, ge=0, le=3_600_000,
+                                  description="at SIGTERM: how long running jobs may finish before they are stopped")
+    log_retention_days: float = Field(7, gt=0, description="local Attempt directories are deleted after this")
 
 
 class HttpSettings(BaseModel):
@@ -160,6 +185,7 @@ class QinglongSettings(BaseSettings):
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
     backend: dict[str, Any] = Field(
         default_factory=dict, description="validated by the profile's backend plugin"
@@ -331,6 +357,7 @@ class _FileLayer(BaseModel):
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
     backend: dict[str, Any] = Field(default_factory=dict)
 
@@ -425,6 +452,7 @@ def _check_caps(loaded: LoadedSettings) -> None:
         ("scheduler", "page_size", s.page_size, p.page_size_cap),
         ("scheduler", "claim_budget", s.claim_budget, p.claim_budget_cap),
         ("execution", "max_running", e.max_running, p.max_running_cap),
+        ("worker", "max_running", loaded.settings.worker.max_running, p.max_running_cap),
         ("execution", "max_timeout_ms", e.max_timeout_ms, p.timeout_cap_ms),
         ("execution", "log_limit_bytes", e.log_limit_bytes, p.log_limit_cap_bytes),
         ("execution", "default_timeout_ms", e.default_timeout_ms, e.max_timeout_ms),
