@@ -41,3 +41,25 @@ def qinglong_scheduler_backends():
             description="PostgreSQL 15+: row-lease claims (SKIP LOCKED), SERIALIZABLE admission, no leader",
         )
     ]
+
+
+async def create_worker_protocol(dsn: str, application_name: str):
+    """Connect a worker to the store as the ``worker_ingress`` role (``worker_client``)."""
+    from .worker_client import connect_worker_protocol
+
+    return await connect_worker_protocol(dsn, application_name)
+
+
+@hookimpl
+def qinglong_worker_protocols():
+    """Offer the worker protocol of this store: SECURITY DEFINER functions, nothing else."""
+    from qinglong.contracts.worker import WorkerProtocolSpec
+
+    return [
+        WorkerProtocolSpec(
+            name=BACKEND_NAME,
+            create=create_worker_protocol,
+            description="PostgreSQL functions executed as the worker_ingress role (no table privilege)",
+        )
+    ]
+
