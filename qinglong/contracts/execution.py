@@ -877,6 +877,9 @@ class AttemptView:
     attempt_dir: str | None
     reason: str | None
     cancel_reason: str | None
+    #: The worker that held the Attempt (the cluster's remote workers; None where Runs are
+    #: executed by the control plane itself, or before any worker claimed it).
+    worker_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -982,6 +985,60 @@ class ExecutionStore(Protocol):
     async def prune(self, older_than_ms: int, batch: int) -> PruneReport:
         """Delete up to ``batch`` terminal Runs finished before ``older_than_ms`` with their
         Attempts and events, keeping what refuses a duplicate admission of their occurrence."""
+        ...
+
+
+# --------------------------------------------------------------------------------------------
+# Reading and controlling Runs executed elsewhere (the cluster's remote workers)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLogState:
+    """Where an Attempt's log stored in the store stands, read in one snapshot with the
+    Attempt's state: a follower that read ``stored_bytes`` bytes of an Attempt already ended
+    (``state`` terminal) has read the whole log, since nothing is appended after the end."""
+
+    attempt_id: str
+    state: AttemptState
+    #: Bytes of log stored so far (contiguous from offset 0).
+    stored_bytes: int
+    #: Output beyond the task's log limit, dropped by the worker (known once the Attempt ended).
+    dropped_bytes: int
+    #: The log was deleted by retention (the tombstone): nothing can be read any more.
+    deleted: bool
+
+
+@runtime_checkable
+class RunControl(Protocol):
+    """What ``qinglong runs``, ``runs show``, ``runs cancel`` and ``logs`` use on a backend whose
+    Runs are executed elsewhere (``backend.execution()`` is None; the cluster's remote workers):
+    a backend offers it as ``backend.run_control()``. Logs live in the store, shipped there by
+    the worker in order; every read is a short read-only statement of the runtime role."""
+
+    async def list_runs(self, *, state: RunState | None = None, project_id: str | None = None,
+                        task_id: str | None = None, trigger_id: str | None = None,
+                        limit: int = 50) -> Sequence[RunSummary]:
+        """Newest first (by scheduled time, then admission); an unknown state is a UserError."""
+        ...
+
+    async def run_detail(self, run_id: str) -> RunDetail:
+        """The Run and every Attempt; :class:`~qinglong.contracts.errors.NotFound` if unknown."""
+        ...
+
+    async def request_cancel(self, run_id: str, reason: CancelReason = CancelReason.OPERATOR) -> RunState:
+        """A queued (or retry-waiting) Run ends ``cancelled`` at once; a dispatching or running one
+        gets a durable cancel request (its worker learns it in its next heartbeat reply and
+        stops the job); a terminal one is left as it is. Returns the Run's state after;
+        :class:`~qinglong.contracts.errors.NotFound` for an unknown Run."""
+        ...
+
+    async def log_state(self, attempt_id: str) -> StoredLogState:
+        """The Attempt's state and how much of its log is stored (one snapshot)."""
+        ...
+
+    async def read_log(self, attempt_id: str, offset: int, size: int) -> bytes:
+        """Up to ``size`` stored log bytes from ``offset`` (fewer at the end; empty past it)."""
         ...
 
 
