@@ -281,6 +281,14 @@ class ClusterPostgresBackend:
         """The read side (runtime role)."""
         return ClusterReader(self.runtime_pool, self.context.limits)
 
+    def run_control(self):
+        """The operator's side of the Runs the remote workers execute (runtime role): list,
+        show, cancel, read logs (:class:`~qinglong.contracts.execution.RunControl`). There is
+        no ``execution()`` here: this host executes no Run itself."""
+        from .runs import ClusterRunControl
+
+        return ClusterRunControl(self._with_runtime)
+
     async def close(self) -> None:
         """Close both pools. Idempotent."""
         for attr in ("_runtime_pool", "_admin_pool"):
