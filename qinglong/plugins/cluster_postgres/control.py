@@ -1,0 +1,215 @@
+"""The control plane's own work on the workers' Attempts, in every ``qinglong run`` replica.
+
+Two lifecycle components (``stack`` phase: they start after the scheduler and stop after it):
+
+* :class:`ExpiryLoop` calls ``qinglong.expire_attempts(limit)`` about once a second. The function
+  is leaderless (``FOR UPDATE SKIP LOCKED``, at most ``limit`` Attempts per call, database
+  time), so every replica runs it and each expired Attempt is handled by exactly one of them: an
+  Attempt leased but never started goes back to the queue (``requeued``), a started one whose
+  lease expired ends ``lost`` (the retry policy decides whether Attempt N+1 is created), and a
+  running one whose deadline is long past with no completion (deadline + its session's lease)
+  ends ``timed_out``: the double check of the timeout the worker enforces. A full page is
+  followed at once by the next, so a backlog drains page by page.
+* :class:`LogRetention` calls ``qinglong.prune_attempt_logs`` at a slow cadence (a tenth of the
+  retention, between 1 s and 5 min), deleting the shipped logs of Attempts that ended more than
+  ``[execution] log_retention_days`` ago, in bounded batches; the Attempt keeps a tombstone.
+
+Neither ever raises out of its loop: an error is reported as a diagnostic (secret-free) and the
+work is tried again at the next tick, so a database that goes away stops nothing. Each call is
+bounded on the client side as the scheduler's round is: a connection still waiting after the
+bound is severed and discarded, never handed back to the pool in an unknown state. ``stop`` lets
+the current call finish (briefly) and cancels it otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable
+
+from qinglong.contracts.errors import QinglongError
+from qinglong.contracts.hookspecs import ComponentPhase
+
+from .db import describe_error, sever_after
+from .sql import query
+
+#: Attempts one expiry call may handle (the function's ``p_limit``).
+EXPIRY_PAGE = 64
+#: Seconds between expiry calls when the last one was not full.
+EXPIRY_INTERVAL_S = 1.0
+#: Most pages one tick may run before it waits for the next (a backlog keeps its cadence fair).
+MAX_PAGES_PER_TICK = 50
+#: Longest and shortest pause between retention passes, seconds.
+RETENTION_MAX_INTERVAL_S = 300.0
+RETENTION_MIN_INTERVAL_S = 1.0
+#: How long ``stop`` waits for the current call before cancelling it, seconds.
+STOP_WAIT_S = 2.0
+
+
+def retention_interval_s(retention_ms: int) -> float:
+    """A tenth of the retention, clamped: a log is deleted at most ~10 % after its time."""
+    return min(RETENTION_MAX_INTERVAL_S, max(RETENTION_MIN_INTERVAL_S, retention_ms / 10_000))
+
+
+class _Periodic:
+    """A loop calling ``tick`` every ``interval_s``; a tick that returns True (a full page) is
+    followed at once by another, up to :data:`MAX_PAGES_PER_TICK`."""
+
+    name = "cluster_postgres.periodic"
+    phase = ComponentPhase.STACK
+    failure_code = "cluster_postgres.periodic_failed"
+
+    def __init__(self, backend: Any, interval_s: float) -> None:
+        self.backend = backend
+        self.interval_s = interval_s
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        #: Ticks run and ticks that failed (read by tests and diagnostics).
+        self.ticks = 0
+        self.failures = 0
+
+    async def tick(self) -> bool:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        """Start the loop task (returns at once)."""
+        if self._task is None:
+            self._stopping.clear()
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name=self.name)
+
+    async def stop(self) -> None:
+        """Let the current call finish for up to :data:`STOP_WAIT_S`, then cancel it."""
+        self._stopping.set()
+        task, self._task = self._task, None
+        if task is None or task.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), STOP_WAIT_S)
+        except asyncio.TimeoutError:
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    async def _loop(self) -> None:
+        while not self._stopping.is_set():
+            for _ in range(MAX_PAGES_PER_TICK):
+                if self._stopping.is_set():
+                    return
+                self.ticks += 1
+                try:
+                    more = await self.tick()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # reported and retried next tick: never fatal
+                    self.failures += 1
+                    text = str(exc) if isinstance(exc, QinglongError) else describe_error(
+                        exc, self.backend.secrets)
+                    self.backend._emit("error", self.failure_code, f"{self.name}: {text}")
+                    more = False
+                if not more:
+                    break
+                await asyncio.sleep(0)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self.interval_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _call(self, body: Callable[[Any], Awaitable[Any]]) -> Any:
+        """``body(conn)`` on a runtime connection, severed if it outlives the statement timeout
+        plus the pool's (a silent peer must not stall the loop)."""
+        import psycopg
+
+        settings = self.backend.settings
+        bound_s = (settings.statement_timeout_ms + settings.pool_timeout_ms) / 1000 + 1.0
+        deadline = time.monotonic() + bound_s
+        pool = await self.backend.runtime_pool()
+        async with asyncio.timeout(bound_s + 15.0):  # the last resort if severing did not end it
+            async with pool.connection(timeout=settings.pool_timeout_ms / 1000) as conn:
+                with sever_after(conn, deadline - time.monotonic()) as cut:
+                    try:
+                        return await body(conn)
+                    except psycopg.Error:
+                        if cut.severed:
+                            raise TimeoutError(f"no answer from the database within {bound_s:.0f} s; "
+                                               "the connection was discarded") from None
+                        raise
+                    finally:
+                        if cut.severed:
+                            await conn.close()  # the pool discards a closed connection
+
+
+class ExpiryLoop(_Periodic):
+    """Ends expired leases and long-past deadlines of the workers' Attempts (module docstring)."""
+
+    name = "cluster_postgres.expiry"
+    failure_code = "cluster_postgres.expiry_failed"
+
+    def __init__(self, backend: Any, *, interval_s: float = EXPIRY_INTERVAL_S,
+                 page: int = EXPIRY_PAGE) -> None:
+        super().__init__(backend, interval_s)
+        self.page = page
+        #: Attempts this replica expired, by action.
+        self.expired: dict[str, int] = {}
+
+    async def tick(self) -> bool:
+        async def body(conn):
+            cur = await conn.execute(query("control_expire_attempts"), {"limit": self.page})
+            return await cur.fetchall()
+
+        rows = await self._call(body)
+        for attempt_id, run_id, action in rows:
+            self.expired[action] = self.expired.get(action, 0) + 1
+            level = "info" if action == "requeued" else "warning"
+            message = {
+                "requeued": "an Attempt leased to a worker that never started it went back to the queue",
+                "lost": "a started Attempt's lease expired with no completion: it is lost "
+                        "(the retry policy decides whether it runs again)",
+                "timed_out": "a running Attempt's deadline is long past with no completion: it "
+                             "ended timed_out",
+            }.get(action, f"an Attempt expired ({action})")
+            self.backend._emit(level, "cluster_postgres.attempt_expired", message,
+                               attempt_id=attempt_id, run_id=run_id, action=action)
+        return len(rows) >= self.page
+
+
+class LogRetention(_Periodic):
+    """Deletes the shipped logs of Attempts ended longer ago than the retention."""
+
+    name = "cluster_postgres.log_retention"
+    failure_code = "cluster_postgres.log_retention_failed"
+
+    def __init__(self, backend: Any, *, retention_ms: int, batch: int,
+                 interval_s: float | None = None) -> None:
+        super().__init__(backend, interval_s if interval_s is not None else retention_interval_s(retention_ms))
+        self.retention_ms = retention_ms
+        self.batch = batch
+        self.pruned = 0
+
+    async def tick(self) -> bool:
+        async def body(conn):
+            cur = await conn.execute(query("control_prune_logs"), {
+                "retention_ms": self.retention_ms, "limit": self.batch})
+            return (await cur.fetchone())[0] or 0
+
+        pruned = await self._call(body)
+        if pruned:
+            self.pruned += pruned
+            self.backend._emit("info", "cluster_postgres.logs_pruned",
+                               f"pruned shipped logs past the log retention ({pruned} deleted)",
+                               pruned=pruned, retention_ms=self.retention_ms)
+        return pruned >= self.batch
+
+
+def control_components(backend: Any, settings: Any) -> list[_Periodic]:
+    """The components of one replica: expiry, then log retention (``[execution]``'s
+    ``log_retention_days`` and ``prune_batch``)."""
+    execution = getattr(settings, "execution", None)
+    days = float(getattr(execution, "log_retention_days", 7.0))
+    batch = int(getattr(execution, "prune_batch", 200))
+    return [ExpiryLoop(backend),
+            LogRetention(backend, retention_ms=max(1, int(days * 86_400_000)), batch=batch)]
+
+
+__all__ = ["ExpiryLoop", "LogRetention", "control_components", "retention_interval_s"]
