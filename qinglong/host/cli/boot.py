@@ -91,3 +91,29 @@ def need_execution(backend: Any, container: Any, command: str) -> Any:
         raise UserError(f"`{command}` needs a profile that runs Runs locally (edge or standalone); the "
                         f"{container.loaded().profile.name} profile's store does not execute them here")
     return store
+
+
+def run_control_of(backend: Any) -> Any:
+    """The backend's :class:`~qinglong.contracts.execution.RunControl` (Runs executed elsewhere,
+    such as by the cluster's remote workers, read and cancelled from here), or None."""
+    method = getattr(backend, "run_control", None)
+    return method() if method is not None else None
+
+
+def runs_of(backend: Any) -> Any:
+    """What reads the backend's Runs with ``list_runs`` and ``run_detail``: its execution store
+    (Runs executed by this host) or else its run control (Runs executed elsewhere); None when it
+    has neither."""
+    store = execution_of(backend)
+    return store if store is not None else run_control_of(backend)
+
+
+def need_runs(backend: Any, container: Any, command: str) -> Any:
+    """:func:`runs_of`, or a UserError saying the profile's store does not record how Runs ran."""
+    from qinglong.contracts.errors import UserError
+
+    found = runs_of(backend)
+    if found is None:
+        raise UserError(f"`{command}` needs a profile whose store records how Runs ran; the "
+                        f"{container.loaded().profile.name} profile's store does not")
+    return found

@@ -1,14 +1,17 @@
 """Runs and their output: ``qinglong runs`` (list, ``show``, ``cancel``) and ``qinglong logs``.
 
 On a store that executes Runs (edge, standalone: ``backend.execution()``) the listing shows what
-each Run did: state, exit code, duration, Attempts. A store that does not (the cluster, whose
-workers are remote) keeps the admission listing of the reader. These commands never create or
-migrate a store, and print no environment value of a task.
+each Run did: state, exit code, duration, Attempts. A store whose Runs are executed elsewhere (the
+cluster, whose workers are remote) offers the same through ``backend.run_control()``
+(:class:`~qinglong.contracts.execution.RunControl`), from any machine; a store with neither keeps
+the admission listing of the reader. These commands never create or migrate a store, and print no
+environment value of a task.
 
-``logs`` prints an Attempt's log file byte for byte (it may hold any bytes: binary output,
-text that is not UTF-8). A log deleted by retention is a tombstone: ``logs`` says so on stderr and
-exits 3 (:class:`~qinglong.contracts.errors.NotFound`); a log cut at the task's log limit prints
-what was kept and says on stderr how many bytes were dropped.
+``logs`` prints an Attempt's log byte for byte (it may hold any bytes: binary output, text that is
+not UTF-8): the log file where the Run executed here, the chunks the worker shipped to the store
+where it executed elsewhere. A log deleted by retention is a tombstone: ``logs`` says so on stderr
+and exits 3 (:class:`~qinglong.contracts.errors.NotFound`); a log cut at the task's log limit
+prints what was kept and says on stderr how many bytes were dropped.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any, BinaryIO, Sequence
 
 from qinglong.contracts.errors import ExitCode, NotFound, UserError
 
-from .boot import container_of, execution_of, need_execution, on_backend
+from .boot import container_of, execution_of, need_runs, on_backend, run_control_of, runs_of
 from .output import iso, now_ms, print_json, print_table
 from .parsing import add_json_flag, positive_count
 
@@ -62,7 +65,11 @@ async def list_runs(backend: Any, *, state: str | None, project: str | None, tas
 
     store = execution_of(backend)
     if store is None:
-        return None
+        control = run_control_of(backend)
+        if control is None:
+            return None
+        return list(await control.list_runs(state=RunState(state) if state else None, project_id=project,
+                                            task_id=task, trigger_id=trigger, limit=limit))
     if trigger is None:
         return list(await store.list_runs(state=RunState(state) if state else None, project_id=project,
                                           task_id=task, limit=limit))
@@ -90,7 +97,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
                                trigger=args.trigger, limit=args.limit)
         keys: dict[str, Any] = {}
         if runs is not None and args.json:
-            store = execution_of(backend)
+            store = runs_of(backend)
             for run in runs:  # the idempotency key, for scripts that check one Run per occurrence
                 keys[run.run_id] = (await store.run_detail(run.run_id)).idempotency_key
         return runs, keys
@@ -132,7 +139,7 @@ def _show_run(args: argparse.Namespace) -> int:
     container = container_of(args)
 
     async def go(backend: Any) -> Any:
-        return await need_execution(backend, container, "runs show").run_detail(args.run_id)
+        return await need_runs(backend, container, "runs show").run_detail(args.run_id)
 
     detail = on_backend(container, go, create=False)
     run = detail.run
@@ -163,13 +170,18 @@ def _cancel_run(args: argparse.Namespace) -> int:
 
     container = container_of(args)
 
-    async def go(backend: Any) -> tuple[Any, Any]:
-        store = need_execution(backend, container, "runs cancel")
+    async def go(backend: Any) -> tuple[Any, Any, bool]:
+        store = execution_of(backend)
+        if store is None:
+            # executed elsewhere: the request is durable in the store, its worker reads it
+            control = need_runs(backend, container, "runs cancel")
+            before = (await control.run_detail(args.run_id)).run.state
+            return before, await control.request_cancel(args.run_id, CancelReason.OPERATOR), True
         before = (await store.run_detail(args.run_id)).run.state
         after = await store.request_cancel(args.run_id, CancelReason.OPERATOR, now_ms(), Actor.OPERATOR)
-        return before, after
+        return before, after, False
 
-    before, after = on_backend(container, go, create=False)
+    before, after, remote = on_backend(container, go, create=False)
     before, after = _value(before), _value(after)
     if args.json:
         print_json({"run_id": args.run_id, "state_before": before, "state": after})
@@ -177,6 +189,9 @@ def _cancel_run(args: argparse.Namespace) -> int:
         print(f"run {args.run_id} had already ended: {after}; nothing to cancel")
     elif after == "cancelled":
         print(f"run {args.run_id}: cancelled (it was {before})")
+    elif remote:
+        print(f"run {args.run_id}: {after}, cancel requested; the worker running it stops it when "
+              "its next heartbeat reads the request (`qinglong runs show` tells when it ended)")
     else:
         print(f"run {args.run_id}: {after}, cancel requested; its process is being stopped "
               "(`qinglong runs show` tells when it ended)")
@@ -242,9 +257,9 @@ def _pick_attempt(detail: Any, number: int | None) -> Any:
                    f"{', '.join(str(a.attempt_no) for a in detail.attempts)})")
 
 
-def _tombstone(run_id: str, attempt: Any) -> NotFound:
+def _tombstone(run_id: str, attempt: Any, settings: str = "log_retention_days, min_free_bytes") -> NotFound:
     return NotFound(f"the log of run {run_id} attempt {attempt.attempt_no} was deleted by log retention "
-                    f"([execution] log_retention_days, min_free_bytes); it held {_ms(attempt.log_bytes)} bytes")
+                    f"([execution] {settings}); it held {_ms(attempt.log_bytes)} bytes")
 
 
 async def _print_log(store: Any, run_id: str, number: int | None, tail: int | None, follow: bool,
@@ -290,13 +305,79 @@ async def _print_log(store: Any, run_id: str, number: int | None, tail: int | No
               f"{attempt.log_dropped_bytes} more bytes of output were dropped")
 
 
+async def stored_tail_offset(read: Any, size: int, lines: int) -> int:
+    """:func:`tail_offset` of a log held by a store: ``await read(offset, n)`` returns its ``n``
+    bytes from ``offset`` (all of them: the range lies within the ``size`` bytes stored)."""
+    end = size - 1 if size and await read(size - 1, 1) == b"\n" else size
+    pos, found = end, 0
+    while pos > 0:
+        start = max(0, pos - CHUNK)
+        block = await read(start, pos - start)
+        index = len(block)
+        while True:
+            index = block.rfind(b"\n", 0, index)
+            if index < 0:
+                break
+            found += 1
+            if found == lines:
+                return start + index + 1
+        pos = start
+    return 0
+
+
+async def _print_stored_log(control: Any, run_id: str, number: int | None, tail: int | None,
+                            follow: bool, out: BinaryIO) -> None:
+    """The log a remote worker shipped to the store, from ``control``
+    (:class:`~qinglong.contracts.execution.RunControl`). ``--follow`` polls for new bytes and
+    stops once it has printed everything of an Attempt that ended: the state and the stored size
+    are read together, and nothing is appended after the end."""
+    from qinglong.contracts.execution import AttemptState
+
+    attempt = _pick_attempt(await control.run_detail(run_id), number)
+    number = attempt.attempt_no
+
+    async def read(offset: int, size: int) -> bytes:
+        return await control.read_log(attempt.attempt_id, offset, size)
+
+    offset: int | None = None
+    while True:
+        stored = await control.log_state(attempt.attempt_id)
+        if stored.deleted:
+            raise _tombstone(run_id, attempt, "log_retention_days")
+        if offset is None:
+            offset = await stored_tail_offset(read, stored.stored_bytes, tail) if tail is not None else 0
+        while offset < stored.stored_bytes:
+            block = await read(offset, min(CHUNK * 4, stored.stored_bytes - offset))
+            if not block:
+                break
+            out.write(block)
+            offset += len(block)
+        out.flush()
+        if not follow or AttemptState(_value(stored.state)).terminal:
+            break
+        await asyncio.sleep(FOLLOW_POLL_S)
+    if stored.stored_bytes == 0:
+        attempt = _pick_attempt(await control.run_detail(run_id), number)
+        if attempt.started_at_ms is None:
+            _note(f"run {run_id} attempt {number} has no log ({_value(attempt.state)}"
+                  + (f": {attempt.reason}" if attempt.reason else "") + ")")
+    if stored.dropped_bytes:
+        _note(f"the log of run {run_id} attempt {number} stopped at the task's log limit: "
+              f"{stored.dropped_bytes} more bytes of output were dropped")
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     """Print an Attempt's log as it is; ``--follow`` until the Attempt ends."""
     container = container_of(args)
     sys.stdout.flush()
 
     async def go(backend: Any) -> None:
-        store = need_execution(backend, container, "logs")
+        store = execution_of(backend)
+        if store is None:
+            control = need_runs(backend, container, "logs")
+            await _print_stored_log(control, args.run_id, args.attempt, args.tail, args.follow,
+                                    sys.stdout.buffer)
+            return
         await _print_log(store, args.run_id, args.attempt, args.tail, args.follow, sys.stdout.buffer)
 
     on_backend(container, go, create=False)
