@@ -37,6 +37,7 @@ from .parsing import command_words, split_command_argv
 #: whose ``register(sub, common)`` adds these commands (``publish`` also takes the trigger kinds' options).
 COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run", ("run", "demo")),
+    ("worker", ("worker",)),
     ("plugins", ("plugins", "profiles")),
     ("config", ("config",)),
     ("check", ("check",)),

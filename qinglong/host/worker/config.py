@@ -1,0 +1,85 @@
+"""``[worker]`` checked once at start, in words naming the key: what the runtime works with."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from qinglong.contracts.errors import SettingsError
+from qinglong.contracts.worker import (
+    LABEL_PATTERN,
+    MAX_LABELS,
+    MAX_SESSION_CAPACITY,
+    MAX_WORKER_ID_CHARS,
+    check_worker_timing,
+)
+
+#: Where Attempt directories go without ``[worker] log_dir`` (relative to the working directory).
+DEFAULT_LOG_DIR = "qinglong-worker-logs"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """The ``[worker]`` values, validated (the DSN stays in the settings: it is a secret)."""
+
+    worker_id: str
+    labels: tuple[str, ...]
+    max_running: int
+    session_lease_ms: int
+    heartbeat_ms: int
+    self_fence_margin_ms: int
+    kill_grace_ms: int
+    poll_ms: int
+    log_dir: str
+    drain_timeout_ms: int
+    log_retention_days: float
+
+    @property
+    def application_name(self) -> str:
+        """What the store's session list shows for this worker (63 bytes at most)."""
+        return f"qinglong worker {self.worker_id}"[:63]
+
+
+def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
+    """``[worker]`` (``qinglong.host.settings.WorkerSettings``) checked: the timing can hold the
+    fence, ``max_running`` fits a session, ``dsn`` is set, labels and the worker id are well
+    formed. A refusal is a :class:`SettingsError` naming the key and what was expected."""
+    problem = check_worker_timing(worker.session_lease_ms, worker.heartbeat_ms, worker.self_fence_margin_ms,
+                                  worker.kill_grace_ms)
+    if problem is not None:
+        raise SettingsError(f"[worker] timing: {problem}")
+    if worker.max_running > MAX_SESSION_CAPACITY:
+        raise SettingsError(f"[worker] max_running: expected at most {MAX_SESSION_CAPACITY} "
+                            f"(the most Attempts one session holds), got {worker.max_running}")
+    dsn = worker.dsn.get_secret_value() if worker.dsn is not None else ""
+    if not dsn.strip():
+        raise SettingsError("[worker] dsn is required: the worker_ingress role's connection string "
+                            "(set it in the settings file or as QINGLONG_WORKER__DSN)")
+    worker_id = worker.worker_id or hostname or socket.gethostname()
+    if (not worker_id or len(worker_id) > MAX_WORKER_ID_CHARS
+            or any(ord(ch) < 32 or ord(ch) == 127 for ch in worker_id)):
+        raise SettingsError(f"[worker] worker_id: expected 1-{MAX_WORKER_ID_CHARS} characters without "
+                            "control characters")
+    labels = list(worker.labels)
+    if len(labels) > MAX_LABELS:
+        raise SettingsError(f"[worker] labels: expected at most {MAX_LABELS} labels, got {len(labels)}")
+    for label in labels:
+        if not re.match(LABEL_PATTERN, label):
+            raise SettingsError(f"[worker] labels: {label!r} is not a label (1-64 characters of letters, "
+                                "digits and _ . : = / -)")
+    return WorkerConfig(
+        worker_id=worker_id,
+        labels=tuple(sorted(set(labels))),
+        max_running=worker.max_running,
+        session_lease_ms=worker.session_lease_ms,
+        heartbeat_ms=worker.heartbeat_ms,
+        self_fence_margin_ms=worker.self_fence_margin_ms,
+        kill_grace_ms=worker.kill_grace_ms,
+        poll_ms=worker.poll_ms,
+        log_dir=os.path.abspath(worker.log_dir or DEFAULT_LOG_DIR),
+        drain_timeout_ms=worker.drain_timeout_ms,
+        log_retention_days=worker.log_retention_days,
+    )

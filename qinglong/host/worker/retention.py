@@ -1,0 +1,54 @@
+"""Local retention: a worker's Attempt directories do not pile up on its disk.
+
+The store holds the shipped log (its own retention prunes it); the local copy only serves the
+shipping. A directory is deleted when it is named by an Attempt id (a UUID: nothing else in the
+log directory is ever touched), no job of this worker holds it, and nothing in it changed for
+``log_retention_days``. Bounded per sweep, like the dispatcher's retention.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from typing import Collection
+
+DAY_S = 86_400.0
+MAX_DIRS_PER_SWEEP = 500
+_ATTEMPT_DIR = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def _last_change(path: str) -> float:
+    newest = os.stat(path).st_mtime
+    for name in os.listdir(path):
+        try:
+            newest = max(newest, os.lstat(os.path.join(path, name)).st_mtime)
+        except FileNotFoundError:
+            pass
+    return newest
+
+
+def sweep_attempt_dirs(log_dir: str, retention_days: float, held: Collection[str], *,
+                       now_s: float | None = None) -> int:
+    """Delete the old Attempt directories under ``log_dir`` (see the module docstring); how many."""
+    cutoff = (time.time() if now_s is None else now_s) - retention_days * DAY_S
+    deleted = 0
+    try:
+        names = sorted(os.listdir(log_dir))
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        if deleted >= MAX_DIRS_PER_SWEEP:
+            break
+        if not _ATTEMPT_DIR.match(name) or name in held:
+            continue
+        path = os.path.join(log_dir, name)
+        try:
+            if os.path.islink(path) or not os.path.isdir(path) or _last_change(path) >= cutoff:
+                continue
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        deleted += 1
+    return deleted

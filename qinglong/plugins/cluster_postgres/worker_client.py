@@ -1,0 +1,265 @@
+"""The worker protocol over PostgreSQL: each of the seven calls is one statement calling one of
+the store's SECURITY DEFINER functions (``qinglong.worker_*``), as the ``worker_ingress`` role.
+
+A worker holds ONE autocommit connection (a worker's traffic is a heartbeat every few seconds and
+a few calls per job), opened with the same session options as every other session of this
+plugin (:func:`.db.session_options`: the pinned ``search_path``, a statement timeout), its
+``application_name`` and the TCP keepalive defaults. Calls are serialised on it: the runtime's
+heartbeat, claim and log shipping may overlap, and one connection answers one statement at a time.
+
+Refusals come back as the functions' SQLSTATEs and are raised as the contract's types:
+``QL001`` :class:`~qinglong.contracts.worker.SessionFenced`, ``QL002``
+:class:`~qinglong.contracts.worker.LeaseFenced`, ``QL003``
+:class:`~qinglong.contracts.worker.BadWorkerCall`. A connection that cannot be made, breaks, or
+does not answer within :data:`CALL_TIMEOUT_S` is dropped and the call raises
+:class:`~qinglong.contracts.errors.StoreUnavailable`; the next call connects again. A call whose
+reply was lost may be repeated as it was (the protocol makes every call after claim idempotent).
+
+Secrets: lease tokens travel only as bytea parameters, never in SQL text or any message; the DSN
+and its password are masked in every error (:class:`.db.Secrets`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Sequence
+
+import psycopg
+
+from qinglong.contracts.errors import SchemaNotReady, SettingsError, StoreUnavailable
+from qinglong.contracts.execution import AttemptOutcome, RunState
+from qinglong.contracts.worker import (
+    SQLSTATE_BAD_CALL,
+    SQLSTATE_LEASE_FENCED,
+    SQLSTATE_SESSION_FENCED,
+    BadWorkerCall,
+    ClaimedAttempt,
+    CompletionReply,
+    CompletionResult,
+    HeartbeatReply,
+    LeaseFence,
+    LeaseFenced,
+    Session,
+    SessionFence,
+    SessionFenced,
+    StartedReply,
+    StopOrder,
+)
+
+from .db import Secrets, check_dsn, describe_error, describe_target, sever_after, session_options, tcp_defaults
+
+#: Server-side bound on one call (``statement_timeout``).
+STATEMENT_TIMEOUT_MS = 5_000
+#: Client-side bound on one call: a peer gone silent (a partition) would otherwise hold the call
+#: forever; the connection is severed and the call raises StoreUnavailable.
+CALL_TIMEOUT_S = 8.0
+#: ``connect_timeout`` where the DSN does not set one, seconds.
+CONNECT_TIMEOUT_S = 5
+
+#: SQLSTATEs that mean the store is not there as this worker expects (not migrated, no grant).
+_NOT_READY = {"42883": "a worker function is missing (is the database migrated?)",
+              "42501": "the role may not execute the worker functions (is the DSN the worker_ingress role's?)",
+              "3F000": "the qinglong schema is missing (is the database migrated?)"}
+
+_SQL_OPEN = ("SELECT session_id::text, generation, lease_expires_at_ms, db_now_ms FROM "
+             "qinglong.worker_open_session(%s::text, %s::text[], %s::integer, %s::bigint)")
+_SQL_HEARTBEAT = ("SELECT lease_expires_at_ms, db_now_ms, stop_attempt_ids::text[], stop_reasons FROM "
+                  "qinglong.worker_heartbeat(%s::text, %s::uuid, %s::bigint, %s::uuid[])")
+_SQL_CLAIM = ("SELECT run_id::text, attempt_id::text, attempt_no, lease_version, token_index, "
+              "lease_expires_at_ms, project_id, task_id, task_revision, scheduled_for_ms, payload_json, "
+              "db_now_ms FROM qinglong.worker_claim(%s::text, %s::uuid, %s::bigint, %s::bytea[])")
+_SQL_STARTED = ("SELECT deadline_ms, db_now_ms FROM qinglong.worker_started(%s::text, %s::uuid, %s::bigint, "
+                "%s::uuid, %s::bigint, %s::bytea)")
+_SQL_APPEND = ("SELECT qinglong.worker_append_log(%s::text, %s::uuid, %s::bigint, %s::uuid, %s::bigint, "
+               "%s::bytea, %s::bigint, %s::bytea)")
+_SQL_COMPLETE = ("SELECT result, run_state, log_bytes_stored, next_attempt_no, next_not_before_ms FROM "
+                 "qinglong.worker_complete(%s::text, %s::uuid, %s::bigint, %s::uuid, %s::bigint, %s::bytea, "
+                 "%s::text, %s::integer, %s::integer, %s::bigint, %s::bigint, %s::text, %s::boolean)")
+_SQL_CLOSE = "SELECT qinglong.worker_close_session(%s::text, %s::uuid, %s::bigint)"
+
+
+def _worker_dsn(dsn: str) -> None:
+    """:func:`.db.check_dsn` for ``[worker] dsn`` (its message names the worker's key)."""
+    try:
+        check_dsn("dsn", dsn)
+    except SettingsError as exc:
+        raise SettingsError(str(exc).replace("[backend] dsn", "[worker] dsn", 1)) from None
+
+
+class PostgresWorkerProtocol:
+    """:class:`~qinglong.contracts.worker.WorkerProtocol` on one PostgreSQL connection."""
+
+    def __init__(self, dsn: str, application_name: str) -> None:
+        _worker_dsn(dsn)
+        self._dsn = dsn
+        self._application_name = application_name[:63]
+        self._secrets = Secrets([dsn])
+        self._target = describe_target(dsn)
+        self._conn: psycopg.AsyncConnection | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+        #: statements sent (a cheap figure for the diagnostics)
+        self.calls = 0
+
+    # ------------------------------------------------------------------------------ connection
+
+    async def connect(self) -> None:
+        """Open the connection now (the first call would otherwise)."""
+        async with self._lock:
+            await self._connection()
+
+    async def _connection(self) -> psycopg.AsyncConnection:
+        if self._closed:
+            raise StoreUnavailable("the worker's store connection was closed")
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        self._conn = None
+        extra: dict[str, Any] = dict(tcp_defaults(self._dsn))
+        if "connect_timeout" not in self._dsn:
+            extra["connect_timeout"] = CONNECT_TIMEOUT_S
+        try:
+            conn = await asyncio.wait_for(psycopg.AsyncConnection.connect(
+                self._dsn, autocommit=True, options=session_options(STATEMENT_TIMEOUT_MS),
+                application_name=self._application_name, **extra), CALL_TIMEOUT_S + CONNECT_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise StoreUnavailable(f"cannot connect to PostgreSQL ({self._target}): no answer") from None
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"cannot connect to PostgreSQL ({self._target}): "
+                                   f"{describe_error(exc, self._secrets)}") from None
+        self._conn = conn
+        return conn
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            try:
+                # a broken or severed connection: closing it sends nothing that could hang
+                conn.pgconn.finish()
+            except Exception:
+                pass
+
+    async def _call(self, name: str, sql: str, params: Sequence[Any], *, many: bool = False) -> Any:
+        """Run one statement; its rows (``many``) or its first row. Refusals and failures raised
+        as the contract's types (see the module docstring)."""
+        async with self._lock:
+            conn = await self._connection()
+            self.calls += 1
+            try:
+                with sever_after(conn, CALL_TIMEOUT_S) as severance:
+                    cur = await conn.execute(sql, params, prepare=True)
+                    rows = await cur.fetchall()
+            except asyncio.CancelledError:
+                # the caller gave up: whatever was in flight is abandoned with the connection
+                self._drop()
+                raise
+            except psycopg.Error as exc:
+                raise self._translate(name, exc, severance.severed) from None
+            return rows if many else (rows[0] if rows else None)
+
+    def _translate(self, name: str, exc: psycopg.Error, severed: bool) -> Exception:
+        sqlstate = getattr(exc, "sqlstate", None)
+        primary = ""
+        diag = getattr(exc, "diag", None)
+        if diag is not None and diag.message_primary:
+            primary = self._secrets.mask(diag.message_primary)
+        if sqlstate == SQLSTATE_SESSION_FENCED:
+            return SessionFenced("session_fenced", f"{name}: {primary or 'the session is fenced'}")
+        if sqlstate == SQLSTATE_LEASE_FENCED:
+            return LeaseFenced("lease_fenced", f"{name}: {primary or 'the lease is fenced'}")
+        if sqlstate == SQLSTATE_BAD_CALL:
+            return BadWorkerCall(f"{name}: {primary or 'an argument is out of bounds'}")
+        if sqlstate in _NOT_READY:
+            return SchemaNotReady(f"{name} ({self._target}): {_NOT_READY[sqlstate]}: "
+                                  f"{describe_error(exc, self._secrets)}")
+        # anything else (a broken link, a statement timeout, a server shutting down): the
+        # connection is not trusted again; the caller retries the same call
+        self._drop()
+        why = "no answer within the call's bound" if severed else describe_error(exc, self._secrets)
+        return StoreUnavailable(f"{name} ({self._target}): {why}")
+
+    # ------------------------------------------------------------------------------ the calls
+
+    async def open_session(self, worker_id: str, labels: Sequence[str], capacity: int,
+                           lease_ms: int) -> Session:
+        row = await self._call("worker_open_session", _SQL_OPEN,
+                               (worker_id, list(labels), int(capacity), int(lease_ms)))
+        session_id, generation, expires, now = row
+        return Session(SessionFence(worker_id, session_id, int(generation)), int(lease_ms), int(capacity),
+                       tuple(labels), int(expires), int(now))
+
+    async def heartbeat(self, fence: SessionFence, running: Sequence[str]) -> HeartbeatReply:
+        row = await self._call("worker_heartbeat", _SQL_HEARTBEAT,
+                               (*_session(fence), list(running)))
+        expires, now, ids, reasons = row
+        stops = tuple(StopOrder(str(a), str(r)) for a, r in zip(ids or (), reasons or ()))
+        return HeartbeatReply(int(expires), int(now), stops)
+
+    async def claim(self, fence: SessionFence, tokens: Sequence[bytes]) -> Sequence[ClaimedAttempt]:
+        if not tokens:
+            return []
+        rows = await self._call("worker_claim", _SQL_CLAIM, (*_session(fence), [bytes(t) for t in tokens]),
+                                many=True)
+        claimed = []
+        for (run_id, attempt_id, attempt_no, lease_version, token_index, expires, project_id, task_id,
+             revision, scheduled_for, payload_json, now) in rows:
+            try:
+                payload = json.loads(payload_json) if payload_json else {}
+            except ValueError:
+                payload = {"command": None}  # refused by the spec parser, naming the key
+            if not isinstance(payload, dict):
+                payload = {"command": None}
+            token = tokens[int(token_index) - 1]
+            claimed.append(ClaimedAttempt(
+                run_id, attempt_id, int(attempt_no), project_id, task_id, int(revision), int(scheduled_for),
+                payload, LeaseFence(attempt_id, int(lease_version), token), int(expires), int(now)))
+        return claimed
+
+    async def started(self, fence: SessionFence, lease: LeaseFence) -> StartedReply:
+        row = await self._call("worker_started", _SQL_STARTED, (*_session(fence), *_lease(lease)))
+        return StartedReply(int(row[0]), int(row[1]))
+
+    async def append_log(self, fence: SessionFence, lease: LeaseFence, offset: int, data: bytes) -> int:
+        row = await self._call("worker_append_log", _SQL_APPEND,
+                               (*_session(fence), *_lease(lease), int(offset), bytes(data)))
+        return int(row[0])
+
+    async def complete(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, *,
+                       started: bool = True) -> CompletionReply:
+        row = await self._call("worker_complete", _SQL_COMPLETE, (
+            *_session(fence), *_lease(lease), outcome.state.value, outcome.exit_code, outcome.signal,
+            int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason, bool(started)))
+        result, run_state, stored, next_no, next_at = row
+        return CompletionReply(CompletionResult(result), RunState(run_state), int(stored or 0),
+                               None if next_no is None else int(next_no),
+                               None if next_at is None else int(next_at))
+
+    async def close_session(self, fence: SessionFence) -> None:
+        await self._call("worker_close_session", _SQL_CLOSE, _session(fence))
+
+    async def close(self) -> None:
+        async with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            try:
+                await asyncio.wait_for(conn.close(), 2.0)
+            except Exception:
+                conn.pgconn.finish()
+
+
+def _session(fence: SessionFence) -> tuple[str, str, int]:
+    return fence.worker_id, fence.session_id, int(fence.generation)
+
+
+def _lease(lease: LeaseFence) -> tuple[str, int, bytes]:
+    return lease.attempt_id, int(lease.lease_version), bytes(lease.token)
+
+
+async def connect_worker_protocol(dsn: str, application_name: str) -> PostgresWorkerProtocol:
+    """A connected :class:`PostgresWorkerProtocol` (``dsn``: the worker_ingress role's). A DSN
+    libpq cannot parse is a SettingsError naming ``[worker] dsn``; an unreachable server is
+    StoreUnavailable naming where it connects, never the password."""
+    protocol = PostgresWorkerProtocol(dsn, application_name)
+    await protocol.connect()
+    return protocol
