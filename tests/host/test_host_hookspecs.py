@@ -231,3 +231,94 @@ def test_hook_qinglong_executors_refuses_two_plugins_offering_one_name(site, mon
         host.executor_specs()
     assert "two plugins provide executor 'acme_null'" in str(err.value)
     assert '"null" (acme-null 0.1.0)' in str(err.value) and '"rival" (acme-rival 0.1.0)' in str(err.value)
+
+
+WORKER_PROTOCOL_PLUGIN = '''
+from qinglong.contracts.hookspecs import hookimpl
+from qinglong.contracts.worker import WorkerProtocolSpec
+
+CONNECTED = []
+
+
+async def connect(dsn, application_name):
+    CONNECTED.append((dsn, application_name))
+    return "a connected protocol"
+
+
+@hookimpl
+def qinglong_worker_protocols():
+    yield WorkerProtocolSpec(name="acme_gateway", create=connect, description="an HTTP gateway")
+'''
+
+RIVAL_WORKER_PROTOCOL_PLUGIN = '''
+from qinglong.contracts.hookspecs import hookimpl
+from qinglong.contracts.worker import WorkerProtocolSpec
+
+
+@hookimpl
+def qinglong_worker_protocols():
+    return [WorkerProtocolSpec(name="acme_gateway", create=lambda dsn, name: None)]
+'''
+
+BAD_WORKER_PROTOCOL_PLUGIN = '''
+from qinglong.contracts.hookspecs import hookimpl
+
+
+@hookimpl
+def qinglong_worker_protocols():
+    return [("acme_gateway", "not a spec")]
+'''
+
+
+def _add_worker_protocol_plugins(site, monkeypatch):
+    site.add_distribution("acme-gateway", {"acme_gateway.py": WORKER_PROTOCOL_PLUGIN}, {"gateway": "acme_gateway"})
+    site.add_distribution("acme-rival-gateway", {"acme_rival_gateway.py": RIVAL_WORKER_PROTOCOL_PLUGIN},
+                          {"rival_gateway": "acme_rival_gateway"})
+    site.add_distribution("acme-bad-gateway", {"acme_bad_gateway.py": BAD_WORKER_PROTOCOL_PLUGIN},
+                          {"bad_gateway": "acme_bad_gateway"})
+    monkeypatch.syspath_prepend(str(site.root))
+    for module in ("acme_gateway", "acme_rival_gateway", "acme_bad_gateway"):
+        monkeypatch.delitem(importlib.sys.modules, module, raising=False)
+    importlib.invalidate_caches()
+
+
+def test_hook_qinglong_worker_protocols_offers_a_third_party_protocol_by_name(site, monkeypatch):
+    """A worker picks its store's protocol by name: a protocol offered by a third party (an HTTP
+    gateway, say) must be found under its name and connected through its own factory, and the
+    cluster profile's own store must offer one, or `qinglong worker` has nothing to talk to."""
+    import asyncio
+
+    _add_worker_protocol_plugins(site, monkeypatch)
+    host = PluginHost()
+    host.load(["gateway", "cluster_postgres"])
+    specs = host.worker_protocol_specs()
+    assert sorted(specs) == ["acme_gateway", "cluster_postgres"]
+    assert asyncio.run(specs["acme_gateway"].create("dsn-value", "qinglong worker w1")) == "a connected protocol"
+    assert importlib.import_module("acme_gateway").CONNECTED == [("dsn-value", "qinglong worker w1")]
+
+
+def test_hook_qinglong_worker_protocols_refuses_two_plugins_offering_one_name(site, monkeypatch):
+    """Two protocols of one name would leave it to load order which store a worker talks to."""
+    from qinglong.contracts.errors import PluginLoadError
+
+    _add_worker_protocol_plugins(site, monkeypatch)
+    host = PluginHost()
+    host.load(["gateway", "rival_gateway"])
+    with pytest.raises(PluginLoadError) as err:
+        host.worker_protocol_specs()
+    assert "two plugins provide worker protocol 'acme_gateway'" in str(err.value)
+    assert '"gateway" (acme-gateway 0.1.0)' in str(err.value)
+    assert '"rival_gateway" (acme-rival-gateway 0.1.0)' in str(err.value)
+
+
+def test_hook_qinglong_worker_protocols_refuses_an_item_that_is_not_a_spec_naming_the_plugin(site, monkeypatch):
+    """An item without a name and a factory would fail only when a worker starts, far from the
+    plugin that returned it."""
+    from qinglong.contracts.errors import PluginLoadError
+
+    _add_worker_protocol_plugins(site, monkeypatch)
+    host = PluginHost()
+    host.load(["bad_gateway"])
+    with pytest.raises(PluginLoadError) as err:
+        host.worker_protocol_specs()
+    assert "acme-bad-gateway" in str(err.value) and "not a WorkerProtocolSpec" in str(err.value)
