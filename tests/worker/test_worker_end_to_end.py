@@ -1,0 +1,123 @@
+"""A ``qinglong worker`` process runs the cluster's Runs: real PostgreSQL, Runs admitted by the
+replicas' own round from cron triggers, real jobs in their own process groups."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from tests.worker.helpers import (
+    admit,
+    attempts,
+    py_job,
+    publish_task,
+    run_state,
+    stored_log,
+    wait_run_state,
+    wait_until,
+    worker_dsn,
+    write_worker_settings,
+    WorkerProcess,
+)
+
+#: The job: a line naming what it saw in its environment, then 300,000 bytes of every byte value
+#: (binary, not UTF-8, more than one 256 KiB chunk), then exit 7.
+BINARY_JOB = (
+    "import os, sys\n"
+    "out = sys.stdout.buffer\n"
+    "out.write(('%s %s %s\\n' % (os.environ['QINGLONG_RUN_ID'], os.environ['QINGLONG_ATTEMPT'],"
+    " os.environ['GREETING'])).encode())\n"
+    "out.write(bytes(range(256)) * 1171 + bytes(range(224)))\n"
+    "out.flush()\n"
+    "sys.exit(7)\n"
+)
+BINARY_BYTES = bytes(range(256)) * 1171 + bytes(range(224))
+
+
+def _worker(cluster, tmp_path, name: str, **kw) -> WorkerProcess:
+    settings = write_worker_settings(tmp_path / f"{name}.toml", worker_dsn(cluster), worker_id=name,
+                                     log_dir=tmp_path / f"{name}-logs", **kw)
+    return WorkerProcess(settings, tmp_path / f"{name}.stderr")
+
+
+def test_a_cron_run_is_executed_by_a_worker_with_its_exit_code_and_every_log_byte_stored(cluster, tmp_path):
+    """Without the worker a cluster Run would stay queued forever; without chunked, offset-checked
+    shipping a log over one chunk (or one holding bytes that are not UTF-8) would land cut or
+    altered; without the job environment the job could not tell which Run it is."""
+    assert len(BINARY_BYTES) == 300_000
+    trigger = publish_task(cluster, "binary", {"command": py_job(BINARY_JOB), "env": {"GREETING": "hello-worker"},
+                                               "timeout_ms": 60_000})
+    run_id = admit(cluster, trigger)
+    assert run_state(cluster, run_id) == "queued"
+    worker = _worker(cluster, tmp_path, "w-e2e")
+    try:
+        assert wait_run_state(cluster, run_id) == "failed"  # exit 7, no retry by default
+        (attempt,) = attempts(cluster, run_id)
+        assert (attempt["state"], attempt["exit_code"], attempt["signal"]) == ("failed", 7, None)
+        expected = f"{run_id} 1 hello-worker\n".encode() + BINARY_BYTES
+        assert attempt["log_bytes"] == len(expected)
+        assert stored_log(cluster, attempt["attempt_id"]) == expected
+        chunks = cluster.count("attempt_logs", "attempt_id = %s", (attempt["attempt_id"],))
+        assert chunks >= 2
+        # the local Attempt directory is the one the executor wrote
+        with open(tmp_path / "w-e2e-logs" / attempt["attempt_id"] / "log", "rb") as f:
+            assert f.read() == expected
+        codes = [e["code"] for e in worker.events()]
+        assert {"worker.session_opened", "worker.claimed", "worker.job_started", "worker.completed"} <= set(codes)
+        assert "hello-worker" not in worker.text()  # an env value is never in a diagnostic
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+        worker.wait_event("worker.stopped")
+        closed = cluster.sql("SELECT closed_at_ms FROM qinglong.worker_sessions WHERE worker_id = 'w-e2e'")
+        assert closed[0][0] is not None
+    finally:
+        worker.stop()
+
+
+def test_a_failing_job_is_retried_exactly_as_its_policy_says(cluster, tmp_path):
+    """Without the store's retry decision on completion a failing Run would run once (or forever);
+    the worker must report each Attempt so that exactly max_attempts run, then the Run fails."""
+    trigger = publish_task(cluster, "flaky", {
+        "command": py_job("import os, sys; print('attempt', os.environ['QINGLONG_ATTEMPT']); sys.exit(3)"),
+        "retry": {"max_attempts": 3, "initial_backoff_ms": 100, "max_backoff_ms": 200, "jitter": 0,
+                  "exit_codes": [3]}})
+    run_id = admit(cluster, trigger)
+    worker = _worker(cluster, tmp_path, "w-retry")
+    try:
+        assert wait_run_state(cluster, run_id) == "failed"
+        rows = attempts(cluster, run_id)
+        assert [(a["attempt_no"], a["state"], a["exit_code"]) for a in rows] == [(1, "failed", 3), (2, "failed", 3),
+                                                                                (3, "failed", 3)]
+        for a in rows:
+            assert stored_log(cluster, a["attempt_id"]) == f"attempt {a['attempt_no']}\n".encode()
+    finally:
+        worker.signal(signal.SIGTERM)
+        worker.wait()
+        worker.stop()
+
+
+def test_a_task_with_labels_runs_only_on_the_worker_that_offers_them(cluster, tmp_path):
+    """Ignoring labels would run a GPU task on a machine without one; a worker without the label
+    must leave the Run queued even while it claims other Runs, and the labelled worker takes it."""
+    gpu = admit(cluster, publish_task(cluster, "needs-gpu", {"command": py_job("print('gpu')"), "labels": ["gpu"]}))
+    plain = admit(cluster, publish_task(cluster, "plain", {"command": py_job("print('plain')")}))
+    plain_worker = _worker(cluster, tmp_path, "w-plain", labels=("cpu",))
+    gpu_worker = None
+    try:
+        assert wait_run_state(cluster, plain) == "succeeded"
+        # the Run ahead of it in dispatch order, whose label the worker lacks, was left queued
+        assert run_state(cluster, gpu) == "queued"
+        claims = len(plain_worker.events("worker.claimed"))
+        assert claims == 1
+        gpu_worker = _worker(cluster, tmp_path, "w-gpu", labels=("gpu", "cpu"))
+        assert wait_run_state(cluster, gpu) == "succeeded"
+        (attempt,) = attempts(cluster, gpu)
+        assert os.path.isdir(tmp_path / "w-gpu-logs" / attempt["attempt_id"])
+        assert not os.path.exists(tmp_path / "w-plain-logs" / attempt["attempt_id"])
+        assert len(plain_worker.events("worker.claimed")) == 1
+    finally:
+        for w in (plain_worker, gpu_worker):
+            if w is not None:
+                w.signal(signal.SIGTERM)
+                w.wait()
+                w.stop()
