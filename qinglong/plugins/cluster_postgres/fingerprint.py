@@ -14,7 +14,10 @@ fresh server with every migration applied. Any difference fails closed and is na
   validity), triggers (the internal foreign-key ones too, with their enabled state), rules,
   policies, types, operators, extensions;
 * functions in our schema, functions owned by our roles anywhere, and SECURITY DEFINER functions
-  in any schema but ``pg_catalog`` and ``information_schema``; default privileges of our roles or
+  in any schema but ``pg_catalog`` and ``information_schema``: each one's owner, kind, security,
+  settings (``proconfig``: the pinned ``search_path``), language, arguments, result, volatility,
+  strictness, leakproofness, parallel safety and the md5 of its body, so a function replaced,
+  re-owned, made SECURITY INVOKER or stripped of its path is named drift; and their ACLs; default privileges of our roles or
   in our schema; event triggers;
 * every shared dependency on our roles in this database (``pg_shdepend``): each object they own
   and each ACL that mentions them, wherever it is.
@@ -193,8 +196,13 @@ WHERE n.nspname = %(schema)s
     ("function", """
 SELECT p.oid::pg_catalog.regprocedure::text AS signature, pg_catalog.pg_get_userbyid(p.proowner) AS owner_role,
        p.prokind::text AS kind, p.prosecdef AS security_definer,
-       coalesce(pg_catalog.array_to_string(p.proconfig, ','), '') AS config
+       coalesce(pg_catalog.array_to_string(p.proconfig, ','), '') AS config,
+       l.lanname AS language, pg_catalog.pg_get_function_arguments(p.oid) AS arguments,
+       pg_catalog.pg_get_function_result(p.oid) AS returns, p.provolatile::text AS volatility,
+       p.proisstrict AS strict, p.proleakproof AS leakproof, p.proparallel::text AS parallel,
+       pg_catalog.md5(coalesce(p.prosrc, '')) AS body_md5
 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+JOIN pg_catalog.pg_language l ON l.oid = p.prolang
 WHERE n.nspname = %(schema)s
    OR pg_catalog.pg_get_userbyid(p.proowner) = ANY (%(roles)s)
    OR (p.prosecdef AND n.nspname NOT IN ('pg_catalog', 'information_schema'))

@@ -27,6 +27,7 @@ from qinglong.contracts.errors import (
     trigger_id_taken,
     trigger_not_found,
 )
+from qinglong.contracts.execution import CONTRACT_LIMITS, parse_execution_spec, spec_to_payload
 from qinglong.contracts.records import (
     MisfirePolicy,
     ProjectRecord,
@@ -55,15 +56,30 @@ T = TypeVar("T")
 EXECUTOR = "remote_worker"
 
 
-def execution_spec(project_id: str, task_id: str, task_revision: int, task_digest: str) -> dict:
-    """The pinned execution revision of a task revision: what a remote worker will be offered."""
+def execution_spec(project_id: str, task_id: str, task_revision: int, task_digest: str,
+                   execution: Mapping[str, Any] | None = None) -> dict:
+    """The pinned execution revision of a task revision: what a remote worker will be offered.
+
+    ``execution`` is the task's normalised execution spec (every default written out, see
+    :func:`~qinglong.contracts.execution.spec_to_payload`), or None when the payload names no
+    command; the store's worker functions read the concurrency, retry, timeout, log limit and
+    label policies from it (no default lives in SQL)."""
     return {
         "executor": EXECUTOR,
         "project_id": project_id,
         "task_id": task_id,
         "task_revision": task_revision,
         "task_digest": task_digest,
+        "execution": None if execution is None else dict(execution),
     }
+
+
+def normalised_execution(task_id: str, payload: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The execution spec of a task payload with every default written out, or None when it
+    names no command. A payload whose spec is invalid is refused here, key by key, before
+    anything is written (the words of :func:`parse_execution_spec`)."""
+    spec = parse_execution_spec(task_id, payload, CONTRACT_LIMITS)
+    return None if spec is None else spec_to_payload(spec)
 
 
 def _head(trigger_id: str, row: Mapping[str, Any]) -> TriggerHead:
@@ -123,6 +139,7 @@ class ClusterPublisher:
         check_identifier("project_id", project_id)
         check_identifier("task_id", task_id)
         payload_json = check_task_payload(task_id, payload)
+        execution = normalised_execution(task_id, payload)
         digest = content_digest(payload)
         normalised = dict(payload)
 
@@ -136,7 +153,7 @@ class ClusterPublisher:
             await conn.execute(query("upsert_task_head"), {**keys, "content_digest": digest})
             await conn.execute(query("insert_task_revision"),
                                {**keys, "payload_json": payload_json, "content_digest": digest})
-            spec = execution_spec(project_id, task_id, revision, digest)
+            spec = execution_spec(project_id, task_id, revision, digest, execution)
             await conn.execute(query("insert_execution_revision"),
                                {**keys, "spec_json": canonical_json(spec),
                                 "content_digest": content_digest(spec)})

@@ -5,7 +5,18 @@
 * ``runtime`` claims and advances schedules (SELECT, and UPDATE of the cursor and claim columns
   only: never the trigger, project or revision a schedule belongs to, never INSERT or DELETE),
   inserts Runs, Attempts, Events and skip records, and records its own rounds;
-* ``worker_ingress`` may use the schema and nothing else: no privilege on scheduler state.
+* ``worker_ingress`` may use the schema and execute the seven worker functions
+  (``worker_open_session`` ... ``worker_close_session``): no privilege on any table at all;
+* the runtime also executes the control-plane functions (``expire_attempts``, ``request_cancel``,
+  ``prune_attempt_logs``) and reads worker sessions and shipped logs; it changes Runs and
+  Attempts after admission only through those functions.
+
+The functions (``migrations/0005_workers.sql``) are SECURITY DEFINER, owned by the owner, written
+in PL/pgSQL with ``search_path`` pinned to ``pg_catalog, pg_temp``; :data:`EXPECTED_FUNCTIONS`
+says which role may execute each (internal helpers: nobody but the owner), and readiness names a
+function that is missing, unexpected, not SECURITY DEFINER, in another language, or without the
+pinned path. Its body, return type, volatility and strictness are compared through the
+fingerprint (``fingerprint.py``).
 
 The GRANTs are installed by ``migrations/0002_grants.sql``, ``0003_schedule_semantics.sql`` and
 narrowed by ``0004_runtime_schedule_columns.sql``; :data:`EXPECTED_GRANTS` and
@@ -61,9 +72,31 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "run_events": frozenset({"SELECT", "INSERT"}),
         "schedule_skips": frozenset({"SELECT", "INSERT"}),
         "scheduler_replicas": frozenset(_ALL),
+        "worker_sessions": frozenset({"SELECT"}),
+        "attempt_logs": frozenset({"SELECT"}),
     },
     "worker_ingress": {},
 }
+
+#: The worker protocol's functions (EXECUTE for worker_ingress alone).
+WORKER_FUNCTIONS = ("worker_open_session", "worker_heartbeat", "worker_claim", "worker_started",
+                    "worker_append_log", "worker_complete", "worker_close_session")
+#: The control plane's functions (EXECUTE for the runtime alone).
+CONTROL_FUNCTIONS = ("expire_attempts", "request_cancel", "prune_attempt_logs")
+#: Helpers the functions above call; only the owner executes them.
+INTERNAL_FUNCTIONS = ("_now_ms", "_event", "_utc", "_cancel_words", "_run_spec", "_spec_problem",
+                      "_retry_decision", "_finish_attempt", "_requeue", "_session", "_lease",
+                      "_overlap")
+
+#: ``{function name: role function allowed to EXECUTE it, or None (owner only)}``.
+EXPECTED_FUNCTIONS: dict[str, str | None] = {
+    **{name: "worker_ingress" for name in WORKER_FUNCTIONS},
+    **{name: "runtime" for name in CONTROL_FUNCTIONS},
+    **{name: None for name in INTERNAL_FUNCTIONS},
+}
+
+#: The settings every function of the schema runs with.
+FUNCTION_CONFIG = "search_path=" + ", ".join(PINNED_SEARCH_PATH)
 
 #: The columns of ``trigger_schedules`` the runtime writes: the cursor (claim, admission) and the
 #: four-part claim fence plus its state version and acquisition time. ``trigger_id``,
@@ -85,7 +118,7 @@ EXPECTED_SCHEMA_USAGE = frozenset({"admin", "runtime", "worker_ingress"})
 EXPECTED_TABLES = frozenset({
     "schema_migrations", "projects", "tasks", "task_revisions", "execution_revisions", "triggers",
     "trigger_schedules", "runs", "attempts", "run_events", "schedule_skips",
-    "trigger_revision_marks", "scheduler_replicas",
+    "trigger_revision_marks", "scheduler_replicas", "worker_sessions", "attempt_logs",
 })
 
 _CATALOG_SQL = """
@@ -132,6 +165,16 @@ SELECT n.nspname, 'schema', pg_get_userbyid(n.nspowner) FROM pg_namespace n WHER
 UNION ALL
 SELECT p.proname, 'function', pg_get_userbyid(p.proowner)
 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %(schema)s
+"""
+
+_FUNCTIONS_SQL = """
+SELECT p.proname, p.prosecdef, l.lanname,
+       coalesce(pg_catalog.array_to_string(p.proconfig, ';'), '') AS config
+FROM pg_catalog.pg_proc p
+JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+WHERE n.nspname = %(schema)s
+ORDER BY p.proname
 """
 
 _ROLES_SQL = """
@@ -204,7 +247,35 @@ def expected_privileges(roles: Mapping[str, str]) -> set[tuple[str, str, str, st
                     expected.add(("column", f"{table}.{column}", roles[function], privilege))
     for function in EXPECTED_SCHEMA_USAGE:
         expected.add(("schema", SCHEMA, roles[function], "USAGE"))
+    for name, function in EXPECTED_FUNCTIONS.items():
+        if function is not None:
+            expected.add(("function", name, roles[function], "EXECUTE"))
     return expected
+
+
+async def function_problems(conn) -> list[str]:
+    """Every function of the schema that is not exactly one of :data:`EXPECTED_FUNCTIONS` as the
+    migrations define it: unknown or missing, not SECURITY DEFINER, not PL/pgSQL, or not running
+    with the pinned ``search_path`` (and nothing else)."""
+    problems: list[str] = []
+    cur = await conn.execute(_FUNCTIONS_SQL, {"schema": SCHEMA})
+    seen: set[str] = set()
+    for name, definer, language, config in await cur.fetchall():
+        label = f"function {SCHEMA}.{name}"
+        if name in seen or name not in EXPECTED_FUNCTIONS:
+            problems.append(f"unexpected {label}")
+            continue
+        seen.add(name)
+        if not definer:
+            problems.append(f"{label} is SECURITY INVOKER, expected SECURITY DEFINER")
+        if language != "plpgsql":
+            problems.append(f"{label} is written in {language}, expected plpgsql")
+        if config != FUNCTION_CONFIG:
+            problems.append(f"{label} runs with settings {config or '(none)'!r}, expected "
+                            f"{FUNCTION_CONFIG!r}")
+    for name in sorted(set(EXPECTED_FUNCTIONS) - seen):
+        problems.append(f"missing function {SCHEMA}.{name}")
+    return problems
 
 
 async def environment_problems(conn, roles: Mapping[str, str]) -> list[str]:
@@ -263,7 +334,8 @@ async def privilege_problems(conn, roles: Mapping[str, str]) -> list[str]:
     seen_tables = set()
     for name, kind, owner in await cur.fetchall():
         if kind == "function":
-            problems.append(f"unexpected function {SCHEMA}.{name}")
+            if owner != roles["owner"]:
+                problems.append(f"function {SCHEMA}.{name} is owned by {owner}, expected {roles['owner']}")
             continue
         if kind != "schema":
             seen_tables.add(name)
@@ -273,6 +345,7 @@ async def privilege_problems(conn, roles: Mapping[str, str]) -> list[str]:
         problems.append(f"unexpected relation {SCHEMA}.{name}")
     for name in sorted(EXPECTED_TABLES - seen_tables):
         problems.append(f"missing relation {SCHEMA}.{name}")
+    problems += await function_problems(conn)
 
     async with conn.cursor(row_factory=dict_row) as named:
         await named.execute(_ROLES_SQL, {"names": list(roles.values())})
