@@ -1,0 +1,123 @@
+"""SIGTERM drains a ``qinglong worker``: no new claims, running jobs may finish up to the drain
+timeout, then they are stopped and reported ``cancelled``; the session is closed; exit 0."""
+
+from __future__ import annotations
+
+import signal
+
+from tests.worker.helpers import (
+    admit,
+    attempts,
+    group_alive,
+    py_job,
+    publish_task,
+    run_state,
+    wait_run_state,
+    wait_until,
+    worker_dsn,
+    write_worker_settings,
+    WorkerProcess,
+)
+
+#: Writes its pid to ``MARK`` (its own group leader is the executor's wrapper: the pgid is read),
+#: then waits until ``RELEASE`` exists; exits 0. TERM ends it (default action).
+GATED_JOB = (
+    "import os, sys, time\n"
+    "mark, release = sys.argv[1], sys.argv[2]\n"
+    "with open(mark + '.tmp', 'w') as f: f.write('%d %d' % (os.getpid(), os.getpgid(0)))\n"
+    "os.rename(mark + '.tmp', mark)\n"
+    "print('started', flush=True)\n"
+    "while not os.path.exists(release): time.sleep(0.02)\n"
+    "print('released', flush=True)\n"
+)
+
+
+def _worker(cluster, tmp_path, name: str, **kw) -> WorkerProcess:
+    settings = write_worker_settings(tmp_path / f"{name}.toml", worker_dsn(cluster), worker_id=name,
+                                     log_dir=tmp_path / f"{name}-logs", **kw)
+    return WorkerProcess(settings, tmp_path / f"{name}.stderr")
+
+
+def _session_closed(cluster, worker_id: str) -> bool:
+    rows = cluster.sql("SELECT closed_at_ms FROM qinglong.worker_sessions WHERE worker_id = %s", (worker_id,))
+    return bool(rows) and rows[0][0] is not None
+
+
+def test_sigterm_lets_the_running_job_finish_reports_it_claims_nothing_more_and_closes_the_session(cluster, tmp_path):
+    """Without the drain a deploy's SIGTERM would kill every running job (or leave it running with
+    no session fencing it); a worker that kept claiming while draining would start Runs it is
+    about to abandon; an unclosed session would hold its Runs until the lease expires."""
+    mark, release = tmp_path / "job.pid", tmp_path / "release"
+    trigger = publish_task(cluster, "gated", {"command": py_job(GATED_JOB, str(mark), str(release))})
+    run_id = admit(cluster, trigger)
+    worker = _worker(cluster, tmp_path, "w-drain", level="debug")
+    try:
+        wait_until(mark.exists, "the job to start")
+        assert run_state(cluster, run_id) == "running"
+        worker.signal(signal.SIGTERM)
+        worker.wait_event("worker.draining")
+        later = admit(cluster, publish_task(cluster, "later", {"command": py_job("print('later')")}))
+        # the worker keeps its session alive while it drains: heartbeats go on
+        heartbeats = len(worker.events("worker.heartbeat"))
+        worker.wait_event("worker.heartbeat", heartbeats + 2)
+        assert worker.proc.poll() is None and run_state(cluster, run_id) == "running"
+        release.touch()
+        assert worker.wait() == 0
+        (attempt,) = attempts(cluster, run_id)
+        assert (attempt["state"], attempt["exit_code"]) == ("succeeded", 0)
+        assert run_state(cluster, run_id) == "succeeded"
+        assert _session_closed(cluster, "w-drain")
+        # the Run admitted during the drain was never claimed
+        assert run_state(cluster, later) == "queued"
+        assert [a["state"] for a in attempts(cluster, later)] == ["claimed"]
+        assert len(worker.events("worker.claimed")) == 1
+        worker.wait_event("worker.stopped")
+    finally:
+        release.touch()
+        worker.stop()
+
+
+def test_the_drain_timeout_stops_the_job_and_reports_it_cancelled(cluster, tmp_path):
+    """A job that outlives the drain timeout must be stopped (TERM to its group) and reported
+    cancelled before the worker exits; otherwise it would run on with no session fencing it, or
+    its Run would end lost and maybe run twice."""
+    mark, release = tmp_path / "job.pid", tmp_path / "release"
+    trigger = publish_task(cluster, "stuck", {"command": py_job(GATED_JOB, str(mark), str(release))})
+    run_id = admit(cluster, trigger)
+    worker = _worker(cluster, tmp_path, "w-stuck", drain_timeout_ms=500)
+    try:
+        wait_until(mark.exists, "the job to start")
+        pid, pgid = map(int, mark.read_text().split())
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+        assert not group_alive(pgid)
+        (attempt,) = attempts(cluster, run_id)
+        assert attempt["state"] == "cancelled"
+        assert attempt["signal"] == signal.SIGTERM
+        assert run_state(cluster, run_id) == "cancelled"
+        assert _session_closed(cluster, "w-stuck")
+        worker.wait_event("worker.drain_timeout")
+    finally:
+        release.touch()
+        worker.stop()
+
+
+def test_a_second_signal_kills_the_jobs_before_the_worker_exits(cluster, tmp_path):
+    """A forced exit that left its job running would leave a process that no session fences: once
+    the lease expired another worker could run the same Run beside it."""
+    mark, release = tmp_path / "job.pid", tmp_path / "release"
+    trigger = publish_task(cluster, "forced", {"command": py_job(GATED_JOB, str(mark), str(release))})
+    admit(cluster, trigger)
+    worker = _worker(cluster, tmp_path, "w-forced")
+    try:
+        wait_until(mark.exists, "the job to start")
+        pid, pgid = map(int, mark.read_text().split())
+        worker.signal(signal.SIGTERM)
+        worker.wait_event("worker.draining")
+        worker.signal(signal.SIGINT)
+        assert worker.wait() == 130
+        wait_until(lambda: not group_alive(pgid), "the job's process group to be gone")
+        assert "second signal" in worker.text()
+    finally:
+        release.touch()
+        worker.stop()
