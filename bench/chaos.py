@@ -1,20 +1,34 @@
-"""Chaos soak of the cluster profile: N replica processes, random failures, an exactly-once audit.
+"""Chaos soak of the cluster profile: replicas and workers, random failures, an exactly-once audit.
 
 Starts its own PostgreSQL 18 (the test harness ``tests/pg.py``), migrates, publishes every-second
 and every-few-seconds cron triggers (half ``fire_once`` with a 60 s grace, half ``skip`` with a
-1.5 s grace), and runs ``--replicas`` real ``qinglong run`` processes (profile ``cluster``), each
-reaching PostgreSQL through its own fault proxy (``tests/failure/fault_proxy.py``). For
-``--minutes`` it injects, at random: ``kill -9`` of a replica (restarted after a pause), latency
-and jitter, a reset of every connection, a one-way partition, a connection that hangs after an
-admission was sent until it is reset, ``pg_terminate_backend`` of runtime backends, and one
-PostgreSQL restart half way. Then it heals everything, lets the replicas catch up, stops them and audits every
-trigger: its expected occurrences (first fire up to its final cursor) against its Runs.
+1.5 s grace) of five tasks running the marker job (``bench/cluster_workers.py``): ``plain`` (no
+retry), ``flaky`` (exits 3 at times; retried on failure, not idempotent, so a lost Attempt is never
+retried), ``idem`` (idempotent, retried on failure and when lost), ``slow`` (up to 1.5 s, no
+retry) and ``long`` (2-6 s, idempotent: cut-off and killed workers hold these mid-job). It runs ``--replicas`` real ``qinglong run`` processes (profile ``cluster``: admission and
+the expiry of Run leases) and ``--workers`` real ``qinglong worker`` processes, each reaching
+PostgreSQL through its own fault proxy (``tests/failure/fault_proxy.py``). For ``--minutes`` it
+injects, at random, on a replica or a worker: ``kill -9`` (restarted after a pause), latency and
+jitter, a reset of every connection, a one-way or two-way partition (a worker's longer than its
+session lease, so it must fence itself), a connection that hangs after an admission or a
+completion was sent until it is reset (the reply of a committed statement lost),
+``pg_terminate_backend`` of a replica's backends, and one PostgreSQL restart half way. Then it
+heals everything, lets the replicas catch up and end every expired lease, stops the replicas
+(admission is over), lets the workers drain the queue, stops them (SIGTERM: drain) and audits:
 
-Prints and writes (``--out``, default ``bench/results/chaos.json``): expected, admitted,
-duplicates (must be 0), missing (must be 0: for ``fire_once`` nothing may be left out; for
-``skip`` every occurrence not admitted must be a recorded skip), skipped-and-recorded, the worst
-and p99 admission lag, and what was injected. Exit status 1 when a duplicate or a missing
-occurrence was found.
+* admission: every trigger's expected occurrences (first fire up to its final cursor) against its
+  Runs: duplicates (must be 0), missing (must be 0: for ``fire_once`` nothing may be left out; for
+  ``skip`` every occurrence not admitted must be a recorded skip), and every Run born with its
+  Attempt 1 and its two admission events;
+* execution (``cluster_workers.audit_execution``): every Run in exactly one terminal state (0 stuck
+  after the drain), Attempts numbered 1..N within the task's policy (a lost Attempt of a task not
+  idempotent never retried, at most ``max_attempts``), no two executions of one Run overlapping on
+  the monotonic clock, no Attempt started twice, and every job that ended by itself has its exit
+  code on its Attempt (or the Attempt is ``lost`` with a reason: the worker died or was fenced
+  before it reported; counted).
+
+Prints and writes (``--out``, default ``bench/results/chaos.json``) those figures, the admission
+lags and what was injected. Exit status 1 on any violation.
 
     python bench/chaos.py --minutes 10
 """
@@ -46,9 +60,34 @@ from qinglong.plugins.cron.provider import CronProvider  # noqa: E402
 from tests.failure.fault_proxy import BOTH, TO_CLIENT, TO_SERVER, FaultProxy  # noqa: E402
 from tests.pg import ROLE_PASSWORDS, create_database, create_roles, start_server  # noqa: E402
 
+import cluster_workers  # noqa: E402  (bench/, this script's directory)
+from cluster_workers import WorkerProcess  # noqa: E402
+
 DBNAME = "ql_chaos"
 EXPRESSIONS = ("* * * * * *", "*/2 * * * * *", "*/3 * * * * *", "*/5 * * * * *")
 ADMISSION_MESSAGE = b"EXECUTE qinglong_admit_occurrence("
+#: In the Bind message of a worker's completion of a job that exited 0 (its state parameter; the
+#: worker's statements are prepared, so the function's name travels only once per connection):
+#: held replies there lose the reply of a committed completion (the worker must repeat it and be
+#: told it is already done).
+COMPLETE_MESSAGE = b"succeeded"
+
+
+def task_payloads(job: Path) -> dict[str, dict]:
+    """The five tasks the triggers run, all the marker job (see the module docstring)."""
+    fast_retry = {"initial_backoff_ms": 200, "max_backoff_ms": 1000, "jitter": 0.5}
+    return {
+        "plain": {"command": cluster_workers.marker_command(job, min_ms=20, max_ms=300)},
+        "flaky": {"command": cluster_workers.marker_command(job, min_ms=50, max_ms=500, fail_pct=30),
+                  "retry": {"max_attempts": 3, **fast_retry}},
+        "idem": {"command": cluster_workers.marker_command(job, min_ms=100, max_ms=1200, fail_pct=20),
+                 "idempotent": True, "retry": {"max_attempts": 4, **fast_retry}},
+        "slow": {"command": cluster_workers.marker_command(job, min_ms=300, max_ms=1500)},
+        # longer than the time a cut-off worker has before it must stop its jobs: partitions and
+        # kills catch these mid-job, and their Runs are handed over
+        "long": {"command": cluster_workers.marker_command(job, min_ms=2000, max_ms=6000),
+                 "idempotent": True, "retry": {"max_attempts": 3, **fast_retry}},
+    }
 
 
 def log(message: str) -> None:
@@ -80,7 +119,7 @@ def sql(server, statement: str, params=None):
         return cur.fetchall() if cur.description else None
 
 
-def prepare(server, triggers: int, lease_ms: int, cadence_ms: int) -> dict[str, int]:
+def prepare(server, triggers: int, lease_ms: int, cadence_ms: int, payloads: dict[str, dict]) -> dict[str, int]:
     """Roles, database, migrations, triggers; returns each trigger's first occurrence.
 
     Published under the replicas' own lease and cadence, so the skip triggers' grace is checked
@@ -97,11 +136,14 @@ def prepare(server, triggers: int, lease_ms: int, cadence_ms: int) -> dict[str, 
             await backend.migrate()
             pub = backend.publisher()
             await pub.create_project("chaos")
-            await pub.put_task("chaos", "task", {"cmd": ["true"]})
+            for task_id, payload in payloads.items():
+                await pub.put_task("chaos", task_id, payload)
+            tasks = list(payloads)
             for i in range(triggers):
                 fire_once = i % 2 == 0
+                task_id = tasks[(i // len(EXPRESSIONS)) % len(tasks)]  # each task gets every expression
                 await pub.put_trigger(TriggerDefinition(
-                    "chaos", f"t{i:03d}", "task", "cron", {"expression": EXPRESSIONS[i % len(EXPRESSIONS)]},
+                    "chaos", f"t{i:03d}", task_id, "cron", {"expression": EXPRESSIONS[i % len(EXPRESSIONS)]},
                     misfire_policy=MisfirePolicy.FIRE_ONCE if fire_once else MisfirePolicy.SKIP,
                     misfire_grace_ms=60_000 if fire_once else cadence_ms + lease_ms + 1500))
         finally:
@@ -164,12 +206,30 @@ class Replica:
         return self.proc.returncode if self.proc else None
 
 
+def make_worker(index: int, server, workdir: Path, args) -> WorkerProcess:
+    """One ``qinglong worker`` behind its own proxy, with short leases (the chaos needs many
+    expiries in a few minutes; ``check_worker_timing`` accepts them)."""
+    worker_id = f"chaos-w{index}"
+    proxy = FaultProxy(("127.0.0.1", server.port), name=worker_id).start()
+    settings = cluster_workers.write_worker_settings(
+        workdir / f"{worker_id}.toml",
+        cluster_workers.worker_dsn("127.0.0.1", proxy.port, DBNAME, ROLE_PASSWORDS["qinglong_worker_ingress"]),
+        worker_id, log_dir=workdir / f"{worker_id}-logs", max_running=args.worker_slots,
+        session_lease_ms=args.session_lease_ms, heartbeat_ms=args.heartbeat_ms,
+        self_fence_margin_ms=1000, kill_grace_ms=500, poll_ms=200, drain_timeout_ms=10_000)
+    return WorkerProcess(worker_id, settings, workdir / f"{worker_id}.log", proxy=proxy)
+
+
 class Chaos:
     """The fault schedule: one random fault every few seconds, each undone after a while."""
 
-    def __init__(self, server, replicas: list[Replica], rng: random.Random) -> None:
+    def __init__(self, server, replicas: list[Replica], rng: random.Random,
+                 workers: list[WorkerProcess] = (), session_lease_ms: int = 5000) -> None:
         self.server = server
         self.replicas = replicas
+        self.workers = list(workers)
+        self.session_lease_s = session_lease_ms / 1000
+        self.complete_rules: list = []
         self.rng = rng
         self.injected: dict[str, int] = {}
         self.pending: list[tuple[float, str, object]] = []  # (when, what, replica) undo actions
@@ -206,10 +266,13 @@ class Chaos:
 
     def inject(self, now: float) -> None:
         busy = {id(r) for _, _, r in self.pending}
-        free = [r for r in self.replicas if id(r) not in busy and r.alive()]
+        free = [r for r in self.replicas + self.workers if id(r) not in busy and r.alive()]
         if not free:
             return
         replica = self.rng.choice(free)
+        if isinstance(replica, WorkerProcess):
+            self.inject_worker(now, replica)
+            return
         fault = self.rng.choice(["kill9", "kill9", "latency", "reset", "partition", "hang",
                                  "terminate_backends"])
         self._count(fault)
@@ -236,6 +299,32 @@ class Chaos:
             self.injected["backends_terminated"] = self.injected.get("backends_terminated", 0) + len(rows)
         log(f"fault: {fault} on {replica.owner}")
 
+    def inject_worker(self, now: float, worker: WorkerProcess) -> None:
+        fault = self.rng.choice(["kill9", "kill9", "latency", "reset", "partition", "partition",
+                                 "hang_complete"])
+        self._count("worker_" + fault)
+        if fault == "kill9":
+            worker.kill9()
+            self.pending.append((now + self.rng.uniform(0.5, 4.0), "restart", worker))
+        elif fault == "latency":
+            worker.proxy.set_latency(self.rng.uniform(20, 150), jitter_ms=self.rng.uniform(0, 100))
+            self.pending.append((now + self.rng.uniform(2, 8), "heal", worker))
+        elif fault == "reset":
+            worker.proxy.cut_all()
+        elif fault == "partition":
+            # half of them outlast the session lease: the worker must stop its jobs by itself
+            # before any other worker may be handed them
+            seconds = self.rng.uniform(0.5, self.session_lease_s) if self.rng.random() < 0.5 else \
+                self.rng.uniform(self.session_lease_s, 2.5 * self.session_lease_s)
+            worker.proxy.partition(self.rng.choice([TO_SERVER, TO_CLIENT, BOTH, BOTH]))
+            if seconds > self.session_lease_s:
+                self._count("worker_partition_past_lease")
+            self.pending.append((now + seconds, "heal", worker))
+        elif fault == "hang_complete":
+            self.complete_rules.append(worker.proxy.arm(TO_SERVER, COMPLETE_MESSAGE, "hold_replies"))
+            self.pending.append((now + self.rng.uniform(2, 8), "reset", worker))
+        log(f"fault: {fault} on {worker.worker_id}")
+
 
 def audit(server, first: dict[str, int]) -> dict:
     """Expected occurrences per trigger against Runs and recorded skips."""
@@ -244,10 +333,13 @@ def audit(server, first: dict[str, int]) -> dict:
                        "FROM qinglong.triggers t JOIN qinglong.trigger_schedules s USING (trigger_id)")
     runs = sql(server, "SELECT trigger_id, scheduled_for_ms, admitted_at_ms FROM qinglong.runs")
     skips = sql(server, "SELECT trigger_id, first_skipped_ms, last_skipped_ms FROM qinglong.schedule_skips")
+    # a Run is born with its Attempt 1 and its two admission events; retries add Attempts and
+    # execution adds events later, so only what admission writes is checked here
     shape_bad = sql(server, """
         SELECT count(*) FROM qinglong.runs r
-        WHERE (SELECT count(*) FROM qinglong.attempts a WHERE a.run_id = r.run_id) <> 1
-           OR (SELECT count(*) FROM qinglong.run_events e WHERE e.run_id = r.run_id) <> 2""")[0][0]
+        WHERE (SELECT count(*) FROM qinglong.attempts a WHERE a.run_id = r.run_id AND a.attempt_no = 1) <> 1
+           OR (SELECT count(*) FROM qinglong.run_events e WHERE e.run_id = r.run_id
+               AND (e.seq, e.event_type) IN ((1, 'run.created'), (2, 'run.queued'))) <> 2""")[0][0]
     now = sql(server, "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint")[0][0]
     admitted: dict[str, list[int]] = {}
     for trigger_id, scheduled, _ in runs:
@@ -281,7 +373,7 @@ def audit(server, first: dict[str, int]) -> dict:
         "duplicates": sum(t["duplicates"] for t in totals.values()),
         "missing": sum(t["missing"] for t in totals.values()),
         "skipped_recorded": sum(t["skipped_recorded"] for t in totals.values()),
-        "runs_without_1_attempt_2_events": shape_bad,
+        "runs_without_admission_shape": shape_bad,
         "worst_lag_ms": lags[-1] if lags else None,
         "p50_lag_ms": lags[len(lags) // 2] if lags else None,
         "p99_lag_ms": lags[int(len(lags) * 0.99)] if lags else None,
@@ -319,32 +411,78 @@ def replica_log_figures(replicas: list[Replica]) -> dict:
     return figures
 
 
+def worker_log_figures(workers: list[WorkerProcess]) -> dict:
+    """What the workers reported: their diagnostic codes, counted (self-fences, refusals, ...)."""
+    codes: dict[str, int] = {}
+    for worker in workers:
+        if not worker.logfile.exists():
+            continue
+        for line in worker.logfile.read_text(errors="replace").splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                code = json.loads(line).get("code")
+            except ValueError:
+                continue
+            if code:
+                codes[code] = codes.get(code, 0) + 1
+    return dict(sorted(codes.items()))
+
+
+def db_now(server) -> int:
+    return sql(server, "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint")[0][0]
+
+
+def wait_until(what: str, predicate, timeout_s: float, every_s: float = 0.5) -> tuple[bool, float]:
+    """Poll ``predicate`` until true or ``timeout_s``; (met, seconds waited)."""
+    started = time.monotonic()
+    while True:
+        if predicate():
+            return True, time.monotonic() - started
+        if time.monotonic() - started > timeout_s:
+            log(f"gave up waiting for {what} after {timeout_s:.0f} s")
+            return False, time.monotonic() - started
+        time.sleep(every_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="how long faults are injected")
     parser.add_argument("--replicas", type=int, default=4)
-    parser.add_argument("--triggers", type=int, default=40)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--worker-slots", type=int, default=8, help="max_running of each worker")
+    parser.add_argument("--triggers", type=int, default=32)
     parser.add_argument("--lease-ms", type=int, default=3000)
+    parser.add_argument("--session-lease-ms", type=int, default=5000, help="the workers' session lease")
+    parser.add_argument("--heartbeat-ms", type=int, default=1000)
     parser.add_argument("--cadence-ms", type=int, default=1000)
     parser.add_argument("--fault-every", type=float, default=3.0, help="mean seconds between faults")
+    parser.add_argument("--drain-timeout", type=float, default=180.0,
+                        help="seconds the workers get to finish the queue after admission stopped")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "chaos.json"))
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     workdir = Path(tempfile.mkdtemp(prefix="ql-chaos-"))
-    log(f"seed {seed}; {args.replicas} replicas, {args.triggers} triggers, {args.minutes:g} min of faults; "
-        f"logs in {workdir}")
+    os.chmod(workdir, 0o755)
+    log(f"seed {seed}; {args.replicas} replicas, {args.workers} workers, {args.triggers} triggers, "
+        f"{args.minutes:g} min of faults; logs in {workdir}")
+    job = cluster_workers.write_marker_job(workdir / "jobs")
+    marks = job.parent / "marks"
+    payloads = task_payloads(job)
     server = start_server("pg18")
     replicas: list[Replica] = []
+    workers: list[WorkerProcess] = []
     started = time.monotonic()
     try:
-        first = prepare(server, args.triggers, args.lease_ms, args.cadence_ms)
+        first = prepare(server, args.triggers, args.lease_ms, args.cadence_ms, payloads)
         replicas = [Replica(i, server, workdir, args.lease_ms, args.cadence_ms) for i in range(args.replicas)]
-        for replica in replicas:
-            replica.start()
+        workers = [make_worker(i, server, workdir, args) for i in range(args.workers)]
+        for process in replicas + workers:
+            process.start()
         time.sleep(4.5)
-        chaos = Chaos(server, replicas, rng)
+        chaos = Chaos(server, replicas, rng, workers, args.session_lease_ms)
         duration = args.minutes * 60
         fault_start = time.monotonic()
         next_fault = fault_start + rng.expovariate(1 / args.fault_every)
@@ -358,26 +496,37 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.05)
         log("faults stop; healing and letting the replicas catch up")
         chaos.undo_due(time.monotonic(), force=True)
-        for replica in replicas:
-            replica.proxy.disarm()
-            replica.proxy.heal()
-            replica.proxy.set_latency(0)
-            if not replica.alive():
-                replica.start()
+        for process in replicas + workers:
+            process.proxy.disarm()
+            process.proxy.heal()
+            process.proxy.set_latency(0)
+            if not process.alive():
+                process.start()
         heal_started = time.monotonic()
         # caught up: no schedule behind the database clock by more than two seconds
-        while time.monotonic() - heal_started < max(30.0, args.lease_ms / 1000 * 4):
-            behind = sql(server, "SELECT count(*) FROM qinglong.trigger_schedules WHERE next_fire_at_ms < "
-                                 "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - 2000")[0][0]
-            if behind == 0:
-                break
-            time.sleep(0.5)
-        caught_up_s = time.monotonic() - heal_started
-        time.sleep(2.0)
+        _, caught_up_s = wait_until("the replicas to catch up", lambda: sql(
+            server, "SELECT count(*) FROM qinglong.trigger_schedules WHERE next_fire_at_ms < "
+                    "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - 2000")[0][0] == 0,
+            max(30.0, args.lease_ms / 1000 * 4))
+        # every lease a killed or fenced worker held has expired and been ended by a replica: the
+        # replicas do the expiry, so they stop only after it
+        leases_from = db_now(server) + 2 * args.session_lease_ms
+        expired_ok, _ = wait_until("the expired Run leases to be ended", lambda: sql(
+            server, "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint > %s AND NOT EXISTS ("
+                    "SELECT 1 FROM qinglong.attempts WHERE state IN ('dispatching', 'running') AND "
+                    "lease_expires_at_ms < floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - 2000)",
+            (leases_from,))[0][0], 60.0 + 4 * args.session_lease_ms / 1000)
         exit_codes = [replica.stop() for replica in replicas]
-        for replica in replicas:
-            replica.proxy.close()
+        log("replicas stopped (admission is over); the workers drain the queue")
+        drained, drain_s = wait_until("the workers to finish every Run", lambda: sql(
+            server, "SELECT count(*) FROM qinglong.runs WHERE state NOT IN "
+                    "('succeeded', 'failed', 'timed_out', 'cancelled', 'lost')")[0][0] == 0,
+            args.drain_timeout)
+        worker_exit_codes = [worker.stop() for worker in workers]
+        for process in replicas + workers:
+            process.proxy.close()
         result = audit(server, first)
+        execution = cluster_workers.audit_execution(server.superuser_dsn(DBNAME), marks, payloads)
         result.update(
             seed=seed, minutes=args.minutes, replicas=args.replicas, triggers=args.triggers,
             lease_ms=args.lease_ms, cadence_ms=args.cadence_ms, injected=chaos.injected,
@@ -386,22 +535,39 @@ def main(argv: list[str] | None = None) -> int:
             caught_up_after_heal_s=round(caught_up_s, 2),
             wall_s=round(time.monotonic() - started, 1), replica_logs=replica_log_figures(replicas),
             server=f"PostgreSQL {server.version_num()}",
+            workers=args.workers, worker_slots=args.worker_slots, session_lease_ms=args.session_lease_ms,
+            heartbeat_ms=args.heartbeat_ms, worker_starts=sum(w.starts for w in workers),
+            worker_exit_codes=worker_exit_codes, worker_logs=worker_log_figures(workers),
+            completion_replies_held=sum(1 for r in chaos.complete_rules if r.fired.is_set()),
+            expired_leases_ended_before_stop=expired_ok, drained=drained, drain_s=round(drain_s, 2),
+            execution=execution, tasks={t: p for t, p in payloads.items()},
         )
     finally:
-        for replica in replicas:
-            replica.kill9()
-            replica.proxy.close()
+        for process in replicas + workers:
+            process.kill9()
+            if process.proxy is not None:
+                process.proxy.close()
         server.destroy()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    out.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    v, f = execution["violations"], execution["figures"]
     print(f"expected={result['expected']} admitted={result['admitted']} duplicates={result['duplicates']} "
           f"missing={result['missing']} skipped_recorded={result['skipped_recorded']} "
           f"worst_lag={result['worst_lag_ms']}ms p99_lag={result['p99_lag_ms']}ms "
           f"caught_up_after_heal={result['caught_up_after_heal_s']}s")
-    print("injected: " + ", ".join(f"{k}={v}" for k, v in sorted(result["injected"].items())))
+    print(f"execution: runs={f['runs']} attempts={f['attempts']} by_state={f['runs_by_state']} "
+          f"jobs_started={f['jobs_started']} jobs_ended={f['jobs_ended']} "
+          f"killed_or_orphaned={f['jobs_killed_or_orphaned']} finished_but_lost={f['finished_but_lost']} "
+          f"retries={f['retries']} lost_not_retried_non_idempotent={f['lost_never_retried_non_idempotent']} "
+          f"min_handover_gap={f['min_handover_gap_ms']}ms drained_in={result['drain_s']}s")
+    print("violations: " + ", ".join(f"{k}={n}" for k, n in v.items()))
+    if execution["examples"]:
+        print("examples: " + json.dumps(execution["examples"])[:3000])
+    print("injected: " + ", ".join(f"{k}={n}" for k, n in sorted(result["injected"].items())))
     print(f"written to {out}")
-    ok = result["duplicates"] == 0 and result["missing"] == 0 and result["runs_without_1_attempt_2_events"] == 0
+    ok = (result["duplicates"] == 0 and result["missing"] == 0 and result["runs_without_admission_shape"] == 0
+          and execution["violation_total"] == 0 and drained)
     return 0 if ok else 1
 
 
