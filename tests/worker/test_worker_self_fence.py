@@ -1,0 +1,93 @@
+"""Self-fencing: a worker whose link to the store is cut stops its job (TERM, then KILL to the
+process group) before its session lease can expire in the store's time, measured on the
+machine's monotonic clock from the start of its last successful heartbeat; then it opens a new
+session (a new generation) once the store answers again, and the abandoned Attempt is never
+reported by it."""
+
+from __future__ import annotations
+
+import signal
+
+from tests.failure.fault_proxy import BOTH, FaultProxy
+from tests.worker.helpers import (
+    SHORT_TIMING,
+    admit,
+    attempts,
+    group_alive,
+    py_job,
+    publish_task,
+    run_state,
+    wait_until,
+    worker_dsn,
+    write_worker_settings,
+    WorkerProcess,
+)
+
+#: Ignores TERM (only KILL stops it), writes its pid and group, then its monotonic time every
+#: 10 ms: the last line written is its last moment alive as far as it can tell.
+STUBBORN_JOB = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "mark, stamps = sys.argv[1], sys.argv[2]\n"
+    "with open(mark + '.tmp', 'w') as f: f.write('%d %d' % (os.getpid(), os.getpgid(0)))\n"
+    "os.rename(mark + '.tmp', mark)\n"
+    "fd = os.open(stamps, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)\n"
+    "while True:\n"
+    "    os.write(fd, b'%.6f\\n' % time.monotonic())\n"
+    "    time.sleep(0.01)\n"
+)
+
+
+def test_a_partitioned_worker_kills_its_job_before_its_session_lease_can_expire(cluster, tmp_path):
+    """Without self-fencing the job would run on while the store, its lease expired, hands the Run
+    to another worker: two executions of one Run at once. The job ignores TERM, so only the KILL
+    at the schedule's kill point stops it; its last own timestamp must lie before the last
+    successful heartbeat's start + lease - margin."""
+    mark, stamps = tmp_path / "job.pid", tmp_path / "job.stamps"
+    trigger = publish_task(cluster, "stubborn", {"command": py_job(STUBBORN_JOB, str(mark), str(stamps)),
+                                                 "timeout_ms": 600_000})
+    run_id = admit(cluster, trigger)
+    server = cluster.server
+    with FaultProxy((server.host, server.port), name="worker-link") as proxy:
+        settings = write_worker_settings(tmp_path / "w.toml", worker_dsn(cluster, proxy.host, proxy.port),
+                                         worker_id="w-fence", log_dir=tmp_path / "logs", level="debug")
+        worker = WorkerProcess(settings, tmp_path / "w.stderr")
+        try:
+            wait_until(mark.exists, "the job to start")
+            pid, pgid = map(int, mark.read_text().split())
+            beats = len(worker.events("worker.heartbeat"))
+            worker.wait_event("worker.heartbeat", beats + 1)  # one renewal with the job running
+            proxy.partition(BOTH)
+            worker.wait_event("worker.self_fenced")
+            wait_until(lambda: not group_alive(pgid), "the job's process group to be gone")
+            last_heartbeat = max(e["heartbeat_started_mono"] for e in worker.events("worker.heartbeat"))
+            job_end = float(stamps.read_text().split()[-1])
+            fence = last_heartbeat + (SHORT_TIMING["session_lease_ms"] - SHORT_TIMING["self_fence_margin_ms"]) / 1000
+            assert job_end < fence, (job_end, last_heartbeat, fence)
+            print(f"[figures] self-fence: job ended {fence - job_end:.3f} s before last heartbeat start + lease - "
+                  f"margin, {job_end - last_heartbeat:.3f} s after the last heartbeat started", flush=True)
+            # it took the KILL: the job ignored TERM and wrote on after the self-fence began
+            fenced = worker.events("worker.self_fenced")[0]
+            assert job_end >= fenced["term_at_mono"]
+            assert worker.events("worker.fence_breached") == []
+
+            # the store never heard of the end: the Attempt still looks running until its lease expires
+            (attempt,) = attempts(cluster, run_id)
+            assert attempt["state"] == "running"
+            proxy.heal()
+            worker.wait_event("worker.session_opened", 2)
+            assert cluster.sql("SELECT generation FROM qinglong.worker_sessions "
+                               "WHERE worker_id = 'w-fence'")[0][0] == 2
+            # the control plane's expiry (every replica runs it) ends the abandoned Attempt lost;
+            # not idempotent: no retry
+            expiry = cluster.sql("SELECT lease_expires_at_ms FROM qinglong.attempts WHERE attempt_id = %s",
+                                 (attempt["attempt_id"],))[0][0]
+            wait_until(lambda: cluster.db_now_ms() > expiry, "the abandoned lease to expire in database time")
+            cluster.sql("SELECT * FROM qinglong.expire_attempts(100)", role="qinglong_runtime")
+            assert [a["state"] for a in attempts(cluster, run_id)] == ["lost"]
+            assert run_state(cluster, run_id) == "lost"
+            assert worker.events("worker.completed") == []
+            worker.signal(signal.SIGTERM)
+            assert worker.wait() == 0
+        finally:
+            worker.stop()
