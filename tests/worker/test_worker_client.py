@@ -1,0 +1,135 @@
+"""The PostgreSQL worker client against the real store functions: each refusal arrives as the
+contract's type, a repeated call is answered as the protocol says, an unreachable or silent
+store is StoreUnavailable within a bound, and no secret reaches a message."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from qinglong.contracts.errors import SettingsError, StoreUnavailable
+from qinglong.contracts.execution import AttemptOutcome, AttemptState, RunState
+from qinglong.contracts.worker import (
+    BadWorkerCall,
+    CompletionResult,
+    LeaseFence,
+    LeaseFenced,
+    SessionFenced,
+    new_lease_token,
+)
+from qinglong.host.worker.logship import ship_log
+from qinglong.plugins.cluster_postgres import worker_client
+from qinglong.plugins.cluster_postgres.worker_client import connect_worker_protocol
+from tests.failure.fault_proxy import BOTH, FaultProxy
+from tests.pg import ROLE_PASSWORDS
+from tests.worker.helpers import admit, publish_task, py_job, stored_log, worker_dsn
+
+PASSWORD = ROLE_PASSWORDS["qinglong_worker_ingress"]
+
+
+def test_every_call_maps_its_refusal_and_repeats_idempotently(cluster, tmp_path):
+    """A refusal mapped to the wrong type would make the worker keep a job it lost (or drop one
+    it holds); a repeat after a lost reply that were not idempotent would duplicate log bytes or
+    end an Attempt twice; a token in a message would leak the lease's secret."""
+    run_id = admit(cluster, publish_task(cluster, "client", {"command": py_job("print(1)")}))
+    log = tmp_path / "attempt"
+    log.mkdir()
+    data = bytes(range(256)) * 2600  # 665,600 bytes: three chunks
+    (log / "log").write_bytes(data)
+
+    async def body():
+        protocol = await connect_worker_protocol(worker_dsn(cluster), "qinglong worker w-client")
+        try:
+            session = await protocol.open_session("w-client", ["b", "a"], 2, 5000)
+            assert session.fence.generation == 1 and session.labels == ("b", "a")
+            names = cluster.sql("SELECT application_name FROM pg_stat_activity WHERE usename = "
+                                "'qinglong_worker_ingress'")
+            assert ("qinglong worker w-client",) in names
+            tokens = [new_lease_token(), new_lease_token()]
+            (claimed,) = await protocol.claim(session.fence, tokens)
+            assert claimed.run_id == run_id and claimed.lease.token in tokens
+            assert claimed.payload["command"][0] == sys.executable
+            lease = claimed.lease
+            wrong = LeaseFence(lease.attempt_id, lease.lease_version, new_lease_token())
+            with pytest.raises(LeaseFenced) as err:
+                await protocol.started(session.fence, wrong)
+            assert wrong.token.hex() not in str(err.value) and lease.token.hex() not in str(err.value)
+            first = await protocol.started(session.fence, lease)
+            # repeated (a lost reply): the same deadline
+            assert (await protocol.started(session.fence, lease)).deadline_ms == first.deadline_ms
+            with pytest.raises(BadWorkerCall):
+                await protocol.append_log(session.fence, lease, 0, b"x" * (256 * 1024 + 1))
+            with pytest.raises(BadWorkerCall):
+                await protocol.append_log(session.fence, lease, 10, b"gap")
+            stored = await ship_log(str(log), 0, lambda o, d: protocol.append_log(session.fence, lease, o, d))
+            assert stored == len(data)
+            # a resent chunk (a lost reply) changes nothing
+            assert await protocol.append_log(session.fence, lease, 0, data[:1000]) == len(data)
+            outcome = AttemptOutcome(AttemptState.SUCCEEDED, exit_code=0, log_bytes=len(data) + 1)
+            reply = await protocol.complete(session.fence, lease, outcome)
+            assert reply.result is CompletionResult.LOG_INCOMPLETE and reply.log_bytes_stored == len(data)
+            outcome = AttemptOutcome(AttemptState.SUCCEEDED, exit_code=0, log_bytes=len(data))
+            reply = await protocol.complete(session.fence, lease, outcome)
+            assert (reply.result, reply.run_state) == (CompletionResult.ACCEPTED, RunState.SUCCEEDED)
+            again = await protocol.complete(session.fence, lease, outcome)
+            assert again.result is CompletionResult.ALREADY_DONE
+            with pytest.raises(LeaseFenced):  # a different outcome after the end
+                await protocol.complete(session.fence, lease, AttemptOutcome(AttemptState.FAILED, exit_code=1,
+                                                                             log_bytes=len(data)))
+            newer = await protocol.open_session("w-client", [], 2, 5000)
+            assert newer.fence.generation == 2
+            with pytest.raises(SessionFenced):
+                await protocol.heartbeat(session.fence, [])
+            beat = await protocol.heartbeat(newer.fence, [lease.attempt_id])
+            assert [(s.attempt_id, s.reason) for s in beat.stop] == [(lease.attempt_id, "lease_lost")]
+            await protocol.close_session(newer.fence)
+            with pytest.raises(SessionFenced):
+                await protocol.heartbeat(newer.fence, [])
+            return lease.attempt_id
+        finally:
+            await protocol.close()
+
+    attempt_id = asyncio.run(body())
+    assert stored_log(cluster, attempt_id) == data
+
+
+@pytest.mark.parametrize("pg_server", ["pg18"], indirect=True)
+def test_a_silent_store_is_unavailable_within_the_call_bound_and_the_next_call_reconnects(
+        cluster, monkeypatch):
+    """A call on a link that went silent would hang the worker's heartbeat forever (libpq waits
+    for a reply that never comes); after the link is back the same protocol must work again."""
+    monkeypatch.setattr(worker_client, "CALL_TIMEOUT_S", 1.0)
+    server = cluster.server
+    with FaultProxy((server.host, server.port), name="client-link") as proxy:
+        async def body():
+            protocol = await connect_worker_protocol(worker_dsn(cluster, proxy.host, proxy.port), "qinglong worker w")
+            try:
+                session = await protocol.open_session("w-silent", [], 1, 5000)
+                proxy.partition(BOTH)
+                with pytest.raises(StoreUnavailable) as err:
+                    await asyncio.wait_for(protocol.heartbeat(session.fence, []), 30)
+                assert PASSWORD not in str(err.value)
+                proxy.heal()
+                proxy.cut_all()
+                beat = await protocol.heartbeat(session.fence, [])
+                assert beat.stop == ()
+            finally:
+                await protocol.close()
+
+        asyncio.run(body())
+
+
+def test_an_unreachable_store_and_a_malformed_dsn_are_refused_without_the_password(cluster):
+    """A connection error quoting the DSN would print the worker's password in its log."""
+    async def unreachable():
+        with pytest.raises(StoreUnavailable) as err:
+            await connect_worker_protocol(f"host=127.0.0.1 port=1 user=w password={PASSWORD} connect_timeout=2",
+                                          "qinglong worker w")
+        assert PASSWORD not in str(err.value) and "port=1" in str(err.value)
+        with pytest.raises(SettingsError) as err:
+            await connect_worker_protocol(f"host=127.0.0.1 password='{PASSWORD}", "qinglong worker w")
+        assert "[worker] dsn" in str(err.value) and PASSWORD not in str(err.value)
+
+    asyncio.run(unreachable())
