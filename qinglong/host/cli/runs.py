@@ -124,7 +124,8 @@ def attempt_json(a: Any) -> dict[str, Any]:
             "started_at_ms": a.started_at_ms, "finished_at_ms": a.finished_at_ms, "exit_code": a.exit_code,
             "signal": a.signal, "duration_ms": a.duration_ms, "log_bytes": a.log_bytes,
             "log_dropped_bytes": a.log_dropped_bytes, "log_deleted": a.log_deleted,
-            "attempt_dir": a.attempt_dir, "reason": a.reason, "cancel_reason": a.cancel_reason}
+            "attempt_dir": a.attempt_dir, "reason": a.reason, "cancel_reason": a.cancel_reason,
+            "worker_id": getattr(a, "worker_id", None)}
 
 
 def _outcome(a: Any) -> str:
@@ -155,12 +156,15 @@ def _show_run(args: argparse.Namespace) -> int:
           f"trigger {run.trigger_id or '-'}, idempotency key {detail.idempotency_key}")
     print(f"scheduled for {iso(run.scheduled_for_ms)}, admitted at {iso(run.admitted_at_ms)}, "
           f"finished at {iso(run.finished_at_ms)}, duration {_ms(run.duration_ms)} ms")
+    # the worker column only where a remote worker held an Attempt (the cluster)
+    workers = any(getattr(a, "worker_id", None) for a in detail.attempts)
     print_table(["attempt", "state", "outcome", "started", "ended", "duration_ms", "log_bytes", "dropped",
-                 "log", "reason"],
+                 "log", "reason"] + (["worker"] if workers else []),
                 [[a.attempt_no, _value(a.state), _outcome(a), iso(a.started_at_ms), iso(a.finished_at_ms),
                   _ms(a.duration_ms), _ms(a.log_bytes), a.log_dropped_bytes,
-                  "deleted" if a.log_deleted else ("kept" if a.attempt_dir else "-"),
+                  "deleted" if a.log_deleted else ("kept" if a.attempt_dir or workers and a.log_bytes else "-"),
                   a.reason or (a.cancel_reason and f"cancel requested: {a.cancel_reason}") or ""]
+                 + ([getattr(a, "worker_id", None) or "-"] if workers else [])
                  for a in detail.attempts])
     return ExitCode.OK
 
