@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
             max(30.0, args.lease_ms / 1000 * 4))
         # every lease a killed or fenced worker held has expired and been ended by a replica: the
         # replicas do the expiry, so they stop only after it
-        leases_from = db_now(server) + 2 * args.session_lease_ms
+        leases_from = db_now(server) + args.session_lease_ms + 1000
         expired_ok, _ = wait_until("the expired Run leases to be ended", lambda: sql(
             server, "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint > %s AND NOT EXISTS ("
                     "SELECT 1 FROM qinglong.attempts WHERE state IN ('dispatching', 'running') AND "

