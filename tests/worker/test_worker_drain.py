@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 
+from tests.worker.drain_jobs import GATED_JOB
 from tests.worker.helpers import (
     admit,
     attempts,
@@ -18,19 +19,6 @@ from tests.worker.helpers import (
     write_worker_settings,
     WorkerProcess,
 )
-
-#: Writes its pid to ``MARK`` (its own group leader is the executor's wrapper: the pgid is read),
-#: then waits until ``RELEASE`` exists; exits 0. TERM ends it (default action).
-GATED_JOB = (
-    "import os, sys, time\n"
-    "mark, release = sys.argv[1], sys.argv[2]\n"
-    "with open(mark + '.tmp', 'w') as f: f.write('%d %d' % (os.getpid(), os.getpgid(0)))\n"
-    "os.rename(mark + '.tmp', mark)\n"
-    "print('started', flush=True)\n"
-    "while not os.path.exists(release): time.sleep(0.02)\n"
-    "print('released', flush=True)\n"
-)
-
 
 def _worker(cluster, tmp_path, name: str, **kw) -> WorkerProcess:
     settings = write_worker_settings(tmp_path / f"{name}.toml", worker_dsn(cluster), worker_id=name,
