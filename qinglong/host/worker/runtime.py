@@ -107,6 +107,8 @@ class _Job:
     #: no longer ours (lease lost, session fenced, self-fenced): stop it, never report it
     forgotten: bool = False
     kill_at: float | None = None
+    #: its completion was accepted: nothing more to renew or report
+    done: bool = False
     shipped: int = 0
     task: asyncio.Task[None] | None = None
 
@@ -298,7 +300,8 @@ class Worker:
                                           config.kill_grace_ms)
 
     async def _heartbeat(self, protocol: WorkerProtocol, session: Session) -> bool:
-        running = [j.attempt_id for j in self._jobs.values() if not j.forgotten and j.fence == session.fence]
+        running = [j.attempt_id for j in self._jobs.values()
+                   if not j.forgotten and not j.done and j.fence == session.fence]
         started = self._mono()
         try:
             reply = await protocol.heartbeat(session.fence, running)
@@ -319,7 +322,7 @@ class Worker:
                    db_now_ms=reply.db_now_ms, running=len(running))
         for order in reply.stop:
             job = self._jobs.get(order.attempt_id)
-            if job is None or job.forgotten:
+            if job is None or job.forgotten or job.done:
                 continue
             if order.reason == LEASE_LOST:
                 self._emit("warning", "worker.lease_lost",
@@ -634,6 +637,7 @@ class Worker:
                            "bytes; shipping the rest", run_id=job.run_id, attempt_id=job.attempt_id)
                 job.shipped = min(job.shipped, reply.log_bytes_stored)
                 continue
+            job.done = True
             self.stats.completed += 1
             self._emit("info", "worker.completed",
                        f"run {job.run_id}: attempt {job.claimed.attempt_no} {final.state.value}"
