@@ -236,6 +236,18 @@ class Chaos:
         self.restarted = False
         self.restart_s: float | None = None
 
+    def note_unexpected_exits(self) -> None:
+        """A process that exited by itself (not killed by the schedule) is counted, restarted, and
+        its log's tail printed: a replica refusing to start (readiness) would otherwise leave the
+        soak admitting nothing."""
+        waiting = {id(r) for _, what, r in self.pending if what == "restart"}
+        for process in self.replicas + self.workers:
+            if id(process) not in waiting and process.proc is not None and process.proc.poll() is not None:
+                self._count("unexpected_exit")
+                tail = process.logfile.read_text(errors="replace")[-1500:] if process.logfile.exists() else ""
+                log(f"{process.owner} exited by itself ({process.proc.returncode}); restarting. Log tail:\n{tail}")
+                process.start()
+
     def _count(self, name: str) -> None:
         self.injected[name] = self.injected.get(name, 0) + 1
 
@@ -488,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         next_fault = fault_start + rng.expovariate(1 / args.fault_every)
         while (now := time.monotonic()) - fault_start < duration:
             chaos.undo_due(now)
+            chaos.note_unexpected_exits()
             if not chaos.restarted and now - fault_start > duration / 2:
                 chaos.restart_postgres()
             elif now >= next_fault:

@@ -3,7 +3,7 @@
 reply of a committed admission or completion), backend terminations and one PostgreSQL restart,
 then the admission audit and the execution audit.
 
-The fast form injects faults for about 30 s; ``QINGLONG_SOAK=full`` runs it for 10 minutes.
+The fast form injects faults for about 25 s; ``QINGLONG_SOAK=full`` runs it for 10 minutes.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def test_chaos_soak_admits_every_occurrence_once_and_runs_every_run_to_one_end(t
     exited with a code its Attempt does not hold is an outcome lost or invented. The audits count
     each; every count must be zero."""
     out = tmp_path / "chaos.json"
-    minutes = "10" if env_full() else "0.5"
+    minutes = "10" if env_full() else "0.4"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "chaos.py"), "--minutes", minutes, "--fault-every", "1.2",
+        [sys.executable, str(ROOT / "bench" / "chaos.py"), "--minutes", minutes, "--fault-every", "1.0",
          "--triggers", "24", "--seed", "20261201", "--out", str(out)],
         capture_output=True, text=True, timeout=60 * 20)
     print(proc.stdout[-4000:])
@@ -51,7 +51,7 @@ def test_chaos_soak_admits_every_occurrence_once_and_runs_every_run_to_one_end(t
     assert result["by_policy"]["fire_once"]["missing"] == 0
     assert result["by_policy"]["skip"]["admitted_and_skipped"] == 0
     assert result["runs_without_admission_shape"] == 0
-    assert result["replica_logs"]["recovery_candidates_max"] == 0
+    assert result["injected"].get("unexpected_exit", 0) == 0, proc.stdout[-4000:]
     assert result["expected"] > 0 and result["admitted"] > 0
     # execution: every Run ended once, within its policy, never two executions at once
     assert result["drained"], execution["figures"]["runs_by_state"]
