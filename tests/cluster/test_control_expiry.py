@@ -80,6 +80,9 @@ def test_a_vanished_sessions_attempts_are_requeued_if_never_started_and_lost_if_
     assert [a["state"] for a in a_idem] == ["lost", "claimed"]
     assert run_row(cluster, idem)["state"] == "retry_wait"
 
+    for replica in replicas:  # both loops ran all along, and none printed a secret
+        assert not [e for e in replica.events() if e.get("code") == "cluster_postgres.expiry_failed"]
+        assert "runtime-secret" not in replica.stderr
     events = expired_events(replicas)
     by_attempt: dict[str, list[str]] = {}
     for event in events:

@@ -602,3 +602,129 @@ async def test_every_state_change_is_a_legal_transition_and_an_illegal_one_write
     assert seen[b] == [RunState.QUEUED, RunState.DISPATCHING, RunState.RUNNING, RunState.RETRY_WAIT,
                        RunState.DISPATCHING, RunState.RUNNING, RunState.FAILED]
     assert len((await detail(h, b)).attempts) == 2
+
+
+# ---- reading and cancelling Runs, wherever they are executed ------------------------------------
+#
+# The cluster executes no Run itself (its workers are remote): its Runs are read and cancelled
+# through ``backend.run_control()`` (RunControl) instead of ``backend.execution()``. What the
+# operator's commands read of a Run and what cancelling a queued one does are the same contract on
+# both, so these tests run on every backend.
+
+RUN_READING_BACKENDS = ["sqlite", "pg18", "pg15"]
+
+
+@pytest.fixture(params=RUN_READING_BACKENDS)
+def reading_harness(request, servers, tmp_path):
+    """A harness of each backend that records Runs (started and stopped by the test itself)."""
+    from tests.conformance.conftest import PostgresHarness, _db_counter
+    from tests.pg import create_database, drop_database
+
+    if request.param == "sqlite":
+        yield SqliteHarness(tmp_path / "qinglong.db")
+        return
+    server, template = servers(request.param)
+    name = f"qlc_{os.getpid()}_{next(_db_counter)}"
+    create_database(server, name, template=template)
+    yield PostgresHarness(server, name)
+    drop_database(server, name)
+
+
+def runs_reader(h):
+    """The backend's reader of Runs: its execution store, or its run control (cluster)."""
+    execution = getattr(h.backend, "execution", None)
+    return execution() if execution is not None else h.backend.run_control()
+
+
+async def operator_cancel(h, run_id: str) -> RunState:
+    """``runs cancel RUN`` on either side."""
+    execution = getattr(h.backend, "execution", None)
+    if execution is not None:
+        return await execution().request_cancel(run_id, CancelReason.OPERATOR, await h.now_ms(),
+                                                Actor.OPERATOR)
+    return await h.backend.run_control().request_cancel(run_id, CancelReason.OPERATOR)
+
+
+async def admitted_by_rounds(h) -> None:
+    """Queued Runs of two tasks admitted by real rounds (every backend admits scheduled Runs)."""
+    await h.publisher.create_project("p1")
+    for task_id in ("t1", "t2"):
+        await h.publisher.put_task("p1", task_id, {"command": ["true"]})
+        await h.publisher.put_trigger(TriggerDefinition("p1", f"tr-{task_id}", task_id, "cron",
+                                                        {"expression": "* * * * * *"},
+                                                        MisfirePolicy.FIRE_ONCE, 60_000))
+    await h.run_round()  # initialises the cursors
+    await h.elapse(3 * SECOND)
+    report = await h.run_round()
+    assert report.admitted >= 2, report
+
+
+def _value(state):
+    return getattr(state, "value", state)
+
+
+async def test_run_listings_and_details_read_alike_where_runs_are_executed_and_where_workers_run_them(
+        reading_harness):
+    """`qinglong runs` and `runs show` read these on every profile; a cluster listing in another
+    order, with another attempt count or missing a filter would misreport what is waiting."""
+    h = reading_harness
+    await h.start()
+    try:
+        await admitted_by_rounds(h)
+        reader = runs_reader(h)
+        runs = await reader.list_runs(limit=100)
+        assert len(runs) == h.count("runs") >= 2
+        keys = [(r.scheduled_for_ms, r.admitted_at_ms) for r in runs]
+        assert keys == sorted(keys, reverse=True), "newest first"
+        assert all((_value(r.state), r.attempts, r.exit_code, r.duration_ms, r.finished_at_ms)
+                   == ("queued", 1, None, None, None) for r in runs)
+        assert {r.task_id for r in runs} == {"t1", "t2"}
+        assert [r.run_id for r in await reader.list_runs(state=RunState.QUEUED, limit=100)] == \
+            [r.run_id for r in runs]
+        assert await reader.list_runs(state=RunState.SUCCEEDED) == []
+        of_t2 = await reader.list_runs(project_id="p1", task_id="t2", limit=100)
+        assert of_t2 and [r.run_id for r in of_t2] == [r.run_id for r in runs if r.task_id == "t2"]
+        assert [r.run_id for r in await reader.list_runs(limit=1)] == [runs[0].run_id]
+        with pytest.raises(UserError, match="unknown run state"):
+            await reader.list_runs(state="finished")
+
+        detail = await reader.run_detail(runs[0].run_id)
+        assert detail.run == runs[0]
+        assert detail.task_revision == 1
+        assert detail.idempotency_key.startswith(f"ql3:cron:v1:tr-{runs[0].task_id}:")
+        (attempt,) = detail.attempts
+        assert (attempt.attempt_no, _value(attempt.state), attempt.started_at_ms, attempt.exit_code) == (
+            1, "claimed", None, None)
+        for unknown in ("no-such-run", str(uuid.uuid4())):
+            with pytest.raises(NotFound):
+                await reader.run_detail(unknown)
+    finally:
+        await h.stop()
+
+
+async def test_cancelling_a_queued_run_ends_it_and_its_attempt_at_once_wherever_runs_are_executed(
+        reading_harness):
+    """A queued Run left queued by `runs cancel` would still be started (by the local dispatcher
+    or a worker); a second cancel that changed an ended Run would rewrite history."""
+    h = reading_harness
+    await h.start()
+    try:
+        await admitted_by_rounds(h)
+        reader = runs_reader(h)
+        victim, *others = await reader.list_runs(limit=100)
+        assert await operator_cancel(h, victim.run_id) is RunState.CANCELLED
+        detail = await reader.run_detail(victim.run_id)
+        assert _value(detail.run.state) == "cancelled" and detail.run.finished_at_ms is not None
+        assert "operator" in detail.run.reason
+        (attempt,) = detail.attempts
+        assert (_value(attempt.state), _value(attempt.cancel_reason)) == ("cancelled", "operator")
+        assert attempt.started_at_ms is None
+        assert await operator_cancel(h, victim.run_id) is RunState.CANCELLED
+        assert (await reader.run_detail(victim.run_id)).run == detail.run
+        assert [r.run_id for r in await reader.list_runs(state=RunState.CANCELLED)] == [victim.run_id]
+        assert {r.run_id for r in await reader.list_runs(state=RunState.QUEUED, limit=100)} == \
+            {r.run_id for r in others}
+        with pytest.raises(NotFound):
+            await operator_cancel(h, str(uuid.uuid4()))
+    finally:
+        await h.stop()
