@@ -1,0 +1,1 @@
+"""Failure tests of cluster execution: real ``qinglong worker`` and ``qinglong run`` processes."""

@@ -1,0 +1,50 @@
+"""Fixtures of the worker failure tests: a PostgreSQL server of each build (18 and 15; a test
+that needs one build only parametrizes ``wf_server`` indirectly), a freshly migrated database per
+test and a :class:`~tests.worker_failure.harness.Cluster` around it. Nothing here skips."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # the repository is used from the tree
+    sys.path.insert(0, str(ROOT))
+
+from tests.cluster.conftest import ClusterDb, migrate  # noqa: E402
+from tests.pg import create_database, create_roles, drop_database, start_server  # noqa: E402
+from tests.worker_failure.harness import Cluster  # noqa: E402
+
+_counter = itertools.count(1)
+
+
+@pytest.fixture(scope="session", params=["pg18", "pg15"])
+def wf_server(request):
+    """A running server of each build with the four roles and a migrated template database."""
+    server = start_server(request.param)
+    request.addfinalizer(server.destroy)
+    create_roles(server)
+    create_database(server, "ql_wf_template")
+    migrate(ClusterDb(server, "ql_wf_template"))
+    return server
+
+
+@pytest.fixture
+def wf_db(wf_server):
+    name = f"qlw_{os.getpid()}_{next(_counter)}"
+    create_database(wf_server, name, template="ql_wf_template")
+    db = ClusterDb(wf_server, name)
+    yield db
+    drop_database(wf_server, name)
+
+
+@pytest.fixture
+def cluster(wf_db, tmp_path):
+    """Replicas, workers, proxies and the job watcher of one test; all stopped at its end."""
+    c = Cluster(wf_db, tmp_path)
+    yield c
+    c.close()

@@ -1,0 +1,95 @@
+"""COMMIT-response loss on ``complete``: the store commits the completion, the worker never hears.
+
+The worker reaches PostgreSQL through a fault proxy armed (as tests/failure/test_failure_commit_loss.py
+does for admission) on the reply of the worker's ``worker_complete`` call: its data row, the first
+message naming the result ``accepted``, which the server sends only after it executed the call in
+the transaction the same message batch commits (Bind, Execute and Sync travel together); that
+reply and every later one on the connection are swallowed. Once the completion is visible to everyone but the worker, the
+proxy resets that connection, so the worker sees a broken connection, not an answer. It must
+repeat the call (its fences unchanged) and be told ``already_done``: one completion, the exit code
+its job really had, and no second execution.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.failure.fault_proxy import TO_CLIENT
+from tests.worker_failure.harness import (
+    audit_runs,
+    executions,
+    HEARTBEAT_MS,
+    exit_codes_recorded,
+    figures,
+    wait_until,
+)
+
+pytestmark = pytest.mark.postgres
+
+EXIT_CODE = 3
+
+
+def _events(c, run_id: str) -> list[tuple]:
+    return c.rows("SELECT seq, event_type, at_ms FROM qinglong.run_events WHERE run_id = %s "
+                  "ORDER BY seq", (run_id,))
+
+
+@pytest.mark.parametrize("wf_server", ["pg18"], indirect=True)
+@pytest.mark.parametrize("cut", ["at_once", "after_a_heartbeat_fell_due"])
+def test_lost_reply_of_a_committed_completion_is_repeated_and_answered_already_done(cluster, cut):
+    """If the worker took the broken connection for a failed completion and gave up, or ran the
+    job again, the Run would end lost or run twice; if the repeat were accepted as a second
+    completion (or refused as a fence violation), the outcome would be recorded twice; if the
+    worker dropped the Attempt instead of repeating (taking its own ended Attempt for a lease it
+    lost), it would never learn that its outcome stands. Exactly one completion must stand.
+
+    The connection is reset either at once, or once a heartbeat fell due while the reply was
+    missing (the worker's calls share one connection, so that heartbeat waits for it and is sent
+    first when it is back): the repeat must come either way."""
+    c = cluster
+    c.publish_task("lossy", hold_s=0.2, exit_code=EXIT_CODE)
+    c.start_replica("replica-1")
+    w = c.add_worker("w")
+    proxy = w.proxy
+    rule = proxy.arm(TO_CLIENT, b"accepted", "swallow_replies")
+    c.admit("lossy")
+    (run_id,) = c.wait_runs(1)
+    wait_until(rule.fired.is_set, "the worker's complete call")
+    # committed: the Attempt ended for everyone but the worker
+    committed = wait_until(lambda: (lambda a: a if a["state"] not in ("dispatching", "running") else None)(
+        c.attempts(run_id)[0]), "the completion to commit")
+    assert rule.connection is not None and not rule.connection.closed.is_set(), \
+        "the worker must still be waiting for its reply"
+    events_at_commit = _events(c, run_id)
+    if cut == "after_a_heartbeat_fell_due":  # (the self-fence's TERM is 2.5 heartbeats away)
+        wait_until(lambda: c.db.db_now_ms() > c.sessions()["w"]["heartbeat_at_ms"] + HEARTBEAT_MS + 300,
+                   "a heartbeat to fall due behind the lost reply")
+    replies_before = proxy.count(TO_CLIENT, b"already_done")
+    rule.connection.close(rst=True)
+    # the worker either repeats the call (answered already_done) or gives the Attempt up
+    gave_up = ("worker.lease_lost", "worker.lease_fenced", "worker.job_forgotten", "worker.self_fenced")
+
+    def settled():
+        if proxy.count(TO_CLIENT, b"already_done") > replies_before:
+            return "repeated"
+        mine = [e for e in w.diagnostics() if e.get("code") in gave_up
+                and e.get("attempt_id", committed["attempt_id"]) == committed["attempt_id"]]
+        return f"gave up ({mine[0]['code']})" if mine else None
+
+    how = wait_until(settled, "the worker to repeat its complete call or give the Attempt up")
+    attempts = c.attempts(run_id)
+    events = _events(c, run_id)
+    found, dups = executions(c.markers, c.watcher)
+    audit = audit_runs(c, max_attempts=1)
+    figures(f"complete_reply_lost_{cut}", attempt=(committed["state"], committed.get("exit_code")),
+            already_done_replies=proxy.count(TO_CLIENT, b"already_done"),
+            swallowed_bytes=proxy.swallowed_bytes, events=len(events), executions=len(found),
+            worker_after_the_lost_reply=how)
+    assert attempts == [committed], (attempts, committed)  # the repeat changed nothing
+    assert committed["state"] == "failed" and committed["exit_code"] == EXIT_CODE
+    assert c.run_states()[run_id] == "failed"
+    assert len(found) == 1 and found[0].how == "done" and not dups, found
+    assert not exit_codes_recorded(c, found, EXIT_CODE) and not audit.problems, audit.problems
+    assert events == events_at_commit, (events, events_at_commit)  # nothing written twice
+    # the worker learnt its outcome stands: its repeat was answered already_done
+    assert how == "repeated", how

@@ -1,0 +1,183 @@
+"""A replaced session's late completion is refused; the current one's is accepted exactly once.
+
+First with real processes: a worker frozen with SIGSTOP while its job runs, the same worker id
+started again (a new session: generation + 1), the frozen one continued after that. Then through
+the worker client API directly, where the test holds the lease tokens and can replay a
+completion byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+
+from qinglong.contracts.execution import AttemptOutcome, AttemptState
+from qinglong.contracts.worker import (
+    CompletionResult,
+    FenceRefused,
+    LeaseFenced,
+    SessionFenced,
+    new_lease_token,
+)
+from tests.worker_failure.harness import (
+    audit_runs,
+    executions,
+    figures,
+    overlaps,
+    started_keys,
+    wait_until,
+)
+
+pytestmark = pytest.mark.postgres
+
+RETRY = {"max_attempts": 2, "initial_backoff_ms": 0, "jitter": 0}
+
+
+def test_frozen_workers_late_completion_is_refused_after_its_id_opened_a_new_session(cluster):
+    """Worker 'w' runs a job, is frozen (SIGSTOP), its id is started again (new generation), the
+    job ends while the old process is frozen, and the old process is continued. If its late
+    completion were accepted, a fenced session would decide the Run's outcome (the Attempt
+    succeeded by the word of a worker the store had replaced); if the Attempt were never ended,
+    the Run would hang; if the retry ran beside the first job, the Run would run twice at once."""
+    c = cluster
+    c.publish_task("fence", retry=RETRY, idempotent=True)
+    c.start_replica("replica-1")
+    w = c.add_worker("w")
+    c.admit("fence")
+    (run_id,) = c.wait_runs(1)
+    first = wait_until(lambda: next((a for a in c.attempts(run_id) if a["state"] == "running"
+                                     and f"{run_id}.{a['attempt_id']}" in started_keys(c.markers)), None),
+                       "the job to run on the first process of 'w'")
+    old = w.process
+    generation = c.sessions()["w"]["generation"]
+    old.signal(signal.SIGSTOP)
+    c.release_jobs()  # the job ends while its worker is frozen: a completion waits to be sent
+    first_key = f"{run_id}.{first['attempt_id']}"
+    wait_until(lambda: first_key in c.watcher.gone_at, "the first job to end")
+    w.restart()
+    wait_until(lambda: c.sessions()["w"]["generation"] > generation, "the new session of 'w'")
+    continued_at = c.db.db_now_ms()
+    lease_live_at_continue = continued_at < c.attempts(run_id)[0]["lease_expires_at_ms"]
+    old.signal(signal.SIGCONT)
+    states = c.wait_all_terminal()
+    attempts = c.attempts(run_id)
+    found, dups = executions(c.markers, c.watcher)
+    audit = audit_runs(c, max_attempts=2)
+    old_proxy = w.proxy
+    figures("frozen_worker_late_completion",
+            attempts=[(a["attempt_no"], a["state"], a.get("exit_code"), a.get("session_generation"))
+                      for a in attempts],
+            run_state=states[run_id], lease_live_when_continued=lease_live_at_continue,
+            old_process_alive=old.alive(), executions=[(e.attempt_id[:8], e.how) for e in found],
+            accepted_replies_seen=old_proxy.count("to_client", b"accepted") if old_proxy else None)
+    # the first job ran to its end with exit 0, yet its Attempt did not succeed on the old word
+    assert [e.how for e in found if e.attempt_id == first["attempt_id"]] == ["done"]
+    assert attempts[0]["state"] == "lost", attempts
+    assert attempts[0].get("exit_code") is None, attempts
+    assert attempts[0]["session_generation"] == generation
+    # the new session ran the retry, and its completion was accepted
+    assert len(attempts) == 2 and attempts[1]["state"] == "succeeded", attempts
+    assert attempts[1]["session_generation"] > generation and attempts[1]["exit_code"] == 0
+    assert states[run_id] == "succeeded"
+    assert not dups and not overlaps(found) and not audit.problems, (dups, found, audit.problems)
+
+
+# ------------------------------------------------------------------------------- client API
+
+
+def _protocol(dsn: str, name: str):
+    from qinglong.plugins.cluster_postgres import qinglong_worker_protocols
+
+    (spec,) = qinglong_worker_protocols()
+    return spec.create(dsn, name)
+
+
+def _outcome(state=AttemptState.SUCCEEDED, exit_code=0) -> AttemptOutcome:
+    return AttemptOutcome(state, exit_code=exit_code, signal=None, ended_at_ms=None, log_bytes=0)
+
+
+def _attempt_row(c, attempt_id: str) -> dict:
+    return c.rows("SELECT to_jsonb(a) FROM qinglong.attempts a WHERE attempt_id = %s", (attempt_id,))[0][0]
+
+
+def _events(c, run_id: str) -> list[str]:
+    return [r[0] for r in c.rows("SELECT event_type FROM qinglong.run_events WHERE run_id = %s ORDER BY seq",
+                                 (run_id,))]
+
+
+def test_through_the_client_a_replaced_sessions_completion_is_refused_and_an_accepted_one_replays_as_already_done(cluster):
+    """Through the protocol client: session 1 claims and starts an Attempt, the same worker id
+    opens session 2, and session 1's completion must be refused with nothing changed (else a
+    replaced session decides an outcome). The Attempt then expires lost (idempotent: retried),
+    session 2 claims Attempt 2, completes it: accepted once; the exact replay answers
+    already_done and changes nothing (else a lost reply would make the worker's repeat a second
+    completion, or an error it cannot tell from a refusal); a different outcome is refused."""
+    c = cluster
+    c.publish_task("api", retry=RETRY, idempotent=True)
+    c.start_replica("replica-1")  # admits, and expires the lapsed lease
+    c.admit("api")
+    (run_id,) = c.wait_runs(1)
+    dsn = c.db.dsn("qinglong_worker_ingress")
+
+    async def body():
+        one = await _protocol(dsn, "test session 1")
+        two = await _protocol(dsn, "test session 2")
+        try:
+            s1 = await one.open_session("api-worker", [], 1, 5000)
+            (claimed,) = await one.claim(s1.fence, [new_lease_token()])
+            await one.started(s1.fence, claimed.lease)
+            s2 = await two.open_session("api-worker", [], 1, 5000)
+            before = _attempt_row(c, claimed.attempt_id)
+            refusals = []
+            for call in (lambda: one.complete(s1.fence, claimed.lease, _outcome()),
+                         lambda: one.heartbeat(s1.fence, [claimed.attempt_id]),
+                         lambda: one.claim(s1.fence, [new_lease_token()])):
+                try:
+                    await call()
+                    refusals.append(None)
+                except FenceRefused as exc:
+                    refusals.append(type(exc).__name__)
+            unchanged = _attempt_row(c, claimed.attempt_id) == before
+            # session 2 keeps its lease alive while session 1's Attempt lapses and is retried
+            retry = None
+            while retry is None:
+                await two.heartbeat(s2.fence, [])
+                got = await two.claim(s2.fence, [new_lease_token()])
+                retry = got[0] if got else None
+                if retry is None:
+                    await asyncio.sleep(0.2)
+            await two.started(s2.fence, retry.lease)
+            accepted = await two.complete(s2.fence, retry.lease, _outcome())
+            row_after_accept = _attempt_row(c, retry.attempt_id)
+            events_after_accept = _events(c, run_id)
+            replay = await two.complete(s2.fence, retry.lease, _outcome())
+            unchanged_by_replay = (_attempt_row(c, retry.attempt_id) == row_after_accept
+                                   and _events(c, run_id) == events_after_accept)
+            try:
+                await two.complete(s2.fence, retry.lease, _outcome(AttemptState.FAILED, 1))
+                different = None
+            except FenceRefused as exc:
+                different = type(exc).__name__
+            return (claimed, retry, refusals, unchanged, accepted, replay, unchanged_by_replay,
+                    different, s1, s2)
+        finally:
+            await one.close()
+            await two.close()
+
+    (claimed, retry, refusals, unchanged, accepted, replay, unchanged_by_replay, different,
+     s1, s2) = asyncio.run(body())
+    attempts = c.attempts(run_id)
+    figures("client_fencing", refusals=refusals, generations=[s1.fence.generation, s2.fence.generation],
+            accepted=accepted.result.value, replay=replay.result.value, different_outcome=different,
+            attempts=[(a["attempt_no"], a["state"]) for a in attempts], events=_events(c, run_id))
+    assert s2.fence.generation == s1.fence.generation + 1
+    assert refusals == [SessionFenced.__name__] * 3 and unchanged, (refusals, unchanged)
+    assert retry.run_id == run_id and retry.attempt_no == 2
+    assert [a["state"] for a in attempts] == ["lost", "succeeded"], attempts
+    assert accepted.result is CompletionResult.ACCEPTED
+    assert replay.result is CompletionResult.ALREADY_DONE and unchanged_by_replay
+    assert replay.run_state == accepted.run_state
+    assert different == LeaseFenced.__name__
+    assert c.run_states()[run_id] == "succeeded"

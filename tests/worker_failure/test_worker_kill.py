@@ -1,0 +1,121 @@
+"""kill -9 of a worker in the middle of a job.
+
+A SIGKILLed worker cannot report, renew or stop anything: its session lease runs out in the
+database's time, a replica's expiry ends its started Attempt ``lost``, and the retry policy
+decides: a task not marked idempotent is never retried (its job may have run to its end), an
+idempotent one gets Attempt 2 on another worker. The marker job records each execution on the
+monotonic clock, so the tests also see whether the killed worker's job (a process of its own
+session, which the worker's death does not end) runs at the same time as Attempt 2.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.worker_failure.harness import (
+    audit_runs,
+    executions,
+    figures,
+    overlaps,
+    started_keys,
+    wait_until,
+)
+
+pytestmark = pytest.mark.postgres
+
+RETRY = {"max_attempts": 3, "initial_backoff_ms": 0, "jitter": 0}
+
+
+def _running_on(c, run_id: str, worker_id: str) -> dict | None:
+    attempts = c.attempts(run_id)
+    last = attempts[-1] if attempts else None
+    if last and last["state"] == "running" and last.get("worker_id") == worker_id:
+        if f"{run_id}.{last['attempt_id']}" in started_keys(c.markers):
+            return last
+    return None
+
+
+def _kill_mid_job(c, task: str):
+    """One Run of ``task`` running on worker A (alone), worker B started beside it, then A
+    SIGKILLed. Returns (run_id, A's attempt as it was at the kill, database time of the kill)."""
+    c.start_replica("replica-1")
+    a = c.add_worker("wa")
+    c.admit(task)
+    (run_id,) = c.wait_runs(1)
+    first = wait_until(lambda: _running_on(c, run_id, "wa"), "the job to run on worker wa")
+    b = c.add_worker("wb")
+    wait_until(lambda: "wb" in c.sessions(), "worker wb's session")
+    killed_at = c.db.db_now_ms()
+    a.process.kill9()
+    at_kill = c.attempts(run_id)[0]
+    return run_id, first, at_kill, killed_at, b
+
+
+def test_killed_workers_started_attempt_is_lost_after_its_lease_and_never_retried_unless_idempotent(cluster):
+    """A Run of a task that is NOT idempotent (retry allows 3 Attempts) whose worker is killed -9
+    mid-job. If expiry did not end the Attempt, the Run would hang 'running' forever; if it ended
+    it before the lease expired, a live worker's job could be taken over; if the lost Attempt
+    were retried, a job that may have run to its end would run twice."""
+    c = cluster
+    c.publish_task("plain", retry=RETRY)
+    run_id, first, at_kill, killed_at, b = _kill_mid_job(c, "plain")
+    wait_until(lambda: c.run_states()[run_id] == "lost", "the Run to end lost")
+    attempts = c.attempts(run_id)
+    # worker wb had its chances to claim a retry: three more heartbeats of its own
+    beat = c.sessions()["wb"]["heartbeat_at_ms"]
+    wait_until(lambda: c.sessions()["wb"]["heartbeat_at_ms"] >= beat + 3 * 1000 - 100,
+               "three more heartbeats of worker wb")
+    attempts_after = c.attempts(run_id)
+    found, dups = executions(c.markers, c.watcher)
+    audit = audit_runs(c, max_attempts=1, retry_lost=False)
+    lost = attempts[0]
+    figures("killed_worker_not_idempotent", attempts=len(attempts_after),
+            lease_expires_at_ms=at_kill.get("lease_expires_at_ms"), killed_at_ms=killed_at,
+            lost_at_ms=lost.get("finished_at_ms"),
+            lost_ms_after_lease=(lost.get("finished_at_ms") or 0) - (at_kill.get("lease_expires_at_ms") or 0),
+            executions=len(found), audit=audit.as_dict())
+    assert [a["state"] for a in attempts_after] == ["lost"], attempts_after
+    assert lost["finished_at_ms"] >= at_kill["lease_expires_at_ms"], (lost, at_kill)
+    assert len(found) == 1 and not dups, (found, dups)
+    assert not audit.problems, audit.problems
+
+
+def test_killed_workers_idempotent_run_is_retried_once_elsewhere_and_never_overlaps_the_killed_job(cluster):
+    """The same kill -9, for an idempotent task: Attempt 2 must be created (policy: lost +
+    idempotent retries), run by the surviving worker, and must not run while the killed worker's
+    job is still running. If it did, one Run would execute twice at the same time: what the
+    self-fence exists to prevent, and a SIGKILLed worker cannot self-fence."""
+    c = cluster
+    c.publish_task("idem", retry=RETRY, idempotent=True)
+    run_id, first, at_kill, killed_at, b = _kill_mid_job(c, "idem")
+    first_key = f"{run_id}.{first['attempt_id']}"
+
+    def second_started():
+        attempts = c.attempts(run_id)
+        if len(attempts) >= 2 and f"{run_id}.{attempts[1]['attempt_id']}" in started_keys(c.markers):
+            return attempts
+        return None
+
+    attempts = wait_until(second_started, "Attempt 2 to start")
+    first_job_alive_at_second_start = first_key in c.watcher.running()
+    c.release_jobs()
+    states = c.wait_all_terminal()
+    attempts = c.attempts(run_id)
+    found, dups = executions(c.markers, c.watcher)
+    pairs = overlaps(found)
+    audit = audit_runs(c, max_attempts=3)
+    by_attempt = {e.attempt_id: e for e in found}
+    one, two = by_attempt.get(attempts[0]["attempt_id"]), by_attempt.get(attempts[1]["attempt_id"])
+    figures("killed_worker_idempotent", attempts=[(a["attempt_no"], a["state"], a.get("worker_id"))
+                                                  for a in attempts],
+            run_state=states[run_id], first_job_alive_at_second_start=first_job_alive_at_second_start,
+            first_job=(one.start, one.end, one.how) if one else None,
+            second_job=(two.start, two.end, two.how) if two else None,
+            overlap_s=round(min(one.end or two.end, two.end) - two.start, 3) if one and two and pairs else 0,
+            lost_ms_after_lease=(attempts[0].get("finished_at_ms") or 0) - (at_kill.get("lease_expires_at_ms") or 0))
+    assert attempts[0]["state"] == "lost" and attempts[0]["worker_id"] == "wa", attempts
+    assert attempts[0]["finished_at_ms"] >= at_kill["lease_expires_at_ms"], (attempts, at_kill)
+    assert len(attempts) == 2 and attempts[1]["worker_id"] == "wb", attempts
+    assert attempts[1]["state"] == "succeeded" and states[run_id] == "succeeded", (attempts, states)
+    assert not dups and not audit.problems, (dups, audit.problems)
+    assert not pairs, f"the killed worker's job overlapped Attempt 2: {pairs}"
