@@ -107,6 +107,9 @@ class _Job:
     #: no longer ours (lease lost, session fenced, self-fenced): stop it, never report it
     forgotten: bool = False
     kill_at: float | None = None
+    #: its process ended (or never started) and its outcome is being reported: no stop order
+    #: applies any more; only the completion's own answer says whether the outcome stands
+    finishing: bool = False
     #: its completion was accepted: nothing more to renew or report
     done: bool = False
     shipped: int = 0
@@ -300,8 +303,10 @@ class Worker:
                                           config.kill_grace_ms)
 
     async def _heartbeat(self, protocol: WorkerProtocol, session: Session) -> bool:
+        # the store renews every active Attempt of the session; the ones named here are the
+        # ones a stop order can still concern (a process that may be running)
         running = [j.attempt_id for j in self._jobs.values()
-                   if not j.forgotten and not j.done and j.fence == session.fence]
+                   if not j.forgotten and not j.finishing and j.fence == session.fence]
         started = self._mono()
         try:
             reply = await protocol.heartbeat(session.fence, running)
@@ -322,7 +327,7 @@ class Worker:
                    db_now_ms=reply.db_now_ms, running=len(running))
         for order in reply.stop:
             job = self._jobs.get(order.attempt_id)
-            if job is None or job.forgotten or job.done:
+            if job is None or job.forgotten or job.finishing:
                 continue
             if order.reason == LEASE_LOST:
                 self._emit("warning", "worker.lease_lost",
@@ -611,6 +616,7 @@ class Worker:
         longer ours). ``log_incomplete`` ships the missing bytes from what the store holds."""
         protocol = self._protocol
         assert protocol is not None
+        job.finishing = True
         if outcome.reason is not None and len(outcome.reason) > MAX_REASON_CHARS:
             outcome = dataclasses.replace(outcome, reason=outcome.reason[:MAX_REASON_CHARS])
         refusals = 0
