@@ -190,7 +190,7 @@ def test_log_retention_prunes_shipped_logs_of_ended_attempts_and_logs_reports_th
     """Without retention the store grows by every log for ever; one that pruned a running
     Attempt's log would lose output still being written; a pruned log shown as empty would look
     like a job that printed nothing."""
-    retention_ms = 3000
+    retention_ms = 2000
     settings = write_settings(tmp_path / "cli.toml", cluster, owner="replica-ret",
                               retention_days=retention_ms / 86_400_000)
     ended = admit(cluster, publish(cluster, "ended", ["sh", "-c", "..."]), offset_ms=-2000)

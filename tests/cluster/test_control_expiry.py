@@ -67,8 +67,13 @@ def test_a_vanished_sessions_attempts_are_requeued_if_never_started_and_lost_if_
     finally:
         for replica in replicas:
             replica.stop()
+    assert [r.proc.returncode for r in replicas] == [0, 0], [r.stderr[-2000:] for r in replicas]
 
     a_never, a_plain, a_idem = (attempts_of(cluster, r) for r in (never, plain, idem))
+    session_expiry = cluster.sql("SELECT lease_expires_at_ms FROM qinglong.worker_sessions "
+                                 "WHERE worker_id = 'vanishing-worker'")[0][0]
+    print(f"figure: lost {a_plain[0]['finished_at_ms'] - session_expiry} ms after the session lease "
+          "expired (database time, 2 replicas, 1 s cadence)")
     # never started: back in the queue, the same Attempt, claimable again (nothing ran)
     assert run_row(cluster, never)["state"] == "queued"
     assert a_never[0]["started_at_ms"] is None and a_never[0]["finished_at_ms"] is None
@@ -135,6 +140,7 @@ def test_a_running_attempt_long_past_its_deadline_ends_timed_out_by_the_control_
     assert run["state"] == "timed_out" and attempt["cancel_reason"] == "timeout"
     assert attempt["deadline_ms"] == deadline
     assert attempt["finished_at_ms"] >= deadline + LEASE_MS  # "long past": deadline + the session lease
+    print(f"figure: timed_out {attempt['finished_at_ms'] - deadline - LEASE_MS} ms after deadline + lease")
     lease_expiry = cluster.sql("SELECT lease_expires_at_ms FROM qinglong.worker_sessions "
                                "WHERE worker_id = 'hung-worker'")[0][0]
     assert lease_expiry > attempt["finished_at_ms"], "the session lived: this was the deadline, not a lost lease"
@@ -157,12 +163,42 @@ def test_expiry_reports_a_failing_call_and_retries_it_and_stops_promptly_while_a
     run_id = admit(cluster, publish(cluster, "job", ["true"]))
     worker = ProtocolWorker(cluster, "silent", lease_ms=LEASE_MS)
     (lease,) = worker.claim(1)
-    worker.close()  # never started, never renewed
+    worker.close()  # never started, never renewed: its lease expires LEASE_MS from now
 
+    def lock_attempts():
+        locker = psycopg.connect(cluster.superuser_dsn())
+        locker.execute("LOCK TABLE qinglong.attempts IN ACCESS EXCLUSIVE MODE")  # every expiry call waits
+        return locker
+
+    # stop while a call is stuck on a lock it cannot get: stop must return, the lock still held
+    slow = cluster.backend("expirer-slow", settings=cluster.settings(statement_timeout_ms=60_000),
+                           sink=CollectingSink())
+    locker = lock_attempts()
+
+    async def stuck():
+        loop = ExpiryLoop(slow, interval_s=0.2)
+        await loop.start()
+        try:
+            while not cluster.sql("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                  "AND query LIKE '%%expire_attempts%%'"):
+                await asyncio.sleep(0.05)
+            await loop.stop()  # an unbounded stop would wait here until the test's bound
+            return locker.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND "
+                                  "mode = 'AccessExclusiveLock' AND granted AND pid = pg_backend_pid()"
+                                  ).fetchone()[0]
+        finally:
+            await slow.close()
+
+    try:
+        assert arun(asyncio.wait_for(stuck(), 60)) == 1, "stop waited for the lock to be released"
+    finally:
+        locker.close()
+    assert attempts_of(cluster, run_id)[0]["state"] == "dispatching"
+
+    # a call that fails is reported and tried again; once the fault ends the work gets done
     sink = CollectingSink()
     backend = cluster.backend("expirer", settings=cluster.settings(statement_timeout_ms=300), sink=sink)
-    locker = psycopg.connect(cluster.superuser_dsn())
-    locker.execute("LOCK TABLE qinglong.attempts IN ACCESS EXCLUSIVE MODE")  # every expiry call waits
+    locker = lock_attempts()
 
     async def body():
         loop = ExpiryLoop(backend, interval_s=0.2)
@@ -170,7 +206,7 @@ def test_expiry_reports_a_failing_call_and_retries_it_and_stops_promptly_while_a
         try:
             while sink.codes().count("cluster_postgres.expiry_failed") < 2:
                 await asyncio.sleep(0.05)
-            locker.rollback()  # the fault ends: the next tick must do the work
+            locker.rollback()  # the fault ends: a later tick must do the work
             while attempts_of(cluster, run_id)[0]["state"] != "claimed":
                 await asyncio.sleep(0.05)
             return loop
@@ -186,30 +222,6 @@ def test_expiry_reports_a_failing_call_and_retries_it_and_stops_promptly_while_a
     assert loop.expired == {"requeued": 1} and loop.failures >= 2
     failure = next(e for e in sink.events if e.code == "cluster_postgres.expiry_failed")
     assert "password" not in failure.message and "runtime-secret" not in failure.message
-
-    # stop while a call is stuck on a lock the loop cannot get: stop returns, the lock still held
-    slow = cluster.backend("expirer-2", settings=cluster.settings(statement_timeout_ms=60_000),
-                           sink=CollectingSink())
-    locker = psycopg.connect(cluster.superuser_dsn())
-    locker.execute("LOCK TABLE qinglong.attempts IN ACCESS EXCLUSIVE MODE")
-
-    async def stuck():
-        loop = ExpiryLoop(slow, interval_s=0.2)
-        await loop.start()
-        while not cluster.sql("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                              "AND query LIKE '%%expire_attempts%%'"):
-            await asyncio.sleep(0.05)
-        await loop.stop()
-        held = locker.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND "
-                              "mode = 'AccessExclusiveLock' AND granted AND pid = pg_backend_pid()"
-                              ).fetchone()[0]
-        await slow.close()
-        return held
-
-    try:
-        assert arun(asyncio.wait_for(stuck(), 90)) == 1, "stop waited for the lock to be released"
-    finally:
-        locker.close()
 
 
 def test_the_control_components_are_offered_for_this_backend_only(cluster):
