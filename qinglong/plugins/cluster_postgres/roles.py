@@ -18,9 +18,10 @@ function that is missing, unexpected, not SECURITY DEFINER, in another language,
 pinned path. Its body, return type, volatility and strictness are compared through the
 fingerprint (``fingerprint.py``).
 
-The GRANTs are installed by ``migrations/0002_grants.sql``, ``0003_schedule_semantics.sql`` and
-narrowed by ``0004_runtime_schedule_columns.sql``; :data:`EXPECTED_GRANTS` and
-:data:`EXPECTED_COLUMN_GRANTS` are the same set, and :func:`privilege_problems` compares them with
+The GRANTs are installed by ``migrations/0002_grants.sql``, ``0003_schedule_semantics.sql``,
+narrowed by ``0004_runtime_schedule_columns.sql`` and extended by ``0005_workers.sql`` (the
+functions' EXECUTE, SELECT on sessions and logs); :data:`EXPECTED_GRANTS`,
+:data:`EXPECTED_COLUMN_GRANTS` and :data:`EXPECTED_FUNCTIONS` are the same set, and :func:`privilege_problems` compares them with
 the catalog. Anything else (a GRANT added by hand, one re-issued WITH GRANT OPTION, a privilege for
 PUBLIC, another column grant, a table owned by someone else, a role that is a superuser, a member
 of another role or has another role as a member) is drift and readiness fails closed.

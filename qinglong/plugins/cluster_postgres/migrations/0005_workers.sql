@@ -778,18 +778,24 @@ DECLARE
     v_now bigint := qinglong._now_ms();
     s qinglong.worker_sessions%ROWTYPE;
     c record;
+    v_state text;
 BEGIN
     s := qinglong._session(p_worker_id, p_session_id, p_generation, v_now, true);
     UPDATE qinglong.worker_sessions w SET closed_at_ms = v_now WHERE w.worker_id = p_worker_id;
     FOR c IN
-        SELECT r.run_id, a.attempt_id, a.state FROM qinglong.runs r
-        JOIN qinglong.attempts a ON a.run_id = r.run_id
+        SELECT a.run_id, a.attempt_id FROM qinglong.attempts a
         WHERE a.session_id = s.session_id AND a.session_generation = s.generation
           AND a.state IN ('dispatching', 'running')
-        ORDER BY r.run_id
-        FOR UPDATE OF r, a
+        ORDER BY a.run_id
     LOOP
-        IF c.state = 'dispatching' THEN
+        -- the Run, then the Attempt, as every other writer locks them; then look again
+        PERFORM 1 FROM qinglong.runs r WHERE r.run_id = c.run_id FOR UPDATE;
+        SELECT x.state INTO v_state FROM qinglong.attempts x
+        WHERE x.attempt_id = c.attempt_id AND x.session_id = s.session_id
+          AND x.session_generation = s.generation AND x.state IN ('dispatching', 'running')
+        FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        IF v_state = 'dispatching' THEN
             PERFORM qinglong._requeue(c.attempt_id, v_now);
         ELSE
             PERFORM qinglong._finish_attempt(c.attempt_id, 'lost', NULL, NULL, NULL, NULL,
