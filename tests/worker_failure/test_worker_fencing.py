@@ -181,3 +181,37 @@ def test_through_the_client_a_replaced_sessions_completion_is_refused_and_an_acc
     assert replay.run_state == accepted.run_state
     assert different == LeaseFenced.__name__
     assert c.run_states()[run_id] == "succeeded"
+
+
+def test_a_replaced_process_does_not_take_its_worker_id_back_from_the_process_that_replaced_it(cluster):
+    """The same worker id started again while the first process is frozen (SIGSTOP), then the
+    first one continued. If the replaced process opened a session again on being refused, the two
+    would fence each other at every heartbeat (each new generation fences the other) and every
+    job either of them starts would be stopped within a heartbeat: a Run of 3 s would never
+    finish in its first Attempt and the generation would climb without end."""
+    c = cluster
+    c.publish_task("steady", hold_s=3, retry={"max_attempts": 5, "initial_backoff_ms": 0, "jitter": 0},
+                   idempotent=True)
+    c.start_replica("replica-1")
+    w = c.add_worker("w")
+    wait_until(lambda: "w" in c.sessions(), "the first session of 'w'")
+    old = w.process
+    old.signal(signal.SIGSTOP)
+    generation = c.sessions()["w"]["generation"]
+    w.restart()
+    wait_until(lambda: c.sessions()["w"]["generation"] > generation, "the new session of 'w'")
+    replaced_by = c.sessions()["w"]["generation"]
+    old.signal(signal.SIGCONT)
+    c.admit("steady")
+    (run_id,) = c.wait_runs(1)
+    states = c.wait_all_terminal()
+    attempts = c.attempts(run_id)
+    final_generation = c.sessions()["w"]["generation"]
+    found, dups = executions(c.markers, c.watcher)
+    figures("replaced_process_keeps_off_its_id", generation_replaced_by=replaced_by,
+            generation_at_end=final_generation, old_process_alive=old.alive(),
+            attempts=[(a["attempt_no"], a["state"], a.get("session_generation")) for a in attempts],
+            how_jobs_ended=[e.how for e in found], run_state=states[run_id])
+    assert not dups and not overlaps(found), (dups, found)
+    assert [a["state"] for a in attempts] == ["succeeded"], attempts
+    assert final_generation == replaced_by, (replaced_by, final_generation)

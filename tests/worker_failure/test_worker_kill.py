@@ -111,7 +111,10 @@ def test_killed_workers_idempotent_run_is_retried_once_elsewhere_and_never_overl
             run_state=states[run_id], first_job_alive_at_second_start=first_job_alive_at_second_start,
             first_job=(one.start, one.end, one.how) if one else None,
             second_job=(two.start, two.end, two.how) if two else None,
-            overlap_s=round(min(one.end or two.end, two.end) - two.start, 3) if one and two and pairs else 0,
+            # the killed worker's job ran on by itself until the test released it after Attempt 2
+            # had started: it would have run its whole course beside Attempt 2
+            second_started_s_after_first=round(two.start - one.start, 3) if one and two else None,
+            first_ended_s_after_second_started=round(one.end - two.start, 3) if one and two and one.end else None,
             lost_ms_after_lease=(attempts[0].get("finished_at_ms") or 0) - (at_kill.get("lease_expires_at_ms") or 0))
     assert attempts[0]["state"] == "lost" and attempts[0]["worker_id"] == "wa", attempts
     assert attempts[0]["finished_at_ms"] >= at_kill["lease_expires_at_ms"], (attempts, at_kill)

@@ -13,6 +13,7 @@ says so in its skip reason, as the replica's netns test does.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -83,15 +84,16 @@ def test_worker_behind_a_cut_link_stops_its_job_before_the_run_moves_and_no_exec
             current = wait_until(running_attempt, f"Attempt {n} to run")
             holder = current["worker_id"]
             other = "wb" if holder == "wa" else "wa"
+            expires = c.attempts(run_id)[n - 1]["lease_expires_at_ms"]
             spaces[holder].cut()
-            cut_at = c.db.db_now_ms()
+            cut_mono, cut_at = time.monotonic(), c.db.db_now_ms()
             nxt = wait_until(lambda n=n: (lambda a: a[n] if len(a) > n and
                                           f"{run_id}.{a[n]['attempt_id']}" in started_keys(c.markers)
                                           else None)(c.attempts(run_id)),
                              f"Attempt {n + 1} to start after the cut")
             ended = c.attempts(run_id)[n - 1]
             history.append({"attempt": n, "holder": holder, "state": ended["state"],
-                            "cut_at_ms": cut_at, "lease_expires_at_ms": ended.get("lease_expires_at_ms"),
+                            "cut_at_ms": cut_at, "cut_mono": cut_mono, "lease_expires_at_ms": expires,
                             "ended_at_ms": ended.get("finished_at_ms"), "next_on": nxt["worker_id"]})
             spaces[holder].heal()
             generation = c.sessions()[holder]["generation"]
@@ -116,12 +118,19 @@ def test_worker_behind_a_cut_link_stops_its_job_before_the_run_moves_and_no_exec
     gaps = [round(b.start - a.end, 3) if a.end is not None else None for a, b in zip(mine, mine[1:])]
     attempts = c.attempts(run_id)
     audit = audit_runs(c, max_attempts=cuts + 1)
+    # the lease expiry moved onto the monotonic clock at the cut (both clocks of this machine run
+    # at one rate): how long before it the stranded job was gone (the lease may have been renewed
+    # once more as the cut fell, so this is a lower bound)
+    before_expiry = [round(h["cut_mono"] + (h["lease_expires_at_ms"] - h["cut_at_ms"]) / 1000 - e.end, 3)
+                     for h, e in zip(history, mine) if e.end is not None]
     figures("worker_link_cut", cuts=cuts, run_state=states[run_id],
             attempts=[(a["attempt_no"], a["state"], a["worker_id"]) for a in attempts],
             how_jobs_ended=[e.how for e in mine], gap_between_executions_s=gaps,
-            smallest_gap_s=min((g for g in gaps if g is not None), default=None), history=history)
+            smallest_gap_s=min((g for g in gaps if g is not None), default=None),
+            job_gone_s_before_lease_expiry=before_expiry, history=history)
     assert not dups and not pairs, (dups, pairs)
     assert [a["state"] for a in attempts] == ["lost"] * cuts + ["succeeded"], attempts
     # every stranded job was stopped by its own worker (TERM), not left to run on
     assert [e.how for e in mine] == ["term"] * cuts + ["done"], mine
     assert states[run_id] == "succeeded" and not audit.problems, audit.problems
+    assert all(b > 0 for b in before_expiry), before_expiry
