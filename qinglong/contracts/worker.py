@@ -116,6 +116,14 @@ SQLSTATE_SESSION_FENCED = "QL001"
 SQLSTATE_LEASE_FENCED = "QL002"
 SQLSTATE_BAD_CALL = "QL003"  # an argument out of bounds (too many labels, a chunk too big, ...)
 
+#: :attr:`SessionFenced.reason` when a store says why: a worker opens a new session after one
+#: that expired or was closed, but not after one another process replaced (a newer generation of
+#: the same worker id, i.e. a second live worker with this id): opening again would fence that
+#: worker, which would do the same in turn.
+SESSION_REPLACED = "session_replaced"
+SESSION_EXPIRED = "session_expired"
+SESSION_CLOSED = "session_closed"
+
 
 class BadWorkerCall(QinglongError):
     """A call with an argument outside the protocol's bounds: a bug in the caller."""
