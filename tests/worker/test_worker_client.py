@@ -12,6 +12,8 @@ import pytest
 from qinglong.contracts.errors import SettingsError, StoreUnavailable
 from qinglong.contracts.execution import AttemptOutcome, AttemptState, RunState
 from qinglong.contracts.worker import (
+    SESSION_CLOSED,
+    SESSION_REPLACED,
     BadWorkerCall,
     CompletionResult,
     LeaseFence,
@@ -80,13 +82,15 @@ def test_every_call_maps_its_refusal_and_repeats_idempotently(cluster, tmp_path)
                                                                              log_bytes=len(data)))
             newer = await protocol.open_session("w-client", [], 2, 5000)
             assert newer.fence.generation == 2
-            with pytest.raises(SessionFenced):
+            with pytest.raises(SessionFenced) as fenced:
                 await protocol.heartbeat(session.fence, [])
+            assert fenced.value.reason == SESSION_REPLACED
             beat = await protocol.heartbeat(newer.fence, [lease.attempt_id])
             assert [(s.attempt_id, s.reason) for s in beat.stop] == [(lease.attempt_id, "lease_lost")]
             await protocol.close_session(newer.fence)
-            with pytest.raises(SessionFenced):
+            with pytest.raises(SessionFenced) as fenced:
                 await protocol.heartbeat(newer.fence, [])
+            assert fenced.value.reason == SESSION_CLOSED
             return lease.attempt_id
         finally:
             await protocol.close()

@@ -121,3 +121,34 @@ def test_a_task_with_labels_runs_only_on_the_worker_that_offers_them(cluster, tm
                 w.signal(signal.SIGTERM)
                 w.wait()
                 w.stop()
+
+
+def test_a_second_worker_with_the_same_id_replaces_the_first_which_stops_instead_of_fencing_it_back(
+        cluster, tmp_path):
+    """Two live processes with one worker id would otherwise fence each other in turn forever (each
+    reopening a session on the other's refusal), and neither could keep a job running; the older
+    one must stop its jobs and exit, naming the cause, while the newer one keeps its session."""
+    first = _worker(cluster, tmp_path, "w-twin")
+    second = None
+    try:
+        first.wait_event("worker.session_opened")
+        settings = write_worker_settings(tmp_path / "twin2.toml", worker_dsn(cluster), worker_id="w-twin",
+                                         log_dir=tmp_path / "twin2-logs")
+        second = WorkerProcess(settings, tmp_path / "twin2.stderr")
+        second.wait_event("worker.session_opened")
+        assert first.wait() == 3
+        assert first.events("worker.replaced") and "worker_id" in first.text()
+        assert len(first.events("worker.session_opened")) == 1  # it never reopened
+        generation = cluster.sql("SELECT generation FROM qinglong.worker_sessions WHERE worker_id = 'w-twin'")[0][0]
+        assert generation == 2
+        # the newer one works on: a Run admitted now is run by it
+        run_id = admit(cluster, publish_task(cluster, "twin-task", {"command": py_job("print('ok')")}))
+        assert wait_run_state(cluster, run_id) == "succeeded"
+        assert second.proc.poll() is None
+        assert cluster.sql("SELECT generation FROM qinglong.worker_sessions WHERE worker_id = 'w-twin'")[0][0] == 2
+    finally:
+        first.stop()
+        if second is not None:
+            second.signal(signal.SIGTERM)
+            second.wait()
+            second.stop()

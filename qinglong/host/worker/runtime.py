@@ -57,6 +57,7 @@ from qinglong.contracts.execution import (
 )
 from qinglong.contracts.worker import (
     LEASE_LOST,
+    SESSION_REPLACED,
     BadWorkerCall,
     ClaimedAttempt,
     CompletionResult,
@@ -311,7 +312,7 @@ class Worker:
         try:
             reply = await protocol.heartbeat(session.fence, running)
         except SessionFenced as exc:
-            self._session_lost(session.fence, exc.message)
+            self._session_lost(session.fence, exc)
             return True
         except StoreUnavailable as exc:
             self.stats.failed_heartbeats += 1
@@ -346,18 +347,33 @@ class Worker:
                            run_id=job.run_id, attempt_id=job.attempt_id, reason=reason.value)
         return True
 
-    def _session_lost(self, fence: SessionFence, why: str) -> None:
-        """The store refused the session: every job of it is stopped at once and forgotten."""
+    def _session_lost(self, fence: SessionFence, refusal: SessionFenced) -> None:
+        """The store refused the session: every job of it is stopped at once and forgotten. A
+        session that expired or was closed is opened again (a new generation); one that another
+        process replaced (a second worker with this id) is not: opening again would fence that
+        live worker, which would do the same in turn, so this process stops instead."""
         if self._session is None or self._session.fence != fence:
             return
         self._session = None
         self._deadlines = None
-        self._emit("warning", "worker.session_fenced",
-                   f"the store refused this worker's session ({why}); stopping its jobs and opening a new one",
-                   generation=fence.generation)
+        replaced = refusal.reason == SESSION_REPLACED
         for job in list(self._jobs.values()):
             if job.fence == fence:
                 self._forget(job, kill_now=True)
+        if replaced:
+            self._emit("error", "worker.replaced",
+                       f"another process opened a newer session of worker id {fence.worker_id!r}; this one "
+                       "stopped its jobs and stops (give every worker its own worker_id)",
+                       generation=fence.generation)
+            if self.fatal is None:
+                self.fatal = UserError(f"worker id {fence.worker_id!r} was taken over by a newer session of "
+                                       "another process: give every running worker its own [worker] worker_id")
+            self._draining = True
+            self.request_stop()
+            return
+        self._emit("warning", "worker.session_fenced",
+                   f"the store refused this worker's session ({refusal.message}); stopping its jobs and "
+                   "opening a new one", generation=fence.generation, why=refusal.reason)
 
     def _forget(self, job: _Job, *, kill_now: bool = False, kill_at: float | None = None) -> None:
         if job.forgotten:
@@ -400,7 +416,7 @@ class Worker:
                 try:
                     claimed = await self._protocol.claim(session.fence, [new_lease_token() for _ in range(free)])
                 except SessionFenced as exc:
-                    self._session_lost(session.fence, exc.message)
+                    self._session_lost(session.fence, exc)
                     continue
                 except (StoreUnavailable, BadWorkerCall) as exc:
                     self._store_down(exc)
@@ -465,7 +481,7 @@ class Worker:
                 self._forget(job, kill_now=True)
                 return None
             except SessionFenced as exc:
-                self._session_lost(job.fence, exc.message)
+                self._session_lost(job.fence, exc)
                 return None
             except StoreUnavailable as exc:
                 self._store_down(exc)
@@ -601,7 +617,7 @@ class Worker:
                        f"({exc.message}); stopping it", run_id=job.run_id, attempt_id=job.attempt_id)
             self._forget(job, kill_now=True)
         except SessionFenced as exc:
-            self._session_lost(job.fence, exc.message)
+            self._session_lost(job.fence, exc)
         except StoreUnavailable as exc:
             self._store_down(exc)
         except (BadWorkerCall, RuntimeError, OSError) as exc:

@@ -33,6 +33,9 @@ from qinglong.contracts.worker import (
     SQLSTATE_BAD_CALL,
     SQLSTATE_LEASE_FENCED,
     SQLSTATE_SESSION_FENCED,
+    SESSION_CLOSED,
+    SESSION_EXPIRED,
+    SESSION_REPLACED,
     BadWorkerCall,
     ClaimedAttempt,
     CompletionReply,
@@ -164,7 +167,7 @@ class PostgresWorkerProtocol:
         if diag is not None and diag.message_primary:
             primary = self._secrets.mask(diag.message_primary)
         if sqlstate == SQLSTATE_SESSION_FENCED:
-            return SessionFenced("session_fenced", f"{name}: {primary or 'the session is fenced'}")
+            return SessionFenced(_session_reason(primary), f"{name}: {primary or 'the session is fenced'}")
         if sqlstate == SQLSTATE_LEASE_FENCED:
             return LeaseFenced("lease_fenced", f"{name}: {primary or 'the lease is fenced'}")
         if sqlstate == SQLSTATE_BAD_CALL:
@@ -246,6 +249,17 @@ class PostgresWorkerProtocol:
                 await asyncio.wait_for(conn.close(), 2.0)
             except Exception:
                 conn.pgconn.finish()
+
+
+def _session_reason(message: str) -> str:
+    """Why a session was refused, from the store's words (``qinglong._session``)."""
+    if "not the current session" in message:
+        return SESSION_REPLACED
+    if "lease expired" in message:
+        return SESSION_EXPIRED
+    if "closed" in message:
+        return SESSION_CLOSED
+    return "session_fenced"
 
 
 def _session(fence: SessionFence) -> tuple[str, str, int]:
