@@ -253,6 +253,22 @@ def test_stale_generation_wrong_token_or_expired_lease_is_refused_and_changes_no
         assert snapshot(cluster) == before, name
 
 
+def test_a_heartbeat_renews_the_session_and_every_attempt_it_holds_to_one_expiry(cluster):
+    """If a heartbeat renewed the session but not its Attempts' leases, expiry would take a
+    healthy worker's running jobs away from it (and hand them to another: run twice)."""
+    publish(cluster, "t", CMD)
+    admit(cluster, "t", 3)
+    w = Worker(cluster, "w1", lease_ms=5_000)
+    held = w.claim(2)
+    w.started(held[0])
+    w.heartbeat([c.attempt_id for c in held])
+    (session_expiry,) = cluster.sql("SELECT lease_expires_at_ms FROM qinglong.worker_sessions")[0]
+    leases = cluster.sql("SELECT DISTINCT lease_expires_at_ms FROM qinglong.attempts "
+                         "WHERE state IN ('dispatching', 'running')")
+    assert leases == [(session_expiry,)]
+    assert session_expiry >= w.lease_expires_at_ms
+
+
 def test_a_session_whose_lease_ran_out_in_database_time_is_refused(cluster):
     """A worker that stopped heartbeating (partitioned) must be refused once its lease ran out by
     the database clock, or it could still claim and complete while another worker runs its job."""
@@ -298,6 +314,18 @@ def test_bad_arguments_are_refused_with_ql003_and_change_nothing(cluster):
         for name, call in calls.items():
             assert sqlstate_of(call) == "QL003", name
             assert snapshot(cluster) == before, name
+    with psycopg.connect(cluster.dsn(INGRESS)) as conn:
+        # a snapshot older than the task lock would miss another worker's start ('forbid' twice)
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        assert sqlstate_of(lambda: conn.execute(
+            "SELECT * FROM qinglong.worker_claim(%s, %s, %s, ARRAY[%s::bytea])",
+            (*w._fence(), os.urandom(32)))) == "QL003"
+        conn.rollback()
+    for statement, params in (("SELECT qinglong.request_cancel(%s, 'whim')", (c.run_id,)),
+                              ("SELECT * FROM qinglong.expire_attempts(0)", ()),
+                              ("SELECT qinglong.prune_attempt_logs(0, 0)", ())):
+        assert sqlstate_of(lambda: runtime_call(cluster, statement, params)) == "QL003", statement
+    assert snapshot(cluster) == before
 
 
 # ------------------------------------------------------------------------------------------------
@@ -482,7 +510,8 @@ def test_started_log_and_complete_are_idempotent_and_the_log_must_be_whole(clust
     (run_id, _), = admit(cluster, "t", 1)
     w = Worker(cluster, "w1")
     (c,) = w.claim(1)
-    deadline, _ = w.started(c)
+    deadline, now = w.started(c)
+    assert deadline - now == 3_600_000  # the spec's timeout_ms, from the start in database time
     assert w.started(c)[0] == deadline
     assert events_of(cluster, run_id).count("run.started") == 1
     chunk = bytes(range(256)) * 1024  # 256 KiB, every byte value
