@@ -47,9 +47,10 @@ def wait_for(predicate, what: str, timeout_s: float = PATIENCE_S, interval_s: fl
 # ---------------------------------------------------------------------------------- publishing
 
 
-def publish(db: ClusterDb, task_id: str, command: list[str], *, project: str = "ops", **spec) -> str:
+def publish(db: ClusterDb, task_id: str | list[str], command: list[str], *, project: str = "ops",
+            **spec) -> str:
     """Publish (or republish) a task with an execution spec and a once-a-year trigger of the same
-    name, through the real publisher; the trigger id."""
+    name, through the real publisher; the trigger id. A list of ids publishes each alike."""
     from qinglong.contracts.errors import AlreadyExists
     from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
 
@@ -61,10 +62,11 @@ def publish(db: ClusterDb, task_id: str, command: list[str], *, project: str = "
                 await pub.create_project(project)
             except AlreadyExists:
                 pass
-            await pub.put_task(project, task_id, {"command": command, **spec})
-            await pub.put_trigger(TriggerDefinition(
-                project, task_id, task_id, "cron", {"expression": "0 0 1 1 *"},
-                misfire_policy=MisfirePolicy.FIRE_ONCE, misfire_grace_ms=600_000))
+            for one in [task_id] if isinstance(task_id, str) else task_id:
+                await pub.put_task(project, one, {"command": command, **spec})
+                await pub.put_trigger(TriggerDefinition(
+                    project, one, one, "cron", {"expression": "0 0 1 1 *"},
+                    misfire_policy=MisfirePolicy.FIRE_ONCE, misfire_grace_ms=600_000))
         finally:
             await backend.close()
 

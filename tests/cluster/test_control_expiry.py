@@ -15,7 +15,7 @@ import time
 import psycopg
 import pytest
 
-from tests.cluster.conftest import CollectingSink, arun
+from tests.cluster.conftest import CollectingSink, arun, set_cursor
 from tests.cluster.control_helpers import (
     LEASE_MS,
     ProtocolWorker,
@@ -243,3 +243,63 @@ def test_the_control_components_are_offered_for_this_backend_only(cluster):
     assert qinglong_lifecycle_components(SimpleNamespace(backend=impostor, settings=settings)) == []
     assert qinglong_lifecycle_components(SimpleNamespace(backend=SimpleNamespace(name="edge_sqlite"),
                                                          settings=settings)) == []
+
+
+def test_two_expiry_loops_drain_a_backlog_larger_than_a_page_and_handle_each_attempt_once(cluster):
+    """A page bound without continuation would leave a backlog expiring a page a second; two
+    replicas both handling one Attempt would requeue it twice or create two retries; SKIP LOCKED
+    pages that starved each other would leave some expired Attempts unhandled."""
+    from qinglong.plugins.cluster_postgres.control import ExpiryLoop
+
+    count, page = 24, 4
+    publish(cluster, [f"job{i:02d}" for i in range(count)], ["true"], idempotent=True,
+            retry={"max_attempts": 2, "initial_backoff_ms": 600_000, "jitter": 0})
+    set_cursor(cluster, None, -1000)
+
+    async def admit_all():
+        backend = cluster.backend("admitter")
+        try:
+            while cluster.count("runs") < count:
+                await backend.run_round()
+        finally:
+            await backend.close()
+
+    arun(admit_all())
+    worker = ProtocolWorker(cluster, "crowded", lease_ms=LEASE_MS, capacity=count)
+    leases = worker.claim(count)
+    assert len(leases) == count
+    for lease in leases[::2]:
+        worker.started(lease)
+    worker.close()
+    started = {lease.attempt_id for lease in leases[::2]}
+
+    wait_for(lambda: cluster.count("attempts", "state IN ('dispatching', 'running') AND "
+                                   "lease_expires_at_ms <= %s", (cluster.db_now_ms(),)) == count,
+             "the leases to expire")
+    sinks = [CollectingSink(), CollectingSink()]
+    backends = [cluster.backend(f"expirer-{i}", sink=sink) for i, sink in enumerate(sinks)]
+
+    async def body():
+        # one tick each, never a second one (600 s apart): the backlog drains by continuation
+        loops = [ExpiryLoop(b, interval_s=600, page=page) for b in backends]
+        for loop in loops:
+            await loop.start()
+        try:
+            while sum(sum(loop.expired.values()) for loop in loops) < count:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # room for a duplicate to show
+            return loops
+        finally:
+            for loop in loops:
+                await loop.stop()
+            for b in backends:
+                await b.close()
+
+    loops = arun(asyncio.wait_for(body(), 90))
+    handled = [(e.fields["attempt_id"], e.fields["action"]) for sink in sinks for e in sink.events
+               if e.code == "cluster_postgres.attempt_expired"]
+    assert len(handled) == count and len({a for a, _ in handled}) == count, handled
+    assert {a for a, action in handled if action == "lost"} == started
+    assert {a for a, action in handled if action == "requeued"} == {l.attempt_id for l in leases} - started
+    assert cluster.count("attempts") == count + len(started)  # one retry per lost idempotent Attempt
+    print(f"figure: {count} expired Attempts in pages of {page}: {[loop.expired for loop in loops]}")
