@@ -384,6 +384,26 @@ def test_claim_takes_due_attempts_in_dispatch_order_up_to_the_free_capacity(clus
     assert '"command":["true"]' in payload.replace(" ", "")
 
 
+def test_an_unbounded_tasks_runs_are_claimed_in_parallel_while_a_bounded_task_is_decided_once(cluster):
+    """A task with no concurrency bound must not serialise the workers (one claim in flight
+    would leave every other worker empty-handed: no scaling); a bounded one ('queue' here) is
+    decided by one claim at a time, and a claim never waits for another one's decision."""
+    publish(cluster, "free", CMD)
+    publish(cluster, "one", {"command": ["true"], "concurrency": "queue"})
+    admit(cluster, "one", 2)
+    admit(cluster, "free", 4)
+    a, b = Worker(cluster, "a"), Worker(cluster, "b")
+    with psycopg.connect(cluster.dsn(INGRESS)) as held:  # a's claim, not committed yet
+        rows = held.execute("SELECT task_id FROM qinglong.worker_claim(%s, %s, %s, %s::bytea[])",
+                            (*a._fence(), [os.urandom(32) for _ in range(2)])).fetchall()
+        assert sorted(r[0] for r in rows) == ["free", "one"]
+        got = b.claim(8)  # returns at once: a holds its rows and the bounded task's decision
+        assert sorted(c.payload_json.count("queue") for c in got) == [0, 0, 0]
+        held.commit()
+    assert b.claim(8) == []  # 'one' has its one Run running: the next waits
+    assert cluster.count("runs", "task_id = 'one' AND state = 'queued'") == 1
+
+
 def test_forbid_never_runs_two_and_skips_the_newcomer_with_the_reason(cluster):
     """'forbid' must hold cluster-wide: two workers must never both start a Run of the task,
     and a Run that would overlap ends cancelled saying why instead of waiting for ever."""

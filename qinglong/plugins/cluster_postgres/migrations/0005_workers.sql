@@ -593,16 +593,22 @@ BEGIN
             v_required := ARRAY(SELECT pg_catalog.jsonb_array_elements_text(
                                    coalesce(v_spec -> 'labels', '[]'::jsonb)));
             CONTINUE WHEN NOT (v_required <@ s.labels);
-            -- serialise this task's start decisions cluster-wide; a task another claim is
-            -- deciding right now is left to it
-            PERFORM 1 FROM qinglong.tasks t WHERE t.project_id = c.project_id AND t.task_id = c.task_id
-            FOR NO KEY UPDATE SKIP LOCKED;
-            IF NOT FOUND THEN
-                v_waiting := v_waiting || (c.project_id || '/' || c.task_id);
-                CONTINUE;
+            IF v_spec -> 'concurrency' ->> 'mode' = 'allow'
+               AND pg_catalog.jsonb_typeof(v_spec -> 'concurrency' -> 'max_running') IS DISTINCT FROM 'number' THEN
+                -- nothing of the task bounds this start: workers claim its Runs in parallel
+                SELECT 'start'::text AS action, NULL::text AS reason INTO v_decision;
+            ELSE
+                -- serialise this task's start decisions cluster-wide; a task another claim is
+                -- deciding right now is left to it
+                PERFORM 1 FROM qinglong.tasks t WHERE t.project_id = c.project_id AND t.task_id = c.task_id
+                FOR NO KEY UPDATE SKIP LOCKED;
+                IF NOT FOUND THEN
+                    v_waiting := v_waiting || (c.project_id || '/' || c.task_id);
+                    CONTINUE;
+                END IF;
+                v_decision := qinglong._overlap(v_spec, c.project_id, c.task_id, c.run_id,
+                                                c.scheduled_for_ms, c.admitted_at_ms, v_now);
             END IF;
-            v_decision := qinglong._overlap(v_spec, c.project_id, c.task_id, c.run_id,
-                                            c.scheduled_for_ms, c.admitted_at_ms, v_now);
             IF v_decision.action IN ('wait', 'replace') THEN
                 v_waiting := v_waiting || (c.project_id || '/' || c.task_id);
                 CONTINUE;
