@@ -17,6 +17,7 @@ from qinglong.contracts.execution import AttemptOutcome, AttemptState
 from qinglong.contracts.worker import (
     CompletionResult,
     FenceRefused,
+    SESSION_REPLACED,
     LeaseFenced,
     SessionFenced,
     new_lease_token,
@@ -138,7 +139,7 @@ def test_through_the_client_a_replaced_sessions_completion_is_refused_and_an_acc
                     await call()
                     refusals.append(None)
                 except FenceRefused as exc:
-                    refusals.append(type(exc).__name__)
+                    refusals.append((type(exc).__name__, exc.reason))
             unchanged = _attempt_row(c, claimed.attempt_id) == before
             # session 2 keeps its lease alive while session 1's Attempt lapses and is retried
             retry = None
@@ -173,7 +174,7 @@ def test_through_the_client_a_replaced_sessions_completion_is_refused_and_an_acc
             accepted=accepted.result.value, replay=replay.result.value, different_outcome=different,
             attempts=[(a["attempt_no"], a["state"]) for a in attempts], events=_events(c, run_id))
     assert s2.fence.generation == s1.fence.generation + 1
-    assert refusals == [SessionFenced.__name__] * 3 and unchanged, (refusals, unchanged)
+    assert refusals == [(SessionFenced.__name__, SESSION_REPLACED)] * 3 and unchanged, (refusals, unchanged)
     assert retry.run_id == run_id and retry.attempt_no == 2
     assert [a["state"] for a in attempts] == ["lost", "succeeded"], attempts
     assert accepted.result is CompletionResult.ACCEPTED

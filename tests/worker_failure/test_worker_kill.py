@@ -10,6 +10,8 @@ session, which the worker's death does not end) runs at the same time as Attempt
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from tests.worker_failure.harness import (
@@ -35,9 +37,22 @@ def _running_on(c, run_id: str, worker_id: str) -> dict | None:
     return None
 
 
-def _kill_mid_job(c, task: str):
+def _group_and_session(pid: int | None) -> tuple[int, int] | None:
+    """(process group, session) of a live process, from /proc/PID/stat."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[2]), int(fields[3])
+
+
+def _kill_mid_job(c, task: str, how: str = "kill9"):
     """One Run of ``task`` running on worker A (alone), worker B started beside it, then A
-    SIGKILLed. Returns (run_id, A's attempt as it was at the kill, database time of the kill)."""
+    SIGKILLed (or frozen with SIGSTOP: ``how`` "sigstop"). Returns (run_id, A's attempt when its
+    job ran, A's attempt at the kill, database time of the kill, B)."""
     c.start_replica("replica-1")
     a = c.add_worker("wa")
     c.admit(task)
@@ -46,7 +61,10 @@ def _kill_mid_job(c, task: str):
     b = c.add_worker("wb")
     wait_until(lambda: "wb" in c.sessions(), "worker wb's session")
     killed_at = c.db.db_now_ms()
-    a.process.kill9()
+    if how == "kill9":
+        a.process.kill9()
+    else:
+        a.process.signal(signal.SIGSTOP)
     at_kill = c.attempts(run_id)[0]
     return run_id, first, at_kill, killed_at, b
 
@@ -80,15 +98,19 @@ def test_killed_workers_started_attempt_is_lost_after_its_lease_and_never_retrie
     assert not audit.problems, audit.problems
 
 
-def test_killed_workers_idempotent_run_is_retried_once_elsewhere_and_never_overlaps_the_killed_job(cluster):
-    """The same kill -9, for an idempotent task: Attempt 2 must be created (policy: lost +
-    idempotent retries), run by the surviving worker, and must not run while the killed worker's
-    job is still running. If it did, one Run would execute twice at the same time: what the
-    self-fence exists to prevent, and a SIGKILLed worker cannot self-fence."""
+@pytest.mark.parametrize("how", ["kill9", "sigstop"])
+def test_killed_workers_idempotent_run_is_retried_once_elsewhere_and_never_overlaps_the_killed_job(cluster, how):
+    """The same kill -9 (or a worker frozen by SIGSTOP: alive, but never scheduled), for an
+    idempotent task: Attempt 2 must be created (policy: lost + idempotent retries), run by the
+    surviving worker, and must not run while the first worker's job is still running. If it did,
+    one Run would execute twice at the same time: what the self-fence exists to prevent, and a
+    worker that is dead or frozen cannot self-fence."""
     c = cluster
     c.publish_task("idem", retry=RETRY, idempotent=True)
-    run_id, first, at_kill, killed_at, b = _kill_mid_job(c, "idem")
+    run_id, first, at_kill, killed_at, b = _kill_mid_job(c, "idem", how)
+    worker_pid = c.workers["wa"].pid
     first_key = f"{run_id}.{first['attempt_id']}"
+    job_group = _group_and_session(wait_until(lambda: c.watcher.pids.get(first_key), "the first job's pid"))
 
     def second_started():
         attempts = c.attempts(run_id)
@@ -96,6 +118,7 @@ def test_killed_workers_idempotent_run_is_retried_once_elsewhere_and_never_overl
             return attempts
         return None
 
+    first_pid = c.watcher.pids.get(first_key)
     attempts = wait_until(second_started, "Attempt 2 to start")
     first_job_alive_at_second_start = first_key in c.watcher.running()
     c.release_jobs()
@@ -106,9 +129,10 @@ def test_killed_workers_idempotent_run_is_retried_once_elsewhere_and_never_overl
     audit = audit_runs(c, max_attempts=3)
     by_attempt = {e.attempt_id: e for e in found}
     one, two = by_attempt.get(attempts[0]["attempt_id"]), by_attempt.get(attempts[1]["attempt_id"])
-    figures("killed_worker_idempotent", attempts=[(a["attempt_no"], a["state"], a.get("worker_id"))
+    figures(f"{how}_worker_idempotent", attempts=[(a["attempt_no"], a["state"], a.get("worker_id"))
                                                   for a in attempts],
             run_state=states[run_id], first_job_alive_at_second_start=first_job_alive_at_second_start,
+            worker_pid=worker_pid, first_job_pid=first_pid, first_job_pgrp_and_session=job_group,
             first_job=(one.start, one.end, one.how) if one else None,
             second_job=(two.start, two.end, two.how) if two else None,
             # the killed worker's job ran on by itself until the test released it after Attempt 2
