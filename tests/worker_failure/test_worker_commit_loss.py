@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.failure.fault_proxy import TO_CLIENT
+from tests.failure.fault_proxy import TO_CLIENT, TO_SERVER
 from tests.worker_failure.harness import (
     audit_runs,
     executions,
@@ -93,3 +93,40 @@ def test_lost_reply_of_a_committed_completion_is_repeated_and_answered_already_d
     assert events == events_at_commit, (events, events_at_commit)  # nothing written twice
     # the worker learnt its outcome stands: its repeat was answered already_done
     assert how == "repeated", how
+
+
+@pytest.mark.parametrize("wf_server", ["pg18"], indirect=True)
+def test_lost_reply_of_a_committed_started_is_repeated_and_the_job_spawns_once(cluster):
+    """The store moved the Attempt to running (``worker_started`` committed) and the reply was
+    lost. If the worker spawned nothing and gave the Attempt up, a Run the store calls running
+    would never run (and end lost); if the repeat were refused, the same; if the worker spawned
+    before the answer, or twice, the Attempt would start twice (a duplicate start marker).
+
+    The rule is armed on the Attempt's id before the worker starts: the first bytes the worker
+    sends carrying it are ``started``'s parameters (the claim's reply carries it the other way)."""
+    c = cluster
+    c.publish_task("lossy", hold_s=0.2, exit_code=EXIT_CODE)
+    c.start_replica("replica-1")
+    c.admit("lossy")
+    (run_id,) = c.wait_runs(1)
+    (attempt,) = c.attempts(run_id)
+    w = c.add_worker("w", start=False)
+    proxy = w.proxy
+    rule = proxy.arm(TO_SERVER, attempt["attempt_id"].encode(), "swallow_replies")
+    w.start()
+    wait_until(rule.fired.is_set, "the worker's started call")
+    running = wait_until(lambda: (lambda a: a if a["state"] == "running" else None)(c.attempts(run_id)[0]),
+                         "started to commit")
+    assert not rule.connection.closed.is_set(), "the worker must still be waiting for its reply"
+    assert not executions(c.markers, c.watcher)[0], "nothing may be spawned before started answers"
+    assert "worker.job_started" not in w.codes(), "the rule must have held started's own reply"
+    rule.connection.close(rst=True)
+    states = c.wait_all_terminal()
+    (ended,) = c.attempts(run_id)
+    found, dups = executions(c.markers, c.watcher)
+    figures("started_reply_lost", run_state=states[run_id], executions=len(found), duplicate_starts=len(dups),
+            started_at_ms=[running["started_at_ms"], ended["started_at_ms"]],
+            deadline_ms=[running["deadline_ms"], ended["deadline_ms"]])
+    assert len(found) == 1 and not dups, (found, dups)
+    assert (ended["started_at_ms"], ended["deadline_ms"]) == (running["started_at_ms"], running["deadline_ms"])
+    assert ended["state"] == "failed" and ended["exit_code"] == EXIT_CODE and states[run_id] == "failed"
