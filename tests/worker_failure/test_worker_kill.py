@@ -146,3 +146,54 @@ def test_killed_workers_idempotent_run_is_retried_once_elsewhere_and_never_overl
     assert attempts[1]["state"] == "succeeded" and states[run_id] == "succeeded", (attempts, states)
     assert not dups and not audit.problems, (dups, audit.problems)
     assert not pairs, f"the killed worker's job overlapped Attempt 2: {pairs}"
+
+
+def test_killed_worker_that_never_started_its_attempt_gives_it_back_and_its_late_started_is_refused(cluster):
+    """Worker A claims the one Run of a task NOT idempotent, and its ``started`` call is held in
+    the network (its bytes wait in the proxy); A is killed -9. The Attempt never ran, so after
+    the lease it must go back to the queue (not end lost) and run once on worker B: if expiry took
+    it for lost, a Run that never ran would end without running; if it were handed on before the
+    lease expired, A's delayed start could still land. Then A's held ``started`` is delivered,
+    late: if the store accepted it, B's running Attempt would be taken back by a dead worker's
+    fence."""
+    from tests.failure.fault_proxy import TO_SERVER
+
+    c = cluster
+    c.publish_task("never", hold_s=0.5)  # not idempotent, no retry
+    c.start_replica("replica-1")
+    c.admit("never")
+    (run_id,) = c.wait_runs(1)
+    (attempt,) = c.attempts(run_id)
+    a = c.add_worker("wa", start=False)
+    rule = a.proxy.arm(TO_SERVER, attempt["attempt_id"].encode(), "hold")
+    a.start()
+    wait_until(rule.fired.is_set, "worker wa's started call")
+    held = c.attempts(run_id)[0]
+    a.process.kill9()
+    b = c.add_worker("wb")
+    wait_until(lambda: c.attempts(run_id)[0]["state"] == "running", "the Attempt to run on worker wb")
+    taken = c.attempts(run_id)[0]
+    log = c.db.server.logfile
+    log_mark = log.stat().st_size
+    a.proxy.heal()  # the dead worker's started arrives now
+
+    def refused_in_server_log():
+        with log.open("rb") as fh:
+            fh.seek(log_mark)
+            text = fh.read().decode(errors="replace")
+        return [line for line in text.splitlines() if "fenced" in line and c.db.dbname in line]
+
+    refusal = wait_until(refused_in_server_log, "the late started to be refused (server log)")
+    states = c.wait_all_terminal()
+    found, dups = executions(c.markers, c.watcher)
+    (ended,) = c.attempts(run_id)
+    figures("killed_before_started", held=(held["state"], held["lease_version"], held.get("worker_id")),
+            taken=(taken["state"], taken["lease_version"], taken.get("worker_id")),
+            taken_ms_after_lease=(taken.get("dispatched_at_ms") or 0) - (held.get("lease_expires_at_ms") or 0),
+            ended=(ended["state"], ended["lease_version"], ended.get("worker_id"), ended.get("exit_code")),
+            executions=len(found), run_state=states[run_id], late_started_refusal=refusal[0][-120:])
+    assert held["state"] == "dispatching" and held["worker_id"] == "wa", held
+    assert taken["worker_id"] == "wb" and taken["lease_version"] == held["lease_version"] + 1, taken
+    assert taken["dispatched_at_ms"] >= held["lease_expires_at_ms"], (held, taken)
+    assert ended["attempt_no"] == 1 and ended["state"] == "succeeded" and ended["worker_id"] == "wb", ended
+    assert len(found) == 1 and not dups and states[run_id] == "succeeded", (found, dups)
