@@ -706,6 +706,11 @@ class StartRequest:
     spec: ExecutionSpec
     #: A directory of this Attempt's own (created 0700 by the executor): log, receipt, pid, lock.
     attempt_dir: str
+    #: A fence (a cluster worker's): the job's whole process group is killed once this instant
+    #: of the monotonic clock passes unless :meth:`FencedExecutor.renew_fence` moved it later,
+    #: whatever happens to the process that started it (killed, frozen, cut off). None: no fence
+    #: (a local profile's jobs outlive their control plane on purpose).
+    fence_deadline_mono: float | None = None
 
 
 class StartError(Exception):
@@ -755,6 +760,18 @@ class Executor(Protocol):
     def signal(self, handle: ProcessHandle, signum: int) -> bool:
         """Send ``signum`` to the handle's process group only after verifying the handle (boot id
         and start time); False (and nothing sent) when it no longer names our process."""
+        ...
+
+
+@runtime_checkable
+class FencedExecutor(Executor, Protocol):
+    """An executor that can arm :attr:`StartRequest.fence_deadline_mono`: what a cluster worker
+    needs, since a job must not outlive its lease even when the worker itself is killed or frozen
+    and cannot stop it."""
+
+    def renew_fence(self, attempt_dir: str, deadline_mono: float) -> None:
+        """Move the Attempt's fence to ``deadline_mono`` (monotonic clock); the process group is
+        killed when it passes. Atomic: the fence is always either the old or the new instant."""
         ...
 
 

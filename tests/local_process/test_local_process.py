@@ -497,7 +497,7 @@ def test_a_job_outlives_the_control_plane_that_started_it_and_its_receipt_is_wri
 # ------------------------------------------------------------------------------ busybox
 
 NO_BUSYBOX = pytest.mark.skipif(shutil.which("busybox") is None, reason="busybox is not installed")
-WRAPPER_TOOLS = ("sh", "dd", "wc", "mv")
+WRAPPER_TOOLS = ("sh", "dd", "wc", "mv", "sleep")
 
 
 def busybox_executor(log_dir: Path, tmp_path: Path, started) -> LocalProcessExecutor:
@@ -772,3 +772,67 @@ def test_without_dds_report_the_log_reader_measures_and_stays_exact(kind, tmp_pa
     assert (Path(req.attempt_dir) / "log").read_bytes() == expected[:5_001]
     assert (receipt.exit_code, receipt.dropped_bytes) == (0, len(expected) - 5_001)
     assert "wc" in helper_starts(starts)
+
+
+# ------------------------------------------------------------------------------ the fence
+
+
+def test_a_fenced_job_is_killed_with_its_whole_group_once_its_fence_passes_unrenewed(any_executor, log_dir):
+    """A cluster worker's job must not outlive its lease: were the fence not enforced by the
+    wrapper itself, a job whose worker stopped renewing would run on beside its retry on
+    another worker (one Run executed twice at once). The job and its child are gone, no receipt
+    claims an outcome, and nothing was killed before the fence."""
+    fence = time.monotonic() + 1.5
+    req = replace(request(log_dir, ["sh", "-c", "sleep 600 & sleep 600; wait"]), fence_deadline_mono=fence)
+    handle = run(any_executor.start(req))
+    wait_until(lambda: len(group_members(handle.pgid)) >= 3, "the job and its child to start")
+    run(any_executor.wait(req.attempt_dir, handle))
+    assert time.monotonic() >= fence - 0.01
+    wait_until(lambda: group_members(handle.pgid) == [], "every process of the group to be gone")
+    assert any_executor.read_receipt(req.attempt_dir) is None
+
+
+def test_a_renewed_fence_keeps_the_job_running_and_its_watcher_ends_with_the_job(any_executor, log_dir, tmp_path):
+    """Renewal is what keeps a healthy worker's job alive: a watcher that ignored the renewed
+    fence would kill every job longer than one heartbeat's lease (runs lost on every worker);
+    one that outlived its job would leak a process per Attempt."""
+    go = tmp_path / "go"
+    first = time.monotonic() + 1.5
+    req = replace(request(log_dir, ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; exit 3"]),
+                  fence_deadline_mono=first)
+    handle = run(any_executor.start(req))
+    any_executor.renew_fence(req.attempt_dir, time.monotonic() + 60)
+    wait_until(lambda: time.monotonic() > first + 2.5, "the first fence to lie well behind")
+    assert any_executor.probe(req.attempt_dir, handle) is ProcessState.ALIVE
+    go.touch()
+    run(any_executor.wait(req.attempt_dir, handle))
+    receipt = any_executor.read_receipt(req.attempt_dir)
+    assert receipt is not None and receipt.exit_code == 3
+    wait_until(lambda: group_members(handle.pgid) == [], "the watcher to end with the job")
+
+
+def test_a_fenced_job_dies_at_its_fence_even_when_the_process_that_started_it_was_killed(log_dir, tmp_path):
+    """kill -9 of a worker leaves nobody to stop its jobs: the fence in the Attempt directory
+    does it. Without it the job of a SIGKILLed worker runs on past the lease into its retry."""
+    starter = textwrap.dedent(f"""
+        import asyncio, os, sys, time
+        from qinglong.contracts.execution import ExecutionSpec, ExecutorContext, StartRequest, minimal_environment
+        from qinglong.plugins.local_process import create_executor
+        ex = create_executor(ExecutorContext({str(log_dir)!r}, minimal_environment(None), 1000))
+        req = StartRequest("run-1", "a1", 1, 0, ExecutionSpec(("sleep", "600")), {str(log_dir / "a1")!r},
+                           fence_deadline_mono=time.monotonic() + 2.0)
+        handle = asyncio.run(ex.start(req))
+        print(handle.pgid, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True)
+    try:
+        pgid = int(proc.stdout.readline())
+        wait_until(lambda: len(group_members(pgid)) >= 2, "the job to start")
+        proc.kill()
+        proc.wait()
+        wait_until(lambda: group_members(pgid) == [], "the orphaned job to be killed at its fence")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (log_dir / "a1" / "receipt").exists()

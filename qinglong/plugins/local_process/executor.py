@@ -25,7 +25,7 @@ from qinglong.contracts.execution import (
 )
 
 from . import procfs
-from .wrapper import FIFO, LOCK, LOG, PID, RECEIPT, find_tools, wrapper_argv, wrapper_script
+from .wrapper import FENCE, FIFO, LOCK, LOG, PID, RECEIPT, find_tools, wrapper_argv, wrapper_script
 
 #: How often :meth:`LocalProcessExecutor.wait` looks at the lock when it cannot be told of the
 #: wrapper's exit (a kernel without pidfd), and how often it re-checks even when it can.
@@ -75,6 +75,8 @@ class LocalProcessExecutor:
         attempt_dir = os.path.abspath(request.attempt_dir)
         _make_private_dir(attempt_dir)
         _refuse_a_second_start(attempt_dir)
+        if request.fence_deadline_mono is not None:
+            self.renew_fence(attempt_dir, request.fence_deadline_mono)
         lock_fd = _open_lock(os.path.join(attempt_dir, LOCK))
         try:
             _take_lock(lock_fd, attempt_dir)
@@ -109,6 +111,21 @@ class LocalProcessExecutor:
         # ended; a start time of -1 matches no process, so the handle is never signalled
         start_ticks = stat.start_ticks if stat is not None else -1
         return ProcessHandle(self._boot_id, proc.pid, proc.pid, start_ticks)
+
+    def renew_fence(self, attempt_dir: str, deadline_mono: float) -> None:
+        """Write the Attempt's ``fence``: ``deadline_mono`` as an instant of ``/proc/uptime`` in
+        centiseconds (rounded down: never later than asked), by renaming a new file over it."""
+        with open("/proc/uptime", "rb") as f:
+            uptime_s = float(f.read().split()[0])
+        at_cs = int((uptime_s + (deadline_mono - time.monotonic())) * 100)
+        path = os.path.join(attempt_dir, FENCE)
+        scratch = f"{path}.{os.getpid()}"
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, f"{max(at_cs, 0)}\n".encode())
+        finally:
+            os.close(fd)
+        os.replace(scratch, path)
 
     # ---------------------------------------------------------------------------------- probe
 

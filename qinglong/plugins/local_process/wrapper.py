@@ -14,6 +14,13 @@ An Attempt directory (mode 0700) holds:
   read and counted into ``dropped``, so the job never sees a closed pipe;
 * ``copied`` - scratch: the last ``dd``'s report (how many reads it made);
 * ``dropped`` - scratch: the count of bytes beyond the limit, from the log reader to the wrapper;
+* ``fence`` - only for a fenced Attempt (a cluster worker's), written before the spawn and renewed
+  by renaming a new file over it: an instant of ``/proc/uptime`` in centiseconds. A watcher
+  subshell of the wrapper reads it every second and kills the whole process group (KILL) once the
+  instant passed, or when the file is gone or unreadable: the job ends before its lease can
+  expire even when the worker that started it was killed, frozen or cut off and cannot stop it.
+  The watcher ignores TERM (a TERM to the group stops the job, not the fence) and is killed by
+  the wrapper when the job ended;
 * ``receipt`` - written in place when the job ended: ``format=2``, ``status=N`` (the shell's
   ``$?``: an exit code, or 128 + the signal that ended it), ``dropped=N`` and a last line ``end``:
   a receipt without it (a wrapper killed while writing it) counts as none, as if killed before.
@@ -21,7 +28,7 @@ An Attempt directory (mode 0700) holds:
 
 The wrapper works with any POSIX ``sh`` (dash, busybox ash, bash as sh): no bash-isms, no
 ``pipefail``. Its own variables are named ``QINGLONG_*``, a prefix a task's env may not use, so it
-never changes a variable the job inherits. Its helpers (``dd``, ``wc``) are named by
+never changes a variable the job inherits. Its helpers (``dd``, ``wc``, ``sleep``) are named by
 absolute path, found on the minimal PATH when the executor is built, so a task's own PATH cannot
 replace them.
 
@@ -31,7 +38,7 @@ the job ended), and both the log and the dropped count are exact.
 
 What a job costs in processes: the wrapper shell, its log reader (a subshell), one ``dd`` and the
 job itself, for every job whose output ends before 1024 reads and the limit (the shell's builtins
-do the rest); only a job printing more costs a ``wc -c`` and another ``dd`` per further 1024 reads,
+do the rest; a fenced job adds the watcher subshell and its ``sleep`` each second); only a job printing more costs a ``wc -c`` and another ``dd`` per further 1024 reads,
 and one reaching the limit a last ``wc -c`` counting what is dropped.
 """
 
@@ -49,6 +56,7 @@ LOG = "log"
 DROPPED = "dropped"
 COPIED = "copied"
 RECEIPT = "receipt"
+FENCE = "fence"
 
 #: argv[0] of the wrapper shell, as ``ps`` shows it.
 WRAPPER_NAME = "qinglong-job"
@@ -63,6 +71,23 @@ QINGLONG_D=$1
 QINGLONG_L=$2
 printf '%s\\n' "$$" >"$QINGLONG_D/pid" || exit 70
 trap : TERM INT HUP
+QINGLONG_W=
+if [ -f "$QINGLONG_D/fence" ]; then
+  {
+    trap '' TERM INT HUP
+    while :; do
+      QINGLONG_F=
+      IFS= read -r QINGLONG_F <"$QINGLONG_D/fence"
+      IFS=' ' read -r QINGLONG_U QINGLONG_V </proc/uptime
+      QINGLONG_U=${QINGLONG_U%.*}${QINGLONG_U#*.}
+      case $QINGLONG_F in '' | *[!0-9]*) QINGLONG_F=0 ;; esac
+      case $QINGLONG_U in '' | *[!0-9]*) QINGLONG_U=$QINGLONG_F ;; esac
+      [ "$QINGLONG_U" -lt "$QINGLONG_F" ] || kill -KILL 0
+      @SLEEP@ 1
+    done
+  } </dev/null >/dev/null 2>&1 9<&- &
+  QINGLONG_W=$!
+fi
 {
   trap '' TERM INT HUP
   QINGLONG_K=0
@@ -101,6 +126,7 @@ shift 3
 QINGLONG_S=$?
 wait "$QINGLONG_R"
 while [ "$?" -gt 128 ]; do wait "$QINGLONG_R"; done
+if [ -n "$QINGLONG_W" ]; then kill -KILL "$QINGLONG_W" 2>/dev/null; fi
 QINGLONG_N=
 IFS= read -r QINGLONG_N <"$QINGLONG_D/dropped"
 printf 'format=2\\nstatus=%s\\ndropped=%s\\nend\\n' "$QINGLONG_S" "$QINGLONG_N" >"$QINGLONG_D/receipt"
@@ -132,6 +158,8 @@ printf 'format=2\\nstatus=%s\\ndropped=%s\\nend\\n' "$QINGLONG_S" "$QINGLONG_N" 
 # - the pid file and the receipt are written in place by the shell's printf (one write; a reader
 #   tells a file cut short by its missing last line), not aside and renamed, which cost a `mv`
 #   process each;
+# - the fence watcher compares integers: /proc/uptime's "12345.67" without its dot is
+#   centiseconds (its fraction always has two digits); a fence it cannot read is 0, i.e. passed;
 # - `wait` returns early (> 128) when a trapped signal arrives: wait again until the reader is
 #   really reaped (a second wait on a reaped pid returns 127).
 
@@ -144,7 +172,7 @@ def find_tools() -> dict[str, str]:
     """Absolute paths of ``sh`` and the wrapper's helpers, from the minimal PATH."""
     path = minimal_environment(None)["PATH"]
     tools = {}
-    for name in ("sh", "dd", "wc"):
+    for name in ("sh", "dd", "wc", "sleep"):
         found = shutil.which(name, path=path)
         if found is None:
             raise WrapperToolMissing(f"local_process needs {name!r} (coreutils or busybox) on {path}")
@@ -155,7 +183,7 @@ def find_tools() -> dict[str, str]:
 def wrapper_script(tools: dict[str, str]) -> str:
     """The wrapper's text (the ``sh -c`` argument), with the helpers' absolute paths."""
     script = _TEMPLATE
-    for name in ("dd", "wc"):
+    for name in ("dd", "wc", "sleep"):
         script = script.replace(f"@{name.upper()}@", shlex.quote(tools[name]))
     return script
 
