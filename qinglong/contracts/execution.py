@@ -453,8 +453,7 @@ def spec_to_payload(spec: ExecutionSpec) -> dict[str, Any]:
         payload["concurrency"]["max_running"] = spec.concurrency.max_running
     if spec.retry.exit_codes is not None:
         payload["retry"]["exit_codes"] = list(spec.retry.exit_codes)
-    if spec.labels:
-        payload["labels"] = list(spec.labels)
+    payload["labels"] = list(spec.labels)
     return payload
 
 

@@ -34,6 +34,7 @@ OPTION_KEYS: tuple[tuple[str, str], ...] = (
     ("--idempotent", "idempotent"),
     ("--log-limit", "log_limit_bytes"),
     ("--executor", "executor"),
+    ("--label", "labels"),
 )
 
 
@@ -122,6 +123,9 @@ def _options_payload(args: argparse.Namespace, limits: Any) -> tuple[dict[str, A
     if args.executor is not None:
         keys["executor"] = args.executor
         given.append("--executor")
+    if args.label:
+        keys["labels"] = list(args.label)
+        given.append("--label")
     return keys, given
 
 
@@ -256,6 +260,7 @@ def cmd_task_show(args: argparse.Namespace) -> int:
             ["idempotent", yes_no(spec.idempotent)],
             ["log limit", f"{format_size(spec.log_limit_bytes)} ({spec.log_limit_bytes} bytes)"],
             ["executor", spec.executor],
+            ["labels", ", ".join(spec.labels) or "-"],
         ]
         print_table(["key", "value"], rows)
     if other:
@@ -317,6 +322,8 @@ def register_task(tsk_sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--log-limit", metavar="SIZE",
                    help="keep at most this much output: 512, 64KiB, 4MiB (capped by the profile)")
     p.add_argument("--executor", metavar="NAME", help="the executor plugin that runs it (default local_process)")
+    p.add_argument("--label", action="append", default=[], metavar="LABEL",
+                   help="a label a cluster worker must offer to run it (repeatable; gpu, zone=eu-1)")
     # The words after '--' are split off before argparse sees them (see parsing.split_command_argv).
     p.set_defaults(func=cmd_task_put, argv=[])
 
