@@ -11,6 +11,7 @@ session, which the worker's death does not end) runs at the same time as Attempt
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
@@ -60,6 +61,7 @@ def _kill_mid_job(c, task: str, how: str = "kill9"):
     first = wait_until(lambda: _running_on(c, run_id, "wa"), "the job to run on worker wa")
     b = c.add_worker("wb")
     wait_until(lambda: "wb" in c.sessions(), "worker wb's session")
+    c.kill_mono = time.monotonic()
     killed_at = c.db.db_now_ms()
     if how == "kill9":
         a.process.kill9()
@@ -139,7 +141,12 @@ def test_killed_workers_idempotent_run_is_retried_once_elsewhere_and_never_overl
             # had started: it would have run its whole course beside Attempt 2
             second_started_s_after_first=round(two.start - one.start, 3) if one and two else None,
             first_ended_s_after_second_started=round(one.end - two.start, 3) if one and two and one.end else None,
-            lost_ms_after_lease=(attempts[0].get("finished_at_ms") or 0) - (at_kill.get("lease_expires_at_ms") or 0))
+            lost_ms_after_lease=(attempts[0].get("finished_at_ms") or 0) - (at_kill.get("lease_expires_at_ms") or 0),
+            # the lease expiry moved onto the monotonic clock at the kill (one machine, one rate)
+            first_job_gone_s_before_lease_expiry=round(
+                c.kill_mono + (at_kill["lease_expires_at_ms"] - killed_at) / 1000 - one.end, 3)
+            if one and one.end else None,
+            second_started_s_after_first_gone=round(two.start - one.end, 3) if one and two and one.end else None)
     assert attempts[0]["state"] == "lost" and attempts[0]["worker_id"] == "wa", attempts
     assert attempts[0]["finished_at_ms"] >= at_kill["lease_expires_at_ms"], (attempts, at_kill)
     assert len(attempts) == 2 and attempts[1]["worker_id"] == "wb", attempts
