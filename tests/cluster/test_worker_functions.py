@@ -198,6 +198,34 @@ RETRY_LOST = {"command": ["true"], "idempotent": True,
 
 
 # ------------------------------------------------------------------------------------------------
+# What the functions read: the pinned, normalised execution spec
+# ------------------------------------------------------------------------------------------------
+
+
+def test_put_task_pins_the_normalised_spec_and_refuses_an_invalid_one_writing_nothing(cluster):
+    """The functions read every policy from the pinned spec (no default lives in SQL): a spec
+    stored without its defaults written out, or an invalid one stored at all, would make a worker
+    run a Run under a policy nobody published."""
+    import json
+
+    from qinglong.contracts.errors import UserError
+    from qinglong.contracts.execution import parse_execution_spec, spec_to_payload
+
+    payload = {"command": ["sh", "-c", "exit 3"], "retry": 2, "labels": ["gpu"], "data": {"k": 1}}
+    publish(cluster, "t", payload)
+    publish(cluster, "plain", {"cmd": ["echo"]})
+    specs = dict(cluster.sql("SELECT task_id, spec_json FROM qinglong.execution_revisions"))
+    assert json.loads(specs["t"])["execution"] == spec_to_payload(parse_execution_spec("t", payload))
+    assert json.loads(specs["plain"])["execution"] is None
+    before = snapshot(cluster)
+    with pytest.raises(UserError, match="retry.max_attempts"):
+        publish(cluster, "t", {"command": ["true"], "retry": {"max_attempts": 0}})
+    with pytest.raises(UserError, match="timeout_ms: given without a command"):
+        publish(cluster, "new", {"timeout_ms": 5000})
+    assert snapshot(cluster) == before
+
+
+# ------------------------------------------------------------------------------------------------
 # Fences
 # ------------------------------------------------------------------------------------------------
 
