@@ -91,3 +91,60 @@ def test_a_partitioned_worker_kills_its_job_before_its_session_lease_can_expire(
             assert worker.wait() == 0
         finally:
             worker.stop()
+
+
+def _stubborn_worker(cluster, tmp_path, name: str):
+    mark, stamps = tmp_path / f"{name}.pid", tmp_path / f"{name}.stamps"
+    trigger = publish_task(cluster, f"stubborn-{name}", {"command": py_job(STUBBORN_JOB, str(mark), str(stamps)),
+                                                          "timeout_ms": 600_000})
+    run_id = admit(cluster, trigger)
+    settings = write_worker_settings(tmp_path / f"{name}.toml", worker_dsn(cluster), worker_id=name,
+                                     log_dir=tmp_path / f"{name}-logs", level="debug")
+    worker = WorkerProcess(settings, tmp_path / f"{name}.stderr")
+    wait_until(mark.exists, "the job to start")
+    beats = len(worker.events("worker.heartbeat"))
+    worker.wait_event("worker.heartbeat", beats + 1)
+    _, pgid = map(int, mark.read_text().split())
+    return worker, run_id, pgid, stamps
+
+
+def _fence_of(worker) -> float:
+    last_heartbeat = max(e["heartbeat_started_mono"] for e in worker.events("worker.heartbeat"))
+    return last_heartbeat + (SHORT_TIMING["session_lease_ms"] - SHORT_TIMING["self_fence_margin_ms"]) / 1000
+
+
+def test_a_killed_workers_job_is_stopped_by_its_fence_keeper(cluster, tmp_path):
+    """A worker killed -9 runs no watchdog, and its job, detached in its own process group, would
+    run on after the lease expired, beside the worker that takes the Run over. Its fence keeper
+    (a process of its own) sees the worker gone and stops the job, which ignores TERM, by KILL."""
+    worker, run_id, pgid, stamps = _stubborn_worker(cluster, tmp_path, "w-killed")
+    try:
+        worker.proc.kill()
+        worker.wait()
+        wait_until(lambda: not group_alive(pgid), "the killed worker's job to be gone")
+        job_end = float(stamps.read_text().split()[-1])
+        assert job_end < _fence_of(worker)
+        assert run_state(cluster, run_id) == "running"  # nobody reported it: lost after the lease
+    finally:
+        worker.stop()
+
+
+def test_a_frozen_workers_job_is_stopped_before_its_lease_could_expire(cluster, tmp_path):
+    """A worker frozen by SIGSTOP (or a stalled machine) neither heartbeats nor fences; without
+    the keeper acting on the last schedule it was given, the job would outlive the lease. After
+    the worker is continued it finds its fence passed, opens a new session and drains cleanly."""
+    worker, run_id, pgid, stamps = _stubborn_worker(cluster, tmp_path, "w-frozen")
+    try:
+        worker.signal(signal.SIGSTOP)
+        wait_until(lambda: not group_alive(pgid), "the frozen worker's job to be gone")
+        job_end = float(stamps.read_text().split()[-1])
+        fence = _fence_of(worker)
+        assert job_end < fence, (job_end, fence)
+        worker.signal(signal.SIGCONT)
+        worker.wait_event("worker.session_opened", 2)
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+        assert worker.events("worker.completed") == []  # the abandoned Attempt is not its to report
+    finally:
+        worker.signal(signal.SIGCONT)
+        worker.stop()

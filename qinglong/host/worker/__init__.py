@@ -9,7 +9,9 @@ to is the profile backend's worker protocol (hook ``qinglong_worker_protocols``)
 * :mod:`.config`: ``[worker]`` checked once, in words naming the key;
 * :mod:`.runtime`: :class:`~.runtime.Worker` (session, heartbeat, claim, jobs, self-fence, drain);
 * :mod:`.logship`: the local log shipped in bounded chunks at explicit offsets;
-* :mod:`.retention`: old local Attempt directories deleted.
+* :mod:`.retention`: old local Attempt directories deleted;
+* :mod:`.keeper`: the fence keeper, a stdlib-only process that stops the jobs of a worker that was
+  killed or frozen before their lease can expire.
 """
 
 from __future__ import annotations

@@ -20,6 +20,11 @@ Four loops share one :class:`Worker` (all on one event loop, so the job table ne
   session is a new generation, which fences the old one's Attempts for good.
 * **retention**: local Attempt directories older than ``log_retention_days`` are deleted.
 
+Beside them runs the **fence keeper** (:mod:`.keeper`, a process of its own): it is given each
+session's schedule after every successful heartbeat and each job's process group, and applies
+the schedule itself when the worker cannot (killed -9: at once; frozen: at TERM and KILL points
+it was last given), so a job never outlives the lease that covers it.
+
 A job task: parse the spec (a refusal ends the Attempt ``failed``, never started), call
 ``started`` *before* spawning and spawn only if it was accepted and the self-fence's TERM is still
 ahead, watch the process (shipping its log about every second), then ship the rest of the log
@@ -35,6 +40,8 @@ import asyncio
 import dataclasses
 import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
@@ -144,6 +151,97 @@ class WorkerStats:
         return dataclasses.asdict(self)
 
 
+class KeeperLink:
+    """The worker's end of its fence keeper (:mod:`.keeper`): started at once, restarted (with
+    every order resent) if it ever dies. Orders are a line each on a pipe; a write that cannot be
+    made at once (a keeper that stopped reading) counts as a dead keeper."""
+
+    def __init__(self, grace_s: float, report: Callable[[str], None]) -> None:
+        self._grace_s = grace_s
+        self._report = report
+        self._proc: subprocess.Popen | None = None
+        self._deadlines: dict[int, str] = {}
+        self._jobs: dict[int, str] = {}
+
+    def start(self) -> None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keeper.py")
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-I", "-S", path, f"{self._grace_s:.3f}"],
+                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        except OSError as exc:
+            self._proc = None
+            self._report(f"the fence keeper could not be started: {exc}")
+            return
+        assert self._proc.stdin is not None
+        os.set_blocking(self._proc.stdin.fileno(), False)
+        for line in [*self._deadlines.values(), *self._jobs.values()]:
+            if not self._write(line):
+                return
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _write(self, line: str) -> bool:
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            return False
+        try:
+            os.write(proc.stdin.fileno(), (line + "\n").encode("ascii"))
+            return True
+        except OSError:
+            return False
+
+    def _send(self, line: str) -> None:
+        if self._write(line):
+            return
+        self._report("the fence keeper stopped taking orders; starting it again")
+        self._stop_process()
+        self.start()
+
+    def deadline(self, generation: int, d: FenceDeadlines) -> None:
+        line = f"deadline {generation} {d.term_at:.6f} {d.kill_at:.6f}"
+        self._deadlines[generation] = line
+        for old in [g for g in self._deadlines if g < generation - 1]:
+            del self._deadlines[old]
+        self._send(line)
+
+    def job(self, generation: int, handle: ProcessHandle) -> None:
+        line = f"job {generation} {handle.pgid} {handle.pid} {handle.start_ticks}"
+        self._jobs[handle.pgid] = line
+        self._send(line)
+
+    def done(self, handle: ProcessHandle) -> None:
+        if self._jobs.pop(handle.pgid, None) is not None:
+            self._send(f"done {handle.pgid}")
+
+    def _stop_process(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        except OSError:
+            pass
+        if proc.poll() is None and not self._jobs:
+            proc.kill()
+        try:
+            proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        """The worker stops in order: the keeper exits without signalling anything."""
+        if self._proc is not None and self._write("exit"):
+            try:
+                self._proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        self._stop_process()
+
+
 class Worker:
     """A ``qinglong worker``: see the module docstring."""
 
@@ -172,6 +270,8 @@ class Worker:
         self.stats = WorkerStats()
         #: the error that stopped the worker, raised from run() after the drain
         self.fatal: BaseException | None = None
+        self._keeper = KeeperLink(config.kill_grace_ms / 1000,
+                                  lambda message: self._emit("error", "worker.keeper_failed", message))
 
     # ---------------------------------------------------------------------------------- control
 
@@ -200,6 +300,7 @@ class Worker:
     async def run(self) -> int:
         """Run until :meth:`request_stop`, then drain: exit status 0."""
         os.makedirs(self._config.log_dir, mode=0o700, exist_ok=True)
+        self._keeper.start()
         loop = asyncio.get_running_loop()
         self._loops = [loop.create_task(self._guard(self._heartbeat_loop), name="qinglong-worker-heartbeat"),
                        loop.create_task(self._guard(self._claim_loop), name="qinglong-worker-claim"),
@@ -221,6 +322,10 @@ class Worker:
                 except (asyncio.CancelledError, Exception):
                     pass
             await self._close_session()
+            if not self._jobs:
+                self._keeper.close()
+            # else (jobs KILLed but maybe not gone yet): the keeper, left without orders, stops
+            # whatever is left of them and exits on its own
             if self._protocol is not None:
                 try:
                     await self._protocol.close()
@@ -302,6 +407,8 @@ class Worker:
         self._last_heartbeat_mono = started_mono
         self._deadlines = fence_deadlines(started_mono, config.session_lease_ms, config.self_fence_margin_ms,
                                           config.kill_grace_ms)
+        if self._session is not None:
+            self._keeper.deadline(self._session.fence.generation, self._deadlines)
 
     async def _heartbeat(self, protocol: WorkerProtocol, session: Session) -> bool:
         # the store renews every active Attempt of the session; the ones named here are the
@@ -464,6 +571,8 @@ class Worker:
         finally:
             if self._jobs.get(job.attempt_id) is job:
                 del self._jobs[job.attempt_id]
+            if job.handle is not None and not self._process_alive(job):
+                self._keeper.done(job.handle)
             self._wake.set()
 
     async def _retrying(self, job: _Job, call: Callable[[], Awaitable[Any]]) -> Any:
@@ -559,6 +668,8 @@ class Worker:
                                                       f"{exc.__class__.__name__}: {exc}"), started=False)
                 return False
             job.handle = handle
+        if job.handle is not None:
+            self._keeper.job(job.fence.generation, job.handle)
         self.stats.started += 1
         self._emit("info", "worker.job_started", f"run {attempt.run_id}: attempt {attempt.attempt_no} started",
                    run_id=attempt.run_id, attempt_id=attempt.attempt_id,
@@ -668,6 +779,14 @@ class Worker:
                        run_state=reply.run_state.value, exit_code=final.exit_code, signal=final.signal,
                        log_bytes=final.log_bytes, result=reply.result.value)
             return
+
+    def _process_alive(self, job: _Job) -> bool:
+        if job.executor is None or job.handle is None:
+            return False
+        try:
+            return job.executor.probe(job.attempt_dir, job.handle) is ProcessState.ALIVE
+        except Exception:
+            return True
 
     async def _wait_gone(self, job: _Job) -> None:
         if job.executor is not None and job.handle is not None:
