@@ -47,7 +47,9 @@ session lease, heartbeat, margin and kill grace; ``--worker-slots`` is their ``m
   after the first 15 s; beside it the store's steps (scheduled -> admitted, admitted -> claimed).
 * throughput: a backlog of ``--backlog`` queued no-op Runs (``true``; admitted first by 2 replicas
   with no worker running), drained by 1, 2 and 4 workers: Runs completed per second, first claim
-  to last completion in the database clock. Beside each, the ceiling: the same backlog admitted
+  to last completion in the database clock, and the CPU each Run cost (the workers with their
+  reaped children, i.e. every job's wrapper and the job, plus the server); ``--repeat`` drains
+  per count, interleaved with pgbench, medians kept. Beside each, the ceiling: the same backlog admitted
   again and drained by pgbench running the worker's own calls as the worker_ingress role
   (``WORKER_PGBENCH_SCRIPT``: a session per client, then per transaction ``worker_claim`` of one
   Attempt, ``worker_started``, ``worker_complete``, each its own autocommit statement) with as
@@ -605,23 +607,41 @@ def worker_drain(dsns: dict, server, workdir: Path, n_workers: int, backlog: int
     running), then drained by ``n_workers`` workers: Runs completed per second."""
     reseed(dsns)
     drain_with_replicas(dsns, 2, backlog, 16)
+    from burst import server_cpu_s
+
     su = dsns["superuser"]
     pool = [_worker(dsns, server, workdir, f"tp{n_workers}-w{i}", max_running=max_running, poll_ms=poll_ms)
             for i in range(n_workers)]
     began = time.monotonic()
+    cpu_before = server_cpu_s(server)
     for w in pool:
         w.start()
     _wait(f"{backlog} Runs finished by {n_workers} workers", lambda: sql(
         su, f"SELECT count(*) FROM qinglong.runs WHERE state IN {TERMINAL_SQL}")[0][0] >= backlog,
         1800, pool)
     wall = time.monotonic() - began
+    server_cpu = server_cpu_s(server) - cpu_before
+    # the workers' CPU with their reaped children (every job's wrapper, its helpers and the job)
+    own_cpu = sum(_cpu_s(w.pid, children=False) for w in pool)
+    worker_cpu = sum(_cpu_s(w.pid) for w in pool)
     exit_codes = [w.stop() for w in pool]
     done, span = _completion_span(su)
     states = dict(sql(su, "SELECT state, count(*) FROM qinglong.runs GROUP BY state"))
     return {"workers": n_workers, "backlog": backlog, "worker_max_running": max_running, "worker_poll_ms": poll_ms,
             "succeeded": done, "seconds_first_claim_to_last_completion": round(span, 3),
             "completed_per_s": round(done / span, 1) if span else None,
-            "wall_s_including_start": round(wall, 2), "run_states": states, "worker_exit_codes": exit_codes}
+            "wall_s_including_start": round(wall, 2), "run_states": states, "worker_exit_codes": exit_codes,
+            "workers_cpu_s_with_jobs": round(worker_cpu, 2), "workers_own_cpu_s": round(own_cpu, 2),
+            "jobs_cpu_ms_per_run": round((worker_cpu - own_cpu) / max(1, done) * 1000, 2),
+            "worker_cpu_ms_per_run": round(own_cpu / max(1, done) * 1000, 2),
+            "server_cpu_s": round(server_cpu, 2),
+            "cpu_ms_per_run": round((worker_cpu + server_cpu) / max(1, done) * 1000, 2)}
+
+
+def _cpu_s(pid: int, children: bool = True) -> float:
+    """utime + stime of ``pid``, with ``children`` + cutime + cstime (its reaped children's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15 if children else 13]) / os.sysconf("SC_CLK_TCK")
 
 
 def worker_pgbench(dsns: dict, server, workdir: Path, clients: int, backlog: int) -> dict:
@@ -633,7 +653,12 @@ def worker_pgbench(dsns: dict, server, workdir: Path, clients: int, backlog: int
     drain_with_replicas(dsns, 2, backlog, 16)
     script = workdir / "worker_calls.sql"
     script.write_text(WORKER_PGBENCH_SCRIPT.lstrip())
-    per_client = math.ceil(backlog / clients) + 50  # the surplus finds nothing and is cheap
+    from burst import server_cpu_s
+
+    cpu_before = server_cpu_s(server)
+    # a claim can come back empty while others hold the rows it would take: the surplus keeps
+    # every client going until the backlog is gone (then it finds nothing, which is cheap)
+    per_client = 2 * math.ceil(backlog / clients) + 50
     env = dict(os.environ, PGPASSWORD=ROLE_PASSWORDS[WORKER_INGRESS])
     cmd = [str(pgbench_bin()), "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
            "-t", str(per_client), "-f", str(script), "-D", "gen=0",
@@ -641,29 +666,40 @@ def worker_pgbench(dsns: dict, server, workdir: Path, clients: int, backlog: int
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(workdir), timeout=900)
     if proc.returncode not in (0, 2):
         raise SystemExit(f"pgbench failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    server_cpu = server_cpu_s(server) - cpu_before
     su = dsns["superuser"]
     done, span = _completion_span(su)
     failed = re.search(r"number of failed transactions: (\d+)", proc.stdout)
     return {"clients": clients, "backlog": backlog, "succeeded": done,
             "seconds_first_claim_to_last_completion": round(span, 3),
             "completed_per_s": round(done / span, 1) if span else None,
-            "failed_transactions": int(failed[1]) if failed else 0,
+            "failed_transactions": int(failed[1]) if failed else 0, "server_cpu_s": round(server_cpu, 2),
             "pgbench_exit": proc.returncode, "pgbench_stderr_tail": proc.stderr[-300:],
             "pgbench_tps_line": next((l.strip() for l in proc.stdout.splitlines() if l.startswith("tps")), "")}
 
 
+def _median_by(runs: list[dict], key: str) -> dict:
+    """The run with the median ``key``, with every run's value beside it."""
+    ordered = sorted(runs, key=lambda r: r[key] or 0)
+    return ordered[(len(ordered) - 1) // 2] | {"all_" + key: [r[key] for r in runs]}
+
+
 def worker_throughput(server, workdir: Path, counts: list[int], backlog: int, max_running: int,
-                      poll_ms: int) -> list[dict]:
+                      poll_ms: int, repeat: int) -> list[dict]:
     name = "bench_wtp"
     dsns = make_db(server, name)
     dsns["dbname"] = name
     publish(dsns, backlog, lambda i: YEARLY, grace_ms=DRAIN_GRACE_MS, payload={"command": ["true"]})
     rows = []
     for n in counts:
-        mine = worker_drain(dsns, server, workdir, n, backlog, max_running, poll_ms)
-        print("workers ", json.dumps(mine), flush=True)
-        theirs = worker_pgbench(dsns, server, workdir, n, backlog)
-        print("pgbench ", json.dumps(theirs), flush=True)
+        # this machine's figures drift from run to run: interleave the two and keep the medians
+        mine, theirs = [], []
+        for _ in range(repeat):
+            mine.append(worker_drain(dsns, server, workdir, n, backlog, max_running, poll_ms))
+            print("workers ", json.dumps(mine[-1]), flush=True)
+            theirs.append(worker_pgbench(dsns, server, workdir, n, backlog))
+            print("pgbench ", json.dumps(theirs[-1]), flush=True)
+        mine, theirs = _median_by(mine, "completed_per_s"), _median_by(theirs, "completed_per_s")
         ratio = (mine["completed_per_s"] / theirs["completed_per_s"]
                  if mine["completed_per_s"] and theirs["completed_per_s"] else None)
         rows.append({"n": n, "workers": mine, "pgbench": theirs,
@@ -799,7 +835,7 @@ def main() -> None:
         if "throughput" in parts:
             workers["throughput"] = worker_throughput(
                 server, workdir, [int(c) for c in args.workers.split(",")], args.backlog, args.worker_slots,
-                args.poll_ms)
+                args.poll_ms, args.repeat)
         if "memory" in parts:
             workers["memory"] = worker_memory(server, workdir, [int(c) for c in args.memory_jobs.split(",")])
         workers["server"] = f"PostgreSQL {server.version_num()}"
@@ -853,10 +889,11 @@ def main() -> None:
     if workers.get("throughput"):
         print(f"\nworkers, no-op Runs completed per second (backlog {args.backlog}, max_running "
               f"{args.worker_slots}, poll_ms {args.poll_ms}) beside pgbench running the worker's calls")
-        print(f"{'n':>2}  {'workers/s':>9}  {'pgbench/s':>9}  {'ratio':>5}")
+        print(f"{'n':>2}  {'workers/s':>9}  {'pgbench/s':>9}  {'ratio':>5}  {'CPU ms/Run (workers+jobs+server)':>32}")
         for r in workers["throughput"]:
             print(f"{r['n']:>2}  {r['workers']['completed_per_s'] or 0:>9.1f}  "
-                  f"{r['pgbench']['completed_per_s'] or 0:>9.1f}  {r['ratio'] if r['ratio'] is not None else '-':>5}")
+                  f"{r['pgbench']['completed_per_s'] or 0:>9.1f}  {r['ratio'] if r['ratio'] is not None else '-':>5}  "
+                  f"{r['workers'].get('cpu_ms_per_run', '-'):>32}")
     mem = workers.get("memory")
     if mem:
         print(f"\nworker memory: idle RSS {mem['idle_rss_kib'] / 1024:.1f} MiB (peak {mem['idle_hwm_kib'] / 1024:.1f} MiB)")
