@@ -209,3 +209,21 @@ def py_job(source: str, *args: str) -> list[str]:
 def group_alive(pgid: int) -> bool:
     """Whether any process of group ``pgid`` is alive (zombies do not count)."""
     return bool(group_members(pgid))
+
+
+def keeper_pid(worker_pid: int) -> int | None:
+    """The pid of the fence keeper the worker ``worker_pid`` started (its child running keeper.py)."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(raw[raw.rindex(b")") + 2:].split()[1])
+        if ppid == worker_pid and any(arg.endswith(b"keeper.py") for arg in argv):
+            return int(name)
+    return None

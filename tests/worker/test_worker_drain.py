@@ -6,7 +6,9 @@ from __future__ import annotations
 import signal
 
 from tests.worker.drain_jobs import GATED_JOB
+from tests.proc_helpers import process_alive
 from tests.worker.helpers import (
+    keeper_pid,
     admit,
     attempts,
     group_alive,
@@ -42,6 +44,7 @@ def test_sigterm_lets_the_running_job_finish_reports_it_claims_nothing_more_and_
     try:
         wait_until(mark.exists, "the job to start")
         assert run_state(cluster, run_id) == "running"
+        keeper = wait_until(lambda: keeper_pid(worker.proc.pid), "the worker's fence keeper")
         worker.signal(signal.SIGTERM)
         worker.wait_event("worker.draining")
         later = admit(cluster, publish_task(cluster, "later", {"command": py_job("print('later')")}))
@@ -55,6 +58,8 @@ def test_sigterm_lets_the_running_job_finish_reports_it_claims_nothing_more_and_
         assert (attempt["state"], attempt["exit_code"]) == ("succeeded", 0)
         assert run_state(cluster, run_id) == "succeeded"
         assert _session_closed(cluster, "w-drain")
+        # a clean stop leaves no keeper behind (it was told to exit, and signalled nothing)
+        wait_until(lambda: not process_alive(keeper), "the fence keeper to exit")
         # the Run admitted during the drain was never claimed
         assert run_state(cluster, later) == "queued"
         assert [a["state"] for a in attempts(cluster, later)] == ["claimed"]

@@ -9,7 +9,9 @@ from __future__ import annotations
 import signal
 
 from tests.failure.fault_proxy import BOTH, FaultProxy
+from tests.proc_helpers import process_alive
 from tests.worker.helpers import (
+    keeper_pid,
     SHORT_TIMING,
     admit,
     attempts,
@@ -119,9 +121,12 @@ def test_a_killed_workers_job_is_stopped_by_its_fence_keeper(cluster, tmp_path):
     (a process of its own) sees the worker gone and stops the job, which ignores TERM, by KILL."""
     worker, run_id, pgid, stamps = _stubborn_worker(cluster, tmp_path, "w-killed")
     try:
+        keeper = keeper_pid(worker.proc.pid)
+        assert keeper is not None
         worker.proc.kill()
         worker.wait()
         wait_until(lambda: not group_alive(pgid), "the killed worker's job to be gone")
+        wait_until(lambda: not process_alive(keeper), "the keeper to exit once its job is gone")
         job_end = float(stamps.read_text().split()[-1])
         assert job_end < _fence_of(worker)
         assert run_state(cluster, run_id) == "running"  # nobody reported it: lost after the lease
