@@ -10,6 +10,7 @@ session, which the worker's death does not end) runs at the same time as Attempt
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -50,6 +51,24 @@ def _group_and_session(pid: int | None) -> tuple[int, int] | None:
     return int(fields[2]), int(fields[3])
 
 
+def _children_naming(parent: int, needle: bytes) -> list[int]:
+    """Live children of ``parent`` whose command line contains ``needle``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            continue
+        if ppid == parent and needle in cmdline:
+            found.append(int(entry))
+    return found
+
+
 def _kill_mid_job(c, task: str, how: str = "kill9"):
     """One Run of ``task`` running on worker A (alone), worker B started beside it, then A
     SIGKILLed (or frozen with SIGSTOP: ``how`` "sigstop"). Returns (run_id, A's attempt when its
@@ -64,6 +83,12 @@ def _kill_mid_job(c, task: str, how: str = "kill9"):
     c.kill_mono = time.monotonic()
     killed_at = c.db.db_now_ms()
     if how == "kill9":
+        a.process.kill9()
+    elif how == "kill9_with_keeper":  # e.g. `pkill -9 -f qinglong`: the worker and its fence keeper
+        keepers = _children_naming(a.pid, b"keeper")
+        assert keepers, "the worker's fence keeper was not found"
+        for pid in keepers:
+            os.kill(pid, signal.SIGKILL)
         a.process.kill9()
     else:
         a.process.signal(signal.SIGSTOP)
@@ -100,10 +125,10 @@ def test_killed_workers_started_attempt_is_lost_after_its_lease_and_never_retrie
     assert not audit.problems, audit.problems
 
 
-@pytest.mark.parametrize("how", ["kill9", "sigstop"])
+@pytest.mark.parametrize("how", ["kill9", "sigstop", "kill9_with_keeper"])
 def test_killed_workers_idempotent_run_is_retried_once_elsewhere_and_never_overlaps_the_killed_job(cluster, how):
-    """The same kill -9 (or a worker frozen by SIGSTOP: alive, but never scheduled), for an
-    idempotent task: Attempt 2 must be created (policy: lost + idempotent retries), run by the
+    """The same kill -9 (or a worker frozen by SIGSTOP: alive, but never scheduled; or the worker
+    and its fence keeper killed together, as ``pkill -9 -f qinglong`` would), for an idempotent task: Attempt 2 must be created (policy: lost + idempotent retries), run by the
     surviving worker, and must not run while the first worker's job is still running. If it did,
     one Run would execute twice at the same time: what the self-fence exists to prevent, and a
     worker that is dead or frozen cannot self-fence."""
