@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from tests.failure.fault_proxy import BOTH, FaultProxy
 from tests.proc_helpers import process_alive
 from tests.worker.helpers import (
@@ -40,6 +42,12 @@ STUBBORN_JOB = (
 )
 
 
+#: The fence is the worker's own clock and signals, the same against either server build: the
+#: slow fencing scenarios run on one (the calls themselves are proven on both by the client tests).
+ONE_SERVER = pytest.mark.parametrize("pg_server", ["pg18"], indirect=True)
+
+
+@ONE_SERVER
 def test_a_partitioned_worker_kills_its_job_before_its_session_lease_can_expire(cluster, tmp_path):
     """Without self-fencing the job would run on while the store, its lease expired, hands the Run
     to another worker: two executions of one Run at once. The job ignores TERM, so only the KILL
@@ -134,6 +142,7 @@ def test_a_killed_workers_job_is_stopped_by_its_fence_keeper(cluster, tmp_path):
         worker.stop()
 
 
+@ONE_SERVER
 def test_a_frozen_workers_job_is_stopped_before_its_lease_could_expire(cluster, tmp_path):
     """A worker frozen by SIGSTOP (or a stalled machine) neither heartbeats nor fences; without
     the keeper acting on the last schedule it was given, the job would outlive the lease. After
