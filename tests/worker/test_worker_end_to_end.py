@@ -152,3 +152,30 @@ def test_a_second_worker_with_the_same_id_replaces_the_first_which_stops_instead
             second.signal(signal.SIGTERM)
             second.wait()
             second.stop()
+
+
+def test_a_run_that_cannot_start_ends_failed_with_the_reason_and_is_never_retried(cluster, tmp_path):
+    """A missing program or an executor this worker does not have must end the Run failed, saying
+    why, without a retry (nothing ran); left claimed it would block its task forever, retried it
+    would fail the same way max_attempts times."""
+    retry = {"max_attempts": 3, "initial_backoff_ms": 100, "jitter": 0}
+    missing = admit(cluster, publish_task(cluster, "missing-program",
+                                          {"command": ["/nonexistent/program", "x"], "retry": retry}))
+    unknown = admit(cluster, publish_task(cluster, "unknown-executor",
+                                          {"command": py_job("print(1)"), "executor": "acme_gpu_pool",
+                                           "retry": retry}))
+    worker = _worker(cluster, tmp_path, "w-nostart")
+    try:
+        assert wait_run_state(cluster, missing) == "failed"
+        assert wait_run_state(cluster, unknown) == "failed"
+        (a,) = attempts(cluster, missing)
+        assert a["state"] == "failed" and a["exit_code"] is None
+        assert "/nonexistent/program" in a["reason"] and "does not exist" in a["reason"]
+        (b,) = attempts(cluster, unknown)
+        assert b["state"] == "failed" and "acme_gpu_pool" in b["reason"] and "local_process" in b["reason"]
+        assert worker.events("worker.job_started") == []  # nothing was spawned
+        assert len(worker.events("worker.start_failed")) == 1
+    finally:
+        worker.signal(signal.SIGTERM)
+        worker.wait()
+        worker.stop()
