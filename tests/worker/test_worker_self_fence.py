@@ -6,6 +6,7 @@ reported by it."""
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -161,4 +162,25 @@ def test_a_frozen_workers_job_is_stopped_before_its_lease_could_expire(cluster, 
         assert worker.events("worker.completed") == []  # the abandoned Attempt is not its to report
     finally:
         worker.signal(signal.SIGCONT)
+        worker.stop()
+
+
+@ONE_SERVER
+def test_a_dead_fence_keeper_is_started_again_with_the_jobs_it_guards(cluster, tmp_path):
+    """A keeper that died (killed by an operator's broad kill, say) would leave the next kill -9
+    of the worker with nothing to stop its job; the worker starts it again with every order
+    resent, and the new keeper stops the job when the worker dies."""
+    worker, run_id, pgid, stamps = _stubborn_worker(cluster, tmp_path, "w-keeper")
+    try:
+        first = keeper_pid(worker.proc.pid)
+        os.kill(first, signal.SIGKILL)
+        worker.wait_event("worker.keeper_failed")
+        second = wait_until(lambda: (k := keeper_pid(worker.proc.pid)) not in (None, first) and k,
+                            "a new fence keeper")
+        assert group_alive(pgid)
+        worker.proc.kill()
+        worker.wait()
+        wait_until(lambda: not group_alive(pgid), "the job to be stopped by the new keeper")
+        wait_until(lambda: not process_alive(second), "the new keeper to exit")
+    finally:
         worker.stop()
