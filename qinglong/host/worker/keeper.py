@@ -33,8 +33,10 @@ import signal
 import sys
 import time
 
-#: How often the keeper wakes with nothing to read, seconds (signals land within it).
+#: How often the keeper looks again while a KILLed group is not gone yet, seconds.
 TICK_S = 0.05
+#: The longest it sleeps with nothing due (a new order wakes it at once).
+IDLE_S = 1.0
 
 
 def _stat(pid: int) -> list[bytes] | None:
@@ -106,6 +108,16 @@ class Keeper:
                 if not _members(pgid):
                     del self.jobs[pgid]
 
+    def next_wake(self, now: float) -> float:
+        """Seconds until the next TERM or KILL point of a guarded group (at most :data:`IDLE_S`)."""
+        delay = IDLE_S
+        for pgid, (generation, _pid, _ticks, term_sent, kill_sent) in self.jobs.items():
+            if kill_sent:
+                return TICK_S  # waiting for the group to be gone
+            term_at, kill_at = self.deadlines.get(generation, (now, now))
+            delay = min(delay, (kill_at if term_sent else term_at) - now)
+        return max(0.0, delay)
+
     def _send(self, pgid: int, pid: int, start_ticks: int, signum: int) -> None:
         if not ours(pgid, pid, start_ticks):
             self.jobs.pop(pgid, None)
@@ -124,7 +136,7 @@ def main(argv: list[str]) -> int:
     buffer = b""
     while True:
         if keeper.orphaned_at is None:
-            ready, _, _ = select.select([fd], [], [], TICK_S)
+            ready, _, _ = select.select([fd], [], [], keeper.next_wake(time.monotonic()))
             if ready:
                 data = os.read(fd, 65536)
                 if not data:
