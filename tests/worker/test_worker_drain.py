@@ -15,7 +15,6 @@ from tests.worker.helpers import (
     py_job,
     publish_task,
     run_state,
-    wait_run_state,
     wait_until,
     worker_dsn,
     write_worker_settings,

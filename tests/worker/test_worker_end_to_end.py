@@ -14,7 +14,6 @@ from tests.worker.helpers import (
     run_state,
     stored_log,
     wait_run_state,
-    wait_until,
     worker_dsn,
     write_worker_settings,
     WorkerProcess,
