@@ -47,10 +47,12 @@ def test_sigterm_lets_the_running_job_finish_reports_it_claims_nothing_more_and_
         worker.signal(signal.SIGTERM)
         worker.wait_event("worker.draining")
         later = admit(cluster, publish_task(cluster, "later", {"command": py_job("print('later')")}))
-        # the worker keeps its session alive while it drains: heartbeats go on
+        # the worker keeps its session alive while it drains: heartbeats go on, and each one moves
+        # the fences (its keeper's, the executor's) on: the job lives past a whole session lease
         heartbeats = len(worker.events("worker.heartbeat"))
-        worker.wait_event("worker.heartbeat", heartbeats + 2)
+        worker.wait_event("worker.heartbeat", heartbeats + 6)
         assert worker.proc.poll() is None and run_state(cluster, run_id) == "running"
+        assert group_alive(int(mark.read_text().split()[1]))
         release.touch()
         assert worker.wait() == 0
         (attempt,) = attempts(cluster, run_id)
@@ -82,7 +84,7 @@ def test_the_drain_timeout_stops_the_job_and_reports_it_cancelled(cluster, tmp_p
         pid, pgid = map(int, mark.read_text().split())
         worker.signal(signal.SIGTERM)
         assert worker.wait() == 0
-        assert not group_alive(pgid)
+        wait_until(lambda: not group_alive(pgid), "the job's process group to be gone")
         (attempt,) = attempts(cluster, run_id)
         assert attempt["state"] == "cancelled"
         assert attempt["signal"] == signal.SIGTERM

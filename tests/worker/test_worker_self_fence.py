@@ -184,3 +184,23 @@ def test_a_dead_fence_keeper_is_started_again_with_the_jobs_it_guards(cluster, t
         wait_until(lambda: not process_alive(second), "the new keeper to exit")
     finally:
         worker.stop()
+
+
+@ONE_SERVER
+def test_a_job_whose_worker_and_keeper_are_both_killed_is_stopped_by_its_executors_fence(cluster, tmp_path):
+    """With the worker and its keeper both killed -9 (a `pkill -9` of both), no process of the
+    worker is left to stop the job; the executor's own fence, moved to each heartbeat's KILL
+    point, must end it before the last heartbeat's start + lease - margin, or it would run beside
+    the worker that takes the Run over."""
+    worker, run_id, pgid, stamps = _stubborn_worker(cluster, tmp_path, "w-both")
+    try:
+        keeper = keeper_pid(worker.proc.pid)
+        os.kill(keeper, signal.SIGKILL)
+        worker.proc.kill()
+        worker.wait()
+        wait_until(lambda: not group_alive(pgid), "the job to be stopped by its executor's fence")
+        job_end = float(stamps.read_text().split()[-1])
+        fence = _fence_of(worker)
+        assert job_end < fence, (job_end, fence)
+    finally:
+        worker.stop()

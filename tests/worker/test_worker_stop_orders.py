@@ -50,7 +50,7 @@ def test_a_cancel_request_stops_the_running_job_and_it_ends_cancelled(cluster, t
         assert (attempt["state"], attempt["signal"]) == ("cancelled", signal.SIGTERM)
         local = (tmp_path / "w-cancel-logs" / attempt["attempt_id"] / "log").read_bytes()
         assert local.startswith(b"started\n") and stored_log(cluster, attempt["attempt_id"]) == local
-        assert not group_alive(pgid)
+        wait_until(lambda: not group_alive(pgid), "the job's process group to be gone")
         worker.wait_event("worker.cancel_requested")
     finally:
         release.touch()
@@ -72,7 +72,7 @@ def test_the_tasks_timeout_is_enforced_by_the_worker_and_the_attempt_ends_timed_
         assert wait_run_state(cluster, run_id) == "timed_out"
         (attempt,) = attempts(cluster, run_id)
         assert (attempt["state"], attempt["signal"]) == ("timed_out", signal.SIGTERM)
-        assert not group_alive(pgid)
+        wait_until(lambda: not group_alive(pgid), "the job's process group to be gone")
         worker.wait_event("worker.timeout")
     finally:
         release.touch()

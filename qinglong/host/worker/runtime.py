@@ -23,7 +23,10 @@ Four loops share one :class:`Worker` (all on one event loop, so the job table ne
 Beside them runs the **fence keeper** (:mod:`.keeper`, a process of its own): it is given each
 session's schedule after every successful heartbeat and each job's process group, and applies
 the schedule itself when the worker cannot (killed -9: at once; frozen: at TERM and KILL points
-it was last given), so a job never outlives the lease that covers it.
+it was last given), so a job never outlives the lease that covers it. An executor that can fence
+a job itself (:class:`~qinglong.contracts.execution.FencedExecutor`: the ``local_process``
+wrapper kills its own group) is given the KILL point at the spawn and after every heartbeat, the
+last line of defence when the worker and its keeper are both killed.
 
 A job task: parse the spec (a refusal ends the Attempt ``failed``, never started), call
 ``started`` *before* spawning and spawn only if it was accepted and the self-fence's TERM is still
@@ -55,6 +58,7 @@ from qinglong.contracts.execution import (
     CancelReason,
     ExecutionSpec,
     Executor,
+    FencedExecutor,
     ProcessHandle,
     ProcessState,
     StartError,
@@ -409,6 +413,22 @@ class Worker:
                                           config.kill_grace_ms)
         if self._session is not None:
             self._keeper.deadline(self._session.fence.generation, self._deadlines)
+            self._renew_job_fences(self._session.fence, self._deadlines)
+
+    def _renew_job_fences(self, fence: SessionFence, d: FenceDeadlines) -> None:
+        """Move the executor's own fence of every running job of the session to the new KILL
+        point: the job's group dies there even if this worker and its keeper are both gone."""
+        for job in self._jobs.values():
+            if (job.handle is None or job.forgotten or job.finishing or job.fence != fence
+                    or not isinstance(job.executor, FencedExecutor)):
+                continue
+            try:
+                job.executor.renew_fence(job.attempt_dir, d.kill_at)
+            except Exception as exc:
+                self._emit("error", "worker.fence_renew_failed",
+                           f"run {job.run_id}: its executor's fence could not be renewed (the job is killed "
+                           f"at the last one): {exc.__class__.__name__}: {exc}", run_id=job.run_id,
+                           attempt_id=job.attempt_id)
 
     async def _heartbeat(self, protocol: WorkerProtocol, session: Session) -> bool:
         # the store renews every active Attempt of the session; the ones named here are the
@@ -649,8 +669,12 @@ class Worker:
             else:
                 self._forget(job)
             return False
+        # an executor that can fence the job itself gets the KILL point: the job's group dies there
+        # unless a heartbeat moves it later, whatever happens to this worker and its keeper
+        d = self._deadlines
+        fence_at = d.kill_at if d is not None and isinstance(executor, FencedExecutor) else None
         request = StartRequest(attempt.run_id, attempt.attempt_id, attempt.attempt_no, attempt.scheduled_for_ms,
-                               spec, job.attempt_dir)
+                               spec, job.attempt_dir, fence_deadline_mono=fence_at)
         try:
             job.handle = await executor.start(request)
         except StartError as err:
