@@ -55,7 +55,8 @@ session lease, heartbeat, margin and kill grace; ``--worker-slots`` is their ``m
   Attempt, ``worker_started``, ``worker_complete``, each its own autocommit statement) with as
   many clients as workers; ratio = workers / pgbench. (A worker claims up to its free slots per
   call, fewer claims per Run than the script's one; it also heartbeats and spawns the process.)
-* memory: a worker's RSS idle (VmRSS, VmHWM from ``/proc``), then with 1 and with 8 ``sleep 600``
+* memory: a worker's RSS idle (VmRSS, VmHWM from ``/proc``; its fence keeper's RSS and PSS beside
+  it), then with 1 and with 8 ``sleep 600``
   jobs running: its RSS growth per running job, and the processes of each job's group besides the
   job itself (the executor's wrapper: RSS, and PSS, which counts shared pages once).
 
@@ -730,8 +731,12 @@ def worker_memory(server, workdir: Path, jobs_list: list[int], idle_s: float = 5
         time.sleep(idle_s)  # start-up allocations settle; nothing is due
         idle_rss = _status_kib(worker.pid, "VmRSS")
         idle_hwm = _status_kib(worker.pid, "VmHWM")
+        # the worker's fence keeper (a small process beside it) is part of its idle footprint
+        keepers = [c for c in _children_of(worker.pid) if any(b"keeper" in a for a in _cmdline(c))]
         if "idle_rss_kib" not in out:
-            out.update(idle_rss_kib=idle_rss, idle_hwm_kib=idle_hwm)
+            out.update(idle_rss_kib=idle_rss, idle_hwm_kib=idle_hwm, keeper_processes=len(keepers),
+                       keeper_rss_kib=sum(_status_kib(k, "VmRSS") for k in keepers),
+                       keeper_pss_kib=sum(_pss_kib(k) for k in keepers))
         reseed(dsns)
         drain_with_replicas(dsns, 1, jobs, 16)
         _wait(f"{jobs} jobs running", lambda: sql(su, "SELECT count(*) FROM qinglong.attempts "
@@ -743,6 +748,8 @@ def worker_memory(server, workdir: Path, jobs_list: list[int], idle_s: float = 5
         sleepers = 0
         # a job's wrapper leads its own process group (the executor starts it detached)
         for pid in _children_of(worker.pid):
+            if pid in keepers:
+                continue
             for member in _group_members(pid):
                 argv = _cmdline(member)
                 if argv[:1] and argv[0].endswith(b"sleep") and argv[-1:] == [b"600"]:
@@ -826,12 +833,14 @@ def main() -> None:
                 ceilings.append(_median_run(theirs))
         if not args.no_steady:
             steady = steady_state(server, args.steady_replicas, args.triggers, args.steady_seconds, workdir)
+        # the product's default poll is the figure; another poll is kept beside it, under its name
+        latency_key = "latency" if args.poll_ms == 1000 else f"latency_poll_{args.poll_ms}ms"
         if "latency" in parts:
-            workers["latency"] = worker_latency(
+            workers[latency_key] = worker_latency(
                 server, workdir, triggers=args.latency_triggers, seconds=args.latency_seconds,
                 replicas=args.latency_replicas, workers=args.latency_workers, max_running=args.worker_slots,
                 poll_ms=args.poll_ms)
-            print("latency ", json.dumps(workers["latency"]), flush=True)
+            print("latency ", json.dumps(workers[latency_key]), flush=True)
         if "throughput" in parts:
             workers["throughput"] = worker_throughput(
                 server, workdir, [int(c) for c in args.workers.split(",")], args.backlog, args.worker_slots,
@@ -861,11 +870,8 @@ def main() -> None:
     steady = steady if steady is not None else previous.get("steady")
     targets = {"four_replicas_ratio_min": 0.6, "steady_lag_p99_ms_max": 1500, "workers_ratio_min": 0.5}
     four = next((r for r in rows if r["n"] == 4), None)
-    if "throughput" not in workers and previous.get("workers", {}).get("throughput"):
-        workers["throughput"] = previous["workers"]["throughput"]
-    for key in ("latency", "memory"):
-        if key not in workers and previous.get("workers", {}).get(key):
-            workers[key] = previous["workers"][key]
+    for key, value in (previous.get("workers") or {}).items():
+        workers.setdefault(key, value)
     ratios = [r["ratio"] for r in workers.get("throughput", []) if r["ratio"] is not None]
     met = {"four_replicas_ratio": None if four is None else four["ratio"] >= 0.6,
            "steady_lag_p99": None if steady is None else steady["lag_p99_ms"] < 1500,
@@ -877,8 +883,7 @@ def main() -> None:
               f"skips {steady['skips']}, duplicate keys {steady['duplicate_keys']}")
     if rows:
         print("(replicas/s and pgbench/s count committed admissions only; ratio = replicas / pgbench)")
-    lat = workers.get("latency")
-    if lat:
+    for lat in (v for k, v in sorted(workers.items()) if k.startswith("latency")):
         print(f"\nworkers, latency: {lat['triggers']} triggers over the minute ({lat['runs_per_minute']} Runs/min "
               f"measured), {lat['replicas']} replicas, {lat['workers']} workers (max_running "
               f"{lat['worker_max_running']}, poll_ms {lat['worker_poll_ms']}), {lat['seconds']:g} s: "
@@ -887,8 +892,10 @@ def main() -> None:
               f"{lat['scheduled_to_admitted_p50_ms']} / p99 {lat['scheduled_to_admitted_p99_ms']} ms, admitted -> "
               f"claimed p50 {lat['admitted_to_claimed_p50_ms']} / p99 {lat['admitted_to_claimed_p99_ms']} ms)")
     if workers.get("throughput"):
-        print(f"\nworkers, no-op Runs completed per second (backlog {args.backlog}, max_running "
-              f"{args.worker_slots}, poll_ms {args.poll_ms}) beside pgbench running the worker's calls")
+        first = workers["throughput"][0]["workers"]
+        print(f"\nworkers, no-op Runs completed per second (backlog {first['backlog']}, max_running "
+              f"{first['worker_max_running']}, poll_ms {first['worker_poll_ms']}) beside pgbench running the "
+              "worker's calls")
         print(f"{'n':>2}  {'workers/s':>9}  {'pgbench/s':>9}  {'ratio':>5}  {'CPU ms/Run (workers+jobs+server)':>32}")
         for r in workers["throughput"]:
             print(f"{r['n']:>2}  {r['workers']['completed_per_s'] or 0:>9.1f}  "
@@ -896,7 +903,9 @@ def main() -> None:
                   f"{r['workers'].get('cpu_ms_per_run', '-'):>32}")
     mem = workers.get("memory")
     if mem:
-        print(f"\nworker memory: idle RSS {mem['idle_rss_kib'] / 1024:.1f} MiB (peak {mem['idle_hwm_kib'] / 1024:.1f} MiB)")
+        print(f"\nworker memory: idle RSS {mem['idle_rss_kib'] / 1024:.1f} MiB (peak {mem['idle_hwm_kib'] / 1024:.1f} MiB); "
+              f"its fence keeper ({mem.get('keeper_processes')} process) RSS {mem.get('keeper_rss_kib')} KiB, "
+              f"PSS {mem.get('keeper_pss_kib')} KiB")
         for r in mem["running"]:
             print(f"  {r['jobs']} running: worker RSS {r['worker_rss_kib'] / 1024:.1f} MiB, "
                   f"+{r['worker_kib_per_running_job']} KiB per job in the worker; per job's wrapper "
