@@ -19,8 +19,9 @@ An Attempt directory (mode 0700) holds:
   subshell of the wrapper reads it every second and kills the whole process group (KILL) once the
   instant passed, or when the file is gone or unreadable: the job ends before its lease can
   expire even when the worker that started it was killed, frozen or cut off and cannot stop it.
-  The watcher ignores TERM (a TERM to the group stops the job, not the fence) and is killed by
-  the wrapper when the job ended;
+  The watcher ignores TERM (a TERM to the group stops the job, not the fence); when the job
+  ended the wrapper sends it USR1, on which it kills its ``sleep`` and exits, and waits for it, so
+  the group is empty when the receipt appears;
 * ``receipt`` - written in place when the job ended: ``format=2``, ``status=N`` (the shell's
   ``$?``: an exit code, or 128 + the signal that ended it), ``dropped=N`` and a last line ``end``:
   a receipt without it (a wrapper killed while writing it) counts as none, as if killed before.
@@ -75,6 +76,8 @@ QINGLONG_W=
 if [ -f "$QINGLONG_D/fence" ]; then
   {
     trap '' TERM INT HUP
+    QINGLONG_P=
+    trap 'kill -KILL $QINGLONG_P 2>/dev/null; exit 0' USR1
     while :; do
       QINGLONG_F=
       IFS= read -r QINGLONG_F <"$QINGLONG_D/fence"
@@ -83,7 +86,9 @@ if [ -f "$QINGLONG_D/fence" ]; then
       case $QINGLONG_F in '' | *[!0-9]*) QINGLONG_F=0 ;; esac
       case $QINGLONG_U in '' | *[!0-9]*) QINGLONG_U=$QINGLONG_F ;; esac
       [ "$QINGLONG_U" -lt "$QINGLONG_F" ] || kill -KILL 0
-      @SLEEP@ 1
+      @SLEEP@ 1 &
+      QINGLONG_P=$!
+      wait "$QINGLONG_P"
     done
   } </dev/null >/dev/null 2>&1 9<&- &
   QINGLONG_W=$!
@@ -126,7 +131,11 @@ shift 3
 QINGLONG_S=$?
 wait "$QINGLONG_R"
 while [ "$?" -gt 128 ]; do wait "$QINGLONG_R"; done
-if [ -n "$QINGLONG_W" ]; then kill -KILL "$QINGLONG_W" 2>/dev/null; fi
+if [ -n "$QINGLONG_W" ]; then
+  kill -USR1 "$QINGLONG_W" 2>/dev/null
+  wait "$QINGLONG_W"
+  while [ "$?" -gt 128 ]; do wait "$QINGLONG_W"; done
+fi
 QINGLONG_N=
 IFS= read -r QINGLONG_N <"$QINGLONG_D/dropped"
 printf 'format=2\\nstatus=%s\\ndropped=%s\\nend\\n' "$QINGLONG_S" "$QINGLONG_N" >"$QINGLONG_D/receipt"
