@@ -167,7 +167,8 @@ class PostgresWorkerProtocol:
         if diag is not None and diag.message_primary:
             primary = self._secrets.mask(diag.message_primary)
         if sqlstate == SQLSTATE_SESSION_FENCED:
-            return SessionFenced(_session_reason(primary), f"{name}: {primary or 'the session is fenced'}")
+            detail = (diag.message_detail if diag is not None else None) or ""
+            return SessionFenced(_session_reason(detail), f"{name}: {primary or 'the session is fenced'}")
         if sqlstate == SQLSTATE_LEASE_FENCED:
             return LeaseFenced("lease_fenced", f"{name}: {primary or 'the lease is fenced'}")
         if sqlstate == SQLSTATE_BAD_CALL:
@@ -251,14 +252,10 @@ class PostgresWorkerProtocol:
                 conn.pgconn.finish()
 
 
-def _session_reason(message: str) -> str:
-    """Why a session was refused, from the store's words (``qinglong._session``)."""
-    if "not the current session" in message:
-        return SESSION_REPLACED
-    if "lease expired" in message:
-        return SESSION_EXPIRED
-    if "closed" in message:
-        return SESSION_CLOSED
+def _session_reason(detail: str) -> str:
+    """Why a session was refused: the DETAIL code of the store's QL001 (``qinglong._session``)."""
+    if detail in (SESSION_REPLACED, SESSION_EXPIRED, SESSION_CLOSED):
+        return detail
     return "session_fenced"
 
 

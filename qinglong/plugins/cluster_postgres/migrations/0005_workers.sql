@@ -8,7 +8,8 @@
 -- types. Readiness (roles.py, fingerprint.py) compares each function's definition, owner, security,
 -- settings and grants with the shipped fingerprint and fails closed on any difference.
 --
--- Refusals raise SQLSTATE QL001 (session fenced), QL002 (lease fenced) or QL003 (bad argument);
+-- Refusals raise SQLSTATE QL001 (session fenced; its DETAIL says why: session_replaced,
+-- session_closed or session_expired), QL002 (lease fenced) or QL003 (bad argument);
 -- a refused call changes nothing (the RAISE aborts the statement). Times are epoch ms of the
 -- database clock (clock_timestamp(), as the claim and admission statements use). The events a Run
 -- gets are the edge store's: run.dispatching, run.started, run.requeued, run.cancel_requested,
@@ -351,11 +352,13 @@ BEGIN
     END IF;
     IF NOT FOUND OR s.session_id IS DISTINCT FROM p_session_id OR s.generation IS DISTINCT FROM p_generation THEN
         RAISE EXCEPTION 'session fenced: not the current session of this worker id'
-            USING ERRCODE = 'QL001';
+            USING ERRCODE = 'QL001', DETAIL = 'session_replaced';
     ELSIF s.closed_at_ms IS NOT NULL THEN
-        RAISE EXCEPTION 'session fenced: the session is closed' USING ERRCODE = 'QL001';
+        RAISE EXCEPTION 'session fenced: the session is closed'
+            USING ERRCODE = 'QL001', DETAIL = 'session_closed';
     ELSIF s.lease_expires_at_ms <= p_now THEN
-        RAISE EXCEPTION 'session fenced: the session lease expired' USING ERRCODE = 'QL001';
+        RAISE EXCEPTION 'session fenced: the session lease expired'
+            USING ERRCODE = 'QL001', DETAIL = 'session_expired';
     END IF;
     RETURN s;
 END $$;
