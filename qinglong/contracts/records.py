@@ -399,6 +399,9 @@ class RecoveryReport:
 
     pristine_queued: int = 0
     candidates: tuple[str, ...] = ()
+    #: Runs a remote worker's protocol holds (leased, or waiting again after a requeue or for a
+    #: retry): owned by the workers and the lease expiry, neither pristine nor a candidate.
+    worker_held: int = 0
 
 
 def record_from_row(cls: type, row: Mapping[str, Any], **given: Any) -> Any:

@@ -256,6 +256,7 @@ class Lifecycle:
                 "recovered",
                 pristine_queued=report.pristine_queued,
                 candidates=len(report.candidates),
+                worker_held=report.worker_held,
             )
             for candidate in report.candidates:
                 self.diagnostics.emit(

@@ -132,3 +132,34 @@ def test_every_sql_block_is_named_and_documented():
     assert {"claim_due_schedules", "admit_occurrence", "scan_in_flight_runs"} <= set(sql.names())
     with pytest.raises(PackagingError, match="no SQL block named 'nope'"):
         sql.query("nope")
+
+
+def test_runs_the_worker_protocol_holds_are_counted_apart_not_as_candidates(cluster):
+    """With workers, Runs leased to a session, requeued after an expiry or waiting for a retry
+    are normal: reporting each as "in-flight work needs recovery" at every replica start would
+    bury a real candidate under hundreds of false alarms. A drift of such a Run (a lease that
+    lost its token) is still a candidate."""
+    from tests.cluster.control_helpers import ProtocolWorker, admit, publish
+
+    tasks = [f"job{i}" for i in range(4)]
+    publish(cluster, tasks, ["true"])
+    for task in tasks:
+        admit(cluster, task)
+    worker = ProtocolWorker(cluster, "w-recovery")
+    try:
+        leased = worker.claim(3)
+        worker.started(leased[0])           # running, leased
+        requeued = leased[2].run_id         # dispatching, then given back by its lease's expiry
+        cluster.sql("UPDATE qinglong.attempts SET lease_expires_at_ms = 0 WHERE attempt_id = %s",
+                    (leased[2].attempt_id,))
+        cluster.sql("SET ROLE qinglong_runtime; SELECT * FROM qinglong.expire_attempts(10); RESET ROLE")
+        assert cluster.sql("SELECT state FROM qinglong.runs WHERE run_id = %s", (requeued,))[0][0] == "queued"
+        report, codes = _recover(cluster)
+        assert (report.pristine_queued, report.worker_held, report.candidates) == (1, 3, ())
+        assert "cluster_postgres.recovery_candidates" not in codes
+        cluster.sql("UPDATE qinglong.attempts SET lease_token_hash = NULL, state = 'claimed' "
+                    "WHERE attempt_id = %s", (leased[1].attempt_id,))
+        report, _ = _recover(cluster)
+        assert report.candidates == (leased[1].run_id,) and report.worker_held == 2
+    finally:
+        worker.close()

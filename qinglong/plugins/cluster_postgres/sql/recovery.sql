@@ -1,12 +1,24 @@
 -- name: scan_in_flight_runs
--- Lists every in-flight Run (queued, dispatching, running) and whether it is pristine: exactly as
+-- Lists every in-flight Run (queued, dispatching, running, retry_wait) and whether it is pristine: exactly as
 -- admission left it. The Run is runtime-owned, queued, not cancelled, queued at its admission
 -- time, and its execution digest is the digest of the execution revision it pins; it has exactly
 -- one Attempt, number 1, claimed, remote_worker, created at the admission time, with every
 -- worker/session/lease/offer/callback/start/result/error field still NULL; and exactly two events,
--- run.created (seq 1) and run.queued (seq 2), at the admission time. Anything else is a recovery
--- candidate (fail closed).
+-- run.created (seq 1) and run.queued (seq 2), at the admission time. A Run the worker protocol
+-- holds is not a candidate either: its newest Attempt leased to a session (dispatching or running,
+-- matching the Run, with the whole fence), or claimed again after a requeue (queued, a lease
+-- version) or for a retry (retry_wait, Attempt 2 or later), every earlier Attempt ended; the
+-- replicas' expiry and the workers own those. Anything else is a recovery candidate (fail closed).
 SELECT r.run_id::text,
+       coalesce(((r.state IN ('dispatching', 'running') AND a.state = r.state
+                  AND a.session_id IS NOT NULL AND a.session_generation IS NOT NULL
+                  AND a.lease_token_hash IS NOT NULL AND a.lease_expires_at_ms IS NOT NULL)
+                 OR (r.state = 'queued' AND a.state = 'claimed' AND a.lease_version > 0)
+                 OR (r.state = 'retry_wait' AND a.state = 'claimed' AND a.attempt_no > 1))
+                AND NOT EXISTS (SELECT 1 FROM qinglong.attempts o
+                                WHERE o.run_id = r.run_id AND o.attempt_id <> a.attempt_id
+                                  AND o.state IN ('claimed', 'dispatching', 'running')),
+                false) AS worker_protocol,
        coalesce(r.owned_by = 'runtime'
                 AND r.state = 'queued'
                 AND NOT r.cancelled
@@ -38,7 +50,7 @@ LEFT JOIN LATERAL (
 LEFT JOIN qinglong.execution_revisions e
   ON e.project_id = r.project_id AND e.task_id = r.task_id AND e.task_revision = r.task_revision
  AND e.executor = r.executor
-WHERE r.state IN ('queued', 'dispatching', 'running')
+WHERE r.state IN ('queued', 'dispatching', 'running', 'retry_wait')
 ORDER BY r.run_id
 
 -- name: enabled_trigger_kinds
