@@ -208,7 +208,10 @@ class WorkerProcess:
     generations: list[Process] = field(default_factory=list)
 
     def start(self) -> "WorkerProcess":
-        self.process = Process(self.name, [*self.prefix, *worker_command(self.settings)], self.log)
+        """A new process (its stderr in a file of its own: ``NAME.log``, then ``NAME.2.log``...)."""
+        n = len(self.generations) + 1
+        log = self.log if n == 1 else self.log.with_name(f"{self.name}.{n}.log")
+        self.process = Process(self.name, [*self.prefix, *worker_command(self.settings)], log)
         self.generations.append(self.process)
         return self
 
@@ -221,7 +224,8 @@ class WorkerProcess:
         return self.process.pid
 
     def diagnostics(self) -> list[dict]:
-        return parse_diagnostics(self.log.read_text(errors="replace"))
+        """Every process's diagnostics, one process after the other."""
+        return [e for proc in self.generations for e in proc.diagnostics()]
 
     def codes(self) -> list[str]:
         return [e.get("code", "") for e in self.diagnostics()]
@@ -258,12 +262,12 @@ class Cluster:
         return rows[0][0] if rows else None
 
     def publish_task(self, task_id: str, *, hold_s: float = 60.0, exit_code: int = 0,
-                     **spec) -> None:
-        """Publish (or revise) ``task_id`` running the marker job; ``spec``: the execution
-        keys (retry, idempotent, timeout_ms, concurrency, labels...)."""
+                     command: list[str] | None = None, **spec) -> None:
+        """Publish (or revise) ``task_id`` running the marker job (or ``command``); ``spec``: the
+        execution keys (retry, idempotent, timeout_ms, concurrency, labels...)."""
         from qinglong.contracts.errors import AlreadyExists
 
-        payload = {"command": job_command(self.markers, hold_s, exit_code), **spec}
+        payload = {"command": command or job_command(self.markers, hold_s, exit_code), **spec}
 
         async def body():
             backend = self.db.backend("publisher")
@@ -378,7 +382,8 @@ class Cluster:
         """The end of every process's stderr, for a failure message."""
         out = {p.name: p.text()[-chars:] for p in self.replicas}
         for w in self.workers.values():
-            out[w.name] = w.log.read_text(errors="replace")[-chars:] if w.log.exists() else ""
+            for i, proc in enumerate(w.generations):
+                out[f"{w.name}#{i + 1}"] = proc.text()[-chars:]
         return out
 
     def sessions(self) -> dict[str, dict]:

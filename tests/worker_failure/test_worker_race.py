@@ -57,3 +57,28 @@ def test_racing_workers_claim_and_start_each_attempt_exactly_once(cluster):
     duplicate start marker) or one worker's outcome would be recorded over the other's; if a
     claim were lost, a Run would stay queued and the wait for every Run to end would hang."""
     _race(cluster, 400 if env_full() else 40, workers=3, replicas=2)
+
+
+def test_instant_jobs_on_racing_workers_all_end_with_their_exit_code(cluster):
+    """Forty Runs of a job that ends at once (``true``), three workers. A job this short ends
+    before its wrapper's helpers (the log reader, the fence watcher) have settled: if the wrapper
+    then waited on a helper in a way that never returns, it would never write the job's receipt
+    (and spin), the worker would wait for it until the task's timeout, and the Run would not end;
+    if the worker lost the receipt, the Run would end lost instead of succeeded with exit 0."""
+    c = cluster
+    c.publish_task("instant", command=["true"])
+    c.start_replica("replica-1")
+    for i in range(3):
+        c.add_worker(f"w{i + 1}", max_running=2, poll_ms=50)
+    c.admit("instant", 40)
+    c.wait_runs(40)
+    try:
+        c.wait_all_terminal("every instant Run to end")
+    finally:
+        stuck = [a for a in c.attempts() if a["state"] in ("dispatching", "running")]
+        figures("instant_jobs", runs=40, stuck_attempts=len(stuck),
+                states=audit_runs(c).by_state)
+    audit = audit_runs(c, max_attempts=1)
+    codes = {a.get("exit_code") for a in c.attempts()}
+    assert audit.by_state == {"succeeded": 40} and not audit.problems, audit.as_dict()
+    assert codes == {0}, codes
