@@ -325,7 +325,14 @@ class Cluster:
 
     def wait_all_terminal(self, what: str = "every Run to end") -> dict[str, str]:
         placeholders = ", ".join(f"'{s}'" for s in TERMINAL_RUN_STATES)
-        wait_until(lambda: self.db.count("runs", f"state NOT IN ({placeholders})") == 0, what)
+        try:
+            wait_until(lambda: self.db.count("runs", f"state NOT IN ({placeholders})") == 0, what)
+        except AssertionError as exc:
+            open_runs = {r: s for r, s in self.run_states().items() if s not in TERMINAL_RUN_STATES}
+            stuck = [(a["run_id"][:8], a["attempt_no"], a["state"], a.get("worker_id"))
+                     for a in self.attempts() if a["run_id"] in open_runs]
+            raise AssertionError(f"{exc}: {len(open_runs)} Runs open, their attempts {stuck[:10]}; "
+                                 f"processes said: {self.tails(600)}") from None
         return self.run_states()
 
     def release_jobs(self) -> None:
