@@ -536,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
                     "('succeeded', 'failed', 'timed_out', 'cancelled', 'lost')")[0][0] == 0,
             args.drain_timeout)
         worker_exit_codes = [worker.stop() for worker in workers]
+        # a job wrapper still alive once its worker drained and stopped is a hung job: counted, killed
+        leftover_jobs = sum(worker.leftover_jobs() for worker in workers)
         for process in replicas + workers:
             process.proxy.close()
         result = audit(server, first)
@@ -553,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
             worker_exit_codes=worker_exit_codes, worker_logs=worker_log_figures(workers),
             completion_replies_held=sum(1 for r in chaos.complete_rules if r.fired.is_set()),
             expired_leases_ended_before_stop=expired_ok, drained=drained, drain_s=round(drain_s, 2),
+            job_wrappers_left_alive_after_stop=leftover_jobs,
             execution=execution, tasks={t: p for t, p in payloads.items()},
         )
     finally:
@@ -560,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
             process.kill9()
             if process.proxy is not None:
                 process.proxy.close()
+        for worker in workers:
+            worker.leftover_jobs()
         server.destroy()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

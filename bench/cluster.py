@@ -458,6 +458,8 @@ def steady_state(server, replicas: int, triggers: int, seconds: float, workdir: 
 # --------------------------------------------------------------------------- workers
 
 WORKER_INGRESS = "qinglong_worker_ingress"
+#: every worker process this run started: a part that fails leaves none running (see main)
+STARTED_WORKERS: list = []
 TERMINAL_SQL = "('succeeded', 'failed', 'timed_out', 'cancelled', 'lost')"
 
 
@@ -474,7 +476,9 @@ def _worker(dsns: dict, server, workdir: Path, worker_id: str, *, max_running: i
         worker_id, log_dir=workdir / f"{worker_id}-logs", max_running=max_running,
         session_lease_ms=45_000, heartbeat_ms=10_000, self_fence_margin_ms=5_000, kill_grace_ms=10_000,
         poll_ms=poll_ms, drain_timeout_ms=drain_timeout_ms, level="warning")
-    return cluster_workers.WorkerProcess(worker_id, settings, workdir / f"{worker_id}.log")
+    worker = cluster_workers.WorkerProcess(worker_id, settings, workdir / f"{worker_id}.log")
+    STARTED_WORKERS.append(worker)
+    return worker
 
 
 def _wait(what: str, predicate, timeout_s: float, procs=()) -> float:
@@ -534,13 +538,21 @@ def worker_latency(server, workdir: Path, *, triggers: int, seconds: float, repl
         if proc.wait(timeout=seconds + 60) != 0:
             raise SystemExit(f"a latency replica failed; see {workdir}")
     su = dsns["superuser"]
-    # the last Runs admitted finish (each job is a few ms)
-    _wait("every Run admitted finished", lambda: sql(
-        su, f"SELECT count(*) FROM qinglong.runs WHERE state NOT IN {TERMINAL_SQL}")[0][0] == 0, 120, pool)
+    # the last Runs admitted finish (each job is a few ms); a Run that never does is counted
+    unfinished = []
+    try:
+        _wait("every Run admitted finished", lambda: sql(
+            su, f"SELECT count(*) FROM qinglong.runs WHERE state NOT IN {TERMINAL_SQL}")[0][0] == 0, 120, pool)
+    except SystemExit:
+        unfinished = sql(su, "SELECT r.state, a.state, a.worker_id, count(*) FROM qinglong.runs r "
+                             "JOIN qinglong.attempts a USING (run_id) WHERE r.state NOT IN "
+                             f"{TERMINAL_SQL} GROUP BY 1, 2, 3")
+        print("unfinished after 120 s:", unfinished, f"(worker logs in {workdir})", flush=True)
     from execution import _status_kib
 
     rss = {w.worker_id: _status_kib(w.pid, "VmHWM") for w in pool}
-    exit_codes = [w.stop() for w in pool]
+    exit_codes = [w.stop(timeout=90) for w in pool]
+    leftover = sum(w.leftover_jobs() for w in pool)
     warm_ms = started_ms + warm_s * 1000
     rows = sql(su, "SELECT r.run_id::text, a.attempt_no, r.scheduled_for_ms, r.admitted_at_ms, a.dispatched_at_ms, "
                    "a.started_at_ms FROM qinglong.runs r JOIN qinglong.attempts a USING (run_id) "
@@ -574,6 +586,8 @@ def worker_latency(server, workdir: Path, *, triggers: int, seconds: float, repl
         "claimed_to_started_call_p50_ms": percentile(started, 0.50),
         "claimed_to_started_call_p99_ms": percentile(started, 0.99),
         "run_states": states, "worker_peak_rss_kib": rss, "worker_exit_codes": exit_codes,
+        "runs_unfinished_after_120_s": [list(r) for r in unfinished],
+        "job_wrappers_left_alive_after_stop": leftover,
     }
 
 
@@ -849,6 +863,9 @@ def main() -> None:
             workers["memory"] = worker_memory(server, workdir, [int(c) for c in args.memory_jobs.split(",")])
         workers["server"] = f"PostgreSQL {server.version_num()}"
     finally:
+        for worker in STARTED_WORKERS:
+            worker.kill9()
+            worker.leftover_jobs()
         server.destroy()
 
     # a run of some parts keeps the other parts' figures already in the results file

@@ -104,6 +104,35 @@ class WorkerProcess:
             self.proc.wait()
             self.kills.append(time.monotonic())
 
+    def leftover_jobs(self, kill: bool = True) -> int:
+        """Job wrappers of this worker still alive with no receipt (after the worker stopped there
+        should be none); KILLed (their process group) with ``kill``, so a bench leaves nothing
+        behind. Returns how many there were. The log directory is read from the settings file."""
+        import re
+
+        match = re.search(r'^log_dir = "(.*)"$', self.settings.read_text(), re.M)
+        if not match or not os.path.isdir(match[1]):
+            return 0
+        found = 0
+        for entry in os.scandir(match[1]):
+            attempt = Path(entry.path)
+            if (attempt / "receipt").exists() or not (attempt / "pid").exists():
+                continue
+            try:
+                pid = int((attempt / "pid").read_text().strip())
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except (OSError, ValueError):
+                continue
+            if str(attempt).encode() not in cmdline:
+                continue  # the pid is another process's now
+            found += 1
+            if kill:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        return found
+
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM (drain: running jobs finish, outcomes reported, the session closed); KILL after
         ``timeout``. The exit code, or None when it had to be killed."""
