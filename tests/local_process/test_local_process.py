@@ -836,3 +836,28 @@ def test_a_fenced_job_dies_at_its_fence_even_when_the_process_that_started_it_wa
         proc.kill()
         proc.wait()
     assert not (log_dir / "a1" / "receipt").exists()
+
+
+def test_a_wrapper_whose_helpers_die_of_a_signal_still_ends_and_writes_its_receipt(any_executor, log_dir):
+    """The wrapper waits for its log reader and its fence watcher; a shell answers a wait on a
+    child killed by a signal with 128+N, the same as a wait cut short by a trapped signal, and
+    dash repeats it on every later wait. A wrapper looping on that status spins forever: the Run
+    stays running with its lease renewed, and its real outcome is never recorded. Here the job
+    itself KILLs both helpers (the watcher can also die of the wrapper's USR1 before its trap is
+    set, in a job that ends at once)."""
+    killer = ("import os, signal\n"
+              "me, parent = os.getpid(), os.getppid()\n"
+              "for pid in [int(p) for p in os.listdir('/proc') if p.isdigit()]:\n"
+              "    try:\n"
+              "        stat = open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()\n"
+              "    except OSError:\n"
+              "        continue\n"
+              "    if int(stat[1]) == parent and pid != me:\n"
+              "        os.kill(pid, signal.SIGKILL)\n"
+              "raise SystemExit(5)\n")
+    req = replace(request(log_dir, ["python3", "-c", killer]), fence_deadline_mono=time.monotonic() + 60)
+    handle = run(any_executor.start(req))
+    run(any_executor.wait(req.attempt_dir, handle))
+    receipt = any_executor.read_receipt(req.attempt_dir)
+    assert receipt is not None and receipt.exit_code == 5
+    wait_until(lambda: group_members(handle.pgid) == [], "the group to be gone")

@@ -89,6 +89,7 @@ if [ -f "$QINGLONG_D/fence" ]; then
       @SLEEP@ 1 &
       QINGLONG_P=$!
       wait "$QINGLONG_P"
+      QINGLONG_P=
     done
   } </dev/null >/dev/null 2>&1 9<&- &
   QINGLONG_W=$!
@@ -130,11 +131,11 @@ shift 3
 "$@" >"$QINGLONG_D/out" 2>&1 9<&-
 QINGLONG_S=$?
 wait "$QINGLONG_R"
-while [ "$?" -gt 128 ]; do wait "$QINGLONG_R"; done
+while [ "$?" -gt 128 ] && kill -0 "$QINGLONG_R" 2>/dev/null; do wait "$QINGLONG_R"; done
 if [ -n "$QINGLONG_W" ]; then
   kill -USR1 "$QINGLONG_W" 2>/dev/null
   wait "$QINGLONG_W"
-  while [ "$?" -gt 128 ]; do wait "$QINGLONG_W"; done
+  while [ "$?" -gt 128 ] && kill -0 "$QINGLONG_W" 2>/dev/null; do wait "$QINGLONG_W"; done
 fi
 QINGLONG_N=
 IFS= read -r QINGLONG_N <"$QINGLONG_D/dropped"
@@ -169,8 +170,11 @@ printf 'format=2\\nstatus=%s\\ndropped=%s\\nend\\n' "$QINGLONG_S" "$QINGLONG_N" 
 #   process each;
 # - the fence watcher compares integers: /proc/uptime's "12345.67" without its dot is
 #   centiseconds (its fraction always has two digits); a fence it cannot read is 0, i.e. passed;
-# - `wait` returns early (> 128) when a trapped signal arrives: wait again until the reader is
-#   really reaped (a second wait on a reaped pid returns 127).
+# - `wait` returns early (> 128) when a trapped signal arrives: wait again while the process is
+#   still there (`kill -0`). A status > 128 can also be the process's own death by a signal (the
+#   watcher killed by the USR1 that came before its trap was set, a reader killed by a signal a
+#   job sent its group), and shells differ on what a second wait then returns (dash repeats the
+#   status), so the process's absence, not the status, ends the loop.
 
 
 class WrapperToolMissing(RuntimeError):
