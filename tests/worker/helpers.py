@@ -207,9 +207,9 @@ def py_job(source: str, *args: str) -> list[str]:
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` is alive (zombies do not count). A fenced job's
-    group may outlive its receipt by a moment (the executor's fence watcher is killed by the
-    wrapper, its ``sleep`` ends on its own): wait for it to be gone, never assert it at once."""
+    """Whether any process of group ``pgid`` is alive (zombies do not count). A group killed by a
+    signal is gone only once the kernel has reaped each member: wait for it to be gone, never
+    assert it at once."""
     return bool(group_members(pgid))
 
 
