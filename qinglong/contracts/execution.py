@@ -1058,6 +1058,18 @@ class RunControl(Protocol):
         ...
 
 
+def run_state_filter(state: "RunState | str | None") -> "RunState | None":
+    """A listing's state filter: None, or a :class:`RunState`; anything else is a
+    :class:`~qinglong.contracts.errors.UserError` listing the states, on every backend alike."""
+    if state is None:
+        return None
+    try:
+        return RunState(state)
+    except ValueError:
+        raise UserError(f"unknown run state {state!r}: expected one of "
+                        f"{', '.join(s.value for s in RunState)}") from None
+
+
 def manual_idempotency_key(key: str) -> str:
     """``ql3:manual:v1:<key>``: the key of a manual Run."""
     return f"ql3:manual:v1:{key}"

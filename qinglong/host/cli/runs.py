@@ -20,7 +20,7 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import Any, BinaryIO, Sequence
+from typing import Any, BinaryIO, Generator, Sequence
 
 from qinglong.contracts.errors import ExitCode, NotFound, UserError
 
@@ -205,15 +205,17 @@ def _cancel_run(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- logs
 
 
-def tail_offset(f: BinaryIO, size: int, lines: int) -> int:
-    """Where the last ``lines`` lines of a file of ``size`` bytes start (a final newline ends the
-    last line; it does not start an empty one)."""
-    end = size - 1 if size and _byte_at(f, size - 1) == b"\n" else size
+def _tail_search(size: int, lines: int) -> Generator[tuple[int, int], bytes, int]:
+    """Where the last ``lines`` lines of a log of ``size`` bytes start (a final newline ends the
+    last line; it does not start an empty one). A generator: it yields ``(offset, n)`` for each
+    read it needs and is sent those bytes, so one search serves a file and a store alike."""
+    end = size
+    if size and (yield (size - 1, 1)) == b"\n":
+        end = size - 1
     pos, found = end, 0
     while pos > 0:
         start = max(0, pos - CHUNK)
-        f.seek(start)
-        block = f.read(pos - start)
+        block = yield (start, pos - start)
         index = len(block)
         while True:
             index = block.rfind(b"\n", 0, index)
@@ -226,9 +228,17 @@ def tail_offset(f: BinaryIO, size: int, lines: int) -> int:
     return 0
 
 
-def _byte_at(f: BinaryIO, offset: int) -> bytes:
-    f.seek(offset)
-    return f.read(1)
+def tail_offset(f: BinaryIO, size: int, lines: int) -> int:
+    """:func:`_tail_search` over a file."""
+    search = _tail_search(size, lines)
+    try:
+        offset, n = next(search)
+        while True:
+            f.seek(offset)
+            offset, n = search.send(f.read(n))
+    except StopIteration as done:
+        return done.value
+
 
 
 def _copy(f: BinaryIO, offset: int, out: BinaryIO) -> int:
@@ -310,23 +320,15 @@ async def _print_log(store: Any, run_id: str, number: int | None, tail: int | No
 
 
 async def stored_tail_offset(read: Any, size: int, lines: int) -> int:
-    """:func:`tail_offset` of a log held by a store: ``await read(offset, n)`` returns its ``n``
-    bytes from ``offset`` (all of them: the range lies within the ``size`` bytes stored)."""
-    end = size - 1 if size and await read(size - 1, 1) == b"\n" else size
-    pos, found = end, 0
-    while pos > 0:
-        start = max(0, pos - CHUNK)
-        block = await read(start, pos - start)
-        index = len(block)
+    """:func:`_tail_search` over a log held by a store: ``await read(offset, n)`` returns its
+    ``n`` bytes from ``offset`` (all of them: the range lies within the ``size`` bytes stored)."""
+    search = _tail_search(size, lines)
+    try:
+        offset, n = next(search)
         while True:
-            index = block.rfind(b"\n", 0, index)
-            if index < 0:
-                break
-            found += 1
-            if found == lines:
-                return start + index + 1
-        pos = start
-    return 0
+            offset, n = search.send(await read(offset, n))
+    except StopIteration as done:
+        return done.value
 
 
 async def _print_stored_log(control: Any, run_id: str, number: int | None, tail: int | None,

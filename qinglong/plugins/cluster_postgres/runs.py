@@ -21,8 +21,9 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from psycopg.rows import dict_row
 
-from qinglong.contracts.errors import NotFound, UserError
+from qinglong.contracts.errors import NotFound
 from qinglong.contracts.execution import (
+    run_state_filter,
     AttemptState,
     AttemptView,
     CancelReason,
@@ -85,12 +86,7 @@ class ClusterRunControl:
                         limit: int = 50) -> Sequence[RunSummary]:
         """Newest first (scheduled time, then admission), optionally of one state, project, task
         and trigger; bounded by :func:`~qinglong.contracts.store.listing_bound`."""
-        if state is not None:
-            try:
-                state = RunState(state)
-            except ValueError:
-                raise UserError(f"unknown run state {state!r}: expected one of "
-                                f"{', '.join(s.value for s in RunState)}") from None
+        state = run_state_filter(state)
         rows = await self._rows("control_list_runs", {
             "state": state.value if state is not None else None, "project_id": project_id,
             "task_id": task_id, "trigger_id": trigger_id, "limit": listing_bound(limit)})

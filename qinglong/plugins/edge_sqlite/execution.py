@@ -34,6 +34,7 @@ from typing import Any, Sequence
 
 from qinglong.contracts.errors import NotFound, UserError, project_not_found, task_not_found
 from qinglong.contracts.execution import (
+    run_state_filter,
     CONTRACT_LIMITS,
     TERMINAL_ATTEMPT_STATES,
     ActiveAttempt,
@@ -460,12 +461,7 @@ class SqliteExecutionStore:
         """Runs newest first (by scheduled time, then admission), optionally of one state,
         project and task; bounded by :func:`~qinglong.contracts.store.listing_bound`."""
         bound = listing_bound(limit)
-        if state is not None:
-            try:
-                state = RunState(state)
-            except ValueError:
-                raise UserError(f"unknown run state {state!r}: expected one of "
-                                f"{', '.join(s.value for s in RunState)}") from None
+        state = run_state_filter(state)
         params = {"state": state.value if state is not None else None, "project": project_id,
                   "task": task_id, "limit": bound}
         if project_id is not None and task_id is not None:
