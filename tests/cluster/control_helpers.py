@@ -127,7 +127,9 @@ class ProtocolWorker:
     ``worker_ingress`` role: the protocol a ``qinglong worker`` speaks, without its process (so a
     test decides when a session goes silent)."""
 
-    def __init__(self, db: ClusterDb, worker_id: str, *, lease_ms: int = LEASE_MS, capacity: int = 4,
+    #: A test about expiry passes ``lease_ms=LEASE_MS``; every other one keeps its session for
+    #: ten minutes, so a slow machine (each CLI call a new interpreter) cannot expire it midway.
+    def __init__(self, db: ClusterDb, worker_id: str, *, lease_ms: int = 600_000, capacity: int = 4,
                  labels: tuple[str, ...] = ()) -> None:
         self.conn = psycopg.connect(db.dsn("qinglong_worker_ingress"), autocommit=True)
         self.worker_id = worker_id

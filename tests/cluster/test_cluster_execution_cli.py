@@ -195,7 +195,7 @@ def test_log_retention_prunes_shipped_logs_of_ended_attempts_and_logs_reports_th
                               retention_days=retention_ms / 86_400_000)
     ended = admit(cluster, publish(cluster, "ended", ["sh", "-c", "..."]), offset_ms=-2000)
     running = admit(cluster, publish(cluster, "running", ["sleep", "600"]))
-    worker = ProtocolWorker(cluster, "w-ret", lease_ms=600_000)  # the running one never expires here
+    worker = ProtocolWorker(cluster, "w-ret")
     try:
         lease_ended, lease_running = worker.claim(2)
         assert (lease_ended.run_id, lease_running.run_id) == (ended, running)
