@@ -197,6 +197,10 @@ def test_a_replaced_process_does_not_take_its_worker_id_back_from_the_process_th
     w = c.add_worker("w")
     wait_until(lambda: "w" in c.sessions(), "the first session of 'w'")
     old = w.process
+    # frozen only once it has said so: a process stopped between its session's commit and its
+    # own line about it would write that line after SIGCONT, as if it had opened a session again
+    wait_until(lambda: any(e.get("code") == "worker.session_opened" for e in old.diagnostics()),
+               "the first process to report its session")
     old.signal(signal.SIGSTOP)
     generation = c.sessions()["w"]["generation"]
     w.restart()
