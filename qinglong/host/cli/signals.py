@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 from qinglong.contracts.errors import ExitCode
 
@@ -24,24 +25,9 @@ async def run_lifecycle(lifecycle: Any, diagnostics: Any, for_seconds: float | N
     from qinglong.contracts.diagnostics import DiagnosticEvent
 
     stop = asyncio.Event()
-    received: list[int] = []
-
-    def on_signal(signum: int) -> None:
-        received.append(signum)
-        if len(received) == 1:
-            diagnostics.emit(DiagnosticEvent("info", "lifecycle.stop_requested",
-                                             f"{signal.Signals(signum).name} received; stopping in order "
-                                             "(send it again to force the exit)"))
-            stop.set()
-        else:
-            sys.stderr.write("qinglong: second signal, exiting at once\n")
-            sys.stderr.flush()
-            os._exit(ExitCode.INTERRUPTED)
-
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    try:
+    with two_stage_signals(diagnostics, "lifecycle.stop_requested",
+                           "stopping in order (send it again to force the exit)", stop.set):
         await lifecycle.start()
         try:
             if for_seconds is not None:
@@ -60,12 +46,40 @@ async def run_lifecycle(lifecycle: Any, diagnostics: Any, for_seconds: float | N
                 await stop.wait()
         finally:
             await lifecycle.stop()
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
     stats = lifecycle.last_stats
     if stats is not None:
         diagnostics.emit(DiagnosticEvent("info", "lifecycle.stopped", "stopped",
                                          {"rounds": stats.rounds, "admitted": stats.admitted,
                                           "failed_rounds": stats.failed_rounds}))
     return ExitCode.OK
+
+
+@contextlib.contextmanager
+def two_stage_signals(diagnostics: Any, code: str, first: str, on_first: Callable[[], None],
+                      on_second: Callable[[], str] = lambda: "exiting at once") -> Iterator[None]:
+    """While inside, SIGTERM/SIGINT call ``on_first`` once (logged as ``code``: "<SIG> received;
+    ``first``"), and a second signal writes what ``on_second`` did to stderr and exits at once with
+    ``ExitCode.INTERRUPTED``: the one rule for every long-running command."""
+
+    from qinglong.contracts.diagnostics import DiagnosticEvent
+
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            diagnostics.emit(DiagnosticEvent("info", code, f"{signal.Signals(signum).name} received; {first}"))
+            on_first()
+            return
+        sys.stderr.write(f"qinglong: second signal, {on_second()}\n")
+        sys.stderr.flush()
+        os._exit(ExitCode.INTERRUPTED)
+
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        yield
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)

@@ -11,14 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import sys
 from typing import Any
-
-from qinglong.contracts.errors import ExitCode
 
 from .boot import settings_of
 from .parsing import add_command
+from .signals import two_stage_signals
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -66,29 +63,10 @@ async def serve(connect: Any, executors: Any, config: Any, diagnostics: Any) -> 
                                          f"the store is unavailable at start; retrying: {exc}"))
         protocol = None
     worker = Worker(connect, executors, config, diagnostics, protocol=protocol)
-    received: list[int] = []
-
-    def on_signal(signum: int) -> None:
-        received.append(signum)
-        if len(received) == 1:
-            diagnostics.emit(DiagnosticEvent("info", "worker.stop_requested",
-                                             f"{signal.Signals(signum).name} received; draining (send it again "
-                                             "to kill the jobs and exit at once)"))
-            worker.request_stop()
-            return
-        killed = worker.kill_all()
-        sys.stderr.write(f"qinglong: second signal, {killed} job(s) killed, exiting at once\n")
-        sys.stderr.flush()
-        os._exit(ExitCode.INTERRUPTED)
-
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    try:
+    with two_stage_signals(diagnostics, "worker.stop_requested",
+                           "draining (send it again to kill the jobs and exit at once)", worker.request_stop,
+                           lambda: f"{worker.kill_all()} job(s) killed, exiting at once"):
         return await worker.run()
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
