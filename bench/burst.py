@@ -230,13 +230,18 @@ def settings_file(workdir: Path, owner: str, dsn: str) -> Path:
     return path
 
 
-def start_replicas(workdir: Path, dsn: str, count: int, seconds: float, tag: str):
+def start_replicas(workdir: Path, dsn: str, count: int, seconds: float, tag: str,
+                   profile_dir: Path | None = None):
+    """Start ``count`` replicas; with ``profile_dir``, the first runs under cProfile and writes
+    its profile there (``<owner>.prof``): where a replica's CPU goes during a burst."""
     procs = []
     for i in range(count):
         owner = f"{tag}-r{i}"
         log = open(workdir / f"{owner}.log", "w")
+        profiler = (["-m", "cProfile", "-o", str(profile_dir / f"{owner}.prof")]
+                    if profile_dir is not None and i == 0 else [])
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "qinglong", "run", "--settings",
+            [sys.executable, *profiler, "-m", "qinglong", "run", "--settings",
              str(settings_file(workdir, owner, dsn)), "--for-seconds", f"{seconds:.1f}"],
             stdout=log, stderr=subprocess.STDOUT, cwd=str(workdir)))
     return procs
@@ -266,7 +271,7 @@ def wait_replicas(procs, timeout: float) -> list[float]:
 
 
 def burst(triggers: int, replicas: int, lead_s: float = 20.0, tail_s: float = 15.0,
-          sample_locks: bool = False, ceiling: bool = True) -> dict:
+          sample_locks: bool = False, ceiling: bool = True, profile_dir: Path | None = None) -> dict:
     import psycopg
 
     from tests.cluster.scale_seed import clone_triggers
@@ -294,7 +299,8 @@ def burst(triggers: int, replicas: int, lead_s: float = 20.0, tail_s: float = 15
         log_offset = server.logfile.stat().st_size
         cpu_before = server_cpu_s(server)
         run_s = (t_ms - db_now_ms(su)) / 1000 + tail_s
-        procs = start_replicas(workdir, dsns[RUNTIME], replicas, run_s, f"b{triggers}x{replicas}")
+        procs = start_replicas(workdir, dsns[RUNTIME], replicas, run_s, f"b{triggers}x{replicas}",
+                               profile_dir)
         sampler = LockSampler(su) if sample_locks else None
         if sampler is None:
             replica_cpu = wait_replicas(procs, run_s + 120)
@@ -417,6 +423,91 @@ def pgbench_ceiling(server, dsns: dict, clients: int, triggers: int, workdir: Pa
             "failed_transactions": int(failed[1]) if failed else 0,
             "server_cpu_s": round(server_cpu, 2),
             "pgbench_tps_line": next((l.strip() for l in out.splitlines() if l.startswith("tps")), "")}
+
+
+# --------------------------------------------------------------------------- replica CPU per occurrence
+
+
+def drain_cpu(triggers: int, profile: Path | None = None) -> dict:
+    """CPU seconds one replica spends per occurrence, measured in this process (not by the wall
+    clock, so a loaded machine does not change the figure much): ``triggers`` schedules due, one
+    backend built by the plugin's factory with the default scheduler settings, rounds run one after
+    the other until a round claims nothing. Reported: this process's CPU seconds over the drain
+    (rounds only, no start-up) and per occurrence, the server's, the rounds, and the Runs admitted.
+    With ``profile``, the rounds run under cProfile (process-time timer) written there."""
+    import asyncio
+    import cProfile
+
+    import psycopg
+
+    from qinglong.contracts.store import BackendContext, SchedulerLimits
+    from qinglong.host.settings import SchedulerSettings
+    from qinglong.plugins.cluster_postgres import qinglong_scheduler_backends
+    from qinglong.plugins.cluster_postgres.settings import ClusterPostgresSettings
+    from qinglong.plugins.cron.provider import CronProvider
+    from tests.cluster.scale_seed import clone_triggers
+
+    class Quiet:
+        def emit(self, event) -> None:
+            pass
+
+    server = fresh_server()
+    try:
+        dsns = make_db(server, "drain")
+        su = dsns["superuser"]
+        [template] = publish_templates(dsns, ["* * * * *"])
+        with psycopg.connect(su, autocommit=True) as conn:
+            if triggers > 1:
+                clone_triggers(conn, template, triggers - 1, prefix="c")
+            conn.execute("UPDATE qinglong.trigger_schedules SET next_fire_at_ms = "
+                         "(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint / 60000) * 60000, "
+                         "claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL")
+            conn.execute("VACUUM ANALYZE")
+        defaults = SchedulerSettings()
+        context = BackendContext(
+            settings=ClusterPostgresSettings(runtime_dsn=dsns[RUNTIME]),
+            limits=SchedulerLimits(defaults.page_size, defaults.claim_budget, defaults.lease_ms,
+                                   defaults.cadence_ms),
+            providers={"cron": CronProvider()}, diagnostics=Quiet(),
+            clock_ms=lambda: int(time.time() * 1000), owner="drain")
+        backend = qinglong_scheduler_backends()[0].create(context)
+        profiler = cProfile.Profile(time.process_time) if profile else None
+
+        async def body() -> dict:
+            await backend.open()
+            await backend.run_round()  # warm: the pool's connection, the prepared statements
+            sql(su, "TRUNCATE qinglong.run_events, qinglong.attempts, qinglong.runs CASCADE")
+            sql(su, "UPDATE qinglong.trigger_schedules SET next_fire_at_ms = "
+                    "(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint / 60000) * 60000, "
+                    "claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL")
+            rounds = claims = 0
+            server_before, cpu_before, wall_before = server_cpu_s(server_ref), time.process_time(), time.monotonic()
+            if profiler:
+                profiler.enable()
+            while True:
+                report = await backend.run_round()
+                rounds += 1
+                claims += report.claimed
+                if report.claimed == 0:
+                    break
+            if profiler:
+                profiler.disable()
+            cpu, wall = time.process_time() - cpu_before, time.monotonic() - wall_before
+            server_cpu = server_cpu_s(server_ref) - server_before
+            await backend.close()
+            return {"rounds": rounds, "claims": claims, "cpu_s": round(cpu, 3), "wall_s": round(wall, 3),
+                    "server_cpu_s": round(server_cpu, 3)}
+
+        server_ref = server
+        out = asyncio.run(body())
+        if profiler:
+            profiler.dump_stats(str(profile))
+        runs, keys = sql(su, "SELECT count(*), count(DISTINCT idempotency_key) FROM qinglong.runs")[0]
+        return {"triggers": triggers, "runs": runs, "duplicates": runs - keys, **out,
+                "replica_cpu_ms_per_occurrence": round(1000 * out["cpu_s"] / max(1, runs), 4),
+                "server_cpu_ms_per_occurrence": round(1000 * out["server_cpu_s"] / max(1, runs), 4)}
+    finally:
+        server.destroy()
 
 
 # --------------------------------------------------------------------------- the edge profile
@@ -662,11 +753,21 @@ def main() -> None:
     parser.add_argument("--schedules", default=None, help="claim cost at these schedule counts")
     parser.add_argument("--compare-rev", default=None, help="also measure the claim of this git revision")
     parser.add_argument("--sample-locks", action="store_true", help="sample SIRead locks in bursts")
+    parser.add_argument("--profile-dir", type=Path, default=None,
+                        help="run the first replica of each burst under cProfile, writing here")
+    parser.add_argument("--drain-cpu", type=int, default=0,
+                        help="CPU per occurrence of one in-process replica draining this many due rows")
     parser.add_argument("--scale-seconds", type=float, default=0, help="steady 100/s run per count")
     args = parser.parse_args()
     output: dict = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "cpus": os.cpu_count()}
-    if args.schedules:
+    if args.drain_cpu:
+        figures = [drain_cpu(args.drain_cpu, args.profile_dir / "drain.prof" if args.profile_dir else None)
+                   for _ in range(args.repeat)]
+        for f in figures:
+            print(json.dumps(f), flush=True)
+        output["drain_cpu"] = figures
+    elif args.schedules:
         counts = [int(c) for c in args.schedules.split(",")]
         output["scale"] = scale(counts, args.compare_rev, args.scale_seconds)
         print("\nclaim cost (EXPLAIN ANALYZE, median of 5; rows/blocks of the due-index scans)")
@@ -688,7 +789,8 @@ def main() -> None:
         for n, r in cells:
             runs = []
             for _ in range(args.repeat):
-                runs.append(burst(n, r, sample_locks=args.sample_locks, ceiling=not args.no_ceiling))
+                runs.append(burst(n, r, sample_locks=args.sample_locks, ceiling=not args.no_ceiling,
+                                  profile_dir=args.profile_dir))
                 print(json.dumps(runs[-1]), flush=True)
             rows.append(median_of(runs) | {"runs_each": runs})
         edge_rows = []
