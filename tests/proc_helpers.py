@@ -1,9 +1,14 @@
-"""What tests read from /proc about job processes, written once for every test package (kept apart
-from the executor's own procfs reading, so a test does not share the code it checks)."""
+"""What tests read from /proc about job processes, and how they wait for a condition, written once
+for every test package (kept apart from the executor's own procfs reading, so a test does not share
+the code it checks)."""
 
 from __future__ import annotations
 
 import os
+import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 
 def _stat_fields(pid: int | str) -> list[bytes] | None:
@@ -31,3 +36,22 @@ def group_members(pgid: int) -> list[int]:
         if fields is not None and fields[0] != b"Z" and int(fields[2]) == pgid:
             found.append(int(entry.name))
     return found
+
+
+def wait_until(condition: Callable[[], T], what: str, *, timeout: float, interval: float = 0.05,
+               gone: Callable[[], str | None] | None = None) -> T:
+    """Poll ``condition`` until it returns something truthy, and return that. The bound only
+    catches a hang: a slow machine makes a test slower, never failing. ``gone``, when given, says
+    why the condition can no longer come (the child it waits on exited, with what it printed), or
+    None while it still can: then the wait fails at once with that text instead of at the bound."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        reason = gone() if gone is not None else None
+        if reason is not None:
+            raise AssertionError(f"{reason} before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached within {timeout:.0f} s")
+        time.sleep(interval)

@@ -15,13 +15,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 
 from tests.cluster.conftest import ClusterDb, arun, set_cursor
+from tests import proc_helpers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,16 +33,8 @@ LEASE_MS = 5000
 
 
 def wait_for(predicate, what: str, timeout_s: float = PATIENCE_S, interval_s: float = 0.1):
-    """Poll ``predicate`` until it returns something truthy; that value. AssertionError naming
-    ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
-        time.sleep(interval_s)
-
+    """Poll ``predicate`` until it returns something truthy; that value."""
+    return proc_helpers.wait_until(predicate, what, timeout=timeout_s, interval=interval_s)
 
 # ---------------------------------------------------------------------------------- publishing
 

@@ -15,11 +15,11 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from tests.proc_helpers import group_members  # noqa: F401 (re-exported)
+from tests import proc_helpers
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -46,19 +46,11 @@ def wait_until(condition: Callable[[], T], what: str, *, timeout: float = WAIT_S
                alive: "ControlPlane | None" = None) -> T:
     """Poll ``condition`` until it returns something true; fail naming ``what`` (and the control
     plane's stderr, when one is given and it died) otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if alive is not None and alive.process.poll() is not None:
-            raise AssertionError(f"qinglong run ended (rc {alive.process.returncode}) before {what}:\n"
-                                 f"{alive.stderr()}")
-        if time.monotonic() > deadline:
-            extra = f"\nstderr of qinglong run:\n{alive.stderr()}" if alive is not None else ""
-            raise AssertionError(f"{what}: not reached in {timeout:.0f} s{extra}")
-        time.sleep(interval)
-
+    def ended() -> str | None:
+        if alive is None or alive.process.poll() is None:
+            return None
+        return f"qinglong run ended (rc {alive.process.returncode}):\n{alive.stderr()}\n"
+    return proc_helpers.wait_until(condition, what, timeout=timeout, interval=interval, gone=ended)
 
 class ControlPlane:
     """One ``qinglong run`` subprocess, its stderr in a file (read whole at any time)."""

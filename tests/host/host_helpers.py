@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from tests import proc_helpers
+
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,17 +127,10 @@ def wait_until(condition: Callable[[], T | None], what: str, timeout: float = 12
 
     With ``alive``, fail at once if that child exits first (it will not bring the condition about).
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if alive is not None and alive.poll() is not None:
-            raise AssertionError(f"the child exited ({alive.returncode}) before {what}")
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what}: not reached within {timeout:.0f} s")
-        time.sleep(every)
-
+    gone = None
+    if alive is not None:
+        gone = lambda: f"the child exited ({alive.returncode})" if alive.poll() is not None else None  # noqa: E731
+    return proc_helpers.wait_until(condition, what, timeout=timeout, interval=every, gone=gone)
 
 def assert_exactly_once_grid(runs: list[dict], key_prefix: str, step_ms: int = 1000,
                              grace_ms: int = 60_000) -> None:

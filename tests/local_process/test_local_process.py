@@ -36,20 +36,14 @@ from qinglong.plugins.local_process import create_executor, qinglong_executors
 from qinglong.plugins.local_process.executor import LocalProcessExecutor
 from qinglong.plugins.local_process.procfs import group_members, read_stat
 
+from tests import proc_helpers
+
 TIMEOUT = 60.0
 MIB = 1024 * 1024
 
 
 def wait_until(condition, what: str, timeout: float = TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
+    return proc_helpers.wait_until(condition, what, timeout=timeout, interval=0.01)
 
 @pytest.fixture
 def log_dir(tmp_path: Path) -> Path:

@@ -14,12 +14,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.cluster.conftest import ClusterDb, set_cursor
 from tests.pg import ROLE_PASSWORDS
 from tests.proc_helpers import group_members
+from tests import proc_helpers
 
 PROJECT = "wp"
 #: Overall bound on any wait: a hang, never a speed requirement.
@@ -33,16 +33,9 @@ TERMINAL = ("succeeded", "failed", "timed_out", "cancelled", "lost")
 
 
 def wait_until(condition, what: str, timeout_s: float = PATIENCE_S, interval_s: float = 0.05):
-    """Poll ``condition()`` until truthy; its value, or AssertionError naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(interval_s)
-
+    """Poll ``condition`` until truthy (its value), or fail naming ``what``, never sooner than
+    :data:`PATIENCE_S`."""
+    return proc_helpers.wait_until(condition, what, timeout=max(timeout_s, PATIENCE_S), interval=interval_s)
 
 def worker_dsn(db: ClusterDb, host: str | None = None, port: int | None = None) -> str:
     """The worker_ingress role's DSN on ``db`` (through ``host:port``, a proxy, when given)."""
@@ -121,6 +114,14 @@ class WorkerProcess:
             self.proc.kill()
             self.proc.wait(timeout=30)
         self._stderr.close()
+
+
+def start_worker(db: ClusterDb, tmp_path: Path, name: str, **settings) -> WorkerProcess:
+    """A ``qinglong worker`` whose id is ``name``, with its settings, log folder and stderr file
+    under ``tmp_path`` (``settings`` as :func:`write_worker_settings` takes them)."""
+    path = write_worker_settings(tmp_path / f"{name}.toml", worker_dsn(db), worker_id=name,
+                                 log_dir=tmp_path / f"{name}-logs", **settings)
+    return WorkerProcess(path, tmp_path / f"{name}.stderr")
 
 
 def publish_task(db: ClusterDb, task_id: str, payload: dict, *, trigger_id: str | None = None) -> str:

@@ -8,6 +8,7 @@ import signal
 from tests.worker.drain_jobs import GATED_JOB
 from tests.proc_helpers import process_alive
 from tests.worker.helpers import (
+    start_worker,
     keeper_pid,
     admit,
     attempts,
@@ -16,16 +17,7 @@ from tests.worker.helpers import (
     publish_task,
     run_state,
     wait_until,
-    worker_dsn,
-    write_worker_settings,
-    WorkerProcess,
 )
-
-def _worker(cluster, tmp_path, name: str, **kw) -> WorkerProcess:
-    settings = write_worker_settings(tmp_path / f"{name}.toml", worker_dsn(cluster), worker_id=name,
-                                     log_dir=tmp_path / f"{name}-logs", **kw)
-    return WorkerProcess(settings, tmp_path / f"{name}.stderr")
-
 
 def _session_closed(cluster, worker_id: str) -> bool:
     rows = cluster.sql("SELECT closed_at_ms FROM qinglong.worker_sessions WHERE worker_id = %s", (worker_id,))
@@ -39,7 +31,7 @@ def test_sigterm_lets_the_running_job_finish_reports_it_claims_nothing_more_and_
     mark, release = tmp_path / "job.pid", tmp_path / "release"
     trigger = publish_task(cluster, "gated", {"command": py_job(GATED_JOB, str(mark), str(release))})
     run_id = admit(cluster, trigger)
-    worker = _worker(cluster, tmp_path, "w-drain", level="debug")
+    worker = start_worker(cluster, tmp_path, "w-drain", level="debug")
     try:
         wait_until(mark.exists, "the job to start")
         assert run_state(cluster, run_id) == "running"
@@ -78,7 +70,7 @@ def test_the_drain_timeout_stops_the_job_and_reports_it_cancelled(cluster, tmp_p
     mark, release = tmp_path / "job.pid", tmp_path / "release"
     trigger = publish_task(cluster, "stuck", {"command": py_job(GATED_JOB, str(mark), str(release))})
     run_id = admit(cluster, trigger)
-    worker = _worker(cluster, tmp_path, "w-stuck", drain_timeout_ms=500)
+    worker = start_worker(cluster, tmp_path, "w-stuck", drain_timeout_ms=500)
     try:
         wait_until(mark.exists, "the job to start")
         pid, pgid = map(int, mark.read_text().split())
@@ -102,7 +94,7 @@ def test_a_second_signal_kills_the_jobs_before_the_worker_exits(cluster, tmp_pat
     mark, release = tmp_path / "job.pid", tmp_path / "release"
     trigger = publish_task(cluster, "forced", {"command": py_job(GATED_JOB, str(mark), str(release))})
     admit(cluster, trigger)
-    worker = _worker(cluster, tmp_path, "w-forced")
+    worker = start_worker(cluster, tmp_path, "w-forced")
     try:
         wait_until(mark.exists, "the job to start")
         pid, pgid = map(int, mark.read_text().split())

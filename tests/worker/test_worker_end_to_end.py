@@ -7,6 +7,7 @@ import os
 import signal
 
 from tests.worker.helpers import (
+    start_worker,
     admit,
     attempts,
     py_job,
@@ -33,12 +34,6 @@ BINARY_JOB = (
 BINARY_BYTES = bytes(range(256)) * 1171 + bytes(range(224))
 
 
-def _worker(cluster, tmp_path, name: str, **kw) -> WorkerProcess:
-    settings = write_worker_settings(tmp_path / f"{name}.toml", worker_dsn(cluster), worker_id=name,
-                                     log_dir=tmp_path / f"{name}-logs", **kw)
-    return WorkerProcess(settings, tmp_path / f"{name}.stderr")
-
-
 def test_a_cron_run_is_executed_by_a_worker_with_its_exit_code_and_every_log_byte_stored(cluster, tmp_path):
     """Without the worker a cluster Run would stay queued forever; without chunked, offset-checked
     shipping a log over one chunk (or one holding bytes that are not UTF-8) would land cut or
@@ -48,7 +43,7 @@ def test_a_cron_run_is_executed_by_a_worker_with_its_exit_code_and_every_log_byt
                                                "timeout_ms": 60_000})
     run_id = admit(cluster, trigger)
     assert run_state(cluster, run_id) == "queued"
-    worker = _worker(cluster, tmp_path, "w-e2e")
+    worker = start_worker(cluster, tmp_path, "w-e2e")
     try:
         assert wait_run_state(cluster, run_id) == "failed"  # exit 7, no retry by default
         (attempt,) = attempts(cluster, run_id)
@@ -81,7 +76,7 @@ def test_a_failing_job_is_retried_exactly_as_its_policy_says(cluster, tmp_path):
         "retry": {"max_attempts": 3, "initial_backoff_ms": 100, "max_backoff_ms": 200, "jitter": 0,
                   "exit_codes": [3]}})
     run_id = admit(cluster, trigger)
-    worker = _worker(cluster, tmp_path, "w-retry")
+    worker = start_worker(cluster, tmp_path, "w-retry")
     try:
         assert wait_run_state(cluster, run_id) == "failed"
         rows = attempts(cluster, run_id)
@@ -100,7 +95,7 @@ def test_a_task_with_labels_runs_only_on_the_worker_that_offers_them(cluster, tm
     must leave the Run queued even while it claims other Runs, and the labelled worker takes it."""
     gpu = admit(cluster, publish_task(cluster, "needs-gpu", {"command": py_job("print('gpu')"), "labels": ["gpu"]}))
     plain = admit(cluster, publish_task(cluster, "plain", {"command": py_job("print('plain')")}))
-    plain_worker = _worker(cluster, tmp_path, "w-plain", labels=("cpu",))
+    plain_worker = start_worker(cluster, tmp_path, "w-plain", labels=("cpu",))
     gpu_worker = None
     try:
         assert wait_run_state(cluster, plain) == "succeeded"
@@ -108,7 +103,7 @@ def test_a_task_with_labels_runs_only_on_the_worker_that_offers_them(cluster, tm
         assert run_state(cluster, gpu) == "queued"
         claims = len(plain_worker.events("worker.claimed"))
         assert claims == 1
-        gpu_worker = _worker(cluster, tmp_path, "w-gpu", labels=("gpu", "cpu"))
+        gpu_worker = start_worker(cluster, tmp_path, "w-gpu", labels=("gpu", "cpu"))
         assert wait_run_state(cluster, gpu) == "succeeded"
         (attempt,) = attempts(cluster, gpu)
         assert os.path.isdir(tmp_path / "w-gpu-logs" / attempt["attempt_id"])
@@ -127,7 +122,7 @@ def test_a_second_worker_with_the_same_id_replaces_the_first_which_stops_instead
     """Two live processes with one worker id would otherwise fence each other in turn forever (each
     reopening a session on the other's refusal), and neither could keep a job running; the older
     one must stop its jobs and exit, naming the cause, while the newer one keeps its session."""
-    first = _worker(cluster, tmp_path, "w-twin")
+    first = start_worker(cluster, tmp_path, "w-twin")
     second = None
     try:
         first.wait_event("worker.session_opened")
@@ -163,7 +158,7 @@ def test_a_run_that_cannot_start_ends_failed_with_the_reason_and_is_never_retrie
     unknown = admit(cluster, publish_task(cluster, "unknown-executor",
                                           {"command": py_job("print(1)"), "executor": "acme_gpu_pool",
                                            "retry": retry}))
-    worker = _worker(cluster, tmp_path, "w-nostart")
+    worker = start_worker(cluster, tmp_path, "w-nostart")
     try:
         assert wait_run_state(cluster, missing) == "failed"
         assert wait_run_state(cluster, unknown) == "failed"

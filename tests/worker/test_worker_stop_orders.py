@@ -8,6 +8,7 @@ import signal
 
 from tests.worker.drain_jobs import GATED_JOB
 from tests.worker.helpers import (
+    start_worker,
     admit,
     attempts,
     group_alive,
@@ -17,16 +18,7 @@ from tests.worker.helpers import (
     stored_log,
     wait_run_state,
     wait_until,
-    worker_dsn,
-    write_worker_settings,
-    WorkerProcess,
 )
-
-
-def _worker(cluster, tmp_path, name: str, **kw) -> WorkerProcess:
-    settings = write_worker_settings(tmp_path / f"{name}.toml", worker_dsn(cluster), worker_id=name,
-                                     log_dir=tmp_path / f"{name}-logs", **kw)
-    return WorkerProcess(settings, tmp_path / f"{name}.stderr")
 
 
 def test_a_cancel_request_stops_the_running_job_and_it_ends_cancelled(cluster, tmp_path):
@@ -35,7 +27,7 @@ def test_a_cancel_request_stops_the_running_job_and_it_ends_cancelled(cluster, t
     while it ran is what `logs --follow` shows from any machine."""
     mark, release = tmp_path / "job.pid", tmp_path / "release"
     run_id = admit(cluster, publish_task(cluster, "cancel-me", {"command": py_job(GATED_JOB, str(mark), str(release))}))
-    worker = _worker(cluster, tmp_path, "w-cancel")
+    worker = start_worker(cluster, tmp_path, "w-cancel")
     try:
         wait_until(mark.exists, "the job to start")
         _, pgid = map(int, mark.read_text().split())
@@ -65,7 +57,7 @@ def test_the_tasks_timeout_is_enforced_by_the_worker_and_the_attempt_ends_timed_
     mark, release = tmp_path / "job.pid", tmp_path / "release"
     run_id = admit(cluster, publish_task(cluster, "slow", {"command": py_job(GATED_JOB, str(mark), str(release)),
                                                            "timeout_ms": 1000}))
-    worker = _worker(cluster, tmp_path, "w-timeout")
+    worker = start_worker(cluster, tmp_path, "w-timeout")
     try:
         wait_until(mark.exists, "the job to start")
         _, pgid = map(int, mark.read_text().split())

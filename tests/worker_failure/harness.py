@@ -41,6 +41,7 @@ from tests.failure.failure_helpers import (
 )
 from tests.failure.fault_proxy import FaultProxy
 from tests.pg import ROLE_PASSWORDS
+from tests import proc_helpers
 
 JOB = Path(__file__).with_name("marker_job.py")
 PROJECT = "wf"
@@ -58,17 +59,9 @@ ACTIVE_ATTEMPT_STATES = ("claimed", "dispatching", "running")
 
 
 def wait_until(condition, what: str, timeout_s: float = PATIENCE_S, interval_s: float = 0.05):
-    """Poll ``condition`` until truthy (its value), or fail naming ``what``. The bound is only
-    against a hang: a slow machine makes the test slower, never failing."""
-    deadline = time.monotonic() + max(timeout_s, PATIENCE_S)
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {max(timeout_s, PATIENCE_S):.0f}s waiting for {what}")
-        time.sleep(interval_s)
-
+    """Poll ``condition`` until truthy (its value), or fail naming ``what``, never sooner than
+    :data:`PATIENCE_S`."""
+    return proc_helpers.wait_until(condition, what, timeout=max(timeout_s, PATIENCE_S), interval=interval_s)
 
 def job_command(markers: Path, hold_s: float = 60.0, exit_code: int = 0) -> list[str]:
     """The marker job's argv: hold ``hold_s`` seconds or until ``markers/release`` exists."""
