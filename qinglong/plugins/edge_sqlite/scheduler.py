@@ -15,7 +15,9 @@ per statement: see ``store.py``):
    was republished meanwhile, or an admission's task was: its Run would pin a task revision that
    is no longer current) rolls back to that occurrence's savepoint, is reported, and the rest of
    the page commits; the next round decides the missed row again. One commit (one WAL sync) per
-   page instead of one per occurrence is what lets a burst drain at the store's page rate.
+   page instead of one per occurrence is what lets a burst drain at the store's page rate; the
+   page reads each task head once and draws its Run and Attempt ids under one random prefix
+   (:class:`PageTransaction`), so its COMMIT writes a few index pages, not a few per occurrence.
 
 A ``fire`` may leave the cursor still due (a backlog inside the grace window), and so may an
 ``initialize`` (it counts from the revision's publish time, so an occurrence between the publish
@@ -41,6 +43,7 @@ import sqlite3
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 from qinglong.contracts.decision import decide
@@ -342,41 +345,91 @@ CAS_MISS = "cas_miss"
 TASK_CHANGED = "task_changed"
 
 
+class PageTransaction:
+    """What one page transaction reads or draws once for all its occurrences.
+
+    * Task head revisions: the page transaction holds SQLite's write lock from ``BEGIN IMMEDIATE``
+      to ``COMMIT``, and the scheduler writes no task, so a task's head read once inside it is its
+      head for every occurrence of the page (a republish is seen by the next page).
+    * Run and Attempt ids: fresh random (version 4) UUIDs, as 32 hex digits, that differ only in
+      their last 16 bits within a page, in order. A page's Runs then sit side by side in the
+      ``runs`` primary key and in the ``run_id`` indexes of ``attempts`` and ``run_events`` (a few
+      leaf pages, not one leaf page each), so its COMMIT writes a few pages of each index to the
+      WAL instead of one per occurrence. Unique: the 106 random bits are drawn afresh for every
+      page (and after every 65,536 ids), the serial fills the last 16.
+    """
+
+    __slots__ = ("_task_revisions", "_run_base", "_attempt_base", "_serial")
+
+    def __init__(self) -> None:
+        self._task_revisions: dict[tuple[str, str], int | None] = {}
+        self._serial = 0x10000
+
+    def task_revision(self, conn: sqlite3.Connection, project_id: str, task_id: str) -> int | None:
+        """The head revision of the task inside this transaction (None: no such task)."""
+        key = (project_id, task_id)
+        try:
+            return self._task_revisions[key]
+        except KeyError:
+            pass
+        found = conn.execute(_sql("task_head_revision"), key).fetchone()
+        revision = self._task_revisions[key] = None if found is None else found[0]
+        return revision
+
+    def ids(self) -> tuple[str, str]:
+        """A new (run id, attempt id) pair."""
+        if self._serial > 0xFFFF:
+            self._run_base = uuid.uuid4().int & ~0xFFFF
+            self._attempt_base = uuid.uuid4().int & ~0xFFFF
+            self._serial = 0
+        serial = self._serial
+        self._serial = serial + 1
+        return f"{self._run_base | serial:032x}", f"{self._attempt_base | serial:032x}"
+
+
+@lru_cache(maxsize=None)
+def _sql(name: str) -> str:
+    """The SQL of block ``name``, looked up once per process (a page runs each block per row)."""
+    return q(name)
+
+
 def write_occurrence(conn: sqlite3.Connection, row: _DueRow, decision: Decision,
-                     now_ms: int) -> bool | str:
+                     now_ms: int, page: PageTransaction | None = None) -> bool | str:
     """Write one decision inside the page's open transaction (the caller wraps it in its own
     SAVEPOINT and rolls back to it unless this returns True). True when written; :data:`CAS_MISS`
     when the schedule changed since the decision, :data:`TASK_CHANGED` when an admission's task was
     republished since the page was read (the Run would pin a task revision that is no longer
-    current)."""
+    current). ``page`` is what the page transaction shares between its occurrences (a new one for
+    this occurrence alone when None)."""
+    if page is None:
+        page = PageTransaction()
     head = row.head
-    if decision.scheduled_for_ms is not None:
-        task = named_one(conn, q("task_head"), (head.project_id, head.task_id))
-        if task is None or task["task_revision"] != row.task_revision:
+    scheduled = decision.scheduled_for_ms
+    if scheduled is not None:
+        if page.task_revision(conn, head.project_id, head.task_id) != row.task_revision:
             return TASK_CHANGED
-    changed = conn.execute(q("advance_schedule"), {
-        "next": decision.next_fire_at_ms, "scheduled": decision.scheduled_for_ms, "now": now_ms,
+    changed = conn.execute(_sql("advance_schedule"), {
+        "next": decision.next_fire_at_ms, "scheduled": scheduled, "now": now_ms,
         "trigger_id": head.trigger_id, "revision": decision.trigger_revision,
         "state_version": row.cursor.state_version, "expected": decision.expected_next_fire_at_ms,
     }).rowcount
     if changed != 1:
         return CAS_MISS
-    if decision.scheduled_for_ms is not None:
+    if scheduled is not None:
         # Identity is allocated only now, when the occurrence is certainly admitted.
-        run_id = uuid.uuid4().hex
-        conn.execute(q("insert_run"), (
+        run_id, attempt_id = page.ids()
+        conn.execute(_sql("insert_run"), (
             run_id, head.project_id, head.trigger_id, head.trigger_revision, head.task_id,
-            row.task_revision, row.task_digest, decision.scheduled_for_ms, now_ms, now_ms,
-            idempotency_key(head.trigger_id, head.trigger_revision, decision.scheduled_for_ms,
-                            head.kind),
+            row.task_revision, row.task_digest, scheduled, now_ms, now_ms,
+            idempotency_key(head.trigger_id, head.trigger_revision, scheduled, head.kind),
         ))
-        conn.execute(q("insert_attempt"), {
-            "attempt_id": uuid.uuid4().hex, "run_id": run_id, "executor": row.executor,
+        conn.execute(_sql("insert_attempt"), {
+            "attempt_id": attempt_id, "run_id": run_id, "executor": row.executor,
             "digest": row.execution_digest, "now": now_ms})
-        conn.execute(q("insert_run_events"), (run_id, now_ms))
+        conn.execute(_sql("insert_run_events"), (run_id, now_ms))
     skipped = decision.skipped
     if skipped is not None:
-        conn.execute(q("insert_schedule_skip"), (
+        conn.execute(_sql("insert_schedule_skip"), (
             head.project_id, head.trigger_id, head.trigger_revision, head.misfire_policy.value,
             skipped.first_ms, skipped.last_ms, skipped.count, int(skipped.count_exact), now_ms,
         ))
@@ -384,13 +437,13 @@ def write_occurrence(conn: sqlite3.Connection, row: _DueRow, decision: Decision,
 
 
 def _in_savepoint(conn: sqlite3.Connection, row: _DueRow, decision: Decision,
-                  now_ms: int) -> bool | str:
+                  now_ms: int, page: PageTransaction) -> bool | str:
     """:func:`write_occurrence` under its own SAVEPOINT: the occurrence's Run, Attempt, events,
     skip record and cursor advance stay in the page transaction together or not at all. Raises
     what the write raised, after undoing the occurrence (if the transaction is still open)."""
     conn.execute("SAVEPOINT occurrence")
     try:
-        ok = write_occurrence(conn, row, decision, now_ms)
+        ok = write_occurrence(conn, row, decision, now_ms, page)
     except BaseException:
         if conn.in_transaction:  # a store failure may have rolled the whole transaction back
             conn.execute("ROLLBACK TO occurrence")
@@ -460,6 +513,7 @@ def _decide_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
     rows may remain unread (the page filled, or the scan bound was reached)."""
     specs: dict[str, Any] = {}
     memo: dict = {}
+    digests: dict[tuple, str] = {}  # many triggers of a page run one task
     decided: list[tuple[_DueRow, Decision]] = []
     scan_bound = page_size * SCAN_PAGES_PER_ROUND
     after: tuple | None = None
@@ -481,7 +535,12 @@ def _decide_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
                 if decision.kind is DecisionKind.NOT_DUE:
                     continue
                 if decision.scheduled_for_ms is not None:
-                    row.execution_digest = execution_digest(row)
+                    key = (row.head.project_id, row.head.task_id, row.task_revision,
+                           row.task_digest, row.executor)
+                    digest = digests.get(key)
+                    if digest is None:
+                        digest = digests[key] = execution_digest(row)
+                    row.execution_digest = digest
                 decided.append((row, decision))
             except Exception as exc:  # one trigger's failure never stops the round
                 holds.undecidable(RoundEvent.DECIDE_FAILED, row, exc)
@@ -588,10 +647,11 @@ def _write_page(conn: sqlite3.Connection, decided: list[tuple[_DueRow, Decision]
     rest of the page goes on. Returns whether a backlog was left and, when the store itself failed
     (every later write would fail alike, so the page stops there), the row and the error."""
     backlog_left = False
+    page = PageTransaction()
     for row, decision in decided:
         for _ in range(BACKLOG_FIRES_PER_ROW):
             try:
-                ok = _in_savepoint(conn, row, decision, now_ms)
+                ok = _in_savepoint(conn, row, decision, now_ms, page)
             except Exception as exc:
                 if _store_failure(exc):
                     return backlog_left, (row, exc)

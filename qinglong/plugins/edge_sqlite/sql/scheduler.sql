@@ -44,6 +44,10 @@ SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
  ORDER BY s.next_fire_at_ms, s.project_id, s.trigger_id
  LIMIT :page;
 
+-- name: task_head_revision
+-- The head revision of a task, read inside the page transaction: an admission pins it.
+SELECT task_revision FROM tasks WHERE project_id = ? AND task_id = ?;
+
 -- name: advance_schedule
 -- Compare-and-set the cursor: only if revision, state version and cursor are what we decided from.
 UPDATE trigger_schedules
