@@ -51,7 +51,8 @@ async def test_a_page_of_admissions_is_one_transaction_and_one_thread_hop(db_pat
         assert len(calls) == 1, calls
         words = [s.split()[0].upper() for s in statements]
         assert words.count("BEGIN") == 1 and words.count("COMMIT") == 1, statements
-        assert statements.count("SAVEPOINT occurrence") == 12
+        # Every write succeeded, so no occurrence needed a savepoint of its own.
+        assert not [s for s in statements if s.split()[0].upper() in ("SAVEPOINT", "ROLLBACK")]
         assert sum(_runs(db_path).values()) == 12
     finally:
         await backend.close()

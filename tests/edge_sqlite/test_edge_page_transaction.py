@@ -108,3 +108,71 @@ def test_a_page_draws_new_prefixes_before_its_serial_would_wrap():
     assert len(set(runs)) == len(runs) and len(set(attempts)) == len(attempts)
     assert runs[0][:-4] != runs[0x10000][:-4]
     assert runs[0x10000][-4:] == "0000"
+
+
+def _key_taken(db_path, trigger_id: str, due: int) -> None:
+    """A Run already holding ``trigger_id``'s key for ``due``: its admission fails on the UNIQUE key
+    after its cursor advanced, part-way through the occurrence."""
+    conn = sqlite3.connect(db_path)
+    with conn:
+        conn.execute("INSERT INTO runs (run_id, project_id, trigger_id, trigger_revision, task_id, "
+                     "task_revision, task_digest, scheduled_for_ms, admitted_at_ms, queued_at_ms, "
+                     "state, idempotency_key) VALUES ('x', 'p1', ?, 1, 't1', 1, 'd', ?, 0, 0, "
+                     "'succeeded', ?)", (trigger_id, due, f"ql3:cron:v1:{trigger_id}:1:{due}"))
+    conn.close()
+
+
+async def test_a_write_failing_part_way_rewrites_the_page_with_a_savepoint_per_occurrence(db_path, clock):
+    """Written without savepoints, a page whose write fails after an occurrence's cursor advanced
+    must not commit that advance without its Run (the occurrence lost): the page is rolled back
+    and written again, each occurrence under its own savepoint, and only the failing one is
+    undone. The second pass must start from the decisions: a backlog cursor left where the first
+    pass moved it would skip (lose) the occurrences already written once, and counters or reports
+    kept from the first pass would count a miss twice."""
+    diagnostics = Diagnostics()
+    backend = await open_backend(db_path, clock, page_size=16, diagnostics=diagnostics)
+    other = await open_backend(db_path, clock, migrate=False)
+    try:
+        await seed(backend)
+        await backend.publisher().put_task("p1", "t2", {"command": ["echo", "two"]})
+        await backend.publisher().put_trigger(cron("a0", grace_ms=10 * MINUTE))  # a backlog
+        await backend.publisher().put_trigger(cron("a1"))
+        await backend.publisher().put_trigger(cron("b0", task="t2"))  # its task changes
+        await backend.publisher().put_trigger(cron("z9"))  # written last, fails
+        while (await backend.run_round()).more_due:
+            pass
+        clock.advance(3 * MINUTE)
+        due = clock.ms
+        _key_taken(db_path, "z9", due)
+        loop = asyncio.get_running_loop()
+        statements: list[str] = []
+
+        def change_t2_and_trace(conn: sqlite3.Connection) -> None:
+            asyncio.run_coroutine_threadsafe(
+                other.publisher().put_task("p1", "t2", {"command": ["echo", "changed"]}), loop
+            ).result(timeout=30)
+            conn.set_trace_callback(statements.append)
+
+        try:
+            report = await backend.run_round(before_commit=change_t2_and_trace)
+        finally:
+            await backend.store.call(lambda conn: conn.set_trace_callback(None))
+        words = [s.split()[0].upper() for s in statements]
+        assert words.count("BEGIN") == 2 and words.count("ROLLBACK") >= 1 and words.count("COMMIT") == 1
+        assert statements[statements.index("ROLLBACK"):].count("SAVEPOINT occurrence") >= 4
+        # a0 owes 3 occurrences, a1 its latest (fire_once) one; b0 missed on its task; z9 refused.
+        assert (report.admitted, report.cas_misses, report.errors) == (4, 1, 1)
+        assert [e.code for e in diagnostics.events if e.code == RoundEvent.TASK_CHANGED] == [
+            RoundEvent.TASK_CHANGED]
+        assert [e.code for e in diagnostics.events if e.level == "error"] == [RoundEvent.COMMIT_FAILED]
+        runs = query(db_path, "SELECT trigger_id, scheduled_for_ms FROM runs WHERE run_id <> 'x' "
+                              "ORDER BY 1, 2")
+        assert runs == [("a0", due - 2 * MINUTE), ("a0", due - MINUTE), ("a0", due), ("a1", due)]
+        assert query(db_path, "SELECT count(*) FROM attempts") == [(4,)]
+        assert query(db_path, "SELECT count(*) FROM run_events") == [(8,)]
+        cursors = dict(query(db_path, "SELECT trigger_id, next_fire_at_ms FROM trigger_schedules"))
+        assert cursors == {"a0": due + MINUTE, "a1": due + MINUTE, "b0": due - 2 * MINUTE,
+                           "z9": due - 2 * MINUTE}
+    finally:
+        await other.close()
+        await backend.close()
