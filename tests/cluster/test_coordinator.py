@@ -46,20 +46,46 @@ def test_a_round_never_claims_more_than_the_hard_cap(cluster):
     assert second.claimed == 301 - 256 and not second.more_due
 
 
-def test_the_configured_budget_bounds_each_round(cluster):
-    """The default budget (16) is what keeps a round short; more due work waits for the next."""
+def test_the_budget_doubles_while_claims_come_back_full_and_starts_again_from_the_configured_one(cluster):
+    """The configured budget bounds the first claim; each full claim lets the next take twice as
+    many rows. If the budget never grew, a burst would need a claim and a transaction per 16 rows
+    and its last Run would be admitted seconds late; if it did not go back to the configured
+    budget once a claim is not full, the next burst would start with one replica's claim taking
+    a large page and leaving its peers idle."""
     seed(cluster, 40)
 
     async def body():
-        backend = cluster.backend("r1", claim_budget=16)
+        backend = cluster.backend("r1", claim_budget=4)
         try:
-            return [await backend.run_round() for _ in range(4)]
+            first = [await backend.run_round() for _ in range(5)]  # initialise all 40
+            set_cursor(cluster, None, -1000)  # all 40 due: the next burst
+            return first, [await backend.run_round() for _ in range(5)]
+        finally:
+            await backend.close()
+
+    for reports in arun(body()):
+        assert [r.claimed for r in reports] == [4, 8, 16, 12, 0]
+        assert [r.more_due for r in reports] == [True, True, True, False, False]
+        assert all(r.errors == 0 for r in reports)
+    assert cluster.count("runs") == 40
+
+
+def test_a_growing_budget_never_passes_the_hard_cap(cluster):
+    """A budget doubled without bound would let one round hold more leases than it can admit
+    before they expire."""
+    seed(cluster, 1)
+    _bulk_triggers(cluster, 500)
+
+    async def body():
+        backend = cluster.backend("r1", claim_budget=200)
+        try:
+            return [await backend.run_round() for _ in range(3)]
         finally:
             await backend.close()
 
     reports = arun(body())
-    assert [r.claimed for r in reports] == [16, 16, 8, 0]
-    assert [r.more_due for r in reports] == [True, True, False, False]
+    assert [r.claimed for r in reports] == [200, CLAIM_BUDGET_HARD_CAP, 501 - 200 - 256]
+    assert [r.more_due for r in reports] == [True, True, False]
 
 
 def test_run_identity_is_allocated_only_by_admission(cluster):

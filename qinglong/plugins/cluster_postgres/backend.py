@@ -34,7 +34,7 @@ from qinglong.contracts.records import MigrationState, RecoveryReport, RoundRepo
 from qinglong.contracts.store import BackendContext
 
 from . import migrations, recovery, roles
-from .claim import effective_budget
+from .claim import effective_budget, next_budget
 from .coordinator import RoundStats, run_round
 from .db import BackendUnavailable, Secrets, connect, describe_error, make_pool, sever_after
 from .publisher import ClusterPublisher
@@ -80,6 +80,9 @@ class ClusterPostgresBackend:
         self._round_lock = asyncio.Lock()
         #: False after ``open(create=False)``: a read command never migrates
         self._may_migrate = True
+        #: the next round's claim budget while claims come back full (``claim.next_budget``);
+        #: None: the configured one
+        self._claim_budget: int | None = None
 
     # ---- connections ---------------------------------------------------------------------
     def _app_name(self, role: str) -> str:
@@ -218,6 +221,9 @@ class ClusterPostgresBackend:
         async with self._round_lock:
             stats = RoundStats()
             limits = self.context.limits
+            budget = self._claim_budget or effective_budget(limits.claim_budget)
+            # a round that fails in any way starts the next from the configured budget
+            self._claim_budget = None
             bound_s = limits.lease_ms / 1000
             deadline = time.monotonic() + bound_s
             try:
@@ -229,12 +235,13 @@ class ClusterPostgresBackend:
                         with sever_after(conn, deadline - time.monotonic()) as cut:
                             try:
                                 await run_round(
-                                    conn, owner=self.owner,
-                                    claim_budget=effective_budget(limits.claim_budget),
+                                    conn, owner=self.owner, claim_budget=budget,
                                     lease_ms=limits.lease_ms, providers=self.context.providers,
                                     diagnostics=self.context.diagnostics,
                                     retries=self.settings.serialization_retries,
                                     secrets=self.secrets, stats=stats)
+                                self._claim_budget = next_budget(
+                                    limits.claim_budget, budget, stats.claimed, stats.more_due)
                                 await self._record_round(conn)
                             except psycopg.Error:
                                 if cut.severed:

@@ -66,6 +66,24 @@ def effective_budget(requested: int) -> int:
     return max(0, min(int(requested), CLAIM_BUDGET_HARD_CAP))
 
 
+def next_budget(configured: int, used: int, claimed: int, more_due: bool) -> int:
+    """The budget of the next round's claim, after a round that claimed ``claimed`` rows with a
+    budget of ``used`` and reported ``more_due``.
+
+    A claim that came back full from a round that made progress means a burst or a backlog: the
+    next claim takes twice as many rows, up to :data:`CLAIM_BUDGET_HARD_CAP`, so a burst is
+    drained in fewer, larger pages (fewer round trips and transactions: a 5,000-row minute in
+    about 30 claims per replica instead of about 300). Any other round (a claim that was not
+    full: the burst is drained, or shared with other replicas; or no progress) goes back to the
+    ``configured`` budget, so an idle or steady replica claims as it is configured and
+    the replicas of a cluster start every burst with small claims that spread its rows among
+    them."""
+    configured = effective_budget(configured)
+    if used > 0 and claimed >= used and more_due:
+        return max(configured, min(2 * used, CLAIM_BUDGET_HARD_CAP))
+    return configured
+
+
 async def claim_due_schedules(conn, *, owner: str, limit: int, lease_ms: int,
                               kinds: Iterable[str] | None = None) -> list[ClaimedSchedule]:
     """Claim up to ``limit`` (at most 256) due schedules for ``owner`` with a ``lease_ms`` lease.
