@@ -34,7 +34,7 @@ def test_no_settings_at_all_is_the_edge_profile_with_a_sqlite_file_in_the_workin
 
     backend = EdgeSqliteSettings.model_validate(loaded.settings.backend)
     assert (backend.path, backend.cache_kib) == ("qinglong.db", 512)
-    assert loaded.settings.scheduler.page_size == 32
+    assert loaded.settings.scheduler.page_size == 128
 
 
 def test_file_overrides_profile_defaults_and_environment_overrides_the_file(tmp_path, monkeypatch):
