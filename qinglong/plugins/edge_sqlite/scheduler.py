@@ -65,7 +65,7 @@ from qinglong.contracts.records import (
 )
 
 from .queries import q
-from .store import named_cursor, named_one, translate_sqlite_error
+from .store import named_cursor, translate_sqlite_error
 
 #: How many on-time backlog occurrences one trigger may admit in one round.
 BACKLOG_FIRES_PER_ROW = 64
@@ -398,8 +398,9 @@ def _sql(name: str) -> str:
 
 def write_occurrence(conn: sqlite3.Connection, row: _DueRow, decision: Decision,
                      now_ms: int, page: PageTransaction | None = None) -> bool | str:
-    """Write one decision inside the page's open transaction (the caller wraps it in its own
-    SAVEPOINT and rolls back to it unless this returns True). True when written; :data:`CAS_MISS`
+    """Write one decision inside the page's open transaction (the caller either wraps it in its
+    own SAVEPOINT, or rolls the whole transaction back if it raises: a write that fails leaves part
+    of the occurrence written). True when written; :data:`CAS_MISS`
     when the schedule changed since the decision, :data:`TASK_CHANGED` when an admission's task was
     republished since the page was read (the Run would pin a task revision that is no longer
     current). A miss is always found before the first write (the task head is read, the CAS is the
