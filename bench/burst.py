@@ -332,6 +332,12 @@ def burst(triggers: int, replicas: int, lead_s: float = 20.0, tail_s: float = 15
             row = timeline.setdefault(by, [])
             row.extend([0] * (int(bucket) + 1 - len(row)))
             row[int(bucket)] = count
+        # every commit (a page's Runs share their admission time): ms after T and Runs, per replica
+        commits: dict[str, list[list[int]]] = {}
+        for by, at, count in sql(
+                su, "SELECT admitted_by, admitted_at_ms - %s, count(*) FROM qinglong.runs "
+                    "WHERE scheduled_for_ms = %s GROUP BY 1, 2 ORDER BY 1, 2", (t_ms, t_ms)):
+            commits.setdefault(by, []).append([int(at), int(count)])
         # the same statements at the same client count, on this server, once the replicas stopped
         beside = (pgbench_ceiling(server, dsns, replicas, triggers, workdir, ceiling_page)
                   if ceiling else None)
@@ -343,7 +349,8 @@ def burst(triggers: int, replicas: int, lead_s: float = 20.0, tail_s: float = 15
             "runs_for_other_occurrences": other,
             "serialization_failures": failures, "serialization_reasons": reasons,
             "replica_cpu_s": replica_cpu, "server_cpu_s": round(server_cpu, 2),
-            "runs_per_half_second_by_replica": timeline, "ceiling": beside,
+            "runs_per_half_second_by_replica": timeline, "commits_by_replica": commits,
+            "ceiling": beside,
         } | ({"siread_locks": sampler.figures()} if sampler else {})
     finally:
         server.destroy()

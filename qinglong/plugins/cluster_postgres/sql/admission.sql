@@ -160,9 +160,19 @@ FROM clock CROSS JOIN tally LEFT JOIN checked c ON true
 -- decision exactly as admit_occurrence checks one, the rows that pass advance their cursors and
 -- get their Run, Attempt, run.created and run.queued and skip record, and a row that fails a
 -- check writes nothing and is reported by its flags. A failed write (constraint, guard) fails the
--- statement and so the whole page: never a partial occurrence. The schedule rows are locked in
--- key order. The result is ONE row: the clock, the guard, and the per-row flags as a JSON array
--- in `ord` order, so the message's final CommandComplete is "SELECT 1" whatever the page size.
+-- statement and so the whole page: never a partial occurrence. The result is ONE row: the clock,
+-- the guard, and the per-row flags as a JSON array in `ord` order, so the message's final
+-- CommandComplete is "SELECT 1" whatever the page size.
+-- The schedule rows are read by the UPDATE itself, each checked (its revision, state, cursor,
+-- whole fence and the decision's part that depends on it) and written in one step, in key order
+-- (`checked` is ordered): PostgreSQL drops a transaction's SIRead lock on a tuple once it writes
+-- that tuple, so each row's read lock lives only until its own write. Reading all the page's rows
+-- first (a locking SELECT, then the UPDATE) held them all at once: a page's rows lie a few to a
+-- heap page, beyond max_pred_locks_per_page (2) the tuple locks became page locks, and beyond the
+-- per-relation bound (32 page locks) one lock on the whole of trigger_schedules, which every
+-- other replica's admission then conflicted with (measured: 2 to 8 pages failed per 5,000-row
+-- burst, each of up to 256 rows; 0 with this shape). Only the rows that did not advance are read
+-- again (`flags`, the same snapshot) to say why.
 WITH clock AS MATERIALIZED (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 ),
@@ -185,8 +195,8 @@ input AS MATERIALIZED (
 ),
 checked AS MATERIALIZED (
     SELECT i.ord,
-           s.trigger_id,
-           s.project_id,
+           t.trigger_id,
+           t.project_id,
            p.active AS project_ok,
            (t.trigger_revision = i.trigger_revision AND t.content_digest = i.trigger_digest
             AND t.enabled) AS trigger_ok,
@@ -200,36 +210,11 @@ checked AS MATERIALIZED (
            coalesce(e.content_digest = 'sha256:' || encode(sha256(convert_to(e.spec_json, 'UTF8')), 'hex'),
                     false) AS execution_ok,
            e.content_digest AS execution_digest,
-           (s.trigger_revision = i.trigger_revision AND s.state_version = i.state_version
-            AND s.next_fire_at_ms IS NOT DISTINCT FROM i.expected_next_ms) AS schedule_ok,
-           (s.claim_owner IS NOT DISTINCT FROM i.owner AND s.claim_token IS NOT DISTINCT FROM i.token
-            AND s.claim_version = i.claim_version AND s.claim_expires_at_ms > clock.now_ms) AS fence_ok,
-           (i.observed_at_ms = s.updated_at_ms AND i.observed_at_ms <= clock.now_ms
-            AND CASE WHEN i.kind = 'fire'
-                     THEN i.scheduled_for_ms = i.expected_next_ms
-                          AND i.scheduled_for_ms <= i.observed_at_ms
-                          AND i.next_fire_at_ms > i.scheduled_for_ms
-                     WHEN i.kind = 'misfire_fire_once'
-                     THEN i.scheduled_for_ms >= i.expected_next_ms
-                          AND i.scheduled_for_ms <= i.observed_at_ms
-                          AND i.next_fire_at_ms > i.observed_at_ms
-                     WHEN i.kind = 'initialize'
-                     THEN i.scheduled_for_ms IS NULL
-                          AND i.next_fire_at_ms
-                              > least(coalesce(s.published_at_ms, i.observed_at_ms), i.observed_at_ms)
-                     WHEN i.kind = 'misfire_skip'
-                     THEN i.scheduled_for_ms IS NULL
-                          AND i.next_fire_at_ms > i.observed_at_ms
-                     WHEN i.kind = 'release'
-                     THEN i.scheduled_for_ms IS NULL
-                          AND i.next_fire_at_ms IS NOT DISTINCT FROM i.expected_next_ms
-                     ELSE false END) AS decision_ok,
            (i.keep_claim AND i.kind IN ('fire', 'initialize')
             AND i.next_fire_at_ms <= clock.now_ms) AS keep_claim
     FROM input i
-    JOIN qinglong.trigger_schedules s ON s.trigger_id = i.trigger_id
     CROSS JOIN clock
-    JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
+    JOIN qinglong.triggers t ON t.trigger_id = i.trigger_id
     JOIN qinglong.projects p ON p.project_id = t.project_id
     JOIN qinglong.tasks k ON k.project_id = t.project_id AND k.task_id = t.task_id
     LEFT JOIN qinglong.task_revisions tr
@@ -237,8 +222,7 @@ checked AS MATERIALIZED (
     LEFT JOIN qinglong.execution_revisions e
       ON e.project_id = k.project_id AND e.task_id = k.task_id AND e.task_revision = k.task_revision
      AND e.executor = 'remote_worker'
-    ORDER BY s.trigger_id
-    FOR UPDATE OF s
+    ORDER BY t.trigger_id
 ),
 advanced AS (
     UPDATE qinglong.trigger_schedules s
@@ -251,11 +235,32 @@ advanced AS (
         updated_at_ms = clock.now_ms
     FROM checked c, input i, clock
     WHERE s.trigger_id = c.trigger_id AND i.ord = c.ord
-      AND c.project_ok AND c.trigger_ok AND c.task_ok AND c.execution_ok AND c.schedule_ok
-      AND c.fence_ok AND c.decision_ok
-      -- the whole fence again, on the row being written
+      AND c.project_ok AND c.trigger_ok AND c.task_ok AND c.execution_ok
+      -- schedule_ok, fence_ok and decision_ok of `flags` below, on the row being written
+      AND s.trigger_revision = i.trigger_revision AND s.state_version = i.state_version
+      AND s.next_fire_at_ms IS NOT DISTINCT FROM i.expected_next_ms
       AND s.claim_owner = i.owner AND s.claim_token = i.token
       AND s.claim_version = i.claim_version AND s.claim_expires_at_ms > clock.now_ms
+      AND i.observed_at_ms = s.updated_at_ms AND i.observed_at_ms <= clock.now_ms
+      AND CASE WHEN i.kind = 'fire'
+               THEN i.scheduled_for_ms = i.expected_next_ms
+                    AND i.scheduled_for_ms <= i.observed_at_ms
+                    AND i.next_fire_at_ms > i.scheduled_for_ms
+               WHEN i.kind = 'misfire_fire_once'
+               THEN i.scheduled_for_ms >= i.expected_next_ms
+                    AND i.scheduled_for_ms <= i.observed_at_ms
+                    AND i.next_fire_at_ms > i.observed_at_ms
+               WHEN i.kind = 'initialize'
+               THEN i.scheduled_for_ms IS NULL
+                    AND i.next_fire_at_ms
+                        > least(coalesce(s.published_at_ms, i.observed_at_ms), i.observed_at_ms)
+               WHEN i.kind = 'misfire_skip'
+               THEN i.scheduled_for_ms IS NULL
+                    AND i.next_fire_at_ms > i.observed_at_ms
+               WHEN i.kind = 'release'
+               THEN i.scheduled_for_ms IS NULL
+                    AND i.next_fire_at_ms IS NOT DISTINCT FROM i.expected_next_ms
+               ELSE false END
     RETURNING c.ord, s.trigger_id, s.project_id, clock.now_ms AS now_ms, c.keep_claim AS kept
 ),
 run AS (
@@ -305,14 +310,53 @@ tally AS (
            (SELECT count(*) FROM events) AS event_rows,
            (SELECT count(*) FROM skip) AS skip_rows
 ),
+flags AS (
+    -- why a row did not advance, read from the schedule only for those rows (the statement's
+    -- snapshot, as the update saw it); an advanced row passed every check
+    SELECT i.ord,
+           (c.ord IS NOT NULL AND s.trigger_id IS NOT NULL) AS schedule_found,
+           (s.trigger_revision = i.trigger_revision AND s.state_version = i.state_version
+            AND s.next_fire_at_ms IS NOT DISTINCT FROM i.expected_next_ms) AS schedule_ok,
+           (s.claim_owner IS NOT DISTINCT FROM i.owner AND s.claim_token IS NOT DISTINCT FROM i.token
+            AND s.claim_version = i.claim_version AND s.claim_expires_at_ms > clock.now_ms) AS fence_ok,
+           (i.observed_at_ms = s.updated_at_ms AND i.observed_at_ms <= clock.now_ms
+            AND CASE WHEN i.kind = 'fire'
+                     THEN i.scheduled_for_ms = i.expected_next_ms
+                          AND i.scheduled_for_ms <= i.observed_at_ms
+                          AND i.next_fire_at_ms > i.scheduled_for_ms
+                     WHEN i.kind = 'misfire_fire_once'
+                     THEN i.scheduled_for_ms >= i.expected_next_ms
+                          AND i.scheduled_for_ms <= i.observed_at_ms
+                          AND i.next_fire_at_ms > i.observed_at_ms
+                     WHEN i.kind = 'initialize'
+                     THEN i.scheduled_for_ms IS NULL
+                          AND i.next_fire_at_ms
+                              > least(coalesce(s.published_at_ms, i.observed_at_ms), i.observed_at_ms)
+                     WHEN i.kind = 'misfire_skip'
+                     THEN i.scheduled_for_ms IS NULL
+                          AND i.next_fire_at_ms > i.observed_at_ms
+                     WHEN i.kind = 'release'
+                     THEN i.scheduled_for_ms IS NULL
+                          AND i.next_fire_at_ms IS NOT DISTINCT FROM i.expected_next_ms
+                     ELSE false END) AS decision_ok
+    FROM input i
+    CROSS JOIN clock
+    LEFT JOIN checked c ON c.ord = i.ord
+    LEFT JOIN qinglong.trigger_schedules s ON s.trigger_id = i.trigger_id
+    WHERE NOT EXISTS (SELECT 1 FROM advanced a WHERE a.ord = i.ord)
+),
 per_row AS (
-    SELECT i.ord, c.project_ok, c.trigger_ok, c.task_ok, c.execution_ok, c.schedule_ok,
-           c.fence_ok, c.decision_ok, (c.trigger_id IS NOT NULL) AS schedule_found,
+    SELECT i.ord, c.project_ok, c.trigger_ok, c.task_ok, c.execution_ok,
+           coalesce(f.schedule_ok, a.ord IS NOT NULL) AS schedule_ok,
+           coalesce(f.fence_ok, a.ord IS NOT NULL) AS fence_ok,
+           coalesce(f.decision_ok, a.ord IS NOT NULL) AS decision_ok,
+           coalesce(f.schedule_found, a.ord IS NOT NULL) AS schedule_found,
            (a.ord IS NOT NULL) AS advanced, coalesce(a.kept, false) AS claim_kept,
            c.task_moved, c.task_revision_found
     FROM input i
     LEFT JOIN checked c ON c.ord = i.ord
     LEFT JOIN advanced a ON a.ord = i.ord
+    LEFT JOIN flags f ON f.ord = i.ord
 )
 SELECT clock.now_ms, tally.advanced_rows, tally.run_rows,
        -- the guard: every advanced cursor must come with exactly the rows its decision implies
