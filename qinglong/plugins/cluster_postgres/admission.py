@@ -11,7 +11,7 @@ never a partial occurrence. :func:`commit_decision` is the page of one row.
 
 Wire-atomic: the whole transaction travels as ONE simple-protocol Query message,
 ``SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; SET LOCAL enable_seqscan = off;
-EXECUTE qinglong_admit_occurrence(<literals>)``,
+SET LOCAL plan_cache_mode = force_generic_plan; EXECUTE qinglong_admit_occurrence(<literals>)``,
 on an autocommit connection. PostgreSQL runs such a message as one implicit transaction that
 commits at the end of the message and rolls back by itself on any error, leaving the session
 idle. The server executes nothing until the whole message has arrived, so a link cut at any
@@ -23,8 +23,9 @@ The statement returns one row whatever the page size, so the message's last Comm
 sent only once the transaction committed, is always ``SELECT 1``.
 
 The statement is a server-side prepared statement, made once per connection (a new connection
-after a reconnect prepares it again) by a message of its own, so the large CTE is parsed and
-planned once per session instead of once per page; its arguments (one array per column, one
+after a reconnect prepares it again) by a message of its own, at the start of the first round on
+that connection (:func:`prepare_admission`), so the large CTE is parsed and planned once per
+session instead of once per page, and before a burst rather than during one; its arguments (one array per column, one
 element per row) are bound client-side as literals into the single message.
 
 Outcomes, per row: the decision committed (a Run admitted, the cursor initialised or skipped
@@ -108,7 +109,9 @@ def _prepared_statement() -> tuple[str, tuple[tuple[str, str], ...]]:
 
 #: The head of every admission message (see :func:`_message`).
 _MESSAGE_HEAD = ("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; SET LOCAL enable_seqscan = off; "
-                 f"EXECUTE {PREPARED_NAME}(")
+                 f"SET LOCAL plan_cache_mode = force_generic_plan; EXECUTE {PREPARED_NAME}(")
+#: Results of the message before the statement's own: one per SET.
+_MESSAGE_SETS = 3
 
 
 def _message(columns: list[list[str]]) -> str:
@@ -128,7 +131,13 @@ def _message(columns: list[list[str]]) -> str:
     against runs are planned per session, and a small (or empty, analysed) runs table gets a
     sequential scan: measured, that lock caused more than half of the serialization failures of
     four replicas draining a backlog. PostgreSQL's documentation advises steering serializable
-    transactions towards index scans for this reason."""
+    transactions towards index scans for this reason.
+
+    plan_cache_mode force_generic_plan, for this transaction only: a prepared statement is
+    planned afresh for each of its first five executions (a custom plan for its arguments)
+    before its generic plan is kept, and planning this statement costs about 3 ms against about
+    0.4 ms, so each replica paid some 15 ms at the start of every burst, the moment a burst is
+    measured by. The generic plan is the one every later page runs anyway."""
     arguments = ", ".join(
         "ARRAY[" + ", ".join(column) + f"]::{kind}[]"
         for column, (_, kind) in zip(columns, _prepared_statement()[1]))
@@ -172,11 +181,19 @@ async def _prepare(conn: psycopg.AsyncConnection) -> None:
     _prepared.add(conn)
 
 
+async def prepare_admission(conn: psycopg.AsyncConnection) -> None:
+    """Prepare the admission statement on ``conn`` (autocommit) unless its session already holds
+    it: a round calls this before it claims, so the statement is parsed while the replica is
+    idle (before a burst) rather than by the first page of one."""
+    if conn not in _prepared:
+        await _prepare(conn)
+
+
 async def _send_admission(conn: psycopg.AsyncConnection, columns: list[list[str]]) -> dict:
     """Send the admission of a page (``columns``: see :func:`_message`) as one Query message
     and return its one result row by column name.
 
-    The row is the third result of the message (after the two SETs'), reached by ``nextset``; it
+    The row is the last result of the message (after the SETs'), reached by ``nextset``; it
     is keyed by the names ``cur.description`` gives for that result, on the client only (the
     message sent is unchanged)."""
     if conn not in _prepared:
@@ -189,8 +206,8 @@ async def _send_admission(conn: psycopg.AsyncConnection, columns: list[list[str]
         # the session lost the statement (DEALLOCATE, DISCARD): nothing ran; prepare and resend
         await _prepare(conn)
         await cur.execute(message)
-    cur.nextset()  # the first two results are the SETs'
-    cur.nextset()
+    for _ in range(_MESSAGE_SETS):  # the first results are the SETs'
+        cur.nextset()
     names = [column.name for column in cur.description]
     return dict(zip(names, await cur.fetchone()))
 

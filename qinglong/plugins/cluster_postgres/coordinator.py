@@ -43,7 +43,8 @@ from qinglong.contracts.errors import FenceLost
 from qinglong.contracts.providers import TriggerProvider
 from qinglong.contracts.records import DecisionKind, RoundReport, RoundTally
 
-from .admission import RETRYABLE, CasMiss, PageItem, TaskChanged, after, commit_page
+from .admission import (RETRYABLE, CasMiss, PageItem, TaskChanged, after, commit_page,
+                        prepare_admission)
 from .claim import ClaimedSchedule, claim_due_schedules, effective_budget, release_claim
 from .db import AdmissionRefused, Secrets, describe_error
 
@@ -80,6 +81,7 @@ async def run_round(conn, *, owner: str, claim_budget: int, lease_ms: int,
     """
     stats = stats or RoundStats()
     budget = effective_budget(claim_budget)
+    await prepare_admission(conn)
     claims = await claim_due_schedules(conn, owner=owner, limit=budget, lease_ms=lease_ms,
                                        kinds=list(providers))
     stats.claimed = len(claims)

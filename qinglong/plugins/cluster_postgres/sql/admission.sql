@@ -194,7 +194,10 @@ input AS MATERIALIZED (
                                attempt_id, ord)
 ),
 checked AS MATERIALIZED (
-    SELECT i.ord,
+    -- with the row's own arguments, so the UPDATE below joins this alone to the schedule row (a
+    -- second join with `input` is planned, generically, as a nested loop over both)
+    SELECT i.ord, i.trigger_revision, i.state_version, i.expected_next_ms, i.owner, i.token,
+           i.claim_version, i.observed_at_ms, i.kind, i.next_fire_at_ms, i.scheduled_for_ms,
            t.trigger_id,
            t.project_id,
            p.active AS project_ok,
@@ -226,40 +229,40 @@ checked AS MATERIALIZED (
 ),
 advanced AS (
     UPDATE qinglong.trigger_schedules s
-    SET next_fire_at_ms = i.next_fire_at_ms,
-        last_scheduled_at_ms = coalesce(i.scheduled_for_ms, s.last_scheduled_at_ms),
+    SET next_fire_at_ms = c.next_fire_at_ms,
+        last_scheduled_at_ms = coalesce(c.scheduled_for_ms, s.last_scheduled_at_ms),
         state_version = s.state_version + 1,
         claim_owner = CASE WHEN c.keep_claim THEN s.claim_owner END,
         claim_token = CASE WHEN c.keep_claim THEN s.claim_token END,
         claim_expires_at_ms = CASE WHEN c.keep_claim THEN s.claim_expires_at_ms END,
         updated_at_ms = clock.now_ms
-    FROM checked c, input i, clock
-    WHERE s.trigger_id = c.trigger_id AND i.ord = c.ord
+    FROM checked c, clock
+    WHERE s.trigger_id = c.trigger_id
       AND c.project_ok AND c.trigger_ok AND c.task_ok AND c.execution_ok
       -- schedule_ok, fence_ok and decision_ok of `flags` below, on the row being written
-      AND s.trigger_revision = i.trigger_revision AND s.state_version = i.state_version
-      AND s.next_fire_at_ms IS NOT DISTINCT FROM i.expected_next_ms
-      AND s.claim_owner = i.owner AND s.claim_token = i.token
-      AND s.claim_version = i.claim_version AND s.claim_expires_at_ms > clock.now_ms
-      AND i.observed_at_ms = s.updated_at_ms AND i.observed_at_ms <= clock.now_ms
-      AND CASE WHEN i.kind = 'fire'
-               THEN i.scheduled_for_ms = i.expected_next_ms
-                    AND i.scheduled_for_ms <= i.observed_at_ms
-                    AND i.next_fire_at_ms > i.scheduled_for_ms
-               WHEN i.kind = 'misfire_fire_once'
-               THEN i.scheduled_for_ms >= i.expected_next_ms
-                    AND i.scheduled_for_ms <= i.observed_at_ms
-                    AND i.next_fire_at_ms > i.observed_at_ms
-               WHEN i.kind = 'initialize'
-               THEN i.scheduled_for_ms IS NULL
-                    AND i.next_fire_at_ms
-                        > least(coalesce(s.published_at_ms, i.observed_at_ms), i.observed_at_ms)
-               WHEN i.kind = 'misfire_skip'
-               THEN i.scheduled_for_ms IS NULL
-                    AND i.next_fire_at_ms > i.observed_at_ms
-               WHEN i.kind = 'release'
-               THEN i.scheduled_for_ms IS NULL
-                    AND i.next_fire_at_ms IS NOT DISTINCT FROM i.expected_next_ms
+      AND s.trigger_revision = c.trigger_revision AND s.state_version = c.state_version
+      AND s.next_fire_at_ms IS NOT DISTINCT FROM c.expected_next_ms
+      AND s.claim_owner = c.owner AND s.claim_token = c.token
+      AND s.claim_version = c.claim_version AND s.claim_expires_at_ms > clock.now_ms
+      AND c.observed_at_ms = s.updated_at_ms AND c.observed_at_ms <= clock.now_ms
+      AND CASE WHEN c.kind = 'fire'
+               THEN c.scheduled_for_ms = c.expected_next_ms
+                    AND c.scheduled_for_ms <= c.observed_at_ms
+                    AND c.next_fire_at_ms > c.scheduled_for_ms
+               WHEN c.kind = 'misfire_fire_once'
+               THEN c.scheduled_for_ms >= c.expected_next_ms
+                    AND c.scheduled_for_ms <= c.observed_at_ms
+                    AND c.next_fire_at_ms > c.observed_at_ms
+               WHEN c.kind = 'initialize'
+               THEN c.scheduled_for_ms IS NULL
+                    AND c.next_fire_at_ms
+                        > least(coalesce(s.published_at_ms, c.observed_at_ms), c.observed_at_ms)
+               WHEN c.kind = 'misfire_skip'
+               THEN c.scheduled_for_ms IS NULL
+                    AND c.next_fire_at_ms > c.observed_at_ms
+               WHEN c.kind = 'release'
+               THEN c.scheduled_for_ms IS NULL
+                    AND c.next_fire_at_ms IS NOT DISTINCT FROM c.expected_next_ms
                ELSE false END
     RETURNING c.ord, s.trigger_id, s.project_id, clock.now_ms AS now_ms, c.keep_claim AS kept
 ),
@@ -343,7 +346,8 @@ flags AS (
     CROSS JOIN clock
     LEFT JOIN checked c ON c.ord = i.ord
     LEFT JOIN qinglong.trigger_schedules s ON s.trigger_id = i.trigger_id
-    WHERE NOT EXISTS (SELECT 1 FROM advanced a WHERE a.ord = i.ord)
+    -- a hashed subplan: an anti-join is planned, generically, as a nested loop over both
+    WHERE i.ord NOT IN (SELECT a.ord FROM advanced a)
 ),
 per_row AS (
     SELECT i.ord, c.project_ok, c.trigger_ok, c.task_ok, c.execution_ok,
