@@ -56,6 +56,7 @@ import uuid
 import weakref
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from operator import itemgetter
 
 import psycopg
 from psycopg import AsyncClientCursor, pq
@@ -168,6 +169,16 @@ def _literals(conn: psycopg.AsyncConnection, values) -> list[str]:
         else:
             out.append(_quoted(conn, value))
     return out
+
+
+def _column_literals(conn: psycopg.AsyncConnection, values: list) -> list[str]:
+    """:func:`_literals` of the values of one argument across a page, each distinct value quoted
+    once: most arguments repeat across a page's rows (the task, its revision and digests, the
+    owner, the decision's kind and times), and the values of one argument are all of one type
+    (or None), so equal values have equal literals."""
+    distinct = list(set(values))
+    quoted = dict(zip(distinct, _literals(conn, distinct)))
+    return list(map(quoted.__getitem__, values))
 
 
 def _quoted(conn: psycopg.AsyncConnection, value) -> str:
@@ -393,18 +404,22 @@ async def commit_page(conn: psycopg.AsyncConnection, items: list[PageItem], *, r
     if len({item.claimed.head.trigger_id for item in items}) != len(items):
         raise ValueError("a page holds each schedule once")
     result = PageResult([None] * len(items))
-    # each row's arguments and their literals, once for every attempt (only the ids change)
+    # each row's arguments and, per argument, the literal of every row: once for every attempt
+    # (only the ids change)
     params = [_params(item.claimed, item.decision, item.keep_claim) for item in items]
     names = [name for name, _ in _prepared_statement()[1]]
     run_arg, attempt_arg = names.index("run_id"), names.index("attempt_id")
-    literals = [_literals(conn, [row.get(name) for name in names]) for row in params]
+    # (the ids are given per attempt, below)
+    literals = [_column_literals(conn, list(map(itemgetter(name), params)))
+                if params and name in params[0] else ["NULL"] * len(params) for name in names]
 
     async def commit(indices: list[int], earlier_retries: int) -> None:
         tries = retries if len(indices) == 1 else min(retries, PAGE_RETRIES)
         attempt = 0
         while True:
             rows = [params[i] for i in indices]
-            columns = [list(column) for column in zip(*(literals[i] for i in indices))]
+            whole = len(indices) == len(items)
+            columns = [list(column) if whole else [column[i] for i in indices] for column in literals]
             # Run identity is allocated here, for this transaction only: a claim never has one.
             run_ids, attempt_ids = _page_ids(len(rows)), _page_ids(len(rows))
             columns[run_arg] = ["'" + run_id + "'" for run_id in run_ids]

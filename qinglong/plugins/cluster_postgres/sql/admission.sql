@@ -171,8 +171,9 @@ FROM clock CROSS JOIN tally LEFT JOIN checked c ON true
 -- heap page, beyond max_pred_locks_per_page (2) the tuple locks became page locks, and beyond the
 -- per-relation bound (32 page locks) one lock on the whole of trigger_schedules, which every
 -- other replica's admission then conflicted with (measured: 2 to 8 pages failed per 5,000-row
--- burst, each of up to 256 rows; 0 with this shape). Only the rows that did not advance are read
--- again (`flags`, the same snapshot) to say why.
+-- burst, each of up to 256 rows; 0 to 3 with this shape, from the leaf pages of
+-- trigger_schedules_pkey that neighbouring pages share). Only the rows that did not advance are
+-- read again (`flags`, the same snapshot) to say why.
 WITH clock AS MATERIALIZED (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 ),
