@@ -28,9 +28,10 @@ server for every measured run.
 * ceiling (beside each burst, on the same server once the replicas have stopped, unless
   ``--no-ceiling``): pgbench sending the statements a replica sends, at the same client count as
   the replicas: the ``claim_due_schedules`` block with a budget of ``--ceiling-page`` (256: the
-  budget a replica's claims grow to while they come back full, as in a burst) in autocommit, then the ``admit_page`` block for the claimed page inside ``BEGIN ISOLATION LEVEL
-  SERIALIZABLE; SET LOCAL enable_seqscan = off; ... COMMIT`` sent as one pipeline of prepared
-  statements (the backend sends the same transaction as one simple-protocol message). What the
+  budget a replica's claims grow to while they come back full, as in a burst) in autocommit,
+  then the ``admit_page`` block for the claimed page inside ``BEGIN ISOLATION LEVEL
+  SERIALIZABLE; SET LOCAL enable_seqscan = off; SET LOCAL plan_cache_mode = force_generic_plan;
+  ... COMMIT`` sent as one pipeline of prepared statements (the backend sends the same transaction as one simple-protocol message). What the
   Python side computes (run and attempt ids, idempotency keys, the next cursor) is computed in
   the claim's wrapper as arrays, passed to ``admit_page`` as text array literals. The same N rows
   are re-seeded due (Runs truncated) first. A serialization failure is not retried (its page stays
@@ -398,6 +399,7 @@ def page_pgbench_script() -> str:
             "\\startpipeline\n"
             "BEGIN ISOLATION LEVEL SERIALIZABLE;\n"
             "SET LOCAL enable_seqscan = off;\n"
+            "SET LOCAL plan_cache_mode = force_generic_plan;\n"
             + admit + ";\n"
             "COMMIT;\n"
             "\\endpipeline\n"
