@@ -233,6 +233,8 @@ class AdmissionResult:
     admitted_at_ms: int
     #: the claim is still ours (``keep_claim`` and the new cursor was due at ``admitted_at_ms``)
     claim_kept: bool = False
+    #: where the commit left the schedule row (its ``ctid``), for a claim kept
+    row_tid: str | None = None
 
 
 def after(claimed: ClaimedSchedule, decision: Decision, result: AdmissionResult) -> ClaimedSchedule:
@@ -245,6 +247,7 @@ def after(claimed: ClaimedSchedule, decision: Decision, result: AdmissionResult)
         cursor=ScheduleCursor(cursor.trigger_revision, decision.next_fire_at_ms, last,
                               cursor.state_version + 1, cursor.published_at_ms),
         observed_at_ms=result.admitted_at_ms,
+        row_tid=result.row_tid,
     )
 
 
@@ -288,6 +291,7 @@ def _params(claimed: ClaimedSchedule, decision: Decision | None, keep_claim: boo
         "skip_count": skipped.count if skipped else None,
         "skip_count_exact": skipped.count_exact if skipped else None,
         "keep_claim": bool(keep_claim) and kind in ("fire", "initialize"),
+        "row_tid": claimed.row_tid,
     }
 
 
@@ -463,7 +467,8 @@ async def commit_page(conn: psycopg.AsyncConnection, items: list[PageItem], *, r
                         scheduled_for_ms=row["scheduled_for_ms"], admitted_at_ms=reply["now_ms"],
                     )
                 result.outcomes[i] = AdmissionResult(row["kind"], admission, earlier_retries + attempt,
-                                                     reply["now_ms"], bool(flag["claim_kept"]))
+                                                     reply["now_ms"], bool(flag["claim_kept"]),
+                                                     flag.get("row_tid"))
             return
 
     async def _split(indices: list[int], earlier_retries: int) -> None:

@@ -31,6 +31,8 @@ class ClaimedSchedule:
 
     ``observed_at_ms`` is the claim statement's database clock, also written as the row's
     ``updated_at_ms`` (the claim's acquisition time); the decision is made at this time.
+    ``row_tid`` is where the claim left the schedule row (its ``ctid``): the admission looks there
+    first, without reading an index (see ``sql/admission.sql``), and by key if the row moved.
     """
 
     head: TriggerHead
@@ -39,6 +41,7 @@ class ClaimedSchedule:
     task_revision: int
     task_digest: str
     observed_at_ms: int
+    row_tid: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "ClaimedSchedule":
@@ -58,7 +61,7 @@ class ClaimedSchedule:
                            claim_version=row["claim_version"],
                            expires_at_ms=row["claim_expires_at_ms"])
         return cls(head, cursor, fence, row["task_revision"], row["task_digest"],
-                   row["observed_at_ms"])
+                   row["observed_at_ms"], row.get("row_tid"))
 
 
 def effective_budget(requested: int) -> int:

@@ -171,9 +171,10 @@ FROM clock CROSS JOIN tally LEFT JOIN checked c ON true
 -- heap page, beyond max_pred_locks_per_page (2) the tuple locks became page locks, and beyond the
 -- per-relation bound (32 page locks) one lock on the whole of trigger_schedules, which every
 -- other replica's admission then conflicted with (measured: 2 to 8 pages failed per 5,000-row
--- burst, each of up to 256 rows; 0 to 3 with this shape, from the leaf pages of
--- trigger_schedules_pkey that neighbouring pages share). Only the rows that did not advance are
--- read again (`flags`, the same snapshot) to say why.
+-- burst, each of up to 256 rows). The rows are located by the claim's ctid (`advanced_at`), not
+-- through trigger_schedules_pkey, whose leaf pages neighbouring pages share and whose page-level
+-- SIRead locks still failed 0 to 3 pages a burst; with both, 0 were measured. Only the rows that
+-- did not advance are read again (`flags`, the same snapshot) to say why.
 WITH clock AS MATERIALIZED (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 ),
@@ -186,19 +187,21 @@ input AS MATERIALIZED (
                 %(kind)s::text[], %(next_fire_at_ms)s::bigint[], %(scheduled_for_ms)s::bigint[],
                 %(idempotency_key)s::text[], %(policy)s::text[], %(skip_first_ms)s::bigint[],
                 %(skip_last_ms)s::bigint[], %(skip_count)s::bigint[], %(skip_count_exact)s::boolean[],
-                %(keep_claim)s::boolean[], %(run_id)s::uuid[], %(attempt_id)s::uuid[])
+                %(keep_claim)s::boolean[], %(run_id)s::uuid[], %(attempt_id)s::uuid[],
+                %(row_tid)s::tid[])
          WITH ORDINALITY AS i (trigger_id, task_id, trigger_revision, trigger_digest, task_revision,
                                task_digest, state_version, expected_next_ms, owner, token,
                                claim_version, observed_at_ms, kind, next_fire_at_ms,
                                scheduled_for_ms, idempotency_key, policy, skip_first_ms,
                                skip_last_ms, skip_count, skip_count_exact, keep_claim, run_id,
-                               attempt_id, ord)
+                               attempt_id, row_tid, ord)
 ),
 checked AS MATERIALIZED (
     -- with the row's own arguments, so the UPDATE below joins this alone to the schedule row (a
     -- second join with `input` is planned, generically, as a nested loop over both)
     SELECT i.ord, i.trigger_revision, i.state_version, i.expected_next_ms, i.owner, i.token,
            i.claim_version, i.observed_at_ms, i.kind, i.next_fire_at_ms, i.scheduled_for_ms,
+           i.row_tid,
            t.trigger_id,
            t.project_id,
            p.active AS project_ok,
@@ -228,7 +231,9 @@ checked AS MATERIALIZED (
      AND e.executor = 'remote_worker'
     ORDER BY t.trigger_id
 ),
-advanced AS (
+-- each schedule row located by where the claim left it (a TID scan: no index read, so none of
+-- the SIRead locks on shared index pages that neighbouring pages conflicted on) ...
+advanced_at AS (
     UPDATE qinglong.trigger_schedules s
     SET next_fire_at_ms = c.next_fire_at_ms,
         last_scheduled_at_ms = coalesce(c.scheduled_for_ms, s.last_scheduled_at_ms),
@@ -238,7 +243,7 @@ advanced AS (
         claim_expires_at_ms = CASE WHEN c.keep_claim THEN s.claim_expires_at_ms END,
         updated_at_ms = clock.now_ms
     FROM checked c, clock
-    WHERE s.trigger_id = c.trigger_id
+    WHERE s.ctid = c.row_tid AND s.trigger_id = c.trigger_id
       AND c.project_ok AND c.trigger_ok AND c.task_ok AND c.execution_ok
       -- schedule_ok, fence_ok and decision_ok of `flags` below, on the row being written
       AND s.trigger_revision = c.trigger_revision AND s.state_version = c.state_version
@@ -265,7 +270,53 @@ advanced AS (
                THEN c.scheduled_for_ms IS NULL
                     AND c.next_fire_at_ms IS NOT DISTINCT FROM c.expected_next_ms
                ELSE false END
-    RETURNING c.ord, s.trigger_id, s.project_id, clock.now_ms AS now_ms, c.keep_claim AS kept
+    RETURNING c.ord, s.trigger_id, s.project_id, clock.now_ms AS now_ms, c.keep_claim AS kept,
+              s.ctid::text AS row_tid
+),
+-- ... and by key only for a row that is no longer there (it changed since the claim, or the
+-- table was rewritten): the same checks, so it advances only if it still passes them
+advanced_by_key AS (
+    UPDATE qinglong.trigger_schedules s
+    SET next_fire_at_ms = c.next_fire_at_ms,
+        last_scheduled_at_ms = coalesce(c.scheduled_for_ms, s.last_scheduled_at_ms),
+        state_version = s.state_version + 1,
+        claim_owner = CASE WHEN c.keep_claim THEN s.claim_owner END,
+        claim_token = CASE WHEN c.keep_claim THEN s.claim_token END,
+        claim_expires_at_ms = CASE WHEN c.keep_claim THEN s.claim_expires_at_ms END,
+        updated_at_ms = clock.now_ms
+    FROM checked c, clock
+    WHERE s.trigger_id = c.trigger_id AND c.ord NOT IN (SELECT t.ord FROM advanced_at t)
+      AND c.project_ok AND c.trigger_ok AND c.task_ok AND c.execution_ok
+      -- schedule_ok, fence_ok and decision_ok of `flags` below, on the row being written
+      AND s.trigger_revision = c.trigger_revision AND s.state_version = c.state_version
+      AND s.next_fire_at_ms IS NOT DISTINCT FROM c.expected_next_ms
+      AND s.claim_owner = c.owner AND s.claim_token = c.token
+      AND s.claim_version = c.claim_version AND s.claim_expires_at_ms > clock.now_ms
+      AND c.observed_at_ms = s.updated_at_ms AND c.observed_at_ms <= clock.now_ms
+      AND CASE WHEN c.kind = 'fire'
+               THEN c.scheduled_for_ms = c.expected_next_ms
+                    AND c.scheduled_for_ms <= c.observed_at_ms
+                    AND c.next_fire_at_ms > c.scheduled_for_ms
+               WHEN c.kind = 'misfire_fire_once'
+               THEN c.scheduled_for_ms >= c.expected_next_ms
+                    AND c.scheduled_for_ms <= c.observed_at_ms
+                    AND c.next_fire_at_ms > c.observed_at_ms
+               WHEN c.kind = 'initialize'
+               THEN c.scheduled_for_ms IS NULL
+                    AND c.next_fire_at_ms
+                        > least(coalesce(s.published_at_ms, c.observed_at_ms), c.observed_at_ms)
+               WHEN c.kind = 'misfire_skip'
+               THEN c.scheduled_for_ms IS NULL
+                    AND c.next_fire_at_ms > c.observed_at_ms
+               WHEN c.kind = 'release'
+               THEN c.scheduled_for_ms IS NULL
+                    AND c.next_fire_at_ms IS NOT DISTINCT FROM c.expected_next_ms
+               ELSE false END
+    RETURNING c.ord, s.trigger_id, s.project_id, clock.now_ms AS now_ms, c.keep_claim AS kept,
+              s.ctid::text AS row_tid
+),
+advanced AS (
+    SELECT * FROM advanced_at UNION ALL SELECT * FROM advanced_by_key
 ),
 run AS (
     INSERT INTO qinglong.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
@@ -357,7 +408,7 @@ per_row AS (
            coalesce(f.decision_ok, a.ord IS NOT NULL) AS decision_ok,
            coalesce(f.schedule_found, a.ord IS NOT NULL) AS schedule_found,
            (a.ord IS NOT NULL) AS advanced, coalesce(a.kept, false) AS claim_kept,
-           c.task_moved, c.task_revision_found
+           a.row_tid, c.task_moved, c.task_revision_found
     FROM input i
     LEFT JOIN checked c ON c.ord = i.ord
     LEFT JOIN advanced a ON a.ord = i.ord

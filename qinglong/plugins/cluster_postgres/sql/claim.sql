@@ -77,7 +77,7 @@ RETURNING s.trigger_id, s.project_id, t.task_id, s.trigger_revision, s.next_fire
           s.claim_version, s.claim_expires_at_ms, t.trigger_revision AS head_revision, t.kind,
           t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.enabled, t.content_digest,
           k.task_revision, k.content_digest AS task_digest, clock.now_ms AS observed_at_ms,
-          s.published_at_ms
+          s.published_at_ms, s.ctid::text AS row_tid
 
 -- name: release_claim
 -- Gives a claim back, under the whole fence (owner, token, claim_version, expiry > now) and the
