@@ -385,12 +385,15 @@ def page_pgbench_script() -> str:
                            "next_fire_at_ms::text)",
         "policy": "misfire_policy", "skip_first_ms": "NULL::bigint", "skip_last_ms": "NULL::bigint",
         "skip_count": "NULL::bigint", "skip_count_exact": "NULL::boolean", "keep_claim": "false",
-        "run_id": "gen_random_uuid()", "attempt_id": "gen_random_uuid()",
+        "run_id": "gen_random_uuid()", "attempt_id": "gen_random_uuid()", "row_tid": "row_tid",
     }
     aggregates = ", ".join(f"coalesce(array_agg({expr} ORDER BY trigger_id)::text, '{{}}') AS p_{name}"
                            for name, expr in columns.items())
     wrapped = f"WITH claimed AS (\n{claim}\n)\nSELECT count(*) AS found, {aggregates} FROM claimed"
     admit = _strip_comments(query("admit_page"))
+    missing = set(_PARAM.findall(admit)) - set(columns)
+    if missing:  # pgbench would send an undefined variable as NULL, not fail
+        raise SystemExit(f"the ceiling computes no value for admit_page's {sorted(missing)}")
     admit = _PARAM.sub(lambda m: ":p_" + m[1], admit)
     if ";" in admit or ";" in wrapped:
         raise SystemExit("a statement holds a semicolon; pgbench would split it")
