@@ -189,6 +189,9 @@ def test_a_job_whose_waiter_died_without_a_receipt_is_lost_with_the_reason_and_n
             run_id = await h.admit("long")
             attempt_dir = (await h.until_state(run_id, "running")).attempts[0].attempt_dir
             pgid = wrapper_pid(attempt_dir)
+            # the job has begun its work (on a loaded machine it may not have run its first line
+            # when the Attempt reads running): only then would a second run of it be a duplicate
+            await until(lambda: any(marks.iterdir()), "the job's marker")
         os.killpg(pgid, signal.SIGKILL)
         await until(lambda: not process_alive(pgid), "the wrapper gone")
         async with running(settings) as h:
