@@ -100,13 +100,14 @@ class Keeper:
                 kill_at = min(kill_at, self.orphaned_at + self.grace_s)
             if not term_sent and now >= term_at:
                 job[3] = True
-                self._send(pgid, pid, start_ticks, signal.SIGTERM)
+                if not self._send(pgid, pid, start_ticks, signal.SIGTERM):
+                    continue
             if not kill_sent and now >= kill_at:
                 job[4] = True
-                self._send(pgid, pid, start_ticks, signal.SIGKILL)
-            if job[4]:
-                if not _members(pgid):
-                    del self.jobs[pgid]
+                if not self._send(pgid, pid, start_ticks, signal.SIGKILL):
+                    continue
+            if job[4] and not _members(pgid):
+                del self.jobs[pgid]
 
     def next_wake(self, now: float) -> float:
         """Seconds until the next TERM or KILL point of a guarded group (at most :data:`IDLE_S`)."""
@@ -118,14 +119,17 @@ class Keeper:
             delay = min(delay, (kill_at if term_sent else term_at) - now)
         return max(0.0, delay)
 
-    def _send(self, pgid: int, pid: int, start_ticks: int, signum: int) -> None:
+    def _send(self, pgid: int, pid: int, start_ticks: int, signum: int) -> bool:
+        """Signal the group if it is still the job's; otherwise forget the job (it ended, and a
+        job that ended on the TERM is gone by its KILL point). False when it was forgotten."""
         if not ours(pgid, pid, start_ticks):
-            self.jobs.pop(pgid, None)
-            return
+            del self.jobs[pgid]
+            return False
         try:
             os.killpg(pgid, signum)
         except (ProcessLookupError, PermissionError):
             pass
+        return True
 
 
 def main(argv: list[str]) -> int:
