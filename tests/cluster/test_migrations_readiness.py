@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.cluster.conftest import arun
@@ -173,3 +175,46 @@ def test_a_dsn_libpq_cannot_parse_is_refused_without_quoting_it(cluster, dsn):
         arun(backend.open())
     for fragment in ("secret", "Pw3", "broken"):
         assert fragment not in str(info.value)
+
+
+
+def test_start_steps_ride_out_connections_the_server_terminated(cluster):
+    """A replica starting while its database restarts (or a DBA terminates its sessions) lost
+    its connection in the middle of the readiness check or the recovery scan and exited 5 (the
+    chaos soak saw it under load); under a supervisor it restarts, but until then that replica
+    admits nothing and an operator sees a crash for a restart PostgreSQL took in stride. Each of
+    those reads now runs once more on a new connection. Here the read is held on a lock, its
+    session terminated mid-statement, and the read must then finish on a new one."""
+    import psycopg
+
+    def waiting_runtime_pids() -> list[int]:
+        return [r[0] for r in cluster.sql(
+            "SELECT pid FROM pg_stat_activity WHERE usename = 'qinglong_runtime' "
+            "AND datname = current_database() AND wait_event_type = 'Lock'")]
+
+    async def until(condition, what: str):
+        deadline = asyncio.get_running_loop().time() + 60
+        while not (value := condition()):
+            assert asyncio.get_running_loop().time() < deadline, what
+            await asyncio.sleep(0.02)
+        return value
+
+    async def body():
+        backend = cluster.backend()
+        try:
+            await backend.open()
+            for step, table in ((backend.check_readiness, "schema_migrations"), (backend.recover, "runs")):
+                with psycopg.connect(cluster.superuser_dsn(), autocommit=True) as holder:
+                    holder.execute("BEGIN")
+                    holder.execute(f"LOCK TABLE qinglong.{table} IN ACCESS EXCLUSIVE MODE")
+                    task = asyncio.create_task(step())
+                    first = await until(waiting_runtime_pids, f"{step.__name__} waiting on {table}")
+                    cluster.sql("SELECT pg_terminate_backend(%s)", (first[0],))
+                    await until(lambda: task.done() or [p for p in waiting_runtime_pids() if p != first[0]],
+                                f"{step.__name__} on a new connection")
+                    holder.execute("COMMIT")
+                await task  # raised BackendUnavailable before: the read was not run again
+        finally:
+            await backend.close()
+
+    arun(body())

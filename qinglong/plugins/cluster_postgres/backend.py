@@ -55,6 +55,14 @@ class RoundTimedOut(QinglongError):
             "connection was discarded and its claims are left to expire")
 
 
+def _connection_lost(exc: psycopg.OperationalError) -> bool:
+    """Whether the error means the connection itself is gone (no SQLSTATE: it closed under the
+    query; class 08; or the server shutting down or terminating it, 57P01-57P03), not the
+    statement."""
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+
+
 class ClusterPostgresBackend:
     """PostgreSQL row-lease scheduler backend (see the package docstring)."""
 
@@ -123,16 +131,24 @@ class ClusterPostgresBackend:
             return self._admin_pool
 
     async def _with_runtime(self, body):
+        """``body(conn)`` on a runtime connection. Every body given here only reads (the start
+        steps: migration status, readiness, recovery), so when the connection breaks under it
+        (the server restarted, or an administrator terminated it) the read runs once more on a
+        new connection, which the pool waits for up to ``pool_timeout_ms``: a replica starting
+        while its database restarts rides the restart out instead of exiting 5."""
         pool = await self.runtime_pool()
-        try:
-            async with pool.connection() as conn:
-                return await body(conn)
-        except PoolTimeout as exc:
-            raise BackendUnavailable(
-                f"no runtime connection within {self.settings.pool_timeout_ms} ms: "
-                f"{describe_error(exc, self.secrets)}") from None
-        except psycopg.OperationalError as exc:
-            raise BackendUnavailable(describe_error(exc, self.secrets)) from None
+        for last in (False, True):
+            try:
+                async with pool.connection() as conn:
+                    return await body(conn)
+            except PoolTimeout as exc:
+                raise BackendUnavailable(
+                    f"no runtime connection within {self.settings.pool_timeout_ms} ms: "
+                    f"{describe_error(exc, self.secrets)}") from None
+            except psycopg.OperationalError as exc:
+                if not last and _connection_lost(exc):
+                    continue
+                raise BackendUnavailable(describe_error(exc, self.secrets)) from None
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def open(self, *, create: bool = True) -> None:
