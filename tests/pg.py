@@ -145,6 +145,9 @@ class PgServer:
                 "password_encryption = 'scram-sha-256'\n"
                 "log_min_messages = warning\n"
                 "log_line_prefix = '%m [%p] %u@%d '\n"
+                # a whole admission message in pg_stat_activity.query (not its first 1 KiB), so a
+                # test can tell the message it holds from the ones before it
+                "track_activity_query_size = 65536\n"
             )
         self._chown(self.datadir / "pg_hba.conf")
 

@@ -257,10 +257,22 @@ def test_connection_hanging_open_is_cut_at_the_lease_and_its_replica_admits_agai
         # and its rows are taken over after expiry), so the claims left to H below are exactly
         # those its hung round never reached, or rows of the hung page the server refused (H
         # cannot claim again before its hung round is cut; Q may claim next occurrences)
-        await wait_for(lambda: not db.sql(
-            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'qinglong runtime replica-h' "
-            "AND state <> 'idle' AND query LIKE %s", ("%EXECUTE qinglong_admit_occurrence(%",)),
-            what=f"the server to finish the hung admission of {hung_triggers}")
+        # (the forwarded bytes may not have been read by the server yet when this starts looking,
+        # so "no admission executing" alone is not "done": the hung message's own text, which
+        # holds its idempotency keys, must have been seen executing or have finished)
+        seen: list[bool] = []
+
+        def hung_message_done() -> bool:
+            if db.count("runs", "idempotency_key = ANY (%s)", (hung_keys,)) == len(hung_keys):
+                return True  # committed
+            states = [r[0] for r in db.sql(
+                "SELECT state FROM pg_stat_activity WHERE application_name = 'qinglong runtime replica-h' "
+                "AND position(%s in query) > 0", (hung_keys[0],))]
+            if states:
+                seen.append(True)
+            return bool(seen) and all(state == "idle" for state in states)  # rolled back, or gone
+
+        await wait_for(hung_message_done, what=f"the server to finish the hung admission of {hung_triggers}")
         held = db.sql("SELECT trigger_id, next_fire_at_ms, claim_expires_at_ms "
                       "FROM qinglong.trigger_schedules WHERE claim_owner = 'replica-h'")
         reported_before = h.total("admitted")
