@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -415,3 +416,17 @@ def record_from_row(cls: type, row: Mapping[str, Any], **given: Any) -> Any:
     for f in dataclasses.fields(cls):
         values[f.name] = given[f.name] if f.name in given else row[f.name]
     return cls(**values)
+
+
+#: How many ids one :func:`page_id_base` numbers: its last 16 bits.
+PAGE_ID_SERIALS = 0x10000
+
+
+def page_id_base() -> int:
+    """A fresh random (version 4) UUID, as an int, with its last 16 bits clear. A page of
+    admissions numbers its Run (and Attempt) ids ``base | 0``, ``base | 1``, ... so they sit side
+    by side in every ``run_id`` index (a few leaf pages, not one each: fewer pages written, and on
+    PostgreSQL fewer page-level SIRead locks that other replicas' pages would meet), and different
+    pages lie at random places apart. Unique: the 106 random bits are drawn afresh for each base,
+    and at most :data:`PAGE_ID_SERIALS` ids are numbered from one."""
+    return uuid.uuid4().int & ~(PAGE_ID_SERIALS - 1)

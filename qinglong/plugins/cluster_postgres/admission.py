@@ -65,7 +65,7 @@ from psycopg import errors as pg_errors
 
 from qinglong.contracts.errors import FenceLost
 from qinglong.contracts.idempotency import idempotency_key
-from qinglong.contracts.records import Admission, Decision, DecisionKind, ScheduleCursor
+from qinglong.contracts.records import Admission, Decision, DecisionKind, ScheduleCursor, page_id_base
 
 from .claim import ClaimedSchedule
 from .db import AdmissionRefused
@@ -207,8 +207,7 @@ async def _send_admission(conn: psycopg.AsyncConnection, columns: list[list[str]
     The row is the last result of the message (after the SETs'), reached by ``nextset``; it
     is keyed by the names ``cur.description`` gives for that result, on the client only (the
     message sent is unchanged)."""
-    if conn not in _prepared:
-        await _prepare(conn)
+    await prepare_admission(conn)
     message = _message(columns)
     cur = AsyncClientCursor(conn)
     try:
@@ -380,7 +379,7 @@ def _page_ids(count: int) -> list[str]:
     (and every retry), and the row number fills the last 16."""
     if count > 0xFFFF:
         raise ValueError("a page holds at most 65535 rows")
-    base = uuid.uuid4().int & ~0xFFFF
+    base = page_id_base()
     return [str(uuid.UUID(int=base | j)) for j in range(count)]
 
 

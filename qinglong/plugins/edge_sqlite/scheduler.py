@@ -44,7 +44,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Mapping
@@ -54,6 +53,7 @@ from qinglong.contracts.diagnostics import DiagnosticEvent, RoundEvent
 from qinglong.contracts.idempotency import idempotency_key
 from qinglong.contracts.providers import TriggerProvider
 from qinglong.contracts.records import (
+    PAGE_ID_SERIALS,
     Decision,
     DecisionKind,
     MisfirePolicy,
@@ -62,6 +62,7 @@ from qinglong.contracts.records import (
     ScheduleCursor,
     TriggerHead,
     content_digest,
+    page_id_base,
 )
 
 from .queries import q
@@ -366,7 +367,7 @@ class PageTransaction:
 
     def __init__(self) -> None:
         self._task_revisions: dict[tuple[str, str], int | None] = {}
-        self._serial = 0x10000
+        self._serial = PAGE_ID_SERIALS
 
     def task_revision(self, conn: sqlite3.Connection, project_id: str, task_id: str) -> int | None:
         """The head revision of the task inside this transaction (None: no such task)."""
@@ -381,9 +382,9 @@ class PageTransaction:
 
     def ids(self) -> tuple[str, str]:
         """A new (run id, attempt id) pair."""
-        if self._serial > 0xFFFF:
-            self._run_base = uuid.uuid4().int & ~0xFFFF
-            self._attempt_base = uuid.uuid4().int & ~0xFFFF
+        if self._serial >= PAGE_ID_SERIALS:
+            self._run_base = page_id_base()
+            self._attempt_base = page_id_base()
             self._serial = 0
         serial = self._serial
         self._serial = serial + 1
