@@ -184,6 +184,13 @@ def task_not_found(project_id: str, task_id: str) -> NotFound:
                     "publish the task before a trigger that runs it")
 
 
+def task_in_use(project_id: str, task_id: str, trigger_ids: list[str]) -> UserError:
+    """A task deleted while triggers still run it."""
+    shown = ", ".join(repr(t) for t in trigger_ids[:5]) + (" ..." if len(trigger_ids) > 5 else "")
+    return UserError(f"task {task_id!r} of project {project_id!r} is run by trigger(s) {shown}; "
+                     "delete them (or point them at another task) first")
+
+
 def trigger_not_found(project_id: str, trigger_id: str) -> NotFound:
     """A change to a trigger the project does not have."""
     return NotFound(f"trigger {trigger_id!r} does not exist in project {project_id!r}")

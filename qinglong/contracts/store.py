@@ -8,7 +8,7 @@ these protocols only, so the CLI's publish and read commands are the same in eve
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from .diagnostics import DiagnosticSink
 from .errors import TriggerSpecError, UnknownTriggerKind, UserError
@@ -29,6 +29,9 @@ from .records import (
     TriggerDefinition,
     TriggerHead,
 )
+
+if TYPE_CHECKING:  # types only
+    from .apply import DesiredProject, ProjectPlan, ProjectState
 
 
 #: Input limits, in one place for the CLI and every publisher. A task payload or a trigger spec is
@@ -97,6 +100,39 @@ class Publisher(Protocol):
 
     async def delete_trigger(self, project_id: str, trigger_id: str) -> None:
         """Delete a trigger and its schedule row; its Runs stay."""
+        ...
+
+    async def delete_task(self, project_id: str, task_id: str) -> None:
+        """Delete a task: its head is gone (``task show``, ``task run`` and new triggers no longer
+        find it) while every revision stays, so its Runs keep their history and a Run still
+        queued or running finishes on the revision it pinned. Refused (``UserError``) while a
+        trigger of the project runs it, naming the triggers. Publishing the task again continues
+        its revisions (they never repeat)."""
+        ...
+
+    async def project_state(self, project_id: str) -> "ProjectState":
+        """The project's name, task heads (payloads, env values included) and trigger heads; a
+        project the store does not have (or deleted) is ``ProjectState.absent``."""
+        ...
+
+    async def apply_project(self, desired: "DesiredProject", *, prune: bool = False,
+                            dry_run: bool = False) -> "ProjectPlan":
+        """Take one project to ``desired`` in ONE transaction and return the plan that did it.
+
+        The project's state is read inside the transaction and planned with
+        :func:`~qinglong.contracts.apply.plan_project`; then, in plan order, the project is
+        created (or revived, or renamed), pruned triggers deleted, tasks and triggers published
+        (an unchanged one gets no new revision), pruned tasks deleted. Any refusal rolls back the
+        whole project (:class:`~qinglong.contracts.apply.PlanRefused` names the object and key).
+        ``dry_run`` plans in the same transaction and rolls it back: the plan is exactly what
+        applying would do now, and nothing is written.
+        """
+        ...
+
+    async def delete_project(self, project_id: str, *, dry_run: bool = False) -> "ProjectPlan":
+        """Delete a project in one transaction: its triggers, its tasks (as :meth:`delete_task`),
+        then the project, whose Runs stay. Creating it again starts it empty. A project the store
+        does not have is an empty plan."""
         ...
 
 

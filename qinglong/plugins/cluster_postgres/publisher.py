@@ -13,16 +13,31 @@ cadence and claim lease is refused before anything is written.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from qinglong.contracts.apply import (
+    Change,
+    ChangeAction,
+    DesiredProject,
+    ObjectKind,
+    PlanRefused,
+    ProjectPlan,
+    ProjectState,
+    plan_project,
+    validate_desired,
+)
 from qinglong.contracts.errors import (
+    UserError,
     project_exists,
     project_not_found,
+    task_in_use,
     task_not_found,
     trigger_id_taken,
     trigger_not_found,
@@ -138,28 +153,80 @@ class ClusterPublisher:
         its pinned ``remote_worker`` execution revision in the same transaction."""
         check_identifier("project_id", project_id)
         check_identifier("task_id", task_id)
-        payload_json = check_task_payload(task_id, payload)
-        execution = normalised_execution(task_id, payload)
-        digest = content_digest(payload)
-        normalised = dict(payload)
+        checked = _checked_task(task_id, payload)
+        return await self._transaction(lambda conn: _put_task_in(conn, project_id, task_id, checked))
 
+    async def delete_task(self, project_id: str, task_id: str) -> None:
+        """Mark a task deleted (its revisions and Runs stay); refused while a trigger runs it."""
+        await self._transaction(lambda conn: _delete_task_in(conn, project_id, task_id))
+
+    async def project_state(self, project_id: str) -> ProjectState:
+        """The project's name, task heads and trigger heads, read in one transaction."""
+        return await self._transaction(lambda conn: _project_state_in(conn, project_id, lock=False))
+
+    async def apply_project(self, desired: DesiredProject, *, prune: bool = False,
+                            dry_run: bool = False) -> ProjectPlan:
+        """Plan and apply one project in one transaction (rolled back for ``dry_run``)."""
+        checked = validate_desired(desired, self._providers, self._limits, leased=True)
+        return await self._planned(checked, checked.project_id, prune, dry_run)
+
+    async def delete_project(self, project_id: str, *, dry_run: bool = False) -> ProjectPlan:
+        """Delete a project's triggers, tasks and the project in one transaction."""
+        check_identifier("project_id", project_id)
+        return await self._planned(None, project_id, True, dry_run)
+
+    async def _planned(self, desired: DesiredProject | None, project_id: str, prune: bool,
+                       dry_run: bool) -> ProjectPlan:
         async def body(conn):
-            await _require_project(conn, project_id)
-            row = await _one(conn, query("lock_task_head"), {"project_id": project_id, "task_id": task_id})
-            if row is not None and row["content_digest"] == digest:
-                return TaskRecord(project_id, task_id, row["task_revision"], normalised, digest)
-            revision = 1 if row is None else row["task_revision"] + 1
-            keys = {"project_id": project_id, "task_id": task_id, "task_revision": revision}
-            await conn.execute(query("upsert_task_head"), {**keys, "content_digest": digest})
-            await conn.execute(query("insert_task_revision"),
-                               {**keys, "payload_json": payload_json, "content_digest": digest})
-            spec = execution_spec(project_id, task_id, revision, digest, execution)
-            await conn.execute(query("insert_execution_revision"),
-                               {**keys, "spec_json": canonical_json(spec),
-                                "content_digest": content_digest(spec)})
-            return TaskRecord(project_id, task_id, revision, normalised, digest)
+            current = await _project_state_in(conn, project_id, lock=True)
+            plan = plan_project(desired, current, prune=prune)
+            checked = {task_id: _checked_task(task_id, payload) for task_id, payload in plan.tasks.items()}
+            for change in plan.changes:
+                if change.action is ChangeAction.UNCHANGED:
+                    continue
+                try:
+                    await self._apply_change(conn, change, plan, desired, checked)
+                except PlanRefused:
+                    raise
+                except UserError as exc:
+                    raise PlanRefused(project_id, change.kind, change.object_id,
+                                      "id" if change.kind is not ObjectKind.TRIGGER else "trigger",
+                                      str(exc)) from None
+            if dry_run:
+                raise _RollBack(plan)
+            return plan
 
-        return await self._transaction(body)
+        try:
+            return await self._transaction(body)
+        except _RollBack as done:
+            return done.plan
+
+    async def _apply_change(self, conn, change: Change, plan: ProjectPlan,
+                            desired: DesiredProject | None, checked: Mapping[str, Any]) -> None:
+        project_id = plan.project_id
+        if change.kind is ObjectKind.PROJECT:
+            if change.action is ChangeAction.DELETE:
+                await conn.execute(query("delete_project_row"), {"project_id": project_id})
+                return
+            name = desired.name if desired is not None and desired.name is not None else project_id
+            if change.action is ChangeAction.CREATE:
+                if await _one(conn, query("insert_project"), {"project_id": project_id, "name": name}) is None:
+                    raise project_exists(project_id)
+            else:
+                await conn.execute(query("rename_project"), {"project_id": project_id, "name": name})
+        elif change.kind is ObjectKind.TASK:
+            if change.action is ChangeAction.DELETE:
+                await _delete_task_in(conn, project_id, change.object_id)
+            else:
+                await _put_task_in(conn, project_id, change.object_id, checked[change.object_id])
+        elif change.action is ChangeAction.DELETE:
+            await _delete_trigger_in(conn, project_id, change.object_id)
+        else:
+            definition = plan.triggers[change.object_id]
+            await self._publish(conn, project_id, definition.trigger_id, definition.task_id,
+                                definition.kind, definition.spec,
+                                MisfirePolicy(definition.misfire_policy),
+                                definition.misfire_grace_ms, definition.enabled)
 
     async def put_trigger(self, definition: TriggerDefinition) -> TriggerHead:
         """Add a trigger or publish a new revision (resetting its schedule), in one transaction."""
@@ -180,8 +247,8 @@ class ClusterPublisher:
                        spec: Mapping[str, Any], policy: MisfirePolicy, grace_ms: int,
                        enabled: bool) -> TriggerHead:
         await _require_project(conn, project_id)
-        cur = await conn.execute(query("lock_task_head"), {"project_id": project_id, "task_id": task_id})
-        if await cur.fetchone() is None:
+        task = await _one(conn, query("lock_task_head"), {"project_id": project_id, "task_id": task_id})
+        if task is None or task["deleted_at_ms"] is not None:
             raise task_not_found(project_id, task_id)
         digest = trigger_content_digest(project_id, trigger_id, task_id, kind, spec, policy, grace_ms,
                                         enabled)
@@ -226,16 +293,85 @@ class ClusterPublisher:
 
     async def delete_trigger(self, project_id: str, trigger_id: str) -> None:
         """Delete a trigger and its schedule row; its Runs stay."""
+        await self._transaction(lambda conn: _delete_trigger_in(conn, project_id, trigger_id))
 
-        async def body(conn):
-            row = await _one(conn, query("lock_trigger_head"), {"trigger_id": trigger_id})
-            if row is None or row["project_id"] != project_id:
-                raise trigger_not_found(project_id, trigger_id)
-            await conn.execute(query("delete_schedule"), {"trigger_id": trigger_id})
-            await conn.execute(query("delete_trigger_head"),
-                               {"trigger_id": trigger_id, "project_id": project_id})
 
-        await self._transaction(body)
+class _RollBack(Exception):
+    """Raised at the end of a dry run so that its transaction writes nothing."""
+
+    def __init__(self, plan: ProjectPlan) -> None:
+        self.plan = plan
+
+
+@dataclass(frozen=True)
+class _CheckedTask:
+    """A task payload checked before any transaction: canonical JSON, digest, execution spec."""
+
+    payload: Mapping[str, Any]
+    payload_json: str
+    digest: str
+    execution: dict[str, Any] | None
+
+
+def _checked_task(task_id: str, payload: Mapping[str, Any]) -> _CheckedTask:
+    payload_json = check_task_payload(task_id, payload)
+    return _CheckedTask(dict(payload), payload_json, content_digest(payload),
+                        normalised_execution(task_id, payload))
+
+
+async def _put_task_in(conn, project_id: str, task_id: str, task: _CheckedTask) -> TaskRecord:
+    """Publish a checked payload inside the caller's transaction: a new revision (with its pinned
+    execution revision) when its digest differs from the head's or the task was deleted."""
+    await _require_project(conn, project_id)
+    row = await _one(conn, query("lock_task_head"), {"project_id": project_id, "task_id": task_id})
+    if row is not None and row["deleted_at_ms"] is None and row["content_digest"] == task.digest:
+        return TaskRecord(project_id, task_id, row["task_revision"], task.payload, task.digest)
+    revision = 1 if row is None else row["task_revision"] + 1
+    keys = {"project_id": project_id, "task_id": task_id, "task_revision": revision}
+    await conn.execute(query("upsert_task_head"), {**keys, "content_digest": task.digest})
+    await conn.execute(query("insert_task_revision"),
+                       {**keys, "payload_json": task.payload_json, "content_digest": task.digest})
+    spec = execution_spec(project_id, task_id, revision, task.digest, task.execution)
+    await conn.execute(query("insert_execution_revision"),
+                       {**keys, "spec_json": canonical_json(spec), "content_digest": content_digest(spec)})
+    return TaskRecord(project_id, task_id, revision, task.payload, task.digest)
+
+
+async def _delete_task_in(conn, project_id: str, task_id: str) -> None:
+    row = await _one(conn, query("lock_task_head"), {"project_id": project_id, "task_id": task_id})
+    if row is None or row["deleted_at_ms"] is not None:
+        raise task_not_found(project_id, task_id)
+    cur = await conn.execute(query("triggers_of_task"), {"project_id": project_id, "task_id": task_id})
+    users = [r[0] for r in await cur.fetchall()]
+    if users:
+        raise task_in_use(project_id, task_id, users)
+    await conn.execute(query("delete_task_head"), {"project_id": project_id, "task_id": task_id})
+
+
+async def _delete_trigger_in(conn, project_id: str, trigger_id: str) -> None:
+    row = await _one(conn, query("lock_trigger_head"), {"trigger_id": trigger_id})
+    if row is None or row["project_id"] != project_id:
+        raise trigger_not_found(project_id, trigger_id)
+    await conn.execute(query("delete_schedule"), {"trigger_id": trigger_id})
+    await conn.execute(query("delete_trigger_head"), {"trigger_id": trigger_id, "project_id": project_id})
+
+
+async def _project_state_in(conn, project_id: str, *, lock: bool) -> ProjectState:
+    """The project's state as :func:`~qinglong.contracts.apply.plan_project` reads it; with
+    ``lock`` its row is locked, so a concurrent apply of the project waits for this one."""
+    row = await _one(conn, query("lock_project" if lock else "read_project"), {"project_id": project_id})
+    if row is None or row["deleted_at_ms"] is not None:
+        return ProjectState.absent(project_id)
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query("project_task_heads"), {"project_id": project_id})
+        task_rows = await cur.fetchall()
+        await cur.execute(query("project_trigger_heads"), {"project_id": project_id})
+        trigger_rows = await cur.fetchall()
+    tasks = {r["task_id"]: TaskRecord(project_id, r["task_id"], r["task_revision"],
+                                      json.loads(r["payload_json"]), r["content_digest"])
+             for r in task_rows}
+    triggers = {r["trigger_id"]: _head(r["trigger_id"], r) for r in trigger_rows}
+    return ProjectState(project_id, True, row["name"], tasks, triggers)
 
 
 async def _require_project(conn, project_id: str) -> None:

@@ -10,9 +10,22 @@ import json
 import sqlite3
 from typing import Any, Callable, Mapping
 
+from qinglong.contracts.apply import (
+    Change,
+    ChangeAction,
+    DesiredProject,
+    ObjectKind,
+    PlanRefused,
+    ProjectPlan,
+    ProjectState,
+    plan_project,
+    validate_desired,
+)
 from qinglong.contracts.errors import (
+    UserError,
     project_exists,
     project_not_found,
+    task_in_use,
     task_not_found,
     trigger_id_taken,
     trigger_not_found,
@@ -39,7 +52,7 @@ from qinglong.contracts.store import (
 )
 
 from .queries import q
-from .store import SqliteStore, named_one, transaction
+from .store import SqliteStore, named_one, named_rows, transaction
 
 
 def head_from_row(row: sqlite3.Row) -> TriggerHead:
@@ -52,9 +65,116 @@ def head_from_row(row: sqlite3.Row) -> TriggerHead:
 
 def _require_project(conn: sqlite3.Connection, project_id: str) -> sqlite3.Row:
     row = named_one(conn, q("project_by_id"), (project_id,))
-    if row is None:
+    if row is None or row["deleted_at_ms"] is not None:
         raise project_not_found(project_id)
     return row
+
+
+def _live_task_head(conn: sqlite3.Connection, project_id: str, task_id: str) -> sqlite3.Row | None:
+    """The task's head row unless the task does not exist or was deleted."""
+    row = named_one(conn, q("task_head"), (project_id, task_id))
+    return row if row is not None and row["deleted_at_ms"] is None else None
+
+
+def put_task_in(conn: sqlite3.Connection, project_id: str, task_id: str, payload_json: str,
+                digest: str, now_ms: int) -> TaskRecord:
+    """Publish a checked payload inside the caller's open transaction: a new revision when its
+    digest differs from the head's (or the task was deleted: its revisions continue)."""
+    _require_project(conn, project_id)
+    head = named_one(conn, q("task_head"), (project_id, task_id))
+    if head is not None and head["deleted_at_ms"] is None and head["content_digest"] == digest:
+        return TaskRecord(project_id, task_id, head["task_revision"],
+                          json.loads(head["payload_json"]), head["content_digest"])
+    revision = head["task_revision"] + 1 if head is not None else 1
+    params = {"project_id": project_id, "task_id": task_id, "revision": revision,
+              "payload": payload_json, "digest": digest, "now": now_ms}
+    # The head first: task_revisions references it.
+    conn.execute(q("upsert_task_head"), params)
+    conn.execute(q("insert_task_revision"), params)
+    return TaskRecord(project_id, task_id, revision, json.loads(payload_json), digest)
+
+
+def delete_task_in(conn: sqlite3.Connection, project_id: str, task_id: str, now_ms: int) -> None:
+    """Mark a task deleted inside the caller's transaction; refused while a trigger runs it."""
+    if _live_task_head(conn, project_id, task_id) is None:
+        raise task_not_found(project_id, task_id)
+    users = [row[0] for row in conn.execute(q("triggers_of_task"), (project_id, task_id))]
+    if users:
+        raise task_in_use(project_id, task_id, users)
+    conn.execute(q("delete_task_head"), {"project_id": project_id, "task_id": task_id, "now": now_ms})
+
+
+def project_state_in(conn: sqlite3.Connection, project_id: str) -> ProjectState:
+    """The project's state as :func:`~qinglong.contracts.apply.plan_project` reads it."""
+    row = named_one(conn, q("project_by_id"), (project_id,))
+    if row is None or row["deleted_at_ms"] is not None:
+        return ProjectState.absent(project_id)
+    tasks = {r["task_id"]: TaskRecord(project_id, r["task_id"], r["task_revision"],
+                                      json.loads(r["payload_json"]), r["content_digest"])
+             for r in named_rows(conn, q("project_task_heads"), (project_id,))}
+    triggers = {r["trigger_id"]: head_from_row(r)
+                for r in named_rows(conn, q("list_triggers_of_project"), (project_id,))}
+    return ProjectState(project_id, True, row["name"], tasks, triggers)
+
+
+class _RollBack(Exception):
+    """Raised at the end of a dry run so that its transaction writes nothing."""
+
+    def __init__(self, plan: ProjectPlan) -> None:
+        self.plan = plan
+
+
+def apply_plan_in(conn: sqlite3.Connection, desired: DesiredProject | None, project_id: str,
+                  prune: bool, now_ms: int) -> ProjectPlan:
+    """Read the project, plan it and write the plan, inside the caller's transaction."""
+    current = project_state_in(conn, project_id)
+    plan = plan_project(desired, current, prune=prune)
+    for change in plan.changes:
+        if change.action is ChangeAction.UNCHANGED:
+            continue
+        try:
+            _apply_change(conn, change, plan, desired, now_ms)
+        except PlanRefused:
+            raise
+        except UserError as exc:
+            raise PlanRefused(project_id, change.kind, change.object_id,
+                              "id" if change.kind is not ObjectKind.TRIGGER else "trigger",
+                              str(exc)) from None
+    return plan
+
+
+def _apply_change(conn: sqlite3.Connection, change: Change, plan: ProjectPlan,
+                  desired: DesiredProject | None, now_ms: int) -> None:
+    project_id = plan.project_id
+    if change.kind is ObjectKind.PROJECT:
+        if change.action is ChangeAction.DELETE:
+            conn.execute(q("delete_project_row"), {"project_id": project_id, "now": now_ms})
+            return
+        name = (desired.name if desired is not None and desired.name is not None else project_id)
+        if change.action is ChangeAction.CREATE:
+            row = named_one(conn, q("project_by_id"), (project_id,))
+            if row is None:
+                conn.execute(q("insert_project"), (project_id, name, now_ms))
+            else:
+                conn.execute(q("revive_project"), {"project_id": project_id, "name": name})
+        else:
+            conn.execute(q("rename_project"), {"project_id": project_id, "name": name})
+    elif change.kind is ObjectKind.TASK:
+        if change.action is ChangeAction.DELETE:
+            delete_task_in(conn, project_id, change.object_id, now_ms)
+            return
+        payload_json = check_task_payload(change.object_id, plan.tasks[change.object_id])
+        put_task_in(conn, project_id, change.object_id, payload_json,
+                    content_digest(json.loads(payload_json)), now_ms)
+    else:
+        if change.action is ChangeAction.DELETE:
+            _existing_head(conn, project_id, change.object_id)
+            conn.execute(q("delete_schedule"), (change.object_id,))
+            conn.execute(q("delete_trigger_head"), (change.object_id,))
+            return
+        definition = plan.triggers[change.object_id]
+        put_trigger_in(conn, definition, definition.spec, definition.kind,
+                       MisfirePolicy(definition.misfire_policy), now_ms)
 
 
 def _write_trigger_revision(conn: sqlite3.Connection, head: TriggerHead, now_ms: int) -> None:
@@ -85,7 +205,7 @@ def put_trigger_in(conn: sqlite3.Connection, definition: TriggerDefinition,
                    spec: Mapping[str, Any], kind: str, policy: MisfirePolicy, now_ms: int) -> TriggerHead:
     """Publish a validated definition inside the caller's open transaction."""
     _require_project(conn, definition.project_id)
-    if conn.execute(q("task_head"), (definition.project_id, definition.task_id)).fetchone() is None:
+    if _live_task_head(conn, definition.project_id, definition.task_id) is None:
         raise task_not_found(definition.project_id, definition.task_id)
     existing = named_one(conn, q("trigger_by_id"), (definition.trigger_id,))
     if existing is not None and existing["project_id"] != definition.project_id:
@@ -138,9 +258,13 @@ class SqlitePublisher:
         now = self._context.clock_ms()
 
         def write(conn: sqlite3.Connection) -> ProjectRecord:
-            if conn.execute(q("project_by_id"), (project_id,)).fetchone() is not None:
+            row = named_one(conn, q("project_by_id"), (project_id,))
+            if row is not None and row["deleted_at_ms"] is None:
                 raise project_exists(project_id)
-            conn.execute(q("insert_project"), (project_id, label, now))
+            if row is None:
+                conn.execute(q("insert_project"), (project_id, label, now))
+            else:  # a deleted project created again starts empty, active
+                conn.execute(q("revive_project"), {"project_id": project_id, "name": label})
             return ProjectRecord(project_id, label, True)
 
         return await self._in_transaction(write)
@@ -152,22 +276,48 @@ class SqlitePublisher:
         payload_json = check_task_payload(task_id, payload)
         digest = content_digest(json.loads(payload_json))
         now = self._context.clock_ms()
+        return await self._in_transaction(put_task_in, project_id, task_id, payload_json, digest, now)
 
-        def write(conn: sqlite3.Connection) -> TaskRecord:
-            _require_project(conn, project_id)
-            head = named_one(conn, q("task_head"), (project_id, task_id))
-            if head is not None and head["content_digest"] == digest:
-                return TaskRecord(project_id, task_id, head["task_revision"],
-                                  json.loads(head["payload_json"]), head["content_digest"])
-            revision = head["task_revision"] + 1 if head is not None else 1
-            params = {"project_id": project_id, "task_id": task_id, "revision": revision,
-                      "payload": payload_json, "digest": digest, "now": now}
-            # The head first: task_revisions references it.
-            conn.execute(q("upsert_task_head"), params)
-            conn.execute(q("insert_task_revision"), params)
-            return TaskRecord(project_id, task_id, revision, json.loads(payload_json), digest)
+    async def delete_task(self, project_id: str, task_id: str) -> None:
+        """Mark a task deleted (its revisions and Runs stay); refused while a trigger runs it."""
+        now = self._context.clock_ms()
+        await self._in_transaction(delete_task_in, project_id, task_id, now)
 
-        return await self._in_transaction(write)
+    async def project_state(self, project_id: str) -> ProjectState:
+        """The project's name, task heads and trigger heads, read in one transaction."""
+        def read(conn: sqlite3.Connection) -> ProjectState:
+            conn.execute("BEGIN")
+            try:
+                return project_state_in(conn, project_id)
+            finally:
+                conn.execute("COMMIT")
+        return await self._store.call(read)
+
+    async def apply_project(self, desired: DesiredProject, *, prune: bool = False,
+                            dry_run: bool = False) -> ProjectPlan:
+        """Plan and apply one project in one transaction (rolled back for ``dry_run``)."""
+        checked = validate_desired(desired, self._context.providers, self._context.limits)
+        return await self._planned(checked, checked.project_id, prune, dry_run)
+
+    async def delete_project(self, project_id: str, *, dry_run: bool = False) -> ProjectPlan:
+        """Delete a project's triggers, tasks and the project in one transaction."""
+        check_identifier("project_id", project_id)
+        return await self._planned(None, project_id, True, dry_run)
+
+    async def _planned(self, desired: DesiredProject | None, project_id: str, prune: bool,
+                       dry_run: bool) -> ProjectPlan:
+        now = self._context.clock_ms()
+
+        def work(conn: sqlite3.Connection) -> ProjectPlan:
+            plan = apply_plan_in(conn, desired, project_id, prune, now)
+            if dry_run:
+                raise _RollBack(plan)
+            return plan
+
+        try:
+            return await self._in_transaction(work)
+        except _RollBack as done:
+            return done.plan
 
     async def put_trigger(self, definition: TriggerDefinition) -> TriggerHead:
         """Add a trigger or publish a new revision (resetting its cursor); unchanged is a no-op."""

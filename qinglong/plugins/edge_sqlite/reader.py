@@ -99,7 +99,7 @@ class SqliteReader:
         """The task's head revision with its payload and digest (what ``task show`` prints);
         :class:`~qinglong.contracts.errors.NotFound` if the project has no such task."""
         row = await self._store.call(named_one, q("task_head"), (project_id, task_id))
-        if row is None:
+        if row is None or row["deleted_at_ms"] is not None:
             raise NotFound(f"task {task_id!r} does not exist in project {project_id!r}")
         return record_from_row(TaskRecord, row, payload=json.loads(row["payload_json"]))
 

@@ -1,18 +1,22 @@
 -- name: insert_project
--- Creates an active project; returns nothing when the identifier is taken.
-INSERT INTO qinglong.projects (project_id, name, active, created_at_ms, updated_at_ms)
+-- Creates an active project, or revives a deleted one (active, renamed, empty); returns nothing
+-- when the identifier is taken by a project that is not deleted.
+INSERT INTO qinglong.projects AS p (project_id, name, active, created_at_ms, updated_at_ms)
 SELECT %(project_id)s, %(name)s, true, c.now_ms, c.now_ms
 FROM (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms) c
-ON CONFLICT (project_id) DO NOTHING
+ON CONFLICT (project_id) DO UPDATE
+SET name = excluded.name, active = true, deleted_at_ms = NULL, updated_at_ms = excluded.updated_at_ms
+WHERE p.deleted_at_ms IS NOT NULL
 RETURNING project_id, name, active
 
 -- name: project_exists
--- Whether a project exists (active or not).
-SELECT 1 FROM qinglong.projects WHERE project_id = %(project_id)s
+-- Whether a project exists (active or not) and is not deleted.
+SELECT 1 FROM qinglong.projects WHERE project_id = %(project_id)s AND deleted_at_ms IS NULL
 
 -- name: lock_task_head
--- Reads a task head for update, so two publishers of one task serialise.
-SELECT task_revision, content_digest FROM qinglong.tasks
+-- Reads a task head for update, so two publishers of one task serialise (a deleted task's head
+-- has its deletion time).
+SELECT task_revision, content_digest, deleted_at_ms FROM qinglong.tasks
 WHERE project_id = %(project_id)s AND task_id = %(task_id)s
 FOR UPDATE
 
@@ -23,7 +27,7 @@ VALUES (%(project_id)s, %(task_id)s, %(task_revision)s, %(content_digest)s,
         floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
 ON CONFLICT (project_id, task_id) DO UPDATE
 SET task_revision = excluded.task_revision, content_digest = excluded.content_digest,
-    updated_at_ms = excluded.updated_at_ms
+    updated_at_ms = excluded.updated_at_ms, deleted_at_ms = NULL
 
 -- name: insert_task_revision
 -- Stores a task revision's canonical payload and digest.
@@ -102,3 +106,52 @@ DELETE FROM qinglong.trigger_schedules WHERE trigger_id = %(trigger_id)s
 -- Deletes a trigger head of a project; returns the deleted id.
 DELETE FROM qinglong.triggers WHERE trigger_id = %(trigger_id)s AND project_id = %(project_id)s
 RETURNING trigger_id
+
+-- name: lock_project
+-- Reads a project row for update: an apply or a deletion of one project serialises with every
+-- other publisher of it.
+SELECT name, deleted_at_ms FROM qinglong.projects WHERE project_id = %(project_id)s
+FOR UPDATE
+
+-- name: read_project
+-- Reads a project row without a lock (a dry run's read-only transaction).
+SELECT name, deleted_at_ms FROM qinglong.projects WHERE project_id = %(project_id)s
+
+-- name: rename_project
+-- Changes a project's display name.
+UPDATE qinglong.projects
+SET name = %(name)s, updated_at_ms = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+WHERE project_id = %(project_id)s AND deleted_at_ms IS NULL
+
+-- name: delete_project_row
+-- Marks a project deleted and inactive; its row stays for the Runs that name it.
+UPDATE qinglong.projects
+SET active = false, deleted_at_ms = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+    updated_at_ms = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+WHERE project_id = %(project_id)s AND deleted_at_ms IS NULL
+
+-- name: project_task_heads
+-- A project's task heads that are not deleted, with their payloads, by id.
+SELECT k.task_id, k.task_revision, k.content_digest, r.payload_json
+FROM qinglong.tasks k
+JOIN qinglong.task_revisions r
+  ON r.project_id = k.project_id AND r.task_id = k.task_id AND r.task_revision = k.task_revision
+WHERE k.project_id = %(project_id)s AND k.deleted_at_ms IS NULL
+ORDER BY k.task_id
+
+-- name: project_trigger_heads
+-- A project's trigger heads, by id.
+SELECT trigger_id, project_id, task_id, trigger_revision, kind, spec_json, misfire_policy,
+       misfire_grace_ms, enabled, content_digest
+FROM qinglong.triggers WHERE project_id = %(project_id)s ORDER BY trigger_id
+
+-- name: triggers_of_task
+-- The triggers that run a task, by id.
+SELECT trigger_id FROM qinglong.triggers
+WHERE project_id = %(project_id)s AND task_id = %(task_id)s ORDER BY trigger_id
+
+-- name: delete_task_head
+-- Marks a task deleted; its head and every revision stay for the Runs that pinned them.
+UPDATE qinglong.tasks
+SET deleted_at_ms = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+WHERE project_id = %(project_id)s AND task_id = %(task_id)s AND deleted_at_ms IS NULL

@@ -1,6 +1,6 @@
 -- name: list_projects
 -- Projects by identifier, at most %(limit)s of them.
-SELECT project_id, name, active FROM qinglong.projects ORDER BY project_id
+SELECT project_id, name, active FROM qinglong.projects WHERE deleted_at_ms IS NULL ORDER BY project_id
 LIMIT %(limit)s::bigint
 
 -- name: list_triggers

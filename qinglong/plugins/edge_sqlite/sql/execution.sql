@@ -131,11 +131,12 @@ INSERT INTO manual_run_keys (idempotency_key, run_id, project_id, task_id, creat
 VALUES (?, ?, ?, ?, ?);
 
 -- name: exec_task_for_manual_run
--- A task head and the executor its payload names (a string, else the default), for a manual Run.
+-- A task head and the executor its payload names (a string, else the default), for a manual
+-- Run; a deleted task has none.
 SELECT k.task_revision, k.content_digest,
        CASE WHEN json_type(k.payload_json, '$.executor') = 'text'
             THEN json_extract(k.payload_json, '$.executor') ELSE 'local_process' END AS executor
-  FROM tasks AS k WHERE k.project_id = ? AND k.task_id = ?;
+  FROM tasks AS k WHERE k.project_id = ? AND k.task_id = ? AND k.deleted_at_ms IS NULL;
 
 -- name: exec_insert_manual_run
 -- A queued manual Run: no trigger (trigger_id '' and trigger_revision 0), scheduled for now.

@@ -1,14 +1,15 @@
 -- name: project_by_id
--- A project's row, to check it exists before writing anything that belongs to it.
-SELECT project_id, name, active FROM projects WHERE project_id = ?;
+-- A project's row, to check it exists before writing anything that belongs to it (a deleted
+-- project's row has its deletion time).
+SELECT project_id, name, active, deleted_at_ms FROM projects WHERE project_id = ?;
 
 -- name: insert_project
 -- A new active project; the primary key refuses a duplicate.
 INSERT INTO projects (project_id, name, active, created_at_ms) VALUES (?, ?, 1, ?);
 
 -- name: task_head
--- A task's head revision.
-SELECT project_id, task_id, task_revision, payload_json, content_digest
+-- A task's head revision (a deleted task's head has its deletion time).
+SELECT project_id, task_id, task_revision, payload_json, content_digest, deleted_at_ms
   FROM tasks WHERE project_id = ? AND task_id = ?;
 
 -- name: upsert_task_head
@@ -19,7 +20,8 @@ ON CONFLICT (project_id, task_id) DO UPDATE
    SET task_revision = excluded.task_revision,
        payload_json = excluded.payload_json,
        content_digest = excluded.content_digest,
-       updated_at_ms = excluded.updated_at_ms;
+       updated_at_ms = excluded.updated_at_ms,
+       deleted_at_ms = NULL;
 
 -- name: insert_task_revision
 -- Keep every published task revision.
@@ -82,3 +84,31 @@ DELETE FROM trigger_schedules WHERE trigger_id = ?;
 -- name: delete_trigger_head
 -- Remove a trigger head; its Runs stay.
 DELETE FROM triggers WHERE trigger_id = ?;
+
+-- name: revive_project
+-- A deleted project published again: active, under its new name, with nothing in it.
+UPDATE projects SET name = :name, active = 1, deleted_at_ms = NULL
+ WHERE project_id = :project_id AND deleted_at_ms IS NOT NULL;
+
+-- name: rename_project
+-- A project's display name.
+UPDATE projects SET name = :name WHERE project_id = :project_id AND deleted_at_ms IS NULL;
+
+-- name: delete_project_row
+-- Mark a project deleted (and inactive); its row stays for the Runs that name it.
+UPDATE projects SET active = 0, deleted_at_ms = :now
+ WHERE project_id = :project_id AND deleted_at_ms IS NULL;
+
+-- name: project_task_heads
+-- A project's task heads that are not deleted, by id.
+SELECT project_id, task_id, task_revision, payload_json, content_digest
+  FROM tasks WHERE project_id = ? AND deleted_at_ms IS NULL ORDER BY task_id;
+
+-- name: triggers_of_task
+-- The triggers that run a task, by id.
+SELECT trigger_id FROM triggers WHERE project_id = ? AND task_id = ? ORDER BY trigger_id;
+
+-- name: delete_task_head
+-- Mark a task deleted; its head and every revision stay for the Runs that pinned them.
+UPDATE tasks SET deleted_at_ms = :now
+ WHERE project_id = :project_id AND task_id = :task_id AND deleted_at_ms IS NULL;

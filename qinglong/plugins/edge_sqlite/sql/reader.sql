@@ -1,6 +1,6 @@
 -- name: list_projects
--- Every project by id.
-SELECT project_id, name, active FROM projects ORDER BY project_id;
+-- Every project by id (deleted ones are not listed).
+SELECT project_id, name, active FROM projects WHERE deleted_at_ms IS NULL ORDER BY project_id;
 
 -- name: list_triggers
 -- Trigger heads by project and id.
