@@ -43,6 +43,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("check", ("check",)),
     ("db", ("db",)),
     ("publish", ("project", "task", "trigger")),
+    ("apply", ("apply", "export", "import")),
     ("runs", ("runs", "logs")),
     ("read", ("schedules", "skips")),
     ("status", ("status",)),
