@@ -290,7 +290,8 @@ async def test_a_task_head_can_never_name_a_missing_revision(db_path, clock):
     for drift in ("UPDATE tasks SET task_revision = 9",
                   "UPDATE tasks SET content_digest = 'sha256:0'",
                   "DELETE FROM task_revisions WHERE task_revision = 2",
-                  "INSERT INTO tasks VALUES ('p1', 't9', 1, '{}', 'sha256:0', 0)"):
+                  "INSERT INTO tasks (project_id, task_id, task_revision, payload_json, content_digest, "
+                  "updated_at_ms) VALUES ('p1', 't9', 1, '{}', 'sha256:0', 0)"):
         conn = sqlite3.connect(db_path)
         conn.execute("PRAGMA foreign_keys = ON")
         with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):

@@ -149,7 +149,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         from ..config.qinglong_v2 import import_qinglong_v2
 
         result = import_qinglong_v2(args.file, project_id=args.project or "qinglong-v2",
-                                    providers=providers, scripts_dir=args.scripts_dir)
+                                    providers=providers, scripts_dir=args.scripts_dir,
+                                    timezone=args.timezone)
     if args.emit:
         print(render_document([result.rendered(with_secrets=args.with_secrets)], header=result.header()),
               end="")
@@ -226,6 +227,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
             q.add_argument("--timezone", default=None, metavar="ZONE",
                            help="the crontab's time zone (default: this machine's)")
         else:
+            q.add_argument("--timezone", default=None, metavar="ZONE",
+                           help="the panel's time zone (default: its settings', else Asia/Shanghai)")
             q.add_argument("--scripts-dir", default="/ql/data/scripts", metavar="DIR",
                            help="where the panel's scripts are on this machine (default /ql/data/scripts)")
         q.set_defaults(func=cmd_import)
