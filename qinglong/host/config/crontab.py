@@ -70,7 +70,9 @@ class ImportResult:
 
     def header(self) -> list[str]:
         """The first comment lines of an emitted file."""
-        return [f"Imported from {self.source} by `qinglong import`."] + self.summary
+        return ([f"Imported from {self.source} by `qinglong import`."] + self.summary
+                + ["Apply with `qinglong apply --allow-inline-env FILE`: SHELL, PATH, HOME and the locale",
+                   "variables are written as they are; other env values are env:NAME references."])
 
     def rendered(self, *, with_secrets: bool) -> dict[str, Any]:
         """The project as :func:`~qinglong.host.config.render.render_document` takes it; env
