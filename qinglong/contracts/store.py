@@ -23,7 +23,6 @@ from .records import (
     RoundReport,
     RunView,
     ScheduleView,
-    SchedulerStatus,
     SkipView,
     TaskRecord,
     TriggerDefinition,
@@ -138,7 +137,11 @@ class Publisher(Protocol):
 
 @runtime_checkable
 class Reader(Protocol):
-    """Read-only views for the CLI and for tests."""
+    """Read-only views for the CLI and for tests.
+
+    A reader that can tell whether a scheduler works its store is also a
+    :class:`~qinglong.contracts.capabilities.StatusReader` (``scheduler_status()``).
+    """
 
     async def list_projects(self, limit: int | None = None) -> Sequence[ProjectRecord]:
         """Projects by id, at most ``limit`` rows (:func:`listing_bound`; a bad limit is a
@@ -167,22 +170,19 @@ class Reader(Protocol):
         """The newest recorded misfires first."""
         ...
 
-    async def scheduler_status(self) -> SchedulerStatus:
-        """Whether a scheduler is working this store now (see :class:`SchedulerStatus`)."""
-        ...
-
 
 @runtime_checkable
 class SchedulerBackend(Protocol):
     """One profile's store and scheduler. Created by a :class:`SchedulerBackendSpec` factory.
 
-    The lifecycle calls, in order: :meth:`open`, (:meth:`migrate` when ``auto_migrate``),
+    The lifecycle calls, in order: :meth:`open`, (:meth:`migrate` when the backend is
+    :class:`~qinglong.contracts.capabilities.MigratesAtStart` with ``auto_migrate`` true),
     :meth:`check_readiness`, :meth:`recover`, then :meth:`run_round` at the cadence, and
-    :meth:`close` last.
+    :meth:`close` last. What else the host may ask of a backend (executing Runs, controlling
+    remotely executed ones, a store file) is in :mod:`qinglong.contracts.capabilities`.
     """
 
     name: str
-    auto_migrate: bool
 
     async def open(self, *, create: bool = True) -> None:
         """Connect. Settings were validated before; nothing is written here.

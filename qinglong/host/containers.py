@@ -18,6 +18,7 @@ from typing import Any
 
 from dependency_injector import containers, providers
 
+from qinglong.contracts.capabilities import ExecutingBackend, proposed_log_dir
 from qinglong.contracts.errors import PluginLoadError, SettingsError
 from qinglong.contracts.execution import ExecutorContext, minimal_environment
 from qinglong.contracts.store import BackendContext, SchedulerBackendSpec, SchedulerLimits
@@ -111,16 +112,14 @@ def create_backend(spec: SchedulerBackendSpec, context: BackendContext, loaded: 
 
 
 def execution_log_dir(loaded: LoadedSettings, backend_settings: Any) -> str | None:
-    """Where Attempt directories live: ``[execution] log_dir``, else ``<database path>.logs``
-    beside the backend's SQLite file (None for a backend without a ``path``). Absolute, so a job's
-    working directory never changes what it names."""
+    """Where Attempt directories live: ``[execution] log_dir``, else what the backend's settings
+    propose (``<database path>.logs`` beside a
+    :class:`~qinglong.contracts.capabilities.LocalStoreSettings` file; None for other backends).
+    Absolute, so a job's working directory never changes what it names."""
     configured = loaded.settings.execution.log_dir
     if configured:
         return os.path.abspath(configured)
-    path = getattr(backend_settings, "path", None)
-    if not isinstance(path, str) or not path:
-        return None
-    return os.path.abspath(path) + ".logs"
+    return proposed_log_dir(backend_settings)
 
 
 def executor_context(loaded: LoadedSettings, backend_settings: Any) -> ExecutorContext:
@@ -149,14 +148,14 @@ def create_executors(host: PluginHost, context: ExecutorContext) -> dict[str, An
 def dispatcher_factory(host: PluginHost, loaded: LoadedSettings, backend_settings: Any,
                        sink: Any, clock_ms: Any) -> Any:
     """``backend -> Dispatcher | None`` for the lifecycle: a dispatcher only when ``[execution]
-    enabled`` and the backend executes Runs locally (``backend.execution()`` is not None). The
-    executors are collected (hook ``qinglong_executors``) only then."""
+    enabled`` and the backend executes Runs locally (an
+    :class:`~qinglong.contracts.capabilities.ExecutingBackend` whose ``execution()`` is not None).
+    The executors are collected (hook ``qinglong_executors``) only then."""
 
     def build(backend: Any) -> Any:
         if not loaded.settings.execution.enabled:
             return None
-        execution = getattr(backend, "execution", None)
-        store = execution() if callable(execution) else None
+        store = backend.execution() if isinstance(backend, ExecutingBackend) else None
         if store is None:
             return None
         from .execution import Dispatcher, DispatcherConfig

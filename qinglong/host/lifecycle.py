@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
+from qinglong.contracts.capabilities import MigratesAtStart
 from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
 from qinglong.contracts.errors import QinglongError
 from qinglong.contracts.hookspecs import ComponentPhase, HostContext, LifecycleComponent
@@ -244,7 +245,7 @@ class Lifecycle:
             await self._bounded("open_database", self.backend.open())
             self._opened = True
             self._note("database_opened", backend=self.backend.name)
-            if getattr(self.backend, "auto_migrate", False):
+            if isinstance(self.backend, MigratesAtStart) and self.backend.auto_migrate:
                 await self._bounded("migrate", self.backend.migrate())
                 self._note("migrated")
             self.readiness.starting("checking schema readiness")

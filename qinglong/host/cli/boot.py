@@ -7,6 +7,8 @@ import asyncio
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
+from qinglong.contracts.capabilities import ExecutingBackend, MigratesAtStart, RemoteExecutionBackend
+
 
 def settings_of(args: argparse.Namespace, profile: str | None = None):
     """The settings the command line names (``--settings``, ``--profile``), loaded and validated."""
@@ -39,7 +41,7 @@ async def opened_backend(container: Any, *, readiness: bool = True, create: bool
         await backend.open()
     try:
         if readiness:
-            if getattr(backend, "auto_migrate", False):
+            if isinstance(backend, MigratesAtStart) and backend.auto_migrate:
                 await backend.migrate()
             await backend.check_readiness()
         yield backend
@@ -77,9 +79,9 @@ def limited(method: Any, limit: int | None, *args: Any) -> Any:
 
 def execution_of(backend: Any) -> Any:
     """The backend's :class:`~qinglong.contracts.execution.ExecutionStore`, or None when its
-    Runs are not executed by this host (the cluster's workers are remote)."""
-    method = getattr(backend, "execution", None)
-    return method() if method is not None else None
+    Runs are not executed by this host (not an
+    :class:`~qinglong.contracts.capabilities.ExecutingBackend`: the cluster's workers are remote)."""
+    return backend.execution() if isinstance(backend, ExecutingBackend) else None
 
 
 def need_execution(backend: Any, container: Any, command: str) -> Any:
@@ -95,9 +97,9 @@ def need_execution(backend: Any, container: Any, command: str) -> Any:
 
 def run_control_of(backend: Any) -> Any:
     """The backend's :class:`~qinglong.contracts.execution.RunControl` (Runs executed elsewhere,
-    such as by the cluster's remote workers, read and cancelled from here), or None."""
-    method = getattr(backend, "run_control", None)
-    return method() if method is not None else None
+    such as by the cluster's remote workers, read and cancelled from here), or None when it is
+    not a :class:`~qinglong.contracts.capabilities.RemoteExecutionBackend`."""
+    return backend.run_control() if isinstance(backend, RemoteExecutionBackend) else None
 
 
 def runs_of(backend: Any) -> Any:

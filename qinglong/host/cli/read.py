@@ -31,13 +31,14 @@ def show_runs(container: Any, *, limit: int, trigger: str | None, as_json: bool)
 
 
 async def _scheduler_status(reader: Any) -> Any:
-    """The reader's :class:`SchedulerStatus`, or None when this store cannot tell."""
+    """The reader's :class:`SchedulerStatus`, or None when this store cannot tell (its reader is
+    not a :class:`~qinglong.contracts.capabilities.StatusReader`)."""
+    from qinglong.contracts.capabilities import StatusReader
     from qinglong.contracts.records import SchedulerStatus
 
-    method = getattr(reader, "scheduler_status", None)
-    if method is None:
+    if not isinstance(reader, StatusReader):
         return None
-    status = await method()
+    status = await reader.scheduler_status()
     return status if isinstance(status, SchedulerStatus) else None
 
 

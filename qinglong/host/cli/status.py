@@ -143,7 +143,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     loaded = container.loaded()
     profile = loaded.profile.name
     grace = grace_ms(profile, container.limits())
-    store = getattr(container.backend_settings(), "path", "") or ""
+    from qinglong.contracts.capabilities import LocalStoreSettings
+
+    settings = container.backend_settings()
+    store = (settings.path or "") if isinstance(settings, LocalStoreSettings) else ""
 
     async def go() -> tuple[str | None, Any, Any]:
         async with opened_backend(container, readiness=False, create=False) as backend:

@@ -63,8 +63,9 @@ async def render_status_page(lifecycle: Any, cache: Any, profile: str, version: 
     reader = lifecycle.backend.reader()
     schedules = await _bounded(reader.list_schedules(limit=rows), "schedules", problems) or ()
     skips = await _bounded(reader.recent_skips(limit=rows), "skips", problems) or ()
-    execution = getattr(lifecycle.backend, "execution", None)
-    store = execution() if callable(execution) else None
+    from qinglong.contracts.capabilities import ExecutingBackend
+
+    store = lifecycle.backend.execution() if isinstance(lifecycle.backend, ExecutingBackend) else None
     if store is not None:
         runs = await _bounded(store.list_runs(limit=rows), "runs", problems) or ()
         run_rows = [(f"{r.project_id}/{r.trigger_id or r.task_id}", r.state.value,

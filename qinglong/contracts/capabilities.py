@@ -1,0 +1,113 @@
+"""Optional capabilities of a backend: what the host may ask beyond :class:`~.store.SchedulerBackend`.
+
+A scheduler backend must implement :class:`~.store.SchedulerBackend`. Everything else the host
+uses is one of these protocols, checked with ``isinstance`` where it is needed, so a third-party
+backend author reads here exactly what the host may ask of an object and what it does without:
+
+* :class:`ExecutingBackend` (the backend's ``execution()``): this host executes its Runs. Without
+  it: no local dispatcher, and the run commands use :class:`RemoteExecutionBackend`.
+* :class:`RemoteExecutionBackend` (the backend's ``run_control()``): its Runs are executed
+  elsewhere and read or cancelled from here. Without either: ``runs show``, ``runs cancel`` and
+  ``logs`` are refused naming the profile.
+* :class:`MigratesAtStart` (the backend's ``auto_migrate``): without it the host never migrates
+  at start, and the operator runs ``qinglong db migrate``.
+* :class:`StatusReader` (the reader's ``scheduler_status()``): without it ``qinglong schedules``
+  shows no lag, since it cannot tell whether a scheduler runs.
+* :class:`LocalStoreSettings` (the validated ``[backend]`` settings' ``path``): the store is a
+  file here, and its Attempt directories go beside it. Without it, ``[execution] log_dir`` or
+  ``./qinglong.logs``.
+
+The protocols are ``runtime_checkable``: ``isinstance`` looks only for the names, so the types
+and the docstrings here are the promise an implementation keeps.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # types only
+    from .execution import ExecutionStore, RunControl
+    from .records import SchedulerStatus
+
+
+@runtime_checkable
+class ExecutingBackend(Protocol):
+    """A backend whose Runs this host executes itself (edge, standalone).
+
+    ``qinglong run`` starts the local dispatcher on :meth:`execution` when ``[execution] enabled``;
+    ``runs``, ``runs show``, ``runs cancel``, ``logs`` and ``task run`` read and change Runs through
+    it.
+    """
+
+    def execution(self) -> "ExecutionStore | None":
+        """The store's :class:`~qinglong.contracts.execution.ExecutionStore`, on the backend's
+        connection; None when this instance does not execute Runs here after all."""
+        ...
+
+
+@runtime_checkable
+class RemoteExecutionBackend(Protocol):
+    """A backend whose Runs are executed elsewhere (the cluster's remote workers), read and
+    cancelled from here."""
+
+    def run_control(self) -> "RunControl | None":
+        """The store's :class:`~qinglong.contracts.execution.RunControl`, or None."""
+        ...
+
+
+@runtime_checkable
+class MigratesAtStart(Protocol):
+    """A backend that may apply its pending migrations when it starts.
+
+    ``qinglong run`` and the commands that open a store ready calls ``migrate()`` before
+    ``check_readiness()`` when ``auto_migrate`` is true (usually the ``[backend] auto_migrate``
+    setting).
+    """
+
+    auto_migrate: bool
+
+
+@runtime_checkable
+class StatusReader(Protocol):
+    """A reader that can tell whether a scheduler works its store now, so ``qinglong schedules``
+    shows lag only while one runs."""
+
+    async def scheduler_status(self) -> "SchedulerStatus":
+        """Whether a scheduler is working this store now (see
+        :class:`~qinglong.contracts.records.SchedulerStatus`)."""
+        ...
+
+
+@runtime_checkable
+class LocalStoreSettings(Protocol):
+    """Validated ``[backend]`` settings of a store kept in one file on this host (SQLite).
+
+    ``qinglong status`` shows ``path`` as where the store is, and unless ``[execution] log_dir``
+    is set the backend proposes ``<absolute path>.logs`` beside the file for the Attempt
+    directories (logs and receipts), so a store and its logs move together.
+    """
+
+    path: str
+
+
+def proposed_log_dir(settings: object) -> str | None:
+    """The Attempt directory a backend's settings propose: ``<absolute path>.logs`` for
+    :class:`LocalStoreSettings` with a non-empty ``path``, else None."""
+    import os
+
+    if not isinstance(settings, LocalStoreSettings):
+        return None
+    path = settings.path
+    if not isinstance(path, str) or not path:
+        return None
+    return os.path.abspath(path) + ".logs"
+
+
+__all__ = [
+    "ExecutingBackend",
+    "LocalStoreSettings",
+    "MigratesAtStart",
+    "RemoteExecutionBackend",
+    "StatusReader",
+    "proposed_log_dir",
+]
