@@ -26,7 +26,8 @@ Hooks are called in this order during ``qinglong run``:
 4. ``qinglong_lifecycle_components`` after the backend exists, before anything starts.
 
 ``qinglong_trigger_cli_options`` is called only by ``qinglong trigger add`` and ``trigger update``,
-before their command line is parsed.
+before their command line is parsed. ``qinglong_cli_commands`` is called only when the command line
+names a command the host does not know itself, or asks for ``--help``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence, ru
 import pluggy
 
 if TYPE_CHECKING:  # types only; nothing here is imported at run time
+    from .cli import CliCommand
     from .diagnostics import DiagnosticSink
     from .execution import ExecutorSpec
     from .worker import WorkerProtocolSpec
@@ -144,6 +146,26 @@ class QinglongHookSpecs:
         command itself (``--task``, ``--kind``, ``--spec``, ...) are refused naming the plugin.
         Returning nothing leaves the kind to ``--kind KIND --spec JSON``. Raising stops the command
         with ``PluginLoadError`` naming the plugin.
+        """
+
+    @hookspec
+    def qinglong_cli_commands(self) -> Iterable["CliCommand"]:
+        """Return commands this plugin adds to the ``qinglong`` command line.
+
+        Called once, after the settings are read and the profile's and the enabled plugins are
+        loaded, only when the command line names a command the host does not know itself (or
+        asks for ``--help``, which lists them); ``qinglong run`` and every host command never
+        call it. The host builds each command's parser from the declaration and, when the
+        command is named, calls its handler with a :class:`~qinglong.contracts.cli.CliContext`.
+
+        :returns: An iterable of :class:`~qinglong.contracts.cli.CliCommand`; each name must be
+            unique across the host's commands and the loaded plugins.
+
+        A name that is a host command (``run``, ``task``, ...) or another plugin's command is
+        refused naming both; an item that is not a ``CliCommand``, or whose declaration is wrong
+        (a bad name or flag, a group without subcommands), is refused naming the plugin.
+        Returning nothing adds no command. Raising stops the command line with
+        ``PluginLoadError`` naming the plugin (exit code 3).
         """
 
     @hookspec

@@ -45,6 +45,21 @@ class TriggerProvider(Protocol):
         ...
 
 
+@runtime_checkable
+class OffersExampleSpec(Protocol):
+    """A provider that can write an example spec of its kind, for ``qinglong demo``.
+
+    Optional: the demo asks each loaded provider (by kind, in name order) and publishes the first
+    example it gets, so the host never writes a kind's spec itself.
+    """
+
+    def example_spec(self, every_ms: int) -> Mapping[str, Any] | None:
+        """A normalised spec firing every ``every_ms`` milliseconds (at multiples of it since the
+        epoch), or None when this kind cannot express that period. Validating it must return it
+        unchanged."""
+        ...
+
+
 @dataclass(frozen=True)
 class TriggerCliOption:
     """One command-line option a trigger kind adds to ``qinglong trigger add`` and ``update``.

@@ -360,6 +360,36 @@ class PluginHost:
             "disable one of them",
             check_flags)
 
+    def cli_commands(self, reserved: Iterable[str] = ()) -> dict[str, tuple[str, Any]]:
+        """Commands plugins add to the command line, by name: ``(plugin name, CliCommand)``.
+
+        Refused, naming the plugin: an item that is not a ``CliCommand``, a declaration the parser
+        cannot take (:meth:`~qinglong.contracts.cli.CliCommand.problems`), and a name in
+        ``reserved`` (the host's own commands); two plugins declaring one name are refused naming
+        both.
+        """
+        from qinglong.contracts.cli import CliCommand
+
+        reserved = set(reserved)
+        owners: dict[int, str] = {}
+
+        def check(plugin_name: str, command: Any) -> None:
+            problems = command.problems()
+            if problems:
+                raise PluginLoadError(f"plugin {self._owner_label(plugin_name)} declares a command the "
+                                      f"command line cannot take: {'; '.join(problems)}")
+            if command.name in reserved:
+                raise PluginLoadError(
+                    f"plugin {self._owner_label(plugin_name)} declares command {command.name!r}, which is "
+                    f"a command of qinglong itself; rename the plugin's command")
+            owners[id(command)] = plugin_name
+
+        found = self._unique(
+            "qinglong_cli_commands", "a CliCommand", lambda command: isinstance(command, CliCommand),
+            lambda command: command.name,
+            "two plugins declare command {key}: {first} and {second}; disable one of them", check)
+        return {name: (owners[id(command)], command) for name, command in found.items()}
+
     def backend_specs(self) -> dict[str, SchedulerBackendSpec]:
         """Scheduler backends by name; two of one name are refused, naming both plugins."""
         return self._unique(

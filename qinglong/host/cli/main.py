@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from qinglong import __version__
 from qinglong.contracts.errors import (
@@ -47,8 +47,10 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runs", ("runs", "logs")),
     ("read", ("schedules", "skips")),
     ("status", ("status",)),
-    ("cron", ("cron",)),
 )
+
+#: Every command of the host itself; a plugin command of one of these names is refused.
+HOST_COMMANDS: frozenset[str] = frozenset(command for _, commands in COMMAND_GROUPS for command in commands)
 
 
 def command_groups_for(head: Sequence[str]) -> list[str]:
@@ -64,13 +66,23 @@ def command_groups_for(head: Sequence[str]) -> list[str]:
     return next(([group] for group, commands in COMMAND_GROUPS if words[0] in commands), everything)
 
 
+def plugin_commands_wanted(head: Sequence[str]) -> bool:
+    """Whether to load the plugins' commands (hook ``qinglong_cli_commands``): only when the
+    command line names a command that is not the host's, or asks for help (which lists them)."""
+    words = command_words(head)
+    if "-h" in head or "--help" in head:
+        return True
+    return bool(words) and words[0] not in HOST_COMMANDS
+
+
 def build_parser(trigger_options: Mapping[str, TriggerCliOptions] | None = None,
-                 groups: Sequence[str] | None = None) -> argparse.ArgumentParser:
+                 groups: Sequence[str] | None = None, plugin_commands: Any = None) -> argparse.ArgumentParser:
     """The argument parser (``--settings`` and ``--profile`` work before or after the command).
 
     ``trigger_options`` are the options trigger kinds declared (``trigger add --cron``); without
     them ``trigger add`` and ``update`` take only ``--kind K --spec JSON``. ``groups`` limits the
-    commands to those of the named :data:`COMMAND_GROUPS` (default: all).
+    commands to those of the named :data:`COMMAND_GROUPS` (default: all). ``plugin_commands``
+    (:class:`~qinglong.host.cli.extensions.PluginCommands`) adds the plugins' commands after them.
     """
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--settings", metavar="PATH", default=argparse.SUPPRESS,
@@ -96,6 +108,8 @@ def build_parser(trigger_options: Mapping[str, TriggerCliOptions] | None = None,
                 module.register(sub, common, trigger_options)
             else:
                 module.register(sub, common)
+    if plugin_commands is not None:
+        plugin_commands.register(sub, common)
     return parser
 
 
@@ -141,7 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         groups = command_groups_for(head)
         trigger_options = (importlib.import_module(f"{__package__}.publish").trigger_options_for(head)
                            if "publish" in groups else {})
-        args = build_parser(trigger_options, groups).parse_args(head)
+        plugin_commands = (importlib.import_module(f"{__package__}.extensions").load_plugin_commands(
+            head, HOST_COMMANDS) if plugin_commands_wanted(head) else None)
+        args = build_parser(trigger_options, groups, plugin_commands).parse_args(head)
         if command is not None:
             args.argv = command
         code = args.func(args)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
+from typing import Any, Mapping
 
 from qinglong.contracts.errors import AlreadyExists, ExitCode
 from qinglong.contracts.records import TriggerDefinition
@@ -25,6 +25,27 @@ def cmd_run(args: argparse.Namespace) -> int:
 DEMO_COMMAND = ("sh", "-c", 'echo "hello from qinglong: run $QINGLONG_RUN_ID, attempt $QINGLONG_ATTEMPT"')
 
 
+#: The demo trigger's period.
+DEMO_EVERY_MS = 1000
+
+
+def demo_trigger(providers: Mapping[str, Any]) -> tuple[str, Mapping[str, Any], str]:
+    """``(kind, spec, description)`` of a trigger firing every :data:`DEMO_EVERY_MS`: the first
+    example a loaded provider offers (:class:`~qinglong.contracts.providers.OffersExampleSpec`),
+    asking the kinds in name order; the host writes no kind's spec itself."""
+    from qinglong.contracts.errors import UserError
+    from qinglong.contracts.providers import OffersExampleSpec
+
+    for kind in sorted(providers):
+        provider = providers[kind]
+        if isinstance(provider, OffersExampleSpec):
+            spec = provider.example_spec(DEMO_EVERY_MS)
+            if spec is not None:
+                return kind, spec, provider.describe(spec)
+    raise UserError(f"no loaded trigger kind offers an example firing every {DEMO_EVERY_MS} ms for the "
+                    f"demo (loaded kinds: {', '.join(sorted(providers)) or 'none'})")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Publish a demo trigger firing every second, run for a few seconds, show the Runs and what
     the last one printed."""
@@ -35,6 +56,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     container = container_of(args)
     payload = spec_to_payload(parse_execution_spec(
         "hello", {"command": list(DEMO_COMMAND), "timeout_ms": 60_000}, execution_limits(container.loaded())))
+    kind, spec, description = demo_trigger(container.trigger_providers())
 
     async def publish(backend: Any) -> None:
         pub = backend.publisher()
@@ -44,12 +66,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
             pass
         await pub.put_task("demo", "hello", payload)
         await pub.put_trigger(TriggerDefinition(
-            project_id="demo", trigger_id="demo-every-second", task_id="hello", kind="cron",
-            spec={"expression": "* * * * * *", "timezone": "UTC"},
+            project_id="demo", trigger_id="demo-every-second", task_id="hello", kind=kind, spec=spec,
         ))
 
     on_backend(container, publish)
-    print(f"published trigger demo-every-second (cron '* * * * * *') running {DEMO_COMMAND[0]} -c '...'; "
+    print(f"published trigger demo-every-second ({description}) running {DEMO_COMMAND[0]} -c '...'; "
           f"running for {args.seconds:g} s ...", flush=True)
     from .runs import a_run_has_ended, show_demo_runs
 

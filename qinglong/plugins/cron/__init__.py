@@ -19,3 +19,11 @@ def qinglong_trigger_cli_options():
     from .command_line import CRON_CLI_OPTIONS
 
     return [CRON_CLI_OPTIONS]
+
+
+@hookimpl
+def qinglong_cli_commands():
+    """``qinglong cron next EXPR``: preview fire times (croniter is imported only when it runs)."""
+    from .command_line import CRON_COMMAND
+
+    return [CRON_COMMAND]

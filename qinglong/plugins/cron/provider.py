@@ -237,3 +237,16 @@ class CronProvider:
     def describe(self, spec: Mapping[str, Any]) -> str:
         """``cron '<expression>' in <zone>``."""
         return f"cron '{spec['expression']}' in {spec['timezone']}"
+
+    def example_spec(self, every_ms: int) -> Mapping[str, Any] | None:
+        """A UTC spec firing every ``every_ms``: whole seconds or minutes that divide a minute or an
+        hour (``* * * * * *`` for one second); None for any other period."""
+        if every_ms == 1000:
+            expression = "* * * * * *"
+        elif every_ms % 1000 == 0 and 60 % (every_ms // 1000) == 0:
+            expression = f"*/{every_ms // 1000} * * * * *"
+        elif every_ms % 60_000 == 0 and 60 % (every_ms // 60_000) == 0:
+            expression = "* * * * *" if every_ms == 60_000 else f"*/{every_ms // 60_000} * * * *"
+        else:
+            return None
+        return self.validate({"expression": expression, "timezone": "UTC"})

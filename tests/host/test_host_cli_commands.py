@@ -1,0 +1,216 @@
+"""Commands a plugin adds to the command line (hook ``qinglong_cli_commands``).
+
+Each test installs a real plugin distribution (a dist-info on PYTHONPATH, found by entry point like
+any third party's) and runs the real ``qinglong`` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from qinglong.contracts.errors import UserError
+from qinglong.host.cli.main import HOST_COMMANDS
+from qinglong.host.cli.run import demo_trigger
+from qinglong.plugins.cron.provider import CronProvider
+
+GREETER = '''
+import asyncio
+
+from qinglong.contracts.cli import CliArgument, CliCommand
+from qinglong.contracts.errors import UserError
+from qinglong.contracts.hookspecs import hookimpl
+
+
+def greet(context):
+    name = context.arguments["name"]
+    if not name.strip():
+        raise UserError("NAME is empty")
+    greeting = context.plugin_settings.get("greeting", "hello")
+    if context.arguments["json"]:
+        context.print_json({"command": list(context.command), "greeting": greeting, "name": name,
+                            "times": context.arguments["times"], "at": context.utc(0)})
+        return 0
+    for _ in range(context.arguments["times"]):
+        print(f"{greeting}, {name}")
+    return 0
+
+
+async def wait(context):
+    await asyncio.sleep(0)
+    context.print_table(["word"], [[w] for w in context.arguments["words"].split(",")])
+    return int(context.arguments["code"])
+
+
+def whole(text):
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"expected at least 1, got {value}")
+    return value
+
+
+@hookimpl
+def qinglong_cli_commands():
+    return [
+        CliCommand(name="acme", help="acme helpers", subcommands=(
+            CliCommand(name="greet", help="greet someone", handler=greet, arguments=(
+                CliArgument("name", "who to greet", metavar="NAME"),
+                CliArgument("--times", "how often (default 1)", type=whole, default=1),
+                CliArgument("--json", "print JSON", switch=True),
+            )),
+        )),
+        CliCommand(name="acme-wait", help="an async command", handler=wait, arguments=(
+            CliArgument("words", "comma-separated words"),
+            CliArgument("--code", "exit code", default="0"),
+        )),
+    ]
+'''
+
+CALLED_MARKER = '''
+import os
+
+from qinglong.contracts.hookspecs import hookimpl
+
+
+@hookimpl
+def qinglong_cli_commands():
+    open(os.environ["ACME_MARKER"], "a").write("called\\n")
+    raise RuntimeError("commands are broken")
+'''
+
+CLASH_HOST = '''
+from qinglong.contracts.cli import CliCommand
+from qinglong.contracts.hookspecs import hookimpl
+
+
+@hookimpl
+def qinglong_cli_commands():
+    return [CliCommand(name="{name}", help="mine", handler=lambda context: 0)]
+'''
+
+
+def _settings(tmp_path, *enable: str, extra: str = "") -> str:
+    path = tmp_path / "s.toml"
+    path.write_text(f"[plugins]\nenable = {json.dumps(list(enable))}\n{extra}")
+    return str(path)
+
+
+@pytest.fixture
+def greeter(site, tmp_path):
+    site.add_distribution("acme-greeter", {"acme_greeter.py": GREETER}, {"greeter": "acme_greeter"})
+    return _settings(tmp_path, "greeter", extra='[plugins.settings.greeter]\ngreeting = "hi"\n')
+
+
+def test_hook_qinglong_cli_commands_adds_a_command_with_arguments_settings_and_exit_codes(cli, site, greeter):
+    """A plugin's command must parse its arguments, read its own settings table and print like the
+    host; without the hook a plugin could only add commands by patching the host."""
+    env = site.env()
+    result = cli("--settings", greeter, "acme", "greet", "ada", "--times", "2", env=env)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "hi, ada\nhi, ada\n", "")
+    shown = json.loads(cli("acme", "greet", "ada", "--json", "--settings", greeter, env=env).stdout)
+    assert shown == {"command": ["acme", "greet"], "greeting": "hi", "name": "ada", "times": 1,
+                     "at": "1970-01-01T00:00:00.000Z"}
+    refused = cli("--settings", greeter, "acme", "greet", " ", env=env)
+    assert (refused.returncode, refused.stderr) == (3, "qinglong: error: NAME is empty\n")
+    usage = cli("--settings", greeter, "acme", "greet", "ada", "--times", "0", env=env)
+    assert usage.returncode == 2 and "argument --times: expected at least 1, got 0" in usage.stderr
+    assert cli("--settings", greeter, "acme", env=env).returncode == 2  # a group needs its subcommand
+    waited = cli("--settings", greeter, "acme-wait", "a,bb", "--code", "4", env=env)
+    assert (waited.returncode, waited.stdout) == (4, "word\na\nbb\n")
+    listed = cli("--settings", greeter, "--help", env=env)
+    assert listed.returncode == 0 and "acme helpers" in listed.stdout and "an async command" in listed.stdout
+    own_help = cli("--settings", greeter, "acme", "greet", "--help", env=env)
+    assert own_help.returncode == 0 and "who to greet" in own_help.stdout and "--settings PATH" in own_help.stdout
+
+
+def test_plugin_commands_are_loaded_only_when_named_or_listed(cli, site, tmp_path):
+    """``qinglong run`` and every host command must never pay for (or be broken by) a plugin's
+    commands; a broken hook is reported, naming the plugin, only where the commands are needed."""
+    marker = tmp_path / "called"
+    site.add_distribution("acme-marker", {"acme_marker.py": CALLED_MARKER}, {"marker": "acme_marker"})
+    settings = _settings(tmp_path, "marker")
+    env = site.env(ACME_MARKER=str(marker))
+    assert cli("--settings", settings, "project", "create", "ops", env=env).returncode == 0
+    assert cli("--settings", settings, "schedules", env=env).returncode == 0
+    assert not marker.exists()
+    for args in (("acme",), ("--help",), ("project", "--help")):
+        result = cli("--settings", settings, *args, env=env)
+        assert result.returncode == 3, (args, result.stderr)
+        assert ('qinglong: error: plugin "marker" failed in qinglong_cli_commands: RuntimeError: '
+                "commands are broken") in result.stderr
+    assert marker.read_text() == "called\n" * 3
+
+
+@pytest.mark.parametrize("name", ["run", "task", "status"])
+def test_a_plugin_command_named_like_a_host_command_is_refused_naming_both(cli, site, tmp_path, name):
+    """A plugin's ``run`` would silently replace the scheduler an operator thinks they start."""
+    assert name in HOST_COMMANDS
+    site.add_distribution("acme-clash", {"acme_clash.py": CLASH_HOST.format(name=name)}, {"clash": "acme_clash"})
+    result = cli("--settings", _settings(tmp_path, "clash"), "--help", env=site.env())
+    assert result.returncode == 3
+    assert (f'plugin "clash" (acme-clash 0.1.0) declares command {name!r}, which is a command of qinglong '
+            "itself") in result.stderr
+
+
+def test_two_plugins_declaring_one_command_are_refused_naming_both(cli, site, tmp_path):
+    """Two ``acme`` commands: whichever won, operators would run the other plugin's code unknowingly."""
+    site.add_distribution("acme-one", {"acme_one.py": CLASH_HOST.format(name="acme")}, {"one": "acme_one"})
+    site.add_distribution("acme-two", {"acme_two.py": CLASH_HOST.format(name="acme")}, {"two": "acme_two"})
+    result = cli("--settings", _settings(tmp_path, "one", "two"), "acme", env=site.env())
+    assert result.returncode == 3
+    assert ('two plugins declare command \'acme\': "one" (acme-one 0.1.0) and "two" (acme-two 0.1.0)'
+            in result.stderr)
+
+
+def test_a_command_declaration_the_parser_cannot_take_is_refused_naming_the_plugin(cli, site, tmp_path):
+    """A flag like ``-x`` or a command without a handler would fail deep in argparse, or run nothing."""
+    bad = CLASH_HOST.replace('handler=lambda context: 0', 'handler=None').format(name="acme")
+    site.add_distribution("acme-bad", {"acme_bad.py": bad}, {"bad": "acme_bad"})
+    result = cli("--settings", _settings(tmp_path, "bad"), "acme", env=site.env())
+    assert result.returncode == 3
+    assert ('plugin "bad" (acme-bad 0.1.0) declares a command the command line cannot take: command '
+            "'acme' needs either a handler or subcommands") in result.stderr
+
+
+def test_cron_next_is_the_cron_plugins_command_and_the_host_registers_none_of_its_own():
+    """The host used to own ``cron next`` and read the cron spec's keys; a change to cron's spec
+    then meant a change to the host."""
+    assert "cron" not in HOST_COMMANDS
+    code = ("import sys\nfrom qinglong.host.cli import main\n"
+            "code = main(['cron', 'next', '@daily', '--after', '2024-01-01T00:00:00Z', '--count', '1'])\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('qinglong.host.cli', 'qinglong.plugins'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert "cron '@daily' in UTC, after 2024-01-01T00:00:00.000Z:" in out.stdout
+    modules = out.stdout.strip().splitlines()[-1]
+    assert "'qinglong.plugins.cron.command_line'" in modules and "'qinglong.host.cli.cron'" not in modules
+
+
+def test_the_demo_publishes_the_first_example_a_provider_offers():
+    """The demo wrote a cron spec by hand; it must ask the providers, so it still works on a
+    profile where cron is absent and the host knows no kind's spec."""
+
+    class NoExample:
+        kind = "aaa"
+
+        def describe(self, spec):
+            return "never"
+
+    class Every:
+        kind = "every"
+
+        def example_spec(self, every_ms):
+            return {"every_ms": every_ms}
+
+        def describe(self, spec):
+            return f"every {spec['every_ms']} ms"
+
+    cron = CronProvider()
+    assert demo_trigger({"cron": cron, "aaa": NoExample()}) == (
+        "cron", {"expression": "* * * * * *", "timezone": "UTC"}, "cron '* * * * * *' in UTC")
+    assert demo_trigger({"aaa": NoExample(), "every": Every()}) == ("every", {"every_ms": 1000}, "every 1000 ms")
+    with pytest.raises(UserError, match=r"no loaded trigger kind offers an example firing every 1000 ms "
+                                        r"for the demo \(loaded kinds: aaa\)"):
+        demo_trigger({"aaa": NoExample()})
