@@ -1,19 +1,11 @@
-"""The conformance harness: every test of this directory runs on the SQLite backend (a real file)
-and on the PostgreSQL backend against real PostgreSQL 18 and 15 servers started here.
+"""Our backends under the conformance suites: every test of this directory runs on the SQLite
+backend (a real file) and on the PostgreSQL backend against real PostgreSQL 18 and 15 servers
+started here.
 
-Tests drive a backend only through the contracts' protocols (``SchedulerBackend``, ``Publisher``,
-``Reader``). What the protocols cannot express is in :class:`Harness`, kept small, one method per
-backend difference:
-
-* ``now_ms()`` is the store's clock (the injected process clock on edge, the database's clock on
-  the cluster);
-* ``elapse(ms)`` makes ``ms`` pass for the store: edge moves its injected clock; the cluster, whose
-  clock cannot be moved, moves every stored instant (each ``*_at_ms`` column) back by ``ms``,
-  which is the same thing as far as any decision can tell. Tests elapse whole seconds and use
-  per-second crons, so occurrences stay aligned;
-* ``run_round(between=...)`` runs one round, optionally editing the store between the round's
-  decisions and its commits (edge: the ``before_commit`` seam; cluster: around ``decide``);
-* ``count(table, trigger_id)`` and ``drift_run(run_id)`` inspect and damage rows directly.
+The suites and the harness they drive are the plugin authors' kit (``qinglong.testing.conformance``:
+``Harness`` says what each backend implements); this file holds our two harnesses and the
+``harness`` fixture parametrised over ``sqlite``, ``pg18`` and ``pg15``. The SQLite harness moves
+its injected clock; the PostgreSQL one, whose clock cannot be moved, moves every stored instant.
 
 A server that cannot start makes the tests error out; nothing here skips.
 """
@@ -21,14 +13,11 @@ A server that cannot start makes the tests error out; nothing here skips.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import os
 import sqlite3
 import sys
-import threading
 from pathlib import Path
-from typing import Any, Awaitable, Callable
 
 import pytest
 
@@ -39,18 +28,23 @@ if str(ROOT) not in sys.path:  # the repository is used from the tree, not insta
 from tests.pg import ROLE_PASSWORDS, create_database, create_roles, drop_database, start_server  # noqa: E402
 
 from qinglong.contracts.records import NO_MORE_OCCURRENCES_MS  # noqa: E402
-from qinglong.contracts.store import BackendContext, SchedulerLimits  # noqa: E402
-from qinglong.plugins.cron.provider import CronProvider  # noqa: E402
+from qinglong.contracts.store import BackendContext  # noqa: E402
+from qinglong.testing.conformance.harness import (  # noqa: E402,F401 (re-exported to the tests here)
+    CLOCK_T0,
+    LIMITS,
+    BrokenOtherKindProvider,
+    Clock,
+    CollectingSink,
+    Harness,
+    OtherKindProvider,
+    providers,
+)
+from qinglong.testing.conformance.runner import pytest_pyfunc_call  # noqa: E402,F401 (the async runner)
 
 BACKENDS = ["sqlite", "pg18", "pg15"]
 
-#: Limits of every harness backend: a one-second cadence and a short lease, so the cluster's skip
-#: grace floor (cadence + lease) stays small.
-LIMITS = SchedulerLimits(page_size=32, claim_budget=16, lease_ms=4000, cadence_ms=1000)
-
-#: The edge clock's start: minute-aligned (2023-11-14T22:13:00Z) plus 300 ms, so publishing does
-#: not fall on an occurrence, as on the cluster where publishing happens at some real instant.
-EDGE_T0 = 1_699_999_980_300
+#: The edge clock's start (the kit's injected clock start).
+EDGE_T0 = CLOCK_T0
 
 #: Tables whose rows the harness counts, by neutral name: (edge table, cluster table).
 TABLES = {
@@ -61,143 +55,6 @@ TABLES = {
 }
 
 _db_counter = itertools.count(1)
-
-
-class OtherKindProvider(CronProvider):
-    """A second, real trigger kind (cron maths under another name), for the unknown-kind tests."""
-
-    kind = "othercron"
-
-
-class BrokenOtherKindProvider(OtherKindProvider):
-    """The second kind's plugin with a bug: it validates specs but cannot compute occurrences."""
-
-    def next_after(self, spec, after_ms):
-        raise RuntimeError("occurrence computation failed")
-
-    def latest_at_or_before(self, spec, at_ms):
-        raise RuntimeError("occurrence computation failed")
-
-
-def providers(*, other_kind: bool = False, broken_other_kind: bool = False) -> dict:
-    found = {"cron": CronProvider()}
-    if other_kind:
-        found["othercron"] = OtherKindProvider()
-    if broken_other_kind:
-        found["othercron"] = BrokenOtherKindProvider()
-    return found
-
-
-class CollectingSink:
-    """A diagnostic sink that keeps every event, for assertions."""
-
-    def __init__(self) -> None:
-        self.events: list = []
-
-    def emit(self, event) -> None:
-        self.events.append(event)
-
-    def codes(self) -> list[str]:
-        return [e.code for e in self.events]
-
-
-class Clock:
-    """The edge backend's injected clock (epoch ms)."""
-
-    def __init__(self, ms: int = EDGE_T0) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-
-class Harness:
-    """One backend under test, opened, migrated and ready; see the module docstring."""
-
-    name: str
-    leased: bool
-    backend: Any
-    sink: CollectingSink
-
-    # ---- protocol access -----------------------------------------------------------------
-    @property
-    def publisher(self):
-        return self.backend.publisher()
-
-    @property
-    def reader(self):
-        return self.backend.reader()
-
-    async def start(self) -> None:
-        self.sink = CollectingSink()
-        self.backend = self.create_backend(self.sink, providers())
-        await self.backend.open()
-        await self.backend.migrate()
-        await self.backend.check_readiness()
-
-    async def stop(self) -> None:
-        await self.backend.close()
-
-    async def restart(self, found: dict | None = None) -> None:
-        """Close the backend and open a new one on the same store (a process restart), with
-        other providers if ``found``."""
-        await self.backend.close()
-        self.backend = self.create_backend(self.sink, found or providers())
-        await self.backend.open()
-
-    async def run_round(self, between: Callable[[], None] | None = None):
-        raise NotImplementedError
-
-    async def now_ms(self) -> int:
-        raise NotImplementedError
-
-    async def elapse(self, ms: int) -> None:
-        raise NotImplementedError
-
-    def count(self, table: str, trigger_id: str | None = None) -> int:
-        raise NotImplementedError
-
-    def drift_run(self, run_id: str) -> None:
-        raise NotImplementedError
-
-    def task_revisions_of_runs(self, trigger_id: str) -> list[int]:
-        raise NotImplementedError
-
-    def create_backend(self, sink, found: dict):
-        raise NotImplementedError
-
-    def missing_store_backend(self):
-        """A backend whose store does not exist (not created, not migrated)."""
-        raise NotImplementedError
-
-    # ---- helpers built on the above ------------------------------------------------------
-    def elsewhere(self, body: Callable[[Any], Awaitable[Any]], *, found: dict | None = None) -> Any:
-        """Run ``body(backend)`` on a second backend of the same store, in its own thread and
-        event loop, and wait for it (used between a round's decisions and its commits, and to
-        run a round with other providers)."""
-        result: dict = {}
-
-        def work() -> None:
-            async def main():
-                other = self.create_backend(CollectingSink(), found or providers())
-                await other.open()
-                try:
-                    return await body(other)
-                finally:
-                    await other.close()
-            try:
-                result["value"] = asyncio.run(main())
-            except BaseException as exc:  # re-raised in the caller
-                result["error"] = exc
-
-        thread = threading.Thread(target=work)
-        thread.start()
-        thread.join(120)
-        if thread.is_alive():
-            raise TimeoutError("the second backend did not finish within 120 s")
-        if "error" in result:
-            raise result["error"]
-        return result["value"]
 
 
 class SqliteHarness(Harness):
@@ -415,26 +272,3 @@ def harness(request, servers, tmp_path):
     create_database(server, name, template=template)
     yield PostgresHarness(server, name)
     drop_database(server, name)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
-    """Run ``async def`` tests on a fresh event loop, with the harness opened and closed in it."""
-    if not inspect.iscoroutinefunction(pyfuncitem.obj):
-        return None
-    names = pyfuncitem._fixtureinfo.argnames
-    kwargs = {name: pyfuncitem.funcargs[name] for name in names}
-
-    async def main():
-        h = kwargs.get("harness")
-        if h is not None:
-            await h.start()
-        try:
-            await asyncio.wait_for(pyfuncitem.obj(**kwargs), 120)
-        finally:
-            if h is not None:
-                await h.stop()
-
-    asyncio.run(main())
-    return True
-

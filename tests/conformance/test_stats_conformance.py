@@ -25,7 +25,7 @@ from qinglong.contracts.observe import (
     percentile,
 )
 
-from tests.conformance.test_store_conformance import SECOND, every_second, initialised, schedule, seed
+from qinglong.testing.conformance.store import SECOND, every_second, initialised, schedule, seed
 
 YEARLY = "0 0 1 1 *"
 

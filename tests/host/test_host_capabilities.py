@@ -204,6 +204,6 @@ def test_a_local_store_proposes_its_log_directory_beside_the_file(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     assert proposed_log_dir(EdgeSqliteSettings(path="data/q.db")) == os.path.join(str(tmp_path), "data/q.db.logs")
     settings = tmp_path / "s.toml"
-    settings.write_text(f'[execution]\nlog_dir = "elsewhere"\n[backend]\npath = "q.db"\n')
+    settings.write_text('[execution]\nlog_dir = "elsewhere"\n[backend]\npath = "q.db"\n')
     container = build_container(load_settings(settings))
     assert execution_log_dir(container.loaded(), container.backend_settings()) == str(tmp_path / "elsewhere")
