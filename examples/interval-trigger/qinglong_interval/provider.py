@@ -62,6 +62,13 @@ class IntervalProvider:
         every, anchor = spec["every_ms"], spec["anchor_ms"]
         return anchor + ((at_ms - anchor) // every) * every
 
+    def example_spec(self, every_ms: int) -> Mapping[str, Any] | None:
+        """What ``qinglong demo`` publishes when this is the first kind it asks: every ``every_ms``
+        from the epoch (None below the one-second minimum)."""
+        if every_ms < MIN_EVERY_MS:
+            return None
+        return {"every_ms": every_ms, "anchor_ms": 0}
+
     def describe(self, spec: Mapping[str, Any]) -> str:
         """``every 30s`` or ``every 1500 ms``, plus the anchor when it is not 0."""
         every, anchor = spec["every_ms"], spec["anchor_ms"]

@@ -1,9 +1,10 @@
-"""The decision contract's laws, applied to the ``interval`` provider.
+"""The decision contract's laws, applied to the ``interval`` provider with Qinglong's kit.
 
-``qinglong.contracts.decide`` turns any provider's occurrences into Runs. These are the same
-properties Qinglong checks for cron (``tests/contracts/test_decision_properties.py``), copied so
-that this distribution proves, on its own, that its kind fires every on-time occurrence exactly
-once, never twice, and at most once per misfire.
+``qinglong.contracts.decision.decide`` turns any provider's occurrences into Runs. The laws and the
+reference model come from ``qinglong.testing.decision_laws``, the same functions Qinglong checks
+cron with (``tests/contracts/test_decision_properties.py``), so this distribution proves, on its
+own, that its kind fires every on-time occurrence exactly once, never twice, and at most once per
+misfire.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qinglong.contracts.decision import decide
-from qinglong.contracts.records import (
-    Decision,
-    DecisionKind,
-    MisfirePolicy,
-    ScheduleCursor,
-    TriggerHead,
+from qinglong.contracts.records import DecisionKind, MisfirePolicy
+from qinglong.testing.decision_laws import (
+    assert_decision_laws,
+    cursor_at,
+    expected_admissions,
+    make_head,
+    settle,
 )
 from qinglong_interval import IntervalProvider
 
@@ -27,77 +29,18 @@ POLICIES = st.sampled_from(list(MisfirePolicy))
 INSTANTS = st.integers(1_577_836_800_000, 2_082_758_400_000)  # 2020-2035
 
 
+def interval_head(spec, policy: MisfirePolicy, grace_ms: int):
+    """An interval trigger head at revision 1."""
+    return make_head("interval", spec, policy, grace_ms)
+
+
 @st.composite
 def schedules(draw):
     """(head, every_ms) for a generated interval trigger with a policy and a grace of up to 30 periods."""
     every = draw(st.one_of(st.sampled_from([1_000, 1_500, 60_000, 3_600_000]), st.integers(1_000, 86_400_000)))
     spec = INTERVAL.validate({"every_ms": every, "anchor_ms": draw(st.integers(-every, every))})
     grace = draw(st.one_of(st.sampled_from([0, 1, 999, 1_000]), st.integers(0, 30 * every)))
-    return make_head(spec, draw(POLICIES), grace), every
-
-
-def make_head(spec, policy: MisfirePolicy, grace_ms: int) -> TriggerHead:
-    """An interval trigger head at revision 1."""
-    return TriggerHead("p1", "t1", "k1", 1, "interval", spec, policy, grace_ms, True, "sha256:" + "0" * 64)
-
-
-def cursor_at(next_fire_at_ms: int | None) -> ScheduleCursor:
-    """A revision-1 cursor."""
-    return ScheduleCursor(1, next_fire_at_ms, None, 1)
-
-
-def assert_decision_laws(decision: Decision, head: TriggerHead, cursor: ScheduleCursor, observed: int) -> None:
-    """The laws of one decision (see ``qinglong/contracts/decision.py``)."""
-    current = cursor.next_fire_at_ms
-    kind = decision.kind
-    if kind is DecisionKind.NOT_DUE:
-        assert current is not None and current > observed and decision.next_fire_at_ms == current
-        assert not decision.admits_run
-        return
-    if kind in (DecisionKind.INITIALIZE, DecisionKind.MISFIRE_SKIP, DecisionKind.MISFIRE_FIRE_ONCE):
-        assert decision.next_fire_at_ms > observed
-    if kind in (DecisionKind.INITIALIZE, DecisionKind.MISFIRE_SKIP):
-        assert not decision.admits_run
-    if kind is DecisionKind.MISFIRE_SKIP:
-        assert head.misfire_policy is MisfirePolicy.SKIP and observed - current > head.misfire_grace_ms
-    if kind is DecisionKind.MISFIRE_FIRE_ONCE:
-        assert head.misfire_policy is MisfirePolicy.FIRE_ONCE and observed - current > head.misfire_grace_ms
-        assert decision.scheduled_for_ms == INTERVAL.latest_at_or_before(head.spec, observed)
-        assert current <= decision.scheduled_for_ms <= observed
-    if kind is DecisionKind.FIRE:
-        assert observed - current <= head.misfire_grace_ms and decision.scheduled_for_ms == current
-        assert decision.next_fire_at_ms == current + head.spec["every_ms"]
-        if decision.next_fire_at_ms <= observed:
-            assert observed - decision.next_fire_at_ms <= head.misfire_grace_ms
-
-
-def settle(head: TriggerHead, cursor: ScheduleCursor, observed: int, admitted: list[int]) -> ScheduleCursor:
-    """Decide and commit at one observation until not due, recording admitted occurrences."""
-    for _ in range(5_000):
-        decision = decide(head, cursor, observed, INTERVAL)
-        assert_decision_laws(decision, head, cursor, observed)
-        if decision.kind is DecisionKind.NOT_DUE:
-            return cursor
-        if decision.admits_run:
-            admitted.append(decision.scheduled_for_ms)
-        cursor = ScheduleCursor(1, decision.next_fire_at_ms, decision.scheduled_for_ms, cursor.state_version + 1)
-    raise AssertionError("schedule never settled")
-
-
-def expected_admissions(head: TriggerHead, start: int, observations: list[int]) -> list[int]:
-    """Reference model: per new high observation, all due occurrences if the oldest is on time, else the latest (fire_once) or none."""
-    every, expected, high = head.spec["every_ms"], [], start
-    for observed in observations:
-        if observed <= high:
-            continue
-        first = INTERVAL.next_after(head.spec, high)
-        if first <= observed:
-            if observed - first <= head.misfire_grace_ms:
-                expected.extend(range(first, observed + 1, every))
-            elif head.misfire_policy is MisfirePolicy.FIRE_ONCE:
-                expected.append(INTERVAL.latest_at_or_before(head.spec, observed))
-        high = observed
-    return expected
+    return interval_head(spec, draw(POLICIES), grace), every
 
 
 @LAWS
@@ -105,11 +48,11 @@ def expected_admissions(head: TriggerHead, start: int, observations: list[int]) 
 def test_fire_once_admits_at_most_one_run_whatever_the_backlog(schedule, start, data):
     """A backlog of any length becomes one Run (the latest); replaying it would flood the workers."""
     head, every = schedule
-    head = make_head(head.spec, MisfirePolicy.FIRE_ONCE, head.misfire_grace_ms)
-    cursor = cursor_at(INTERVAL.next_after(head.spec, start))
+    head = interval_head(head.spec, MisfirePolicy.FIRE_ONCE, head.misfire_grace_ms)
+    cursor = cursor_at(head, INTERVAL.next_after(head.spec, start))
     backlog = data.draw(st.integers(head.misfire_grace_ms + 1, head.misfire_grace_ms + 10**6 * every))
     admitted: list[int] = []
-    settle(head, cursor, cursor.next_fire_at_ms + backlog, admitted)
+    settle(head, cursor, cursor.next_fire_at_ms + backlog, INTERVAL, admitted)
     assert admitted == [INTERVAL.latest_at_or_before(head.spec, cursor.next_fire_at_ms + backlog)]
 
 
@@ -118,11 +61,11 @@ def test_fire_once_admits_at_most_one_run_whatever_the_backlog(schedule, start, 
 def test_skip_never_admits_a_misfired_occurrence(schedule, start, data):
     """``skip`` drops a late backlog entirely; a Run there is work the operator asked not to do."""
     head, every = schedule
-    head = make_head(head.spec, MisfirePolicy.SKIP, head.misfire_grace_ms)
-    cursor = cursor_at(INTERVAL.next_after(head.spec, start))
+    head = interval_head(head.spec, MisfirePolicy.SKIP, head.misfire_grace_ms)
+    cursor = cursor_at(head, INTERVAL.next_after(head.spec, start))
     observed = cursor.next_fire_at_ms + data.draw(st.integers(head.misfire_grace_ms + 1, 10**6 * every))
     admitted: list[int] = []
-    after = settle(head, cursor, observed, admitted)
+    after = settle(head, cursor, observed, INTERVAL, admitted)
     assert admitted == [] and after.next_fire_at_ms > observed
 
 
@@ -131,10 +74,12 @@ def test_skip_never_admits_a_misfired_occurrence(schedule, start, data):
 def test_the_same_inputs_give_the_same_decision_and_keep_the_cursor_laws(schedule, cursor_from, observed):
     """Every replica decides alike, and each decision moves the cursor where the contract says."""
     head, _ = schedule
-    cursor = cursor_at(None if cursor_from is None else INTERVAL.next_after(head.spec, cursor_from))
+    cursor = cursor_at(head, None if cursor_from is None else INTERVAL.next_after(head.spec, cursor_from))
     decision = decide(head, cursor, observed, INTERVAL)
     assert decision == decide(head, cursor, observed, IntervalProvider())
-    assert_decision_laws(decision, head, cursor, observed)
+    assert_decision_laws(decision, head, cursor, observed, INTERVAL)
+    if decision.kind is DecisionKind.FIRE:  # an interval steps exactly one period
+        assert decision.next_fire_at_ms == decision.scheduled_for_ms + head.spec["every_ms"]
 
 
 @st.composite
@@ -160,9 +105,9 @@ def test_repeated_decisions_admit_each_on_time_occurrence_once_and_never_twice(r
     """Across a run of observations (also jumping backward) admissions match the model, in order, without duplicates."""
     head, start, observations = run
     admitted: list[int] = []
-    cursor = settle(head, cursor_at(None), start, admitted)
+    cursor = settle(head, cursor_at(head, None), start, INTERVAL, admitted)
     assert admitted == []
     for observed in observations:
-        cursor = settle(head, cursor, observed, admitted)
+        cursor = settle(head, cursor, observed, INTERVAL, admitted)
     assert admitted == sorted(set(admitted))
-    assert admitted == expected_admissions(head, start, observations)
+    assert admitted == expected_admissions(INTERVAL, head, start, observations)

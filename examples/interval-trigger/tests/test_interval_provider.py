@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import qinglong_interval
 from qinglong.contracts.errors import TriggerSpecError
 from qinglong.contracts.providers import TriggerProvider
+from qinglong.testing.provider_laws import check_validate_idempotent, provider_law_test
 from qinglong_interval import IntervalProvider
 
 INTERVAL = IntervalProvider()
@@ -65,21 +66,23 @@ def test_repeated_next_after_steps_exactly_one_period(spec, t):
     assert INTERVAL.next_after(spec, first) == first + spec["every_ms"]
 
 
-@LAWS
-@given(SPECS, TIMES)
-def test_next_after_and_latest_at_or_before_describe_the_same_occurrences(spec, t):
-    """``latest(next(t)) == next(t)``, ``next(latest(t)) == next(t)``, ``latest <= t < next``, one period apart.
-
-    ``fire_once`` admits ``latest_at_or_before(now)`` and moves the cursor to ``next_after(now)``;
-    a disagreement would admit one occurrence twice or never.
-    """
-    n = INTERVAL.next_after(spec, t)
-    p = INTERVAL.latest_at_or_before(spec, t)
-    assert p <= t < n and n - p == spec["every_ms"]
-    assert INTERVAL.latest_at_or_before(spec, n) == n
-    assert INTERVAL.next_after(spec, p) == n
-    assert INTERVAL.latest_at_or_before(spec, n - 1) == p
-    assert INTERVAL.next_after(spec, p - 1) == p
+#: Every trigger-provider law of Qinglong's kit (``qinglong.testing.provider_laws``): validate is
+#: idempotent and refuses with ``TriggerSpecError`` naming the field, answers are pure,
+#: ``next_after`` strictly increases, ``next_after`` and ``latest_at_or_before`` agree
+#: (``fire_once`` admits ``latest_at_or_before(now)`` and moves the cursor to ``next_after(now)``:
+#: a disagreement would admit one occurrence twice or never), and the demo's example fires every
+#: second.
+test_interval_keeps_every_trigger_provider_law = provider_law_test(
+    INTERVAL,
+    st.one_of(
+        st.fixed_dictionaries({"every_ms": st.one_of(st.sampled_from([1_000, 1_500, 60_000]), st.integers(1_000, 10**10))},
+                              optional={"anchor_ms": st.integers(-(10**13), 10**13)}),
+        st.fixed_dictionaries({"every_ms": st.one_of(st.integers(-5, 999), st.floats(), st.text(), st.booleans())}),
+    ),
+    TIMES,
+    fresh=IntervalProvider,
+    max_examples=300,
+)
 
 
 @pytest.mark.parametrize(
@@ -121,9 +124,8 @@ def test_validation_fills_the_anchor_and_is_idempotent():
     If re-validation changed the spec, publishing the same definition again would create a new
     revision and reset the schedule.
     """
-    normalised = INTERVAL.validate({"every_ms": 60_000})
+    normalised = check_validate_idempotent(INTERVAL, {"every_ms": 60_000})
     assert normalised == {"every_ms": 60_000, "anchor_ms": 0}
-    assert INTERVAL.validate(normalised) == normalised
     assert INTERVAL.validate({"every_ms": 1_000, "anchor_ms": -5}) == {"every_ms": 1_000, "anchor_ms": -5}
 
 
@@ -131,3 +133,10 @@ def test_describe_is_one_readable_line():
     """Operators read this in ``qinglong schedules``."""
     assert INTERVAL.describe(INTERVAL.validate({"every_ms": 30_000})) == "every 30s"
     assert INTERVAL.describe(INTERVAL.validate({"every_ms": 1_500, "anchor_ms": 200})) == "every 1500 ms from 200"
+
+
+def test_the_demo_example_fires_every_period_from_the_epoch():
+    """``qinglong demo`` publishes what ``example_spec`` returns when interval is the first kind
+    it asks; a spec below the minimum would be refused at publish."""
+    assert INTERVAL.example_spec(1_000) == {"every_ms": 1_000, "anchor_ms": 0}
+    assert INTERVAL.example_spec(999) is None
