@@ -168,6 +168,45 @@ def test_third_party_interval_plugin_is_discovered_validated_listed_and_runs(ven
     assert closure.returncode == 0, closure.stdout + closure.stderr
 
 
+def test_third_party_nice_executor_and_the_plugin_authors_kit_work_from_installed_wheels(venvs, tmp_path):
+    """A second kind of third-party plugin, an executor, installed by pip: its entry point loads,
+    ``task put --executor nice`` is accepted and ``qinglong run`` runs the job through it. The
+    wheel must also carry ``qinglong.testing`` (importable without pytest) and the cron plugin's
+    ``cron next``, or plugin authors would get a kit and a command that exist only in the tree."""
+    venv = venvs["edge"]
+    venv.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             str(REPO / "examples" / "nice-executor"), cwd=tmp_path, timeout=600)
+    kit = venv.run("python", "-c", "import sys, qinglong.testing, qinglong.testing.provider_laws, "
+                   "qinglong.testing.conformance.harness; print('pytest' in sys.modules, "
+                   "'hypothesis' in sys.modules)", cwd=tmp_path)
+    assert kit.stdout.split() == ["False", "False"]
+    preview = venv.run("qinglong", "cron", "next", "@daily", "--after", "2024-01-01T00:00:00Z", "--count", "1",
+                       cwd=tmp_path)
+    assert preview.stdout.startswith("cron '@daily' in UTC, after 2024-01-01T00:00:00.000Z:")
+    settings = tmp_path / "qinglong.toml"
+    settings.write_text('[plugins]\nenable = ["nice"]\n')
+    env = {"QINGLONG_SETTINGS": str(settings)}
+    listed = json.loads(venv.run("qinglong", "plugins", "--json", cwd=tmp_path, env_extra=env).stdout)
+    nice = next(p for p in listed["plugins"] if p["name"] == "nice")
+    assert (nice["loaded"], nice["distribution"], nice["hooks"]) == (True, "qinglong-nice-executor",
+                                                                     ["qinglong_executors"])
+    venv.run("qinglong", "project", "create", "ops", cwd=tmp_path, env_extra=env)
+    venv.run("qinglong", "task", "put", "ops", "niced", "--executor", "nice", "--", "sh", "-c",
+             'echo "niceness $(nice)"', cwd=tmp_path, env_extra=env)
+    run_id = json.loads(venv.run("qinglong", "task", "run", "ops", "niced", "--json", cwd=tmp_path,
+                                 env_extra=env).stdout)["run_id"]
+
+    def ended():
+        runs = json.loads(venv.run("qinglong", "runs", "--json", cwd=tmp_path, env_extra=env).stdout)
+        return [r for r in runs if r["run_id"] == run_id and r["state"] not in ("queued", "dispatching", "running")]
+
+    venv.run_until(ended, "the niced Run to end", "qinglong", "run", cwd=tmp_path, env_extra=env)
+    [run] = ended()
+    assert (run["state"], run["exit_code"]) == ("succeeded", 0), run
+    shown = venv.run("qinglong", "logs", run_id, cwd=tmp_path, env_extra=env).stdout.strip()
+    assert shown.startswith("niceness ") and int(shown.split()[1]) >= 10
+
+
 def test_plugins_lists_every_installed_plugin_in_a_cluster_install_without_settings(venvs, tmp_path):
     """With only the cluster extra and no settings, the default edge profile lacks aiosqlite: ``plugins
     --json`` exited 3 and printed nothing, so the one command meant to explain an installation went
