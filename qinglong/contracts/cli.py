@@ -15,7 +15,7 @@ prints its help and reports errors the same way::
     ))
 
 The host loads plugin commands only when the command line names a command it does not know
-itself, or asks for ``--help``; ``qinglong run`` never pays for them. A command whose name is a
+itself, or asks for the top-level ``qinglong --help``; ``qinglong run`` never pays for them. A command whose name is a
 command of the host, or of another loaded plugin, is refused naming both.
 """
 

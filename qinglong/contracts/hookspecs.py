@@ -27,7 +27,7 @@ Hooks are called in this order during ``qinglong run``:
 
 ``qinglong_trigger_cli_options`` is called only by ``qinglong trigger add`` and ``trigger update``,
 before their command line is parsed. ``qinglong_cli_commands`` is called only when the command line
-names a command the host does not know itself, or asks for ``--help``.
+names a command the host does not know itself, or asks for the top-level ``--help``.
 """
 
 from __future__ import annotations
@@ -154,8 +154,8 @@ class QinglongHookSpecs:
 
         Called once, after the settings are read and the profile's and the enabled plugins are
         loaded, only when the command line names a command the host does not know itself (or
-        asks for ``--help``, which lists them); ``qinglong run`` and every host command never
-        call it. The host builds each command's parser from the declaration and, when the
+        asks for the top-level ``qinglong --help``, which lists them); ``qinglong run`` and every
+        host command, its own ``--help`` included, never call it. The host builds each command's parser from the declaration and, when the
         command is named, calls its handler with a :class:`~qinglong.contracts.cli.CliContext`.
 
         :returns: An iterable of :class:`~qinglong.contracts.cli.CliCommand`; each name must be

@@ -135,8 +135,9 @@ def test_plugin_commands_are_loaded_only_when_named_or_listed(cli, site, tmp_pat
     env = site.env(ACME_MARKER=str(marker))
     assert cli("--settings", settings, "project", "create", "ops", env=env).returncode == 0
     assert cli("--settings", settings, "schedules", env=env).returncode == 0
+    assert cli("--settings", settings, "project", "--help", env=env).returncode == 0
     assert not marker.exists()
-    for args in (("acme",), ("--help",), ("project", "--help")):
+    for args in (("acme",), ("--help",), ("-h", "runs")):
         result = cli("--settings", settings, *args, env=env)
         assert result.returncode == 3, (args, result.stderr)
         assert ('qinglong: error: plugin "marker" failed in qinglong_cli_commands: RuntimeError: '

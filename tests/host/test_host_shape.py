@@ -19,11 +19,14 @@ HOOKS = [name for name in dir(hookspecs.QinglongHookSpecs) if name.startswith("q
 
 
 def test_import_linter_contracts_hold():
-    """contracts import neither host nor plugins; host never imports a plugin; plugins stay apart."""
+    """contracts import neither host nor plugins; host never imports a plugin; plugins stay apart;
+    the plugin authors' kit imports no host and nothing shipped imports the kit. Every declared
+    contract is counted as kept, so a contract that import-linter skipped would fail here."""
     lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
     result = subprocess.run([lint, "--no-cache"], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 kept, 0 broken" in result.stdout
+    declared = (REPO / "pyproject.toml").read_text().count("[[tool.importlinter.contracts]]")
+    assert declared >= 6 and f"{declared} kept, 0 broken" in result.stdout
 
 
 def _imports_full(path: Path) -> set[str]:

@@ -1,7 +1,7 @@
 """Commands plugins add to the command line (hook ``qinglong_cli_commands``).
 
 Imported only when the command line names a command the host does not know itself, or asks for
-``--help``: then the settings are read, the profile's and the enabled plugins are loaded (as every
+the top-level ``--help``: then the settings are read, the profile's and the enabled plugins are loaded (as every
 command loads them, without creating a backend), and each declared command becomes a parser like
 the host's own. A command named like a host command, or like another plugin's, is refused naming
 both.

@@ -68,11 +68,13 @@ def command_groups_for(head: Sequence[str]) -> list[str]:
 
 def plugin_commands_wanted(head: Sequence[str]) -> bool:
     """Whether to load the plugins' commands (hook ``qinglong_cli_commands``): only when the
-    command line names a command that is not the host's, or asks for help (which lists them)."""
+    command line names a command that is not the host's, or asks for the top-level help (which
+    lists them); a host command, and its own ``--help``, never load them."""
     words = command_words(head)
-    if "-h" in head or "--help" in head:
+    if words and words[0] not in HOST_COMMANDS:
         return True
-    return bool(words) and words[0] not in HOST_COMMANDS
+    before_command = head[:head.index(words[0])] if words else head
+    return "-h" in before_command or "--help" in before_command
 
 
 def build_parser(trigger_options: Mapping[str, TriggerCliOptions] | None = None,
