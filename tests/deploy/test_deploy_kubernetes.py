@@ -1,12 +1,14 @@
 """The Kubernetes base in deploy/kubernetes: valid against the Kubernetes schemas, rendered by
-kustomize, and in agreement with the settings models (ports, probe paths, env and Secret names);
-its migration Job and replica command, with their env, migrate a real PostgreSQL and run a replica
-whose httpGet probes, sent as the kubelet sends them (no token), answer while /metrics and the
-status page refuse a request without the token."""
+kustomize with Secrets generated from the operator's files (none shipped), and in agreement with
+the settings models (ports, probe paths, env and Secret names, the workers' drain); the replicas'
+init container waits for the migration Job's schema on a real PostgreSQL, the replica then starts
+and its httpGet probes, sent as the kubelet sends them (no token), answer while /metrics and the
+status page refuse a request without the token; a worker started as its container is runs Runs."""
 
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import shutil
 import signal
@@ -21,7 +23,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from qinglong.contracts.errors import SettingsError
 from qinglong.contracts.observe import METRICS
 from qinglong.host.settings import QinglongSettings, load_settings, split_listen
 from qinglong.plugins.cluster_postgres.settings import ClusterPostgresSettings
@@ -47,9 +48,33 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
+#: The workloads of the base: (kind, name) -> the component label they carry.
+WORKLOADS = {("Deployment", "qinglong"): "scheduler", ("Deployment", "qinglong-worker"): "worker",
+             ("Job", "qinglong-migrate"): "migrate"}
+#: Values standing in for the operator's Secret files (secrets/README.md).
+SECRET_FILES = {"runtime_dsn": "host=postgres dbname=qinglong user=qinglong_runtime password=rt-secret",
+                "owner_dsn": "host=postgres dbname=qinglong user=qinglong_owner password=ow-secret",
+                "http_token": TOKEN,
+                "worker_dsn": "host=postgres dbname=qinglong user=qinglong_worker_ingress password=wk-secret"}
+
+
+def _kustomization() -> dict:
+    return yaml.safe_load((BASE / "kustomization.yaml").read_text())
+
+
 def _manifest_files() -> list[Path]:
-    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
-    return [BASE / name for name in kustomization["resources"]]
+    return [BASE / name for name in _kustomization()["resources"]]
+
+
+def _generated_secrets(files: dict[str, str]) -> dict[tuple[str, str], str]:
+    """(Secret name, key) -> value, as the kustomization's secretGenerator makes them from the
+    files under the base (here: ``files``, by path relative to the base)."""
+    found = {}
+    for generator in _kustomization()["secretGenerator"]:
+        for item in generator["files"]:
+            key, _, path = item.partition("=")
+            found[(generator["name"], key)] = files[path]
+    return found
 
 
 def _documents(paths) -> list[dict]:
@@ -60,24 +85,51 @@ def _by_kind(docs: list[dict], kind: str) -> list[dict]:
     return [doc for doc in docs if doc["kind"] == kind]
 
 
-def _rendered() -> list[dict]:
+def _kustomize(base: Path) -> subprocess.CompletedProcess:
     kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed: the kustomization cannot be rendered here")
-    result = subprocess.run([kubectl, "kustomize", str(BASE)], capture_output=True, text=True, timeout=60)
+    assert kubectl, "kubectl is not installed: the kustomization cannot be rendered here"
+    return subprocess.run([kubectl, "kustomize", str(base)], capture_output=True, text=True, timeout=60)
+
+
+def _base_with_secret_files(tmp_path: Path, files: dict[str, str] | None = None) -> Path:
+    """A copy of the base with the operator's Secret files written (``files``: path -> value)."""
+    base = tmp_path / "kubernetes"
+    shutil.copytree(BASE, base, ignore=shutil.ignore_patterns("runtime_dsn", "owner_dsn", "http_token",
+                                                               "worker_dsn"))
+    for path, value in (SECRET_FILES if files is None else files).items():
+        (base / path).parent.mkdir(parents=True, exist_ok=True)
+        (base / path).write_text(value)
+    return base
+
+
+def _rendered(tmp_path: Path) -> list[dict]:
+    files = {f"secrets/{name}": value for name, value in SECRET_FILES.items()}
+    result = _kustomize(_base_with_secret_files(tmp_path, files))
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-def _container(docs: list[dict], kind: str) -> dict:
-    (workload,) = _by_kind(docs, kind)
-    (container,) = workload["spec"]["template"]["spec"]["containers"]
+def _workload(docs: list[dict], kind: str, name: str) -> dict:
+    (workload,) = [d for d in _by_kind(docs, kind) if d["metadata"]["name"] == name]
+    return workload
+
+
+def _container(docs: list[dict], kind: str, name: str | None = None, *, init: str | None = None) -> dict:
+    """The main container of workload ``name`` (default: the scheduler Deployment or the Job), or
+    its init container ``init``."""
+    name = name or {"Deployment": "qinglong", "Job": "qinglong-migrate"}[kind]
+    pod = _workload(docs, kind, name)["spec"]["template"]["spec"]
+    if init is not None:
+        (container,) = [c for c in pod["initContainers"] if c["name"] == init]
+        return container
+    (container,) = pod["containers"]
     return container
 
 
 def _secret_values(docs: list[dict]) -> dict[tuple[str, str], str]:
-    return {(s["metadata"]["name"], key): value for s in _by_kind(docs, "Secret")
-            for key, value in s["stringData"].items()}
+    """The Secrets' values the tests stand in with, as generated from the operator's files."""
+    assert not _by_kind(docs, "Secret"), "the base must not ship a Secret object"
+    return _generated_secrets({f"secrets/{name}": value for name, value in SECRET_FILES.items()})
 
 
 def _env(container: dict, secrets: dict[tuple[str, str], str]) -> dict[str, str]:
@@ -93,19 +145,19 @@ def _env(container: dict, secrets: dict[tuple[str, str], str]) -> dict[str, str]
     return env
 
 
-def _settings_text() -> str:
-    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
-    (generator,) = kustomization["configMapGenerator"]
-    (name,) = generator["files"]
+def _settings_text(name: str = "qinglong.toml") -> str:
+    (generator,) = _kustomization()["configMapGenerator"]
+    assert name in generator["files"]
     return (BASE / name).read_text()
 
 
 def _load_as_container(env: dict[str, str], tmp_path: Path, command: list[str]):
     """Settings as the container's process builds them: the ConfigMap's file named by its
     QINGLONG_SETTINGS, under exactly the container's QINGLONG_* environment."""
-    settings = tmp_path / "qinglong.toml"
-    settings.write_text(_settings_text())
-    assert env["QINGLONG_SETTINGS"] == SETTINGS_PATH
+    assert env["QINGLONG_SETTINGS"].startswith("/etc/qinglong/")
+    name = Path(env["QINGLONG_SETTINGS"]).name
+    settings = tmp_path / name
+    settings.write_text(_settings_text(name))
     profile = command[command.index("--profile") + 1]
     saved = {k: v for k, v in os.environ.items() if k.startswith("QINGLONG_")}
     for key in saved:
@@ -125,47 +177,88 @@ def test_every_manifest_validates_against_the_kubernetes_schemas():
     and an unknown field it merely drops (a securityContext key) would silently not apply:
     strict validation catches both, offline."""
     docs = _documents(_manifest_files())
-    assert {d["kind"] for d in docs} == {"ServiceAccount", "Secret", "Job", "Deployment", "Service",
-                                         "PodDisruptionBudget"}
+    assert {d["kind"] for d in docs} == {"ServiceAccount", "Job", "Deployment", "Service", "PodDisruptionBudget"}
+    assert {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in ("Deployment", "Job")} == set(WORKLOADS)
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
-def test_kustomization_renders_and_the_rendered_objects_validate():
+def test_kustomization_renders_and_the_rendered_objects_validate(tmp_path):
     """The base is applied as `kubectl apply -k`: a kustomization that does not render, or
-    renders objects the API refuses, cannot be deployed at all."""
-    rendered = _rendered()
+    renders objects the API refuses, cannot be deployed at all; a pod referring to a Secret or
+    ConfigMap by the name before kustomize's hash suffix waits forever for one that never
+    exists."""
+    rendered = _rendered(tmp_path)
     for doc in rendered:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     (config_map,) = _by_kind(rendered, "ConfigMap")
     assert config_map["data"]["qinglong.toml"] == _settings_text()
-    for kind in ("Deployment", "Job"):
-        (workload,) = _by_kind(rendered, kind)
-        volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
-        # the generated, hash-suffixed name is the one the pods mount
+    assert config_map["data"]["worker.toml"] == _settings_text("worker.toml")
+    secrets = {s["metadata"]["name"]: s for s in _by_kind(rendered, "Secret")}
+    import base64
+
+    values = {(s["metadata"]["name"].rsplit("-", 1)[0], key): base64.b64decode(v).decode()
+              for s in secrets.values() for key, v in s["data"].items()}
+    assert values == _secret_values(_documents(_manifest_files()))
+    for (kind, name) in WORKLOADS:
+        pod = _workload(rendered, kind, name)["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        # the generated, hash-suffixed names are the ones the pods mount and read
         assert volumes["settings"]["configMap"]["name"] == config_map["metadata"]["name"]
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            for item in container["env"]:
+                ref = item.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert ref["name"] in secrets and ref["key"] in secrets[ref["name"]]["data"], (name, ref)
+
+
+def test_applying_the_base_never_overwrites_a_real_secret_with_a_placeholder(tmp_path):
+    """A base shipping Secret objects with placeholder values replaces the operator's real
+    Secrets at every `kubectl apply -k`: the replicas then start with a password no role has
+    (or a published token). The base ships none, and without the operator's files it does not
+    render at all, naming the missing file, so nothing is applied."""
+    docs = _documents(_manifest_files())
+    assert not _by_kind(docs, "Secret")
+    assert "REPLACE-ME" not in "".join(path.read_text() for path in BASE.rglob("*") if path.is_file())
+    shipped = {path.name for path in (BASE / "secrets").iterdir()}
+    assert shipped == {".gitignore", "README.md"}, f"a Secret value is committed: {shipped}"
+    missing = _kustomize(_base_with_secret_files(tmp_path, {}))
+    assert missing.returncode != 0
+    assert "secrets/" in missing.stderr and "no such file" in missing.stderr.lower(), missing.stderr
+    readme = (BASE / "secrets" / "README.md").read_text()
+    for generator in _kustomization()["secretGenerator"]:
+        for item in generator["files"]:
+            key, _, path = item.partition("=")
+            assert f"`{Path(path).name}` | `{generator['name']}`, `{key}`" in readme, item
 
 
 def test_deployment_runs_the_cluster_profile_as_non_root_on_a_read_only_root():
     """A replica running as root, or able to write its image, turns any code execution through
     a task or a dependency into a persistent foothold in the cluster."""
     docs = _documents(_manifest_files())
-    for kind in ("Deployment", "Job"):
-        (workload,) = _by_kind(docs, kind)
+    for (kind, name), component in WORKLOADS.items():
+        workload = _workload(docs, kind, name)
+        assert workload["metadata"]["labels"]["app.kubernetes.io/component"] == component
         pod = workload["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
         assert pod["automountServiceAccountToken"] is False
-        (container,) = pod["containers"]
-        context = container["securityContext"]
-        assert context == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                           "capabilities": {"drop": ["ALL"]}}
-        assert {"requests", "limits"} <= set(container["resources"])
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            context = container["securityContext"]
+            assert context == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                               "capabilities": {"drop": ["ALL"]}}, (name, container["name"])
+            assert {"requests", "limits"} <= set(container["resources"]), (name, container["name"])
     assert _container(docs, "Deployment")["command"] == ["qinglong", "run", "--profile", "cluster"]
     assert _container(docs, "Job")["command"] == ["qinglong", "db", "migrate", "--profile", "cluster"]
-    (pdb,) = _by_kind(docs, "PodDisruptionBudget")
-    (deployment,) = _by_kind(docs, "Deployment")
-    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
-    assert deployment["spec"]["replicas"] > pdb["spec"]["maxUnavailable"]
+    assert _container(docs, "Deployment", "qinglong-worker")["command"] == ["qinglong", "worker", "--profile",
+                                                                           "cluster"]
+    pdbs = {pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]: pdb
+            for pdb in _by_kind(docs, "PodDisruptionBudget")}
+    assert set(pdbs) == {"scheduler", "worker"}
+    for (kind, name), component in WORKLOADS.items():
+        if kind == "Deployment":
+            deployment = _workload(docs, kind, name)
+            assert pdbs[component]["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+            assert deployment["spec"]["replicas"] > pdbs[component]["spec"]["maxUnavailable"]
 
 
 def _http_get(container: dict, name: str) -> tuple[str, int]:
@@ -206,14 +299,16 @@ def test_env_and_secret_names_resolve_to_real_settings_keys(tmp_path):
     Secret's value would never be used."""
     docs = _documents(_manifest_files())
     secrets = _secret_values(docs)
-    assert {key for name, key in secrets if name == "qinglong-dsn"} == {
-        key for key in ClusterPostgresSettings.model_fields if key.endswith("_dsn")}
+    # no pod publishes: the admin DSN stays with the publishing hosts
+    assert {key for name, key in secrets if name == "qinglong-dsn"} == {"runtime_dsn", "owner_dsn"}
+    assert {key for key in ClusterPostgresSettings.model_fields if key.endswith("_dsn")} >= {"runtime_dsn",
+                                                                                              "owner_dsn"}
     assert {key for name, key in secrets if name == "qinglong-http"} == {"token"}
     assert "token" in QinglongSettings.model_fields["http"].annotation.model_fields
-    secrets[("qinglong-http", "token")] = TOKEN
-    expected = {"Deployment": {"runtime_dsn"}, "Job": {"owner_dsn", "runtime_dsn"}}
-    for kind, dsn_keys in expected.items():
-        container = _container(docs, kind)
+    expected = {("Deployment", None): {"runtime_dsn"}, ("Job", None): {"owner_dsn", "runtime_dsn"},
+                ("Deployment", "wait-for-schema"): {"runtime_dsn"}}
+    for (kind, init), dsn_keys in expected.items():
+        container = _container(docs, kind, init=init)
         env = _env(container, secrets)
         loaded = _load_as_container(env, tmp_path, container["command"])
         assert loaded.settings.profile == "cluster"
@@ -225,19 +320,64 @@ def test_env_and_secret_names_resolve_to_real_settings_keys(tmp_path):
                     assert value.get_secret_value() == secrets[("qinglong-dsn", key)], (kind, key)
                 else:
                     assert value is None, f"the {kind} gets {key}, which it does not need"
-        if kind == "Deployment":
+        if (kind, init) == ("Deployment", None):
             assert loaded.settings.http.token == TOKEN
+        else:
+            assert loaded.settings.http.token is None, f"{kind} {init} gets the HTTP token"
 
 
-def test_the_shipped_placeholder_token_is_refused_so_it_is_never_served(tmp_path):
-    """A replica started with the base's placeholder Secret would otherwise serve its metrics and
-    status page behind a token published in this repository."""
+def test_the_replicas_wait_for_the_schema_in_an_init_container_bounded_by_the_jobs_deadline():
+    """The Job and the replicas are applied together: without a wait the replicas exit 4 on
+    the pending schema and crash-loop until the Job ends; a wait without a bound (or one shorter
+    than the Job may take) would hide a failed Job behind a pod stuck in Init, or give up on a
+    Job still running."""
     docs = _documents(_manifest_files())
-    container = _container(docs, "Deployment")
-    with pytest.raises(SettingsError) as refused:
-        _load_as_container(_env(container, _secret_values(docs)), tmp_path, container["command"])
-    assert "http.token" in str(refused.value)
-    assert "REPLACE-ME" not in str(refused.value)
+    init = _container(docs, "Deployment", init="wait-for-schema")
+    command = init["command"]
+    assert command[:5] == ["qinglong", "db", "wait", "--profile", "cluster"]
+    from qinglong.host.cli.parsing import parse_duration_ms
+
+    timeout_s = parse_duration_ms("--timeout", command[command.index("--timeout") + 1]) / 1000
+    job = _workload(docs, "Job", "qinglong-migrate")
+    assert timeout_s >= job["spec"]["activeDeadlineSeconds"]
+    main = _container(docs, "Deployment")
+    assert init["image"] == main["image"]
+    assert {m["name"]: m["mountPath"] for m in init["volumeMounts"]} == {
+        m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+
+
+# ---- the workers ----------------------------------------------------------------------------
+
+
+def test_worker_env_resolves_to_worker_settings_and_its_drain_fits_the_grace_period(tmp_path):
+    """A worker pod killed before its drain ends loses its jobs' outcomes (they end `lost` a
+    lease later) at every rollout; an env name that matches no key would start workers without
+    their DSN, and two pods sharing a worker id would fence each other in turn."""
+    docs = _documents(_manifest_files())
+    secrets = _secret_values(docs)
+    container = _container(docs, "Deployment", "qinglong-worker")
+    env_items = {item["name"]: item for item in container["env"]}
+    assert env_items["QINGLONG_WORKER__WORKER_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    env = {k: v for k, v in _env({"env": [i for i in container["env"] if "fieldRef" not in i.get("valueFrom", {})]},
+                                  secrets).items()}
+    env["QINGLONG_WORKER__WORKER_ID"] = "qinglong-worker-5d8f9c7b6-x2x7q"
+    loaded = _load_as_container(env, tmp_path, container["command"])
+    worker = loaded.settings.worker
+    assert loaded.settings.profile == "cluster"
+    assert worker.dsn.get_secret_value() == secrets[("qinglong-worker", "dsn")]
+    assert worker.worker_id == env["QINGLONG_WORKER__WORKER_ID"]
+    assert loaded.settings.http.token is None
+    backend = ClusterPostgresSettings.model_validate(loaded.settings.backend)
+    assert all(getattr(backend, key) is None for key in ClusterPostgresSettings.model_fields if key.endswith("_dsn"))
+    pod = _workload(docs, "Deployment", "qinglong-worker")["spec"]["template"]["spec"]
+    drain_s = (worker.drain_timeout_ms + worker.kill_grace_ms) / 1000
+    assert pod["terminationGracePeriodSeconds"] >= drain_s + 10, (pod["terminationGracePeriodSeconds"], drain_s)
+    # the Attempt directories are on a writable volume (the root file system is read-only)
+    mounts = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    assert any(Path(worker.log_dir).is_relative_to(m) for m in mounts), worker.log_dir
+    assert Path(env["HOME"]) in {Path(m) for m in mounts}
+    # no HTTP surface, so no probe pretending to check one
+    assert not {"livenessProbe", "readinessProbe", "startupProbe", "ports"} & set(container)
 
 
 # ---- the manifests' commands and environment against a real PostgreSQL ------------------------
@@ -279,6 +419,11 @@ class Replica:
     port: int
     first_ready: tuple[int, str]
     stderr: Path
+    postgres: object
+    secrets: dict
+    docs: list
+    tmp_path: Path
+    process_env: object
 
     def probe(self, name: str) -> tuple[int, str]:
         """The probe ``name`` as the kubelet runs it: its path, on the port standing in here for
@@ -295,8 +440,10 @@ class Replica:
 
 @pytest.fixture(scope="module")
 def replica(postgres, tmp_path_factory):
-    """The Job's command and env alone (the owner and runtime DSNs) must migrate, and the
-    replica's alone (the runtime DSN, the token) must start and pass its readiness probe. The
+    """Applied together, as `kubectl apply -k` does: the replicas' init container (its command
+    and env alone) waits, without exiting, while the schema is missing; the Job's command and env
+    alone (the owner and runtime DSNs) migrate; the init container then ends 0 and the replica's
+    own command and env (the runtime DSN, the token) start it and pass its readiness probe. The
     replica listens on the settings' own host (every interface, off loopback, so the token is
     required), on a free port standing in for the container port on a shared machine."""
     from tests.pg import ROLE_PASSWORDS, free_port
@@ -304,37 +451,54 @@ def replica(postgres, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("replica")
     docs = _documents(_manifest_files())
     secrets = _secret_values(docs)
-    for key in ("runtime_dsn", "owner_dsn", "admin_dsn"):
+    for key in ("runtime_dsn", "owner_dsn"):
         user = f"qinglong_{key.removesuffix('_dsn')}"
         secrets[("qinglong-dsn", key)] = postgres.dsn(user, ROLE_PASSWORDS[user], "qinglong")
-    secrets[("qinglong-http", "token")] = TOKEN
-    settings = tmp_path / "qinglong.toml"
-    settings.write_text(_settings_text())
+    secrets[("qinglong-worker", "dsn")] = postgres.dsn(
+        "qinglong_worker_ingress", ROLE_PASSWORDS["qinglong_worker_ingress"], "qinglong")
+    for name in ("qinglong.toml", "worker.toml"):
+        (tmp_path / name).write_text(_settings_text(name))
     port = free_port()
     container = _container(docs, "Deployment")
     host, _ = split_listen(_load_as_container(_env(container, secrets), tmp_path, container["command"])
                            .settings.http.listen)
 
-    def process_env(kind: str) -> dict[str, str]:
+    def process_env(of: dict) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
-        env.update(_env(_container(docs, kind), secrets))
-        env["QINGLONG_SETTINGS"] = str(settings)  # the ConfigMap's file, mounted elsewhere here
+        env.update(_env({"env": [i for i in of["env"] if "fieldRef" not in i.get("valueFrom", {})]}, secrets))
+        # the ConfigMap's file, mounted elsewhere here
+        env["QINGLONG_SETTINGS"] = str(tmp_path / Path(env["QINGLONG_SETTINGS"]).name)
         env["QINGLONG_HTTP__LISTEN"] = f"{host}:{port}"  # a free port on a shared machine
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         return env
 
-    job = _container(docs, "Job")
-    migrated = subprocess.run(job["command"], env=process_env("Job"), cwd=tmp_path, capture_output=True,
-                              text=True, timeout=120)
-    assert migrated.returncode == 0, migrated.stderr
+    init = _container(docs, "Deployment", init="wait-for-schema")
+    waiting = subprocess.Popen(init["command"], env=process_env(init), cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        first = waiting.stderr.readline()  # written once its first check found no schema
+        assert first.startswith("qinglong: waiting: "), first
+        assert waiting.poll() is None, "the init container exited instead of waiting"
+        job = _container(docs, "Job")
+        migrated = subprocess.run(job["command"], env=process_env(job), cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=120)
+        assert migrated.returncode == 0, migrated.stderr
+        out, err = waiting.communicate(timeout=120)
+        assert waiting.returncode == 0, first + err
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.communicate()
+    assert ROLE_PASSWORDS["qinglong_runtime"] not in first + err
 
-    env = process_env("Deployment")
+    env = process_env(container)
     stderr = tmp_path / "stderr"
     with open(stderr, "w") as err:
         process = subprocess.Popen(container["command"], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
                                    stderr=err)
     try:
-        replica = Replica(container, env, port, (0, ""), stderr)
+        replica = Replica(container, env, port, (0, ""), stderr, postgres, secrets, docs, tmp_path,
+                          process_env)
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -406,3 +570,67 @@ def test_a_real_scrape_passes_promtool_check_metrics_and_has_every_metric(replic
     typed = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
     exported = {spec.name for spec in METRICS}
     assert exported <= typed, f"missing from a cluster replica's scrape: {sorted(exported - typed)}"
+
+
+def _settings_worker_dir(container: dict) -> str:
+    (mount,) = [m["mountPath"] for m in container["volumeMounts"] if m["name"] == "work"]
+    return mount
+
+
+def test_a_worker_started_as_its_container_runs_the_runs_the_replica_admits(replica):
+    """Without a worker Deployment every Run the replicas admit stays queued forever; a worker
+    whose command or env does not work (a DSN key it does not read, a settings file it cannot
+    find) leaves them queued just the same. Its SIGTERM (the kubelet's stop) must drain and exit 0
+    within the pod's grace period."""
+    from tests.pg import ROLE_PASSWORDS
+
+    admin = replica.tmp_path / "admin.toml"
+    admin.write_text('profile = "cluster"\n[backend]\nruntime_dsn = "%s"\nadmin_dsn = "%s"\n' % (
+        replica.secrets[("qinglong-dsn", "runtime_dsn")],
+        replica.postgres.dsn("qinglong_admin", ROLE_PASSWORDS["qinglong_admin"], "qinglong")))
+    cli_env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
+    cli_env["QINGLONG_SETTINGS"] = str(admin)
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        result = subprocess.run([sys.executable, "-m", "qinglong", *args], env=cli_env, cwd=replica.tmp_path,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, (args, result.stderr)
+        return result
+
+    cli("project", "create", "k8s")
+    cli("task", "put", "k8s", "hello", "--", "/bin/sh", "-c", "echo hello from the worker")
+    cli("trigger", "add", "k8s", "every-second", "--task", "hello", "--cron", "* * * * * *")
+    container = _container(replica.docs, "Deployment", "qinglong-worker")
+    env = replica.process_env(container)
+    env["QINGLONG_WORKER__WORKER_ID"] = "qinglong-worker-test-pod"  # the pod's name (fieldRef)
+    pod = _workload(replica.docs, "Deployment", "qinglong-worker")["spec"]["template"]["spec"]
+    log_dir = replica.tmp_path / "worker-logs"
+    env["QINGLONG_WORKER__LOG_DIR"] = str(log_dir)  # the emptyDir, elsewhere here
+    assert Path(env["HOME"]) == Path(_settings_worker_dir(container))
+    env["HOME"] = str(replica.tmp_path)  # ... and the jobs' HOME on it
+    stderr = replica.tmp_path / "worker.stderr"
+    with open(stderr, "w") as err:
+        worker = subprocess.Popen(container["command"], env=env, cwd=replica.tmp_path, stdout=subprocess.DEVNULL,
+                                  stderr=err)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            runs = [r for r in json.loads(cli("runs", "--json").stdout)
+                    if r["state"] not in ("queued", "dispatching", "running", "retry_wait")]
+            if runs:
+                assert runs[0]["state"] == "succeeded", (runs[0], stderr.read_text())
+                break
+            assert worker.poll() is None, f"the worker exited ({worker.returncode}): {stderr.read_text()}"
+            assert time.monotonic() < deadline, f"no Run succeeded within 120 s: {stderr.read_text()}"
+            time.sleep(0.5)
+        shown = cli("logs", runs[0]["run_id"]).stdout
+        assert shown == "hello from the worker\n"
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=pod["terminationGracePeriodSeconds"]) == 0, stderr.read_text()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        cli("trigger", "disable", "k8s", "every-second")
+    logged = stderr.read_text()
+    assert ROLE_PASSWORDS["qinglong_worker_ingress"] not in logged
