@@ -40,8 +40,7 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
     ignored and no error: a hardening option or the kill mode would silently not apply. verify
     reports those as warnings, so any output at all fails."""
     analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed on this machine")
+    assert analyze, "systemd-analyze is missing (.ci/install-system-deps installs Debian's systemd)"
     text = UNIT.read_text()
     assert text.count(f"ExecStart={SHIPPED_EXEC} ") == 1
     # verify checks that ExecStart's program exists: point it at this checkout's entry point
@@ -155,3 +154,28 @@ def test_ready_notification_arrives_when_readyz_answers_200_and_stopping_at_sigt
         logged = err.read()
     assert process.returncode == 0, logged
     assert (tmp_path / "qinglong.db").exists()  # the default path, relative to the working directory
+
+
+def test_worker_unit_drains_within_its_stop_timeout_and_kills_what_is_left():
+    """A TimeoutStopSec shorter than the worker's drain SIGKILLs it mid-drain at every stop or
+    upgrade, leaving its jobs' outcomes unreported (they end `lost` a lease later); any KillMode
+    but mixed either TERMs the jobs behind the worker's back (control-group) or leaves them
+    running after the session that fenced them is gone (process)."""
+    import tomllib
+
+    from qinglong.host.settings import WorkerSettings
+
+    parser = configparser.ConfigParser(interpolation=None, strict=False, delimiters=("=",))
+    parser.optionxform = str
+    parser.read_string((SYSTEMD / "qinglong-worker.service").read_text())
+    service = parser["Service"]
+    assert service["ExecStart"].split() == [SHIPPED_EXEC, "worker"]
+    assert service["KillMode"] == "mixed" and service["KillSignal"] == "SIGTERM"
+    settings = tomllib.loads((SYSTEMD / "worker.toml").read_text())
+    assert settings["profile"] == "cluster"
+    worker = WorkerSettings.model_validate(settings["worker"])
+    stop_s = int(service["TimeoutStopSec"])
+    assert stop_s >= (worker.drain_timeout_ms + worker.kill_grace_ms) / 1000 + 10
+    assert service["User"] == _unit()["Service"]["User"]
+    assert worker.log_dir.startswith(service["WorkingDirectory"] + "/")
+    assert PurePosixPath("/var/lib", service["StateDirectory"]) == PurePosixPath(service["WorkingDirectory"])
