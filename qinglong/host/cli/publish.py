@@ -19,17 +19,34 @@ from .task import register_task
 
 
 def cmd_project(args: argparse.Namespace) -> int:
-    """Create or list projects."""
+    """Create, list or delete projects."""
     container = container_of(args)
+    sub = args.project_command
 
     async def go(backend: Any) -> Any:
-        if args.project_command == "create":
+        if sub == "create":
             return await backend.publisher().create_project(args.project_id, args.name)
+        if sub == "delete":
+            plan = await backend.publisher().delete_project(args.project_id, dry_run=args.dry_run)
+            if not plan.changes:
+                raise NotFound(f"project {args.project_id} does not exist")
+            return plan
         return await backend.reader().list_projects()
 
-    result = on_backend(container, go, create=args.project_command == "create")
-    if args.project_command == "create":
+    result = on_backend(container, go, create=sub == "create")
+    if sub == "create":
         print(f"created project {result.project_id}")
+    elif sub == "delete":
+        from qinglong.contracts.apply import ObjectKind
+
+        deleted = [c for c in result.changes if c.kind is not ObjectKind.PROJECT]
+        if args.json:
+            print_json({"project_id": args.project_id, "dry_run": args.dry_run,
+                        "deleted": [c.to_json() for c in result.changes]})
+        else:
+            what = ", ".join(f"{c.kind.value} {c.object_id}" for c in deleted) or "nothing in it"
+            verb = "would delete" if args.dry_run else "deleted"
+            print(f"{verb} project {args.project_id} and {what} (its Runs stay)")
     elif args.json:
         print_json([{"project_id": p.project_id, "name": p.name, "active": p.active} for p in result])
     else:
@@ -242,7 +259,7 @@ def trigger_options_for(head: Sequence[str]) -> dict[str, TriggerCliOptions]:
 def register(sub: Any, common: argparse.ArgumentParser,
              trigger_options: Mapping[str, TriggerCliOptions] | None = None) -> None:
     """Add ``project``, ``task`` and ``trigger``; ``trigger add``/``update`` take the kinds' declared options."""
-    prj = add_command(sub, common, "project", "create or list projects", None)
+    prj = add_command(sub, common, "project", "create, list or delete projects", None)
     prj_sub = prj.add_subparsers(dest="project_command", metavar="SUBCOMMAND", required=True)
     p = prj_sub.add_parser("create", parents=[common], help="create a project")
     p.add_argument("project_id")
@@ -251,8 +268,16 @@ def register(sub: Any, common: argparse.ArgumentParser,
     p = prj_sub.add_parser("list", parents=[common], help="list projects")
     add_json_flag(p)
     p.set_defaults(func=cmd_project)
+    text = ("delete a project with its triggers and tasks, in one transaction (its Runs stay; creating "
+            "it again starts it empty)")
+    p = prj_sub.add_parser("delete", parents=[common], help=text, description=text)
+    p.add_argument("project_id")
+    p.add_argument("--dry-run", action="store_true", help="say what would be deleted; change nothing")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_project)
 
-    tsk = add_command(sub, common, "task", "tasks: put (publish), show, run (a manual Run now)", None)
+    tsk = add_command(sub, common, "task", "tasks: put (publish), show, list, delete, run (a manual Run now)",
+                      None)
     tsk_sub = tsk.add_subparsers(dest="task_command", metavar="SUBCOMMAND", required=True)
     register_task(tsk_sub, common)
 

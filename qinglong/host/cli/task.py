@@ -12,15 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 import uuid
 from typing import Any, Mapping
 
-from qinglong.contracts.errors import ExitCode, UserError
+from qinglong.contracts.errors import ExitCode, NotFound, UserError
 from qinglong.contracts.store import MAX_PAYLOAD_BYTES, check_command, check_identifier, check_json_value
 
 from .boot import container_of, need_execution, on_backend
 from .output import format_duration_ms, format_size, now_ms, print_json, print_table, yes_no
-from .parsing import add_json_flag, parse_duration_ms, parse_size_bytes
+from .parsing import add_json_flag, parse_duration_ms, parse_size_bytes, positive_count
 
 #: Which option sets which payload key: a refusal of the key names the option the user typed.
 OPTION_KEYS: tuple[tuple[str, str], ...] = (
@@ -196,6 +197,84 @@ def cmd_task_put(args: argparse.Namespace) -> int:
     task = on_backend(container, lambda backend: backend.publisher().put_task(
         args.project_id, args.task_id, payload))
     print(f"task {task.project_id}/{task.task_id} at revision {task.task_revision} ({task.content_digest[:19]})")
+    missing = missing_program(payload)
+    if missing is not None:
+        sys.stderr.write(f"qinglong: warning: {missing} on this machine; the task is published, and its Runs "
+                         "fail to start wherever it is missing (it may exist on the machine that runs them, "
+                         "a cluster worker)\n")
+    return ExitCode.OK
+
+
+def missing_program(payload: Mapping[str, Any]) -> str | None:
+    """Why the program of a task's command would not be found here, or None when it is found.
+
+    Looked up as the executor starts it: a name without a slash on the job's ``PATH`` (the
+    task's own ``PATH``, else the minimal one), a relative path from its working directory."""
+    import os
+    import shutil
+
+    from qinglong.contracts.execution import minimal_environment
+
+    command = payload.get("command")
+    if not isinstance(command, list) or not command or not isinstance(command[0], str):
+        return None
+    program = command[0]
+    env = payload.get("env") if isinstance(payload.get("env"), dict) else {}
+    if "/" not in program:
+        path = env.get("PATH") or minimal_environment(None)["PATH"]
+        if shutil.which(program, path=path) is None:
+            return f"the program {program!r} is not on the job's PATH ({path})"
+        return None
+    workdir = payload.get("working_dir") or os.environ.get("HOME") or "/"
+    full = os.path.join(workdir, program)
+    if not os.path.exists(full):
+        return f"the program {program!r} does not exist"
+    if not os.access(full, os.X_OK) or os.path.isdir(full):
+        return f"the program {program!r} is not executable"
+    return None
+
+
+def cmd_task_list(args: argparse.Namespace) -> int:
+    """Every task head of a project (or of every project): revision, digest, command."""
+    container = container_of(args)
+
+    async def go(backend: Any) -> list[Any]:
+        if args.project_id is not None:
+            projects = [args.project_id]
+        else:
+            projects = [p.project_id for p in await backend.reader().list_projects()]
+        publisher = backend.publisher()
+        tasks = []
+        for project_id in projects:
+            state = await publisher.project_state(project_id)
+            if not state.exists and args.project_id is not None:
+                raise NotFound(f"project {project_id} does not exist")
+            tasks += [state.tasks[task_id] for task_id in sorted(state.tasks)]
+        return tasks
+
+    tasks = on_backend(container, go, create=False)
+    if args.limit is not None:
+        tasks = tasks[:args.limit]
+
+    def command_of(task: Any) -> list[str] | None:
+        command = task.payload.get("command")
+        return list(command) if isinstance(command, list) else None
+
+    if args.json:
+        print_json([{"project_id": t.project_id, "task_id": t.task_id, "task_revision": t.task_revision,
+                     "content_digest": t.content_digest, "command": command_of(t)} for t in tasks])
+    else:
+        print_table(["project", "task", "rev", "digest", "command"],
+                    [[t.project_id, t.task_id, t.task_revision, t.content_digest[:19],
+                      shlex.join(command_of(t)) if command_of(t) else "-"] for t in tasks])
+    return ExitCode.OK
+
+
+def cmd_task_delete(args: argparse.Namespace) -> int:
+    """Delete a task (its revisions and Runs stay); refused while a trigger runs it."""
+    container = container_of(args)
+    on_backend(container, lambda backend: backend.publisher().delete_task(args.project_id, args.task_id))
+    print(f"deleted task {args.project_id}/{args.task_id} (its Runs stay)")
     return ExitCode.OK
 
 
@@ -334,6 +413,21 @@ def register_task(tsk_sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("task_id", metavar="TASK")
     add_json_flag(p)
     p.set_defaults(func=cmd_task_show)
+
+    p = tsk_sub.add_parser("list", parents=[common], help="the tasks of a project (or of every project)",
+                           description="Every task head of PROJECT (default: of every project): revision, "
+                                       "digest and command. On the cluster it reads with the admin role.")
+    p.add_argument("project_id", metavar="PROJECT", nargs="?", default=None)
+    p.add_argument("--limit", type=positive_count, default=None, help="at most N tasks")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_task_list)
+
+    p = tsk_sub.add_parser("delete", parents=[common], help="delete a task (refused while a trigger runs it)",
+                           description="Delete a task: its head is gone while its revisions and Runs stay. "
+                                       "Refused while a trigger of the project runs it, naming the triggers.")
+    p.add_argument("project_id", metavar="PROJECT")
+    p.add_argument("task_id", metavar="TASK")
+    p.set_defaults(func=cmd_task_delete)
 
     p = tsk_sub.add_parser("run", parents=[common], help="admit a manual Run of the task now",
                            description="Admit a manual Run of the task's head revision now. The same "
