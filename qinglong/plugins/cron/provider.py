@@ -216,12 +216,20 @@ class CronProvider:
                     "minute, hour, ... explicitly",
                 )
         normalised = " ".join(fields)
+        from .fields import never_fires, not_understood, out_of_range
+
+        wrong = out_of_range(expression, fields) if fields[0][0] != "@" else None
+        if wrong is not None:
+            raise TriggerSpecError(KIND, "expression", wrong)
         try:
             itr = _iter(normalised, _wall(_REFERENCE_S, tz))
             itr.get_next(datetime)
-        except (CroniterBadCronError, CroniterBadDateError, CroniterError, ValueError, KeyError) as exc:
-            detail = str(exc) or type(exc).__name__
-            raise TriggerSpecError(KIND, "expression", f"{expression!r} is not a valid cron expression: {detail}") from None
+        except CroniterBadDateError:
+            raise TriggerSpecError(KIND, "expression", never_fires(expression, fields)) from None
+        except (CroniterBadCronError, CroniterError, ValueError, KeyError) as exc:
+            detail = (not_understood(expression, fields) if fields[0][0] != "@" else None) or (
+                f"{expression!r} is not a valid cron expression: {str(exc) or type(exc).__name__}")
+            raise TriggerSpecError(KIND, "expression", detail) from None
         return {"expression": normalised, "timezone": tz.key}
 
     def next_after(self, spec: Mapping[str, Any], after_ms: int) -> int | None:
