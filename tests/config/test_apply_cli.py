@@ -78,7 +78,7 @@ def test_apply_creates_then_a_second_apply_changes_nothing(cli):
     (lambda t: t.replace('retry = { max_attempts = 3 }', 'retry = { max_attempts = 300 }'), 14,
      "projects.ops.tasks.report.retry.max_attempts", "expected an integer from 1 to"),
     (lambda t: t.replace('"30 2 * * *"', '"61 2 * * *"'), 19,
-     "projects.ops.triggers.ops-nightly.spec", "not a valid cron expression"),
+     "projects.ops.triggers.ops-nightly.spec", "the minute field '61' holds 61"),
     (lambda t: t.replace('task = "report"', 'task = "missing"'), 22,
      "projects.ops.triggers.ops-hourly.task", "task 'missing' is not declared"),
     (lambda t: t.replace('description = "nightly backup"', 'descripton = "nightly backup"'), 9,

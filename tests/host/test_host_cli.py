@@ -107,7 +107,8 @@ def test_second_signal_forces_the_exit(cli, site):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (("--cron", "61 * * * *"), "invalid cron trigger: expression: '61 * * * *' is not a valid cron expression"),
+        (("--cron", "61 * * * *"), "invalid cron trigger: expression: '61 * * * *': the minute field '61' holds 61; "
+                                  "a minute is 0 to 59"),
         (("--cron", "* * *"), "has 3 fields; expected 5"),
         (("--cron", "* * * * *", "--timezone", "Mars/Olympus"), "unknown IANA time zone 'Mars/Olympus'"),
         (("--cron", "* * * * *", "--grace-ms", "-5"), "misfire_grace_ms: must be between 0 and 31622400000 (366 days), got -5"),
