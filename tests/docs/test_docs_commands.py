@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # tests.pg, from the tree
+    sys.path.insert(0, str(REPO))
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE_SHELLS = {"sh", "bash", "shell", "console"}
 #: The first word of an indented block that makes it a block of shell commands.

@@ -273,7 +273,8 @@ def cmd_task_list(args: argparse.Namespace) -> int:
 def cmd_task_delete(args: argparse.Namespace) -> int:
     """Delete a task (its revisions and Runs stay); refused while a trigger runs it."""
     container = container_of(args)
-    on_backend(container, lambda backend: backend.publisher().delete_task(args.project_id, args.task_id))
+    on_backend(container, lambda backend: backend.publisher().delete_task(args.project_id, args.task_id),
+               create=False)
     print(f"deleted task {args.project_id}/{args.task_id} (its Runs stay)")
     return ExitCode.OK
 
