@@ -208,7 +208,10 @@ def run_page(commands: list[Command], sandbox: Sandbox) -> list[str]:
                 continue
             result = sandbox.run(command)
             if result.returncode != 0 or "Traceback" in result.stderr:
-                problems.append(f"{command}: exit {result.returncode}\n{result.stderr[-2000:]}")
+                hint = ("\n(a synopsis, with [optional] parts or A|B choices, in a block of commands: write it "
+                        "as a command a reader can run, or put it in a table)"
+                        if re.search(r"\[-|\w\|\w", command.text) else "")
+                problems.append(f"{command}: exit {result.returncode}\n{result.stderr[-2000:]}{hint}")
     finally:
         problems += sandbox.stop()
     return problems
