@@ -55,15 +55,12 @@ claim_expires_at_ms = CASE WHEN arg.keep_claim THEN s.claim_expires_at_ms END,
 updated_at_ms = clock.now_ms
 
 -- name: admit_page
--- Commits the decisions of a page of claimed schedules in one statement, inside one SERIALIZABLE
--- transaction. The page arrives as parallel arrays (row i of each, numbered `ord`); each row is
--- checked under its own whole fence and decision, a row that passes advances its cursor and gets
--- its Run, Attempt, run.created, run.queued and skip record, a row that fails writes nothing and
--- is reported by its flags; a failed write fails the whole page. ONE result row (the clock, the
--- guard, the per-row flags as JSON in `ord` order), so the message's last tag is "SELECT 1".
--- Each schedule row is read and checked by the UPDATE that writes it, in key order: a read-first
--- page held every row's SIRead lock at once, promoted to page and then relation locks (measured:
--- 2-8 failed pages per 5,000-row burst).
+-- Commits a page of claimed schedules' decisions in one statement (one SERIALIZABLE transaction),
+-- the page as parallel arrays numbered `ord`: a row passing every check advances its cursor and
+-- gets its Run, Attempt, two events and skip record; a failing row writes nothing and is reported
+-- by its flags; a failed write fails the page. ONE result row (clock, guard, per-row flags as JSON)
+-- so the message's last tag is "SELECT 1". Each schedule row is checked by the UPDATE that writes
+-- it: read first, a page's SIRead locks grew to relation locks (2-8 failed pages a 5,000-row burst).
 WITH clock AS MATERIALIZED (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 ),
