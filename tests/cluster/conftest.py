@@ -172,7 +172,7 @@ def expire(db: "ClusterDb", limit: int = 64) -> list[tuple[uuid.UUID, uuid.UUID,
     async def body():
         async with await psycopg.AsyncConnection.connect(db.dsn("qinglong_runtime"),
                                                          autocommit=True) as conn:
-            return await expire_page(conn, limit)
+            return (await expire_page(conn, limit))[0]
 
     return [(uuid.UUID(a), uuid.UUID(r), action) for a, r, action in arun(body())]
 

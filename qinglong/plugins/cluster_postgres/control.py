@@ -169,7 +169,7 @@ class ExpiryLoop(_Periodic):
         self.expired: dict[str, int] = {}
 
     async def tick(self) -> bool:
-        rows = await self._call(lambda conn: expire_page(conn, self.page))
+        rows, read = await self._call(lambda conn: expire_page(conn, self.page))
         for attempt_id, run_id, action in rows:
             self.expired[action] = self.expired.get(action, 0) + 1
             level = "info" if action == "requeued" else "warning"
@@ -184,7 +184,9 @@ class ExpiryLoop(_Periodic):
             }.get(action, f"an Attempt expired ({action})")
             self.backend._emit(level, "cluster_postgres.attempt_expired", message,
                                attempt_id=attempt_id, run_id=run_id, action=action)
-        return len(rows) >= self.page
+        # a full page read means more may wait; a page of which this replica ended nothing was
+        # another replica's, which goes on with it
+        return read >= self.page and bool(rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,16 +237,17 @@ def expiry_decision(row: dict, rng: random.Random | None = None) -> ExpiryDecisi
                           stop_words=decision.reason if policy.max_attempts > 1 else None)
 
 
-async def expire_page(conn: Any, limit: int) -> list[tuple[str, str, str]]:
+async def expire_page(conn: Any, limit: int) -> tuple[list[tuple[str, str, str]], int]:
     """One expiry page on ``conn`` (the runtime role, autocommit): ``(attempt_id, run_id,
-    action)`` of every Attempt this call ended, at most ``limit``; an Attempt that moved on since
-    it was read (or that another replica holds) is left out."""
+    action)`` of every Attempt this call ended, at most ``limit`` (an Attempt that moved on since
+    it was read, or that another replica holds, is left out), and how many were read."""
     from psycopg.rows import dict_row
 
     cur = conn.cursor(row_factory=dict_row)
     await cur.execute(query("control_expired_attempts"), {"limit": limit})
     done = []
-    for row in await cur.fetchall():
+    rows = await cur.fetchall()
+    for row in rows:
         decision = expiry_decision(row)
         await cur.execute(query("control_expire_attempt"), {
             "attempt_id": row["attempt_id"], "lease_version": row["lease_version"],
@@ -254,7 +257,7 @@ async def expire_page(conn: Any, limit: int) -> list[tuple[str, str, str]]:
         action = (await cur.fetchone())["action"]
         if action is not None:
             done.append((row["attempt_id"], row["run_id"], action))
-    return done
+    return done, len(rows)
 
 
 class LogRetention(_Periodic):
