@@ -1,3 +1,21 @@
+-- fragment: claimable_schedules
+-- Schedules with no live claim, of enabled triggers at their schedule's revision in active
+-- projects, of a kind this replica decides; each range below adds its own cursor condition.
+FROM qinglong.trigger_schedules s
+JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
+JOIN qinglong.projects p ON p.project_id = t.project_id
+WHERE (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms < (SELECT now_ms FROM clock))
+  AND p.active
+  AND t.enabled
+  AND t.trigger_revision = s.trigger_revision
+  AND (%(kinds)s::text[] IS NULL OR t.kind = ANY (%(kinds)s::text[]))
+
+-- fragment: claim_order
+-- The claim's due order, within the budget, skipping rows other replicas hold.
+ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
+LIMIT %(limit)s
+FOR UPDATE OF s SKIP LOCKED
+
 -- name: claim_due_schedules
 -- Claims up to %(limit)s due or uninitialised schedules of enabled triggers in active projects
 -- with no live claim, of the kinds %(kinds)s (NULL = any), in due order, SKIP LOCKED: owner, a
@@ -12,33 +30,15 @@ WITH clock AS MATERIALIZED (
 ),
 awaiting AS (
     SELECT s.trigger_id
-    FROM qinglong.trigger_schedules s
-    JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
-    JOIN qinglong.projects p ON p.project_id = t.project_id
-    WHERE s.next_fire_at_ms IS NULL
-      AND (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms < (SELECT now_ms FROM clock))
-      AND p.active
-      AND t.enabled
-      AND t.trigger_revision = s.trigger_revision
-      AND (%(kinds)s::text[] IS NULL OR t.kind = ANY (%(kinds)s::text[]))
-    ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
-    LIMIT %(limit)s
-    FOR UPDATE OF s SKIP LOCKED
+    {{claimable_schedules}}
+      AND s.next_fire_at_ms IS NULL
+    {{claim_order}}
 ),
 due AS (
     SELECT s.trigger_id
-    FROM qinglong.trigger_schedules s
-    JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
-    JOIN qinglong.projects p ON p.project_id = t.project_id
-    WHERE s.next_fire_at_ms <= (SELECT now_ms FROM clock)
-      AND (s.claim_expires_at_ms IS NULL OR s.claim_expires_at_ms < (SELECT now_ms FROM clock))
-      AND p.active
-      AND t.enabled
-      AND t.trigger_revision = s.trigger_revision
-      AND (%(kinds)s::text[] IS NULL OR t.kind = ANY (%(kinds)s::text[]))
-    ORDER BY s.next_fire_at_ms NULLS FIRST, s.project_id, s.trigger_id
-    LIMIT %(limit)s
-    FOR UPDATE OF s SKIP LOCKED
+    {{claimable_schedules}}
+      AND s.next_fire_at_ms <= (SELECT now_ms FROM clock)
+    {{claim_order}}
 ),
 picked AS (
     SELECT trigger_id FROM awaiting UNION ALL SELECT trigger_id FROM due
