@@ -12,7 +12,6 @@ strings included. The retry decision has its own module (test_worker_retry_equiv
 from __future__ import annotations
 
 import json
-import re
 import uuid
 
 import psycopg
@@ -241,11 +240,3 @@ def test_sql_overlap_equals_the_contracts_overlap_decision(cluster):
             assert cancelled == set(expected.cancel if expected.action is OverlapAction.REPLACE else ())
 
         check()
-
-
-def test_a_reason_template_names_each_value_it_prints():
-    """A template whose braces are not all field names would print a brace on one side and a
-    value on the other."""
-    for key, template in REASONS.items():
-        stripped = re.sub(r"\{[a-z_]+\}", "", template)
-        assert "{" not in stripped and "}" not in stripped, key
