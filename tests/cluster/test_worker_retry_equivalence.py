@@ -1,6 +1,7 @@
 """The retry rule is written twice: in Python (contracts.execution.retry_decision, which the edge
-and standalone profiles apply) and in SQL (the cluster's _retry_decision, which worker_complete,
-expiry and session close apply). This property test holds the two equal."""
+and standalone profiles and the cluster's expiry apply) and in SQL (the cluster's _retry_decision,
+which the worker's own calls apply: worker_complete, session close, a failed claim). This
+property test holds the two equal, reason strings included."""
 
 from __future__ import annotations
 

@@ -86,7 +86,8 @@ def test_only_worker_ingress_executes_worker_functions_and_only_runtime_the_cont
         assert _denied(cluster, ADMIN, statement) == "42501", name
     for name, statement in control_calls.items():
         assert _denied(cluster, ADMIN, statement) == "42501", name
-    assert _denied(cluster, RUNTIME, "SELECT * FROM qinglong.expire_attempts(10)") is None
+    assert _denied(cluster, RUNTIME, "SELECT * FROM qinglong.expire_attempt(gen_random_uuid(), 1, 'requeued', "
+                                      "NULL, NULL, NULL, NULL)") is None
     assert _denied(cluster, RUNTIME, "SELECT * FROM qinglong.worker_sessions, qinglong.attempt_logs") is None
     for statement in ("UPDATE qinglong.attempts SET reason = 'x'", "UPDATE qinglong.runs SET state = 'failed'",
                       "DELETE FROM qinglong.attempt_logs", "UPDATE qinglong.worker_sessions SET capacity = 1"):
@@ -108,7 +109,7 @@ def _readiness_problem(db) -> str:
 
 CLAIM = "qinglong.worker_claim(text, uuid, bigint, bytea[])"
 HEARTBEAT = "qinglong.worker_heartbeat(text, uuid, bigint, uuid[])"
-EXPIRE = "qinglong.expire_attempts(integer)"
+EXPIRE = "qinglong.expire_attempt(uuid, bigint, text, text, integer, bigint, text)"
 FINISH = "qinglong._finish_attempt(uuid, text, integer, integer, bigint, bigint, text, boolean, bigint)"
 
 
@@ -135,7 +136,7 @@ DRIFTS = {
                             ["function qinglong.worker_claim runs with settings 'search_path=public, pg_catalog'"]),
     "execute granted to public": (lambda db: db.sql(f"GRANT EXECUTE ON FUNCTION {EXPIRE} TO PUBLIC",
                                                     role="qinglong_owner"),
-                                  ["unexpected privilege: EXECUTE on function expire_attempts for PUBLIC"]),
+                                  ["unexpected privilege: EXECUTE on function expire_attempt for PUBLIC"]),
     "helper granted to a worker": (lambda db: db.sql(f"GRANT EXECUTE ON FUNCTION {FINISH} TO qinglong_worker_ingress",
                                                      role="qinglong_owner"),
                                    ["unexpected privilege: EXECUTE on function _finish_attempt for "

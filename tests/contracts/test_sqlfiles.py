@@ -83,3 +83,49 @@ def test_unknown_block_name_is_a_packaging_error_naming_it():
         SqlFiles("qinglong.plugins.edge_sqlite").query("no_such_block")
     with pytest.raises(PackagingError, match="no_such_block.*cluster_postgres/sql"):
         SqlFiles("qinglong.plugins.cluster_postgres").query("no_such_block")
+
+
+FRAGMENTS = ("-- fragment: same\n-- The shared check.\na = 1\n  AND b = 2\n"
+             "-- name: first\n-- Uses it.\nSELECT 1 WHERE {{same}}\n"
+             "-- name: second\n-- Uses it too.\nSELECT 2\nWHERE x AND ({{same}})\n")
+
+
+def test_a_fragment_is_the_same_text_in_every_statement_that_includes_it():
+    """A check written twice can drift (one copy fixed, the other not); written once as a
+    fragment, every statement that includes it must run exactly its text."""
+    from qinglong.contracts.sqlfiles import expand_fragments
+
+    blocks = expand_fragments(parse_blocks(FRAGMENTS, "f.sql"))
+    # continuation lines keep their indentation, under the column of the placeholder
+    assert blocks["first"].sql == "SELECT 1 WHERE a = 1\n" + " " * len("SELECT 1 WHERE ") + "  AND b = 2"
+    assert blocks["second"].sql == "SELECT 2\nWHERE x AND (a = 1\n" + " " * len("WHERE x AND (") + "  AND b = 2)"
+    assert blocks["same"].fragment and not blocks["first"].fragment
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("-- name: q\n-- Uses a fragment.\nSELECT {{nothing}}\n", "no fragment of that name"),
+    ("-- name: p\n-- One row.\nSELECT 1\n-- name: q\n-- Includes a statement.\nSELECT {{p}}\n",
+     "no fragment of that name"),
+    ("-- fragment: a\n-- A.\n{{b}}\n-- fragment: b\n-- B.\n{{a}}\n-- name: q\n-- Q.\nSELECT {{a}}\n",
+     "includes itself"),
+    ("-- fragment: spare\n-- Never used.\ntrue\n-- name: q\n-- Q.\nSELECT 1\n", "included by no block"),
+], ids=["unknown", "statement-not-fragment", "cycle", "unused"])
+def test_a_fragment_fault_is_refused_naming_file_and_block(text, words):
+    """An include that names nothing would reach the server as '{{x}}' text; a cycle would never
+    end; an unused fragment is a check that guards nothing."""
+    from qinglong.contracts.sqlfiles import expand_fragments
+
+    with pytest.raises(PackagingError, match=words) as refused:
+        expand_fragments(parse_blocks(text, "demo/sql/x.sql"))
+    assert "demo/sql/x.sql" in str(refused.value)
+
+
+def test_a_fragment_is_never_handed_out_as_a_statement():
+    """A fragment alone is a piece of a WHERE clause: running it would be a syntax error at best."""
+    sql = SqlFiles("qinglong.plugins.cluster_postgres")
+    fragments = [name for name, block in sql.blocks().items() if block.fragment]
+    assert fragments
+    for name in fragments:
+        assert name not in sql.names()
+        with pytest.raises(PackagingError, match="is a fragment"):
+            sql.query(name)

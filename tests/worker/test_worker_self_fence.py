@@ -11,6 +11,7 @@ import signal
 
 import pytest
 
+from tests.cluster.conftest import expire
 from tests.failure.fault_proxy import BOTH, FaultProxy
 from tests.proc_helpers import process_alive
 from tests.worker.helpers import (
@@ -94,7 +95,7 @@ def test_a_partitioned_worker_kills_its_job_before_its_session_lease_can_expire(
             expiry = cluster.sql("SELECT lease_expires_at_ms FROM qinglong.attempts WHERE attempt_id = %s",
                                  (attempt["attempt_id"],))[0][0]
             wait_until(lambda: cluster.db_now_ms() > expiry, "the abandoned lease to expire in database time")
-            cluster.sql("SELECT * FROM qinglong.expire_attempts(100)", role="qinglong_runtime")
+            expire(cluster, 100)
             assert [a["state"] for a in attempts(cluster, run_id)] == ["lost"]
             assert run_state(cluster, run_id) == "lost"
             assert worker.events("worker.completed") == []

@@ -52,6 +52,7 @@ from qinglong.contracts.execution import (
     classify_outcome,
     overlap_decision,
 )
+from qinglong.contracts.reasons import reason
 
 from .reconciler import ReconcileReport, reconcile, reconcile_attempt
 from .retention import Retention
@@ -63,7 +64,7 @@ MAX_CANDIDATES = 2_048
 #: Retention's first sweep after start, then its period.
 RETENTION_FIRST_S = 5.0
 RETENTION_PERIOD_S = 60.0
-NO_COMMAND = "the task has no command"
+NO_COMMAND = reason("spec_no_command")
 
 
 def wall_clock_ms() -> int:

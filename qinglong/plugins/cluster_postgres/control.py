@@ -2,14 +2,16 @@
 
 Two lifecycle components (``stack`` phase: they start after the scheduler and stop after it):
 
-* :class:`ExpiryLoop` calls ``qinglong.expire_attempts(limit)`` about once a second. The function
-  is leaderless (``FOR UPDATE SKIP LOCKED``, at most ``limit`` Attempts per call, database
-  time), so every replica runs it and each expired Attempt is handled by exactly one of them: an
-  Attempt leased but never started goes back to the queue (``requeued``), a started one whose
-  lease expired ends ``lost`` (the retry policy decides whether Attempt N+1 is created), and a
-  running one whose deadline is long past with no completion (deadline + its session's lease)
-  ends ``timed_out``: the double check of the timeout the worker enforces. A full page is
-  followed at once by the next, so a backlog drains page by page.
+* :class:`ExpiryLoop` ends the workers' Attempts whose time ran out, about once a second, at most
+  a page at a time: it reads the candidates (an expired lease, or a running Attempt whose deadline
+  is past by its session's lease, in database time), decides each here through the contracts
+  (:func:`expiry_decision`: an Attempt leased but never started goes back to the queue, or ends
+  ``cancelled`` when a cancel was requested; a started one is ``lost``, a long-past deadline
+  ``timed_out``, and :func:`~qinglong.contracts.execution.retry_decision` says whether Attempt N+1
+  follows), and hands each decision to ``qinglong.expire_attempt``, which only checks the
+  Attempt's fence and state under its row locks. Every replica runs it, leaderless: a decision
+  made for an Attempt another replica ended first, or that a worker's heartbeat saved, writes
+  nothing. A full page is followed at once by the next, so a backlog drains page by page.
 * :class:`LogRetention` calls ``qinglong.prune_attempt_logs`` at a slow cadence (a tenth of the
   retention, between 1 s and 5 min), deleting the shipped logs of Attempts that ended more than
   ``[execution] log_retention_days`` ago, in bounded batches; the Attempt keeps a tombstone.
@@ -24,11 +26,24 @@ the current call finish (briefly) and cancels it otherwise.
 from __future__ import annotations
 
 import asyncio
+import json
+import random
 import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from qinglong.contracts.errors import QinglongError
+from qinglong.contracts.execution import (
+    AttemptOutcome,
+    AttemptState,
+    CancelReason,
+    RetryAt,
+    cancel_words,
+    retry_decision,
+)
 from qinglong.contracts.hookspecs import ComponentPhase
+from qinglong.contracts.reasons import reason
+from qinglong.contracts.stored_spec import MISSING, stored_retry_policy
 
 from .db import describe_error, sever_after
 from .sql import query
@@ -154,16 +169,14 @@ class ExpiryLoop(_Periodic):
         self.expired: dict[str, int] = {}
 
     async def tick(self) -> bool:
-        async def body(conn):
-            cur = await conn.execute(query("control_expire_attempts"), {"limit": self.page})
-            return await cur.fetchall()
-
-        rows = await self._call(body)
+        rows, read = await self._call(lambda conn: expire_page(conn, self.page))
         for attempt_id, run_id, action in rows:
             self.expired[action] = self.expired.get(action, 0) + 1
             level = "info" if action == "requeued" else "warning"
             message = {
                 "requeued": "an Attempt leased to a worker that never started it went back to the queue",
+                "cancelled": "an Attempt leased to a worker that never started it ended cancelled "
+                             "(a cancel was requested)",
                 "lost": "a started Attempt's lease expired with no completion: it is lost "
                         "(the retry policy decides whether it runs again)",
                 "timed_out": "a running Attempt's deadline is long past with no completion: it "
@@ -171,7 +184,80 @@ class ExpiryLoop(_Periodic):
             }.get(action, f"an Attempt expired ({action})")
             self.backend._emit(level, "cluster_postgres.attempt_expired", message,
                                attempt_id=attempt_id, run_id=run_id, action=action)
-        return len(rows) >= self.page
+        # a full page read means more may wait; a page of which this replica ended nothing was
+        # another replica's, which goes on with it
+        return read >= self.page and bool(rows)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiryDecision:
+    """What the control plane decided for one expired Attempt (``qinglong.expire_attempt``'s
+    arguments): the action, the Attempt's reason, and a successor (its number and delay) or the
+    stop's words when the Run's reason shows them."""
+
+    action: str
+    reason: str | None = None
+    next_attempt_no: int | None = None
+    retry_after_ms: int | None = None
+    stop_words: str | None = None
+
+
+def expiry_decision(row: dict, rng: random.Random | None = None) -> ExpiryDecision:
+    """The decision for one row of ``control_expired_attempts``, through the contracts: a start
+    that never happened is requeued (cancelled if a cancel was requested); a started Attempt whose
+    lease expired is lost, one whose deadline is long past timed out; then
+    :func:`retry_decision` under the pinned spec's policy, no successor after a cancel request
+    other than a timeout, and the stop's words in the Run's reason only when retries were
+    configured (the edge store's words)."""
+    cancel = row["cancel_reason"]
+    if row["expired"] == "lease" and row["state"] == AttemptState.DISPATCHING.value:
+        if cancel is None:
+            return ExpiryDecision("requeued")
+        outcome = AttemptOutcome(AttemptState.CANCELLED, reason=reason(
+            "cancelled_before_start", cancel=cancel_words(cancel)))
+        started = False
+    elif row["expired"] == "lease":
+        outcome = AttemptOutcome(AttemptState.LOST, reason=reason(
+            "lease_expired", worker_id=row["worker_id"], generation=row["session_generation"]))
+        started = True
+    else:
+        outcome = AttemptOutcome(AttemptState.TIMED_OUT, reason=reason("deadline_unreported"))
+        started = True
+        cancel = cancel or CancelReason.TIMEOUT.value
+    spec = MISSING if row["spec"] is None else json.loads(row["spec"])
+    policy, idempotent = stored_retry_policy(spec)
+    decision = retry_decision(policy, idempotent, row["attempt_no"], outcome, row["now_ms"], rng,
+                              started=started)
+    if isinstance(decision, RetryAt):
+        if cancel is not None and cancel != CancelReason.TIMEOUT.value:
+            return ExpiryDecision(outcome.state.value, outcome.reason)  # cancelled on purpose
+        return ExpiryDecision(outcome.state.value, outcome.reason, decision.attempt_no,
+                              decision.at_ms - row["now_ms"])
+    return ExpiryDecision(outcome.state.value, outcome.reason,
+                          stop_words=decision.reason if policy.max_attempts > 1 else None)
+
+
+async def expire_page(conn: Any, limit: int) -> tuple[list[tuple[str, str, str]], int]:
+    """One expiry page on ``conn`` (the runtime role, autocommit): ``(attempt_id, run_id,
+    action)`` of every Attempt this call ended, at most ``limit`` (an Attempt that moved on since
+    it was read, or that another replica holds, is left out), and how many were read."""
+    from psycopg.rows import dict_row
+
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(query("control_expired_attempts"), {"limit": limit})
+    done = []
+    rows = await cur.fetchall()
+    for row in rows:
+        decision = expiry_decision(row)
+        await cur.execute(query("control_expire_attempt"), {
+            "attempt_id": row["attempt_id"], "lease_version": row["lease_version"],
+            "action": decision.action, "reason": decision.reason,
+            "next_attempt_no": decision.next_attempt_no, "retry_after_ms": decision.retry_after_ms,
+            "stop_words": decision.stop_words})
+        action = (await cur.fetchone())["action"]
+        if action is not None:
+            done.append((row["attempt_id"], row["run_id"], action))
+    return done, len(rows)
 
 
 class LogRetention(_Periodic):
@@ -212,4 +298,5 @@ def control_components(backend: Any, settings: Any) -> list[_Periodic]:
             LogRetention(backend, retention_ms=max(1, int(days * 86_400_000)), batch=batch)]
 
 
-__all__ = ["ExpiryLoop", "LogRetention", "control_components", "retention_interval_s"]
+__all__ = ["ExpiryDecision", "ExpiryLoop", "LogRetention", "control_components", "expire_page",
+           "expiry_decision", "retention_interval_s"]

@@ -7,24 +7,25 @@
   inserts Runs, Attempts, Events and skip records, and records its own rounds;
 * ``worker_ingress`` may use the schema and execute the seven worker functions
   (``worker_open_session`` ... ``worker_close_session``): no privilege on any table at all;
-* the runtime also executes the control-plane functions (``expire_attempts``, ``request_cancel``,
+* the runtime also executes the control-plane functions (``expire_attempt``, ``request_cancel``,
   ``prune_attempt_logs``) and reads worker sessions and shipped logs; it changes Runs and
   Attempts after admission only through those functions.
 
-The functions (``migrations/0005_workers.sql``) are SECURITY DEFINER, owned by the owner, written
-in PL/pgSQL with ``search_path`` pinned to ``pg_catalog, pg_temp``; :data:`EXPECTED_FUNCTIONS`
-says which role may execute each (internal helpers: nobody but the owner), and readiness names a
-function that is missing, unexpected, not SECURITY DEFINER, in another language, or without the
-pinned path. Its body, return type, volatility and strictness are compared through the
-fingerprint (``fingerprint.py``).
+The functions (``migrations/0005_workers.sql``, revised by ``0007_one_rule_source.sql``) are
+SECURITY DEFINER, owned by the owner, written in PL/pgSQL with ``search_path`` pinned to
+``pg_catalog, pg_temp``; :data:`EXPECTED_FUNCTIONS` says which role may execute each (internal
+helpers: nobody but the owner), and readiness names a function that is missing, unexpected, not
+SECURITY DEFINER, in another language, or without the pinned path. Its body, return type,
+volatility and strictness are compared through the fingerprint (``fingerprint.py``).
 
 The GRANTs are installed by ``migrations/0002_grants.sql``, ``0003_schedule_semantics.sql``,
 narrowed by ``0004_runtime_schedule_columns.sql`` and extended by ``0005_workers.sql`` (the
-functions' EXECUTE, SELECT on sessions and logs); :data:`EXPECTED_GRANTS`,
-:data:`EXPECTED_COLUMN_GRANTS` and :data:`EXPECTED_FUNCTIONS` are the same set, and :func:`privilege_problems` compares them with
-the catalog. Anything else (a GRANT added by hand, one re-issued WITH GRANT OPTION, a privilege for
-PUBLIC, another column grant, a table owned by someone else, a role that is a superuser, a member
-of another role or has another role as a member) is drift and readiness fails closed.
+functions' EXECUTE, SELECT on sessions and logs) and ``0007_one_rule_source.sql`` (expiry's new
+function); :data:`EXPECTED_GRANTS`, :data:`EXPECTED_COLUMN_GRANTS` and :data:`EXPECTED_FUNCTIONS`
+are the same set, and :func:`privilege_problems` compares them with the catalog. Anything else (a
+GRANT added by hand, one re-issued WITH GRANT OPTION, a privilege for PUBLIC, another column grant,
+a table owned by someone else, a role that is a superuser, a member of another role or has another
+role as a member) is drift and readiness fails closed.
 
 Readiness also checks what the session resolves names through (:func:`environment_problems`):
 the pinned ``search_path`` must hold, no schema on it may let anyone but its owner create objects,
@@ -83,11 +84,11 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
 WORKER_FUNCTIONS = ("worker_open_session", "worker_heartbeat", "worker_claim", "worker_started",
                     "worker_append_log", "worker_complete", "worker_close_session")
 #: The control plane's functions (EXECUTE for the runtime alone).
-CONTROL_FUNCTIONS = ("expire_attempts", "request_cancel", "prune_attempt_logs")
+CONTROL_FUNCTIONS = ("expire_attempt", "request_cancel", "prune_attempt_logs")
 #: Helpers the functions above call; only the owner executes them.
 INTERNAL_FUNCTIONS = ("_now_ms", "_event", "_utc", "_cancel_words", "_run_spec", "_spec_problem",
-                      "_retry_decision", "_finish_attempt", "_requeue", "_session", "_lease",
-                      "_overlap")
+                      "_retry_decision", "_end_attempt", "_finish_attempt", "_requeue", "_session",
+                      "_lease", "_overlap", "_reason")
 
 #: ``{function name: role function allowed to EXECUTE it, or None (owner only)}``.
 EXPECTED_FUNCTIONS: dict[str, str | None] = {

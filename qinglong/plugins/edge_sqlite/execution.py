@@ -54,11 +54,13 @@ from qinglong.contracts.execution import (
     RunDetail,
     RunState,
     RunSummary,
+    cancel_words,
     check_run_transition,
     manual_idempotency_key,
     parse_execution_spec,
     retry_decision,
 )
+from qinglong.contracts.reasons import reason as reason_words
 from qinglong.contracts.records import canonical_json
 from qinglong.contracts.store import listing_bound
 
@@ -76,14 +78,6 @@ _SPEC_CACHE_BOUND = 256
 #: The longest idempotency key a manual Run accepts.
 MAX_MANUAL_KEY_CHARS = 200
 
-_CANCEL_WORDS = {
-    CancelReason.TIMEOUT: "the timeout expired",
-    CancelReason.OPERATOR: "cancelled by an operator",
-    CancelReason.REPLACED: "replaced by a newer run of the task",
-    CancelReason.SHUTDOWN: "stopped with the control plane",
-}
-
-
 def _utc(ms: int) -> str:
     """An instant as an operator reads it (UTC, to the second)."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms // 1000))
@@ -91,9 +85,9 @@ def _utc(ms: int) -> str:
 
 def _status_words(outcome: AttemptOutcome) -> str | None:
     if outcome.exit_code is not None:
-        return f"exit status {outcome.exit_code}"
+        return reason_words("status_exit", code=outcome.exit_code)
     if outcome.signal is not None:
-        return f"killed by signal {outcome.signal}"
+        return reason_words("status_signal", signal=outcome.signal)
     return None
 
 
@@ -129,7 +123,7 @@ class SqliteExecutionStore:
             except UserError as exc:
                 found = (None, f"invalid execution spec: {exc}")
             else:
-                found = (spec, None) if spec is not None else (None, "the task has no command")
+                found = (spec, None) if spec is not None else (None, reason_words("spec_no_command"))
         if len(self._specs) >= _SPEC_CACHE_BOUND:
             self._specs.clear()
         self._specs[key] = found
@@ -269,7 +263,7 @@ class SqliteExecutionStore:
                 run_id = row["run_id"]
                 if row["cancel_reason"] is not None:
                     cancel = CancelReason(row["cancel_reason"])
-                    reason = f"{_CANCEL_WORDS[cancel]} before the process started"
+                    reason = reason_words("cancelled_before_start", cancel=cancel_words(cancel))
                     check_run_transition(row["run_state"], RunState.CANCELLED, Actor.RECONCILER)
                     self._end_attempt(conn, attempt_id, row["state"],
                                       AttemptOutcome(AttemptState.CANCELLED, reason=reason), now_ms)
@@ -330,8 +324,10 @@ class SqliteExecutionStore:
                         "digest": row["execution_digest"], "not_before": decision.at_ms,
                         "now": now_ms})
                     what = outcome.reason or status or outcome.state.value
-                    reason = (f"attempt {row['attempt_no']} {outcome.state.value} ({what}); "
-                              f"attempt {decision.attempt_no} not before {_utc(decision.at_ms)}")
+                    reason = reason_words(
+                        "retry_scheduled", attempt_no=row["attempt_no"], state=outcome.state.value,
+                        what=what, next_attempt_no=decision.attempt_no,
+                        not_before=_utc(decision.at_ms))
                     self._move_run(conn, run_id, run_state, RunState.RETRY_WAIT, actor, now_ms,
                                    reason)
                     self._event(conn, run_id, "run.retry_scheduled", now_ms)
@@ -370,7 +366,7 @@ class SqliteExecutionStore:
                     return run_state
                 attempt_state = AttemptState(row["state"])
                 if attempt_state is AttemptState.CLAIMED:
-                    words = _CANCEL_WORDS[reason]
+                    words = cancel_words(reason)
                     check_run_transition(run_state, RunState.CANCELLED, actor)
                     self._end_attempt(conn, row["attempt_id"], attempt_state.value,
                                       AttemptOutcome(AttemptState.CANCELLED, reason=words),

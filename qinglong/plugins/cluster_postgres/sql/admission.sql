@@ -1,180 +1,66 @@
--- name: admit_occurrence
--- The per-occurrence form of admit_page below (which the backend sends: a page of claims per
--- transaction), kept as the reference of one row's checks and as the single-row statement the
--- drain benchmark's pgbench ceiling runs. Commits one decision for one claimed schedule, in one statement run inside a SERIALIZABLE
--- transaction: re-locks the schedule by primary key, checks project, trigger revision + digest,
--- task revision + digest, the pinned remote_worker execution revision's digest (recomputed here),
--- schedule revision/state/cursor, the whole fence (owner, token, claim_version, expiry > now) and
--- the decision; then advances the cursor under the fence (clearing the claim, keeping
--- claim_version) and, driven by that one updated row, inserts the Run, its Attempt, run.created and
--- run.queued, and the skip record. If any check fails nothing is written and the returned flags say
--- which; if any write fails the statement (and so the transaction) fails. The final guard turns a
--- write that silently produced no row into an error instead of a partial admission.
--- %(keep_claim)s (for fire and initialize only): when the new cursor is already due at this
--- statement's clock, keep the claim (owner, token, version, expiry) so the same claimer decides
--- the row again at once (a backlog inside the grace, an initialisation from the publish time
--- whose first occurrence is owed); returned as claim_kept. An initialisation counts from the
--- revision's publish time (published_at_ms), so its cursor need only be after that.
-WITH clock AS MATERIALIZED (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
-),
-checked AS MATERIALIZED (
-    SELECT s.trigger_id,
-           s.project_id,
-           p.active AS project_ok,
-           (t.trigger_revision = %(trigger_revision)s AND t.content_digest = %(trigger_digest)s
-            AND t.enabled) AS trigger_ok,
-           coalesce(k.task_revision = %(task_revision)s AND k.content_digest = %(task_digest)s
-                    AND tr.content_digest = k.content_digest
-                    AND tr.content_digest
-                        = 'sha256:' || encode(sha256(convert_to(tr.payload_json, 'UTF8')), 'hex'),
-                    false) AS task_ok,
-           -- the task head moved to another revision since the claim (a legitimate edit)
-           (k.task_revision <> %(task_revision)s) AS task_moved,
-           (tr.task_revision IS NOT NULL) AS task_revision_found,
-           coalesce(e.content_digest = 'sha256:' || encode(sha256(convert_to(e.spec_json, 'UTF8')), 'hex'),
-                    false) AS execution_ok,
-           e.content_digest AS execution_digest,
-           (s.trigger_revision = %(trigger_revision)s AND s.state_version = %(state_version)s
-            AND s.next_fire_at_ms IS NOT DISTINCT FROM %(expected_next_ms)s::bigint) AS schedule_ok,
-           (s.claim_owner IS NOT DISTINCT FROM %(owner)s AND s.claim_token IS NOT DISTINCT FROM %(token)s::uuid
-            AND s.claim_version = %(claim_version)s AND s.claim_expires_at_ms > clock.now_ms) AS fence_ok,
-           (%(observed_at_ms)s::bigint = s.updated_at_ms AND %(observed_at_ms)s::bigint <= clock.now_ms
-            AND CASE WHEN %(kind)s = 'fire'
-                     THEN %(scheduled_for_ms)s::bigint = %(expected_next_ms)s::bigint
-                          AND %(scheduled_for_ms)s::bigint <= %(observed_at_ms)s::bigint
-                          AND %(next_fire_at_ms)s::bigint > %(scheduled_for_ms)s::bigint
-                     WHEN %(kind)s = 'misfire_fire_once'
-                     THEN %(scheduled_for_ms)s::bigint >= %(expected_next_ms)s::bigint
-                          AND %(scheduled_for_ms)s::bigint <= %(observed_at_ms)s::bigint
-                          AND %(next_fire_at_ms)s::bigint > %(observed_at_ms)s::bigint
-                     WHEN %(kind)s = 'initialize'
-                     THEN %(scheduled_for_ms)s::bigint IS NULL
-                          AND %(next_fire_at_ms)s::bigint
-                              > least(coalesce(s.published_at_ms, %(observed_at_ms)s::bigint),
-                                      %(observed_at_ms)s::bigint)
-                     WHEN %(kind)s = 'misfire_skip'
-                     THEN %(scheduled_for_ms)s::bigint IS NULL
-                          AND %(next_fire_at_ms)s::bigint > %(observed_at_ms)s::bigint
-                     WHEN %(kind)s = 'release'
-                     THEN %(scheduled_for_ms)s::bigint IS NULL
-                          AND %(next_fire_at_ms)s::bigint IS NOT DISTINCT FROM %(expected_next_ms)s::bigint
-                     ELSE false END) AS decision_ok,
-           (%(keep_claim)s::boolean AND %(kind)s IN ('fire', 'initialize')
-            AND %(next_fire_at_ms)s::bigint <= clock.now_ms) AS keep_claim
-    FROM qinglong.trigger_schedules s
-    CROSS JOIN clock
-    JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
-    JOIN qinglong.projects p ON p.project_id = t.project_id
-    JOIN qinglong.tasks k ON k.project_id = t.project_id AND k.task_id = t.task_id
-    LEFT JOIN qinglong.task_revisions tr
-      ON tr.project_id = k.project_id AND tr.task_id = k.task_id AND tr.task_revision = k.task_revision
-    LEFT JOIN qinglong.execution_revisions e
-      ON e.project_id = k.project_id AND e.task_id = k.task_id AND e.task_revision = k.task_revision
-     AND e.executor = 'remote_worker'
-    WHERE s.trigger_id = %(trigger_id)s
-    FOR UPDATE OF s
-),
-advanced AS (
-    UPDATE qinglong.trigger_schedules s
-    SET next_fire_at_ms = %(next_fire_at_ms)s::bigint,
-        last_scheduled_at_ms = coalesce(%(scheduled_for_ms)s::bigint, s.last_scheduled_at_ms),
-        state_version = s.state_version + 1,
-        claim_owner = CASE WHEN c.keep_claim THEN s.claim_owner END,
-        claim_token = CASE WHEN c.keep_claim THEN s.claim_token END,
-        claim_expires_at_ms = CASE WHEN c.keep_claim THEN s.claim_expires_at_ms END,
-        updated_at_ms = clock.now_ms
-    FROM checked c, clock
-    WHERE s.trigger_id = c.trigger_id
-      AND c.project_ok AND c.trigger_ok AND c.task_ok AND c.execution_ok AND c.schedule_ok
-      AND c.fence_ok AND c.decision_ok
-      -- the whole fence again, on the row being written
-      AND s.claim_owner = %(owner)s AND s.claim_token = %(token)s::uuid
-      AND s.claim_version = %(claim_version)s AND s.claim_expires_at_ms > clock.now_ms
-    RETURNING s.trigger_id, s.project_id, clock.now_ms AS now_ms, c.keep_claim AS kept
-),
-run AS (
-    INSERT INTO qinglong.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
-                               task_revision, executor, execution_digest, scheduled_for_ms,
-                               admitted_at_ms, queued_at_ms, state, owned_by, cancelled,
-                               idempotency_key, admitted_by)
-    SELECT %(run_id)s::uuid, a.project_id, a.trigger_id, %(trigger_revision)s, %(task_id)s,
-           %(task_revision)s, 'remote_worker', c.execution_digest, %(scheduled_for_ms)s::bigint,
-           a.now_ms, a.now_ms, 'queued', 'runtime', false, %(idempotency_key)s, %(owner)s
-    FROM advanced a CROSS JOIN checked c
-    WHERE %(scheduled_for_ms)s::bigint IS NOT NULL
-    RETURNING run_id, admitted_at_ms
-),
-attempt AS (
-    INSERT INTO qinglong.attempts (attempt_id, run_id, attempt_no, state, executor, created_at_ms)
-    SELECT %(attempt_id)s::uuid, r.run_id, 1, 'claimed', 'remote_worker', r.admitted_at_ms
-    FROM run r
-    RETURNING attempt_id
-),
-events AS (
-    INSERT INTO qinglong.run_events (event_id, run_id, seq, event_type, at_ms)
-    SELECT gen_random_uuid(), r.run_id, ev.seq, ev.event_type, r.admitted_at_ms
-    FROM run r CROSS JOIN (VALUES (1, 'run.created'), (2, 'run.queued')) AS ev (seq, event_type)
-    RETURNING event_id
-),
-skip AS (
-    INSERT INTO qinglong.schedule_skips (skip_id, project_id, trigger_id, trigger_revision, policy,
-                                         first_skipped_ms, last_skipped_ms, skipped_count,
-                                         count_exact, recorded_at_ms)
-    SELECT gen_random_uuid(), a.project_id, a.trigger_id, %(trigger_revision)s, %(policy)s,
-           %(skip_first_ms)s::bigint, %(skip_last_ms)s::bigint, %(skip_count)s::bigint,
-           %(skip_count_exact)s::boolean, a.now_ms
-    FROM advanced a
-    WHERE %(skip_first_ms)s::bigint IS NOT NULL
-    RETURNING skip_id
-),
-tally AS (
-    SELECT (SELECT count(*) FROM advanced) AS advanced_rows,
-           (SELECT count(*) FROM run) AS run_rows,
-           (SELECT count(*) FROM attempt) AS attempt_rows,
-           (SELECT count(*) FROM events) AS event_rows,
-           (SELECT count(*) FROM skip) AS skip_rows
-)
-SELECT c.project_ok, c.trigger_ok, c.task_ok, c.execution_ok, c.schedule_ok, c.fence_ok,
-       c.decision_ok, (c.trigger_id IS NOT NULL) AS schedule_found, clock.now_ms,
-       tally.advanced_rows, tally.run_rows,
-       -- the guard: an advanced cursor must come with exactly the rows the decision implies
-       CASE WHEN tally.advanced_rows = 0
-              OR (tally.run_rows = CASE WHEN %(scheduled_for_ms)s::bigint IS NULL THEN 0 ELSE 1 END
-                  AND tally.attempt_rows = tally.run_rows
-                  AND tally.event_rows = 2 * tally.run_rows
-                  AND tally.skip_rows = CASE WHEN %(skip_first_ms)s::bigint IS NULL THEN 0 ELSE 1 END)
-            THEN true
-            ELSE ('admission incomplete: runs=' || tally.run_rows || ' attempts=' || tally.attempt_rows
-                  || ' events=' || tally.event_rows || ' skips=' || tally.skip_rows)::boolean
-       END AS complete,
-       coalesce((SELECT kept FROM advanced), false) AS claim_kept,
-       c.task_moved, c.task_revision_found
-FROM clock CROSS JOIN tally LEFT JOIN checked c ON true
+-- Admission of a page of claimed schedules. The checks of one row against its schedule row are
+-- fragments (below), so the two UPDATEs that advance a row and the read that explains a refusal
+-- run the same text. `s` is the schedule row, `arg` the row's arguments, `clock` the statement's
+-- clock.
+
+-- fragment: schedule_ok
+-- The schedule is still at the revision, state version and cursor the claim read.
+s.trigger_revision = arg.trigger_revision AND s.state_version = arg.state_version
+AND s.next_fire_at_ms IS NOT DISTINCT FROM arg.expected_next_ms
+
+-- fragment: fence_ok
+-- The whole claim fence: owner, token, claim version, and a claim unexpired at the clock.
+s.claim_owner = arg.owner AND s.claim_token = arg.token
+AND s.claim_version = arg.claim_version AND s.claim_expires_at_ms > clock.now_ms
+
+-- fragment: decision_ok
+-- The decision fits the row: observed at the claim's acquisition, and its kind's times.
+arg.observed_at_ms = s.updated_at_ms AND arg.observed_at_ms <= clock.now_ms
+AND CASE WHEN arg.kind = 'fire'
+         THEN arg.scheduled_for_ms = arg.expected_next_ms
+              AND arg.scheduled_for_ms <= arg.observed_at_ms
+              AND arg.next_fire_at_ms > arg.scheduled_for_ms
+         WHEN arg.kind = 'misfire_fire_once'
+         THEN arg.scheduled_for_ms >= arg.expected_next_ms
+              AND arg.scheduled_for_ms <= arg.observed_at_ms
+              AND arg.next_fire_at_ms > arg.observed_at_ms
+         WHEN arg.kind = 'initialize'
+         THEN arg.scheduled_for_ms IS NULL
+              AND arg.next_fire_at_ms
+                  > least(coalesce(s.published_at_ms, arg.observed_at_ms), arg.observed_at_ms)
+         WHEN arg.kind = 'misfire_skip'
+         THEN arg.scheduled_for_ms IS NULL
+              AND arg.next_fire_at_ms > arg.observed_at_ms
+         WHEN arg.kind = 'release'
+         THEN arg.scheduled_for_ms IS NULL
+              AND arg.next_fire_at_ms IS NOT DISTINCT FROM arg.expected_next_ms
+         ELSE false END
+
+-- fragment: advance_checks
+-- Every check a row must pass to advance: the revisions and digests (`checked`), then the
+-- schedule, the fence and the decision on the row being written.
+arg.project_ok AND arg.trigger_ok AND arg.task_ok AND arg.execution_ok
+AND {{schedule_ok}}
+AND {{fence_ok}}
+AND {{decision_ok}}
+
+-- fragment: advance_cursor
+-- The cursor moves on and the state version with it; the claim is cleared unless it is kept.
+next_fire_at_ms = arg.next_fire_at_ms,
+last_scheduled_at_ms = coalesce(arg.scheduled_for_ms, s.last_scheduled_at_ms),
+state_version = s.state_version + 1,
+claim_owner = CASE WHEN arg.keep_claim THEN s.claim_owner END,
+claim_token = CASE WHEN arg.keep_claim THEN s.claim_token END,
+claim_expires_at_ms = CASE WHEN arg.keep_claim THEN s.claim_expires_at_ms END,
+updated_at_ms = clock.now_ms
 
 -- name: admit_page
--- Commits the decisions of a page of claimed schedules in one statement run inside one
--- SERIALIZABLE transaction: the per-row form of admit_occurrence above, for every row of the
--- page at once. The page arrives as parallel arrays (one element per row, row i of each array
--- belongs together, numbered by `ord`); each row is checked under its own whole fence and its own
--- decision exactly as admit_occurrence checks one, the rows that pass advance their cursors and
--- get their Run, Attempt, run.created and run.queued and skip record, and a row that fails a
--- check writes nothing and is reported by its flags. A failed write (constraint, guard) fails the
--- statement and so the whole page: never a partial occurrence. The result is ONE row: the clock,
--- the guard, and the per-row flags as a JSON array in `ord` order, so the message's final
--- CommandComplete is "SELECT 1" whatever the page size.
--- The schedule rows are read by the UPDATE itself, each checked (its revision, state, cursor,
--- whole fence and the decision's part that depends on it) and written in one step, in key order
--- (`checked` is ordered): PostgreSQL drops a transaction's SIRead lock on a tuple once it writes
--- that tuple, so each row's read lock lives only until its own write. Reading all the page's rows
--- first (a locking SELECT, then the UPDATE) held them all at once: a page's rows lie a few to a
--- heap page, beyond max_pred_locks_per_page (2) the tuple locks became page locks, and beyond the
--- per-relation bound (32 page locks) one lock on the whole of trigger_schedules, which every
--- other replica's admission then conflicted with (measured: 2 to 8 pages failed per 5,000-row
--- burst, each of up to 256 rows). The rows are located by the claim's ctid (`advanced_at`), not
--- through trigger_schedules_pkey, whose leaf pages neighbouring pages share and whose page-level
--- SIRead locks still failed 0 to 3 pages a burst; with both, 0 were measured. Only the rows that
--- did not advance are read again (`flags`, the same snapshot) to say why.
+-- Commits a page of claimed schedules' decisions in one statement (one SERIALIZABLE transaction),
+-- the page as parallel arrays numbered `ord`: a row passing every check advances its cursor and
+-- gets its Run, Attempt, two events and skip record; a failing row writes nothing and is reported
+-- by its flags; a failed write fails the page. ONE result row (clock, guard, per-row flags as JSON)
+-- so the message's last tag is "SELECT 1". Each schedule row is checked by the UPDATE that writes
+-- it: read first, a page's SIRead locks grew to relation locks (2-8 failed pages a 5,000-row burst).
 WITH clock AS MATERIALIZED (
     SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 ),
@@ -231,88 +117,25 @@ checked AS MATERIALIZED (
      AND e.executor = 'remote_worker'
     ORDER BY t.trigger_id
 ),
--- each schedule row located by where the claim left it (a TID scan: no index read, so none of
--- the SIRead locks on shared index pages that neighbouring pages conflicted on) ...
+-- each row located by the claim's ctid (a TID scan: index-page SIRead locks still failed 0-3
+-- pages a burst), ...
 advanced_at AS (
     UPDATE qinglong.trigger_schedules s
-    SET next_fire_at_ms = c.next_fire_at_ms,
-        last_scheduled_at_ms = coalesce(c.scheduled_for_ms, s.last_scheduled_at_ms),
-        state_version = s.state_version + 1,
-        claim_owner = CASE WHEN c.keep_claim THEN s.claim_owner END,
-        claim_token = CASE WHEN c.keep_claim THEN s.claim_token END,
-        claim_expires_at_ms = CASE WHEN c.keep_claim THEN s.claim_expires_at_ms END,
-        updated_at_ms = clock.now_ms
-    FROM checked c, clock
-    WHERE s.ctid = c.row_tid AND s.trigger_id = c.trigger_id
-      AND c.project_ok AND c.trigger_ok AND c.task_ok AND c.execution_ok
-      -- schedule_ok, fence_ok and decision_ok of `flags` below, on the row being written
-      AND s.trigger_revision = c.trigger_revision AND s.state_version = c.state_version
-      AND s.next_fire_at_ms IS NOT DISTINCT FROM c.expected_next_ms
-      AND s.claim_owner = c.owner AND s.claim_token = c.token
-      AND s.claim_version = c.claim_version AND s.claim_expires_at_ms > clock.now_ms
-      AND c.observed_at_ms = s.updated_at_ms AND c.observed_at_ms <= clock.now_ms
-      AND CASE WHEN c.kind = 'fire'
-               THEN c.scheduled_for_ms = c.expected_next_ms
-                    AND c.scheduled_for_ms <= c.observed_at_ms
-                    AND c.next_fire_at_ms > c.scheduled_for_ms
-               WHEN c.kind = 'misfire_fire_once'
-               THEN c.scheduled_for_ms >= c.expected_next_ms
-                    AND c.scheduled_for_ms <= c.observed_at_ms
-                    AND c.next_fire_at_ms > c.observed_at_ms
-               WHEN c.kind = 'initialize'
-               THEN c.scheduled_for_ms IS NULL
-                    AND c.next_fire_at_ms
-                        > least(coalesce(s.published_at_ms, c.observed_at_ms), c.observed_at_ms)
-               WHEN c.kind = 'misfire_skip'
-               THEN c.scheduled_for_ms IS NULL
-                    AND c.next_fire_at_ms > c.observed_at_ms
-               WHEN c.kind = 'release'
-               THEN c.scheduled_for_ms IS NULL
-                    AND c.next_fire_at_ms IS NOT DISTINCT FROM c.expected_next_ms
-               ELSE false END
-    RETURNING c.ord, s.trigger_id, s.project_id, clock.now_ms AS now_ms, c.keep_claim AS kept,
+    SET {{advance_cursor}}
+    FROM checked arg, clock
+    WHERE s.ctid = arg.row_tid AND s.trigger_id = arg.trigger_id
+      AND {{advance_checks}}
+    RETURNING arg.ord, s.trigger_id, s.project_id, clock.now_ms AS now_ms, arg.keep_claim AS kept,
               s.ctid::text AS row_tid
 ),
--- ... and by key only for a row that is no longer there (it changed since the claim, or the
--- table was rewritten): the same checks, so it advances only if it still passes them
+-- ... and by key only for a row no longer there (changed since the claim, or the table rewritten)
 advanced_by_key AS (
     UPDATE qinglong.trigger_schedules s
-    SET next_fire_at_ms = c.next_fire_at_ms,
-        last_scheduled_at_ms = coalesce(c.scheduled_for_ms, s.last_scheduled_at_ms),
-        state_version = s.state_version + 1,
-        claim_owner = CASE WHEN c.keep_claim THEN s.claim_owner END,
-        claim_token = CASE WHEN c.keep_claim THEN s.claim_token END,
-        claim_expires_at_ms = CASE WHEN c.keep_claim THEN s.claim_expires_at_ms END,
-        updated_at_ms = clock.now_ms
-    FROM checked c, clock
-    WHERE s.trigger_id = c.trigger_id AND c.ord NOT IN (SELECT t.ord FROM advanced_at t)
-      AND c.project_ok AND c.trigger_ok AND c.task_ok AND c.execution_ok
-      -- schedule_ok, fence_ok and decision_ok of `flags` below, on the row being written
-      AND s.trigger_revision = c.trigger_revision AND s.state_version = c.state_version
-      AND s.next_fire_at_ms IS NOT DISTINCT FROM c.expected_next_ms
-      AND s.claim_owner = c.owner AND s.claim_token = c.token
-      AND s.claim_version = c.claim_version AND s.claim_expires_at_ms > clock.now_ms
-      AND c.observed_at_ms = s.updated_at_ms AND c.observed_at_ms <= clock.now_ms
-      AND CASE WHEN c.kind = 'fire'
-               THEN c.scheduled_for_ms = c.expected_next_ms
-                    AND c.scheduled_for_ms <= c.observed_at_ms
-                    AND c.next_fire_at_ms > c.scheduled_for_ms
-               WHEN c.kind = 'misfire_fire_once'
-               THEN c.scheduled_for_ms >= c.expected_next_ms
-                    AND c.scheduled_for_ms <= c.observed_at_ms
-                    AND c.next_fire_at_ms > c.observed_at_ms
-               WHEN c.kind = 'initialize'
-               THEN c.scheduled_for_ms IS NULL
-                    AND c.next_fire_at_ms
-                        > least(coalesce(s.published_at_ms, c.observed_at_ms), c.observed_at_ms)
-               WHEN c.kind = 'misfire_skip'
-               THEN c.scheduled_for_ms IS NULL
-                    AND c.next_fire_at_ms > c.observed_at_ms
-               WHEN c.kind = 'release'
-               THEN c.scheduled_for_ms IS NULL
-                    AND c.next_fire_at_ms IS NOT DISTINCT FROM c.expected_next_ms
-               ELSE false END
-    RETURNING c.ord, s.trigger_id, s.project_id, clock.now_ms AS now_ms, c.keep_claim AS kept,
+    SET {{advance_cursor}}
+    FROM checked arg, clock
+    WHERE s.trigger_id = arg.trigger_id AND arg.ord NOT IN (SELECT t.ord FROM advanced_at t)
+      AND {{advance_checks}}
+    RETURNING arg.ord, s.trigger_id, s.project_id, clock.now_ms AS now_ms, arg.keep_claim AS kept,
               s.ctid::text AS row_tid
 ),
 advanced AS (
@@ -366,40 +189,18 @@ tally AS (
            (SELECT count(*) FROM skip) AS skip_rows
 ),
 flags AS (
-    -- why a row did not advance, read from the schedule only for those rows (the statement's
-    -- snapshot, as the update saw it); an advanced row passed every check
-    SELECT i.ord,
+    -- why a row did not advance, read only for those rows (the statement's snapshot)
+    SELECT arg.ord,
            (c.ord IS NOT NULL AND s.trigger_id IS NOT NULL) AS schedule_found,
-           (s.trigger_revision = i.trigger_revision AND s.state_version = i.state_version
-            AND s.next_fire_at_ms IS NOT DISTINCT FROM i.expected_next_ms) AS schedule_ok,
-           (s.claim_owner IS NOT DISTINCT FROM i.owner AND s.claim_token IS NOT DISTINCT FROM i.token
-            AND s.claim_version = i.claim_version AND s.claim_expires_at_ms > clock.now_ms) AS fence_ok,
-           (i.observed_at_ms = s.updated_at_ms AND i.observed_at_ms <= clock.now_ms
-            AND CASE WHEN i.kind = 'fire'
-                     THEN i.scheduled_for_ms = i.expected_next_ms
-                          AND i.scheduled_for_ms <= i.observed_at_ms
-                          AND i.next_fire_at_ms > i.scheduled_for_ms
-                     WHEN i.kind = 'misfire_fire_once'
-                     THEN i.scheduled_for_ms >= i.expected_next_ms
-                          AND i.scheduled_for_ms <= i.observed_at_ms
-                          AND i.next_fire_at_ms > i.observed_at_ms
-                     WHEN i.kind = 'initialize'
-                     THEN i.scheduled_for_ms IS NULL
-                          AND i.next_fire_at_ms
-                              > least(coalesce(s.published_at_ms, i.observed_at_ms), i.observed_at_ms)
-                     WHEN i.kind = 'misfire_skip'
-                     THEN i.scheduled_for_ms IS NULL
-                          AND i.next_fire_at_ms > i.observed_at_ms
-                     WHEN i.kind = 'release'
-                     THEN i.scheduled_for_ms IS NULL
-                          AND i.next_fire_at_ms IS NOT DISTINCT FROM i.expected_next_ms
-                     ELSE false END) AS decision_ok
-    FROM input i
+           ({{schedule_ok}}) AS schedule_ok,
+           ({{fence_ok}}) AS fence_ok,
+           ({{decision_ok}}) AS decision_ok
+    FROM input arg
     CROSS JOIN clock
-    LEFT JOIN checked c ON c.ord = i.ord
-    LEFT JOIN qinglong.trigger_schedules s ON s.trigger_id = i.trigger_id
+    LEFT JOIN checked c ON c.ord = arg.ord
+    LEFT JOIN qinglong.trigger_schedules s ON s.trigger_id = arg.trigger_id
     -- a hashed subplan: an anti-join is planned, generically, as a nested loop over both
-    WHERE i.ord NOT IN (SELECT a.ord FROM advanced a)
+    WHERE arg.ord NOT IN (SELECT a.ord FROM advanced a)
 ),
 per_row AS (
     SELECT i.ord, c.project_ok, c.trigger_ok, c.task_ok, c.execution_ok,

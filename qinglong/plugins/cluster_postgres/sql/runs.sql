@@ -1,7 +1,7 @@
 -- The control plane's side of the cluster's Runs, as the runtime role: reading and cancelling
 -- them for the operator's commands (`runs`, `runs show`, `runs cancel`, `logs`: short read-only
 -- statements, each one snapshot), and the replicas' expiry and log retention. Every change goes
--- through a control-plane function (qinglong.request_cancel, expire_attempts,
+-- through a control-plane function (qinglong.request_cancel, expire_attempt,
 -- prune_attempt_logs): the role never UPDATEs or DELETEs runs, attempts or logs itself.
 
 -- name: control_list_runs
@@ -68,11 +68,54 @@ SELECT offset_bytes, data
    AND offset_bytes + length(data) > %(offset)s::bigint
  ORDER BY offset_bytes
 
--- name: control_expire_attempts
--- One bounded, leaderless expiry page (SKIP LOCKED inside the function, database time): what
--- it did to each Attempt ('requeued', 'lost', 'timed_out'), at most %(limit)s rows.
-SELECT attempt_id::text AS attempt_id, run_id::text AS run_id, action
-  FROM qinglong.expire_attempts(%(limit)s::integer)
+-- name: control_expired_attempts
+-- The Attempts expiry must end now, at most %(limit)s (a plain read: expire_attempt re-checks
+-- each under its row locks): expired leases first, then running Attempts whose deadline is past
+-- by their session's lease; with what the decision needs (the pinned spec as JSON text, NULL
+-- when the revision has none) and the database clock.
+WITH clock AS MATERIALIZED (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+),
+lease AS (
+    SELECT a.attempt_id, 0 AS rank, a.lease_expires_at_ms AS due_ms
+    FROM qinglong.attempts a CROSS JOIN clock
+    WHERE a.state IN ('dispatching', 'running') AND a.lease_expires_at_ms <= clock.now_ms
+    ORDER BY a.lease_expires_at_ms
+    LIMIT %(limit)s
+),
+deadline AS (
+    SELECT a.attempt_id, 1 AS rank, a.deadline_ms AS due_ms
+    FROM qinglong.attempts a CROSS JOIN clock
+    LEFT JOIN qinglong.worker_sessions w ON w.worker_id = a.worker_id
+    WHERE a.state = 'running' AND a.lease_expires_at_ms > clock.now_ms
+      AND a.deadline_ms + coalesce(w.lease_ms, 600000::bigint) <= clock.now_ms
+    ORDER BY a.deadline_ms
+    LIMIT %(limit)s
+),
+picked AS (
+    SELECT * FROM lease UNION ALL SELECT * FROM deadline
+    ORDER BY rank, due_ms
+    LIMIT %(limit)s
+)
+SELECT a.attempt_id::text AS attempt_id, a.run_id::text AS run_id, a.attempt_no, a.state,
+       a.lease_version, a.worker_id, a.session_generation, a.cancel_reason,
+       CASE WHEN p.rank = 0 THEN 'lease' ELSE 'deadline' END AS expired,
+       (e.spec_json::jsonb -> 'execution')::text AS spec, clock.now_ms
+FROM picked p
+CROSS JOIN clock
+JOIN qinglong.attempts a ON a.attempt_id = p.attempt_id
+JOIN qinglong.runs r ON r.run_id = a.run_id
+LEFT JOIN qinglong.execution_revisions e
+  ON e.project_id = r.project_id AND e.task_id = r.task_id AND e.task_revision = r.task_revision
+ AND e.executor = r.executor
+ORDER BY p.rank, p.due_ms
+
+-- name: control_expire_attempt
+-- Apply the control plane's decision for one expired Attempt under its fence and state (see
+-- qinglong.expire_attempt): the action applied, or NULL when the Attempt moved on.
+SELECT qinglong.expire_attempt(%(attempt_id)s::uuid, %(lease_version)s::bigint, %(action)s::text,
+                               %(reason)s::text, %(next_attempt_no)s::integer,
+                               %(retry_after_ms)s::bigint, %(stop_words)s::text) AS action
 
 -- name: control_prune_logs
 -- Delete up to %(limit)s shipped log chunks of Attempts that ended more than %(retention_ms)s
