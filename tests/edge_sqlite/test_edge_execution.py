@@ -228,7 +228,8 @@ async def test_a_stored_spec_that_is_invalid_is_offered_with_the_reason(db_path,
         conn = sqlite3.connect(db_path, isolation_level=None)
         try:
             conn.execute("BEGIN")
-            conn.execute("INSERT INTO tasks VALUES ('p1', 't1', 1, ?, ?, 1)", (payload, digest))
+            conn.execute("INSERT INTO tasks (project_id, task_id, task_revision, payload_json, content_digest,"
+                         " updated_at_ms) VALUES ('p1', 't1', 1, ?, ?, 1)", (payload, digest))
             conn.execute("INSERT INTO task_revisions VALUES ('p1', 't1', 1, ?, ?, 1)", (payload, digest))
             conn.execute("COMMIT")
         finally:
