@@ -94,6 +94,11 @@ class PgServer:
     base: Path
     port: int = field(default_factory=free_port)
     host: str = "127.0.0.1"
+    #: ``fsync = off`` (the suite's servers: nothing of a test outlives a crash of the machine);
+    #: False keeps PostgreSQL's shipped ``fsync = on``, as production runs it (the benchmarks)
+    fsync_off: bool = True
+    #: more postgresql.conf lines (a benchmark's pg_stat_statements, say)
+    extra_conf: str = ""
 
     @property
     def datadir(self) -> Path:
@@ -135,7 +140,8 @@ class PgServer:
         with (self.datadir / "postgresql.conf").open("a") as conf:
             conf.write(
                 "\n# test server settings\n"
-                "fsync = off\n"
+                + ("fsync = off\n" if self.fsync_off else "")
+                + 
                 "full_page_writes = on\n"
                 "synchronous_commit = on\n"
                 "wal_level = replica\n"
@@ -148,6 +154,7 @@ class PgServer:
                 # a whole admission message in pg_stat_activity.query (not its first 1 KiB), so a
                 # test can tell the message it holds from the ones before it
                 "track_activity_query_size = 65536\n"
+                + self.extra_conf
             )
         self._chown(self.datadir / "pg_hba.conf")
 
@@ -218,11 +225,13 @@ class PgServer:
             return int(conn.execute("SHOW server_version_num").fetchone()[0])
 
 
-def start_server(label: str) -> PgServer:
-    """Initialise and start a fresh server of build ``label`` in a new private directory."""
+def start_server(label: str, *, fsync_off: bool = True, extra_conf: str = "") -> PgServer:
+    """Initialise and start a fresh server of build ``label`` in a new private directory
+    (``fsync_off`` False: PostgreSQL's shipped ``fsync = on``)."""
     bin_dir, os_user = server_build(label)
     base = Path(tempfile.mkdtemp(prefix=f"ql-{label}-", dir="/tmp"))
-    server = PgServer(label=label, bin_dir=bin_dir, os_user=os_user, base=base)
+    server = PgServer(label=label, bin_dir=bin_dir, os_user=os_user, base=base, fsync_off=fsync_off,
+                      extra_conf=extra_conf)
     try:
         server.start()
     except BaseException:

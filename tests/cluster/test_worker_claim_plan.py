@@ -52,10 +52,11 @@ def _bulk_admit(db, task_id: str, n: int, offset_ms: int) -> None:
         {"task": task_id, "n": n, "offset": offset_ms})
 
 
-def _explained_claim(db, worker: Worker, want: int) -> tuple[list, list[dict]]:
+def _explained_claim(db, worker: Worker, want: int, plan_mode: str) -> tuple[list, list[dict]]:
     """``worker_claim`` of ``want`` Attempts for ``worker``'s session, run by the superuser with
-    auto_explain reporting every statement's plan (ANALYZE, BUFFERS) to this session; the rows
-    it returned and the plans."""
+    auto_explain reporting every statement's plan (ANALYZE, BUFFERS) to this session, the
+    function's statements planned as ``plan_mode`` says (``force_generic_plan``: the plans a
+    worker's session keeps after its fifth call); the rows it returned and the plans."""
     plans: list[dict] = []
 
     def notice(diag) -> None:
@@ -68,7 +69,8 @@ def _explained_claim(db, worker: Worker, want: int) -> tuple[list, list[dict]]:
         for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
                         "SET auto_explain.log_analyze = on", "SET auto_explain.log_buffers = on",
                         "SET auto_explain.log_nested_statements = on",
-                        "SET auto_explain.log_format = json", "SET client_min_messages = log"):
+                        "SET auto_explain.log_format = json", f"SET plan_cache_mode = {plan_mode}",
+                        "SET client_min_messages = log"):
             conn.execute(setting)
         rows = conn.execute(
             "SELECT run_id::text, task_id FROM qinglong.worker_claim(%s, %s::uuid, %s, %s::bytea[])",
@@ -116,27 +118,27 @@ def test_a_claim_reads_a_bounded_number_of_rows_at_ten_thousand_queued_runs(clus
     _bulk_admit(cluster, "free", FREE, offset_ms=1_000_000)
     cluster.sql("VACUUM ANALYZE qinglong.runs")
     cluster.sql("VACUUM ANALYZE qinglong.attempts")
-    plain = Worker(cluster, "plain", capacity=4)
-
-    rows, plans = _explained_claim(cluster, plain, 4)
-
-    # the four earliest Runs this worker may take, past 4,000 earlier ones it may not
-    assert [task for _, task in rows] == ["free"] * 4, rows
+    plain = Worker(cluster, "plain", capacity=8)
     earliest = [r[0] for r in cluster.sql(
         "SELECT run_id::text FROM qinglong.runs WHERE task_id = 'free' "
-        "ORDER BY scheduled_for_ms, admitted_at_ms, run_id LIMIT 4")]
-    assert sorted(r for r, _ in rows) == sorted(earliest)
-    scans = _runs_scans(plans)
-    assert scans, f"no statement read qinglong.runs: {len(plans)} plans"
-    walked = [n for n in scans if n["Node Type"] == "Seq Scan"]
-    assert not walked, f"a sequential scan of runs: {walked}"
-    read = sum(_rows(n) for n in scans)
-    assert read <= MAX_RUNS_ROWS, (
-        f"the claim read {read} rows of runs at {FREE + LABELLED + WAITING} waiting: "
-        + json.dumps([{k: n.get(k) for k in ('Index Name', 'Index Cond', 'Filter', 'Actual Rows',
-                                              'Actual Loops', 'Rows Removed by Filter')}
-                      for n in scans], indent=1)[:4000])
-    assert _buffers(plans) <= MAX_BUFFERS, f"the claim touched {_buffers(plans)} buffers"
-    # the waiting Runs are reached by an index condition: a label set, a task
-    conditions = " ".join(str(n.get("Index Cond", "")) for n in scans)
-    assert "required_labels" in conditions and "task_id" in conditions, conditions
+        "ORDER BY scheduled_for_ms, admitted_at_ms, run_id LIMIT 8")]
+
+    for mode, expected in (("force_generic_plan", earliest[:4]), ("force_custom_plan", earliest[4:])):
+        rows, plans = _explained_claim(cluster, plain, 4, mode)
+        # the four earliest Runs this worker may take, past 4,000 earlier ones it may not
+        assert [task for _, task in rows] == ["free"] * 4, (mode, rows)
+        assert sorted(r for r, _ in rows) == sorted(expected), mode
+        scans = _runs_scans(plans)
+        assert scans, f"{mode}: no statement read qinglong.runs: {len(plans)} plans"
+        walked = [n for n in scans if n["Node Type"] == "Seq Scan"]
+        assert not walked, f"{mode}: a sequential scan of runs: {walked}"
+        read = sum(_rows(n) for n in scans)
+        assert read <= MAX_RUNS_ROWS, (
+            f"{mode}: the claim read {read} rows of runs at {FREE + LABELLED + WAITING} waiting: "
+            + json.dumps([{k: n.get(k) for k in ('Index Name', 'Index Cond', 'Filter', 'Actual Rows',
+                                                  'Actual Loops', 'Rows Removed by Filter')}
+                          for n in scans], indent=1)[:4000])
+        assert _buffers(plans) <= MAX_BUFFERS, f"{mode}: the claim touched {_buffers(plans)} buffers"
+        # the waiting Runs are reached by an index condition: a label set, a task
+        conditions = " ".join(str(n.get("Index Cond", "")) for n in scans)
+        assert "required_labels" in conditions and "task_id" in conditions, (mode, conditions)

@@ -163,8 +163,10 @@ END $$;
 -- Runs (a gated start is decided in order within its task: what lies behind a Run that must wait
 -- waits too); each range yields at most the window (what the claim wants, twice, plus room for
 -- the rows other claims hold right now), read in index order through the index, so a claim reads
--- about (label sets + gated tasks) x window rows at any backlog. Every candidate is then handled
--- as before: its spec read (a Run whose spec cannot run fails here), its task's start decided
+-- about (label sets + gated tasks) x window rows at any backlog (a Run waiting for a retry that
+-- is not due yet takes a place in its window). The ranges read runs alone: a join with attempts
+-- planned generically (the plan a session keeps after five calls) could hash all of them. Every
+-- candidate is then handled as before: its waiting Attempt found by the Run, its spec read (a Run whose spec cannot run fails here), its task's start decided
 -- under the task's row lock, the Run and Attempt locked SKIP LOCKED and leased.
 CREATE OR REPLACE FUNCTION qinglong.worker_claim(p_worker_id text, p_session_id uuid, p_generation bigint,
                                       p_tokens bytea[])
@@ -183,6 +185,7 @@ DECLARE
     v_problem text;
     v_decision record;
     v_waiting text[] := '{}';
+    v_attempt_id uuid;
 BEGIN
     s := qinglong._session(p_worker_id, p_session_id, p_generation, v_now, true);
     IF pg_catalog.current_setting('transaction_isolation') = 'repeatable read' THEN
@@ -231,34 +234,34 @@ BEGIN
         candidates AS (
             SELECT f.* FROM label_sets l
             CROSS JOIN LATERAL (
-                SELECT r.run_id, a.attempt_id, r.project_id, r.task_id, r.scheduled_for_ms, r.admitted_at_ms
+                SELECT r.run_id, r.project_id, r.task_id, r.scheduled_for_ms, r.admitted_at_ms
                 FROM qinglong.runs r
-                JOIN qinglong.attempts a ON a.run_id = r.run_id AND a.state = 'claimed'
                 WHERE r.state IN ('queued', 'retry_wait') AND NOT r.start_gated
                   AND r.required_labels = l.labels
-                  AND coalesce(a.not_before_ms, 0::bigint) <= v_now
                 ORDER BY r.scheduled_for_ms, r.admitted_at_ms, r.run_id
                 LIMIT v_window) AS f
             WHERE l.labels IS NOT NULL AND l.labels <@ s.labels
             UNION ALL
             SELECT t.* FROM gated_tasks g
             CROSS JOIN LATERAL (
-                SELECT r.run_id, a.attempt_id, r.project_id, r.task_id, r.scheduled_for_ms, r.admitted_at_ms
+                SELECT r.run_id, r.project_id, r.task_id, r.scheduled_for_ms, r.admitted_at_ms
                 FROM qinglong.runs r
-                JOIN qinglong.attempts a ON a.run_id = r.run_id AND a.state = 'claimed'
                 WHERE r.state IN ('queued', 'retry_wait') AND r.start_gated
                   AND r.project_id = g.project_id AND r.task_id = g.task_id
                   AND r.required_labels <@ s.labels
-                  AND coalesce(a.not_before_ms, 0::bigint) <= v_now
                 ORDER BY r.start_gated, r.project_id, r.task_id, r.scheduled_for_ms, r.admitted_at_ms, r.run_id
                 LIMIT v_window) AS t
         )
-        SELECT x.run_id, x.attempt_id, x.project_id, x.task_id, x.scheduled_for_ms, x.admitted_at_ms
+        SELECT x.run_id, x.project_id, x.task_id, x.scheduled_for_ms, x.admitted_at_ms
         FROM candidates x
         ORDER BY x.scheduled_for_ms, x.admitted_at_ms, x.run_id
     LOOP
         EXIT WHEN v_taken >= v_want;
         CONTINUE WHEN (c.project_id || '/' || c.task_id) = ANY (v_waiting);
+        -- its waiting Attempt, looked up by the Run (one index probe): a retry not due yet waits
+        SELECT a.attempt_id INTO v_attempt_id FROM qinglong.attempts a
+        WHERE a.run_id = c.run_id AND a.state = 'claimed' AND coalesce(a.not_before_ms, 0::bigint) <= v_now;
+        CONTINUE WHEN NOT FOUND;
         v_spec := qinglong._run_spec(c.run_id);
         v_problem := qinglong._spec_problem(v_spec);
         IF v_problem IS NULL THEN
@@ -285,7 +288,7 @@ BEGIN
         END IF;
         -- lock the candidate; another claim or a cancel holding it wins
         PERFORM 1 FROM qinglong.runs r JOIN qinglong.attempts a ON a.run_id = r.run_id
-        WHERE r.run_id = c.run_id AND a.attempt_id = c.attempt_id AND a.state = 'claimed'
+        WHERE r.run_id = c.run_id AND a.attempt_id = v_attempt_id AND a.state = 'claimed'
           AND r.state IN ('queued', 'retry_wait') AND coalesce(a.not_before_ms, 0::bigint) <= v_now
         FOR UPDATE OF r, a SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
@@ -295,15 +298,15 @@ BEGIN
                    worker_id = p_worker_id, session_id = s.session_id, session_generation = s.generation,
                    lease_version = a.lease_version + 1, lease_token_hash = pg_catalog.sha256(p_tokens[1]),
                    lease_expires_at_ms = s.lease_expires_at_ms
-            WHERE a.attempt_id = c.attempt_id;
+            WHERE a.attempt_id = v_attempt_id;
             UPDATE qinglong.runs r SET state = 'dispatching' WHERE r.run_id = c.run_id;
             PERFORM qinglong._event(c.run_id, 'run.dispatching', v_now);
-            PERFORM qinglong._finish_attempt(c.attempt_id, 'failed', NULL, NULL, NULL, NULL, v_problem,
+            PERFORM qinglong._finish_attempt(v_attempt_id, 'failed', NULL, NULL, NULL, NULL, v_problem,
                                              false, v_now);
             CONTINUE;
         ELSIF v_decision.action = 'skip' THEN
             PERFORM qinglong._event(c.run_id, 'run.skipped', v_now);
-            PERFORM qinglong._finish_attempt(c.attempt_id, 'cancelled', NULL, NULL, NULL, NULL,
+            PERFORM qinglong._finish_attempt(v_attempt_id, 'cancelled', NULL, NULL, NULL, NULL,
                                              v_decision.reason, false, v_now);
             CONTINUE;
         END IF;
@@ -314,7 +317,7 @@ BEGIN
             lease_version = a.lease_version + 1, lease_token_hash = pg_catalog.sha256(p_tokens[v_taken]),
             lease_expires_at_ms = s.lease_expires_at_ms, timeout_ms = (v_spec ->> 'timeout_ms')::bigint,
             deadline_ms = NULL, started_at_ms = NULL
-        WHERE a.attempt_id = c.attempt_id;
+        WHERE a.attempt_id = v_attempt_id;
         UPDATE qinglong.runs r SET state = 'dispatching' WHERE r.run_id = c.run_id;
         PERFORM qinglong._event(c.run_id, 'run.dispatching', v_now);
         RETURN QUERY
@@ -324,7 +327,7 @@ BEGIN
         JOIN qinglong.runs r ON r.run_id = a.run_id
         JOIN qinglong.task_revisions tr
           ON tr.project_id = r.project_id AND tr.task_id = r.task_id AND tr.task_revision = r.task_revision
-        WHERE a.attempt_id = c.attempt_id;
+        WHERE a.attempt_id = v_attempt_id;
     END LOOP;
 END $$;
 
