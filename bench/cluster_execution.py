@@ -157,6 +157,12 @@ def our_burst(server, workdir: Path, jobs: int, tag: str, lead_s: float = 10.0) 
         su, "SELECT max(a.finished_at_ms), min(r.admitted_at_ms), max(r.admitted_at_ms) "
             "FROM qinglong.runs r JOIN qinglong.attempts a USING (run_id)")[0]
     states = dict(sql(su, "SELECT state, count(*) FROM qinglong.runs GROUP BY state"))
+    # where a slot's time goes, per job (database clock): claim -> started call, started -> outcome
+    # reported, and a worker's last report -> its next claim (the claim loop's turn)
+    steps = sql(su, "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY a.started_at_ms - a.dispatched_at_ms), "
+                    "percentile_cont(0.5) WITHIN GROUP (ORDER BY a.finished_at_ms - a.started_at_ms), "
+                    "percentile_cont(0.99) WITHIN GROUP (ORDER BY a.started_at_ms - r.admitted_at_ms) "
+                    "FROM qinglong.attempts a JOIN qinglong.runs r USING (run_id)")[0]
     run_ids = {r[0] for r in sql(su, "SELECT run_id::text FROM qinglong.runs")}
     where = where_the_time_went(su, jobs) if WHERE else None
     lines, seen = count_lines(out)
@@ -165,6 +171,8 @@ def our_burst(server, workdir: Path, jobs: int, tag: str, lead_s: float = 10.0) 
             "admitted_first_after_T_s": round((first_admit - t_ms) / 1000, 3),
             "admitted_last_after_T_s": round((last_admit - t_ms) / 1000, 3),
             "executions": lines, "duplicates": lines - len(seen), "missing": len(run_ids - seen),
+            "claim_to_started_p50_ms": steps[0], "started_to_outcome_p50_ms": steps[1],
+            "admitted_to_started_p99_ms": steps[2],
             "server_cpu_s": round(server_cpu, 2), "server_cpu_ms_per_job": round(1000 * server_cpu / jobs, 2)} \
         | ({"where": where} if where else {})
 
