@@ -13,9 +13,11 @@ A pass (woken at once when a scheduler round admitted something or a job ended, 
    wait, or start. A start is ``claimed -> dispatching`` in one short transaction, the spawn outside
    any transaction, then ``running`` with the process's handle.
 
-Each running job has a watcher task: it waits for the process, reads its completion receipt and
-records the outcome (:func:`~qinglong.contracts.execution.classify_outcome`, with the Attempt's
-cancel request). The store applies the retry decision.
+Each running job is held by the job supervisor (:mod:`qinglong.supervisor`, which the cluster
+worker uses too): a watcher task waits for the process, reads its completion receipt and records
+the outcome (:func:`~qinglong.contracts.execution.classify_outcome`, with the Attempt's cancel
+request); TERM and KILL go through the executor's verified handle, once each. The store applies
+the retry decision.
 
 At stop, ``on_stop = "detach"`` (the default) stops dispatching and leaves the jobs running: their
 waiters write receipts and the next start's reconciler records them. ``"terminate"`` requests a
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -49,10 +50,17 @@ from qinglong.contracts.execution import (
     ProcessHandle,
     StartError,
     StartRequest,
-    classify_outcome,
     overlap_decision,
 )
-from qinglong.contracts.reasons import reason
+from qinglong.supervisor import (
+    NO_COMMAND,
+    Job,
+    Supervisor,
+    SupervisorStats,
+    missing_executor,
+    start_failure,
+    wall_clock_ms,
+)
 
 from .reconciler import ReconcileReport, reconcile, reconcile_attempt
 from .retention import Retention
@@ -64,11 +72,6 @@ MAX_CANDIDATES = 2_048
 #: Retention's first sweep after start, then its period.
 RETENTION_FIRST_S = 5.0
 RETENTION_PERIOD_S = 60.0
-NO_COMMAND = reason("spec_no_command")
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True)
@@ -98,27 +101,11 @@ class DispatcherConfig:
 
 
 @dataclass
-class _Job:
-    """A process this dispatcher watches."""
-
-    run_id: str
-    attempt_id: str
-    executor: Executor
-    attempt_dir: str
-    handle: ProcessHandle
-    task: asyncio.Task[None] | None = None
-    term_sent_at: float | None = None  # monotonic
-    kill_sent: bool = False
-
-
-@dataclass
-class DispatcherStats:
-    """Counters over the dispatcher's life (safe to log)."""
+class DispatcherStats(SupervisorStats):
+    """Counters over the dispatcher's life (safe to log): the supervisor's and its own."""
 
     passes: int = 0
     failed_passes: int = 0
-    started: int = 0
-    start_failed: int = 0
     finished: int = 0
     skipped: int = 0
     timed_out: int = 0
@@ -137,7 +124,10 @@ class Dispatcher:
         self._config = config
         self._diagnostics = diagnostics
         self._clock_ms = clock_ms
-        self._jobs: dict[str, _Job] = {}
+        self.stats = DispatcherStats()
+        self._supervisor: Supervisor[Job] = Supervisor(diagnostics, "execution", config.kill_grace_ms / 1000,
+                                                       self.stats, report_unsent=True)
+        self._jobs = self._supervisor.jobs
         self._wakeup = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -150,7 +140,6 @@ class Dispatcher:
                                    run_retention_days=config.run_retention_days,
                                    min_free_bytes=config.min_free_bytes, prune_batch=config.prune_batch,
                                    diagnostics=diagnostics)
-        self.stats = DispatcherStats()
         #: Observers (the HTTP surface's metrics): ``on_started(lag_ms)`` per process started
         #: (admitted to spawned), ``on_finished(state)`` per Attempt end recorded here. They must
         #: not raise; an error is reported and ignored.
@@ -237,14 +226,14 @@ class Dispatcher:
             except Exception as exc:
                 self._report_error("execution.cancel_failed", f"run {job.run_id}: the stop's cancel request "
                                    f"could not be recorded: {exc.__class__.__name__}: {exc}")
-            self._signal(job)
+            self._supervisor.escalate(job)
         # KILL after the grace, or sooner when the stop bound would end before it: a stop that
         # terminates must not return with a job still running
         grace = min(self._config.kill_grace_ms / 1000, max(0.0, (deadline - time.monotonic()) * 0.6))
         while self._jobs and time.monotonic() < deadline:
             for job in list(self._jobs.values()):
-                self._signal(job, grace)
-            tasks = [job.task for job in self._jobs.values() if job.task is not None]
+                self._supervisor.escalate(job, grace)
+            tasks = self._supervisor.tasks()
             if not tasks:
                 break
             await asyncio.wait(tasks, timeout=min(0.1, max(0.0, deadline - time.monotonic())))
@@ -277,10 +266,10 @@ class Dispatcher:
         for at_ms in (self._next_retry_ms, self._next_deadline_ms):
             if at_ms is not None:
                 delay = min(delay, max(0.0, (at_ms - now) / 1000))
-        grace = self._config.kill_grace_ms / 1000
         for job in self._jobs.values():
-            if job.term_sent_at is not None and not job.kill_sent:
-                delay = min(delay, max(0.0, job.term_sent_at + grace - time.monotonic()))
+            kill_in = self._supervisor.kill_due_in(job)
+            if kill_in is not None:
+                delay = min(delay, kill_in)
         return delay + 0.001
 
     async def run_pass(self) -> None:
@@ -371,11 +360,11 @@ class Dispatcher:
         attempt_dir = os.path.join(self._config.log_dir, candidate.attempt_id)
         if not await self._store.begin_dispatch(candidate.attempt_id, attempt_dir, now, now):
             return
+        self.stats.start_failed += 1  # (a start the executor refused is counted by the supervisor)
         await self._record_start_failure(candidate, reason)
 
     async def _record_start_failure(self, candidate: DispatchCandidate, reason: str) -> None:
-        self.stats.start_failed += 1
-        outcome = AttemptOutcome(AttemptState.FAILED, ended_at_ms=self._clock_ms(), reason=reason)
+        outcome = start_failure(reason, self._clock_ms())
         await self._store.record_finished(candidate.attempt_id, outcome, self._clock_ms(), Actor.DISPATCHER,
                                           started=False)
         self._notify(self.on_finished, AttemptState.FAILED.value)
@@ -391,10 +380,7 @@ class Dispatcher:
         attempt_dir = os.path.join(self._config.log_dir, candidate.attempt_id)
         executor = self._executors.get(spec.executor)
         if executor is None:
-            loaded = ", ".join(sorted(self._executors)) or "none"
-            await self._fail_without_start(
-                candidate, f"no loaded plugin provides executor {spec.executor!r} (loaded executors: {loaded})",
-                now)
+            await self._fail_without_start(candidate, missing_executor(spec.executor, self._executors), now)
             return False
         if not await self._store.begin_dispatch(candidate.attempt_id, attempt_dir, now + spec.timeout_ms, now):
             return False
@@ -403,8 +389,9 @@ class Dispatcher:
         # taken before the spawn: the job may end (its receipt's time) before start() returns,
         # and a start time read after it would give that job a negative duration
         spawned_at = self._clock_ms()
+        job = Job(candidate.run_id, candidate.attempt_id, attempt_dir=attempt_dir)
         try:
-            handle = await executor.start(request)
+            handle = await self._supervisor.spawn(job, executor, request)
         except StartError as err:
             await self._record_start_failure(candidate, str(err) or err.__class__.__name__)
             return False
@@ -415,30 +402,25 @@ class Dispatcher:
                                f"run {candidate.run_id}: the executor failed while starting: "
                                f"{exc.__class__.__name__}: {exc}")
             return True
-        self.stats.started += 1
         self._notify(self.on_started, max(0, spawned_at - candidate.admitted_at_ms))
-        job = _Job(candidate.run_id, candidate.attempt_id, executor, attempt_dir, handle)
         self._watch(job)
         if not await self._store.record_started(candidate.attempt_id, handle, spawned_at):
             # ended meanwhile (its waiter recorded a quick exit first, or the Attempt was
             # settled elsewhere): make sure nothing of it runs on
-            self._signal(job)
+            self._supervisor.escalate(job)
         return True
 
     # ---------------------------------------------------------------------------------- watching
 
     def _adopt(self, attempt: ActiveAttempt, executor: Executor, handle: ProcessHandle) -> None:
-        self._watch(_Job(attempt.run_id, attempt.attempt_id, executor, attempt.attempt_dir or "", handle))
+        self._watch(Job(attempt.run_id, attempt.attempt_id, executor, attempt.attempt_dir or "", handle))
 
-    def _watch(self, job: _Job) -> None:
-        self._jobs[job.attempt_id] = job
-        job.task = asyncio.get_running_loop().create_task(self._wait_and_record(job),
-                                                          name=f"qinglong-job-{job.attempt_id}")
+    def _watch(self, job: Job) -> None:
+        self._supervisor.track(job, self._wait_and_record, self.wake)
 
-    async def _wait_and_record(self, job: _Job) -> None:
+    async def _wait_and_record(self, job: Job) -> None:
         try:
-            await job.executor.wait(job.attempt_dir, job.handle)
-            receipt = job.executor.read_receipt(job.attempt_dir)
+            await self._supervisor.wait_for_exit(job)
             cancel = None
             for attempt in await self._store.active_attempts():
                 if attempt.attempt_id == job.attempt_id:
@@ -446,7 +428,7 @@ class Dispatcher:
                     break
             else:
                 return  # already ended (recorded elsewhere): nothing to add
-            outcome = classify_outcome(receipt, cancel)
+            outcome = self._supervisor.outcome(job, cancel)
             result = await self._store.record_finished(job.attempt_id, outcome, self._clock_ms(), Actor.COMPLETION)
             if result.recorded:
                 self._recorded_outcome(job.run_id, job.attempt_id, outcome, result)
@@ -457,10 +439,6 @@ class Dispatcher:
             self._report_error("execution.completion_failed",
                                f"run {job.run_id}: recording the end of its process failed: "
                                f"{exc.__class__.__name__}: {exc}")
-        finally:
-            if self._jobs.get(job.attempt_id) is job:
-                del self._jobs[job.attempt_id]
-            self.wake()
 
     def _recorded(self, attempt: ActiveAttempt, outcome: AttemptOutcome, result: FinishResult) -> None:
         self._recorded_outcome(attempt.run_id, attempt.attempt_id, outcome, result)
@@ -514,31 +492,8 @@ class Dispatcher:
                     next_deadline = (attempt.deadline_ms if next_deadline is None
                                      else min(next_deadline, attempt.deadline_ms))
             if reason is not None:
-                self._signal(job)
+                self._supervisor.escalate(job)
         self._next_deadline_ms = next_deadline
-
-    def _signal(self, job: _Job, grace: float | None = None) -> None:
-        """TERM to the job's group the first time, KILL once the grace (``kill_grace_ms``) passed."""
-        grace = self._config.kill_grace_ms / 1000 if grace is None else grace
-        if job.term_sent_at is None:
-            job.term_sent_at = time.monotonic()
-            self._send(job, signal.SIGTERM)
-        elif not job.kill_sent and time.monotonic() - job.term_sent_at >= grace:
-            job.kill_sent = True
-            self._send(job, signal.SIGKILL)
-
-    def _send(self, job: _Job, signum: int) -> None:
-        try:
-            sent = job.executor.signal(job.handle, signum)
-        except Exception as exc:
-            self._report_error("execution.signal_failed", f"run {job.run_id}: signalling its process failed: "
-                               f"{exc.__class__.__name__}: {exc}")
-            return
-        if not sent:
-            self._diagnostics.emit(DiagnosticEvent(
-                "info", "execution.signal_not_sent",
-                f"run {job.run_id}: its handle no longer names a live process; nothing was signalled",
-                {"run_id": job.run_id, "signal": int(signum)}))
 
     # ---------------------------------------------------------------------------------- retention
 

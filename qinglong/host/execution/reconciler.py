@@ -27,8 +27,8 @@ from qinglong.contracts.execution import (
     FinishResult,
     ProcessHandle,
     ProcessState,
-    classify_outcome,
 )
+from qinglong.supervisor import ended_outcome
 
 #: Why an Attempt whose process ended while no control plane watched it, without a receipt, is lost.
 LOST_WHILE_DOWN = ("the process ended while no control plane watched it and left no completion "
@@ -91,8 +91,8 @@ async def reconcile_attempt(store: ExecutionStore, executors: Mapping[str, Execu
             return "pending"
         outcome = AttemptOutcome(AttemptState.LOST, reason=LOST_NO_TRACE)
     else:
-        receipt = executor.read_receipt(attempt.attempt_dir or "")
-        outcome = classify_outcome(receipt, attempt.cancel_reason, lost_reason=LOST_WHILE_DOWN)
+        outcome = ended_outcome(executor, attempt.attempt_dir or "", attempt.cancel_reason,
+                                lost_reason=LOST_WHILE_DOWN)
     result = await store.record_finished(attempt.attempt_id, outcome, clock_ms(), Actor.RECONCILER,
                                          started=True)
     if result.recorded:
