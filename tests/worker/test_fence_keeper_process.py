@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-import qinglong.host.worker as worker_package
+import qinglong.worker as worker_package
 from tests.proc_helpers import group_members, process_alive, wait_until
 
 KEEPER = Path(worker_package.__file__).resolve().parent / "keeper.py"

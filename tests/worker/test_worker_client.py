@@ -21,7 +21,7 @@ from qinglong.contracts.worker import (
     SessionFenced,
     new_lease_token,
 )
-from qinglong.host.worker.logship import ship_log
+from qinglong.worker.logship import ship_log
 from qinglong.plugins.cluster_postgres import worker_client
 from qinglong.plugins.cluster_postgres.worker_client import connect_worker_protocol
 from tests.failure.fault_proxy import BOTH, FaultProxy

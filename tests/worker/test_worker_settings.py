@@ -14,8 +14,8 @@ import pytest
 
 from qinglong.contracts.errors import SettingsError
 from qinglong.host.settings import WorkerSettings
-from qinglong.host.worker import worker_config
-from qinglong.host.worker.retention import sweep_attempt_dirs
+from qinglong.worker import worker_config
+from qinglong.worker.retention import sweep_attempt_dirs
 from tests.worker.helpers import WorkerProcess, write_worker_settings
 
 GOOD = dict(dsn="host=127.0.0.1 user=w", session_lease_ms=5000, heartbeat_ms=1000, self_fence_margin_ms=1000,

@@ -24,7 +24,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from qinglong.contracts.execution import ExecutorContext, minimal_environment
 
     from ..containers import build_container, create_executors
-    from ..worker import worker_config
+    from qinglong.worker import worker_config
 
     loaded = settings_of(args)
     config = worker_config(loaded.settings.worker)
@@ -54,7 +54,7 @@ async def serve(connect: Any, executors: Any, config: Any, diagnostics: Any) -> 
     from qinglong.contracts.diagnostics import DiagnosticEvent
     from qinglong.contracts.errors import StoreUnavailable
 
-    from ..worker import Worker
+    from qinglong.worker import Worker
 
     try:
         protocol = await connect()

@@ -8,13 +8,20 @@ log directory is ever touched), no job of this worker holds it, and nothing in i
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
 import time
-from typing import Collection
+from typing import TYPE_CHECKING, Collection
+
+if TYPE_CHECKING:
+    from .core import WorkerCore
 
 DAY_S = 86_400.0
+#: The first sweep after start, then the period, seconds.
+RETENTION_FIRST_S = 5.0
+RETENTION_PERIOD_S = 3600.0
 MAX_DIRS_PER_SWEEP = 500
 _ATTEMPT_DIR = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -52,3 +59,20 @@ def sweep_attempt_dirs(log_dir: str, retention_days: float, held: Collection[str
         shutil.rmtree(path, ignore_errors=True)
         deleted += 1
     return deleted
+
+
+async def retention_loop(core: "WorkerCore") -> None:
+    """Sweep the worker's log directory now and then (never a directory a job holds)."""
+    delay = RETENTION_FIRST_S
+    while not core.closing:
+        await asyncio.sleep(delay)
+        delay = RETENTION_PERIOD_S
+        try:
+            deleted = await asyncio.to_thread(sweep_attempt_dirs, core.config.log_dir,
+                                              core.config.log_retention_days, set(core.jobs))
+        except Exception as exc:
+            core.emit("error", "worker.retention_failed", f"a retention sweep failed: "
+                      f"{exc.__class__.__name__}: {exc}")
+            continue
+        if deleted:
+            core.emit("info", "worker.retention", f"{deleted} old attempt directories deleted", deleted=deleted)

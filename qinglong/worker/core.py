@@ -1,0 +1,135 @@
+"""What the parts of a worker share: its settings, the store's protocol, the session and its
+fence schedule, the jobs (held by the job supervisor), the flags and counters, and the few acts
+every part needs: report, forget a job, note the store gone or back.
+
+Every part runs on one event loop, so nothing here needs a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
+from qinglong.contracts.execution import CancelReason, ExecutionSpec
+from qinglong.contracts.worker import ClaimedAttempt, FenceDeadlines, Session, SessionFence, WorkerProtocol
+from qinglong.supervisor import Job, Supervisor, SupervisorStats
+
+from .config import WorkerConfig
+from .fence import KeeperLink
+
+#: Between tries of a call that found the store unavailable, seconds.
+RETRY_S = 0.5
+
+
+@dataclass(eq=False, kw_only=True)
+class WorkerJob(Job):
+    """One claimed Attempt this worker holds (the supervisor's job, and what the worker adds)."""
+
+    claimed: ClaimedAttempt
+    fence: SessionFence
+    spec: ExecutionSpec | None = None
+    #: the timeout, moved from the store's clock onto the monotonic one
+    deadline_mono: float | None = None
+    cancel: CancelReason | None = None
+    #: no longer ours (lease lost, session fenced, self-fenced): stop it, never report it
+    forgotten: bool = False
+    kill_at: float | None = None
+    #: its process ended (or never started) and its outcome is being reported: no stop order
+    #: applies any more; only the completion's own answer says whether the outcome stands
+    finishing: bool = False
+    #: its completion was accepted: nothing more to renew or report
+    done: bool = False
+    #: log bytes the store holds
+    shipped: int = 0
+
+
+@dataclass
+class WorkerStats(SupervisorStats):
+    """Counters over the worker's life (safe to log): the supervisor's and the worker's own."""
+
+    sessions: int = 0
+    heartbeats: int = 0
+    failed_heartbeats: int = 0
+    claimed: int = 0
+    completed: int = 0
+    forgotten: int = 0
+    self_fenced: int = 0
+    log_bytes_shipped: int = 0
+
+
+@dataclass(eq=False)
+class WorkerCore:
+    """The state of one worker process (see the module docstring)."""
+
+    config: WorkerConfig
+    diagnostics: DiagnosticSink
+    #: the monotonic clock every deadline of the worker is on
+    mono: Callable[[], float] = time.monotonic
+    protocol: WorkerProtocol | None = None
+    session: Session | None = None
+    deadlines: FenceDeadlines | None = None
+    #: when the last successful heartbeat *started* (the self-fence counts from it)
+    last_heartbeat_mono: float | None = None
+    #: no new claim (SIGTERM, or a session another process took over)
+    draining: bool = False
+    #: no new spawn (the drain timed out)
+    no_spawn: bool = False
+    #: the loops are being cancelled
+    closing: bool = False
+    store_down_since: float | None = None
+    #: the error that stopped the worker, raised from ``Worker.run`` after the drain
+    fatal: BaseException | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    stats: WorkerStats = field(default_factory=WorkerStats)
+
+    def __post_init__(self) -> None:
+        self.supervisor: Supervisor[WorkerJob] = Supervisor(self.diagnostics, "worker",
+                                                            self.config.kill_grace_ms / 1000, self.stats,
+                                                            clock=self.mono)
+        self.jobs = self.supervisor.jobs
+        self.keeper = KeeperLink(self.config.kill_grace_ms / 1000,
+                                 lambda message: self.emit("error", "worker.keeper_failed", message))
+
+    def emit(self, level: str, code: str, message: str, **fields: Any) -> None:
+        self.diagnostics.emit(DiagnosticEvent(level, code, message,
+                                              {k: v for k, v in fields.items() if v is not None}))
+
+    def request_stop(self) -> None:
+        """Drain and stop."""
+        self.stop.set()
+        self.wake.set()
+
+    def holds(self, job: WorkerJob) -> bool:
+        """The job is ours to act on: not forgotten, and claimed under the current session."""
+        return not job.forgotten and self.session is not None and self.session.fence == job.fence
+
+    def forget(self, job: WorkerJob, *, kill_now: bool = False, kill_at: float | None = None) -> None:
+        """The job is no longer ours: TERM its group now, KILL now or at ``kill_at`` (the
+        watchdog sends it); its outcome is never reported."""
+        if job.forgotten:
+            return
+        job.forgotten = True
+        self.stats.forgotten += 1
+        job.kill_at = self.mono() if kill_now or kill_at is None else kill_at
+        if job.handle is not None:
+            self.supervisor.signal(job, signal.SIGTERM)
+            if kill_now:
+                self.supervisor.signal(job, signal.SIGKILL)
+
+    def store_down(self, exc: BaseException) -> None:
+        if self.store_down_since is None:
+            self.store_down_since = self.mono()
+            self.emit("warning", "worker.store_unavailable",
+                      f"the store is unavailable; retrying: {exc}", jobs=len(self.jobs))
+
+    def store_up(self) -> None:
+        if self.store_down_since is not None:
+            down = self.mono() - self.store_down_since
+            self.store_down_since = None
+            self.emit("info", "worker.store_available", f"the store answers again after {down:.1f} s",
+                      down_ms=int(down * 1000))

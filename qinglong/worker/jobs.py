@@ -1,0 +1,337 @@
+"""Claiming Attempts and running each one as a job, held by the job supervisor.
+
+The **claim loop** runs while there are free slots, a session and time before the self-fence's
+TERM: one fresh lease token per free slot; each claimed Attempt becomes a :class:`~.core.WorkerJob`
+with a task of its own.
+
+A job's task: parse the spec (a refusal ends the Attempt ``failed``, never started), call
+``started`` *before* spawning and spawn only if it was accepted and the self-fence's TERM is still
+ahead, watch the process (shipping its log about every second), then ship the rest of the log
+and ``complete`` (repeated after a lost reply; after ``log_incomplete`` the missing bytes are
+shipped first). ``LeaseFenced`` at any step stops the job if it is alive and forgets it.
+
+Secrets: tokens and env values never reach a diagnostic; messages name runs and attempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+from typing import Any, Awaitable, Callable, Mapping
+
+from qinglong.contracts.errors import StoreUnavailable, UserError
+from qinglong.contracts.execution import (
+    CONTRACT_LIMITS,
+    AttemptOutcome,
+    CancelReason,
+    Executor,
+    FencedExecutor,
+    ProcessState,
+    StartError,
+    StartRequest,
+    classify_outcome,
+    parse_execution_spec,
+)
+from qinglong.contracts.worker import (
+    BadWorkerCall,
+    ClaimedAttempt,
+    CompletionResult,
+    LeaseFenced,
+    SessionFence,
+    SessionFenced,
+    new_lease_token,
+)
+from qinglong.supervisor import NO_COMMAND, missing_executor, start_failure, wall_clock_ms
+
+from .core import RETRY_S, WorkerCore, WorkerJob
+from .logship import ship_log
+from .session import Sessions
+
+#: How often a running job's log is shipped, seconds (at most every heartbeat).
+SHIP_S = 1.0
+#: A reason the store keeps is cut to this many characters.
+MAX_REASON_CHARS = 1000
+#: Tries of a call the store called malformed before the job is given up (a bug, reported).
+MAX_BAD_CALLS = 3
+
+
+class Jobs:
+    """The claim loop and every job's task (see the module docstring)."""
+
+    def __init__(self, core: WorkerCore, sessions: Sessions, executors: Mapping[str, Executor]) -> None:
+        self._core = core
+        self._sessions = sessions
+        self._executors = dict(executors)
+
+    # ---------------------------------------------------------------------------------- claiming
+
+    def _may_claim(self) -> bool:
+        core = self._core
+        d = core.deadlines
+        return not core.draining and core.session is not None and d is not None and core.mono() < d.term_at
+
+    async def claim_loop(self) -> None:
+        core = self._core
+        while not core.closing and not core.draining:
+            core.wake.clear()
+            more = False
+            free = core.config.max_running - len(core.jobs)
+            session = core.session
+            if free > 0 and self._may_claim() and core.protocol is not None and session is not None:
+                try:
+                    claimed = await core.protocol.claim(session.fence, [new_lease_token() for _ in range(free)])
+                except SessionFenced as exc:
+                    self._sessions.session_lost(session.fence, exc)
+                    continue
+                except (StoreUnavailable, BadWorkerCall) as exc:
+                    core.store_down(exc)
+                    claimed = []
+                for attempt in claimed:
+                    self._adopt_claim(attempt, session.fence)
+                more = bool(claimed) and len(claimed) == free
+            if more:
+                continue
+            try:
+                await asyncio.wait_for(core.wake.wait(), core.config.poll_ms / 1000)
+            except asyncio.TimeoutError:
+                pass
+
+    def _adopt_claim(self, attempt: ClaimedAttempt, fence: SessionFence) -> None:
+        core = self._core
+        job = WorkerJob(attempt.run_id, attempt.attempt_id, claimed=attempt, fence=fence)
+        core.stats.claimed += 1
+        core.emit("info", "worker.claimed", f"run {attempt.run_id}: attempt {attempt.attempt_no} claimed",
+                  run_id=attempt.run_id, attempt_id=attempt.attempt_id, attempt_no=attempt.attempt_no,
+                  project_id=attempt.project_id, task_id=attempt.task_id, lease_version=attempt.lease.lease_version)
+        core.supervisor.track(job, self._run_job, self._job_ended)
+
+    # ---------------------------------------------------------------------------------- a job
+
+    def _may_spawn(self, job: WorkerJob) -> bool:
+        core = self._core
+        d = core.deadlines
+        return core.holds(job) and not core.no_spawn and d is not None and core.mono() < d.term_at
+
+    async def _run_job(self, job: WorkerJob) -> None:
+        try:
+            if await self._start_job(job):
+                await self._watch_job(job)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._core.emit("error", "worker.job_failed", f"run {job.run_id}: handling its attempt failed: "
+                            f"{exc.__class__.__name__}: {exc}", run_id=job.run_id, attempt_id=job.attempt_id)
+            self._core.forget(job, kill_now=True)
+            await self._core.supervisor.wait_gone(job)
+
+    def _job_ended(self, job: WorkerJob) -> None:
+        core = self._core
+        if job.handle is not None and not core.supervisor.alive(job):
+            core.keeper.done(job.handle)
+        core.wake.set()
+
+    async def _retrying(self, job: WorkerJob, call: Callable[[], Awaitable[Any]]) -> Any:
+        """``await call()`` until it answers; None when the job is no longer ours (a fence refused
+        it, or the session was lost meanwhile). A lost reply is repeated as it was."""
+        core = self._core
+        bad_calls = 0
+        while core.holds(job):
+            try:
+                result = await call()
+                core.store_up()
+                return result
+            except LeaseFenced as exc:
+                core.emit("warning", "worker.lease_fenced", f"run {job.run_id}: the store refused its lease "
+                          f"({exc.message}); stopping it", run_id=job.run_id, attempt_id=job.attempt_id)
+                core.forget(job, kill_now=True)
+                return None
+            except SessionFenced as exc:
+                self._sessions.session_lost(job.fence, exc)
+                return None
+            except StoreUnavailable as exc:
+                core.store_down(exc)
+            except BadWorkerCall as exc:
+                bad_calls += 1
+                core.emit("error", "worker.bad_call", f"run {job.run_id}: the store refused a call as "
+                          f"malformed: {exc}", run_id=job.run_id, attempt_id=job.attempt_id)
+                if bad_calls >= MAX_BAD_CALLS:
+                    core.forget(job, kill_now=True)
+                    return None
+            await asyncio.sleep(RETRY_S)
+        return None
+
+    async def _start_job(self, job: WorkerJob) -> bool:
+        """Started, then spawned: True when the process runs."""
+        core = self._core
+        attempt = job.claimed
+        try:
+            spec = parse_execution_spec(attempt.task_id, attempt.payload, CONTRACT_LIMITS)
+        except UserError as err:
+            await self._finish(job, self._failure(str(err)), started=False)
+            return False
+        if spec is None:
+            await self._finish(job, self._failure(NO_COMMAND), started=False)
+            return False
+        executor = self._executors.get(spec.executor)
+        if executor is None:
+            await self._finish(job, self._failure(missing_executor(spec.executor, self._executors,
+                                                                   f" on worker {core.config.worker_id}")),
+                               started=False)
+            return False
+        job.spec, job.executor = spec, executor
+        job.attempt_dir = os.path.join(core.config.log_dir, attempt.attempt_id)
+        protocol = core.protocol
+        assert protocol is not None
+        if not self._may_spawn(job):
+            core.forget(job)
+            return False
+        called_at = [0.0]
+
+        async def started():
+            called_at[0] = core.mono()
+            return await protocol.started(job.fence, attempt.lease)
+
+        reply = await self._retrying(job, started)
+        if reply is None:
+            return False
+        # the deadline in the store's clock, moved onto ours from the call's start (never later)
+        job.deadline_mono = called_at[0] + (reply.deadline_ms - reply.db_now_ms) / 1000
+        if job.cancel is not None:
+            await self._finish(job, classify_outcome(None, job.cancel), started=False)
+            return False
+        if not self._may_spawn(job):
+            if core.no_spawn and core.holds(job):
+                await self._finish(job, classify_outcome(None, CancelReason.SHUTDOWN), started=False)
+            else:
+                core.forget(job)
+            return False
+        # an executor that can fence the job itself gets the KILL point: the job's group dies there
+        # unless a heartbeat moves it later, whatever happens to this worker and its keeper
+        d = core.deadlines
+        fence_at = d.kill_at if d is not None and isinstance(executor, FencedExecutor) else None
+        request = StartRequest(attempt.run_id, attempt.attempt_id, attempt.attempt_no, attempt.scheduled_for_ms,
+                               spec, job.attempt_dir, fence_deadline_mono=fence_at)
+        try:
+            await core.supervisor.spawn(job, executor, request)
+        except StartError as err:
+            core.emit("warning", "worker.start_failed", f"run {attempt.run_id} could not start: {err}",
+                      run_id=attempt.run_id, attempt_id=attempt.attempt_id)
+            await self._finish(job, self._failure(str(err) or err.__class__.__name__), started=False)
+            return False
+        except Exception as exc:
+            # whether a process exists is unknown: look at the directory
+            state = executor.probe(job.attempt_dir, None)
+            handle = executor.find_handle(job.attempt_dir) if state is ProcessState.ALIVE else None
+            if handle is None and state is not ProcessState.ENDED:
+                await self._finish(job, self._failure(f"the executor failed while starting: "
+                                                      f"{exc.__class__.__name__}: {exc}"), started=False)
+                return False
+            job.handle = handle
+            core.stats.started += 1
+        if job.handle is not None:
+            core.keeper.job(job.fence.generation, job.handle)
+        core.emit("info", "worker.job_started", f"run {attempt.run_id}: attempt {attempt.attempt_no} started",
+                  run_id=attempt.run_id, attempt_id=attempt.attempt_id,
+                  pid=job.handle.pid if job.handle else None)
+        if job.forgotten:  # fenced while it was being spawned: stop it at once
+            core.supervisor.signal(job, signal.SIGTERM)
+            core.supervisor.signal(job, signal.SIGKILL)
+        return True
+
+    def _failure(self, reason: str) -> AttemptOutcome:
+        return start_failure(reason[:MAX_REASON_CHARS], wall_clock_ms())
+
+    async def _watch_job(self, job: WorkerJob) -> None:
+        core = self._core
+
+        async def ship_while_held() -> None:
+            if core.holds(job):
+                await self._ship(job, final=False)
+
+        await core.supervisor.wait_for_exit(job, every_s=min(SHIP_S, core.config.heartbeat_ms / 1000),
+                                            meanwhile=ship_while_held)
+        if job.forgotten:
+            core.emit("info", "worker.job_forgotten", f"run {job.run_id}: its process ended; its outcome is "
+                      "not this worker's to report", run_id=job.run_id, attempt_id=job.attempt_id)
+            return
+        await self._finish(job, core.supervisor.outcome(job, job.cancel), started=True)
+
+    # ---------------------------------------------------------------------------------- reporting
+
+    async def _ship(self, job: WorkerJob, *, final: bool) -> str:
+        """Ship what the local log holds beyond what the store has: ``"ok"``; ``"retry"`` when the
+        store did not answer (shipped again later); ``"refused"`` when it refused a chunk (its
+        count of stored bytes, which ``complete`` returns, tells where to go on from)."""
+        core = self._core
+        protocol = core.protocol
+        if protocol is None:
+            return "retry"
+        lease = job.claimed.lease
+
+        async def append(offset: int, data: bytes) -> int:
+            stored = await protocol.append_log(job.fence, lease, offset, data)
+            core.stats.log_bytes_shipped += len(data)
+            return stored
+
+        try:
+            job.shipped = await ship_log(job.attempt_dir, job.shipped, append)
+            return "ok"
+        except LeaseFenced as exc:
+            core.emit("warning", "worker.lease_fenced", f"run {job.run_id}: the store refused its lease "
+                      f"({exc.message}); stopping it", run_id=job.run_id, attempt_id=job.attempt_id)
+            core.forget(job, kill_now=True)
+        except SessionFenced as exc:
+            self._sessions.session_lost(job.fence, exc)
+        except StoreUnavailable as exc:
+            core.store_down(exc)
+        except (BadWorkerCall, RuntimeError, OSError) as exc:
+            core.emit("error" if final else "warning", "worker.log_ship_failed",
+                      f"run {job.run_id}: shipping its log failed: {exc}", run_id=job.run_id,
+                      attempt_id=job.attempt_id)
+            return "refused"
+        return "retry"
+
+    async def _finish(self, job: WorkerJob, outcome: AttemptOutcome, *, started: bool) -> None:
+        """Ship the whole log, then complete; repeated until the store answers (or the job is no
+        longer ours). ``log_incomplete`` ships the missing bytes from what the store holds."""
+        core = self._core
+        protocol = core.protocol
+        assert protocol is not None
+        job.finishing = True
+        if outcome.reason is not None and len(outcome.reason) > MAX_REASON_CHARS:
+            outcome = dataclasses.replace(outcome, reason=outcome.reason[:MAX_REASON_CHARS])
+        refusals = 0
+        while core.holds(job):
+            shipped = await self._ship(job, final=True) if started else "ok"
+            if shipped == "retry":
+                await asyncio.sleep(RETRY_S)
+                continue
+            if shipped == "refused":
+                refusals += 1
+                if refusals > MAX_BAD_CALLS:
+                    core.emit("error", "worker.log_refused", f"run {job.run_id}: the store keeps refusing its "
+                              "log; the attempt is left to its lease", run_id=job.run_id, attempt_id=job.attempt_id)
+                    core.forget(job, kill_now=True)
+                    return
+            final = dataclasses.replace(outcome, log_bytes=job.shipped if started else 0)
+            reply = await self._retrying(job, lambda: protocol.complete(job.fence, job.claimed.lease, final,
+                                                                        started=started))
+            if reply is None:
+                return
+            if reply.result is CompletionResult.LOG_INCOMPLETE:
+                core.emit("warning", "worker.log_incomplete",
+                          f"run {job.run_id}: the store holds {reply.log_bytes_stored} of {final.log_bytes} log "
+                          "bytes; shipping the rest", run_id=job.run_id, attempt_id=job.attempt_id)
+                job.shipped = min(job.shipped, reply.log_bytes_stored)
+                continue
+            job.done = True
+            core.stats.completed += 1
+            core.emit("info", "worker.completed",
+                      f"run {job.run_id}: attempt {job.claimed.attempt_no} {final.state.value}"
+                      + (f" ({final.reason})" if final.reason else ""),
+                      run_id=job.run_id, attempt_id=job.attempt_id, state=final.state.value,
+                      run_state=reply.run_state.value, exit_code=final.exit_code, signal=final.signal,
+                      log_bytes=final.log_bytes, result=reply.result.value)
+            return
