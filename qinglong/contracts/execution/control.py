@@ -1,0 +1,81 @@
+"""Run control: reading and controlling Runs executed elsewhere (the cluster's remote workers),
+:class:`RunControl`, and the rules every backend's listing shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+from ..errors import UserError
+from .outcomes import CancelReason
+from .states import AttemptState, RunState
+from .store import RunDetail, RunSummary
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLogState:
+    """Where an Attempt's log stored in the store stands, read in one snapshot with the
+    Attempt's state: a follower that read ``stored_bytes`` bytes of an Attempt already ended
+    (``state`` terminal) has read the whole log, since nothing is appended after the end."""
+
+    attempt_id: str
+    state: AttemptState
+    #: Bytes of log stored so far (contiguous from offset 0).
+    stored_bytes: int
+    #: Output beyond the task's log limit, dropped by the worker (known once the Attempt ended).
+    dropped_bytes: int
+    #: The log was deleted by retention (the tombstone): nothing can be read any more.
+    deleted: bool
+
+
+@runtime_checkable
+class RunControl(Protocol):
+    """What ``qinglong runs``, ``runs show``, ``runs cancel`` and ``logs`` use on a backend whose
+    Runs are executed elsewhere (``backend.execution()`` is None; the cluster's remote workers):
+    a backend offers it as ``backend.run_control()``. Logs live in the store, shipped there by
+    the worker in order; every read is a short read-only statement of the runtime role."""
+
+    async def list_runs(self, *, state: RunState | None = None, project_id: str | None = None,
+                        task_id: str | None = None, trigger_id: str | None = None,
+                        limit: int = 50) -> Sequence[RunSummary]:
+        """Newest first (by scheduled time, then admission); an unknown state is a UserError."""
+        ...
+
+    async def run_detail(self, run_id: str) -> RunDetail:
+        """The Run and every Attempt; :class:`~qinglong.contracts.errors.NotFound` if unknown."""
+        ...
+
+    async def request_cancel(self, run_id: str, reason: CancelReason = CancelReason.OPERATOR) -> RunState:
+        """A queued (or retry-waiting) Run ends ``cancelled`` at once; a dispatching or running one
+        gets a durable cancel request (its worker learns it in its next heartbeat reply and
+        stops the job); a terminal one is left as it is. Returns the Run's state after;
+        :class:`~qinglong.contracts.errors.NotFound` for an unknown Run."""
+        ...
+
+    async def log_state(self, attempt_id: str) -> StoredLogState:
+        """The Attempt's state and how much of its log is stored (one snapshot)."""
+        ...
+
+    async def read_log(self, attempt_id: str, offset: int, size: int) -> bytes:
+        """Up to ``size`` stored log bytes from ``offset`` (fewer at the end; empty past it)."""
+        ...
+
+
+def run_state_filter(state: "RunState | str | None") -> "RunState | None":
+    """A listing's state filter: None, or a :class:`RunState`; anything else is a
+    :class:`~qinglong.contracts.errors.UserError` listing the states, on every backend alike."""
+    if state is None:
+        return None
+    try:
+        return RunState(state)
+    except ValueError:
+        raise UserError(f"unknown run state {state!r}: expected one of "
+                        f"{', '.join(s.value for s in RunState)}") from None
+
+
+def manual_idempotency_key(key: str) -> str:
+    """``ql3:manual:v1:<key>``: the key of a manual Run."""
+    return f"ql3:manual:v1:{key}"
+
+
+__all__ = ["StoredLogState", "RunControl", "run_state_filter", "manual_idempotency_key"]

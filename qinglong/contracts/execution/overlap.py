@@ -1,0 +1,74 @@
+"""Overlap: may a Run of a task start while others of the same task are active
+(:func:`overlap_decision`, by the task's concurrency policy)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..reasons import reason
+from .spec import ConcurrencyMode, ConcurrencyPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveRun:
+    """A Run of the same task that holds a process (dispatching or running)."""
+
+    run_id: str
+    scheduled_for_ms: int
+    cancel_requested: bool = False
+
+
+class OverlapAction(str, enum.Enum):
+    START = "start"
+    WAIT = "wait"
+    SKIP = "skip"        # end the candidate cancelled, with ``reason``
+    REPLACE = "replace"  # request cancel of ``cancel`` and wait until they are gone
+
+
+@dataclass(frozen=True, slots=True)
+class OverlapDecision:
+    action: OverlapAction
+    reason: str = ""
+    cancel: tuple[str, ...] = ()
+
+
+def overlap_decision(policy: ConcurrencyPolicy, active: Sequence[ActiveRun],
+                     waiting_ahead: int = 0) -> OverlapDecision:
+    """Whether a dispatchable Run may start now.
+
+    ``active``: the task's Runs holding a process. ``waiting_ahead``: dispatchable Runs of the
+    same task scheduled before this one that have not started (``queue`` keeps that order; the
+    other modes consider only what is active, since the dispatcher already visits in order).
+    The global ``max_running`` is the dispatcher's, not the policy's.
+    """
+    mode = policy.mode
+    if mode is ConcurrencyMode.ALLOW:
+        if policy.max_running is not None and len(active) >= policy.max_running:
+            return OverlapDecision(OverlapAction.WAIT, reason(
+                "overlap_max_running", active=len(active), max_running=policy.max_running))
+        return OverlapDecision(OverlapAction.START)
+    if mode is ConcurrencyMode.FORBID:
+        if active:
+            return OverlapDecision(OverlapAction.SKIP, reason("overlap_forbid", run_id=active[0].run_id))
+        return OverlapDecision(OverlapAction.START)
+    if mode is ConcurrencyMode.REPLACE:
+        if waiting_ahead:
+            # an older Run of this task is visited first: it replaces what runs, this one it
+            return OverlapDecision(OverlapAction.WAIT, reason("overlap_replace_older"))
+        to_cancel = tuple(a.run_id for a in active if not a.cancel_requested)
+        if to_cancel:
+            return OverlapDecision(OverlapAction.REPLACE, reason("overlap_replacing"), to_cancel)
+        if active:
+            # every cancel is requested already: start only once the replaced runs are gone
+            return OverlapDecision(OverlapAction.WAIT, reason("overlap_replace_waiting",
+                                                              run_id=active[0].run_id))
+        return OverlapDecision(OverlapAction.START)
+    # QUEUE
+    if active or waiting_ahead:
+        return OverlapDecision(OverlapAction.WAIT, reason("overlap_queue"))
+    return OverlapDecision(OverlapAction.START)
+
+
+__all__ = ["ActiveRun", "OverlapAction", "OverlapDecision", "overlap_decision"]
