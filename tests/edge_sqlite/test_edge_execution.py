@@ -24,7 +24,7 @@ from edge_helpers import cron, open_backend, query, seed
 from qinglong.contracts.execution import Actor, AttemptState, RunState
 from qinglong.plugins.edge_sqlite import migrations
 from qinglong.plugins.edge_sqlite.queries import q
-from qinglong.plugins.edge_sqlite.scheduler import pinned_execution_digest
+from qinglong.plugins.edge_sqlite.scheduler_read import pinned_execution_digest
 
 MINUTE = 60_000
 

@@ -10,7 +10,8 @@ import sqlite3
 from edge_helpers import Diagnostics, cron, open_backend, query, seed
 
 from qinglong.contracts.diagnostics import RoundEvent
-from qinglong.plugins.edge_sqlite.scheduler import PageTransaction, pinned_execution_digest
+from qinglong.plugins.edge_sqlite.scheduler_read import pinned_execution_digest
+from qinglong.plugins.edge_sqlite.scheduler_write import PageTransaction
 
 MINUTE = 60_000
 

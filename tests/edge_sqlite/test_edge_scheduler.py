@@ -9,7 +9,7 @@ import time
 from edge_helpers import Diagnostics, cron, open_backend, query, seed
 from qinglong.contracts.diagnostics import RoundEvent
 from qinglong.host.lifecycle import SchedulerLoop
-from qinglong.plugins.edge_sqlite import scheduler
+from qinglong.plugins.edge_sqlite import scheduler_holds, scheduler_read
 from qinglong.plugins.edge_sqlite.publisher import put_trigger_in, validated
 from qinglong.plugins.edge_sqlite.store import transaction
 
@@ -303,9 +303,9 @@ async def test_a_page_of_undecidable_triggers_neither_spins_nor_blocks_the_trigg
         first = await backend.run_round()
         # The scan stepped past all 40 within the round and initialised the healthy trigger.
         assert (first.initialized, first.errors) == (1, 40)
-        assert len(diagnostics.events) <= scheduler.DIAGNOSTICS_PER_ROUND + 1
+        assert len(diagnostics.events) <= scheduler_holds.DIAGNOSTICS_PER_ROUND + 1
         reported = {e.fields.get("trigger_id") for e in diagnostics.events} - {None}
-        assert len(reported) == scheduler.DIAGNOSTICS_PER_ROUND
+        assert len(reported) == scheduler_holds.DIAGNOSTICS_PER_ROUND
         diagnostics.events.clear()
         for _ in range(5):
             clock.advance(1_000)
@@ -315,13 +315,13 @@ async def test_a_page_of_undecidable_triggers_neither_spins_nor_blocks_the_trigg
         assert diagnostics.events == []
         # When the hold ends they are decided again, fail again, and are held twice as long with
         # one summary, not forty new reports; the healthy trigger is served in the same round.
-        clock.ms += scheduler.HOLD_FIRST_MS - 5_000
+        clock.ms += scheduler_holds.HOLD_FIRST_MS - 5_000
         report = await backend.run_round()
         assert (report.errors, report.admitted) == (40, 1)
         (summary,) = diagnostics.events
         assert summary.code == "scheduler.undecidable_held" and summary.fields["repeated"] == 40
         diagnostics.events.clear()
-        clock.advance(scheduler.HOLD_FIRST_MS)  # still held (for twice the first hold)
+        clock.advance(scheduler_holds.HOLD_FIRST_MS)  # still held (for twice the first hold)
         report = await backend.run_round()
         assert (report.errors, report.more_due) == (0, False) and diagnostics.events == []
     finally:
@@ -357,7 +357,7 @@ async def test_a_healthy_trigger_behind_ten_thousand_undecidable_ones_fires_on_t
         await seed(backend)
         await backend.publisher().put_trigger(cron("zz-healthy", "* * * * * *", grace_ms=1_000))
         _make_undecidable(db_path, 10_000)
-        bound = 32 * scheduler.SCAN_PAGES_PER_ROUND
+        bound = 32 * scheduler_read.SCAN_PAGES_PER_ROUND
 
         async def drain() -> int:
             back_to_back = 0
@@ -368,14 +368,14 @@ async def test_a_healthy_trigger_behind_ten_thousand_undecidable_ones_fires_on_t
 
         back_to_back = await drain()
         assert cursor(db_path, "zz-healthy") == clock.ms + 1_000
-        assert len(diagnostics.events) <= (back_to_back + 1) * (scheduler.DIAGNOSTICS_PER_ROUND + 1)
+        assert len(diagnostics.events) <= (back_to_back + 1) * (scheduler_holds.DIAGNOSTICS_PER_ROUND + 1)
         for _ in range(3):
             clock.advance(1_000)
             report = await backend.run_round()
             assert (report.admitted, report.errors, report.more_due) == (1, 0, False)
         # The holds end together: deciding them again is again a few back-to-back rounds, and
         # the healthy trigger is not late by a round per page.
-        clock.ms = clock.ms // 1000 * 1000 + scheduler.HOLD_FIRST_MS + 300
+        clock.ms = clock.ms // 1000 * 1000 + scheduler_holds.HOLD_FIRST_MS + 300
         due = clock.ms - 300
         await drain()
         assert runs(db_path, "zz-healthy")[-1][2] == due

@@ -23,7 +23,8 @@ from .execution import SqliteExecutionStore
 from .publisher import SqlitePublisher
 from .reader import SqliteReader
 from .recovery import recover_in_thread
-from .scheduler import BeforeCommit, HeldSchedules, run_round
+from .scheduler import BeforeCommit, run_round
+from .scheduler_holds import HeldSchedules
 from .settings import EdgeSqliteSettings
 from .store import SqliteStore
 

@@ -65,7 +65,7 @@ from qinglong.contracts.records import canonical_json
 from qinglong.contracts.store import listing_bound
 
 from .queries import q
-from .scheduler import pinned_execution_digest
+from .scheduler_read import pinned_execution_digest
 from .store import SqliteStore, named_one, named_rows, transaction
 
 #: The largest batch one :meth:`SqliteExecutionStore.prune` call deletes, whatever it is asked:

@@ -26,7 +26,7 @@ import sqlite3
 from qinglong.contracts.records import RecoveryReport
 
 from .queries import q
-from .scheduler import pinned_execution_digest
+from .scheduler_read import pinned_execution_digest
 from .store import named_rows
 
 #: How many candidates a report names one by one; the rest are summarised in one line.
