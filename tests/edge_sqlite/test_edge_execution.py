@@ -23,7 +23,7 @@ import pytest
 from edge_helpers import cron, open_backend, query, seed
 from qinglong.contracts.execution import Actor, AttemptState, RunState
 from qinglong.plugins.edge_sqlite import migrations
-from qinglong.plugins.edge_sqlite.queries import q
+from qinglong.plugins.edge_sqlite import queries as edge_sql
 from qinglong.plugins.edge_sqlite.scheduler_read import pinned_execution_digest
 
 MINUTE = 60_000
@@ -398,7 +398,7 @@ def test_the_dispatchers_queries_read_only_their_partial_indexes(db_path):
 
             conn.set_progress_handler(tick, 100)
             try:
-                conn.execute(q(name), params).fetchall()
+                conn.execute(edge_sql.query(name), params).fetchall()
             finally:
                 conn.set_progress_handler(None, 0)
             return count[0] * 100

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from qinglong.plugins.edge_sqlite import migrations
-from qinglong.plugins.edge_sqlite.queries import q
+from qinglong.plugins.edge_sqlite.queries import query
 
 #: The blocks whose rows are read by column name (scheduler page, recovery, publisher, reader).
 NAMED_ROW_BLOCKS = ["claim_uninitialised_page", "claim_due_page", "in_flight_summary",
@@ -21,7 +21,7 @@ NAMED_ROW_BLOCKS = ["claim_uninitialised_page", "claim_due_page", "in_flight_sum
 def conn(tmp_path):
     connection = sqlite3.connect(tmp_path / "rows.db", isolation_level=None)
     migrations.apply_pending(connection, migrations.load_migrations(), "rows.db", 0)
-    connection.execute(q("create_held_table"))
+    connection.execute(query("create_held_table"))
     yield connection
     connection.close()
 
@@ -30,7 +30,7 @@ def conn(tmp_path):
 def test_rows_read_by_name_have_one_column_per_name(conn, name):
     """Two columns of one name (a trigger's and a task's content_digest) would make a by-name read
     return the wrong one: a Run would pin the trigger's digest as its task's."""
-    sql = q(name)
+    sql = query(name)
     params = ({key: 0 for key in re.findall(r":([a-z_]+)", sql)} if ":" in sql
               else (0,) * sql.count("?"))
     columns = [d[0] for d in conn.execute(sql, params).description]

@@ -64,7 +64,7 @@ from qinglong.contracts.reasons import reason as reason_words
 from qinglong.contracts.records import canonical_json
 from qinglong.contracts.store import listing_bound
 
-from .queries import q
+from .queries import query
 from .scheduler_read import pinned_execution_digest
 from .store import SqliteStore, named_one, named_rows, transaction
 
@@ -131,7 +131,7 @@ class SqliteExecutionStore:
 
     @staticmethod
     def _event(conn: sqlite3.Connection, run_id: str, kind: str, now_ms: int) -> None:
-        conn.execute(q("exec_append_event"), {"run_id": run_id, "type": kind, "now": now_ms})
+        conn.execute(query("exec_append_event"), {"run_id": run_id, "type": kind, "now": now_ms})
 
     @staticmethod
     def _move_run(conn: sqlite3.Connection, run_id: str, current: str, target: RunState,
@@ -139,7 +139,7 @@ class SqliteExecutionStore:
         """Check the transition, then compare-and-set it (inside the caller's transaction)."""
         check_run_transition(current, target, actor)
         finished = now_ms if target.terminal else None
-        changed = conn.execute(q("exec_move_run"), {
+        changed = conn.execute(query("exec_move_run"), {
             "target": target.value, "finished": finished, "reason": reason,
             "set_reason": int(target.terminal or reason is not None), "run_id": run_id,
             "current": current}).rowcount
@@ -150,7 +150,7 @@ class SqliteExecutionStore:
     def _end_attempt(conn: sqlite3.Connection, attempt_id: str, current: str,
                      outcome: AttemptOutcome, now_ms: int, *,
                      cancel: CancelReason | None = None) -> bool:
-        return conn.execute(q("exec_end_attempt"), {
+        return conn.execute(query("exec_end_attempt"), {
             "state": outcome.state.value,
             "finished": outcome.ended_at_ms if outcome.ended_at_ms is not None else now_ms,
             "exit_code": outcome.exit_code, "signal": outcome.signal,
@@ -166,7 +166,7 @@ class SqliteExecutionStore:
         bound = listing_bound(limit)
 
         def work(conn: sqlite3.Connection) -> list[DispatchCandidate]:
-            rows = named_rows(conn, q("exec_dispatch_candidates"), {"now": now_ms, "limit": bound})
+            rows = named_rows(conn, query("exec_dispatch_candidates"), {"now": now_ms, "limit": bound})
             found = []
             for row in rows:
                 spec, error = self._spec(row["project_id"], row["task_id"], row["task_revision"],
@@ -183,7 +183,7 @@ class SqliteExecutionStore:
         """Every dispatching or running Attempt, in dispatch order."""
         def work(conn: sqlite3.Connection) -> list[ActiveAttempt]:
             found = []
-            for row in named_rows(conn, q("exec_active_attempts")):
+            for row in named_rows(conn, query("exec_active_attempts")):
                 spec, _ = self._spec(row["project_id"], row["task_id"], row["task_revision"],
                                      row["task_digest"], row["payload_json"])
                 handle = None
@@ -209,14 +209,14 @@ class SqliteExecutionStore:
         and due (another dispatcher won, it was cancelled or skipped, or its backoff runs)."""
         def work(conn: sqlite3.Connection) -> bool:
             with transaction(conn):
-                row = named_one(conn, q("exec_attempt"), (attempt_id,))
+                row = named_one(conn, query("exec_attempt"), (attempt_id,))
                 if (row is None or row["state"] != AttemptState.CLAIMED.value
                         or row["attempt_no"] != row["latest_no"]):
                     return False
                 if row["not_before_ms"] is not None and row["not_before_ms"] > now_ms:
                     return False
                 check_run_transition(row["run_state"], RunState.DISPATCHING, Actor.DISPATCHER)
-                if conn.execute(q("exec_begin_dispatch"), {
+                if conn.execute(query("exec_begin_dispatch"), {
                         "attempt_dir": attempt_dir, "deadline": deadline_ms, "now": now_ms,
                         "attempt_id": attempt_id}).rowcount != 1:
                     return False
@@ -234,11 +234,11 @@ class SqliteExecutionStore:
 
         def work(conn: sqlite3.Connection) -> bool:
             with transaction(conn):
-                row = named_one(conn, q("exec_attempt"), (attempt_id,))
+                row = named_one(conn, query("exec_attempt"), (attempt_id,))
                 if row is None or row["state"] != AttemptState.DISPATCHING.value:
                     return False
                 check_run_transition(row["run_state"], RunState.RUNNING, actor)
-                if conn.execute(q("exec_record_started"), {
+                if conn.execute(query("exec_record_started"), {
                         "handle": handle_json, "started": started_at_ms,
                         "attempt_id": attempt_id}).rowcount != 1:
                     return False
@@ -257,7 +257,7 @@ class SqliteExecutionStore:
         returned as well. False, nothing changed, if the Attempt is not dispatching."""
         def work(conn: sqlite3.Connection) -> bool:
             with transaction(conn):
-                row = named_one(conn, q("exec_attempt"), (attempt_id,))
+                row = named_one(conn, query("exec_attempt"), (attempt_id,))
                 if row is None or row["state"] != AttemptState.DISPATCHING.value:
                     return False
                 run_id = row["run_id"]
@@ -272,7 +272,7 @@ class SqliteExecutionStore:
                     self._event(conn, run_id, "run.finished", now_ms)
                     return True
                 check_run_transition(row["run_state"], RunState.QUEUED, Actor.RECONCILER)
-                if conn.execute(q("exec_return_to_queue"),
+                if conn.execute(query("exec_return_to_queue"),
                                 {"attempt_id": attempt_id}).rowcount != 1:
                     return False
                 self._move_run(conn, run_id, row["run_state"], RunState.QUEUED, Actor.RECONCILER,
@@ -297,7 +297,7 @@ class SqliteExecutionStore:
 
         def work(conn: sqlite3.Connection) -> FinishResult:
             with transaction(conn):
-                row = named_one(conn, q("exec_attempt"), (attempt_id,))
+                row = named_one(conn, query("exec_attempt"), (attempt_id,))
                 if row is None:
                     raise NotFound(f"attempt {attempt_id!r} does not exist")
                 run_id, run_state = row["run_id"], row["run_state"]
@@ -318,7 +318,7 @@ class SqliteExecutionStore:
                     check_run_transition(run_state, RunState.RETRY_WAIT, actor)
                     if not self._end_attempt(conn, attempt_id, row["state"], outcome, now_ms):
                         return FinishResult(False, RunState(run_state))
-                    conn.execute(q("exec_insert_retry"), {
+                    conn.execute(query("exec_insert_retry"), {
                         "attempt_id": uuid.uuid4().hex, "run_id": run_id,
                         "attempt_no": decision.attempt_no, "executor": row["executor"],
                         "digest": row["execution_digest"], "not_before": decision.at_ms,
@@ -358,7 +358,7 @@ class SqliteExecutionStore:
 
         def work(conn: sqlite3.Connection) -> RunState:
             with transaction(conn):
-                row = named_one(conn, q("exec_latest_attempt_of_run"), (run_id,))
+                row = named_one(conn, query("exec_latest_attempt_of_run"), (run_id,))
                 if row is None:
                     raise NotFound(f"run {run_id!r} does not exist")
                 run_state = RunState(row["run_state"])
@@ -377,7 +377,7 @@ class SqliteExecutionStore:
                     self._event(conn, run_id, "run.finished", now_ms)
                     return RunState.CANCELLED
                 if attempt_state in (AttemptState.DISPATCHING, AttemptState.RUNNING):
-                    if conn.execute(q("exec_request_cancel"), {
+                    if conn.execute(query("exec_request_cancel"), {
                             "reason": reason.value, "now": now_ms,
                             "attempt_id": row["attempt_id"]}).rowcount == 1:
                         self._event(conn, run_id, "run.cancel_requested", now_ms)
@@ -390,7 +390,7 @@ class SqliteExecutionStore:
         overlap policy skips it, with ``reason``. False, nothing changed, otherwise."""
         def work(conn: sqlite3.Connection) -> bool:
             with transaction(conn):
-                row = named_one(conn, q("exec_attempt"), (attempt_id,))
+                row = named_one(conn, query("exec_attempt"), (attempt_id,))
                 if (row is None or row["run_id"] != run_id
                         or row["state"] != AttemptState.CLAIMED.value
                         or row["attempt_no"] != row["latest_no"]):
@@ -424,26 +424,26 @@ class SqliteExecutionStore:
         def work(conn: sqlite3.Connection) -> tuple[str, bool]:
             with transaction(conn):
                 for block in ("exec_manual_key", "exec_run_by_key"):
-                    seen = conn.execute(q(block), (full_key,)).fetchone()
+                    seen = conn.execute(query(block), (full_key,)).fetchone()
                     if seen is not None:
                         return seen[0], False
-                if named_one(conn, q("project_by_id"), (project_id,)) is None:
+                if named_one(conn, query("project_by_id"), (project_id,)) is None:
                     raise project_not_found(project_id)
-                task = named_one(conn, q("exec_task_for_manual_run"), (project_id, task_id))
+                task = named_one(conn, query("exec_task_for_manual_run"), (project_id, task_id))
                 if task is None:
                     raise task_not_found(project_id, task_id)
                 run_id = uuid.uuid4().hex
                 revision, digest = task["task_revision"], task["content_digest"]
-                conn.execute(q("exec_insert_manual_run"), {
+                conn.execute(query("exec_insert_manual_run"), {
                     "run_id": run_id, "project_id": project_id, "task_id": task_id,
                     "revision": revision, "digest": digest, "now": now_ms, "key": full_key})
-                conn.execute(q("insert_attempt"), {
+                conn.execute(query("insert_attempt"), {
                     "attempt_id": uuid.uuid4().hex, "run_id": run_id, "executor": task["executor"],
                     "digest": pinned_execution_digest(project_id, task_id, revision, digest,
                                                       task["executor"]),
                     "now": now_ms})
-                conn.execute(q("insert_run_events"), (run_id, now_ms))
-                conn.execute(q("exec_insert_manual_key"),
+                conn.execute(query("insert_run_events"), (run_id, now_ms))
+                conn.execute(query("exec_insert_manual_key"),
                              (full_key, run_id, project_id, task_id, now_ms))
                 return run_id, True
 
@@ -466,7 +466,7 @@ class SqliteExecutionStore:
             block = "exec_list_runs_in_flight"
         else:
             block = "exec_list_runs"
-        rows = await self._store.call(named_rows, q(block), params, bound)
+        rows = await self._store.call(named_rows, query(block), params, bound)
         return [_summary(row) for row in rows]
 
     async def run_detail(self, run_id: str) -> RunDetail:
@@ -474,10 +474,10 @@ class SqliteExecutionStore:
         def work(conn: sqlite3.Connection) -> RunDetail:
             conn.execute("BEGIN")  # one read snapshot for the Run and its Attempts
             try:
-                run = named_one(conn, q("exec_run"), (run_id,))
+                run = named_one(conn, query("exec_run"), (run_id,))
                 if run is None:
                     raise NotFound(f"run {run_id!r} does not exist (it may have been pruned)")
-                attempts = named_rows(conn, q("exec_attempts_of_run"), (run_id,))
+                attempts = named_rows(conn, query("exec_attempts_of_run"), (run_id,))
             finally:
                 conn.execute("COMMIT")
             views = tuple(AttemptView(
@@ -496,7 +496,7 @@ class SqliteExecutionStore:
         """``(attempt_id, attempt_dir)`` of ended Attempts whose log still exists, ended before
         ``older_than_ms``, oldest first (at most ``limit``)."""
         bound = listing_bound(limit)
-        rows = await self._store.call(named_rows, q("exec_finished_logs"),
+        rows = await self._store.call(named_rows, query("exec_finished_logs"),
                                       {"before": older_than_ms, "limit": bound}, bound)
         return [(row["attempt_id"], row["attempt_dir"]) for row in rows]
 
@@ -504,7 +504,7 @@ class SqliteExecutionStore:
         """Record that the Attempt's log was deleted (the tombstone; the first time stays)."""
         def work(conn: sqlite3.Connection) -> None:
             with transaction(conn):
-                conn.execute(q("exec_mark_log_deleted"), {"now": now_ms, "attempt_id": attempt_id})
+                conn.execute(query("exec_mark_log_deleted"), {"now": now_ms, "attempt_id": attempt_id})
 
         await self._store.call(work)
 
@@ -520,11 +520,11 @@ class SqliteExecutionStore:
         def work(conn: sqlite3.Connection) -> PruneReport:
             runs = attempts = events = 0
             with transaction(conn):
-                for (run_id,) in conn.execute(q("exec_prunable_runs"),
+                for (run_id,) in conn.execute(query("exec_prunable_runs"),
                                               {"before": older_than_ms, "limit": bound}).fetchall():
-                    events += conn.execute(q("exec_delete_run_events"), (run_id,)).rowcount
-                    attempts += conn.execute(q("exec_delete_run_attempts"), (run_id,)).rowcount
-                    runs += conn.execute(q("exec_delete_run"), (run_id,)).rowcount
+                    events += conn.execute(query("exec_delete_run_events"), (run_id,)).rowcount
+                    attempts += conn.execute(query("exec_delete_run_attempts"), (run_id,)).rowcount
+                    runs += conn.execute(query("exec_delete_run"), (run_id,)).rowcount
             return PruneReport(runs, attempts, events)
 
         return await self._store.call(work)

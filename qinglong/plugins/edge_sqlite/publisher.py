@@ -51,7 +51,7 @@ from qinglong.contracts.store import (
     validate_definition,
 )
 
-from .queries import q
+from .queries import query
 from .store import SqliteStore, named_one, named_rows, transaction
 
 
@@ -64,7 +64,7 @@ def head_from_row(row: sqlite3.Row) -> TriggerHead:
 
 
 def _require_project(conn: sqlite3.Connection, project_id: str) -> sqlite3.Row:
-    row = named_one(conn, q("project_by_id"), (project_id,))
+    row = named_one(conn, query("project_by_id"), (project_id,))
     if row is None or row["deleted_at_ms"] is not None:
         raise project_not_found(project_id)
     return row
@@ -72,7 +72,7 @@ def _require_project(conn: sqlite3.Connection, project_id: str) -> sqlite3.Row:
 
 def _live_task_head(conn: sqlite3.Connection, project_id: str, task_id: str) -> sqlite3.Row | None:
     """The task's head row unless the task does not exist or was deleted."""
-    row = named_one(conn, q("task_head"), (project_id, task_id))
+    row = named_one(conn, query("task_head"), (project_id, task_id))
     return row if row is not None and row["deleted_at_ms"] is None else None
 
 
@@ -81,7 +81,7 @@ def put_task_in(conn: sqlite3.Connection, project_id: str, task_id: str, payload
     """Publish a checked payload inside the caller's open transaction: a new revision when its
     digest differs from the head's (or the task was deleted: its revisions continue)."""
     _require_project(conn, project_id)
-    head = named_one(conn, q("task_head"), (project_id, task_id))
+    head = named_one(conn, query("task_head"), (project_id, task_id))
     if head is not None and head["deleted_at_ms"] is None and head["content_digest"] == digest:
         return TaskRecord(project_id, task_id, head["task_revision"],
                           json.loads(head["payload_json"]), head["content_digest"])
@@ -89,8 +89,8 @@ def put_task_in(conn: sqlite3.Connection, project_id: str, task_id: str, payload
     params = {"project_id": project_id, "task_id": task_id, "revision": revision,
               "payload": payload_json, "digest": digest, "now": now_ms}
     # The head first: task_revisions references it.
-    conn.execute(q("upsert_task_head"), params)
-    conn.execute(q("insert_task_revision"), params)
+    conn.execute(query("upsert_task_head"), params)
+    conn.execute(query("insert_task_revision"), params)
     return TaskRecord(project_id, task_id, revision, json.loads(payload_json), digest)
 
 
@@ -98,22 +98,22 @@ def delete_task_in(conn: sqlite3.Connection, project_id: str, task_id: str, now_
     """Mark a task deleted inside the caller's transaction; refused while a trigger runs it."""
     if _live_task_head(conn, project_id, task_id) is None:
         raise task_not_found(project_id, task_id)
-    users = [row[0] for row in conn.execute(q("triggers_of_task"), (project_id, task_id))]
+    users = [row[0] for row in conn.execute(query("triggers_of_task"), (project_id, task_id))]
     if users:
         raise task_in_use(project_id, task_id, users)
-    conn.execute(q("delete_task_head"), {"project_id": project_id, "task_id": task_id, "now": now_ms})
+    conn.execute(query("delete_task_head"), {"project_id": project_id, "task_id": task_id, "now": now_ms})
 
 
 def project_state_in(conn: sqlite3.Connection, project_id: str) -> ProjectState:
     """The project's state as :func:`~qinglong.contracts.apply.plan_project` reads it."""
-    row = named_one(conn, q("project_by_id"), (project_id,))
+    row = named_one(conn, query("project_by_id"), (project_id,))
     if row is None or row["deleted_at_ms"] is not None:
         return ProjectState.absent(project_id)
     tasks = {r["task_id"]: TaskRecord(project_id, r["task_id"], r["task_revision"],
                                       json.loads(r["payload_json"]), r["content_digest"])
-             for r in named_rows(conn, q("project_task_heads"), (project_id,))}
+             for r in named_rows(conn, query("project_task_heads"), (project_id,))}
     triggers = {r["trigger_id"]: head_from_row(r)
-                for r in named_rows(conn, q("list_triggers_of_project"), (project_id,))}
+                for r in named_rows(conn, query("list_triggers_of_project"), (project_id,))}
     return ProjectState(project_id, True, row["name"], tasks, triggers)
 
 
@@ -148,17 +148,17 @@ def _apply_change(conn: sqlite3.Connection, change: Change, plan: ProjectPlan,
     project_id = plan.project_id
     if change.kind is ObjectKind.PROJECT:
         if change.action is ChangeAction.DELETE:
-            conn.execute(q("delete_project_row"), {"project_id": project_id, "now": now_ms})
+            conn.execute(query("delete_project_row"), {"project_id": project_id, "now": now_ms})
             return
         name = (desired.name if desired is not None and desired.name is not None else project_id)
         if change.action is ChangeAction.CREATE:
-            row = named_one(conn, q("project_by_id"), (project_id,))
+            row = named_one(conn, query("project_by_id"), (project_id,))
             if row is None:
-                conn.execute(q("insert_project"), (project_id, name, now_ms))
+                conn.execute(query("insert_project"), (project_id, name, now_ms))
             else:
-                conn.execute(q("revive_project"), {"project_id": project_id, "name": name})
+                conn.execute(query("revive_project"), {"project_id": project_id, "name": name})
         else:
-            conn.execute(q("rename_project"), {"project_id": project_id, "name": name})
+            conn.execute(query("rename_project"), {"project_id": project_id, "name": name})
     elif change.kind is ObjectKind.TASK:
         if change.action is ChangeAction.DELETE:
             delete_task_in(conn, project_id, change.object_id, now_ms)
@@ -169,8 +169,8 @@ def _apply_change(conn: sqlite3.Connection, change: Change, plan: ProjectPlan,
     else:
         if change.action is ChangeAction.DELETE:
             _existing_head(conn, project_id, change.object_id)
-            conn.execute(q("delete_schedule"), (change.object_id,))
-            conn.execute(q("delete_trigger_head"), (change.object_id,))
+            conn.execute(query("delete_schedule"), (change.object_id,))
+            conn.execute(query("delete_trigger_head"), (change.object_id,))
             return
         definition = plan.triggers[change.object_id]
         put_trigger_in(conn, definition, definition.spec, definition.kind,
@@ -178,18 +178,18 @@ def _apply_change(conn: sqlite3.Connection, change: Change, plan: ProjectPlan,
 
 
 def _write_trigger_revision(conn: sqlite3.Connection, head: TriggerHead, now_ms: int) -> None:
-    conn.execute(q("upsert_trigger_head"), {
+    conn.execute(query("upsert_trigger_head"), {
         "trigger_id": head.trigger_id, "project_id": head.project_id, "task_id": head.task_id,
         "revision": head.trigger_revision, "kind": head.kind, "spec": canonical_json(dict(head.spec)),
         "policy": head.misfire_policy.value, "grace": head.misfire_grace_ms,
         "enabled": int(head.enabled), "digest": head.content_digest, "now": now_ms,
     })
     # Same transaction as the head: a new revision never runs on the old revision's cursor.
-    conn.execute(q("reset_schedule_for_revision"), {
+    conn.execute(query("reset_schedule_for_revision"), {
         "trigger_id": head.trigger_id, "project_id": head.project_id,
         "revision": head.trigger_revision, "now": now_ms,
     })
-    conn.execute(q("raise_trigger_revision_mark"),
+    conn.execute(query("raise_trigger_revision_mark"),
                  {"trigger_id": head.trigger_id, "revision": head.trigger_revision})
 
 
@@ -197,7 +197,7 @@ def next_trigger_revision(conn: sqlite3.Connection, trigger_id: str, current: in
     """The revision a new definition of ``trigger_id`` gets: above its head's ``current`` (0 when
     there is no head) and above every revision the id ever had (a trigger deleted and created
     again continues, never repeats)."""
-    mark = named_one(conn, q("trigger_revision_mark"), (trigger_id,))
+    mark = named_one(conn, query("trigger_revision_mark"), (trigger_id,))
     return max(current, mark["high_revision"] if mark is not None else 0) + 1
 
 
@@ -207,7 +207,7 @@ def put_trigger_in(conn: sqlite3.Connection, definition: TriggerDefinition,
     _require_project(conn, definition.project_id)
     if _live_task_head(conn, definition.project_id, definition.task_id) is None:
         raise task_not_found(definition.project_id, definition.task_id)
-    existing = named_one(conn, q("trigger_by_id"), (definition.trigger_id,))
+    existing = named_one(conn, query("trigger_by_id"), (definition.trigger_id,))
     if existing is not None and existing["project_id"] != definition.project_id:
         raise trigger_id_taken(definition.trigger_id, existing["project_id"])
     digest = trigger_content_digest(definition.project_id, definition.trigger_id, definition.task_id,
@@ -258,13 +258,13 @@ class SqlitePublisher:
         now = self._context.clock_ms()
 
         def write(conn: sqlite3.Connection) -> ProjectRecord:
-            row = named_one(conn, q("project_by_id"), (project_id,))
+            row = named_one(conn, query("project_by_id"), (project_id,))
             if row is not None and row["deleted_at_ms"] is None:
                 raise project_exists(project_id)
             if row is None:
-                conn.execute(q("insert_project"), (project_id, label, now))
+                conn.execute(query("insert_project"), (project_id, label, now))
             else:  # a deleted project created again starts empty, active
-                conn.execute(q("revive_project"), {"project_id": project_id, "name": label})
+                conn.execute(query("revive_project"), {"project_id": project_id, "name": label})
             return ProjectRecord(project_id, label, True)
 
         return await self._in_transaction(write)
@@ -354,14 +354,14 @@ class SqlitePublisher:
 
         def write(conn: sqlite3.Connection) -> None:
             _existing_head(conn, project_id, trigger_id)
-            conn.execute(q("delete_schedule"), (trigger_id,))
-            conn.execute(q("delete_trigger_head"), (trigger_id,))
+            conn.execute(query("delete_schedule"), (trigger_id,))
+            conn.execute(query("delete_trigger_head"), (trigger_id,))
 
         await self._in_transaction(write)
 
 
 def _existing_head(conn: sqlite3.Connection, project_id: str, trigger_id: str) -> TriggerHead:
-    row = named_one(conn, q("trigger_by_id"), (trigger_id,))
+    row = named_one(conn, query("trigger_by_id"), (trigger_id,))
     if row is None or row["project_id"] != project_id:
         raise trigger_not_found(project_id, trigger_id)
     return head_from_row(row)

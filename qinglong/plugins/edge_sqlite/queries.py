@@ -18,6 +18,6 @@ def queries() -> Mapping[str, str]:
     return {name: block.sql for name, block in SQL.blocks().items()}
 
 
-def q(name: str) -> str:
+def query(name: str) -> str:
     """The SQL of block ``name``."""
     return SQL.query(name)

@@ -23,7 +23,7 @@ from qinglong.contracts.records import (
 from qinglong.contracts.store import listing_bound, schedule_cursor
 
 from .publisher import head_from_row
-from .queries import q
+from .queries import query
 from .store import SqliteStore, named_one, named_rows, probe_owner_lock
 
 def _schedule_view(row: sqlite3.Row) -> ScheduleView:
@@ -42,11 +42,11 @@ def _schedule_page(conn: sqlite3.Connection, bound: int, cursor: tuple | None) -
     try:
         if cursor is None or cursor[0] is None:
             project, trigger = ("", "") if cursor is None else cursor[1:]
-            rows = named_rows(conn, q("list_schedules_uninitialised"), {
+            rows = named_rows(conn, query("list_schedules_uninitialised"), {
                 "after_project": project, "after_trigger": trigger, "limit": bound}, bound)
             cursor = (-(2 ** 63), "", "")
         if len(rows) < bound:
-            rows += named_rows(conn, q("list_schedules_initialised"), {
+            rows += named_rows(conn, query("list_schedules_initialised"), {
                 "after_next": cursor[0], "after_project": cursor[1], "after_trigger": cursor[2],
                 "limit": bound - len(rows)}, bound - len(rows))
     finally:
@@ -68,7 +68,7 @@ class SqliteReader:
 
     async def list_projects(self, limit: int | None = None) -> Sequence[ProjectRecord]:
         """Projects by id (at most ``limit``, see :func:`~qinglong.contracts.store.listing_bound`)."""
-        rows = await self._named_rows(q("list_projects"), (), listing_bound(limit))
+        rows = await self._named_rows(query("list_projects"), (), listing_bound(limit))
         return [record_from_row(ProjectRecord, row, active=bool(row["active"])) for row in rows]
 
     async def list_triggers(self, project_id: str | None = None,
@@ -76,9 +76,9 @@ class SqliteReader:
         """Trigger heads, optionally of one project, by project and id."""
         bound = listing_bound(limit)
         if project_id is None:
-            rows = await self._named_rows(q("list_triggers"), (), bound)
+            rows = await self._named_rows(query("list_triggers"), (), bound)
         else:
-            rows = await self._named_rows(q("list_triggers_of_project"), (project_id,), bound)
+            rows = await self._named_rows(query("list_triggers_of_project"), (project_id,), bound)
         return [head_from_row(row) for row in rows]
 
     async def list_schedules(self, limit: int | None = None,
@@ -98,7 +98,7 @@ class SqliteReader:
     async def task_head(self, project_id: str, task_id: str) -> TaskRecord:
         """The task's head revision with its payload and digest (what ``task show`` prints);
         :class:`~qinglong.contracts.errors.NotFound` if the project has no such task."""
-        row = await self._store.call(named_one, q("task_head"), (project_id, task_id))
+        row = await self._store.call(named_one, query("task_head"), (project_id, task_id))
         if row is None or row["deleted_at_ms"] is not None:
             raise NotFound(f"task {task_id!r} does not exist in project {project_id!r}")
         return record_from_row(TaskRecord, row, payload=json.loads(row["payload_json"]))
@@ -107,15 +107,15 @@ class SqliteReader:
         """The newest Runs first, optionally of one trigger (newest occurrence first)."""
         bound = listing_bound(limit)
         if trigger_id is None:
-            rows = await self._named_rows(q("recent_runs"), (bound,), bound)
+            rows = await self._named_rows(query("recent_runs"), (bound,), bound)
         else:
-            rows = await self._named_rows(q("recent_runs_of_trigger"), (trigger_id, bound), bound)
+            rows = await self._named_rows(query("recent_runs_of_trigger"), (trigger_id, bound), bound)
         return [record_from_row(RunView, row) for row in rows]
 
     async def recent_skips(self, limit: int = 20) -> Sequence[SkipView]:
         """The newest recorded misfires first."""
         bound = listing_bound(limit)
-        rows = await self._named_rows(q("recent_skips"), (bound,), bound)
+        rows = await self._named_rows(query("recent_skips"), (bound,), bound)
         return [record_from_row(SkipView, row, policy=MisfirePolicy(row["policy"]),
                                 count_exact=bool(row["count_exact"]))
                 for row in rows]

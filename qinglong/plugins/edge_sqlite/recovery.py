@@ -25,7 +25,7 @@ import sqlite3
 
 from qinglong.contracts.records import RecoveryReport
 
-from .queries import q
+from .queries import query
 from .scheduler_read import pinned_execution_digest
 from .store import named_rows
 
@@ -75,7 +75,7 @@ def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
         drifted = False
         candidates: list[str] = []
         overflow = False
-        for pin in named_rows(conn, q("in_flight_summary")):
+        for pin in named_rows(conn, query("in_flight_summary")):
             project_id, task_id, revision = pin["project_id"], pin["task_id"], pin["task_revision"]
             task_digest, digest = pin["task_digest"], pin["execution_digest"]
             executor = pin["executor"]
@@ -85,7 +85,7 @@ def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
                 drifted = True
                 continue
             problem = None
-            named = conn.execute(q("task_revision_executor"),
+            named = conn.execute(query("task_revision_executor"),
                                  (project_id, task_id, revision, task_digest)).fetchone()
             if digest != pinned_execution_digest(project_id, task_id, revision, task_digest,
                                                  executor):
@@ -103,7 +103,7 @@ def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
             if room <= 0:
                 overflow = True
                 continue
-            for run in named_rows(conn, q("in_flight_of_pin"),
+            for run in named_rows(conn, query("in_flight_of_pin"),
                               (project_id, task_id, revision, task_digest, executor, digest,
                                room)):
                 candidates.append(f"run {run['run_id']} attempt {run['attempt_id']} "
@@ -112,7 +112,7 @@ def recover_in_thread(conn: sqlite3.Connection) -> RecoveryReport:
             room = CANDIDATE_BOUND + 1 - len(candidates)
             if room > 0:
                 candidates += [_describe(row) for row in
-                               named_rows(conn, q("in_flight_not_pristine"), (room,))]
+                               named_rows(conn, query("in_flight_not_pristine"), (room,))]
             else:
                 overflow = True
     finally:

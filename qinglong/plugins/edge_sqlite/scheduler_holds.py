@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from qinglong.contracts.diagnostics import DiagnosticEvent
 
-from .queries import q
+from .queries import query
 from .scheduler_read import DueRow, RoundOutcome, row_fields
 from .store import translate_sqlite_error
 
@@ -67,10 +67,10 @@ class HeldSchedules:
     def sync(self, conn: sqlite3.Connection, now_ms: int) -> None:
         """Make the TEMP table match this memory: create it on a new connection (forgetting every
         hold, which lived in the old one), release expired holds, forget old released pairs."""
-        if conn.execute(q("held_table_exists")).fetchone() is None:
+        if conn.execute(query("held_table_exists")).fetchone() is None:
             # Before the first TEMP object: keep it in memory, never in a temp file on the flash.
             conn.execute("PRAGMA temp_store = MEMORY")
-            conn.execute(q("create_held_table"))
+            conn.execute(query("create_held_table"))
             self._entries.clear()
         released = []
         for key, hold in list(self._entries.items()):
@@ -82,7 +82,7 @@ class HeldSchedules:
             elif not hold.active and not now_ms - hold.hold_ms < hold.until_ms <= now_ms:
                 del self._entries[key]
         if released:
-            conn.executemany(q("delete_held"), released)
+            conn.executemany(query("delete_held"), released)
 
     def hold(self, conn: sqlite3.Connection, trigger_id: str, revision: int, now_ms: int) -> bool | None:
         """Hold a pair. True if it is newly reported, False if it was reported before (a repeat
@@ -95,13 +95,13 @@ class HeldSchedules:
                 if len(self._entries) >= HOLD_BOUND:
                     return None
             self._entries[key] = _Hold(now_ms + HOLD_FIRST_MS, HOLD_FIRST_MS)
-            conn.execute(q("insert_held"), key)
+            conn.execute(query("insert_held"), key)
             return True
         if not hold.active:
             hold.hold_ms = min(hold.hold_ms * 2, HOLD_MAX_MS)
         hold.until_ms = now_ms + hold.hold_ms
         hold.active = True
-        conn.execute(q("insert_held"), key)
+        conn.execute(query("insert_held"), key)
         return False
 
     def _forget_released(self) -> None:

@@ -24,7 +24,7 @@ from qinglong.contracts.records import (
     content_digest,
 )
 
-from .queries import q
+from .queries import query
 from .store import named_cursor
 
 if TYPE_CHECKING:
@@ -158,11 +158,11 @@ def read_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
     try:
         if after is None or after[0] is None:
             project, trigger = ("", "") if after is None else after[1:]
-            rows = cur.execute(q("claim_uninitialised_page"), {
+            rows = cur.execute(query("claim_uninitialised_page"), {
                 "page": page_size, "after_project": project, "after_trigger": trigger}).fetchall()
             after = _KEYSET_START
         if len(rows) < page_size:
-            rows += cur.execute(q("claim_due_page"), {
+            rows += cur.execute(query("claim_due_page"), {
                 "now": now_ms, "page": page_size - len(rows), "after_next": after[0],
                 "after_project": after[1], "after_trigger": after[2]}).fetchall()
     finally:

@@ -19,7 +19,7 @@ from qinglong.contracts.records import (
     page_id_base,
 )
 
-from .queries import q
+from .queries import query
 from .scheduler_read import DueRow, RoundOutcome, execution_digest, row_fields
 
 #: How many on-time backlog occurrences one trigger may admit in one round.
@@ -75,7 +75,7 @@ class PageTransaction:
 @lru_cache(maxsize=None)
 def _sql(name: str) -> str:
     """The SQL of block ``name``, looked up once per process (a page runs each block per row)."""
-    return q(name)
+    return query(name)
 
 
 def write_occurrence(conn: sqlite3.Connection, row: DueRow, decision: Decision,

@@ -31,7 +31,7 @@ from qinglong.contracts.observe import (
     nearest_rank,
 )
 
-from .queries import q
+from .queries import query
 from .store import SqliteStore, named_one, named_rows, probe_owner_lock
 
 #: Virtual-machine steps between two looks at the deadline (a few microseconds of work each).
@@ -65,17 +65,17 @@ def _read(conn: sqlite3.Connection, now_ms: int, busy_timeout_ms: int,
         conn.execute("BEGIN")  # deferred: a read transaction, one snapshot of the WAL
         try:
             lag_since = now_ms - LAG_WINDOW_MS
-            figures = named_one(conn, q("stats_figures"), {
+            figures = named_one(conn, query("stats_figures"), {
                 "now": now_ms, "recent_since": now_ms - RECENT_WINDOW_MS, "lag_since": lag_since})
             by_state = {row["state"]: int(row["n"])
-                        for row in named_rows(conn, q("stats_runs_by_state"))}
+                        for row in named_rows(conn, query("stats_runs_by_state"))}
             lags: dict[int, int] = {}
             admitted = int(figures["admitted_in_window"])
             if admitted:
                 ranks = {"rank_a": nearest_rank(admitted, 0.5), "rank_b": nearest_rank(admitted, 0.99),
                          "lag_since": lag_since}
                 lags = {int(row["rn"]): int(row["lag"])
-                        for row in named_rows(conn, q("stats_lag_at_ranks"), ranks)}
+                        for row in named_rows(conn, query("stats_lag_at_ranks"), ranks)}
         finally:
             if conn.in_transaction:
                 conn.execute("COMMIT")
