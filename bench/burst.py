@@ -17,7 +17,7 @@ runs); ``--fsync-off`` is the labelled variant the test suite's servers use.
   T, admitted by real ``qinglong run`` processes (the cluster profile, default scheduler settings,
   only the owner and the DSN set) started about 20 s before T and stopped 15 s after it. One
   trigger is published through the real publisher; the other N - 1 are copies of it inserted by
-  the superuser (``tests/cluster/scale_seed.py``), with their cursors already initialised to T,
+  the superuser (``tests/cluster/scale_seed.py``), with their cursors already initialized to T,
   because publishing 20,000 triggers one by one takes longer than the run. Reported: first and
   last Run after T (``admitted_at_ms - T``, database clock), duplicates (Runs beyond one per
   trigger and occurrence), missing (triggers without a Run for T), serialization failures (the
@@ -42,7 +42,7 @@ runs); ``--fsync-off`` is the labelled variant the test suite's servers use.
   path, diagnostics at warning, and ``[execution] enabled = false`` so the 10,000 Runs are not
   executed during the measurement: this measures admission), N triggers ``* * * * *``: one
   published through the CLI, the others copies of it inserted into the SQLite file, every cursor
-  initialised to T; the process started about 20 s before T and stopped 15 s after it. Same
+  initialized to T; the process started about 20 s before T and stopped 15 s after it. Same
   figures (wall clock of this machine), CPU seconds of the process.
 * claim cost (``--schedules``): for each count, that many schedules far in the future and 100
   due, then EXPLAIN (ANALYZE, BUFFERS) of the claim statement taking the due rows and of the
@@ -741,7 +741,7 @@ def steady(server, dsns: dict, templates: list[str], seconds: float, workdir: Pa
                      "claim_expires_at_ms = NULL WHERE claim_owner IS NOT NULL")
         for s, template in enumerate(templates):
             clone_triggers(conn, template, per_second - 1, prefix=f"s{s:02d}_")
-        # every copy and its template initialised to the next occurrence of its second
+        # every copy and its template initialized to the next occurrence of its second
         conn.execute(
             "WITH clock AS MATERIALIZED (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint "
             "+ 5000 AS now_ms) "

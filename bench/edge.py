@@ -94,7 +94,7 @@ def make_database(path: Path, triggers: int, due_fraction: float, expression: st
             if due_count and i < due_count:
                 nxt = provider.latest_at_or_before(spec, now_ms)
             elif expression.split()[0] == "*" and len(expression.split()) == 6:
-                nxt = None  # initialised by the first round
+                nxt = None  # initialized by the first round
             else:
                 nxt = now_ms + 3_600_000
             yield (f"tr{i:06d}", canonical_json(spec), nxt)
@@ -318,7 +318,7 @@ def main() -> None:
         peak, steady = _child("steady", str(steady_db), str(args.page_size), str(args.seconds),
                               args.synchronous)
         conn = sqlite3.connect(steady_db)
-        warm_ms = steady["start_ms"] + 2_000  # skip initialisation and the first second
+        warm_ms = steady["start_ms"] + 2_000  # skip initialization and the first second
         lags = [r[0] for r in conn.execute(
             "SELECT admitted_at_ms - scheduled_for_ms FROM runs WHERE scheduled_for_ms >= ?", (warm_ms,))]
         conn.close()

@@ -159,7 +159,7 @@ class PgServer:
         self._chown(self.datadir / "pg_hba.conf")
 
     def start(self) -> "PgServer":
-        """Start (initialising first if needed) and wait until it accepts connections."""
+        """Start (initializing first if needed) and wait until it accepts connections."""
         if not (self.datadir / "PG_VERSION").exists():
             self.init()
         opts = f"-p {self.port} -h {self.host} -k {self.datadir}"
@@ -226,7 +226,7 @@ class PgServer:
 
 
 def start_server(label: str, *, fsync_off: bool = True, extra_conf: str = "") -> PgServer:
-    """Initialise and start a fresh server of build ``label`` in a new private directory
+    """Initialize and start a fresh server of build ``label`` in a new private directory
     (``fsync_off`` False: PostgreSQL's shipped ``fsync = on``)."""
     bin_dir, os_user = server_build(label)
     base = Path(tempfile.mkdtemp(prefix=f"ql-{label}-", dir="/tmp"))

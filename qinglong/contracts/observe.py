@@ -30,7 +30,7 @@ class StoreStats:
     * ``schedules_total`` / ``schedules_enabled``: schedule rows (of enabled triggers of active
       projects, for the latter);
     * ``schedules_due``: enabled schedules whose occurrence is due at ``now_ms`` and not yet
-      admitted (the backlog), awaiting initialisation excluded; ``oldest_due_ms``: the scheduled
+      admitted (the backlog), awaiting initialization excluded; ``oldest_due_ms``: the scheduled
       time of the oldest of them (None when none is due);
     * ``runs_by_state``: Runs by :class:`~qinglong.contracts.execution.RunState` value (every
       state present, zeros included);

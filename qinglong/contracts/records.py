@@ -102,12 +102,12 @@ class TriggerHead:
 
 @dataclass(frozen=True, slots=True)
 class ScheduleCursor:
-    """A trigger's schedule cursor. ``next_fire_at_ms`` None means awaiting initialisation.
+    """A trigger's schedule cursor. ``next_fire_at_ms`` None means awaiting initialization.
 
     ``published_at_ms`` is when this trigger revision was published (the store's clock: database
-    time on the cluster). Initialisation takes the first occurrence strictly after it, so an
+    time on the cluster). Initialization takes the first occurrence strictly after it, so an
     occurrence between the publish and the scheduler's first look is still owed. None (a row
-    written before the column existed) initialises from the observation.
+    written before the column existed) initializes from the observation.
     """
 
     trigger_revision: int
@@ -245,11 +245,11 @@ class ScheduleView:
     next_fire_at_ms: int | None
     last_scheduled_at_ms: int | None
     #: when this revision was published (store clock); lets a reader preview the first fire time
-    #: of a schedule that no scheduler round has initialised yet
+    #: of a schedule that no scheduler round has initialized yet
     published_at_ms: int | None = None
 
     def lag_ms(self, now_ms: int) -> int:
-        """How far behind the schedule is at ``now_ms`` (0 when not due or not initialised)."""
+        """How far behind the schedule is at ``now_ms`` (0 when not due or not initialized)."""
         if not self.enabled or self.next_fire_at_ms is None:
             return 0
         return max(0, now_ms - self.next_fire_at_ms)
@@ -293,7 +293,7 @@ class RoundReport:
 
     * ``scanned``: schedule rows the round read to decide (edge: its scan; cluster: its claims).
     * ``claimed``: rows claimed under a lease (0 on a store without claims).
-    * ``initialized``: initialisations committed (a new revision's cursor set).
+    * ``initialized``: initializations committed (a new revision's cursor set).
     * ``admitted``: Runs admitted, one per committed decision that scheduled an occurrence (an
       on-time fire, or the one occurrence of a ``fire_once`` misfire).
     * ``skipped``: committed misfire decisions that passed over at least one occurrence, i.e. one
@@ -305,7 +305,7 @@ class RoundReport:
     * ``cas_misses``: decisions not committed because the schedule or its task changed after the
       decision (a republish or a task edit raced the round); nothing of them was written. The
       occurrence is decided again from the new state (a task edit: next round, against the new
-      task revision; a republish: the new revision is initialised).
+      task revision; a republish: the new revision is initialized).
     * ``fence_lost``: claims another replica took over before the commit (0 without claims).
     * ``serialization_retries``: transactions retried after a serialization failure.
     * ``errors``: rows that could not be decided or committed, plus a failed round. A trigger of

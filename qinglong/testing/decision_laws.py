@@ -143,9 +143,9 @@ def expected_admissions(provider: Any, head: TriggerHead, initialized_at_ms: int
                         published_at_ms: int | None = None) -> list[int]:
     """The reference model: which occurrences a run of observations must admit, and in what order.
 
-    Initialisation at ``initialized_at_ms`` counts from ``min(published, initialized)``: it is
+    Initialization at ``initialized_at_ms`` counts from ``min(published, initialized)``: it is
     modelled as an observation at that base followed by one at ``initialized_at_ms`` (the
-    occurrences owed since the publish are decided at once, at the initialising observation).
+    occurrences owed since the publish are decided at once, at the initializing observation).
     After each observation the cursor is the first occurrence after the highest observation so
     far. At the next (higher) observation, if that cursor occurrence is within the grace, every
     occurrence up to the observation is admitted; otherwise ``fire_once`` admits only the latest

@@ -206,7 +206,7 @@ def seed(db: ClusterDb, n: int = 1, *, expression: str = "0 0 1 1 *", project: s
 
 
 def set_cursor(db: ClusterDb, trigger_id: str | None, offset_ms: int | None) -> None:
-    """Move a schedule's cursor to database now + ``offset_ms`` (None: awaiting initialisation);
+    """Move a schedule's cursor to database now + ``offset_ms`` (None: awaiting initialization);
     ``trigger_id`` None moves every schedule. Clears any claim.
 
     ``now`` is read once for the whole statement (an uncorrelated scalar subquery is an init plan):

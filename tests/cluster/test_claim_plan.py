@@ -74,7 +74,7 @@ def test_an_empty_claim_stays_bounded_while_the_due_rows_are_leased(cluster):
     _assert_bounded(plan, "an empty claim")
 
 
-def test_rows_awaiting_initialisation_are_claimed_first_through_their_own_index_range(cluster):
+def test_rows_awaiting_initialization_are_claimed_first_through_their_own_index_range(cluster):
     """New schedules (no cursor yet) come before due ones and are found by an index condition
     too; without it a burst of new triggers would wait behind the due rows, or be found by a walk."""
     _seed_store(cluster)

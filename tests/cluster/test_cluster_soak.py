@@ -314,7 +314,7 @@ def audit(db, claim_versions_before: int, stopped_at_ms: int) -> Audit:
         "IS DISTINCT FROM ARRAY['run.created', 'run.queued']")[0][0]
     a.duplicate_keys = db.sql(
         "SELECT count(*) - count(DISTINCT idempotency_key) FROM qinglong.runs")[0][0]
-    # Every claim bumps claim_version. One claim may commit several decisions (an initialisation
+    # Every claim bumps claim_version. One claim may commit several decisions (an initialization
     # and the occurrence owed since the publish, or a backlog drained in one round), and some are
     # never committed (a killed holder's, taken over after the lease), so the count is a figure,
     # not something to balance against the Runs.
@@ -377,7 +377,7 @@ def test_every_occurrence_is_admitted_exactly_once_while_replicas_are_killed_and
         f"skipped (recorded) {result.skipped_recorded}\n"
         f"  lag p50 {result.lag_p50_ms} ms, p99 {result.lag_p99_ms} ms, worst {result.worst_lag_ms} ms; "
         f"furthest cursor behind at stop {result.behind_at_end_ms} ms\n"
-        f"  claims made: {result.claims_made} for {result.admitted} Runs and {result.triggers} initialisations, "
+        f"  claims made: {result.claims_made} for {result.admitted} Runs and {result.triggers} initializations, "
         f"still held at end: {result.live_claims_at_end}\n"
         f"  runs by owner: {result.admitted_by}"
     )

@@ -57,7 +57,7 @@ def test_the_budget_doubles_while_claims_come_back_full_and_starts_again_from_th
     async def body():
         backend = cluster.backend("r1", claim_budget=4)
         try:
-            first = [await backend.run_round() for _ in range(5)]  # initialise all 40
+            first = [await backend.run_round() for _ in range(5)]  # initialize all 40
             set_cursor(cluster, None, -1000)  # all 40 due: the next burst
             return first, [await backend.run_round() for _ in range(5)]
         finally:
@@ -95,7 +95,7 @@ def test_run_identity_is_allocated_only_by_admission(cluster):
     async def body():
         backend = cluster.backend("r1")
         try:
-            init = await backend.run_round()  # initialisation: claims, no Runs
+            init = await backend.run_round()  # initialization: claims, no Runs
             assert init.initialized == 3 and init.admitted == 0
             assert cluster.count("runs") == 0
             set_cursor(cluster, None, -500)
@@ -169,7 +169,7 @@ def test_a_round_that_outlives_its_lease_commits_nothing_and_says_so(cluster):
     assert cut.errors + cut.fence_lost >= 1
     assert (cut.errors == 1) == ("cluster_postgres.round_timed_out" in codes)
     # the next round gets a working connection (the cut one was discarded) and, the claims
-    # having lapsed, takes them over and initialises each schedule exactly once
+    # having lapsed, takes them over and initializes each schedule exactly once
     assert after.errors == 0 and after.claimed == 2 and after.initialized == 2
 
 

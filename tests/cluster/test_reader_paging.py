@@ -30,13 +30,13 @@ def _listing(cluster, limit, after=None, settings=None):
 
 def test_paging_with_the_cursor_returns_every_schedule_once_in_the_due_order(cluster):
     """A cursor that skipped or repeated rows at the boundary between the rows awaiting
-    initialisation and the due ones (or between equal fire times) would hide or double schedules
+    initialization and the due ones (or between equal fire times) would hide or double schedules
     in a listing an operator pages through."""
     seed(cluster, 6, project="pb", prefix="b")
     seed(cluster, 5, project="pa", prefix="a")
     set_cursor(cluster, None, 60_000)
     for t in ("a001", "b004", "b000"):
-        set_cursor(cluster, t, None)  # awaiting initialisation: listed first
+        set_cursor(cluster, t, None)  # awaiting initialization: listed first
     set_cursor(cluster, "b002", -5_000)
     whole = _listing(cluster, None)
     assert len(whole) == 11
@@ -73,7 +73,7 @@ def test_a_page_deep_in_a_large_store_reads_only_its_own_rows(cluster):
         return float(n.get("Actual Rows", 0)) * n.get("Actual Loops", 1) + sum(
             int(v) for k, v in n.items() if k.startswith("Rows Removed by"))
 
-    # whatever the planner sorts (the empty range of rows awaiting initialisation), it is never
+    # whatever the planner sorts (the empty range of rows awaiting initialization), it is never
     # more than the page; every schedule scan reads the page and nothing before the cursor
     assert all(rows(n) <= 51 for n in nodes if n["Node Type"] == "Sort"), json.dumps(doc)[:3000]
     scans = [n for n in nodes if n.get("Relation Name") == "trigger_schedules"]

@@ -57,8 +57,8 @@ def _sum(lines: list[dict], field: str) -> int:
     return sum(line[field] for line in lines if line["event"] == "round")
 
 
-def test_two_replica_processes_initialise_once_and_admit_each_occurrence_exactly_once(cluster):
-    """Without the row lease two replicas would both initialise and both admit every occurrence."""
+def test_two_replica_processes_initialize_once_and_admit_each_occurrence_exactly_once(cluster):
+    """Without the row lease two replicas would both initialize and both admit every occurrence."""
     seed(cluster, 20)
     first = _race(cluster)
     pids = {o: next(line["pid"] for line in lines if line["event"] == "ready") for o, lines in first.items()}

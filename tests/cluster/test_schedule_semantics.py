@@ -1,5 +1,5 @@
 """Cluster schedule semantics against a real PostgreSQL: races between claim and commit, backlog
-drain, initialisation from the publish time, revision identity, publish-time refusals and what a
+drain, initialization from the publish time, revision identity, publish-time refusals and what a
 reader can tell about the schedulers."""
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def test_a_republish_racing_the_claim_statement_never_hands_out_a_mixed_claim(cl
     waited a whole lease. The claim statement is paused deterministically (a test trigger blocks
     on an advisory lock while it writes the first row, before it locks the second) and the second
     trigger is republished in that window; no mixed claim may come out, and the next round must
-    initialise the new revision."""
+    initialize the new revision."""
     _publish(cluster, _trigger("tr000", "0 0 1 1 *"), _trigger("tr001", "0 0 1 1 *"))
     set_cursor(cluster, "tr000", -5000)
     set_cursor(cluster, "tr001", -4000)
@@ -171,7 +171,7 @@ def test_a_republish_racing_the_claim_statement_never_hands_out_a_mixed_claim(cl
     codes = backend.context.diagnostics.codes()
     assert RoundEvent.DECIDE_FAILED not in codes and raced.errors == 0
     assert raced.admitted == 1  # tr000, claimed before the republish
-    # the republished trigger is initialised by the next round, not a lease later
+    # the republished trigger is initialized by the next round, not a lease later
     assert after.initialized == 1 and after.errors == 0
     [(revision, cursor, owner)] = cluster.sql(
         "SELECT trigger_revision, next_fire_at_ms, claim_owner FROM qinglong.trigger_schedules "
@@ -236,7 +236,7 @@ def test_a_round_that_made_no_progress_does_not_ask_to_run_again_at_once(cluster
     assert report.claimed == 2 and report.errors == 2 and report.more_due is False
 
 
-# ---- backlog and initialisation ---------------------------------------------------------------
+# ---- backlog and initialization ---------------------------------------------------------------
 
 def test_a_backlog_inside_the_grace_drains_in_one_round(cluster):
     """After a stall, a per-second trigger used to admit one occurrence per round and stay late by
@@ -265,7 +265,7 @@ def test_a_backlog_beyond_the_per_row_bound_asks_for_another_round(cluster):
 
 
 def test_an_occurrence_between_publish_and_the_first_round_is_admitted(cluster):
-    """Initialising from the first claim instead of the publish lost the occurrence between the two
+    """Initializing from the first claim instead of the publish lost the occurrence between the two
     (a daily job edited at 01:59:59.7 would not run at 02:00). The first occurrence after the
     publish, in database time, must be admitted by the scheduler's first round."""
     _publish(cluster, _trigger("tr000", EVERY_SECOND, grace_ms=60_000))
@@ -282,7 +282,7 @@ def test_an_occurrence_between_publish_and_the_first_round_is_admitted(cluster):
 
 
 def test_a_republish_records_its_own_publish_time(cluster):
-    """A new revision initialised from the first revision's publish time would replay occurrences
+    """A new revision initialized from the first revision's publish time would replay occurrences
     from before it was published; the reader shows each revision's publish time."""
     _publish(cluster, _trigger("tr000", "0 0 1 1 *"))
     [(first,)] = cluster.sql("SELECT published_at_ms FROM qinglong.trigger_schedules")

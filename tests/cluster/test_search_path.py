@@ -103,7 +103,7 @@ def test_planted_operator_never_runs_in_our_sessions_and_readiness_refuses(clust
         arun(readiness())
     assert f"schema public grants CREATE to {planter}" in str(info.value)
 
-    # Every statement the plugin runs, as each role: publish (admin), claim, initialise, admit,
+    # Every statement the plugin runs, as each role: publish (admin), claim, initialize, admit,
     # read and recover (runtime), migrate (owner).
     seed(cluster, 2, expression="* * * * * *")
 

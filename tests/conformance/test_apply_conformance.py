@@ -102,7 +102,7 @@ async def test_prune_deletes_what_the_file_does_not_name_and_keeps_runs(harness)
     stay as history (losing them would erase what ran), and a deleted trigger stops firing."""
     pub = harness.publisher
     await pub.apply_project(_desired(triggers={"ops-tick": _trigger("ops", "ops-tick", "report", "* * * * * *")}))
-    await harness.run_round()          # initialise
+    await harness.run_round()          # initialize
     await harness.elapse(2000)
     await harness.run_round()          # admit at least one Run of the task about to go
     runs_before = harness.count("runs", "ops-tick")

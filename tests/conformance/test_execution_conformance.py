@@ -128,7 +128,7 @@ async def test_candidates_come_in_scheduled_time_then_admission_order_and_respec
     await h.publisher.put_trigger(TriggerDefinition("p1", "tr", "t2", "cron",
                                                     {"expression": "* * * * * *"},
                                                     MisfirePolicy.FIRE_ONCE, 60_000))
-    await h.run_round()  # initialises the cursor
+    await h.run_round()  # initializes the cursor
     await h.elapse(3 * SECOND)
     first_manual = await manual(h)  # admitted before the backlog, scheduled after most of it
     await h.elapse(SECOND)
@@ -653,7 +653,7 @@ async def admitted_by_rounds(h) -> None:
         await h.publisher.put_trigger(TriggerDefinition("p1", f"tr-{task_id}", task_id, "cron",
                                                         {"expression": "* * * * * *"},
                                                         MisfirePolicy.FIRE_ONCE, 60_000))
-    await h.run_round()  # initialises the cursors
+    await h.run_round()  # initializes the cursors
     await h.elapse(3 * SECOND)
     report = await h.run_round()
     assert report.admitted >= 2, report

@@ -25,7 +25,7 @@ from qinglong.contracts.observe import (
     percentile,
 )
 
-from qinglong.testing.conformance.store import SECOND, every_second, initialised, schedule, seed
+from qinglong.testing.conformance.store import SECOND, every_second, initialized, schedule, seed
 
 YEARLY = "0 0 1 1 *"
 
@@ -56,7 +56,7 @@ async def test_nothing_due_reads_an_empty_backlog_with_no_oldest_occurrence(harn
     """A quiet store must read as clear: a backlog of 0 with an oldest-due time would page an
     operator (or a dashboard would show an age for nothing waiting)."""
     await seed(harness)
-    await initialised(harness, "a", every_second("a", expression=YEARLY))
+    await initialized(harness, "a", every_second("a", expression=YEARLY))
     await harness.publisher.put_trigger(every_second("off", expression=YEARLY))
     await harness.publisher.set_trigger_enabled("p1", "off", False)
     stats = await harness.reader.store_stats()
@@ -69,7 +69,7 @@ async def test_nothing_due_reads_an_empty_backlog_with_no_oldest_occurrence(harn
 
 async def test_a_stalled_store_reads_its_backlog_and_the_age_of_the_oldest_due(harness):
     """The backlog and its age are what tells an operator that nothing is admitting: both must
-    count every due enabled schedule (none disabled, none awaiting initialisation) and date the
+    count every due enabled schedule (none disabled, none awaiting initialization) and date the
     oldest from its cursor."""
     await seed(harness)
     await harness.publisher.put_trigger(every_second("a"))
@@ -78,7 +78,7 @@ async def test_a_stalled_store_reads_its_backlog_and_the_age_of_the_oldest_due(h
     report = await harness.run_round()
     assert report.initialized == 3, report
     await harness.publisher.set_trigger_enabled("p1", "off", False)
-    await harness.publisher.put_trigger(every_second("fresh"))  # awaiting initialisation
+    await harness.publisher.put_trigger(every_second("fresh"))  # awaiting initialization
     await harness.elapse(5 * SECOND)  # no round: a stopped scheduler
     stats = await harness.reader.store_stats()
     cursors = [(await schedule(harness, t)).next_fire_at_ms for t in ("a", "b")]
@@ -93,8 +93,8 @@ async def test_a_drained_backlog_reads_its_runs_and_admission_lag_percentiles(ha
     """After a stall the lag percentiles must show how late the backlog was admitted (p99 over the
     grace pages the operator), and every admitted Run must be counted queued, on every store."""
     await seed(harness)
-    await initialised(harness, "a", every_second("a"))
-    await initialised(harness, "b", every_second("b"))
+    await initialized(harness, "a", every_second("a"))
+    await initialized(harness, "b", every_second("b"))
     await harness.elapse(4 * SECOND)
     report = await harness.run_round()
     assert report.admitted >= 8, report
@@ -115,7 +115,7 @@ async def test_skips_count_their_occurrences_and_leave_the_recent_windows(harnes
     """Skips are what a misfire policy did not admit: the count must be of occurrences, and an
     hour later they (and the lag of old admissions) no longer read as recent."""
     await seed(harness)
-    await initialised(harness, "a", every_second("a", grace_ms=1500))
+    await initialized(harness, "a", every_second("a", grace_ms=1500))
     await harness.elapse(10 * SECOND)
     report = await harness.run_round()
     assert report.skipped == 1, report

@@ -303,7 +303,7 @@ def publish_times(start_ms: int, period_ms: int, grace_ms: int) -> st.SearchStra
 
 @st.composite
 def observation_runs(draw, backward: bool):
-    """(schedule, initialisation time, observations, publish time) with gaps sized to the
+    """(schedule, initialization time, observations, publish time) with gaps sized to the
     schedule's spacing."""
     provider, head, period = draw(any_schedules())
     start = draw(instants())
@@ -324,7 +324,7 @@ def observation_runs(draw, backward: bool):
 
 
 def run_observations(provider, head, start, observations, published_at_ms=None):
-    """Initialise at ``start``, then settle at each observation; return the admitted occurrences."""
+    """Initialize at ``start``, then settle at each observation; return the admitted occurrences."""
     admitted: list[int] = []
     cursor = settle(head, cursor_at(head, None, published_at_ms=published_at_ms), start, provider, admitted)
     assert cursor.next_fire_at_ms > start
@@ -375,7 +375,7 @@ def test_on_time_observations_admit_every_occurrence_whatever_the_policy(schedul
     assert admitted == occurrences_between(provider, head.spec, start, observations[-1])
 
 
-# --- initialisation from the publish time -------------------------------------------------------
+# --- initialization from the publish time -------------------------------------------------------
 
 
 @PROPERTY_SETTINGS
@@ -405,8 +405,8 @@ def test_an_occurrence_owed_since_the_publish_is_decided_at_the_first_observatio
     observation: admitted (each one on time within the grace, or the latest by fire_once) or
     reported skipped, never silently lost, and never admitted again by a later observation.
 
-    A store that waited a round after initialising would delay it a cadence; one that
-    re-initialised from the observation would lose it; a cursor left at or before the observation
+    A store that waited a round after initializing would delay it a cadence; one that
+    re-initialized from the observation would lose it; a cursor left at or before the observation
     would admit it twice.
     """
     provider, head, period = schedule

@@ -11,7 +11,7 @@ from qinglong.plugins.edge_sqlite import migrations
 from qinglong.plugins.edge_sqlite.queries import query
 
 #: The blocks whose rows are read by column name (scheduler page, recovery, publisher, reader).
-NAMED_ROW_BLOCKS = ["claim_uninitialised_page", "claim_due_page", "in_flight_summary",
+NAMED_ROW_BLOCKS = ["claim_uninitialized_page", "claim_due_page", "in_flight_summary",
                     "in_flight_not_pristine", "in_flight_of_pin",
                     "project_by_id", "task_head", "trigger_by_id", "trigger_revision_mark",
                     "list_triggers", "list_triggers_of_project"]

@@ -19,7 +19,7 @@ async def _page_of_due(backend, clock, count: int) -> None:
     await seed(backend)
     for i in range(count):
         await backend.publisher().put_trigger(cron(f"t{i:02d}", "* * * * *"))
-    while (await backend.run_round()).more_due:  # initialise every cursor
+    while (await backend.run_round()).more_due:  # initialize every cursor
         pass
     clock.advance(MINUTE)
 

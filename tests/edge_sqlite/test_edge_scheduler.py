@@ -103,7 +103,7 @@ async def test_skip_policy_admits_nothing_and_records_the_skipped_range(db_path,
         await backend.close()
 
 
-async def test_scan_order_is_uninitialised_first_then_oldest_cursor_then_ids(db_path, clock):
+async def test_scan_order_is_uninitialized_first_then_oldest_cursor_then_ids(db_path, clock):
     """The contract's scan order keeps new triggers from waiting behind a backlog and makes both
     profiles serve due schedules in the same order."""
     backend = await open_backend(db_path, clock, page_size=2)
@@ -118,7 +118,7 @@ async def test_scan_order_is_uninitialised_first_then_oldest_cursor_then_ids(db_
         await publisher.put_trigger(cron("a-new", "* * * * *", project="p0", task="t1"))
         clock.advance(2 * MINUTE)
         first = await backend.run_round()
-        # Both uninitialised triggers, none of the due ones, in the first page. Initialised from
+        # Both uninitialized triggers, none of the due ones, in the first page. Initialized from
         # their publish time, they owe the two minutes since and admit them in the same round.
         assert (first.initialized, first.admitted, first.more_due) == (2, 4, True)
         assert {r[0] for r in runs(db_path)} == {"z-new", "a-new"}
@@ -147,7 +147,7 @@ async def test_a_round_reads_one_page_and_reports_more_due(db_path, clock):
 
 async def test_backlog_drains_page_by_page_without_starving_a_new_trigger(db_path, clock):
     """Occurrences late but inside the grace must all be admitted, a page at a time, while a
-    trigger published meanwhile still gets initialised in the next round."""
+    trigger published meanwhile still gets initialized in the next round."""
     backend = await open_backend(db_path, clock, page_size=4)
     try:
         await seed(backend)
@@ -275,7 +275,7 @@ async def test_disabled_triggers_and_inactive_projects_never_fire(db_path, clock
 
 def _make_undecidable(db_path, count: int, kind: str = "gone") -> None:
     """``count`` triggers of a kind no loaded plugin provides (a plugin that was uninstalled), all
-    uninitialised and sorting before every other trigger id, written straight into the file."""
+    uninitialized and sorting before every other trigger id, written straight into the file."""
     conn = sqlite3.connect(db_path)
     with conn:
         conn.executemany(
@@ -301,7 +301,7 @@ async def test_a_page_of_undecidable_triggers_neither_spins_nor_blocks_the_trigg
         await backend.publisher().put_trigger(cron("zz-healthy", "* * * * * *", grace_ms=5_000))
         _make_undecidable(db_path, 40)
         first = await backend.run_round()
-        # The scan stepped past all 40 within the round and initialised the healthy trigger.
+        # The scan stepped past all 40 within the round and initialized the healthy trigger.
         assert (first.initialized, first.errors) == (1, 40)
         assert len(diagnostics.events) <= scheduler_holds.DIAGNOSTICS_PER_ROUND + 1
         reported = {e.fields.get("trigger_id") for e in diagnostics.events} - {None}
@@ -487,7 +487,7 @@ async def test_a_constraint_refusing_one_commit_holds_that_trigger_and_serves_th
 
 
 async def test_a_trigger_published_just_before_its_occurrence_fires_it(db_path, clock):
-    """A daily job edited at 01:59:59.7 must still run at 02:00: initialising from the first round
+    """A daily job edited at 01:59:59.7 must still run at 02:00: initializing from the first round
     (02:00:00.3) instead of from the publish skipped that day's run."""
     two_am = 1_700_013_600_000  # 2023-11-15T02:00:00Z
     clock.ms = two_am - 300
@@ -512,7 +512,7 @@ async def test_a_trigger_published_just_before_its_occurrence_fires_it(db_path, 
 
 
 async def test_an_occurrence_owed_since_the_publish_follows_the_misfire_policy(db_path, clock):
-    """An initialisation that is already late by more than the grace must misfire as the policy
+    """An initialization that is already late by more than the grace must misfire as the policy
     says (skip: recorded, no Run), in the same round, not fire late work nor wait a round."""
     clock.ms = 1_700_013_600_000 - 300
     backend = await open_backend(db_path, clock)

@@ -101,7 +101,7 @@ def proxied_dsn(db: ClusterDb, proxy: FaultProxy, role: str = "qinglong_runtime"
 
 def start_every_second(db: ClusterDb, lead_ms: int = 1000) -> int:
     """Put every schedule's cursor on the same whole second, ``lead_ms`` or more from now in
-    database time, as initialisation would; returns that first occurrence."""
+    database time, as initialization would; returns that first occurrence."""
     now = db.db_now_ms()
     first = (now + lead_ms) // 1000 * 1000 + 1000
     db.sql("UPDATE qinglong.trigger_schedules SET next_fire_at_ms = %s, claim_owner = NULL, "

@@ -43,7 +43,7 @@ def _proxy(db, name: str) -> FaultProxy:
 
 def _admitted_keys(rule) -> list[str]:
     """The idempotency keys quoted in the admission message ``rule`` fired on: one per row of its
-    page that creates a Run (initialisations and releases have none)."""
+    page that creates a Run (initializations and releases have none)."""
     found = sorted(set(re.findall(rb"'(ql3:[a-z_]+:v1:[A-Za-z0-9_-]+:\d+:\d+)'", rule.chunk)))
     assert found, "expected an idempotency key in the admission message"
     return [key.decode() for key in found]

@@ -94,10 +94,10 @@ def test_schedules_and_trigger_list_take_a_limit(cli):
 def test_schedules_show_the_first_fire_time_from_publish_on(cli):
     """Before any scheduler round the next fire time was empty: an operator could not tell when a new
     trigger would first run. It is the first occurrence strictly after the publish time (what
-    initialisation will take), marked pending."""
+    initialization will take), marked pending."""
     _publish(cli, ("yearly", "0 0 1 1 *"))
     [shown] = json.loads(_ok(cli("schedules", "--json")))
-    assert shown["next_fire_at_ms"] is None  # no round has initialised the cursor
+    assert shown["next_fire_at_ms"] is None  # no round has initialized the cursor
     assert shown["published_at_ms"] is not None
     spec = CRON.validate({"expression": "0 0 1 1 *"})
     assert shown["pending_first_fire_at_ms"] == CRON.next_after(spec, shown["published_at_ms"])
@@ -117,11 +117,11 @@ def test_lag_does_not_grow_for_a_stopped_scheduler(cli):
     try:
         stderr.wait_for("lifecycle.admission_open")
 
-        def initialised():  # a round has initialised the cursor
+        def initialized():  # a round has initialized the cursor
             [shown] = json.loads(_ok(cli("schedules", "--json")))
             return shown if shown["next_fire_at_ms"] is not None else None
 
-        running = wait_until(initialised, "a round initialising the cursor", alive=proc)
+        running = wait_until(initialized, "a round initializing the cursor", alive=proc)
         assert running["scheduler_running"] is True
         assert "scheduler: running" in _ok(cli("schedules"))
         proc.send_signal(signal.SIGTERM)

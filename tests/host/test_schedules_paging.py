@@ -72,7 +72,7 @@ def test_json_lists_every_schedule_exactly_once_across_pages_as_one_valid_array(
     ids = [s["trigger_id"] for s in listed]
     assert len(set(ids)) == 2_345
     keys = [(s["next_fire_at_ms"] is not None, s["next_fire_at_ms"] or 0, s["project_id"],
-             s["trigger_id"]) for s in listed]  # awaiting initialisation (the seed) first
+             s["trigger_id"]) for s in listed]  # awaiting initialization (the seed) first
     assert keys == sorted(keys)
     assert json.loads(_ok(cli("schedules", "--json", "--limit", "3")))[0]["trigger_id"] == ids[0]
 

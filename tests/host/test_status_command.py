@@ -163,7 +163,7 @@ def test_a_backlog_drained_between_the_two_readings_is_converging(tmp_path):
             store.publish("trigger", "add", "ops", trigger, "--task", "noop", "--cron", "* * * * *")
         wait_until(lambda: store.sql("SELECT count(*) FROM trigger_schedules "
                                      "WHERE next_fire_at_ms IS NOT NULL")[0][0] == len(triggers),
-                   "every schedule initialised", timeout=60, alive=plane.process)
+                   "every schedule initialized", timeout=60, alive=plane.process)
         # the stall: the scheduler paused, every cursor back at an occurrence three minutes ago
         stalled_at = (time.time_ns() // 1_000_000) // MINUTE_MS * MINUTE_MS - 3 * MINUTE_MS
         plane.pause()

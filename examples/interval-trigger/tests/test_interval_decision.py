@@ -84,7 +84,7 @@ def test_the_same_inputs_give_the_same_decision_and_keep_the_cursor_laws(schedul
 
 @st.composite
 def observation_runs(draw):
-    """(head, initialisation time, observations), where observations may also step backward."""
+    """(head, initialization time, observations), where observations may also step backward."""
     head, every = draw(schedules())
     start = draw(INSTANTS)
     step = st.one_of(

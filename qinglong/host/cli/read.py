@@ -43,9 +43,9 @@ async def _scheduler_status(reader: Any) -> Any:
 
 
 def _first_fire_preview(schedule: Any, providers: Any) -> int | None:
-    """For a schedule no round has initialised yet: its first occurrence strictly after the publish.
+    """For a schedule no round has initialized yet: its first occurrence strictly after the publish.
 
-    That is where initialisation will put the cursor (the revision's publish time is its base), so
+    That is where initialization will put the cursor (the revision's publish time is its base), so
     the preview is what the scheduler will fire first, or decide as a misfire if it is already past.
     """
     if schedule.next_fire_at_ms is not None or not schedule.enabled:

@@ -28,7 +28,7 @@ that connection (:func:`prepare_admission`), so the large CTE is parsed and plan
 session instead of once per page, and before a burst rather than during one; its arguments (one array per column, one
 element per row) are bound client-side as literals into the single message.
 
-Outcomes, per row: the decision committed (a Run admitted, the cursor initialised or skipped
+Outcomes, per row: the decision committed (a Run admitted, the cursor initialized or skipped
 forward, or a claim released), or :class:`~qinglong.contracts.errors.FenceLost` (someone else
 owns the schedule now: a takeover after expiry, a republish, a deleted trigger, a deactivated
 project; never retried), or :class:`AdmissionRefused` (the inputs do not verify, e.g. a
@@ -348,7 +348,7 @@ PAGE_RETRIES = 2
 @dataclass(frozen=True, slots=True)
 class PageItem:
     """One row of a page: a claim, its decision (None releases the claim), and whether a fire or
-    an initialisation may keep the claim (see the module docstring)."""
+    an initialization may keep the claim (see the module docstring)."""
 
     claimed: ClaimedSchedule
     decision: Decision | None

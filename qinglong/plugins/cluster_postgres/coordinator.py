@@ -48,7 +48,7 @@ from .admission import (RETRYABLE, CasMiss, PageItem, TaskChanged, after, commit
 from .claim import ClaimedSchedule, claim_due_schedules, effective_budget, release_claim
 from .db import AdmissionRefused, Secrets, describe_error
 
-#: How many decisions one claimed row may commit in one round (an initialisation and a backlog of
+#: How many decisions one claimed row may commit in one round (an initialization and a backlog of
 #: on-time occurrences), as edge's ``BACKLOG_FIRES_PER_ROW``: a backlog drains without one trigger
 #: taking the whole round.
 BACKLOG_FIRES_PER_ROW = 64

@@ -69,7 +69,7 @@ class ClusterReader:
     async def list_schedules(self, limit: int | None = None,
                              after: ScheduleView | tuple | None = None) -> Sequence[ScheduleView]:
         """Every trigger's schedule (with its revision's publish time), ordered like the due scan
-        (next fire time, awaiting initialisation first, then project and trigger id), at most
+        (next fire time, awaiting initialization first, then project and trigger id), at most
         ``limit`` (None: the listing bound).
 
         ``after``: a keyset cursor, the last schedule of the previous page (a

@@ -42,11 +42,11 @@ def _schedule_page(conn: sqlite3.Connection, bound: int, cursor: tuple | None) -
     try:
         if cursor is None or cursor[0] is None:
             project, trigger = ("", "") if cursor is None else cursor[1:]
-            rows = named_rows(conn, query("list_schedules_uninitialised"), {
+            rows = named_rows(conn, query("list_schedules_uninitialized"), {
                 "after_project": project, "after_trigger": trigger, "limit": bound}, bound)
             cursor = (-(2 ** 63), "", "")
         if len(rows) < bound:
-            rows += named_rows(conn, query("list_schedules_initialised"), {
+            rows += named_rows(conn, query("list_schedules_initialized"), {
                 "after_next": cursor[0], "after_project": cursor[1], "after_trigger": cursor[2],
                 "limit": bound - len(rows)}, bound - len(rows))
     finally:
@@ -83,7 +83,7 @@ class SqliteReader:
 
     async def list_schedules(self, limit: int | None = None,
                              after: ScheduleView | tuple | None = None) -> Sequence[ScheduleView]:
-        """Schedules in due-scan order (uninitialised first, then the oldest cursor, then project
+        """Schedules in due-scan order (uninitialized first, then the oldest cursor, then project
         and trigger id), at most ``limit`` (None: the listing bound).
 
         ``after``: a keyset cursor, the last schedule of the previous page (a

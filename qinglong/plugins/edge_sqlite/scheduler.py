@@ -3,7 +3,7 @@
 The whole round runs as one function on the connection's thread (one thread hop per round, not one
 per statement: see ``store.py``):
 
-1. read ONE page of uninitialised, then due schedules (:func:`~.scheduler_read.read_page`),
+1. read ONE page of uninitialized, then due schedules (:func:`~.scheduler_read.read_page`),
    oldest cursor first (stepping past rows that cannot be decided, by keyset, at most
    :data:`~.scheduler_read.SCAN_PAGES_PER_ROUND` pages of rows in all);
 2. decide every row with the contract's :func:`~qinglong.contracts.decision.decide`, no

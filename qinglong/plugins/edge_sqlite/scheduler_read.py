@@ -147,7 +147,7 @@ def read_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
     """ONE page in due-scan order: ``next_fire_at_ms NULLS FIRST, project_id, trigger_id``,
     starting after the keyset ``after`` (a previous page's last row, from :func:`keyset_of`).
 
-    Two index range scans (uninitialised, then due) instead of one ``IS NULL OR <=`` predicate,
+    Two index range scans (uninitialized, then due) instead of one ``IS NULL OR <=`` predicate,
     which SQLite cannot serve in index order and would answer by scanning and sorting every
     trigger. Each stops after the page; the table is never in memory. Held rows are excluded.
     Rows are :class:`sqlite3.Row`, read by column name (the connection's own row factory is left
@@ -158,7 +158,7 @@ def read_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
     try:
         if after is None or after[0] is None:
             project, trigger = ("", "") if after is None else after[1:]
-            rows = cur.execute(query("claim_uninitialised_page"), {
+            rows = cur.execute(query("claim_uninitialized_page"), {
                 "page": page_size, "after_project": project, "after_trigger": trigger}).fetchall()
             after = _KEYSET_START
         if len(rows) < page_size:

@@ -234,7 +234,7 @@ def _write_page(conn: sqlite3.Connection, decided: list[tuple[DueRow, Decision]]
                     or decision.next_fire_at_ms > now_ms):
                 break
             # The cursor is still due (a backlog inside the grace window, or an occurrence between
-            # the publish and this round after an initialisation): decide it again.
+            # the publish and this round after an initialization): decide it again.
             row.cursor = ScheduleCursor(decision.trigger_revision, decision.next_fire_at_ms,
                                         decision.scheduled_for_ms
                                         if decision.scheduled_for_ms is not None

@@ -1,7 +1,7 @@
 """The store conformance suites, for Qinglong's backends and a third party's alike.
 
 Every scheduler backend must behave the same way for every store behaviour of the contracts
-(publishing and its refusals, initialisation, exactly-once admission, misfires, republishing,
+(publishing and its refusals, initialization, exactly-once admission, misfires, republishing,
 recovery, round accounting, listings and paging). Qinglong runs these suites on SQLite,
 PostgreSQL 18 and PostgreSQL 15; a backend from another distribution runs the very same tests:
 

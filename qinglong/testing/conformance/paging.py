@@ -31,7 +31,7 @@ async def _pages(reader, size: int, *, as_tuple: bool) -> list:
 
 async def test_paging_lists_every_schedule_exactly_once_in_the_due_order(harness):
     """A cursor that skipped or repeated rows at a page boundary (between the schedules awaiting
-    initialisation and the initialised ones, between equal fire times, between projects) would
+    initialization and the initialized ones, between equal fire times, between projects) would
     hide a schedule from, or show it twice to, an operator paging through a large store."""
     for project in ("pb", "pa"):
         await harness.publisher.create_project(project)
@@ -40,9 +40,9 @@ async def test_paging_lists_every_schedule_exactly_once_in_the_due_order(harness
     for i in range(7):
         await harness.publisher.put_trigger(_trigger(f"a{i}", "pa", expressions[i % 3]))
         await harness.publisher.put_trigger(_trigger(f"b{i}", "pb", expressions[i % 3]))
-    report = await harness.run_round()  # initialises every cursor
+    report = await harness.run_round()  # initializes every cursor
     assert report.initialized == 14, report
-    for i in (1, 4):  # republished: awaiting initialisation again, so listed first
+    for i in (1, 4):  # republished: awaiting initialization again, so listed first
         await harness.publisher.put_trigger(_trigger(f"b{i}", "pb", "0 6 * * *"))
     await harness.publisher.put_trigger(_trigger("a9", "pa", "0 3 * * *"))
 

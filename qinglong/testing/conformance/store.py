@@ -49,8 +49,8 @@ async def schedule(h, trigger_id: str):
     return view
 
 
-async def initialised(h, trigger_id: str, definition: TriggerDefinition | None = None):
-    """Publish (unless published) and run the round that initialises the cursor; returns the
+async def initialized(h, trigger_id: str, definition: TriggerDefinition | None = None):
+    """Publish (unless published) and run the round that initializes the cursor; returns the
     schedule after it."""
     if definition is not None:
         await h.publisher.put_trigger(definition)
@@ -61,7 +61,7 @@ async def initialised(h, trigger_id: str, definition: TriggerDefinition | None =
 
 async def counted_from_publish(h, trigger_id: str):
     """Assert that the schedule of ``trigger_id`` counts from its revision's publish time, and
-    return it. The first occurrence after the publish is the cursor, or, when the initialising
+    return it. The first occurrence after the publish is the cursor, or, when the initializing
     round only ran after it (a loaded machine), that round admitted it and every later one up to
     the cursor: each exactly once, none before the publish."""
     view = await schedule(h, trigger_id)
@@ -76,7 +76,7 @@ async def counted_from_publish(h, trigger_id: str):
 
 async def runs_since(h, trigger_id: str, start_ms: int) -> list[int]:
     """The occurrences admitted for ``trigger_id`` at or after ``start_ms``, oldest first (an
-    initialising round may already have admitted an owed occurrence before it)."""
+    initializing round may already have admitted an owed occurrence before it)."""
     return sorted(r.scheduled_for_ms for r in await h.reader.recent_runs(limit=1000, trigger_id=trigger_id)
                   if r.scheduled_for_ms >= start_ms)
 
@@ -196,7 +196,7 @@ async def test_a_payload_over_the_limit_is_refused_and_writes_nothing(harness):
 
 
 async def test_an_unchanged_publish_is_not_a_new_revision(harness):
-    """A republish of the same content must not reset the cursor (that would re-initialise it
+    """A republish of the same content must not reset the cursor (that would re-initialize it
     and could drop an owed occurrence)."""
     await seed(harness)
     first = await harness.publisher.put_trigger(every_second("a"))
@@ -206,9 +206,9 @@ async def test_an_unchanged_publish_is_not_a_new_revision(harness):
     assert task.task_revision == 1
 
 
-# ---- initialise, fire, misfire ----------------------------------------------------------------
+# ---- initialize, fire, misfire ----------------------------------------------------------------
 
-async def test_initialise_takes_the_first_occurrence_after_the_publish_time(harness):
+async def test_initialize_takes_the_first_occurrence_after_the_publish_time(harness):
     """Counting from a later observation would silently drop the occurrences between publish and
     the first round."""
     await seed(harness)
@@ -221,13 +221,13 @@ async def test_initialise_takes_the_first_occurrence_after_the_publish_time(harn
     assert view.next_fire_at_ms > view.published_at_ms
     # per-second: the first occurrence is the next whole second after the publish
     await harness.publisher.put_trigger(every_second("b"))
-    await initialised(harness, "b")
+    await initialized(harness, "b")
     await counted_from_publish(harness, "b")
 
 
 async def test_an_occurrence_between_publish_and_the_first_round_is_fired_in_that_round(harness):
     """An occurrence after the publish but before the scheduler's first look is owed: it must be
-    admitted by the initialising round, not a round later, and not lost."""
+    admitted by the initializing round, not a round later, and not lost."""
     await seed(harness)
     await harness.publisher.put_trigger(every_second("a"))
     await harness.elapse(2 * SECOND)
@@ -242,7 +242,7 @@ async def test_an_occurrence_between_publish_and_the_first_round_is_fired_in_tha
 async def test_an_on_time_occurrence_is_admitted_exactly_once(harness):
     """One occurrence must be one Run with one Attempt and its two events, never two Runs."""
     await seed(harness)
-    view = await initialised(harness, "a", every_second("a", expression="0 0 1 1 *"))
+    view = await initialized(harness, "a", every_second("a", expression="0 0 1 1 *"))
     await harness.elapse(view.next_fire_at_ms - await harness.now_ms())
     due = (await schedule(harness, "a")).next_fire_at_ms
     report = await harness.run_round()
@@ -260,7 +260,7 @@ async def test_a_backlog_inside_the_grace_drains_in_one_round(harness):
     """On-time occurrences inside the grace are owed one by one; a backlog left for later rounds
     is delayed by a cadence per occurrence (and on a busy cluster never catches up)."""
     await seed(harness)
-    await initialised(harness, "a", every_second("a"))
+    await initialized(harness, "a", every_second("a"))
     await harness.elapse(6 * SECOND)
     start = (await schedule(harness, "a")).next_fire_at_ms  # read after time passed
     report = await harness.run_round()
@@ -278,7 +278,7 @@ async def test_a_fire_once_misfire_admits_the_latest_and_records_the_rest(harnes
     """fire_once must never replay a backlog (a flood of Runs after an outage) and must record
     what it passed over; the round counts that skip record in ``skipped``."""
     await seed(harness)
-    await initialised(harness, "a", every_second("a", grace_ms=1500))
+    await initialized(harness, "a", every_second("a", grace_ms=1500))
     await harness.elapse(10 * SECOND)
     start = (await schedule(harness, "a")).next_fire_at_ms
     report = await harness.run_round()
@@ -297,7 +297,7 @@ async def test_a_skip_misfire_admits_nothing_and_records_the_range(harness):
     """skip must admit nothing for a stale backlog and record it, counted once in ``skipped``."""
     await seed(harness)
     grace = skip_grace_floor_ms(LIMITS, leased=harness.leased) + 1
-    await initialised(harness, "a", every_second("a", policy="skip", grace_ms=grace))
+    await initialized(harness, "a", every_second("a", policy="skip", grace_ms=grace))
     await harness.elapse((grace // SECOND + 5) * SECOND)
     start = (await schedule(harness, "a")).next_fire_at_ms
     report = await harness.run_round()
@@ -313,7 +313,7 @@ async def test_a_fire_once_misfire_with_nothing_older_records_no_skip(harness):
     """A single late occurrence beyond the grace is admitted; nothing was passed over, so no skip
     record and ``skipped`` stays 0 (a skip record naming no occurrence would mislead)."""
     await seed(harness)
-    view = await initialised(harness, "a", every_second("a", expression="0 0 1 1 *", grace_ms=0))
+    view = await initialized(harness, "a", every_second("a", expression="0 0 1 1 *", grace_ms=0))
     await harness.elapse(view.next_fire_at_ms - await harness.now_ms() + 3 * SECOND)
     report = await harness.run_round()
     assert (report.admitted, report.skipped) == (1, 0), report
@@ -325,12 +325,12 @@ async def test_a_fire_once_misfire_with_nothing_older_records_no_skip(harness):
 async def test_a_republish_resets_the_cursor_and_counts_from_its_own_publish(harness):
     """A new revision running on the old revision's cursor would fire the old schedule."""
     await seed(harness)
-    await initialised(harness, "a", every_second("a", expression="0 0 1 1 *"))
+    await initialized(harness, "a", every_second("a", expression="0 0 1 1 *"))
     head = await harness.publisher.put_trigger(every_second("a"))
     assert head.trigger_revision == 2
     view = await schedule(harness, "a")
     assert (view.trigger_revision, view.next_fire_at_ms) == (2, None)
-    await initialised(harness, "a")
+    await initialized(harness, "a")
     await counted_from_publish(harness, "a")
     disabled = await harness.publisher.set_trigger_enabled("p1", "a", False)
     assert disabled.trigger_revision == 3 and not disabled.enabled
@@ -344,7 +344,7 @@ async def test_a_republish_between_decision_and_commit_admits_nothing_stale(harn
     """A decision made from revision 1 committed after revision 2 was published would admit a
     Run of a schedule that no longer exists."""
     await seed(harness)
-    view = await initialised(harness, "a", every_second("a", expression="0 0 1 1 *"))
+    view = await initialized(harness, "a", every_second("a", expression="0 0 1 1 *"))
     await harness.elapse(view.next_fire_at_ms - await harness.now_ms())
 
     def republish():
@@ -363,7 +363,7 @@ async def test_a_task_edit_between_decision_and_commit_runs_the_new_task(harness
     """A Run admitted after its task was republished must pin the task revision current at its
     admission, and the occurrence must still be admitted (not lost to the race)."""
     await seed(harness)
-    view = await initialised(harness, "a", every_second("a", expression="0 0 1 1 *",
+    view = await initialized(harness, "a", every_second("a", expression="0 0 1 1 *",
                                                         grace_ms=30_000))
     await harness.elapse(view.next_fire_at_ms - await harness.now_ms())
 
@@ -396,7 +396,7 @@ async def test_recovery_leaves_pristine_queued_work_and_names_drift(harness):
     """A pristine queued Attempt treated as failed would be retried (a duplicate execution); a
     drifted one left unnamed would hide damage."""
     await seed(harness)
-    view = await initialised(harness, "a", every_second("a", expression="0 0 1 1 *"))
+    view = await initialized(harness, "a", every_second("a", expression="0 0 1 1 *"))
     await harness.publisher.put_trigger(every_second("b", expression="0 0 1 1 *"))
     await harness.run_round()
     await harness.elapse(view.next_fire_at_ms - await harness.now_ms())
@@ -494,7 +494,7 @@ async def test_reader_views_show_schedules_runs_and_status_alike(harness):
     await harness.publisher.put_trigger(every_second("b", expression="0 0 1 1 *"))
     await harness.publisher.put_trigger(every_second("a", expression="0 0 1 1 *"))
     [first, second] = await harness.reader.list_schedules()
-    assert [first.trigger_id, second.trigger_id] == ["a", "b"]  # uninitialised, then by id
+    assert [first.trigger_id, second.trigger_id] == ["a", "b"]  # uninitialized, then by id
     assert first.kind == "cron" and first.enabled and first.misfire_policy is MisfirePolicy.FIRE_ONCE
     assert first.spec["expression"] == "0 0 1 1 *" and first.published_at_ms is not None
     await harness.backend.recover()

@@ -17,7 +17,7 @@ LIMIT %(limit)s
 FOR UPDATE OF s SKIP LOCKED
 
 -- name: claim_due_schedules
--- Claims up to %(limit)s due or uninitialised schedules of enabled triggers in active projects
+-- Claims up to %(limit)s due or uninitialized schedules of enabled triggers in active projects
 -- with no live claim, of the kinds %(kinds)s (NULL = any), in due order, SKIP LOCKED: owner, a
 -- fresh token, claim_version + 1, expiry now + lease, state_version + 1, updated_at_ms = now (the
 -- acquisition). Autocommit READ COMMITTED; `now` is clock_timestamp() read once, for every row.

@@ -17,7 +17,7 @@ LIMIT %(limit)s::bigint
 -- (next_fire_at_ms NULLS FIRST, project_id, trigger_id), at most %(limit)s rows, starting after
 -- the keyset cursor (%(after_next)s, %(after_project)s, %(after_trigger)s) when
 -- %(after_trigger)s is not NULL (a NULL %(after_next)s: the cursor is in the rows awaiting
--- initialisation). The two ranges of the due index (IS NULL, then NOT NULL) are read apart, each
+-- initialization). The two ranges of the due index (IS NULL, then NOT NULL) are read apart, each
 -- from the cursor on through an index condition and in index order, so a page costs its own
 -- rows whatever the number of schedules, and nothing is sorted.
 (SELECT t.project_id, t.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,

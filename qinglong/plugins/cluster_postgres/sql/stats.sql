@@ -10,7 +10,7 @@ SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 -- Every figure at %(now_ms)s (the database clock, read by stats_clock just before), from one
 -- snapshot. `now` is a bound value, not a subquery, so the planner sees how selective each range
 -- is and reads it by its index. Cost: the backlog is a range of trigger_schedules_due
--- (next_fire_at_ms <= now: the due part only; the NULL range awaiting initialisation is not
+-- (next_fire_at_ms <= now: the due part only; the NULL range awaiting initialization is not
 -- read), the lag percentiles read runs_recent over the last %(lag_window_ms)s ms, recent skips
 -- schedule_skips_recent over %(recent_window_ms)s ms, running Runs the in-flight partial index;
 -- the totals are counts: schedules and those of enabled triggers of active projects in one scan

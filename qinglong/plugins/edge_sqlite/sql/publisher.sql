@@ -53,8 +53,8 @@ ON CONFLICT (trigger_id) DO UPDATE
        updated_at_ms = excluded.updated_at_ms;
 
 -- name: reset_schedule_for_revision
--- A new revision's cursor awaits initialisation; state_version moves so every older decision misses.
--- published_at_ms is this revision's publish time: initialisation counts its first occurrence
+-- A new revision's cursor awaits initialization; state_version moves so every older decision misses.
+-- published_at_ms is this revision's publish time: initialization counts its first occurrence
 -- from there, so an occurrence between the publish and the first round is still owed.
 INSERT INTO trigger_schedules (trigger_id, project_id, trigger_revision, next_fire_at_ms,
                                last_scheduled_at_ms, state_version, updated_at_ms, published_at_ms)

@@ -14,8 +14,8 @@ SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfi
        misfire_grace_ms, enabled, content_digest
   FROM triggers WHERE project_id = ? ORDER BY trigger_id;
 
--- name: list_schedules_uninitialised
--- Schedules awaiting initialisation (NULL cursor: first in the due order), by project and trigger,
+-- name: list_schedules_uninitialized
+-- Schedules awaiting initialization (NULL cursor: first in the due order), by project and trigger,
 -- after the keyset (:after_project, :after_trigger), at most :limit. A range of the due index read
 -- in index order from the cursor on: a page costs its own rows, nothing is sorted.
 SELECT s.project_id, s.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,
@@ -27,7 +27,7 @@ SELECT s.project_id, s.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.en
  ORDER BY s.next_fire_at_ms, s.project_id, s.trigger_id
  LIMIT :limit;
 
--- name: list_schedules_initialised
+-- name: list_schedules_initialized
 -- Schedules with a cursor, oldest first, then by project and trigger, after the keyset
 -- (:after_next, :after_project, :after_trigger), at most :limit; the second range of the due index.
 SELECT s.project_id, s.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,

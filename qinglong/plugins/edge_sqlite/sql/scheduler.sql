@@ -1,5 +1,5 @@
--- name: claim_uninitialised_page
--- Schedules awaiting initialisation (NULL cursor sorts first), by project and trigger, after the
+-- name: claim_uninitialized_page
+-- Schedules awaiting initialization (NULL cursor sorts first), by project and trigger, after the
 -- keyset (:after_project, :after_trigger) and not held as undecidable by this process.
 -- executor: the one the task head's payload names (a string), else the default, local_process.
 -- CROSS JOIN pins the schedule index as the driving loop, so the scan stops after one page.

@@ -6,7 +6,7 @@
 -- The scalar figures at :now: schedules (all; of enabled triggers of active projects: all less
 -- those of disabled triggers and of inactive projects, each read through its own index), the due
 -- backlog and its oldest occurrence (a range of the due index: next_fire_at_ms <= :now excludes
--- the NULL cursors awaiting initialisation), skips recorded and Attempts lost since :recent_since,
+-- the NULL cursors awaiting initialization), skips recorded and Attempts lost since :recent_since,
 -- running Attempts, and how many trigger Runs were admitted since :lag_since. A partial index
 -- serves a query only when its predicate is repeated word for word (attempts_active).
 SELECT (SELECT count(*) FROM trigger_schedules) AS schedules_total,
