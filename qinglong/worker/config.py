@@ -44,9 +44,10 @@ class WorkerConfig:
 
 
 def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
-    """``[worker]`` (``qinglong.host.settings.WorkerSettings``) checked: the timing can hold the
-    fence, ``max_running`` fits a session, ``dsn`` is set, labels and the worker id are well
-    formed. A refusal is a :class:`SettingsError` naming the key and what was expected."""
+    """``[worker]`` checked: the timing can hold the fence, ``max_running`` fits a session, ``dsn``
+    is set, labels and the worker id are well formed. A refusal is a :class:`SettingsError`
+    naming the key and what was expected. ``worker`` is the settings section, read by attribute
+    (this package never imports the host, whose settings model defines it)."""
     problem = check_worker_timing(worker.session_lease_ms, worker.heartbeat_ms, worker.self_fence_margin_ms,
                                   worker.kill_grace_ms)
     if problem is not None:
