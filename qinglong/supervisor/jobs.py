@@ -95,6 +95,7 @@ class SupervisorStats:
     start_failed: int = 0
 
     def as_fields(self) -> dict[str, Any]:
+        """Every counter by name (what a stop diagnostic carries)."""
         return dataclasses.asdict(self)
 
 

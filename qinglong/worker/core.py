@@ -96,6 +96,7 @@ class WorkerCore:
                                  lambda message: self.emit("error", "worker.keeper_failed", message))
 
     def emit(self, level: str, code: str, message: str, **fields: Any) -> None:
+        """Report a diagnostic (fields that are None are left out)."""
         self.diagnostics.emit(DiagnosticEvent(level, code, message,
                                               {k: v for k, v in fields.items() if v is not None}))
 
@@ -122,12 +123,14 @@ class WorkerCore:
                 self.supervisor.signal(job, signal.SIGKILL)
 
     def store_down(self, exc: BaseException) -> None:
+        """A call found the store unavailable (reported once until it answers again)."""
         if self.store_down_since is None:
             self.store_down_since = self.mono()
             self.emit("warning", "worker.store_unavailable",
                       f"the store is unavailable; retrying: {exc}", jobs=len(self.jobs))
 
     def store_up(self) -> None:
+        """A call was answered: report how long the store was away, if it was."""
         if self.store_down_since is not None:
             down = self.mono() - self.store_down_since
             self.store_down_since = None

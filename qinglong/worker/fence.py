@@ -152,6 +152,8 @@ class SelfFence:
                           attempt_id=job.attempt_id)
 
     async def watchdog_loop(self) -> None:
+        """Every :data:`WATCHDOG_S`: the self-fence at its TERM point, timeouts, cancel and
+        fence signals, and a check that nothing outlived the fence."""
         core = self._core
         fenced_at: float | None = None
         while not core.closing:

@@ -73,6 +73,7 @@ class Jobs:
         return not core.draining and core.session is not None and d is not None and core.mono() < d.term_at
 
     async def claim_loop(self) -> None:
+        """Claim up to the free slots while claiming is allowed; woken by a job's end."""
         core = self._core
         while not core.closing and not core.draining:
             core.wake.clear()

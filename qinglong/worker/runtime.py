@@ -53,6 +53,7 @@ class Worker:
 
     @property
     def stats(self) -> WorkerStats:
+        """Counters over the worker's life."""
         return self._core.stats
 
     @property
@@ -62,10 +63,12 @@ class Worker:
 
     @property
     def session(self) -> Session | None:
+        """The session held now (None before the first and after a fence)."""
         return self._core.session
 
     @property
     def jobs(self) -> int:
+        """How many jobs the worker holds now."""
         return len(self._core.jobs)
 
     def request_stop(self) -> None:

@@ -44,6 +44,7 @@ class Sessions:
         self._connect = connect
 
     async def protocol_ready(self) -> WorkerProtocol | None:
+        """The store's protocol, connected now if it was not yet; None while the store is away."""
         core = self._core
         if core.protocol is not None:
             return core.protocol
@@ -55,6 +56,7 @@ class Sessions:
         return core.protocol
 
     async def heartbeat_loop(self) -> None:
+        """Open a session when there is none, then renew it every ``heartbeat_ms``."""
         core = self._core
         while not core.closing:
             protocol = await self.protocol_ready()
