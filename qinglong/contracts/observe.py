@@ -22,6 +22,12 @@ STATS_CACHE_MS = 1_000
 LAG_WINDOW_MS = 5 * 60_000
 RECENT_WINDOW_MS = 60 * 60_000
 
+#: The states of a cluster worker's session (the ``state`` label of ``qinglong_workers``).
+WORKER_STATES = ("live", "expired", "closed")
+
+#: The states an Attempt ends in (the ``outcome`` label of ``qinglong_attempts_finished_total``).
+ENDED_OUTCOMES = ("succeeded", "failed", "timed_out", "cancelled", "lost")
+
 
 @dataclass(frozen=True, slots=True)
 class StoreStats:
@@ -40,7 +46,14 @@ class StoreStats:
     * ``skipped_recent``: occurrences recorded as skipped in the last :data:`RECENT_WINDOW_MS`;
     * ``lost_recent``: Attempts that ended ``lost`` in the last :data:`RECENT_WINDOW_MS`;
     * ``running``: Attempts holding a process now;
-    * ``workers_by_state`` / ``worker_free_slots``: cluster workers (empty / None elsewhere);
+    * ``workers_by_state`` / ``worker_free_slots``: cluster workers by session state (``live``:
+      open, lease running; ``expired``: its lease ran out within :data:`RECENT_WINDOW_MS` and it
+      did not close; ``closed``: closed within that window) and the free slots of the live ones
+      (empty / None where no workers exist);
+    * ``runs_without_worker``: queued Runs that no live worker can take (none is live, or none
+      offers every label the Run requires); None where no workers exist;
+    * ``attempts_finished``: ended Attempts the store holds, by outcome (every one of
+      :data:`ENDED_OUTCOMES`); None where this process counts the ends itself;
     * ``live_schedulers``: schedulers working the store (the owner lock on SQLite, live replicas
       on PostgreSQL); ``last_round_at_ms``: the newest completed round the store records.
     """
@@ -61,6 +74,8 @@ class StoreStats:
     last_round_at_ms: int | None = None
     workers_by_state: Mapping[str, int] = field(default_factory=dict)
     worker_free_slots: int | None = None
+    runs_without_worker: int | None = None
+    attempts_finished: Mapping[str, int] | None = None
 
     @property
     def oldest_due_seconds(self) -> float:
@@ -127,6 +142,8 @@ METRICS: Sequence[MetricSpec] = (
     MetricSpec("qinglong_running", MetricType.GAUGE, "Attempts holding a process now."),
     MetricSpec("qinglong_workers", MetricType.GAUGE, "Cluster workers, by session state.", ("state",)),
     MetricSpec("qinglong_worker_free_slots", MetricType.GAUGE, "Free slots of live cluster workers."),
+    MetricSpec("qinglong_runs_without_worker", MetricType.GAUGE,
+               "Queued Runs no live cluster worker can take (none live, or none with their labels)."),
     MetricSpec("qinglong_status_verdict", MetricType.GAUGE,
                "The verdict of qinglong status from this process's readings: 0 clear, 10 converging, "
                "20 attention."),
@@ -191,8 +208,9 @@ def status_verdict(before: StoreStats | None, now: StoreStats, *, grace_ms: int,
     occurrences that have only just come due are being admitted on time (a reading taken between
     an occurrence and the round that admits it sees them), whatever their number.
 
-    Attention: no live scheduler; lost Attempts in the recent window; Runs waiting while no worker
-    slot is free (``expect_workers``); a backlog without ``before`` to compare with, or one that
+    Attention: no live scheduler; lost Attempts in the recent window; queued Runs no live worker
+    can take (``runs_without_worker``); other Runs waiting while no worker slot is free
+    (``expect_workers``); a backlog without ``before`` to compare with, or one that
     is larger than at ``before``, or as large with the same oldest occurrence (nothing moves);
     admission lag p99 over ``grace_ms`` unless a backlog is draining (late admissions are what
     draining it looks like). Converging: a backlog smaller than at ``before``, or as large with a
@@ -205,9 +223,13 @@ def status_verdict(before: StoreStats | None, now: StoreStats, *, grace_ms: int,
         attention.append("no scheduler is running on this store")
     if now.lost_recent:
         attention.append(f"{now.lost_recent} attempt(s) lost in the last hour")
+    stranded = now.runs_without_worker or 0
+    if stranded:
+        attention.append(f"{stranded} queued run(s) with no live worker able to take them "
+                         "(no worker is live, or none offers the labels they require)")
     if expect_workers:
-        waiting = now.runs_by_state.get("queued", 0)
-        if waiting and (now.worker_free_slots or 0) == 0:
+        waiting = now.runs_by_state.get("queued", 0) - stranded
+        if waiting > 0 and (now.worker_free_slots or 0) == 0:
             attention.append(f"{waiting} run(s) waiting and no free worker slot")
     draining = False
     aged = _aged_backlog(now, grace_ms)
@@ -238,6 +260,21 @@ def status_verdict(before: StoreStats | None, now: StoreStats, *, grace_ms: int,
     if converging:
         return StatusFinding(Verdict.CONVERGING, tuple(converging))
     return StatusFinding(Verdict.CLEAR, ())
+
+
+def workers_summary(stats: StoreStats) -> str:
+    """Cluster workers in one line, as ``qinglong status`` and the status page say it: live ones
+    (and those expired or closed in the last hour), free slots, queued Runs none can take."""
+    by_state = stats.workers_by_state
+    line = f"{by_state.get('live', 0)} live"
+    gone = [f"{by_state[s]} {s}" for s in ("expired", "closed") if by_state.get(s)]
+    if gone:
+        line += f" ({', '.join(gone)} in the last hour)"
+    slots = stats.worker_free_slots or 0
+    line += f"; {slots} free slot{'' if slots == 1 else 's'}"
+    if stats.runs_without_worker:
+        line += f"; {stats.runs_without_worker} queued run(s) no live worker can take"
+    return line
 
 
 def nearest_rank(count: int, q: float) -> int:

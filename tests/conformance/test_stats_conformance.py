@@ -202,3 +202,23 @@ async def test_a_sqlite_read_past_its_bound_is_interrupted_and_leaves_the_connec
     assert not await store.call(lambda c: c.in_transaction)
     stats = await harness.reader.store_stats()  # the default bound: the same store answers
     assert stats.runs_by_state["succeeded"] == 200_000
+
+
+async def test_an_attempt_that_ended_lost_counts_in_the_recent_window_and_not_after_it(harness):
+    """A lost Attempt is work whose outcome is unknown: a store that never counts one (the
+    cluster's figure was fixed at 0) keeps ``qinglong status`` clear and the page silent after
+    a worker died mid-job."""
+    from tests.conformance.ending import end_current, outcome
+
+    await seed(harness)
+    await initialized(harness, "a", every_second("a"))
+    await harness.elapse(2 * SECOND)
+    assert (await harness.run_round()).admitted >= 1
+    (run,) = [r for r in await harness.reader.recent_runs(limit=10) if r.trigger_id == "a"][-1:]
+    await end_current(harness, run.run_id, outcome("lost"))
+    stats = await harness.reader.store_stats()
+    assert stats.lost_recent == 1
+    if stats.attempts_finished is not None:  # a store whose ends no local dispatcher counts
+        assert stats.attempts_finished["lost"] == 1
+    await harness.elapse(RECENT_WINDOW_MS + SECOND)
+    assert (await harness.reader.store_stats()).lost_recent == 0

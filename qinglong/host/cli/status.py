@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from qinglong.contracts.errors import ExitCode, SchemaNotReady
+from qinglong.contracts.observe import workers_summary
 
 from .boot import container_of, opened_backend
 from .output import iso, print_json
@@ -118,13 +119,8 @@ def print_screen(profile: str, store: str, not_ready: str | None, before: Any, n
         lines.append(("running", _count(now.running, "attempt") + " holding a process"))
         lines.append(("skips", f"{_count(now.skipped_recent, 'occurrence')} skipped in the last hour"))
         lines.append(("lost", f"{_count(now.lost_recent, 'attempt')} lost in the last hour"))
-        if profile == "cluster":
-            if now.workers_by_state or now.worker_free_slots is not None:
-                workers = ", ".join(f"{s} {n}" for s, n in now.workers_by_state.items()) or "none"
-                workers += f"; {now.worker_free_slots or 0} free slots"
-            else:
-                workers = "none registered"
-            lines.append(("workers", workers))
+        if now.worker_free_slots is not None:
+            lines.append(("workers", workers_summary(now)))
         lines.append(("schedules", f"{now.schedules_total} ({now.schedules_enabled} enabled)"))
     if finding is not None:
         lines.append(("verdict", f"{finding.verdict.name.lower()} ({int(finding.verdict)})"))
