@@ -32,7 +32,7 @@ SPECS = {spec.name: spec for spec in METRICS}
 #: The metrics read from the store at scrape time (the rest are this process's counts).
 STORE_METRICS = ("qinglong_schedules_due", "qinglong_schedule_oldest_due_seconds", "qinglong_schedules_total",
                  "qinglong_runs", "qinglong_workers", "qinglong_worker_free_slots",
-                 "qinglong_runs_without_worker")
+                 "qinglong_runs_without_worker", "qinglong_tasks_failing", "qinglong_tasks_not_succeeding")
 RACE_KINDS = ("fence_lost", "cas_miss", "released")
 ROUND_RESULTS = ("ok", "incomplete", "failed")
 ATTEMPT_OUTCOMES = ENDED_OUTCOMES
@@ -129,6 +129,8 @@ class _StoreCollector(Collector):
         yield family
         yield (_gauge("qinglong_worker_free_slots", value=stats.worker_free_slots)
                if stats.worker_free_slots is not None else _gauge("qinglong_worker_free_slots"))
+        yield _gauge("qinglong_tasks_failing", value=stats.tasks_failing)
+        yield _gauge("qinglong_tasks_not_succeeding", value=stats.tasks_not_succeeding)
         yield (_gauge("qinglong_runs_without_worker", value=stats.runs_without_worker)
                if stats.runs_without_worker is not None else _gauge("qinglong_runs_without_worker"))
 

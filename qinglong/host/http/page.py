@@ -14,12 +14,12 @@ from qinglong.contracts.observe import STATS_READ_TIMEOUT_MS, StoreStats, assess
 STYLE = """
 body{font:15px/1.4 system-ui,sans-serif;margin:0 auto;max-width:60rem;padding:.75rem;color:#111}
 h1{font-size:1.3rem;margin:.2rem 0}h2{font-size:1.05rem;margin:1.2rem 0 .3rem}
-.v0{color:#176117}.v10{color:#8a5a00}.v20{color:#a11}.muted{color:#666}
+.v0{color:#176117}.v10{color:#8a5a00}.v20{color:#a11}.v30{color:#a11}.muted{color:#666}
 table{border-collapse:collapse;width:100%;display:block;overflow-x:auto}
 th,td{text-align:left;padding:.25rem .5rem;border-bottom:1px solid #ddd;white-space:nowrap}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:.15rem .8rem;margin:0}dt{color:#555}dd{margin:0}
 """
-VERDICT_NAMES = {0: "clear", 10: "converging", 20: "attention"}
+VERDICT_NAMES = {0: "clear", 10: "converging", 20: "attention", 30: "failing"}
 
 
 def _utc(ms: int | None) -> str:
@@ -109,6 +109,12 @@ async def render_status_page(lifecycle: Any, cache: Any, profile: str, version: 
         for s in list(schedules)[:rows]), "no schedules"))
     parts.append(_table("Recent runs", ("run of", "state", "exit code", "scheduled (UTC)", "admission lag", "reason"),
                         run_rows[:rows], "no runs yet"))
+    if stats is not None and stats.tasks_failing:
+        parts.append(_table(f"Failing tasks ({stats.tasks_failing})", (
+            "task", "last outcome", "ended (UTC)", "failures in a row", "succeeded (24 h)", "last success (UTC)"), (
+            (f"{t.project_id}/{t.task_id}", t.last_outcome, _utc(t.last_finished_at_ms), t.failure_streak,
+             f"{t.succeeded_in_window} of {t.ended_in_window}", _utc(t.last_success_at_ms))
+            for t in stats.failing_tasks[:rows]), "no failing task"))
     parts.append(_table("Skipped occurrences", ("trigger", "policy", "skipped", "from (UTC)", "to (UTC)"), (
         (f"{k.project_id}/{k.trigger_id}", k.policy.value, f"{k.count}{'' if k.count_exact else '+'}",
          _utc(k.first_skipped_ms), _utc(k.last_skipped_ms)) for k in list(skips)[:rows]), "no skips recorded"))

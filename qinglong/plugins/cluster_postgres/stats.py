@@ -1,7 +1,7 @@
 """The store-derived figures of the PostgreSQL store (:class:`~qinglong.contracts.observe.StoreStats`).
 
-The database clock, then one statement of every figure at that instant (``sql/stats.sql``:
-``stats_clock``, ``store_stats``; the instant is a bound value, so the planner reads each range
+The database clock, then one statement of every figure at that instant and one of the failing
+tasks' outcome figures (``sql/stats.sql``: ``stats_clock``, ``store_stats``, ``failing_tasks``; the instant is a bound value, so the planner reads each range
 through its index), in a READ ONLY transaction whose
 ``statement_timeout`` is :data:`~qinglong.contracts.observe.STATS_READ_TIMEOUT_MS` (``SET LOCAL``:
 it ends with the transaction, the pooled session keeps its own), on the runtime role's pool, in
@@ -28,6 +28,10 @@ from qinglong.contracts.errors import StoreUnavailable
 from qinglong.contracts.execution import RunState
 from qinglong.contracts.observe import (
     ENDED_OUTCOMES,
+    FAILING_TASKS_SHOWN,
+    FAILURE_STREAK_PERIODS,
+    OUTCOME_WINDOW_MS,
+    task_outcomes,
     LAG_WINDOW_MS,
     RECENT_WINDOW_MS,
     STATS_READ_TIMEOUT_MS,
@@ -59,6 +63,10 @@ async def read_store_stats(pool_factory: Callable[[], Awaitable[Any]], live_wind
                     params["now_ms"] = (await cur.fetchone())["now_ms"]
                     await cur.execute(query("store_stats"), params)
                     row = await cur.fetchone()
+                    await cur.execute(query("failing_tasks"), {
+                        "now_ms": params["now_ms"], "window_ms": OUTCOME_WINDOW_MS,
+                        "shown": FAILING_TASKS_SHOWN, "periods": FAILURE_STREAK_PERIODS})
+                    failing = await cur.fetchall()
     except pg_errors.QueryCanceled:
         raise StoreUnavailable(
             f"the store's figures could not be read within {timeout_ms} ms (the statement timeout: "
@@ -93,4 +101,7 @@ async def read_store_stats(pool_factory: Callable[[], Awaitable[Any]], live_wind
         worker_free_slots=int(row["worker_free_slots"]),
         runs_without_worker=int(row["runs_without_worker"]),
         attempts_finished=attempts_finished,
+        tasks_failing=int(failing[0]["failing_total"]) if failing else 0,
+        tasks_not_succeeding=int(failing[0]["not_succeeding_total"]) if failing else 0,
+        failing_tasks=tuple(task_outcomes(r) for r in failing),
     )

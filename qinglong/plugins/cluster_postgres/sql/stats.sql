@@ -117,3 +117,49 @@ SELECT %(now_ms)s::bigint AS now_ms,
        ended.by_outcome AS attempts_finished,
        ended.lost_recent
 FROM heads, due, lag, by_state, replicas, workers, unserved, ended
+
+-- name: failing_tasks
+-- The tasks (not deleted, of active projects) whose newest ended Run failed, timed out or was
+-- lost, with their outcome figures, longest failure streak first, at most %(shown)s of them, each
+-- row carrying how many there are in all and how many of them failed %(periods)s Runs in a row or more. Every figure is a short read of runs_ended_by_task
+-- (migration 0009); cancelled Runs count in no figure.
+WITH per_task AS (
+    SELECT t.project_id, t.task_id, last.state AS last_outcome, last.finished_at_ms AS last_finished_at_ms,
+           (SELECT max(r.finished_at_ms) FROM qinglong.runs r
+            WHERE r.project_id = t.project_id AND r.task_id = t.task_id
+              AND r.finished_at_ms IS NOT NULL AND r.state = 'succeeded') AS last_success_at_ms
+    FROM qinglong.tasks t
+    JOIN qinglong.projects p ON p.project_id = t.project_id
+    CROSS JOIN LATERAL (
+        SELECT r.state, r.finished_at_ms FROM qinglong.runs r
+        WHERE r.project_id = t.project_id AND r.task_id = t.task_id
+          AND r.finished_at_ms IS NOT NULL AND r.state <> 'cancelled'
+        ORDER BY r.finished_at_ms DESC LIMIT 1) last
+    WHERE t.deleted_at_ms IS NULL AND p.active
+      AND last.state IN ('failed', 'timed_out', 'lost')
+),
+failing AS (
+    SELECT f.*,
+           (SELECT count(*) FROM qinglong.runs r
+            WHERE r.project_id = f.project_id AND r.task_id = f.task_id
+              AND r.finished_at_ms IS NOT NULL
+              AND r.finished_at_ms > coalesce(f.last_success_at_ms, -1)
+              AND r.state IN ('failed', 'timed_out', 'lost')) AS failure_streak,
+           (SELECT count(*) FROM qinglong.runs r
+            WHERE r.project_id = f.project_id AND r.task_id = f.task_id
+              AND r.finished_at_ms IS NOT NULL
+              AND r.finished_at_ms >= %(now_ms)s::bigint - %(window_ms)s::bigint
+              AND r.state <> 'cancelled') AS ended_in_window,
+           (SELECT count(*) FROM qinglong.runs r
+            WHERE r.project_id = f.project_id AND r.task_id = f.task_id
+              AND r.finished_at_ms IS NOT NULL
+              AND r.finished_at_ms >= %(now_ms)s::bigint - %(window_ms)s::bigint
+              AND r.state = 'succeeded') AS succeeded_in_window
+    FROM per_task f
+)
+SELECT project_id, task_id, last_outcome, last_finished_at_ms, last_success_at_ms, failure_streak,
+       ended_in_window, succeeded_in_window, count(*) OVER () AS failing_total,
+       sum(CASE WHEN failure_streak >= %(periods)s THEN 1 ELSE 0 END) OVER () AS not_succeeding_total
+FROM failing
+ORDER BY failure_streak DESC, project_id, task_id
+LIMIT %(shown)s
