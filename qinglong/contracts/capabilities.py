@@ -8,7 +8,8 @@ backend author reads here exactly what the host may ask of an object and what it
   it: no local dispatcher, and the run commands use :class:`RemoteExecutionBackend`.
 * :class:`RemoteExecutionBackend` (the backend's ``run_control()``): its Runs are executed
   elsewhere and read or cancelled from here. Without either: ``runs show``, ``runs cancel`` and
-  ``logs`` are refused naming the profile.
+  ``logs`` are refused naming the profile. :func:`runs_of` picks the one a backend offers, for
+  the run commands and the status page alike.
 * :class:`MigratesAtStart` (the backend's ``auto_migrate``): without it the host never migrates
   at start, and the operator runs ``qinglong db migrate``.
 * :class:`StatusReader` (the reader's ``scheduler_status()``): without it ``qinglong schedules``
@@ -90,6 +91,18 @@ class LocalStoreSettings(Protocol):
     path: str
 
 
+def runs_of(backend: object) -> "ExecutionStore | RunControl | None":
+    """What reads a backend's Runs with ``list_runs`` and ``run_detail`` (state, exit code,
+    duration, reason): its execution store where this host executes them
+    (:class:`ExecutingBackend`), else its run control where they are executed elsewhere
+    (:class:`RemoteExecutionBackend`); None with neither. The run commands and the status page
+    both read Runs through it."""
+    store = backend.execution() if isinstance(backend, ExecutingBackend) else None
+    if store is not None:
+        return store
+    return backend.run_control() if isinstance(backend, RemoteExecutionBackend) else None
+
+
 def proposed_log_dir(settings: object) -> str | None:
     """The Attempt directory a backend's settings propose: ``<absolute path>.logs`` for
     :class:`LocalStoreSettings` with a non-empty ``path``, else None."""
@@ -110,4 +123,5 @@ __all__ = [
     "RemoteExecutionBackend",
     "StatusReader",
     "proposed_log_dir",
+    "runs_of",
 ]

@@ -76,8 +76,10 @@ def test_workers_appear_in_status_the_page_and_the_metrics_and_stranded_runs_are
         database, tmp_path):
     """With the worker figures stuck at "none registered", Runs waiting with no worker alive
     read "clear", ``qinglong_workers`` and ``qinglong_worker_free_slots`` had no samples and an
-    Attempt a worker reported failed never reached ``qinglong_attempts_finished_total``."""
+    Attempt a worker reported failed never reached ``qinglong_attempts_finished_total``; and the
+    page, reading Runs without the cluster's run control, showed no exit code and no reason."""
     import json
+    import re
 
     import psycopg
 
@@ -135,8 +137,13 @@ def test_workers_appear_in_status_the_page_and_the_metrics_and_stranded_runs_are
             samples = wait_until(worker_seen, "the failed Attempt counted", alive=plane.process)
             assert samples[("qinglong_workers", (("state", "live"),))] == 1
             assert samples[("qinglong_worker_free_slots", ())] == 3
+            cancelled = json.loads(cli(settings, "runs", "--state", "queued", "--json"))[0]["run_id"]
+            cli(settings, "runs", "cancel", cancelled)
             page = plane.get("/")[1]
             assert "1 live; 3 free slots" in page, page
+            # the Runs table reads what `qinglong runs` reads: the worker's exit code, the reason
+            assert "<td>failed</td><td>1</td>" in page, page
+            assert re.search(r"<td>cancelled</td><td>–</td>.*?<td>[^<]*operator[^<]*</td>", page), page
         finally:
             worker.close()
     finally:

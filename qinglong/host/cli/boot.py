@@ -103,11 +103,11 @@ def run_control_of(backend: Any) -> Any:
 
 
 def runs_of(backend: Any) -> Any:
-    """What reads the backend's Runs with ``list_runs`` and ``run_detail``: its execution store
-    (Runs executed by this host) or else its run control (Runs executed elsewhere); None when it
-    has neither."""
-    store = execution_of(backend)
-    return store if store is not None else run_control_of(backend)
+    """What reads the backend's Runs (:func:`qinglong.contracts.capabilities.runs_of`, which the
+    status page uses too)."""
+    from qinglong.contracts.capabilities import runs_of as of
+
+    return of(backend)
 
 
 def need_runs(backend: Any, container: Any, command: str) -> Any:

@@ -63,12 +63,12 @@ async def render_status_page(lifecycle: Any, cache: Any, profile: str, version: 
     reader = lifecycle.backend.reader()
     schedules = await _bounded(reader.list_schedules(limit=rows), "schedules", problems) or ()
     skips = await _bounded(reader.recent_skips(limit=rows), "skips", problems) or ()
-    from qinglong.contracts.capabilities import ExecutingBackend
+    from qinglong.contracts.capabilities import runs_of
 
-    store = lifecycle.backend.execution() if isinstance(lifecycle.backend, ExecutingBackend) else None
+    store = runs_of(lifecycle.backend)  # what `qinglong runs` reads: here or on the workers' store
     if store is not None:
         runs = await _bounded(store.list_runs(limit=rows), "runs", problems) or ()
-        run_rows = [(f"{r.project_id}/{r.trigger_id or r.task_id}", r.state.value,
+        run_rows = [(f"{r.project_id}/{r.trigger_id or r.task_id}", getattr(r.state, "value", r.state),
                      "–" if r.exit_code is None else r.exit_code, _utc(r.scheduled_for_ms),
                      _seconds(r.admitted_at_ms - r.scheduled_for_ms), r.reason or "") for r in runs]
     else:
