@@ -278,3 +278,26 @@ async def test_each_tasks_outcome_figures_name_it_failing_until_it_succeeds(harn
     await end(a[5], outcome("succeeded", 0))
     stats = await harness.reader.store_stats()
     assert (stats.tasks_failing, stats.tasks_not_succeeding, stats.failing_tasks) == (0, 0, ())
+
+
+async def test_a_catch_up_at_a_schedulers_start_is_not_lag_and_a_later_stall_is(harness):
+    """Occurrences that fell due while no scheduler ran are admitted at its start as the misfire
+    policy allows: counting them as admission lag made every restart (even the first ``run``
+    after publishing) read "attention" for five minutes; a scheduler that stalls while it runs
+    must still read as late."""
+    await seed(harness)
+    await harness.publisher.put_trigger(every_second("a"))
+    await harness.elapse(10 * SECOND)  # nobody schedules: ten occurrences are owed
+    await harness.backend.recover()  # a scheduler starts on the store
+    admitted = 0
+    for _ in range(3):
+        admitted += (await harness.run_round()).admitted
+    assert admitted >= 9
+    stats = await harness.reader.store_stats()
+    assert stats.admitted_in_window == admitted
+    assert stats.admission_lag_p99_ms < SECOND, stats
+
+    await harness.elapse(5 * SECOND)  # the running scheduler does no round for five seconds
+    assert (await harness.run_round()).admitted >= 4
+    stats = await harness.reader.store_stats()
+    assert stats.admission_lag_p99_ms >= 4 * SECOND, stats

@@ -196,9 +196,16 @@ class Metrics:
         registry.register(_StoreCollector(cache, running))
         self._running = running
         self._ends_seen: dict[str, int] | None = None
+        self._first_round_at: float | None = None
 
     def observe_round(self, report: RoundReport | None, elapsed_ms: int) -> None:
-        """Fold one round (None: it failed) into the counters."""
+        """Fold one round (None: it failed) into the counters. An admission's lag counts from
+        this process's first round at most: occurrences due before it started are its start's
+        catch-up (admitted late as their misfire policy allowed), not lag."""
+        now = time.monotonic()
+        if self._first_round_at is None:
+            self._first_round_at = now - elapsed_ms / 1000
+        since_start_ms = max(0, int((now - self._first_round_at) * 1000))
         self.round_duration.observe(elapsed_ms / 1000)
         if report is None:
             self.rounds.labels("failed").inc()
@@ -207,7 +214,7 @@ class Metrics:
         if report.admitted:
             self.admissions.inc(report.admitted)
         for lag_ms in report.admission_lags_ms:
-            self.admission_lag.observe(lag_ms / 1000)
+            self.admission_lag.observe(min(lag_ms, since_start_ms) / 1000)
         for policy in report.skipped_policies:
             self.skipped.labels(policy).inc()
         unlabelled = report.skipped - len(report.skipped_policies)

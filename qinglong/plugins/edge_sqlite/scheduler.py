@@ -137,6 +137,9 @@ async def run_round(store: Any, clock_ms: Callable[[], int], page_size: int,
     ``held`` is the backend's memory of held schedules, which outlives the round."""
     started = time.monotonic()
     now_ms = clock_ms()
+    lock = getattr(store, "owner_lock", None)
+    if lock is not None:  # occurrences due before a scheduler's first round are its catch-up
+        lock.mark_first_round(now_ms)
     outcome = await store.call(run_page, now_ms, page_size, providers, before_commit,
                                held, str(getattr(store, "path", "")))
     for event in outcome.diagnostics:

@@ -37,7 +37,7 @@ from qinglong.contracts.observe import (
 )
 
 from .queries import query
-from .store import SqliteStore, named_one, named_rows, probe_owner_lock
+from .store import SqliteStore, named_one, named_rows, probe_first_round, probe_owner_lock
 
 #: Virtual-machine steps between two looks at the deadline (a few microseconds of work each).
 _PROGRESS_STEPS = 1_000
@@ -60,7 +60,7 @@ class _Deadline:
         return max(1, int((self.at - time.monotonic()) * 1000))
 
 
-def _read(conn: sqlite3.Connection, now_ms: int, busy_timeout_ms: int,
+def _read(conn: sqlite3.Connection, now_ms: int, first_round_ms: int | None, busy_timeout_ms: int,
           timeout_ms: int) -> tuple[sqlite3.Row, dict[str, int], dict[int, int], list[sqlite3.Row]]:
     """On the connection's thread: the four reads in one read transaction, within the bound."""
     deadline = _Deadline(timeout_ms)
@@ -78,7 +78,7 @@ def _read(conn: sqlite3.Connection, now_ms: int, busy_timeout_ms: int,
             admitted = int(figures["admitted_in_window"])
             if admitted:
                 ranks = {"rank_a": nearest_rank(admitted, 0.5), "rank_b": nearest_rank(admitted, 0.99),
-                         "lag_since": lag_since}
+                         "lag_since": lag_since, "first_round": first_round_ms}
                 lags = {int(row["rn"]): int(row["lag"])
                         for row in named_rows(conn, query("stats_lag_at_ranks"), ranks)}
             failing = list(named_rows(conn, query("stats_failing_tasks"), {
@@ -103,8 +103,11 @@ async def read_store_stats(store: SqliteStore, clock_ms: Callable[[], int],
                            timeout_ms: int = STATS_READ_TIMEOUT_MS) -> StoreStats:
     """One bounded reading of the store at ``clock_ms()`` (see the module docstring)."""
     now = int(clock_ms())
+    # the running scheduler's first round: what it admitted of occurrences due before then was
+    # its start's catch-up, which the misfire policy allowed, not lag
+    first_round = store.owner_lock.first_round_ms if store.owner_lock.held else probe_first_round(str(store.path))
     figures, by_state, lags, failing = await store.call(
-        _read, now, store.settings.busy_timeout_ms, timeout_ms)
+        _read, now, first_round, store.settings.busy_timeout_ms, timeout_ms)
     admitted = int(figures["admitted_in_window"])
     p50 = lags.get(nearest_rank(admitted, 0.5)) if admitted else None
     p99 = lags.get(nearest_rank(admitted, 0.99)) if admitted else None

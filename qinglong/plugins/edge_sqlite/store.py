@@ -251,12 +251,40 @@ def owner_lock_path(path: str) -> Path:
     return Path(str(path) + LOCK_SUFFIX)
 
 
-def _read_pid(fd: int) -> int | None:
+def _read_holder(fd: int) -> tuple[int | None, int | None]:
+    """``(pid, first round ms)`` written by the holder (either None while not written yet)."""
     try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        words = os.pread(fd, 64, 0).decode("ascii", "replace").split()
+    except OSError:
+        return None, None
+    pid = int(words[0]) if words and words[0].isdigit() else None
+    first = int(words[1]) if len(words) > 1 and words[1].isdigit() else None
+    return pid, first
+
+
+def _read_pid(fd: int) -> int | None:
+    return _read_holder(fd)[0]
+
+
+def probe_first_round(path: str) -> int | None:
+    """When the scheduler holding the owner lock of the database at ``path`` did its first round
+    (store clock, ms), or None when nobody holds it or it has not done one yet. Occurrences due
+    before then were caught up when it started, not admitted late by it."""
+    try:
+        fd = os.open(owner_lock_path(path), os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            return _read_holder(fd)[1]
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def probe_owner_lock(path: str) -> int | None:
@@ -299,6 +327,19 @@ class OwnerLock:
         self.path = path
         self.lock_path = owner_lock_path(path)
         self._fd: int | None = None
+        #: the store-clock time of this holder's first scheduler round (see probe_first_round)
+        self.first_round_ms: int | None = None
+
+    def mark_first_round(self, now_ms: int) -> None:
+        """Record (once per hold) when this holder's first round observed the clock, beside its
+        pid, for the store figures of other processes."""
+        if self._fd is None or self.first_round_ms is not None:
+            return
+        self.first_round_ms = int(now_ms)
+        try:
+            os.pwrite(self._fd, f"{os.getpid()} {int(now_ms)}\n".encode("ascii"), 0)
+        except OSError:
+            pass  # the figure then counts the start's catch-up as lag; the lock is what counts
 
     @property
     def held(self) -> bool:
@@ -353,6 +394,7 @@ class OwnerLock:
     def release(self) -> None:
         """Release the lock (idempotent). The pid is cleared first so no probe names a stale one."""
         fd, self._fd = self._fd, None
+        self.first_round_ms = None
         if fd is None:
             return
         try:

@@ -11,7 +11,9 @@ SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 -- snapshot. `now` is a bound value, not a subquery, so the planner sees how selective each range
 -- is and reads it by its index. Cost: the backlog is a range of trigger_schedules_due
 -- (next_fire_at_ms <= now: the due part only; the NULL range awaiting initialization is not
--- read), the lag percentiles read runs_recent over the last %(lag_window_ms)s ms, recent skips
+-- read), the lag percentiles read runs_recent over the last %(lag_window_ms)s ms (a lag counted
+-- from the admitting replica's first round for what it caught up at its start: occurrences due
+-- while it did not run yet, admitted late as the misfire policy allowed), recent skips
 -- schedule_skips_recent over %(recent_window_ms)s ms, running Runs the in-flight partial index;
 -- the totals are counts: schedules and those of enabled triggers of active projects in one scan
 -- of the trigger heads (each head has exactly one schedule row), Runs by state. Live replicas: a
@@ -34,11 +36,16 @@ WITH due AS (
 ),
 lag AS (
     SELECT count(*) AS n,
-           percentile_disc(0.5) WITHIN GROUP (ORDER BY r.admitted_at_ms - r.scheduled_for_ms) AS p50,
-           percentile_disc(0.99) WITHIN GROUP (ORDER BY r.admitted_at_ms - r.scheduled_for_ms) AS p99
-    FROM qinglong.runs r
-    WHERE r.admitted_at_ms >= %(now_ms)s::bigint - %(lag_window_ms)s::bigint
-      AND r.trigger_revision >= 1
+           percentile_disc(0.5) WITHIN GROUP (ORDER BY x.lag) AS p50,
+           percentile_disc(0.99) WITHIN GROUP (ORDER BY x.lag) AS p99
+    FROM (SELECT r.admitted_at_ms - CASE WHEN k.first_round_at_ms IS NOT NULL
+                                          AND r.scheduled_for_ms < k.first_round_at_ms
+                                         THEN least(k.first_round_at_ms, r.admitted_at_ms)
+                                         ELSE r.scheduled_for_ms END AS lag
+          FROM qinglong.runs r
+          LEFT JOIN qinglong.scheduler_replicas k ON k.owner = r.admitted_by
+          WHERE r.admitted_at_ms >= %(now_ms)s::bigint - %(lag_window_ms)s::bigint
+            AND r.trigger_revision >= 1) x
 ),
 by_state AS (
     SELECT coalesce(json_object_agg(x.state, x.n), '{}'::json) AS runs

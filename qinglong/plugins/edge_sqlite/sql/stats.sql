@@ -40,11 +40,20 @@ SELECT (SELECT count(*) FROM trigger_schedules) AS schedules_total,
 SELECT state, count(*) AS n FROM runs INDEXED BY runs_by_state GROUP BY state;
 
 -- name: stats_lag_at_ranks
--- The admission lags (admitted minus scheduled) at the 1-based ranks :rank_a and :rank_b of the
--- trigger Runs (revision >= 1; a manual Run has 0) admitted since :lag_since, in ascending lag order (the nearest-rank percentiles).
+-- The admission lags at the 1-based ranks :rank_a and :rank_b of the trigger Runs (revision >= 1;
+-- a manual Run has 0) admitted since :lag_since, in ascending lag order (the nearest-rank
+-- percentiles). A lag is admitted minus scheduled, counted from :first_round (the running
+-- scheduler's first round, or NULL) for the occurrences it caught up at its start: those were
+-- due while no scheduler ran, and the misfire policy admitted them, late by design.
 SELECT rn, lag
-  FROM (SELECT r.admitted_at_ms - r.scheduled_for_ms AS lag,
-               row_number() OVER (ORDER BY r.admitted_at_ms - r.scheduled_for_ms) AS rn
+  FROM (SELECT r.admitted_at_ms - CASE WHEN r.admitted_at_ms >= :first_round
+                                       AND r.scheduled_for_ms < :first_round
+                                       THEN min(:first_round, r.admitted_at_ms)
+                                       ELSE r.scheduled_for_ms END AS lag,
+               row_number() OVER (ORDER BY r.admitted_at_ms - CASE WHEN r.admitted_at_ms >= :first_round
+                                       AND r.scheduled_for_ms < :first_round
+                                       THEN min(:first_round, r.admitted_at_ms)
+                                       ELSE r.scheduled_for_ms END) AS rn
           FROM runs AS r INDEXED BY runs_by_admission
          WHERE r.trigger_revision >= 1 AND r.admitted_at_ms >= :lag_since)
  WHERE rn IN (:rank_a, :rank_b);
