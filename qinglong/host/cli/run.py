@@ -74,7 +74,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             project_id="demo", trigger_id="demo-every-second", task_id="hello", kind=kind, spec=spec,
         ))
 
-    on_backend(container, publish)
+    on_backend(container, publish, create=True)
     print(f"published trigger demo-every-second ({description}) running {DEMO_COMMAND[0]} -c '...'; "
           f"running for {args.seconds:g} s ...", flush=True)
     from .runs import a_run_has_ended, show_demo_runs
