@@ -38,6 +38,11 @@ SETTINGS_ENV = "QINGLONG_SETTINGS"
 PROFILE_ENV = "QINGLONG_PROFILE"
 DEFAULT_PROFILE = "edge"
 _SECRET_HINTS = ("dsn", "password", "secret", "token")
+#: The longest duration any setting may hold: retention of a hundred years, a timeout of thirty
+#: days. A bound keeps every cutoff and deadline a finite, storable number (``inf`` or ``1e300``
+#: days cannot be turned into milliseconds).
+MAX_RETENTION_DAYS = 36_500
+MAX_TIMEOUT_MS = 30 * 86_400_000
 
 
 class PluginsSettings(BaseModel):
@@ -76,16 +81,20 @@ class ExecutionSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     enabled: bool = Field(True, description="run admitted Runs' processes in `qinglong run`")
     max_running: int = Field(2, ge=1, description="processes running at once, all tasks together")
-    default_timeout_ms: int = Field(3_600_000, ge=1_000, description="a task's timeout when it states none")
-    max_timeout_ms: int = Field(24 * 3_600_000, ge=1_000, description="the longest timeout a task may state")
+    default_timeout_ms: int = Field(3_600_000, ge=1_000, le=MAX_TIMEOUT_MS,
+                                    description="a task's timeout when it states none")
+    max_timeout_ms: int = Field(24 * 3_600_000, ge=1_000, le=MAX_TIMEOUT_MS,
+                                description="the longest timeout a task may state")
     log_limit_bytes: int = Field(4 * 1024 * 1024, ge=0, description="a task's log limit when it states none")
     log_dir: str | None = Field(None, description="Attempt logs; default: <database>.logs beside the SQLite file")
     kill_grace_ms: int = Field(10_000, ge=100, le=600_000, description="between TERM and KILL")
     on_stop: Literal["detach", "terminate"] = Field(
         "detach", description="at SIGTERM of `qinglong run`: leave running jobs running, or stop them")
     poll_ms: int = Field(1_000, ge=50, le=60_000, description="fallback wake-up of the dispatcher")
-    log_retention_days: float = Field(7, gt=0, description="finished Attempts' logs are deleted after this")
-    run_retention_days: float = Field(7, gt=0, description="finished Runs are pruned after this")
+    log_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+                                      description="finished Attempts' logs are deleted after this")
+    run_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+                                      description="finished Runs are pruned after this")
     min_free_bytes: int = Field(64 * 1024 * 1024, ge=0,
                                 description="below this free space on the log filesystem, oldest logs go first")
     prune_batch: int = Field(200, ge=1, le=10_000, description="rows pruned per batch")
@@ -113,7 +122,8 @@ class WorkerSettings(BaseModel):
     log_dir: str | None = Field(None, description="Attempt logs on this machine; default: ./qinglong-worker-logs")
     drain_timeout_ms: int = Field(60_000, ge=0, le=3_600_000,
                                   description="at SIGTERM: how long running jobs may finish before they are stopped")
-    log_retention_days: float = Field(7, gt=0, description="local Attempt directories are deleted after this")
+    log_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+                                      description="local Attempt directories are deleted after this")
 
 
 class HttpSettings(BaseModel):
