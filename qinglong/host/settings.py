@@ -83,6 +83,10 @@ class ExecutionSettings(BaseModel):
     kill_grace_ms: int = Field(10_000, ge=100, le=600_000, description="between TERM and KILL")
     on_stop: Literal["detach", "terminate"] = Field(
         "detach", description="at SIGTERM of `qinglong run`: leave running jobs running, or stop them")
+    orphans: Literal["kill", "leave"] = Field(
+        "kill", description="what a job left holding its output after it exited: kill its process group, or leave it")
+    orphan_drain_ms: int = Field(2_000, ge=0, le=600_000,
+                                 description="how long a job's output is still read after the job exited")
     poll_ms: int = Field(1_000, ge=50, le=60_000, description="fallback wake-up of the dispatcher")
     log_retention_days: float = Field(7, gt=0, description="finished Attempts' logs are deleted after this")
     run_retention_days: float = Field(7, gt=0, description="finished Runs are pruned after this")
@@ -109,6 +113,10 @@ class WorkerSettings(BaseModel):
     self_fence_margin_ms: int = Field(5_000, ge=500, le=120_000,
                                       description="jobs are gone this long before the lease can expire")
     kill_grace_ms: int = Field(10_000, ge=100, le=600_000, description="between TERM and KILL")
+    orphans: Literal["kill", "leave"] = Field(
+        "kill", description="what a job left holding its output after it exited: kill its process group, or leave it")
+    orphan_drain_ms: int = Field(2_000, ge=0, le=600_000,
+                                 description="how long a job's output is still read after the job exited")
     poll_ms: int = Field(1_000, ge=50, le=60_000, description="between claims while there are free slots")
     log_dir: str | None = Field(None, description="Attempt logs on this machine; default: ./qinglong-worker-logs")
     drain_timeout_ms: int = Field(60_000, ge=0, le=3_600_000,

@@ -25,7 +25,8 @@ from qinglong.contracts.execution import (
 )
 
 from . import procfs
-from .wrapper import FENCE, FIFO, LOCK, LOG, PID, RECEIPT, find_tools, wrapper_argv, wrapper_script
+from .wrapper import (EXITED, FENCE, FIFO, LOCK, LOG, PID, RECEIPT, find_tools, wrapper_argv,
+                      wrapper_script)
 
 #: How often :meth:`LocalProcessExecutor.wait` looks at the lock when it cannot be told of the
 #: wrapper's exit (a kernel without pidfd), and how often it re-checks even when it can.
@@ -93,7 +94,8 @@ class LocalProcessExecutor:
                                  "(the log directory must be on a filesystem with FIFOs and "
                                  "locks, e.g. ext4 or tmpfs; not vfat)") from None
             argv = wrapper_argv(self._tools, self._script, attempt_dir, spec.log_limit_bytes,
-                                [program, *spec.command[1:]])
+                                [program, *spec.command[1:]], drain_ms=self._context.orphan_drain_ms,
+                                orphans=self._context.orphans)
             try:
                 proc = subprocess.Popen(argv, stdin=lock_fd, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, cwd=cwd, env=env,
@@ -248,7 +250,13 @@ class LocalProcessExecutor:
             log_bytes = os.stat(os.path.join(attempt_dir, LOG)).st_size
         except FileNotFoundError:
             log_bytes = 0
-        return Receipt(exit_code, signal, stat.st_mtime_ns // 1_000_000, log_bytes, max(dropped, 0))
+        ended_ns = stat.st_mtime_ns
+        try:  # the job's own end, before the drain (a wrapper of this version writes it)
+            ended_ns = min(ended_ns, os.stat(os.path.join(attempt_dir, EXITED)).st_mtime_ns)
+        except FileNotFoundError:
+            pass
+        note = _held_note(fields.get("held", ""), attempt_dir, self._context.orphan_drain_ms)
+        return Receipt(exit_code, signal, ended_ns // 1_000_000, log_bytes, max(dropped, 0), note)
 
     # --------------------------------------------------------------------------------- signal
 
@@ -271,6 +279,34 @@ class LocalProcessExecutor:
 
 
 # ------------------------------------------------------------------------------------ helpers
+
+
+def _held_note(held: str, attempt_dir: str, drain_ms: int) -> str | None:
+    """In words, what held the job's output after the job itself exited (the receipt's ``held``),
+    naming the processes that still hold it; None when the output ended with the job."""
+    if held not in ("term", "killed", "left"):
+        return None
+    if held == "term":
+        return ("after the job exited, processes it left in its process group held its output; "
+                "they were sent TERM")
+    pgid = _read_pid(attempt_dir)
+    writers = procfs.writers_of(os.path.join(os.path.abspath(attempt_dir), FIFO))
+    if held == "killed":
+        note = (f"after the job exited, its output was still held {drain_ms} ms later: its process "
+                "group was killed (orphans = \"kill\")")
+        escaped = [w for w in writers if w.pgrp != pgid]
+    else:
+        note = (f"after the job exited, its output was still held {drain_ms} ms later: what holds it "
+                "was left running and its output still goes to the log (orphans = \"leave\")")
+        escaped = writers
+    if escaped:
+        named = ", ".join(f"{w.name!r} (pid {w.pid}"
+                          + (", escaped its process group with setsid" if w.pgrp != pgid else "") + ")"
+                          for w in escaped[:8])
+        note += f"; still running and holding it: {named}"
+    return note
+
+
 
 
 def _check_working_dir(cwd: str) -> None:
