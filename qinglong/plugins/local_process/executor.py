@@ -8,6 +8,7 @@ a crash probes, waits for, reads and signals a job an earlier one started.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import os
 import subprocess
@@ -32,6 +33,8 @@ from .wrapper import (EXITED, FENCE, FIFO, LOCK, LOG, PID, RECEIPT, find_tools, 
 #: wrapper's exit (a kernel without pidfd), and how often it re-checks even when it can.
 POLL_SECONDS = 0.2
 PIDFD_RECHECK_SECONDS = 1.0
+#: How long start() waits for the wrapper's pid file (written first thing) before returning.
+PID_WAIT_SECONDS = 5.0
 #: How long start() retries a lock that a concurrent probe holds for an instant.
 LOCK_RETRY_SECONDS = 0.05
 
@@ -112,7 +115,27 @@ class LocalProcessExecutor:
         # None only if something else in this process reaped our child (a waitpid(-1)): it has
         # ended; a start time of -1 matches no process, so the handle is never signalled
         start_ticks = stat.start_ticks if stat is not None else -1
+        await self._until_the_job_starts(proc, attempt_dir)
         return ProcessHandle(self._boot_id, proc.pid, proc.pid, start_ticks)
+
+    async def _until_the_job_starts(self, proc: subprocess.Popen, attempt_dir: str) -> None:
+        """Until the wrapper wrote its pid file (it then starts the job): a wrapper that exited
+        without it never started the job, and that is a start error, said here, not an Attempt
+        lost later for want of a receipt. Bounded: a wrapper still silent after
+        PID_WAIT_SECONDS is returned as started (the probe and the reconciler settle it)."""
+        deadline = time.monotonic() + PID_WAIT_SECONDS
+        delay = 0.0005
+        while _read_pid(attempt_dir) is None:
+            status = proc.poll()
+            if status is not None:
+                if _read_pid(attempt_dir) is not None:
+                    return
+                self._children.pop(proc.pid, None)
+                raise StartError(_why_no_start(attempt_dir, status))
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
     def renew_fence(self, attempt_dir: str, deadline_mono: float) -> None:
         """Write the Attempt's ``fence``: ``deadline_mono`` as an instant of ``/proc/uptime`` in
@@ -279,6 +302,29 @@ class LocalProcessExecutor:
 
 
 # ------------------------------------------------------------------------------------ helpers
+
+
+def _why_no_start(attempt_dir: str, status: int) -> str:
+    """Why a wrapper exited before writing its pid file: what a write to the Attempt directory
+    fails with now (a full or read-only log filesystem), else its exit status."""
+    probe = os.path.join(attempt_dir, "write-check")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, b"0123456789\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"no space left on the log filesystem (writing in {attempt_dir!r})"
+        if exc.errno == errno.EROFS:
+            return f"the log filesystem is read-only (writing in {attempt_dir!r})"
+        return f"the attempt directory {attempt_dir!r} cannot be written: {exc.strerror or exc}"
+    return (f"the job wrapper exited with status {status} before starting the job (it could not "
+            f"write its pid file in {attempt_dir!r})")
+
 
 
 def _held_note(held: str, attempt_dir: str, drain_ms: int) -> str | None:
