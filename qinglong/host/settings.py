@@ -92,6 +92,10 @@ class ExecutionSettings(BaseModel):
     run_retention_days: float = Field(7, gt=0, description="finished Runs are pruned after this")
     min_free_bytes: int = Field(64 * 1024 * 1024, ge=0,
                                 description="below this free space on the log filesystem, oldest logs go first")
+    min_free_fraction: float = Field(
+        0.1, gt=0, le=0.5, description="the floor on a log filesystem too small for min_free_bytes: this fraction of it")
+    keep_logs_per_task: int = Field(3, ge=0, le=10_000,
+                                    description="the newest logs of each task that the free-space floor never deletes")
     prune_batch: int = Field(200, ge=1, le=10_000, description="rows pruned per batch")
 
 
