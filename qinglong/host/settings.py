@@ -90,6 +90,10 @@ class ExecutionSettings(BaseModel):
     kill_grace_ms: int = Field(10_000, ge=100, le=600_000, description="between TERM and KILL")
     on_stop: Literal["detach", "terminate"] = Field(
         "detach", description="at SIGTERM of `qinglong run`: leave running jobs running, or stop them")
+    orphans: Literal["kill", "leave"] = Field(
+        "kill", description="what a job left holding its output after it exited: kill its process group, or leave it")
+    orphan_drain_ms: int = Field(2_000, ge=0, le=600_000,
+                                 description="how long a job's output is still read after the job exited")
     poll_ms: int = Field(1_000, ge=50, le=60_000, description="fallback wake-up of the dispatcher")
     log_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
                                       description="finished Attempts' logs are deleted after this")
@@ -97,6 +101,10 @@ class ExecutionSettings(BaseModel):
                                       description="finished Runs are pruned after this")
     min_free_bytes: int = Field(64 * 1024 * 1024, ge=0,
                                 description="below this free space on the log filesystem, oldest logs go first")
+    min_free_fraction: float = Field(
+        0.1, gt=0, le=0.5, description="the floor on a log filesystem too small for min_free_bytes: this fraction of it")
+    keep_logs_per_task: int = Field(3, ge=0, le=10_000,
+                                    description="the newest logs of each task that the free-space floor never deletes")
     prune_batch: int = Field(200, ge=1, le=10_000, description="rows pruned per batch")
 
 
@@ -118,6 +126,10 @@ class WorkerSettings(BaseModel):
     self_fence_margin_ms: int = Field(5_000, ge=500, le=120_000,
                                       description="jobs are gone this long before the lease can expire")
     kill_grace_ms: int = Field(10_000, ge=100, le=600_000, description="between TERM and KILL")
+    orphans: Literal["kill", "leave"] = Field(
+        "kill", description="what a job left holding its output after it exited: kill its process group, or leave it")
+    orphan_drain_ms: int = Field(2_000, ge=0, le=600_000,
+                                 description="how long a job's output is still read after the job exited")
     poll_ms: int = Field(1_000, ge=50, le=60_000, description="between claims while there are free slots")
     log_dir: str | None = Field(None, description="Attempt logs on this machine; default: ./qinglong-worker-logs")
     drain_timeout_ms: int = Field(60_000, ge=0, le=3_600_000,

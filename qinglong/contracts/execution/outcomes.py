@@ -42,6 +42,8 @@ class Receipt:
     ended_at_ms: int
     log_bytes: int
     dropped_bytes: int = 0
+    #: What else the waiter saw, in words (processes the job left holding its output), or None.
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,8 @@ def classify_outcome(receipt: Receipt | None, cancel: CancelReason | str | None,
 def _from_receipt(state: AttemptState, receipt: Receipt | None, reason: str | None) -> AttemptOutcome:
     if receipt is None:
         return AttemptOutcome(state, reason=reason)
+    if receipt.note:
+        reason = f"{reason}; {receipt.note}" if reason else receipt.note
     return AttemptOutcome(state, receipt.exit_code, receipt.signal, receipt.ended_at_ms,
                           receipt.log_bytes, receipt.dropped_bytes, reason)
 

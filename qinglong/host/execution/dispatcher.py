@@ -86,6 +86,8 @@ class DispatcherConfig:
     log_retention_days: float = 7
     run_retention_days: float = 7
     min_free_bytes: int = 64 * 1024 * 1024
+    min_free_fraction: float = 0.1
+    keep_logs_per_task: int = 3
     prune_batch: int = 200
     retention_first_s: float = RETENTION_FIRST_S
     retention_period_s: float = RETENTION_PERIOD_S
@@ -97,7 +99,8 @@ class DispatcherConfig:
                    poll_ms=execution.poll_ms, on_stop=execution.on_stop,
                    log_retention_days=execution.log_retention_days,
                    run_retention_days=execution.run_retention_days,
-                   min_free_bytes=execution.min_free_bytes, prune_batch=execution.prune_batch)
+                   min_free_bytes=execution.min_free_bytes, min_free_fraction=execution.min_free_fraction,
+                   keep_logs_per_task=execution.keep_logs_per_task, prune_batch=execution.prune_batch)
 
 
 @dataclass
@@ -139,7 +142,8 @@ class Dispatcher:
         self.retention = Retention(store, config.log_dir, log_retention_days=config.log_retention_days,
                                    run_retention_days=config.run_retention_days,
                                    min_free_bytes=config.min_free_bytes, prune_batch=config.prune_batch,
-                                   diagnostics=diagnostics)
+                                   diagnostics=diagnostics, keep_per_task=config.keep_logs_per_task,
+                                   min_free_fraction=config.min_free_fraction)
         #: Observers (the HTTP surface's metrics): ``on_started(lag_ms)`` per process started
         #: (admitted to spawned), ``on_finished(state)`` per Attempt end recorded here. They must
         #: not raise; an error is reported and ignored.
@@ -173,6 +177,7 @@ class Dispatcher:
     async def start(self) -> ReconcileReport:
         """Settle what an earlier run left (the reconciler), then start passes and retention."""
         os.makedirs(self._config.log_dir, mode=0o700, exist_ok=True)
+        self.retention.check_floor()
         report = await reconcile(self._store, self._executors, self._clock_ms, self._adopt, self._recorded,
                                  self._diagnostics, skip=self._jobs.__contains__)
         self.stats.reconciled = report.as_fields()
