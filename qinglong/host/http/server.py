@@ -24,7 +24,7 @@ from qinglong.contracts.errors import UserError
 from qinglong.contracts.hookspecs import ComponentPhase
 
 from ..settings import HttpSettings, split_listen
-from .metrics import CONTENT_TYPE_LATEST, Metrics, StatsCache
+from .metrics import CONTENT_TYPE_LATEST, Metrics, StatsCache, grace_of
 
 TEXT = "text/plain; charset=utf-8"
 HTML = "text/html; charset=utf-8"
@@ -103,7 +103,7 @@ class HttpSurface:
         self._version = version
         self._server: asyncio.AbstractServer | None = None
         self._connections = 0
-        self.cache = StatsCache(lifecycle.backend.reader())
+        self.cache = StatsCache(lifecycle.backend.reader(), grace_ms=grace_of(lifecycle))
         self.metrics = Metrics(self.cache, profile=profile, version=version, running=self._running)
         # built before the first round and the dispatcher's first pass: nothing goes uncounted
         lifecycle.round_observers.append(self.metrics.observe_round)
