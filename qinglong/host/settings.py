@@ -172,6 +172,43 @@ def split_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class NotificationsSettings(BaseModel):
+    """``[notifications]``: where events out go (docs/events.md). Each table of ``channels`` is one
+    channel: ``kind`` names a notifier (``webhook``, ``email`` or a plugin's) and the rest are its
+    options."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(True, description="deliver events in `qinglong run`")
+    default: Literal["on-failure", "always", "never"] = Field(
+        "on-failure", description="which Run events reach the channels when a task says nothing")
+    channels: dict[str, dict[str, Any]] = Field(default_factory=dict,
+                                                description="channel name -> {kind = ..., options}")
+    max_tries: int = Field(8, ge=1, le=100, description="tries before a delivery is dead")
+    backoff_ms: int = Field(1_000, ge=0, le=3_600_000, description="delay after the first failed try")
+    backoff_cap_ms: int = Field(300_000, ge=0, le=86_400_000, description="the longest delay")
+    poll_ms: int = Field(500, ge=20, le=60_000, description="between delivery passes")
+    batch: int = Field(100, ge=1, le=1_000, description="events routed and deliveries sent per pass")
+    lease_ms: int = Field(60_000, ge=1_000, le=3_600_000,
+                          description="a claimed delivery is left to its sender this long")
+    send_timeout_ms: int = Field(10_000, ge=100, le=300_000, description="one send's bound")
+    concurrency: int = Field(8, ge=1, le=256, description="sends at once")
+    log_lines: int = Field(20, ge=0, le=1_000, description="last log lines a message carries")
+
+    @field_validator("channels")
+    @classmethod
+    def _channel_names(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        import re
+
+        for name, table in value.items():
+            if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", name):
+                raise ValueError(f"channel name {name!r}: expected lowercase letters, digits, _ "
+                                 "and -, at most 63")
+            if not isinstance(table.get("kind"), str):
+                raise ValueError(f"channel {name!r}: expected kind = \"webhook\", \"email\" or a "
+                                 "plugin's notifier kind")
+        return value
+
+
 class DiagnosticsSettings(BaseModel):
     """``[diagnostics]``: the host's stderr sink."""
 
@@ -208,6 +245,7 @@ class QinglongSettings(BaseSettings):
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    notifications: NotificationsSettings = Field(default_factory=NotificationsSettings)
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
     backend: dict[str, Any] = Field(
         default_factory=dict, description="validated by the profile's backend plugin"
@@ -380,6 +418,7 @@ class _FileLayer(BaseModel):
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    notifications: NotificationsSettings = Field(default_factory=NotificationsSettings)
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
     backend: dict[str, Any] = Field(default_factory=dict)
 
