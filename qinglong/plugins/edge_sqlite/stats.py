@@ -32,7 +32,7 @@ from qinglong.contracts.observe import (
 )
 
 from .queries import query
-from .store import SqliteStore, named_one, named_rows, probe_owner_lock
+from .store import SqliteStore, named_one, named_rows
 
 #: Virtual-machine steps between two looks at the deadline (a few microseconds of work each).
 _PROGRESS_STEPS = 1_000
@@ -103,7 +103,7 @@ async def read_store_stats(store: SqliteStore, clock_ms: Callable[[], int],
     runs_by_state = {state.value: 0 for state in RunState}
     runs_by_state.update(by_state)
     # The owner lock is what a running scheduler holds (this process's own, or another's).
-    live = 1 if store.owner_lock.held or probe_owner_lock(str(store.path)) is not None else 0
+    live = 1 if store.owner_pid() is not None else 0
     oldest = figures["oldest_due_ms"]
     return StoreStats(
         now_ms=now,
