@@ -171,6 +171,23 @@ def test_an_outcome_is_succeeded_only_with_a_receipt_of_exit_zero_and_no_cancel(
         assert outcome.exit_code is None and outcome.signal is None
 
 
+@LAW_SETTINGS
+@given(receipt=receipts, cancel=st.sampled_from(list(CancelReason)),
+       requested_at_ms=st.integers(min_value=0, max_value=2**42))
+def test_a_job_that_ended_before_the_cancel_request_keeps_its_own_outcome(
+        receipt: Receipt, cancel: CancelReason, requested_at_ms: int) -> None:
+    """A job that exited 0 just before its timeout was written would be shown `timed_out` beside
+    exit 0 (and retried as a timeout); one ended after the request whose status is kept must say
+    it exited after the request, or `timed_out` beside exit 0 is unexplained."""
+    outcome = classify_outcome(receipt, cancel, requested_at_ms=requested_at_ms)
+    if receipt.ended_at_ms < requested_at_ms:
+        assert outcome == classify_outcome(receipt, None)
+    else:
+        assert outcome == classify_outcome(receipt, cancel)
+        if receipt.exit_code is not None:
+            assert f"exited {receipt.exit_code} after the request" in outcome.reason
+
+
 # --------------------------------------------------------------------------------------------
 # Retries
 # --------------------------------------------------------------------------------------------

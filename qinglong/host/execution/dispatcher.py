@@ -426,14 +426,15 @@ class Dispatcher:
     async def _wait_and_record(self, job: Job) -> None:
         try:
             await self._supervisor.wait_for_exit(job)
-            cancel = None
+            cancel = requested_at = None
             for attempt in await self._store.active_attempts():
                 if attempt.attempt_id == job.attempt_id:
-                    cancel = attempt.cancel_reason
+                    cancel, requested_at = attempt.cancel_reason, attempt.cancel_requested_at_ms
                     break
             else:
                 return  # already ended (recorded elsewhere): nothing to add
-            outcome = self._supervisor.outcome(job, cancel)
+            # the request's time and the receipt's are both this machine's wall clock
+            outcome = self._supervisor.outcome(job, cancel, requested_at)
             result = await self._store.record_finished(job.attempt_id, outcome, self._clock_ms(), Actor.COMPLETION)
             if result.recorded:
                 self._recorded_outcome(job.run_id, job.attempt_id, outcome, result)
