@@ -88,6 +88,7 @@ class DispatcherConfig:
     min_free_bytes: int = 64 * 1024 * 1024
     min_free_fraction: float = 0.1
     keep_logs_per_task: int = 3
+    max_queued: int | None = None
     prune_batch: int = 200
     retention_first_s: float = RETENTION_FIRST_S
     retention_period_s: float = RETENTION_PERIOD_S
@@ -100,7 +101,8 @@ class DispatcherConfig:
                    log_retention_days=execution.log_retention_days,
                    run_retention_days=execution.run_retention_days,
                    min_free_bytes=execution.min_free_bytes, min_free_fraction=execution.min_free_fraction,
-                   keep_logs_per_task=execution.keep_logs_per_task, prune_batch=execution.prune_batch)
+                   keep_logs_per_task=execution.keep_logs_per_task, prune_batch=execution.prune_batch,
+                   max_queued=execution.max_queued)
 
 
 @dataclass
@@ -339,7 +341,8 @@ class Dispatcher:
         if candidate.spec is None:
             await self._fail_without_start(candidate, candidate.spec_error or NO_COMMAND, now)
             return False
-        decision = overlap_decision(candidate.spec.concurrency, by_task[key], waiting[key])
+        decision = overlap_decision(candidate.spec.concurrency, by_task[key], waiting[key],
+                                    slot_free=slot_free, max_queued=self._config.max_queued)
         if decision.action is OverlapAction.SKIP:
             if await self._store.skip_run(candidate.run_id, candidate.attempt_id, decision.reason, now):
                 self.stats.skipped += 1
@@ -351,7 +354,7 @@ class Dispatcher:
             by_task[key] = [ActiveRun(a.run_id, a.scheduled_for_ms, True) for a in by_task[key]]
             waiting[key] += 1
             return False
-        if decision.action is OverlapAction.WAIT or not slot_free:
+        if decision.action is OverlapAction.WAIT:
             waiting[key] += 1
             return False
         if await self._start(candidate, now):
