@@ -127,6 +127,11 @@ METRICS: Sequence[MetricSpec] = (
     MetricSpec("qinglong_running", MetricType.GAUGE, "Attempts holding a process now."),
     MetricSpec("qinglong_workers", MetricType.GAUGE, "Cluster workers, by session state.", ("state",)),
     MetricSpec("qinglong_worker_free_slots", MetricType.GAUGE, "Free slots of live cluster workers."),
+    MetricSpec("qinglong_status_verdict", MetricType.GAUGE,
+               "The verdict of qinglong status from this process's readings: 0 clear, 10 converging, "
+               "20 attention."),
+    MetricSpec("qinglong_status_grace_seconds", MetricType.GAUGE,
+               "How long a due occurrence may wait before it counts as late (the verdict's grace)."),
     MetricSpec("qinglong_metrics_read_errors_total", MetricType.COUNTER,
                "Store reads behind a scrape that failed (the scrape served the last values)."),
     MetricSpec("qinglong_build_info", MetricType.INFO, "Version and profile of this process.",
@@ -150,6 +155,26 @@ class Verdict(enum.IntEnum):
 class StatusFinding:
     verdict: Verdict
     reasons: tuple[str, ...]
+
+
+def status_grace_ms(cadence_ms: int, lease_ms: int, *, leased: bool) -> int:
+    """How long a due occurrence may wait before it counts as late: the one grace behind the
+    verdict of ``qinglong status``, the status page, ``qinglong_status_verdict`` and the alert
+    rules' lag threshold (``qinglong_status_grace_seconds``).
+
+    Five cadences where one scheduler rounds every cadence (SQLite); three cadences and a claim
+    lease where a claim that dies is taken over only after its lease (``leased``: the cluster),
+    the same window after which a replica no longer counts as live.
+    """
+    return 3 * cadence_ms + lease_ms if leased else 5 * cadence_ms
+
+
+def assess(before: StoreStats | None, now: StoreStats, *, grace_ms: int) -> StatusFinding:
+    """The verdict every surface shows (``qinglong status``, the status page, the
+    ``qinglong_status_verdict`` gauge): :func:`status_verdict` with workers expected where the
+    store has them (``worker_free_slots`` is not None). ``grace_ms`` comes from
+    :func:`status_grace_ms`."""
+    return status_verdict(before, now, grace_ms=grace_ms, expect_workers=now.worker_free_slots is not None)
 
 
 def _aged_backlog(stats: StoreStats, grace_ms: int) -> bool:

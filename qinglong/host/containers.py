@@ -18,7 +18,7 @@ from typing import Any
 
 from dependency_injector import containers, providers
 
-from qinglong.contracts.capabilities import ExecutingBackend, proposed_log_dir
+from qinglong.contracts.capabilities import EventingBackend, ExecutingBackend, proposed_log_dir
 from qinglong.contracts.errors import PluginLoadError, SettingsError
 from qinglong.contracts.execution import ExecutorContext, minimal_environment
 from qinglong.contracts.store import BackendContext, SchedulerBackendSpec, SchedulerLimits
@@ -169,6 +169,57 @@ def dispatcher_factory(host: PluginHost, loaded: LoadedSettings, backend_setting
     return build
 
 
+def create_notifiers(host: PluginHost, loaded: LoadedSettings) -> dict[str, Any]:
+    """The configured channels (``[notifications.channels.<name>]``), each built by the notifier
+    its ``kind`` names; an unknown kind or bad options is a SettingsError naming the channel."""
+    specs = host.notifier_specs() if hasattr(host, "notifier_specs") else {}
+    notifiers = {}
+    for name, table in loaded.settings.notifications.channels.items():
+        options = {k: v for k, v in table.items() if k != "kind"}
+        spec = specs.get(table["kind"])
+        where = loaded.origin(("notifications", "channels", name))
+        if spec is None:
+            raise SettingsError(
+                f"{where}: channel {name!r}: kind {table['kind']!r} is not offered by any loaded "
+                f"plugin (offered: {', '.join(sorted(specs)) or 'none'})")
+        try:
+            notifiers[name] = spec.create(name, options)
+        except ValueError as exc:
+            raise SettingsError(f"{where}: channel {name!r}: {exc}") from None
+    return notifiers
+
+
+def delivery_loop(host: PluginHost, loaded: LoadedSettings, backend: Any, sink: Any,
+                  clock_ms: Any) -> Any:
+    """The event delivery loop when the backend keeps an outbox and ``[notifications] enabled``."""
+    section = loaded.settings.notifications
+    outbox = backend.outbox() if isinstance(backend, EventingBackend) else None
+    if outbox is None or not section.enabled:
+        return None
+    from qinglong.contracts.events import DeliveryPolicy, NotifyPolicy
+
+    from .events import DeliveryLoop
+
+    return DeliveryLoop(
+        outbox, create_notifiers(host, loaded), sink, clock_ms,
+        policy=DeliveryPolicy(section.max_tries, section.backoff_ms,
+                              max(section.backoff_cap_ms, section.backoff_ms)),
+        default_notify=NotifyPolicy(section.default), poll_ms=section.poll_ms,
+        batch=section.batch, lease_ms=section.lease_ms, send_timeout_ms=section.send_timeout_ms,
+        concurrency=section.concurrency, log_lines=section.log_lines)
+
+
+def components_factory(host: PluginHost, loaded: LoadedSettings, sink: Any, clock_ms: Any) -> Any:
+    """``context -> components``: the host's own stack components (the event delivery loop) and
+    the plugins' (hook ``qinglong_lifecycle_components``)."""
+
+    def build(context: Any) -> list[Any]:
+        own = delivery_loop(host, loaded, context.backend, sink, clock_ms)
+        return ([own] if own is not None else []) + list(host.lifecycle_components(context))
+
+    return build
+
+
 def http_admission(loaded: LoadedSettings) -> Any:
     """``lifecycle -> [HTTP surface]`` when ``[http] listen`` is set, else None; its token is checked
     here, before anything starts (the module is stdlib-only: prometheus_client is imported only
@@ -215,6 +266,8 @@ class HostContainer(containers.DeclarativeContainer):
     dispatcher_factory = providers.Singleton(dispatcher_factory, plugin_host, loaded, backend_settings,
                                              diagnostics, clock_ms)
     http_admission = providers.Singleton(http_admission, loaded)
+    components_factory = providers.Singleton(components_factory, plugin_host, loaded, diagnostics,
+                                             clock_ms)
 
     lifecycle = providers.Singleton(
         Lifecycle,
@@ -223,7 +276,7 @@ class HostContainer(containers.DeclarativeContainer):
         backend=backend,
         diagnostics=diagnostics,
         providers=trigger_providers,
-        components_factory=plugin_host.provided.lifecycle_components,
+        components_factory=components_factory,
         cadence_ms=config.scheduler.cadence_ms,
         start_step_timeout_ms=config.lifecycle.start_step_timeout_ms,
         stop_timeout_ms=config.lifecycle.stop_timeout_ms,

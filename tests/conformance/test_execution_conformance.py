@@ -615,7 +615,7 @@ RUN_READING_BACKENDS = ["sqlite", "pg18", "pg15"]
 
 
 @pytest.fixture(params=RUN_READING_BACKENDS)
-def reading_harness(request, servers, tmp_path):
+def reading_harness(request, tmp_path):
     """A harness of each backend that records Runs (started and stopped by the test itself)."""
     from tests.conformance.conftest import PostgresHarness, _db_counter
     from tests.pg import create_database, drop_database
@@ -623,7 +623,7 @@ def reading_harness(request, servers, tmp_path):
     if request.param == "sqlite":
         yield SqliteHarness(tmp_path / "qinglong.db")
         return
-    server, template = servers(request.param)
+    server, template = request.getfixturevalue("servers")(request.param)
     name = f"qlc_{os.getpid()}_{next(_db_counter)}"
     create_database(server, name, template=template)
     yield PostgresHarness(server, name)

@@ -131,3 +131,12 @@ def test_store_derived_gauges_are_aggregated_with_max_never_summed():
                     before = expr[:match.start()]
                     assert re.search(r"max by \([^)]*\) \((?:[a-z_]+\()?$", before), (
                         f"{rule['alert']}: {name} is not under max by (...)")
+
+
+def test_the_lag_alert_uses_the_status_grace_not_a_threshold_of_its_own():
+    """A number written in the rule would page at a lag ``qinglong status`` and the page call
+    clear (or stay quiet while they say attention): the rule compares with the grace the process
+    exports from the same function the verdict uses."""
+    (rule,) = [r for r in _rules() if r.get("alert") == "QinglongAdmissionLagHigh"]
+    assert "qinglong_status_grace_seconds" in rule["expr"]
+    assert not re.search(r">\s*[0-9]", rule["expr"]), rule["expr"]

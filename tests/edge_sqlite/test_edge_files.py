@@ -234,6 +234,23 @@ def test_read_commands_on_a_missing_file_are_refused_and_create_nothing(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+NOT_CREATING_COMMANDS = (
+    ["task", "run", "ops", "backup"], ["task", "show", "ops", "backup"], ["task", "delete", "ops", "backup"],
+    ["task", "list"], ["logs", "r1"], ["runs", "show", "r1"], ["runs", "cancel", "r1"], ["status", "--once"],
+    ["trigger", "delete", "ops", "t"], ["trigger", "update", "ops", "t", "--disabled"],
+    ["trigger", "enable", "ops", "t"], ["project", "delete", "ops"], ["export"])
+
+
+@pytest.mark.parametrize("command", NOT_CREATING_COMMANDS, ids=lambda c: "-".join(c))
+def test_only_run_migrate_and_publishing_create_a_missing_database(tmp_path, command):
+    """``task run`` on a mistyped path created and migrated a new database before failing, and
+    ``trigger delete`` did too: a stray database (and its lock file) was left behind, which a later
+    ``run`` would have taken for the real one."""
+    missing = tmp_path / "typo.db"
+    assert_refused(cli(missing, *command), 3, missing, "does not exist")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_read_commands_never_migrate_an_empty_file(tmp_path):
     """Reading must not write: an empty file stays empty (no tables, no WAL) and the user is told
     what is missing."""

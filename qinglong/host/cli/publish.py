@@ -192,7 +192,8 @@ def cmd_trigger(args: argparse.Namespace) -> int:
         )
         return await pub.put_trigger(definition)
 
-    result = on_backend(container, go, create=sub != "list")
+    # Only adding publishes something new: update, enable, disable, delete need a stored trigger.
+    result = on_backend(container, go, create=sub == "add")
     if sub == "list":
         if args.json:
             print_json([_head_json(t) for t in result])

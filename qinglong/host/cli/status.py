@@ -9,9 +9,8 @@ the grace, lost Attempts, no scheduler working the store, Runs waiting for a wor
 problem that keeps the figures from being read keeps its usual code: 3 settings or a missing
 database, 4 a schema not ready, 5 a store that cannot be reached or answer within the bound.
 
-The grace is what an occurrence may wait before it counts as late: five cadences on the SQLite
-profiles (a round every cadence), three cadences and a lease on the cluster (a claim may take up
-to a lease), the same window after which a replica no longer counts as live.
+The grace is what an occurrence may wait before it counts as late
+(:func:`~qinglong.contracts.observe.status_grace_ms`; the status page and ``/metrics`` use the same).
 """
 
 from __future__ import annotations
@@ -44,10 +43,11 @@ def interval_seconds(text: str) -> float:
 
 
 def grace_ms(profile: str, limits: Any) -> int:
-    """How long an occurrence may wait before it counts as late (see the module docstring)."""
-    if profile == "cluster":
-        return 3 * limits.cadence_ms + limits.lease_ms
-    return 5 * limits.cadence_ms
+    """How long an occurrence may wait before it counts as late
+    (:func:`~qinglong.contracts.observe.status_grace_ms`, the page's and the metrics' too)."""
+    from qinglong.contracts.observe import status_grace_ms
+
+    return status_grace_ms(limits.cadence_ms, limits.lease_ms, leased=profile == "cluster")
 
 
 def stats_json(stats: Any) -> dict[str, Any] | None:
@@ -137,7 +137,7 @@ def print_screen(profile: str, store: str, not_ready: str | None, before: Any, n
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Readiness, backlog, lag, Runs, skips; the exit code is the verdict."""
-    from qinglong.contracts.observe import status_verdict
+    from qinglong.contracts.observe import assess
 
     container = container_of(args)
     loaded = container.loaded()
@@ -155,8 +155,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     not_ready, before, now = asyncio.run(go())
     finding = None
     if now is not None:
-        finding = status_verdict(before, now, grace_ms=grace,
-                                 expect_workers=now.worker_free_slots is not None)
+        finding = assess(before, now, grace_ms=grace)
     code = int(finding.verdict) if finding is not None else int(ExitCode.CHECK_FAILED)
     if args.json:
         print_json({"profile": profile, "ready": not_ready is None,

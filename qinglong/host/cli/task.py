@@ -195,7 +195,7 @@ def cmd_task_put(args: argparse.Namespace) -> int:
     container = container_of(args)
     payload = build_task_payload(args, args.task_id, execution_limits(container.loaded()), json_object)
     task = on_backend(container, lambda backend: backend.publisher().put_task(
-        args.project_id, args.task_id, payload))
+        args.project_id, args.task_id, payload), create=True)
     print(f"task {task.project_id}/{task.task_id} at revision {task.task_revision} ({task.content_digest[:19]})")
     missing = missing_program(payload)
     if missing is not None:

@@ -2,9 +2,9 @@
 at ``/``, one ``admission``-phase lifecycle component (opened last at start, withdrawn first at stop).
 
 Off unless ``[http] listen`` is set (the standalone and cluster profiles set it; edge does not), and
-nothing of it (prometheus_client included) is imported while it is off. The server is asyncio's
-streams with the request line and headers parsed by the standard library's ``http.server``: chosen
-by measured cost, since prometheus_client imports ``http.server`` anyway (docs/http.md).
+nothing of it (prometheus_client, Starlette, uvicorn) is imported while it is off. The server is
+uvicorn's h11 server with a Starlette application, from the ``http`` (or ``api``) extra: chosen by
+measured import cost on edge (docs/http.md).
 """
 
 from __future__ import annotations
@@ -56,11 +56,23 @@ def resolve_token(loaded: LoadedSettings) -> bytes | None:
     return token.encode() if token is not None else None
 
 
+def require_http_extra(loaded: LoadedSettings) -> None:
+    """Refuse, naming the key and the extra, an HTTP surface whose packages are not installed."""
+    import importlib.util
+
+    missing = [name for name in ("starlette", "uvicorn", "h11") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SettingsError(
+            f"invalid settings: {loaded.origin(('http', 'listen'))}: key 'http.listen': serving HTTP needs "
+            f"{', '.join(missing)}: install the extra 'http' (pip install 'qinglong[http]').")
+
+
 def admission_factory(loaded: LoadedSettings, version: str) -> Callable[[Any], Sequence[Any]] | None:
     """``lifecycle -> [HttpSurface]`` when ``[http] listen`` is set (the token checked now, before
     anything starts), else None."""
     if not loaded.settings.http.listen:
         return None
+    require_http_extra(loaded)
     token = resolve_token(loaded)
     # Only the profile's own default may fail to bind without failing the start: several processes
     # of one host (test suites, a second replica) would otherwise fight over 127.0.0.1:8080. An

@@ -22,11 +22,11 @@ from prometheus_client.registry import Collector
 
 from qinglong.contracts.observe import (
     LAG_BUCKETS_S, METRICS, ROUND_BUCKETS_S, STATS_CACHE_MS, STATS_READ_TIMEOUT_MS, MetricType,
-    StoreStats,
+    StatusFinding, StoreStats, assess, status_grace_ms,
 )
 from qinglong.contracts.records import MisfirePolicy, RoundReport
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "StatsCache"]
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "StatsCache", "grace_of"]
 
 SPECS = {spec.name: spec for spec in METRICS}
 #: The metrics read from the store at scrape time (the rest are this process's counts).
@@ -37,14 +37,27 @@ ROUND_RESULTS = ("ok", "incomplete", "failed")
 ATTEMPT_OUTCOMES = ("succeeded", "failed", "timed_out", "cancelled", "lost")
 
 
-class StatsCache:
-    """One bounded store read per :data:`STATS_CACHE_MS` however many scrapes ask (they share it)."""
+def grace_of(lifecycle: Any) -> int:
+    """The verdict's grace for a running ``qinglong run`` (its profile and ``[scheduler]``
+    settings), as :func:`~qinglong.contracts.observe.status_grace_ms` and ``qinglong status``
+    compute it."""
+    scheduler = lifecycle.settings.scheduler
+    return status_grace_ms(scheduler.cadence_ms, scheduler.lease_ms, leased=lifecycle.profile == "cluster")
 
-    def __init__(self, reader: Any, clock: Any = time.monotonic) -> None:
+
+class StatsCache:
+    """One bounded store read per :data:`STATS_CACHE_MS` however many scrapes ask (they share it).
+
+    It keeps the reading before the newest one too, so the page and ``qinglong_status_verdict``
+    judge a backlog's trend as ``qinglong status`` does with its two readings."""
+
+    def __init__(self, reader: Any, clock: Any = time.monotonic, *, grace_ms: int | None = None) -> None:
         self._reader = reader
         self._clock = clock
         self._lock = asyncio.Lock()
         self._read_at: float | None = None
+        self.grace_ms = grace_ms
+        self.before: StoreStats | None = None
         self.stats: StoreStats | None = None
         self.errors = 0
         self.last_error: str | None = None
@@ -56,7 +69,8 @@ class StatsCache:
             if self._read_at is not None and (now - self._read_at) * 1000 < STATS_CACHE_MS:
                 return self.stats
             try:
-                self.stats = await asyncio.wait_for(self._reader.store_stats(), STATS_READ_TIMEOUT_MS / 1000)
+                stats = await asyncio.wait_for(self._reader.store_stats(), STATS_READ_TIMEOUT_MS / 1000)
+                self.before, self.stats = self.stats, stats
                 self.last_error = None
             except asyncio.CancelledError:
                 raise
@@ -65,6 +79,14 @@ class StatsCache:
                 self.last_error = "timed out" if isinstance(exc, asyncio.TimeoutError) else exc.__class__.__name__
             self._read_at = self._clock()
             return self.stats
+
+    @property
+    def finding(self) -> StatusFinding | None:
+        """The verdict of the last two readings (:func:`~qinglong.contracts.observe.assess`), or
+        None before the first reading or without a grace."""
+        if self.stats is None or self.grace_ms is None:
+            return None
+        return assess(self.before, self.stats, grace_ms=self.grace_ms)
 
 
 class _StoreCollector(Collector):
@@ -80,6 +102,12 @@ class _StoreCollector(Collector):
         if running is None and stats is not None:
             running = stats.running
         yield _gauge("qinglong_running", value=running) if running is not None else _gauge("qinglong_running")
+        grace = self._cache.grace_ms
+        yield (_gauge("qinglong_status_grace_seconds", value=grace / 1000) if grace is not None
+               else _gauge("qinglong_status_grace_seconds"))
+        finding = self._cache.finding
+        yield (_gauge("qinglong_status_verdict", value=int(finding.verdict)) if finding is not None
+               else _gauge("qinglong_status_verdict"))
         if stats is None:  # announced, without samples, until the first reading
             for name in STORE_METRICS:
                 yield _gauge(name)

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from html import escape
 from typing import Any, Iterable, Sequence
 
-from qinglong.contracts.observe import STATS_READ_TIMEOUT_MS, StoreStats, status_verdict
+from qinglong.contracts.observe import STATS_READ_TIMEOUT_MS, StoreStats, assess
 
 STYLE = """
 body{font:15px/1.4 system-ui,sans-serif;margin:0 auto;max-width:60rem;padding:.75rem;color:#111}
@@ -81,7 +81,11 @@ async def render_status_page(lifecycle: Any, cache: Any, profile: str, version: 
              f"<p class=muted>version {escape(version)} · {escape(_utc(now_ms))} UTC · "
              f"{escape(readiness.reason)}</p>"]
     if stats is not None:
-        finding = status_verdict(None, stats, grace_ms=60_000)
+        finding = cache.finding
+        if finding is None:  # a cache built without the grace: the process's own, as status has it
+            from .metrics import grace_of
+
+            finding = assess(cache.before, stats, grace_ms=grace_of(lifecycle))
         name = VERDICT_NAMES.get(int(finding.verdict), str(int(finding.verdict)))
         reasons = "; ".join(finding.reasons) or "nothing needs attention"
         runs_by_state = ", ".join(f"{k} {v}" for k, v in sorted(stats.runs_by_state.items()) if v) or "none"

@@ -312,6 +312,12 @@ class ClusterPostgresBackend:
 
         return ClusterRunControl(self._with_runtime)
 
+    def outbox(self):
+        """Events out (:class:`~qinglong.contracts.events.EventOutbox`), as the runtime role."""
+        from .events import ClusterEventOutbox
+
+        return ClusterEventOutbox(self._with_runtime)
+
     async def close(self) -> None:
         """Close both pools. Idempotent."""
         for attr in ("_runtime_pool", "_admin_pool"):
