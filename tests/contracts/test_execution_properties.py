@@ -254,6 +254,27 @@ def test_jitter_spreads_delays_over_its_band() -> None:
 
 
 @LAW_SETTINGS
+@given(policy=concurrency_policies, active=active_runs, waiting_ahead=st.integers(0, 6),
+       slot_free=st.booleans(), max_queued=st.none() | st.integers(1, 4))
+def test_a_task_never_holds_more_than_max_queued_waiting_runs(
+        policy: ConcurrencyPolicy, active: list[ActiveRun], waiting_ahead: int, slot_free: bool,
+        max_queued: int | None) -> None:
+    """Without the bound a task whose jobs outlast its period piles up waiting Runs without end
+    (75 `queue` and 39 `allow` Runs in an hour of a per-second trigger); a bound that skipped a
+    Run that could start, or one that changed any other answer, would lose or reorder work."""
+    bounded = overlap_decision(policy, active, waiting_ahead, slot_free=slot_free, max_queued=max_queued)
+    free = overlap_decision(policy, active, waiting_ahead, slot_free=slot_free)
+    if free.action is OverlapAction.WAIT and max_queued is not None and waiting_ahead >= max_queued:
+        assert bounded.action is OverlapAction.SKIP and f"max_queued = {max_queued}" in bounded.reason
+    else:
+        assert bounded == free
+    if not slot_free:
+        assert free.action is not OverlapAction.START
+    elif free.action is not OverlapAction.START:
+        assert free == overlap_decision(policy, active, waiting_ahead)
+
+
+@LAW_SETTINGS
 @given(policy=concurrency_policies, active=active_runs, waiting_ahead=st.integers(0, 3))
 def test_overlap_decision_follows_each_mode(policy: ConcurrencyPolicy, active: list[ActiveRun],
                                             waiting_ahead: int) -> None:
