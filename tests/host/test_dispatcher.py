@@ -521,7 +521,7 @@ def test_a_backlog_waiting_under_queue_does_not_hide_another_tasks_run_behind_it
     """A 'queue' task whose job outlasts its period piles up waiting Runs ahead (in scheduled
     order) of every later Run; if the dispatcher looked only at the first page, another task's
     Run would never start while a slot is free."""
-    settings = write_settings(tmp_path, max_running=2)
+    settings = write_settings(tmp_path, max_running=2, max_queued=100)
 
     async def body() -> None:
         async with running(settings) as h:
