@@ -5,7 +5,8 @@ It opens the store read-only (never creating or migrating it), says whether its 
 bounded read) twice, ``--interval`` apart, to see whether a backlog grows or drains (once with
 ``--once``). The exit code is the verdict of :func:`~qinglong.contracts.observe.status_verdict`:
 0 clear, 10 converging (a backlog that drains), 20 attention (a growing or frozen backlog, lag over
-the grace, lost Attempts, no scheduler working the store, Runs waiting for a worker slot). A
+the grace, lost Attempts, no scheduler working the store, Runs no worker takes), 30 failing (a
+task whose last Run failed, timed out or was lost). A
 problem that keeps the figures from being read keeps its usual code: 3 settings or a missing
 database, 4 a schema not ready, 5 a store that cannot be reached or answer within the bound.
 
@@ -22,6 +23,7 @@ import sys
 from typing import Any
 
 from qinglong.contracts.errors import ExitCode, SchemaNotReady
+from qinglong.contracts.observe import FAILURE_STREAK_PERIODS, workers_summary
 
 from .boot import container_of, opened_backend
 from .output import iso, print_json
@@ -58,6 +60,8 @@ def stats_json(stats: Any) -> dict[str, Any] | None:
     data["runs_by_state"] = dict(stats.runs_by_state)
     data["workers_by_state"] = dict(stats.workers_by_state)
     data["oldest_due_seconds"] = stats.oldest_due_seconds
+    data["failing_tasks"] = [{f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
+                             for t in stats.failing_tasks]
     return data
 
 
@@ -118,13 +122,12 @@ def print_screen(profile: str, store: str, not_ready: str | None, before: Any, n
         lines.append(("running", _count(now.running, "attempt") + " holding a process"))
         lines.append(("skips", f"{_count(now.skipped_recent, 'occurrence')} skipped in the last hour"))
         lines.append(("lost", f"{_count(now.lost_recent, 'attempt')} lost in the last hour"))
-        if profile == "cluster":
-            if now.workers_by_state or now.worker_free_slots is not None:
-                workers = ", ".join(f"{s} {n}" for s, n in now.workers_by_state.items()) or "none"
-                workers += f"; {now.worker_free_slots or 0} free slots"
-            else:
-                workers = "none registered"
-            lines.append(("workers", workers))
+        tasks = f"{now.tasks_failing} failing (their last run failed, timed out or was lost)"
+        if now.tasks_not_succeeding:
+            tasks += f", {now.tasks_not_succeeding} without a success in {FAILURE_STREAK_PERIODS} runs"
+        lines.append(("tasks", tasks if now.tasks_failing else "none failing"))
+        if now.worker_free_slots is not None:
+            lines.append(("workers", workers_summary(now)))
         lines.append(("schedules", f"{now.schedules_total} ({now.schedules_enabled} enabled)"))
     if finding is not None:
         lines.append(("verdict", f"{finding.verdict.name.lower()} ({int(finding.verdict)})"))
@@ -175,7 +178,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add ``status``."""
     p = add_command(sub, common, "status",
-                    "readiness, backlog, admission lag, Runs, skips; exit 0 clear, 10 converging, 20 attention",
+                    "readiness, backlog, admission lag, Runs, skips, failing tasks; exit 0 clear, 10 converging, 20 attention, 30 failing",
                     cmd_status)
     p.add_argument("--once", action="store_true",
                    help="one reading, no trend (an aged backlog is then attention)")
