@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:  # types only
     from .execution import ExecutionStore, RunControl
     from .records import SchedulerStatus
+    from .tokens import TokenStore
 
 
 @runtime_checkable
@@ -52,6 +53,15 @@ class RemoteExecutionBackend(Protocol):
 
     def run_control(self) -> "RunControl | None":
         """The store's :class:`~qinglong.contracts.execution.RunControl`, or None."""
+        ...
+
+
+@runtime_checkable
+class TokenBackend(Protocol):
+    """A backend that keeps the management API's tokens and its audit log."""
+
+    def tokens(self) -> "TokenStore":
+        """The store's :class:`~qinglong.contracts.tokens.TokenStore`."""
         ...
 
 

@@ -47,6 +47,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runs", ("runs", "logs")),
     ("read", ("schedules", "skips")),
     ("status", ("status",)),
+    ("tokens", ("token", "audit")),
 )
 
 #: Every command of the host itself; a plugin command of one of these names is refused.

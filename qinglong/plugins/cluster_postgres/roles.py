@@ -60,6 +60,8 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "triggers": frozenset(_ALL),
         "trigger_schedules": frozenset(_ALL),
         "trigger_revision_marks": frozenset({"SELECT", "INSERT", "UPDATE"}),
+        "api_tokens": frozenset({"SELECT", "INSERT", "UPDATE"}),
+        "audit_log": frozenset({"SELECT", "INSERT", "DELETE"}),
     },
     "runtime": {
         "schema_migrations": frozenset({"SELECT"}),
@@ -121,6 +123,7 @@ EXPECTED_TABLES = frozenset({
     "schema_migrations", "projects", "tasks", "task_revisions", "execution_revisions", "triggers",
     "trigger_schedules", "runs", "attempts", "run_events", "schedule_skips",
     "trigger_revision_marks", "scheduler_replicas", "worker_sessions", "attempt_logs",
+    "api_tokens", "audit_log", "audit_log_entry_id_seq",
 })
 
 _CATALOG_SQL = """
