@@ -560,6 +560,13 @@ class ApiService:
         limit = _int_query(request, "limit", 100, 1, MAX_LIMIT)
         return JSONResponse([e.as_json() for e in await self.tokens.list_audit(since, limit)])
 
+    async def openapi(self, request: Request, principal: Principal) -> Response:
+        from qinglong import __version__
+
+        from .openapi import document
+
+        return JSONResponse(document(request.app.state.specs, __version__))
+
     # ------------------------------------------------------------------ the route table
 
     def routes(self) -> list[RouteSpec]:
@@ -620,6 +627,8 @@ class ApiService:
                                body=body)}, api=True),
             RouteSpec(p + "/tokens/{name}", {
                 "DELETE": Method("admin", self.revoke_token, "revoke a token")}, api=True),
+            RouteSpec(f"{p}/openapi.json", {
+                "GET": Method("read", self.openapi, "this document")}, api=True),
             RouteSpec(f"{p}/audit", {
                 "GET": Method("admin", self.audit, "the audit log, newest first",
                               query={"since_ms": "entries at or after", "limit": "1-1000"})}, api=True),
