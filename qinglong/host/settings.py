@@ -163,6 +163,34 @@ class HttpSettings(BaseModel):
         return value
 
 
+class ApiSettings(BaseModel):
+    """``[api]``: the management API at ``/api/v1``, served on the ``[http]`` listener by ``qinglong
+    run`` (and by ``qinglong api``). Every request needs a token made with ``qinglong token create``.
+    A listen address off loopback needs TLS files or ``behind_proxy`` with its trusted proxies."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(False, description="serve /api/v1 on the [http] listener")
+    tls_cert_file: str | None = Field(None, min_length=1, description="TLS certificate chain (PEM)")
+    tls_key_file: str | None = Field(None, min_length=1, description="TLS private key (PEM)")
+    behind_proxy: bool = Field(False, description="plain HTTP off loopback, only behind a TLS proxy")
+    trusted_proxies: list[str] = Field(default_factory=list,
+                                       description="proxy addresses whose X-Forwarded-For is believed")
+    failed_auth_burst: int = Field(20, ge=1, le=10_000, description="failed authentications per address before 429")
+    failed_auth_per_second: float = Field(1.0, gt=0, le=1_000, description="refill of that allowance")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP address or network") from None
+        return value
+
+
 def split_listen(value: str) -> tuple[str, int]:
     """``"host:port"`` (``"[v6]:port"``) as ``(host, port)``; port 0 picks a free one (named in the
     ``http.listening`` line). ValueError saying what is expected."""
@@ -246,6 +274,7 @@ class QinglongSettings(BaseSettings):
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     notifications: NotificationsSettings = Field(default_factory=NotificationsSettings)
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
@@ -419,6 +448,7 @@ class _FileLayer(BaseModel):
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     notifications: NotificationsSettings = Field(default_factory=NotificationsSettings)
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
