@@ -4,6 +4,7 @@ headers, body); it can answer with a chosen status, or hold each request until r
 from __future__ import annotations
 
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -20,8 +21,10 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                headers = dict(self.headers)
+                headers["X-Bench-Arrival"] = repr(time.time())
                 with outer.arrived:
-                    outer.received.append((self.path, dict(self.headers), body))
+                    outer.received.append((self.path, headers, body))
                     outer.arrived.notify_all()
                 if outer.hold.is_set():
                     outer.released.wait(120)
