@@ -264,12 +264,13 @@ def servers(request):
 
 
 @pytest.fixture(params=BACKENDS)
-def harness(request, servers, tmp_path):
-    """A harness of each backend (opened in the test's own event loop by the runner below)."""
+def harness(request, tmp_path):
+    """A harness of each backend (opened in the test's own event loop by the runner below). The
+    servers are asked for only by the PostgreSQL items, which alone are marked ``postgres``."""
     if request.param == "sqlite":
         yield SqliteHarness(tmp_path / "qinglong.db")
         return
-    server, template = servers(request.param)
+    server, template = request.getfixturevalue("servers")(request.param)
     name = f"qlc_{os.getpid()}_{next(_db_counter)}"
     create_database(server, name, template=template)
     yield PostgresHarness(server, name)

@@ -46,7 +46,9 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("apply", ("apply", "export", "import")),
     ("runs", ("runs", "logs")),
     ("read", ("schedules", "skips")),
+    ("events", ("notifications",)),
     ("status", ("status",)),
+    ("tokens", ("token", "audit")),
 )
 
 #: Every command of the host itself; a plugin command of one of these names is refused.

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import sys
 from typing import Any
 
@@ -52,17 +51,7 @@ def grace_ms(profile: str, limits: Any) -> int:
     return status_grace_ms(limits.cadence_ms, limits.lease_ms, leased=profile == "cluster")
 
 
-def stats_json(stats: Any) -> dict[str, Any] | None:
-    """A reading as ``status --json`` prints it: every field, and the oldest due's wait."""
-    if stats is None:
-        return None
-    data = {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
-    data["runs_by_state"] = dict(stats.runs_by_state)
-    data["workers_by_state"] = dict(stats.workers_by_state)
-    data["oldest_due_seconds"] = stats.oldest_due_seconds
-    data["failing_tasks"] = [{f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
-                             for t in stats.failing_tasks]
-    return data
+from ..views import stats_json  # noqa: E402,F401 (shared with the API)
 
 
 async def take_readings(backend: Any, *, once: bool, interval_s: float) -> tuple[str | None, Any, Any]:
@@ -161,12 +150,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         finding = assess(before, now, grace_ms=grace)
     code = int(finding.verdict) if finding is not None else int(ExitCode.CHECK_FAILED)
     if args.json:
-        print_json({"profile": profile, "ready": not_ready is None,
-                    "readiness": "ready" if not_ready is None else not_ready,
-                    "verdict": finding.verdict.name.lower() if finding else None,
-                    "exit_code": code, "reasons": list(finding.reasons) if finding else [],
-                    "grace_ms": grace, "interval_ms": None if args.once else int(args.interval * 1000),
-                    "stats": stats_json(now), "before": stats_json(before)})
+        from ..views import status_json
+
+        print_json(status_json(profile, not_ready, finding, code, grace,
+                               None if args.once else int(args.interval * 1000), now, before))
     else:
         print_screen(profile, str(store), not_ready, before, now, finding, grace,
                      None if args.once else args.interval)

@@ -49,6 +49,7 @@ from typing import Any, Callable, Mapping
 from qinglong.contracts.providers import TriggerProvider
 from qinglong.contracts.records import Decision, RoundReport
 
+from .queries import query
 from .scheduler_holds import HeldSchedules, RoundHolds, report_store_failure
 from .scheduler_read import DueRow, RoundOutcome, decide_page
 from .scheduler_write import count_written, is_store_failure, write_page_at_once
@@ -130,6 +131,11 @@ def run_page(conn: sqlite3.Connection, now_ms: int, page_size: int,
     return outcome
 
 
+def _record_first_round(conn: sqlite3.Connection, now_ms: int) -> None:
+    """On the store's thread (autocommit): this scheduler's first round, for the lag figures."""
+    conn.execute(query("record_first_round"), {"now": now_ms})
+
+
 async def run_round(store: Any, clock_ms: Callable[[], int], page_size: int,
                     providers: Mapping[str, TriggerProvider], diagnostics: Any,
                     held: HeldSchedules, before_commit: BeforeCommit | None = None) -> RoundReport:
@@ -138,8 +144,10 @@ async def run_round(store: Any, clock_ms: Callable[[], int], page_size: int,
     started = time.monotonic()
     now_ms = clock_ms()
     lock = getattr(store, "owner_lock", None)
-    if lock is not None:  # occurrences due before a scheduler's first round are its catch-up
-        lock.mark_first_round(now_ms)
+    if lock is not None and lock.held and lock.first_round_ms is None:
+        # occurrences due before a scheduler's first round are its catch-up: one write per start
+        await store.call(_record_first_round, now_ms)
+        lock.first_round_ms = now_ms
     outcome = await store.call(run_page, now_ms, page_size, providers, before_commit,
                                held, str(getattr(store, "path", "")))
     for event in outcome.diagnostics:

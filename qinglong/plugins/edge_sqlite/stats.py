@@ -37,7 +37,7 @@ from qinglong.contracts.observe import (
 )
 
 from .queries import query
-from .store import SqliteStore, named_one, named_rows, probe_first_round, probe_owner_lock
+from .store import SqliteStore, named_one, named_rows
 
 #: Virtual-machine steps between two looks at the deadline (a few microseconds of work each).
 _PROGRESS_STEPS = 1_000
@@ -69,6 +69,9 @@ def _read(conn: sqlite3.Connection, now_ms: int, first_round_ms: int | None, bus
     try:
         conn.execute("BEGIN")  # deferred: a read transaction, one snapshot of the WAL
         try:
+            if first_round_ms == -1:  # recorded by the scheduler of another process
+                row = conn.execute(query("stats_first_round")).fetchone()
+                first_round_ms = None if row is None else int(row[0])
             lag_since = now_ms - LAG_WINDOW_MS
             figures = named_one(conn, query("stats_figures"), {
                 "now": now_ms, "recent_since": now_ms - RECENT_WINDOW_MS, "lag_since": lag_since})
@@ -103,9 +106,14 @@ async def read_store_stats(store: SqliteStore, clock_ms: Callable[[], int],
                            timeout_ms: int = STATS_READ_TIMEOUT_MS) -> StoreStats:
     """One bounded reading of the store at ``clock_ms()`` (see the module docstring)."""
     now = int(clock_ms())
-    # the running scheduler's first round: what it admitted of occurrences due before then was
-    # its start's catch-up, which the misfire policy allowed, not lag
-    first_round = store.owner_lock.first_round_ms if store.owner_lock.held else probe_first_round(str(store.path))
+    # The owner lock is what a running scheduler holds (this process's own, or another's).
+    live = 1 if store.owner_pid() is not None else 0
+    # its first round: what it admitted of occurrences due before then was its start's catch-up,
+    # which the misfire policy allowed, not lag
+    if store.owner_lock.held:
+        first_round = store.owner_lock.first_round_ms
+    else:  # another process's scheduler, if one runs: the first round it recorded
+        first_round = -1 if live else None
     figures, by_state, lags, failing = await store.call(
         _read, now, first_round, store.settings.busy_timeout_ms, timeout_ms)
     admitted = int(figures["admitted_in_window"])
@@ -113,8 +121,6 @@ async def read_store_stats(store: SqliteStore, clock_ms: Callable[[], int],
     p99 = lags.get(nearest_rank(admitted, 0.99)) if admitted else None
     runs_by_state = {state.value: 0 for state in RunState}
     runs_by_state.update(by_state)
-    # The owner lock is what a running scheduler holds (this process's own, or another's).
-    live = 1 if store.owner_lock.held or probe_owner_lock(str(store.path)) is not None else 0
     oldest = figures["oldest_due_ms"]
     return StoreStats(
         now_ms=now,

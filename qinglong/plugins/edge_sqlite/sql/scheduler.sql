@@ -104,3 +104,8 @@ INSERT OR IGNORE INTO temp.scheduler_held (trigger_id, trigger_revision) VALUES 
 -- name: delete_held
 -- Release one pair whose hold expired.
 DELETE FROM temp.scheduler_held WHERE trigger_id = ? AND trigger_revision = ?;
+
+-- name: record_first_round
+-- The running scheduler's first round (once per start; see migration 0011).
+INSERT INTO scheduler_start (singleton, first_round_at_ms) VALUES (1, :now)
+ON CONFLICT (singleton) DO UPDATE SET first_round_at_ms = excluded.first_round_at_ms;

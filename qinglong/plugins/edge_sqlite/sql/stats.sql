@@ -39,6 +39,10 @@ SELECT (SELECT count(*) FROM trigger_schedules) AS schedules_total,
 -- Runs by state: a total, counted from the narrow state index (migration 0006), not the table.
 SELECT state, count(*) AS n FROM runs INDEXED BY runs_by_state GROUP BY state;
 
+-- name: stats_first_round
+-- When the running scheduler (of another process) did its first round (migration 0011).
+SELECT first_round_at_ms FROM scheduler_start WHERE singleton = 1;
+
 -- name: stats_lag_at_ranks
 -- The admission lags at the 1-based ranks :rank_a and :rank_b of the trigger Runs (revision >= 1;
 -- a manual Run has 0) admitted since :lag_since, in ascending lag order (the nearest-rank

@@ -1,4 +1,4 @@
--- capability: 7
+-- capability: 9
 -- Each task's outcome figures (its last outcome, failure streak, success ratio) are read by
 -- /metrics and `qinglong status` from a task's ended Runs, newest first, through this index: a
 -- few index reads per task, whatever the history's size.
