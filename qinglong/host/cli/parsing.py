@@ -24,17 +24,17 @@ def positive_count(text: str) -> int:
 
 
 def seconds_up_to(maximum: int) -> Any:
-    """An argparse type: a finite number of seconds above 0 and at most ``maximum`` (a usage
-    error otherwise: ``nan``, ``inf`` and ``-1`` are not a time to run for)."""
+    """An argparse type: a finite number of seconds from 0 to ``maximum`` (a usage error
+    otherwise: ``nan``, ``inf`` and ``-1`` are not a time to run for; 0 starts, checks and stops)."""
 
     def seconds(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-        if not 0 < value <= maximum:  # false for nan too
+        if not 0 <= value <= maximum:  # false for nan too
             raise argparse.ArgumentTypeError(
-                f"expected more than 0 and at most {maximum:,} seconds, got {text!r}")
+                f"expected from 0 to {maximum:,} seconds, got {text!r}")
         return value
 
     return seconds
