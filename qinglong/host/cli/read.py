@@ -17,7 +17,7 @@ from .parsing import add_command, add_json_flag, positive_count
 def show_runs(container: Any, *, limit: int, trigger: str | None, as_json: bool) -> int:
     """Print the most recent Runs (of one trigger, if given), newest first, with their lag: what
     ``runs`` shows on a store whose Runs are executed elsewhere (the cluster's workers)."""
-    runs = on_backend(container, lambda backend: backend.reader().recent_runs(limit, trigger), create=False)
+    runs = on_backend(container, lambda backend: backend.reader().recent_runs(limit, trigger), read_only=True)
     if as_json:
         print_json([{"run_id": r.run_id, "project_id": r.project_id, "trigger_id": r.trigger_id,
                       "trigger_revision": r.trigger_revision, "scheduled_for_ms": r.scheduled_for_ms,
@@ -210,7 +210,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
             if more is not None:
                 print(f"more: --after {more}")
 
-    on_backend(container, go, create=False)
+    on_backend(container, go, read_only=True)
     return ExitCode.OK
 
 
@@ -229,7 +229,7 @@ def cmd_skips(args: argparse.Namespace) -> int:
     """Recorded misfires: what was not admitted, and under which policy."""
     container = container_of(args)
 
-    skips = on_backend(container, lambda backend: backend.reader().recent_skips(args.limit), create=False)
+    skips = on_backend(container, lambda backend: backend.reader().recent_skips(args.limit), read_only=True)
     if args.json:
         print_json([{"project_id": s.project_id, "trigger_id": s.trigger_id, "trigger_revision": s.trigger_revision,
                       "policy": s.policy.value, "first_skipped_ms": s.first_skipped_ms,

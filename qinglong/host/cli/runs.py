@@ -105,7 +105,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 keys[run.run_id] = (await store.run_detail(run.run_id)).idempotency_key
         return runs, keys
 
-    runs, keys = on_backend(container, go, create=False)
+    runs, keys = on_backend(container, go, read_only=True)
     if runs is None:
         if args.state or args.task or args.project:
             raise UserError("--state, --task and --project need a profile that runs Runs locally; "
@@ -134,7 +134,7 @@ def _show_run(args: argparse.Namespace) -> int:
     async def go(backend: Any) -> Any:
         return await need_runs(backend, container, "runs show").run_detail(args.run_id)
 
-    detail = on_backend(container, go, create=False)
+    detail = on_backend(container, go, read_only=True)
     run = detail.run
     if args.json:
         from ..views import run_detail_json
@@ -380,7 +380,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             return
         await _print_log(store, args.run_id, args.attempt, args.tail, args.follow, sys.stdout.buffer)
 
-    on_backend(container, go, create=False)
+    on_backend(container, go, read_only=True)
     return ExitCode.OK
 
 
@@ -457,7 +457,7 @@ def show_demo_runs(container: Any, *, project: str, task: str, trigger: str, lim
                 output = None
         return runs, ended, output
 
-    runs, ended, output = on_backend(container, go, create=False)
+    runs, ended, output = on_backend(container, go, read_only=True)
     if runs is None:
         from .read import show_runs
 

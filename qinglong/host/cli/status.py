@@ -141,7 +141,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     store = (settings.path or "") if isinstance(settings, LocalStoreSettings) else ""
 
     async def go() -> tuple[str | None, Any, Any]:
-        async with opened_backend(container, readiness=False, create=False) as backend:
+        async with opened_backend(container, readiness=False, read_only=True) as backend:
             return await take_readings(backend, once=args.once, interval_s=args.interval)
 
     not_ready, before, now = asyncio.run(go())
