@@ -28,6 +28,7 @@ from qinglong.contracts.errors import StoreUnavailable
 from qinglong.contracts.execution import RunState
 from qinglong.contracts.observe import (
     LAG_WINDOW_MS,
+    QUEUED_TASKS_SHOWN,
     RECENT_WINDOW_MS,
     STATS_READ_TIMEOUT_MS,
     StoreStats,
@@ -46,6 +47,7 @@ async def read_store_stats(pool_factory: Callable[[], Awaitable[Any]], live_wind
     """One bounded reading of the store (see the module docstring). ``live_window_ms``: how
     recent a replica's last completed round must be for it to count as live."""
     params = {"lag_window_ms": LAG_WINDOW_MS, "recent_window_ms": RECENT_WINDOW_MS,
+              "queued_tasks": QUEUED_TASKS_SHOWN,
               "live_window_ms": int(live_window_ms)}
     try:
         pool = await pool_factory()
@@ -87,4 +89,5 @@ async def read_store_stats(pool_factory: Callable[[], Awaitable[Any]], live_wind
         last_round_at_ms=_int_or_none(row["last_round_at_ms"]),
         workers_by_state={},
         worker_free_slots=None,
+        queued_by_task={str(k): int(v) for k, v in (row["queued_by_task"] or {}).items()},
     )

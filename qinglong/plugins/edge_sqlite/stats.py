@@ -25,6 +25,7 @@ from qinglong.contracts.errors import StoreUnavailable
 from qinglong.contracts.execution import RunState
 from qinglong.contracts.observe import (
     LAG_WINDOW_MS,
+    QUEUED_TASKS_SHOWN,
     RECENT_WINDOW_MS,
     STATS_READ_TIMEOUT_MS,
     StoreStats,
@@ -56,7 +57,7 @@ class _Deadline:
 
 
 def _read(conn: sqlite3.Connection, now_ms: int, busy_timeout_ms: int,
-          timeout_ms: int) -> tuple[sqlite3.Row, dict[str, int], dict[int, int]]:
+          timeout_ms: int) -> tuple[sqlite3.Row, dict[str, int], dict[int, int], dict[str, int]]:
     """On the connection's thread: the three reads in one read transaction, within the bound."""
     deadline = _Deadline(timeout_ms)
     conn.set_progress_handler(deadline, _PROGRESS_STEPS)
@@ -69,6 +70,8 @@ def _read(conn: sqlite3.Connection, now_ms: int, busy_timeout_ms: int,
                 "now": now_ms, "recent_since": now_ms - RECENT_WINDOW_MS, "lag_since": lag_since})
             by_state = {row["state"]: int(row["n"])
                         for row in named_rows(conn, query("stats_runs_by_state"))}
+            queued = {f"{row['project_id']}/{row['task_id']}": int(row["n"])
+                      for row in named_rows(conn, query("stats_queued_by_task"), {"limit": QUEUED_TASKS_SHOWN})}
             lags: dict[int, int] = {}
             admitted = int(figures["admitted_in_window"])
             if admitted:
@@ -88,14 +91,14 @@ def _read(conn: sqlite3.Connection, now_ms: int, busy_timeout_ms: int,
     finally:
         conn.set_progress_handler(None, 0)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-    return figures, by_state, lags
+    return figures, by_state, lags, queued
 
 
 async def read_store_stats(store: SqliteStore, clock_ms: Callable[[], int],
                            timeout_ms: int = STATS_READ_TIMEOUT_MS) -> StoreStats:
     """One bounded reading of the store at ``clock_ms()`` (see the module docstring)."""
     now = int(clock_ms())
-    figures, by_state, lags = await store.call(
+    figures, by_state, lags, queued = await store.call(
         _read, now, store.settings.busy_timeout_ms, timeout_ms)
     admitted = int(figures["admitted_in_window"])
     p50 = lags.get(nearest_rank(admitted, 0.5)) if admitted else None
@@ -121,4 +124,5 @@ async def read_store_stats(store: SqliteStore, clock_ms: Callable[[], int],
         live_schedulers=live,
         # The edge scheduler writes nothing per round (flash wear), so no round time is stored.
         last_round_at_ms=None,
+        queued_by_task=queued,
     )

@@ -39,6 +39,13 @@ by_state AS (
     SELECT coalesce(json_object_agg(x.state, x.n), '{}'::json) AS runs
     FROM (SELECT state, count(*) AS n FROM qinglong.runs GROUP BY state) x
 ),
+queued AS (
+    SELECT coalesce(json_object_agg(x.project_id || '/' || x.task_id, x.n), '{}'::json) AS by_task
+    FROM (SELECT project_id, task_id, count(*) AS n FROM qinglong.runs
+          WHERE state IN ('queued', 'dispatching', 'running') AND state = 'queued'
+          GROUP BY project_id, task_id ORDER BY count(*) DESC, project_id, task_id
+          LIMIT %(queued_tasks)s) x
+),
 replicas AS (
     SELECT count(*) FILTER (WHERE r.last_round_at_ms
                                   >= %(now_ms)s::bigint - %(live_window_ms)s::bigint) AS live,
@@ -65,5 +72,6 @@ SELECT %(now_ms)s::bigint AS now_ms,
        (SELECT count(*) FROM qinglong.runs r
         WHERE r.state IN ('queued', 'dispatching', 'running') AND r.state = 'running') AS running,
        replicas.live AS live_schedulers,
-       replicas.last_round_at_ms
-FROM heads, due, lag, by_state, replicas
+       replicas.last_round_at_ms,
+       queued.by_task AS queued_by_task
+FROM heads, due, lag, by_state, queued, replicas

@@ -21,7 +21,9 @@ SELECT (SELECT count(*) FROM trigger_schedules) AS schedules_total,
        due.n AS schedules_due,
        due.oldest AS oldest_due_ms,
        (SELECT COALESCE(sum(k.count), 0) FROM schedule_skips AS k INDEXED BY schedule_skips_by_recorded
-         WHERE k.recorded_at_ms >= :recent_since) AS skipped_recent,
+         WHERE k.recorded_at_ms >= :recent_since)
+       + (SELECT count(*) FROM run_skips AS k INDEXED BY run_skips_by_recorded
+           WHERE k.recorded_at_ms >= :recent_since) AS skipped_recent,
        (SELECT count(*) FROM attempts AS a INDEXED BY attempts_lost
          WHERE a.state = 'lost' AND a.finished_at_ms >= :recent_since) AS lost_recent,
        (SELECT count(*) FROM attempts AS a INDEXED BY attempts_active
@@ -48,3 +50,12 @@ SELECT rn, lag
           FROM runs AS r INDEXED BY runs_by_admission
          WHERE r.trigger_revision >= 1 AND r.admitted_at_ms >= :lag_since)
  WHERE rn IN (:rank_a, :rank_b);
+
+-- name: stats_queued_by_task
+-- Runs waiting to start, per task: the deepest :limit queues (the in-flight index's range).
+SELECT project_id, task_id, count(*) AS n
+  FROM runs INDEXED BY runs_by_state
+ WHERE state = 'queued'
+ GROUP BY project_id, task_id
+ ORDER BY n DESC, project_id, task_id
+ LIMIT :limit;
