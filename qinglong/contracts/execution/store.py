@@ -113,6 +113,19 @@ class RunDetail:
 
 
 @dataclass(frozen=True, slots=True)
+class RunSkipView:
+    """A Run skipped before it started (its task's overlap rules), kept as a skip record."""
+
+    run_id: str
+    project_id: str
+    task_id: str
+    trigger_id: str  # '' for a manual Run
+    scheduled_for_ms: int
+    reason: str
+    recorded_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class PruneReport:
     runs: int = 0
     attempts: int = 0
@@ -162,7 +175,12 @@ class ExecutionStore(Protocol):
         ...
 
     async def skip_run(self, run_id: str, attempt_id: str, reason: str, now_ms: int) -> bool:
-        """End a claimed Run ``cancelled`` because its overlap policy skips it (reason recorded)."""
+        """Skip a claimed Run because its overlap rules skip it: it ends ``cancelled`` (its end
+        event written), then leaves the Runs as a skip record with ``reason``."""
+        ...
+
+    async def recent_run_skips(self, limit: int = 20) -> Sequence[RunSkipView]:
+        """The newest Runs skipped before they started, newest first."""
         ...
 
     async def admit_manual_run(self, project_id: str, task_id: str, key: str, now_ms: int) -> tuple[str, bool]:
@@ -201,4 +219,4 @@ class ExecutionStore(Protocol):
 
 
 __all__ = ["DispatchCandidate", "ActiveAttempt", "FinishResult", "AttemptView", "RunSummary", "RunDetail",
-           "PruneReport", "ExecutionStore"]
+           "RunSkipView", "PruneReport", "ExecutionStore"]

@@ -267,3 +267,14 @@ DELETE FROM attempts WHERE run_id = ?;
 -- name: exec_delete_run
 -- A pruned Run (its events and Attempts went first; its manual key, if any, stays).
 DELETE FROM runs WHERE run_id = ?;
+
+-- name: exec_insert_run_skip
+-- A Run skipped before it started, as a skip record (its Run's row is deleted next).
+INSERT INTO run_skips (run_id, project_id, task_id, trigger_id, scheduled_for_ms, reason, recorded_at_ms)
+SELECT run_id, project_id, task_id, trigger_id, scheduled_for_ms, :reason, :now
+  FROM runs WHERE run_id = :run_id;
+
+-- name: exec_recent_run_skips
+-- The newest Runs skipped before they started, newest first.
+SELECT run_id, project_id, task_id, trigger_id, scheduled_for_ms, reason, recorded_at_ms
+  FROM run_skips ORDER BY id DESC LIMIT :limit;
