@@ -16,7 +16,7 @@ from typing import Any, Callable
 from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
 from qinglong.contracts.execution import CancelReason, ExecutionSpec
 from qinglong.contracts.worker import ClaimedAttempt, FenceDeadlines, Session, SessionFence, WorkerProtocol
-from qinglong.supervisor import Job, Supervisor, SupervisorStats
+from qinglong.supervisor import Job, Supervisor, SupervisorStats, wall_clock_ms
 
 from .config import WorkerConfig
 from .fence import KeeperLink
@@ -38,6 +38,8 @@ class WorkerJob(Job):
     #: no longer ours (lease lost, session fenced, self-fenced): stop it, never report it
     forgotten: bool = False
     kill_at: float | None = None
+    #: when it was forgotten, epoch ms: a receipt from before then is the job's own end
+    forgotten_wall_ms: int | None = None
     #: its process ended (or never started) and its outcome is being reported: no stop order
     #: applies any more; only the completion's own answer says whether the outcome stands
     finishing: bool = False
@@ -45,6 +47,8 @@ class WorkerJob(Job):
     done: bool = False
     #: log bytes the store holds
     shipped: int = 0
+    #: the store will not keep more of its log: no more shipping; it completes with what it has
+    log_refused: bool = False
 
 
 @dataclass
@@ -58,6 +62,7 @@ class WorkerStats(SupervisorStats):
     completed: int = 0
     forgotten: int = 0
     self_fenced: int = 0
+    completed_late: int = 0
     log_bytes_shipped: int = 0
 
 
@@ -115,6 +120,7 @@ class WorkerCore:
         if job.forgotten:
             return
         job.forgotten = True
+        job.forgotten_wall_ms = wall_clock_ms()
         self.stats.forgotten += 1
         job.kill_at = self.mono() if kill_now or kill_at is None else kill_at
         if job.handle is not None:

@@ -5,7 +5,7 @@
 * ``runtime`` claims and advances schedules (SELECT, and UPDATE of the cursor and claim columns
   only: never the trigger, project or revision a schedule belongs to, never INSERT or DELETE),
   inserts Runs, Attempts, Events and skip records, and records its own rounds;
-* ``worker_ingress`` may use the schema and execute the seven worker functions
+* ``worker_ingress`` may use the schema and execute the worker functions
   (``worker_open_session`` ... ``worker_close_session``): no privilege on any table at all;
 * the runtime also executes the control-plane functions (``expire_attempt``, ``request_cancel``,
   ``prune_attempt_logs``) and reads worker sessions and shipped logs; it changes Runs and
@@ -82,7 +82,8 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
 
 #: The worker protocol's functions (EXECUTE for worker_ingress alone).
 WORKER_FUNCTIONS = ("worker_open_session", "worker_heartbeat", "worker_claim", "worker_started",
-                    "worker_append_log", "worker_complete", "worker_close_session")
+                    "worker_append_log", "worker_complete", "worker_complete_late",
+                    "worker_close_session")
 #: The control plane's functions (EXECUTE for the runtime alone).
 CONTROL_FUNCTIONS = ("expire_attempt", "request_cancel", "prune_attempt_logs")
 #: Helpers the functions above call; only the owner executes them.
@@ -96,6 +97,10 @@ EXPECTED_FUNCTIONS: dict[str, str | None] = {
     **{name: "runtime" for name in CONTROL_FUNCTIONS},
     **{name: None for name in INTERNAL_FUNCTIONS},
 }
+
+#: Functions shipped in more than one form (their argument lists; the fingerprint names each):
+#: ``worker_complete`` with and without the count of log bytes that could not be shipped.
+FUNCTION_FORMS = {"worker_complete": 2}
 
 #: The settings every function of the schema runs with.
 FUNCTION_CONFIG = "search_path=" + ", ".join(PINNED_SEARCH_PATH)
@@ -261,13 +266,13 @@ async def function_problems(conn) -> list[str]:
     with the pinned ``search_path`` (and nothing else)."""
     problems: list[str] = []
     cur = await conn.execute(_FUNCTIONS_SQL, {"schema": SCHEMA})
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     for name, definer, language, config in await cur.fetchall():
         label = f"function {SCHEMA}.{name}"
-        if name in seen or name not in EXPECTED_FUNCTIONS:
+        if seen.get(name, 0) >= FUNCTION_FORMS.get(name, 1) or name not in EXPECTED_FUNCTIONS:
             problems.append(f"unexpected {label}")
             continue
-        seen.add(name)
+        seen[name] = seen.get(name, 0) + 1
         if not definer:
             problems.append(f"{label} is SECURITY INVOKER, expected SECURITY DEFINER")
         if language != "plpgsql":
@@ -275,7 +280,7 @@ async def function_problems(conn) -> list[str]:
         if config != FUNCTION_CONFIG:
             problems.append(f"{label} runs with settings {config or '(none)'!r}, expected "
                             f"{FUNCTION_CONFIG!r}")
-    for name in sorted(set(EXPECTED_FUNCTIONS) - seen):
+    for name in sorted(set(EXPECTED_FUNCTIONS) - set(seen)):
         problems.append(f"missing function {SCHEMA}.{name}")
     return problems
 

@@ -1,4 +1,4 @@
-"""The worker protocol over PostgreSQL: each of the seven calls is one statement calling one of
+"""The worker protocol over PostgreSQL: each of the eight calls is one statement calling one of
 the store's SECURITY DEFINER functions (``qinglong.worker_*``), as the ``worker_ingress`` role.
 
 A worker holds ONE autocommit connection (a worker's traffic is a heartbeat every few seconds and
@@ -43,6 +43,7 @@ from qinglong.contracts.worker import (
     HeartbeatReply,
     LeaseFence,
     LeaseFenced,
+    LogRefused,
     Session,
     SessionFence,
     SessionFenced,
@@ -78,7 +79,10 @@ _SQL_APPEND = ("SELECT qinglong.worker_append_log(%s::text, %s::uuid, %s::bigint
                "%s::bytea, %s::bigint, %s::bytea)")
 _SQL_COMPLETE = ("SELECT result, run_state, log_bytes_stored, next_attempt_no, next_not_before_ms FROM "
                  "qinglong.worker_complete(%s::text, %s::uuid, %s::bigint, %s::uuid, %s::bigint, %s::bytea, "
-                 "%s::text, %s::integer, %s::integer, %s::bigint, %s::bigint, %s::text, %s::boolean)")
+                 "%s::text, %s::integer, %s::integer, %s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint)")
+_SQL_COMPLETE_LATE = ("SELECT result, run_state, log_bytes_stored, next_attempt_no, next_not_before_ms FROM "
+                      "qinglong.worker_complete_late(%s::text, %s::uuid, %s::bigint, %s::bytea, %s::text, "
+                      "%s::integer, %s::integer, %s::bigint, %s::bigint, %s::text)")
 _SQL_CLOSE = "SELECT qinglong.worker_close_session(%s::text, %s::uuid, %s::bigint)"
 
 
@@ -171,6 +175,10 @@ class PostgresWorkerProtocol:
             return SessionFenced(_session_reason(detail), f"{name}: {primary or 'the session is fenced'}")
         if sqlstate == SQLSTATE_LEASE_FENCED:
             return LeaseFenced("lease_fenced", f"{name}: {primary or 'the lease is fenced'}")
+        if sqlstate is not None and sqlstate.startswith("53") and name == "worker_append_log":
+            # insufficient resources (a full disk): the store answers, it only keeps no more log
+            return LogRefused(f"{name}: the database cannot store more log ({sqlstate}: "
+                              f"{primary or 'insufficient resources'})")
         if sqlstate == SQLSTATE_BAD_CALL:
             return BadWorkerCall(f"{name}: {primary or 'an argument is out of bounds'}")
         if sqlstate in _NOT_READY:
@@ -229,10 +237,20 @@ class PostgresWorkerProtocol:
         return int(row[0])
 
     async def complete(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, *,
-                       started: bool = True) -> CompletionReply:
+                       started: bool = True, log_missing_bytes: int = 0) -> CompletionReply:
         row = await self._call("worker_complete", _SQL_COMPLETE, (
             *_session(fence), *_lease(lease), outcome.state.value, outcome.exit_code, outcome.signal,
-            int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason, bool(started)))
+            int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason, bool(started),
+            int(log_missing_bytes)))
+        result, run_state, stored, next_no, next_at = row
+        return CompletionReply(CompletionResult(result), RunState(run_state), int(stored or 0),
+                               None if next_no is None else int(next_no),
+                               None if next_at is None else int(next_at))
+
+    async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
+        row = await self._call("worker_complete_late", _SQL_COMPLETE_LATE, (
+            worker_id, *_lease(lease), outcome.state.value, outcome.exit_code, outcome.signal,
+            int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason))
         result, run_state, stored, next_no, next_at = row
         return CompletionReply(CompletionResult(result), RunState(run_state), int(stored or 0),
                                None if next_no is None else int(next_no),
