@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
+from qinglong.contracts.errors import StoreAuthFailed
 from qinglong.contracts.execution import CancelReason, ExecutionSpec
 from qinglong.contracts.worker import ClaimedAttempt, FenceDeadlines, Session, SessionFence, WorkerProtocol
 from qinglong.supervisor import Job, Supervisor, SupervisorStats, wall_clock_ms
@@ -91,6 +92,8 @@ class WorkerCore:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     stats: WorkerStats = field(default_factory=WorkerStats)
+    #: the refused login last reported (each new refusal is reported once)
+    _auth_reported: BaseException | None = None
 
     def __post_init__(self) -> None:
         self.supervisor: Supervisor[WorkerJob] = Supervisor(self.diagnostics, "worker",
@@ -129,7 +132,16 @@ class WorkerCore:
                 self.supervisor.signal(job, signal.SIGKILL)
 
     def store_down(self, exc: BaseException) -> None:
-        """A call found the store unavailable (reported once until it answers again)."""
+        """A call found the store unavailable (reported once until it answers again); a refused
+        login is an error, reported each time it is tried again (the client backs off)."""
+        if isinstance(exc, StoreAuthFailed):
+            if self.store_down_since is None:
+                self.store_down_since = self.mono()
+            if self._auth_reported is not exc:
+                self._auth_reported = exc
+                self.emit("error", "worker.auth_failed", f"the store refuses this worker's login; retrying "
+                          f"with a growing pause: {exc}", jobs=len(self.jobs))
+            return
         if self.store_down_since is None:
             self.store_down_since = self.mono()
             self.emit("warning", "worker.store_unavailable",
@@ -140,5 +152,6 @@ class WorkerCore:
         if self.store_down_since is not None:
             down = self.mono() - self.store_down_since
             self.store_down_since = None
+            self._auth_reported = None
             self.emit("info", "worker.store_available", f"the store answers again after {down:.1f} s",
                       down_ms=int(down * 1000))

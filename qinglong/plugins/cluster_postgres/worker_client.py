@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any, Sequence
 
 import psycopg
 
-from qinglong.contracts.errors import SchemaNotReady, SettingsError, StoreUnavailable
+from qinglong.contracts.errors import SchemaNotReady, SettingsError, StoreAuthFailed, StoreUnavailable
 from qinglong.contracts.execution import AttemptOutcome, RunState
 from qinglong.contracts.worker import (
     SQLSTATE_BAD_CALL,
@@ -60,6 +61,16 @@ STATEMENT_TIMEOUT_MS = 5_000
 CALL_TIMEOUT_S = 8.0
 #: ``connect_timeout`` where the DSN does not set one, seconds.
 CONNECT_TIMEOUT_S = 5
+#: After a refused login, the next try waits this long, doubling up to the maximum, seconds: a
+#: wrong password is not hammered against the server (and its log) while an operator fixes it.
+AUTH_BACKOFF_S = 1.0
+AUTH_BACKOFF_MAX_S = 30.0
+
+#: SQLSTATEs of a refused login (invalid_password, invalid_authorization_specification), and the
+#: words libpq reports when the SQLSTATE does not reach the client.
+_AUTH_SQLSTATES = frozenset({"28P01", "28000"})
+_AUTH_WORDS = ("password authentication failed", "no pg_hba.conf entry", "authentication failed",
+               "no password supplied")
 
 #: SQLSTATEs that mean the store is not there as this worker expects (not migrated, no grant).
 _NOT_READY = {"42883": "a worker function is missing (is the database migrated?)",
@@ -106,6 +117,10 @@ class PostgresWorkerProtocol:
         self._conn: psycopg.AsyncConnection | None = None
         self._lock = asyncio.Lock()
         self._closed = False
+        #: after a refused login: when the next connection may be tried, and the delay after it
+        self._auth_retry_at = 0.0
+        self._auth_backoff_s = AUTH_BACKOFF_S
+        self._auth_error: StoreAuthFailed | None = None
         #: statements sent (a cheap figure for the diagnostics)
         self.calls = 0
 
@@ -122,6 +137,9 @@ class PostgresWorkerProtocol:
         if self._conn is not None and not self._conn.closed:
             return self._conn
         self._conn = None
+        loop = asyncio.get_running_loop()
+        if self._auth_error is not None and loop.time() < self._auth_retry_at:
+            raise self._auth_error  # backing off after a refused login
         extra: dict[str, Any] = dict(tcp_defaults(self._dsn))
         if "connect_timeout" not in self._dsn:
             extra["connect_timeout"] = CONNECT_TIMEOUT_S
@@ -132,8 +150,18 @@ class PostgresWorkerProtocol:
         except asyncio.TimeoutError:
             raise StoreUnavailable(f"cannot connect to PostgreSQL ({self._target}): no answer") from None
         except psycopg.Error as exc:
+            if _auth_refused(exc):
+                self._auth_error = StoreAuthFailed(
+                    f"PostgreSQL ({self._target}) refused the worker's login: "
+                    f"{describe_error(exc, self._secrets)}; check [worker] dsn (its user and password) "
+                    "and the server's access rules")
+                self._auth_retry_at = loop.time() + self._auth_backoff_s
+                self._auth_backoff_s = min(AUTH_BACKOFF_MAX_S, self._auth_backoff_s * 2)
+                raise self._auth_error from None
             raise StoreUnavailable(f"cannot connect to PostgreSQL ({self._target}): "
                                    f"{describe_error(exc, self._secrets)}") from None
+        self._auth_error = None
+        self._auth_backoff_s = AUTH_BACKOFF_S
         self._conn = conn
         return conn
 
@@ -268,6 +296,14 @@ class PostgresWorkerProtocol:
                 await asyncio.wait_for(conn.close(), 2.0)
             except Exception:
                 conn.pgconn.finish()
+
+
+def _auth_refused(exc: psycopg.Error) -> bool:
+    """Whether a failed connection is a refused login (not an unreachable or busy server)."""
+    if getattr(exc, "sqlstate", None) in _AUTH_SQLSTATES:
+        return True
+    text = str(exc).lower()
+    return any(words in text for words in _AUTH_WORDS) or re.search(r'role "[^"]*" does not exist', text) is not None
 
 
 def _session_reason(detail: str) -> str:
