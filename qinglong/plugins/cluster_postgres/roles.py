@@ -240,6 +240,63 @@ ORDER BY 2, 3
 """
 
 
+#: Role and database settings (``ALTER ROLE/DATABASE ... SET``) for our roles and database,
+#: ``pg_db_role_setting``. We ship none; these names are only about observation and memory, and
+#: may be set. Anything else differs from what we ship (``session_replication_role = replica``
+#: would switch off every foreign key and trigger, ``synchronous_commit = off`` weaken
+#: durability, ``default_transaction_read_only`` refuse writes) and fails readiness.
+HARMLESS_SETTINGS = ("application_name", "work_mem", "maintenance_work_mem", "temp_buffers",
+                     "track_io_timing")
+HARMLESS_SETTING_PREFIXES = ("log_", "auto_explain.")
+
+#: What every session must run with, as the session shows it (``SHOW``): pinned by the session's
+#: options where a role may set it (:func:`.db.session_options`), checked where only a
+#: superuser can (``session_replication_role``).
+PINNED_SESSION_SETTINGS = {"session_replication_role": "origin", "synchronous_commit": "on",
+                           "default_transaction_read_only": "off", "transaction_read_only": "off"}
+
+_ROLE_SETTINGS_SQL = """
+SELECT coalesce(r.rolname, '') AS role, coalesce(d.datname, '') AS database, c.setting
+FROM pg_catalog.pg_db_role_setting s
+LEFT JOIN pg_catalog.pg_roles r ON r.oid = s.setrole
+LEFT JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase
+CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c (setting)
+WHERE (s.setdatabase = 0 OR d.datname = pg_catalog.current_database())
+  AND (s.setrole = 0 OR r.rolname = ANY (%(roles)s))
+ORDER BY 1, 2, 3
+"""
+
+
+def harmless_setting(name: str) -> bool:
+    """A role or database setting readiness accepts (:data:`HARMLESS_SETTINGS`)."""
+    name = name.lower()
+    return name in HARMLESS_SETTINGS or name.startswith(HARMLESS_SETTING_PREFIXES)
+
+
+async def setting_problems(conn, roles: Mapping[str, str]) -> list[str]:
+    """Role and database settings of our roles and database that differ from what we ship (none
+    but :data:`HARMLESS_SETTINGS`), and any of :data:`PINNED_SESSION_SETTINGS` this session does
+    not run with."""
+    problems: list[str] = []
+    cur = await conn.execute(_ROLE_SETTINGS_SQL, {"roles": list(roles.values())})
+    for role, database, setting in await cur.fetchall():
+        name = setting.split("=", 1)[0]
+        if harmless_setting(name):
+            continue
+        where = (f"role {role} in database {database}" if role and database
+                 else f"role {role}" if role else f"database {database}")
+        undo = (f"ALTER ROLE {role} IN DATABASE {database} RESET {name}" if role and database
+                else f"ALTER ROLE {role} RESET {name}" if role else f"ALTER DATABASE {database} RESET {name}")
+        problems.append(f"{where} sets {setting}, which Qinglong does not ship and its guarantees may "
+                        f"depend on ({undo})")
+    for name, expected in PINNED_SESSION_SETTINGS.items():
+        cur = await conn.execute(f"SHOW {name}")
+        (value,) = await cur.fetchone()
+        if str(value).lower() != expected:
+            problems.append(f"the session runs with {name} = {value}, expected {expected}")
+    return problems
+
+
 def expected_privileges(roles: Mapping[str, str]) -> set[tuple[str, str, str, str]]:
     """``{(what, object, grantee, privilege)}`` the catalog must show, with real role names."""
     expected: set[tuple[str, str, str, str]] = set()
@@ -373,6 +430,7 @@ async def privilege_problems(conn, roles: Mapping[str, str]) -> list[str]:
             problems.append(f"role {name} ({function}) has member(s) {', '.join(row['members'])}, "
                             "who could act with its privileges")
     problems += await environment_problems(conn, roles)
+    problems += await setting_problems(conn, roles)
     problems += await fingerprint.problems(conn, roles)
     return problems
 
