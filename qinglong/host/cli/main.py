@@ -48,6 +48,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("read", ("schedules", "skips")),
     ("status", ("status",)),
     ("tokens", ("token", "audit")),
+    ("api", ("api",)),
 )
 
 #: Every command of the host itself; a plugin command of one of these names is refused.
