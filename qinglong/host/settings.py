@@ -149,7 +149,8 @@ class HttpSettings(BaseModel):
     token: str | None = Field(None, min_length=16, description="bearer token every request must carry")
     token_env: str | None = Field(None, min_length=1, description="environment variable holding the token")
     max_header_bytes: int = Field(8_192, ge=1_024, le=65_536, description="request line and headers")
-    max_body_bytes: int = Field(1_024, ge=0, le=1_048_576, description="a request body (none is needed)")
+    max_body_bytes: int = Field(131_072, ge=0, le=1_048_576,
+                                description="a request body (an API task payload holds up to 64 KiB)")
     max_connections: int = Field(16, ge=1, le=1_024, description="connections served at once")
     request_timeout_ms: int = Field(5_000, ge=100, le=120_000,
                                     description="to receive a request and answer it; idle keep-alive too")

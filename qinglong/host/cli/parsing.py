@@ -43,7 +43,8 @@ def seconds_up_to(maximum: int) -> Any:
 def command_words(head: Sequence[str]) -> list[str]:
     """The words of the command line that are not options or values of the global options."""
     return [a for i, a in enumerate(head)
-            if not a.startswith("-") and not (i and head[i - 1] in ("--settings", "--profile", "--payload"))]
+            if not a.startswith("-") and not (i and head[i - 1] in ("--settings", "--profile", "--payload", "--api",
+                                                         "--token-file"))]
 
 
 def add_command(sub: Any, common: argparse.ArgumentParser, name: str, help_text: str, func: Any,

@@ -373,7 +373,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     async def go(backend: Any) -> None:
         store = execution_of(backend)
-        if store is None:
+        if store is None or getattr(backend, "remote", False):  # a store's log, or the API's
             control = need_runs(backend, container, "logs")
             await _print_stored_log(control, args.run_id, args.attempt, args.tail, args.follow,
                                     sys.stdout.buffer)
