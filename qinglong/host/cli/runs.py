@@ -146,7 +146,9 @@ def _show_run(args: argparse.Namespace) -> int:
           + (f": {run.reason}" if run.reason else ""))
     print(f"task {run.project_id}/{run.task_id} revision {detail.task_revision}, "
           f"trigger {run.trigger_id or '-'}, idempotency key {detail.idempotency_key}")
-    print(f"scheduled for {iso(run.scheduled_for_ms)}, admitted at {iso(run.admitted_at_ms)}, "
+    jitter = (f" (its occurrence {iso(run.scheduled_for_ms - detail.jitter_ms)} plus a jitter of "
+              f"{detail.jitter_ms} ms)" if detail.jitter_ms else "")
+    print(f"scheduled for {iso(run.scheduled_for_ms)}{jitter}, admitted at {iso(run.admitted_at_ms)}, "
           f"finished at {iso(run.finished_at_ms)}, duration {_ms(run.duration_ms)} ms")
     # the worker column only where a remote worker held an Attempt (the cluster)
     workers = any(getattr(a, "worker_id", None) for a in detail.attempts)
