@@ -23,7 +23,15 @@ def container_of(args: argparse.Namespace):
 
     from ..containers import build_container
 
-    return build_container(settings_of(args))
+    container = build_container(settings_of(args))
+    from ..remote import api_target
+
+    target = api_target(args)
+    if target is not None:  # qinglong --api URL: the management API stands where the store stood
+        from ..remote import RemoteContainer
+
+        return RemoteContainer(container, *target)
+    return container
 
 
 @asynccontextmanager

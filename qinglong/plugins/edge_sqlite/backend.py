@@ -19,6 +19,7 @@ from qinglong.contracts.records import MigrationState, RecoveryReport, RoundRepo
 from qinglong.contracts.store import BackendContext
 
 from . import migrations
+from .events import SqliteEventOutbox
 from .execution import SqliteExecutionStore
 from .publisher import SqlitePublisher
 from .reader import SqliteReader
@@ -26,6 +27,7 @@ from .recovery import recover_in_thread
 from .scheduler import BeforeCommit, run_round
 from .scheduler_holds import HeldSchedules
 from .settings import EdgeSqliteSettings
+from .tokens import SqliteTokens
 from .store import SqliteStore
 
 
@@ -48,6 +50,7 @@ class EdgeSqliteBackend:
         self._publisher = SqlitePublisher(self.store, context)
         self._reader = SqliteReader(self.store, context.clock_ms)
         self._execution = SqliteExecutionStore(self.store)
+        self._outbox = SqliteEventOutbox(self.store)
         self._may_create = True
         # Held (undecidable) schedules, remembered across this backend's rounds.
         self._held = HeldSchedules()
@@ -146,10 +149,19 @@ class EdgeSqliteBackend:
         """The read side."""
         return self._reader
 
+    def tokens(self) -> SqliteTokens:
+        """The management API's tokens and the audit log, on this backend's connection."""
+        return SqliteTokens(self.store)
+
     def execution(self) -> SqliteExecutionStore:
         """The execution side (:class:`~qinglong.contracts.execution.ExecutionStore`): the local
         dispatcher's and the run commands' one store, on this backend's connection."""
         return self._execution
+
+    def outbox(self) -> SqliteEventOutbox:
+        """The events out (:class:`~qinglong.contracts.events.EventOutbox`), on this backend's
+        connection."""
+        return self._outbox
 
     async def close(self) -> None:
         """Close the connection. Idempotent."""

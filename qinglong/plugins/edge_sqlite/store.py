@@ -23,6 +23,7 @@ The file, not only the connection, is this module's concern:
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import fcntl
 import os
@@ -47,6 +48,8 @@ from qinglong.contracts.errors import (
     StoreUnavailable,
     UserError,
 )
+
+from qinglong.contracts.tokens import pending_audit
 
 from .settings import EdgeSqliteSettings
 
@@ -108,15 +111,24 @@ def named_one(conn: sqlite3.Connection, sql: str, params: Any = ()) -> sqlite3.R
 @contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One write transaction: ``BEGIN IMMEDIATE`` takes the write lock up front (no upgrade
-    deadlock), ``COMMIT`` on success, ``ROLLBACK`` on any exception, which is re-raised."""
+    deadlock), ``COMMIT`` on success, ``ROLLBACK`` on any exception, which is re-raised. The audit
+    entry of an API change under way (:data:`~qinglong.contracts.tokens.CURRENT_AUDIT`) is
+    inserted before the commit, so it is durable exactly when the change is."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
+        scope = pending_audit()
+        if scope is not None:
+            from .tokens import insert_audit
+
+            insert_audit(conn, scope.entry)
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+    if scope is not None:
+        scope.written = True
 
 
 # --------------------------------------------------------------------------- errors of the file
@@ -614,7 +626,8 @@ class SqliteStore:
         # aiosqlite's executor is private API; it is the only way to run a whole transaction on
         # the thread that owns the connection, which is what makes one hop per transaction possible.
         try:
-            return await connection._execute(fn, connection._conn, *args)
+            # the caller's context (an API change's pending audit entry) travels to the thread
+            return await connection._execute(contextvars.copy_context().run, fn, connection._conn, *args)
         except BaseException as exc:
             if _translatable(exc):
                 raise translate_sqlite_error(exc, self.path) from exc
