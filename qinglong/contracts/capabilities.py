@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # types only
     from .events import EventOutbox
     from .execution import ExecutionStore, RunControl
     from .records import SchedulerStatus
+    from .tokens import TokenStore
 
 
 @runtime_checkable
@@ -65,6 +66,15 @@ class EventingBackend(Protocol):
 
     def outbox(self) -> "EventOutbox | None":
         """The store's :class:`~qinglong.contracts.events.EventOutbox`, or None."""
+        ...
+
+
+@runtime_checkable
+class TokenBackend(Protocol):
+    """A backend that keeps the management API's tokens and its audit log."""
+
+    def tokens(self) -> "TokenStore":
+        """The store's :class:`~qinglong.contracts.tokens.TokenStore`."""
         ...
 
 

@@ -132,6 +132,26 @@ def wants(event: OutboxEvent, default: NotifyPolicy, channels: Sequence[str]) ->
     return tuple(chosen)
 
 
+def check_notify(task_id: str, value: Any) -> dict[str, Any]:
+    """A task's ``notify`` table, checked: ``when`` one of :class:`NotifyPolicy`'s values,
+    ``channels`` a list of channel names; nothing else. A refusal names the key."""
+    from .errors import UserError
+
+    if not isinstance(value, Mapping):
+        raise UserError(f"task {task_id!r}: notify: expected a table with when and/or channels")
+    unknown = sorted(str(k) for k in value if k not in ("when", "channels"))
+    if unknown:
+        raise UserError(f"task {task_id!r}: notify.{unknown[0]}: unknown key (expected when, "
+                        "channels)")
+    if "when" in value and value["when"] not in {p.value for p in NotifyPolicy}:
+        raise UserError(f"task {task_id!r}: notify.when: expected on-failure, always or never")
+    channels = value.get("channels", [])
+    if (not isinstance(channels, list) or len(channels) > 32
+            or not all(isinstance(c, str) and 0 < len(c) <= 63 for c in channels)):
+        raise UserError(f"task {task_id!r}: notify.channels: expected a list of channel names")
+    return dict(value)
+
+
 @runtime_checkable
 class EventOutbox(Protocol):
     """The outbox of one store. Each method is one short transaction."""
@@ -263,5 +283,6 @@ class NotifierSpec:
 
 __all__ = ["RUN_EVENT_STATES", "TRIGGER_SKIPPED", "EVENT_KINDS", "FAILURE_KINDS", "NotifyPolicy",
            "DeliveryState", "OutboxEvent", "Delivery", "DeliveryPolicy", "delivery_retry", "wants",
+           "check_notify",
            "EventOutbox", "RunContext", "Message", "REDACTED", "redact_values", "log_tail_lines",
            "DeliveryFailed", "Notifier", "NotifierSpec"]

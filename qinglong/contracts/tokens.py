@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass, field
+from contextvars import ContextVar
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 #: In order: each scope allows everything the ones before it allow.
@@ -98,3 +99,43 @@ class TokenStore(Protocol):
     async def record_audit(self, audit: AuditEntry) -> None: ...
 
     async def list_audit(self, since_ms: int | None = None, limit: int = 100) -> Sequence[AuditEntry]: ...
+
+
+class AuditScope:
+    """The audit entry of the change under way (held in :data:`CURRENT_AUDIT` by the API while it
+    calls the store): the store's write transaction inserts it before its commit, once, so the
+    entry is durable exactly when the change is."""
+
+    def __init__(self, entry: AuditEntry) -> None:
+        self.entry = entry
+        self.written = False
+
+
+#: Set by the API around a changing call; read by each store's write transaction.
+CURRENT_AUDIT: ContextVar[AuditScope | None] = ContextVar("qinglong_current_audit", default=None)
+
+
+def pending_audit() -> AuditScope | None:
+    """The audit entry a write transaction starting now must insert, if any."""
+    scope = CURRENT_AUDIT.get()
+    return scope if scope is not None and not scope.written else None
+
+
+def check_token_name(name: str) -> str:
+    """A token's name: 1-64 characters of letters, digits, ``-``, ``_``, ``.``, ``@``."""
+    import re
+
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}", name):
+        from .errors import UserError
+
+        raise UserError(f"invalid token name {name!r}: expected 1-64 letters, digits, '.', '_', '-' or '@', "
+                        "starting with a letter or digit")
+    return name
+
+
+def check_scope(scope: str) -> str:
+    if scope not in SCOPES:
+        from .errors import UserError
+
+        raise UserError(f"invalid scope {scope!r}: expected one of {', '.join(SCOPES)}")
+    return scope

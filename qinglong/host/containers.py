@@ -172,7 +172,7 @@ def dispatcher_factory(host: PluginHost, loaded: LoadedSettings, backend_setting
 def create_notifiers(host: PluginHost, loaded: LoadedSettings) -> dict[str, Any]:
     """The configured channels (``[notifications.channels.<name>]``), each built by the notifier
     its ``kind`` names; an unknown kind or bad options is a SettingsError naming the channel."""
-    specs = host.notifier_specs() if hasattr(host, "notifier_specs") else {}
+    specs = host.notifier_specs() if loaded.settings.notifications.channels else {}
     notifiers = {}
     for name, table in loaded.settings.notifications.channels.items():
         options = {k: v for k, v in table.items() if k != "kind"}

@@ -96,6 +96,9 @@ class DeliveryLoop:
         """Start the next pass now (a Run just ended)."""
         self._wake.set()
 
+    #: The lifecycle calls this with each Run end its dispatcher records (edge, standalone).
+    on_run_finished = wake
+
     async def message(self, delivery: Delivery) -> Message:
         event = delivery.event
         if event.run_id is None or self._log_lines <= 0:
@@ -163,8 +166,8 @@ class DeliveryLoop:
                 self._diagnostics.emit(DiagnosticEvent(
                     "error", "events.pass_failed",
                     f"an event delivery pass failed: {exc.__class__.__name__}: {exc}"))
-            if tried >= self._batch:
-                continue
+            if tried:
+                continue  # a send may have released the next delivery of its subject
             waits = [asyncio.ensure_future(self._stopping.wait()),
                      asyncio.ensure_future(self._wake.wait())]
             try:

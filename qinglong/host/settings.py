@@ -149,7 +149,8 @@ class HttpSettings(BaseModel):
     token: str | None = Field(None, min_length=16, description="bearer token every request must carry")
     token_env: str | None = Field(None, min_length=1, description="environment variable holding the token")
     max_header_bytes: int = Field(8_192, ge=1_024, le=65_536, description="request line and headers")
-    max_body_bytes: int = Field(1_024, ge=0, le=1_048_576, description="a request body (none is needed)")
+    max_body_bytes: int = Field(131_072, ge=0, le=1_048_576,
+                                description="a request body (an API task payload holds up to 64 KiB)")
     max_connections: int = Field(16, ge=1, le=1_024, description="connections served at once")
     request_timeout_ms: int = Field(5_000, ge=100, le=120_000,
                                     description="to receive a request and answer it; idle keep-alive too")
@@ -160,6 +161,34 @@ class HttpSettings(BaseModel):
     def _listen_is_host_port(cls, value: str) -> str:
         if value:
             split_listen(value)
+        return value
+
+
+class ApiSettings(BaseModel):
+    """``[api]``: the management API at ``/api/v1``, served on the ``[http]`` listener by ``qinglong
+    run`` (and by ``qinglong api``). Every request needs a token made with ``qinglong token create``.
+    A listen address off loopback needs TLS files or ``behind_proxy`` with its trusted proxies."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(False, description="serve /api/v1 on the [http] listener")
+    tls_cert_file: str | None = Field(None, min_length=1, description="TLS certificate chain (PEM)")
+    tls_key_file: str | None = Field(None, min_length=1, description="TLS private key (PEM)")
+    behind_proxy: bool = Field(False, description="plain HTTP off loopback, only behind a TLS proxy")
+    trusted_proxies: list[str] = Field(default_factory=list,
+                                       description="proxy addresses whose X-Forwarded-For is believed")
+    failed_auth_burst: int = Field(20, ge=1, le=10_000, description="failed authentications per address before 429")
+    failed_auth_per_second: float = Field(1.0, gt=0, le=1_000, description="refill of that allowance")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP address or network") from None
         return value
 
 
@@ -246,6 +275,7 @@ class QinglongSettings(BaseSettings):
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     notifications: NotificationsSettings = Field(default_factory=NotificationsSettings)
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
@@ -419,6 +449,7 @@ class _FileLayer(BaseModel):
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     notifications: NotificationsSettings = Field(default_factory=NotificationsSettings)
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)

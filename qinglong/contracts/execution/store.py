@@ -110,6 +110,8 @@ class RunDetail:
     idempotency_key: str
     task_revision: int
     attempts: tuple[AttemptView, ...]
+    #: the random delay its trigger's occurrence drew (``run.scheduled_for_ms`` includes it)
+    jitter_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -441,7 +441,7 @@ class Dispatcher:
             outcome = self._supervisor.outcome(job, cancel, requested_at)
             result = await self._store.record_finished(job.attempt_id, outcome, self._clock_ms(), Actor.COMPLETION)
             if result.recorded:
-                self._recorded_outcome(job.run_id, job.attempt_id, outcome, result)
+                self._recorded_outcome(job.run_id, job.attempt_id, outcome, result, attempt)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -451,10 +451,10 @@ class Dispatcher:
                                f"{exc.__class__.__name__}: {exc}")
 
     def _recorded(self, attempt: ActiveAttempt, outcome: AttemptOutcome, result: FinishResult) -> None:
-        self._recorded_outcome(attempt.run_id, attempt.attempt_id, outcome, result)
+        self._recorded_outcome(attempt.run_id, attempt.attempt_id, outcome, result, attempt)
 
     def _recorded_outcome(self, run_id: str, attempt_id: str, outcome: AttemptOutcome,
-                          result: FinishResult) -> None:
+                          result: FinishResult, attempt: ActiveAttempt | None = None) -> None:
         self.stats.finished += 1
         self._notify(self.on_finished, outcome.state.value)
         if result.next_attempt is not None:
@@ -466,6 +466,32 @@ class Dispatcher:
                 {"run_id": run_id, "attempt_id": attempt_id}))
         elif outcome.state is AttemptState.TIMED_OUT:
             self.stats.timed_out += 1
+        if outcome.state in (AttemptState.FAILED, AttemptState.TIMED_OUT):
+            self._log_failure(run_id, attempt_id, outcome, attempt)
+
+    def _log_failure(self, run_id: str, attempt_id: str, outcome: AttemptOutcome,
+                     attempt: ActiveAttempt | None) -> None:
+        """One line per failed or timed-out Attempt: task, Run, exit status, duration. Never the
+        command or its environment (they may hold secrets)."""
+        task = f"{attempt.project_id}/{attempt.task_id}" if attempt is not None else "?"
+        started = attempt.started_at_ms if attempt is not None else None
+        ended = outcome.ended_at_ms if outcome.ended_at_ms is not None else self._clock_ms()
+        duration_ms = None if started is None else max(0, ended - started)
+        if outcome.exit_code is not None:
+            status = f"exit {outcome.exit_code}"
+        elif outcome.signal is not None:
+            status = f"signal {outcome.signal}"
+        else:
+            status = "no exit status"
+        took = "" if duration_ms is None else f" after {duration_ms / 1000:.3f} s"
+        words = "timed out" if outcome.state is AttemptState.TIMED_OUT else "failed"
+        self._diagnostics.emit(DiagnosticEvent(
+            "warning", f"execution.attempt_{outcome.state.value}",
+            f"task {task} run {run_id} attempt {attempt.attempt_no if attempt else '?'} {words}: "
+            f"{status}{took}",
+            {"project_id": attempt.project_id if attempt else None,
+             "task_id": attempt.task_id if attempt else None, "run_id": run_id, "attempt_id": attempt_id,
+             "exit_code": outcome.exit_code, "signal": outcome.signal, "duration_ms": duration_ms}))
 
     async def _settle_orphan(self, attempt: ActiveAttempt) -> None:
         """An active Attempt nobody here watches (left by an earlier run, or a failed record)."""

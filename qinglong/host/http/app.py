@@ -76,15 +76,38 @@ def _unauthorized(message: str = "a valid bearer token is required") -> JSONResp
 class Guard:
     """Authentication and rate limiting of failed attempts, shared by every protected route."""
 
-    def __init__(self, authenticator: Authenticator, *, open_scrape: bool = False) -> None:
+    def __init__(self, authenticator: Authenticator, *, open_scrape: bool = False,
+                 trusted_proxies: tuple[str, ...] = ()) -> None:
+        import ipaddress
+
         self.authenticator = authenticator
+        self.trusted = tuple(ipaddress.ip_network(p, strict=False) for p in trusted_proxies)
         #: legacy loopback without any token: the metrics and the page are open (nothing else)
         self.open_scrape = open_scrape
+
+    def source_of(self, request: Request) -> str:
+        """The client's address: the peer's, or behind a trusted proxy the last address of
+        ``X-Forwarded-For`` that is not itself a trusted proxy."""
+        import ipaddress
+
+        peer = request.client.host if request.client else ""
+        if not self.trusted:
+            return peer
+        try:
+            hops = [peer] + [h.strip() for h in reversed(",".join(
+                request.headers.getlist("x-forwarded-for")).split(",")) if h.strip()]
+            for hop in hops:
+                address = ipaddress.ip_address(hop)
+                if not any(address in net for net in self.trusted):
+                    return hop
+        except ValueError:
+            return peer
+        return peer
 
     async def principal(self, request: Request) -> Principal | Response | None:
         """The request's principal, None without credentials, or the refusal to answer."""
         headers = request.headers.getlist("authorization")
-        source = request.client.host if request.client else ""
+        source = self.source_of(request)
         if not headers:
             return None
         if len(headers) > 1:
@@ -127,9 +150,20 @@ def _endpoint(spec: RouteSpec, guard: Guard, emit_error: Callable[[BaseException
                                   f"the token presented holds {principal.scope}")
         return await _run(declared, request, principal, emit_error)
 
-    endpoint.__name__ = "qinglong" + spec.path.replace("/", "_").replace("{", "").replace("}", "")
-    endpoint.qinglong_route = spec  # type: ignore[attr-defined]
-    return endpoint
+    return GuardedEndpoint(spec, endpoint)
+
+
+class GuardedEndpoint:
+    """A route's ASGI endpoint (so the router passes it every method: the protection is checked
+    before the method is)."""
+
+    def __init__(self, spec: RouteSpec, endpoint: Callable[[Request], Awaitable[Response]]) -> None:
+        self.qinglong_route = spec
+        self._endpoint = endpoint
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        response = await self._endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
 
 
 async def _run(declared: Method, request: Request, principal: Principal | None,

@@ -21,7 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from qinglong.contracts.observe import (
-    LAG_BUCKETS_S, METRICS, ROUND_BUCKETS_S, STATS_CACHE_MS, STATS_READ_TIMEOUT_MS, MetricType,
+    ENDED_OUTCOMES, LAG_BUCKETS_S, METRICS, ROUND_BUCKETS_S, STATS_CACHE_MS, STATS_READ_TIMEOUT_MS, MetricType,
     StatusFinding, StoreStats, assess, status_grace_ms,
 )
 from qinglong.contracts.records import MisfirePolicy, RoundReport
@@ -31,10 +31,11 @@ __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "StatsCache", "grace_of"]
 SPECS = {spec.name: spec for spec in METRICS}
 #: The metrics read from the store at scrape time (the rest are this process's counts).
 STORE_METRICS = ("qinglong_schedules_due", "qinglong_schedule_oldest_due_seconds", "qinglong_schedules_total",
-                 "qinglong_runs", "qinglong_task_queued", "qinglong_workers", "qinglong_worker_free_slots")
+                 "qinglong_runs", "qinglong_task_queued", "qinglong_workers", "qinglong_worker_free_slots",
+                 "qinglong_runs_without_worker", "qinglong_tasks_failing", "qinglong_tasks_not_succeeding")
 RACE_KINDS = ("fence_lost", "cas_miss", "released")
 ROUND_RESULTS = ("ok", "incomplete", "failed")
-ATTEMPT_OUTCOMES = ("succeeded", "failed", "timed_out", "cancelled", "lost")
+ATTEMPT_OUTCOMES = ENDED_OUTCOMES
 
 
 def grace_of(lifecycle: Any) -> int:
@@ -133,6 +134,10 @@ class _StoreCollector(Collector):
         yield family
         yield (_gauge("qinglong_worker_free_slots", value=stats.worker_free_slots)
                if stats.worker_free_slots is not None else _gauge("qinglong_worker_free_slots"))
+        yield _gauge("qinglong_tasks_failing", value=stats.tasks_failing)
+        yield _gauge("qinglong_tasks_not_succeeding", value=stats.tasks_not_succeeding)
+        yield (_gauge("qinglong_runs_without_worker", value=stats.runs_without_worker)
+               if stats.runs_without_worker is not None else _gauge("qinglong_runs_without_worker"))
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())
@@ -194,6 +199,8 @@ class Metrics:
         for outcome in ATTEMPT_OUTCOMES:
             self.finished.labels(outcome)
         registry.register(_StoreCollector(cache, running))
+        self._running = running
+        self._ends_seen: dict[str, int] | None = None
 
     def observe_round(self, report: RoundReport | None, elapsed_ms: int) -> None:
         """Fold one round (None: it failed) into the counters."""
@@ -236,4 +243,20 @@ class Metrics:
         await self._cache.refresh()
         if self._cache.errors > errors_before:
             self.read_errors.inc(self._cache.errors - errors_before)
+        self._count_store_ends()
         return generate_latest(self.registry)
+
+    def _count_store_ends(self) -> None:
+        """Where no dispatcher of this process records ends (the cluster: workers report them to
+        the store), count the ends the store recorded since the first reading: the growth of its
+        totals by outcome. A total that shrank (retention pruned old Runs) counts nothing."""
+        stats = self._cache.stats
+        if stats is None or stats.attempts_finished is None or self._running() is not None:
+            return
+        totals = dict(stats.attempts_finished)
+        if self._ends_seen is not None:
+            for outcome, total in totals.items():
+                grown = total - self._ends_seen.get(outcome, 0)
+                if grown > 0 and outcome in ATTEMPT_OUTCOMES:
+                    self.finished.labels(outcome).inc(grown)
+        self._ends_seen = totals

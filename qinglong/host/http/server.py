@@ -11,7 +11,6 @@ idle one. Requests are never logged.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 from typing import Any, Callable
@@ -25,7 +24,7 @@ from qinglong.contracts.hookspecs import ComponentPhase
 
 from ..settings import HttpSettings, split_listen
 from .app import PUBLIC, PUBLIC_PATHS, Guard, Limits, Method, RouteSpec, build_app
-from .auth import Authenticator
+from .auth import Authenticator, FailureLimiter
 from .metrics import CONTENT_TYPE_LATEST, Metrics, StatsCache, grace_of
 
 #: The paths served without the token: they reveal alive/ready and one line of PROBE_LINES.
@@ -159,7 +158,8 @@ class HttpSurface:
     phase = ComponentPhase.ADMISSION
 
     def __init__(self, lifecycle: Any, settings: HttpSettings, token: bytes | None, profile: str,
-                 version: str, *, required: bool = True, api: Any = None) -> None:
+                 version: str, *, required: bool = True, api: Any = None, api_settings: Any = None,
+                 ssl_files: tuple[str, str] | None = None) -> None:
         """``required``: an address that cannot be bound fails the start (else: a warning, and the
         process runs without the surface). ``api``: the management API's routes and authenticator
         (:class:`qinglong.host.http.api.ApiService`), or None."""
@@ -170,6 +170,7 @@ class HttpSurface:
         self._profile = profile
         self._version = version
         self._listener: Listener | None = None
+        self._ssl_files = ssl_files
         self.cache = StatsCache(lifecycle.backend.reader(), grace_ms=grace_of(lifecycle))
         self.metrics = Metrics(self.cache, profile=profile, version=version, running=self._running)
         # built before the first round and the dispatcher's first pass: nothing goes uncounted
@@ -185,9 +186,14 @@ class HttpSurface:
         if api is not None:
             specs += api.routes()
             lookup = api.lookup_token
-        authenticator = Authenticator(scrape_token=token, lookup=lookup)
+        limiter = None
+        trusted: tuple[str, ...] = ()
+        if api_settings is not None:
+            limiter = FailureLimiter(api_settings.failed_auth_burst, api_settings.failed_auth_per_second)
+            trusted = tuple(api_settings.trusted_proxies) if api_settings.behind_proxy else ()
+        authenticator = Authenticator(scrape_token=token, lookup=lookup, limiter=limiter)
         # on loopback without any token and without the API, the metrics and page stay open
-        guard = Guard(authenticator, open_scrape=token is None and api is None)
+        guard = Guard(authenticator, open_scrape=token is None and api is None, trusted_proxies=trusted)
         self.app = build_app(specs, guard, Limits(settings.max_body_bytes, settings.max_connections,
                                                      settings.max_header_bytes),
                              emitter(lifecycle.diagnostics))
@@ -197,7 +203,7 @@ class HttpSurface:
     async def start(self) -> None:
         """Listen (the counters already observe the loop and the dispatcher)."""
         lifecycle = self._lifecycle
-        listener = Listener(self.app, self._settings)
+        listener = Listener(self.app, self._settings, ssl_files=self._ssl_files)
         try:
             bound = await listener.start()
         except OSError as exc:
@@ -211,7 +217,8 @@ class HttpSurface:
             return
         self._listener = listener
         lifecycle.diagnostics.emit(DiagnosticEvent(
-            "info", "http.listening", f"HTTP surface listening on {bound}",
+            "info", "http.listening", f"HTTP surface listening on {bound}"
+            + (" (TLS)" if self._ssl_files else ""),
             {"listen": bound, "token": self._token is not None}))
 
     async def stop(self) -> None:

@@ -499,7 +499,8 @@ class SqliteExecutionStore:
                 a["exit_code"], a["signal"], a["duration_ms"], a["log_bytes"],
                 a["log_dropped_bytes"], a["log_deleted_at_ms"] is not None, a["attempt_dir"],
                 a["reason"], a["cancel_reason"]) for a in attempts)
-            return RunDetail(_summary(run), run["idempotency_key"], run["task_revision"], views)
+            return RunDetail(_summary(run), run["idempotency_key"], run["task_revision"], views,
+                             run["jitter_ms"])
 
         return await self._store.call(work)
 

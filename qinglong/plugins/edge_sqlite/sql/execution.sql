@@ -197,7 +197,7 @@ SELECT r.run_id, r.project_id, r.task_id, r.trigger_id, r.scheduled_for_ms, r.ad
 -- name: exec_run
 -- One Run with the summary fields of its Attempts.
 SELECT r.run_id, r.project_id, r.task_id, r.trigger_id, r.scheduled_for_ms, r.admitted_at_ms,
-       r.state, r.finished_at_ms, r.reason, r.idempotency_key, r.task_revision,
+       r.state, r.finished_at_ms, r.reason, r.idempotency_key, r.task_revision, r.jitter_ms,
        (SELECT count(*) FROM attempts WHERE run_id = r.run_id) AS attempts,
        (SELECT exit_code FROM attempts WHERE run_id = r.run_id AND finished_at_ms IS NOT NULL
          ORDER BY attempt_no DESC LIMIT 1) AS exit_code,

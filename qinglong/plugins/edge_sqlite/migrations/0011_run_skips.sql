@@ -1,4 +1,4 @@
--- 0009_run_skips: a Run its task's overlap rules skip before it starts (concurrency 'forbid'
+-- 0011_run_skips: a Run its task's overlap rules skip before it starts (concurrency 'forbid'
 -- while another Run of the task runs, or a backlog already at [execution] max_queued) is a skip,
 -- not a Run: it is recorded here with its reason, and its Run, Attempt and events leave the
 -- store in the same transaction (its end event is written first, as for any Run that ends).
