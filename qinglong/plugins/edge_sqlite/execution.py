@@ -524,6 +524,16 @@ class SqliteExecutionStore:
                                       bound)
         return [(row["attempt_id"], row["attempt_dir"]) for row in rows]
 
+    async def note_attempt(self, attempt_id: str, note: str) -> bool:
+        """Record ``note`` as the reason of a dispatching or running Attempt (its end's reason
+        replaces it); False when the Attempt has ended."""
+        def work(conn: sqlite3.Connection) -> bool:
+            with transaction(conn):
+                return conn.execute(query("exec_note_attempt"),
+                                    {"note": note, "attempt_id": attempt_id}).rowcount == 1
+
+        return await self._store.call(work)
+
     async def mark_log_deleted(self, attempt_id: str, now_ms: int) -> None:
         """Record that the Attempt's log was deleted (the tombstone; the first time stays)."""
         def work(conn: sqlite3.Connection) -> None:
