@@ -307,6 +307,12 @@ class ClusterPostgresBackend:
         """The read side (runtime role)."""
         return ClusterReader(self.runtime_pool, self.context.limits)
 
+    def tokens(self):
+        """The management API's tokens and the audit log (admin role)."""
+        from .tokens import ClusterTokens
+
+        return ClusterTokens(self.admin_pool)
+
     def run_control(self):
         """The operator's side of the Runs the remote workers execute (runtime role): list,
         show, cancel, read logs (:class:`~qinglong.contracts.execution.RunControl`). There is
@@ -314,6 +320,12 @@ class ClusterPostgresBackend:
         from .runs import ClusterRunControl
 
         return ClusterRunControl(self._with_runtime)
+
+    def outbox(self):
+        """Events out (:class:`~qinglong.contracts.events.EventOutbox`), as the runtime role."""
+        from .events import ClusterEventOutbox
+
+        return ClusterEventOutbox(self._with_runtime)
 
     async def close(self) -> None:
         """Give back the claims this replica still holds (once it ran a round), then close both

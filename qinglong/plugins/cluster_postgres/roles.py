@@ -60,6 +60,8 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "triggers": frozenset(_ALL),
         "trigger_schedules": frozenset(_ALL),
         "trigger_revision_marks": frozenset({"SELECT", "INSERT", "UPDATE"}),
+        "api_tokens": frozenset({"SELECT", "INSERT", "UPDATE"}),
+        "audit_log": frozenset({"SELECT", "INSERT", "DELETE"}),
     },
     "runtime": {
         "schema_migrations": frozenset({"SELECT"}),
@@ -76,6 +78,8 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "scheduler_replicas": frozenset(_ALL),
         "worker_sessions": frozenset({"SELECT"}),
         "attempt_logs": frozenset({"SELECT"}),
+        "event_outbox": frozenset({"SELECT"}),  # UPDATE: a column, below
+        "event_deliveries": frozenset({"SELECT", "INSERT", "UPDATE"}),
     },
     "worker_ingress": {},
 }
@@ -89,7 +93,8 @@ CONTROL_FUNCTIONS = ("expire_attempt", "request_cancel", "prune_attempt_logs")
 #: Helpers the functions above call; only the owner executes them.
 INTERNAL_FUNCTIONS = ("_now_ms", "_event", "_utc", "_cancel_words", "_run_spec", "_spec_problem",
                       "_retry_decision", "_end_attempt", "_finish_attempt", "_requeue", "_session",
-                      "_lease", "_overlap", "_reason", "_claim_routing", "_runs_routing")
+                      "_lease", "_overlap", "_reason", "_claim_routing", "_runs_routing",
+                      "_outbox_run_ended", "_outbox_skipped")
 
 #: ``{function name: role function allowed to EXECUTE it, or None (owner only)}``.
 EXPECTED_FUNCTIONS: dict[str, str | None] = {
@@ -115,7 +120,8 @@ RUNTIME_SCHEDULE_COLUMNS = frozenset({
 
 #: ``{role function: {table: {privilege: columns}}}``: column-level grants.
 EXPECTED_COLUMN_GRANTS: dict[str, dict[str, dict[str, frozenset[str]]]] = {
-    "runtime": {"trigger_schedules": {"UPDATE": RUNTIME_SCHEDULE_COLUMNS}},
+    "runtime": {"trigger_schedules": {"UPDATE": RUNTIME_SCHEDULE_COLUMNS},
+                "event_outbox": {"UPDATE": frozenset({"routed_at_ms"})}},
 }
 
 #: Roles (by function) with USAGE on the schema.
@@ -126,6 +132,8 @@ EXPECTED_TABLES = frozenset({
     "schema_migrations", "projects", "tasks", "task_revisions", "execution_revisions", "triggers",
     "trigger_schedules", "runs", "attempts", "run_events", "schedule_skips",
     "trigger_revision_marks", "scheduler_replicas", "worker_sessions", "attempt_logs",
+    "event_outbox", "event_outbox_seq_seq", "event_deliveries",
+    "api_tokens", "audit_log", "audit_log_entry_id_seq",
 })
 
 _CATALOG_SQL = """

@@ -61,7 +61,7 @@ WHERE s.trigger_id = picked.trigger_id
 RETURNING s.trigger_id, s.project_id, t.task_id, s.trigger_revision, s.next_fire_at_ms,
           s.last_scheduled_at_ms, s.state_version, s.claim_owner, s.claim_token::text,
           s.claim_version, s.claim_expires_at_ms, t.trigger_revision AS head_revision, t.kind,
-          t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.enabled, t.content_digest,
+          t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.enabled, t.content_digest, t.jitter_ms,
           k.task_revision, k.content_digest AS task_digest, clock.now_ms AS observed_at_ms,
           s.published_at_ms, s.ctid::text AS row_tid
 

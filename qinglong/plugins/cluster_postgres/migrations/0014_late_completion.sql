@@ -1,4 +1,4 @@
--- capability: 8
+-- capability: 12
 -- An outcome that exists is recorded. A worker that was frozen, cut off or killed while its job
 -- ended on its own holds the job's real outcome, and the Attempt's lease token proves the outcome
 -- is this Attempt's: the database keeps its SHA-256 after the lease ends. worker_complete_late

@@ -1,4 +1,4 @@
--- capability: 9
+-- capability: 13
 -- Completion does not wait on log shipping. A database that refuses log appends (a full disk)
 -- kept a finished job's Run running, its lease renewed, for up to the task's timeout while the
 -- worker tried the same chunk again. worker_complete gains p_log_missing_bytes: the worker
