@@ -254,7 +254,10 @@ ORDER BY 2, 3
 #: would switch off every foreign key and trigger, ``synchronous_commit = off`` weaken
 #: durability, ``default_transaction_read_only`` refuse writes) and fails readiness.
 HARMLESS_SETTINGS = ("application_name", "work_mem", "maintenance_work_mem", "temp_buffers",
-                     "track_io_timing")
+                     "track_io_timing",
+                     # every session's options set these over any role or database default
+                     # (db.session_options); environment_problems checks the search path
+                     "search_path", "statement_timeout")
 HARMLESS_SETTING_PREFIXES = ("log_", "auto_explain.")
 
 #: What every session must run with, as the session shows it (``SHOW``): pinned by the session's
