@@ -88,7 +88,10 @@ def stats_json(stats: Any) -> dict[str, Any] | None:
     data = {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
     data["runs_by_state"] = dict(stats.runs_by_state)
     data["workers_by_state"] = dict(stats.workers_by_state)
+    data["queued_by_task"] = dict(stats.queued_by_task)
     data["oldest_due_seconds"] = stats.oldest_due_seconds
+    data["failing_tasks"] = [{f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
+                             for t in stats.failing_tasks]
     return data
 
 

@@ -46,6 +46,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("apply", ("apply", "export", "import")),
     ("runs", ("runs", "logs")),
     ("read", ("schedules", "skips")),
+    ("events", ("notifications",)),
     ("status", ("status",)),
     ("tokens", ("token", "audit")),
     ("api", ("api",)),

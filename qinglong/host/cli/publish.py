@@ -33,7 +33,7 @@ def cmd_project(args: argparse.Namespace) -> int:
             return plan
         return await backend.reader().list_projects()
 
-    result = on_backend(container, go, create=sub == "create")
+    result = on_backend(container, go, create=sub == "create", read_only=sub == "list")
     if sub == "create":
         print(f"created project {result.project_id}")
     elif sub == "delete":
@@ -194,7 +194,8 @@ def cmd_trigger(args: argparse.Namespace) -> int:
         )
         return await pub.put_trigger(definition)
 
-    result = on_backend(container, go, create=sub != "list")
+    # Only adding publishes something new: update, enable, disable, delete need a stored trigger.
+    result = on_backend(container, go, create=sub == "add", read_only=sub == "list")
     if sub == "list":
         if args.json:
             print_json([_head_json(t) for t in result])

@@ -45,10 +45,19 @@ def _ms(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
+def state_words(state: Any, exit_code: int | None) -> str:
+    """A state as the tables show it: a Run ended by a timeout or a cancel whose job still
+    exited with a code says so, so `timed_out` beside exit 0 is never left unexplained."""
+    state = _value(state)
+    if state in ("timed_out", "cancelled") and exit_code is not None:
+        return f"{state} (exited {exit_code} after the request)"
+    return state
+
+
 def print_run_table(runs: Sequence[Any]) -> None:
     """The runs table: what each Run did."""
     print_table(["run", "task", "scheduled_for", "state", "exit", "duration_ms", "attempts", "reason"],
-                [[r.run_id, f"{r.project_id}/{r.task_id}", iso(r.scheduled_for_ms), _value(r.state),
+                [[r.run_id, f"{r.project_id}/{r.task_id}", iso(r.scheduled_for_ms), state_words(r.state, r.exit_code),
                   _ms(r.exit_code), _ms(r.duration_ms), r.attempts, r.reason or ""] for r in runs])
 
 
@@ -96,7 +105,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 keys[run.run_id] = (await store.run_detail(run.run_id)).idempotency_key
         return runs, keys
 
-    runs, keys = on_backend(container, go, create=False)
+    runs, keys = on_backend(container, go, read_only=True)
     if runs is None:
         if args.state or args.task or args.project:
             raise UserError("--state, --task and --project need a profile that runs Runs locally; "
@@ -125,14 +134,14 @@ def _show_run(args: argparse.Namespace) -> int:
     async def go(backend: Any) -> Any:
         return await need_runs(backend, container, "runs show").run_detail(args.run_id)
 
-    detail = on_backend(container, go, create=False)
+    detail = on_backend(container, go, read_only=True)
     run = detail.run
     if args.json:
         from ..views import run_detail_json
 
         print_json(run_detail_json(detail))
         return ExitCode.OK
-    print(f"run {run.run_id}: {_value(run.state)}"
+    print(f"run {run.run_id}: {state_words(run.state, run.exit_code)}"
           + (f" (exit {run.exit_code})" if run.exit_code is not None else "")
           + (f": {run.reason}" if run.reason else ""))
     print(f"task {run.project_id}/{run.task_id} revision {detail.task_revision}, "
@@ -143,7 +152,7 @@ def _show_run(args: argparse.Namespace) -> int:
     workers = any(getattr(a, "worker_id", None) for a in detail.attempts)
     print_table(["attempt", "state", "outcome", "started", "ended", "duration_ms", "log_bytes", "dropped",
                  "log", "reason"] + (["worker"] if workers else []),
-                [[a.attempt_no, _value(a.state), _outcome(a), iso(a.started_at_ms), iso(a.finished_at_ms),
+                [[a.attempt_no, state_words(a.state, a.exit_code), _outcome(a), iso(a.started_at_ms), iso(a.finished_at_ms),
                   _ms(a.duration_ms), _ms(a.log_bytes), a.log_dropped_bytes,
                   "deleted" if a.log_deleted else ("kept" if a.attempt_dir or workers and a.log_bytes else "-"),
                   a.reason or (a.cancel_reason and f"cancel requested: {a.cancel_reason}") or ""]
@@ -371,7 +380,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             return
         await _print_log(store, args.run_id, args.attempt, args.tail, args.follow, sys.stdout.buffer)
 
-    on_backend(container, go, create=False)
+    on_backend(container, go, read_only=True)
     return ExitCode.OK
 
 
@@ -448,7 +457,7 @@ def show_demo_runs(container: Any, *, project: str, task: str, trigger: str, lim
                 output = None
         return runs, ended, output
 
-    runs, ended, output = on_backend(container, go, create=False)
+    runs, ended, output = on_backend(container, go, read_only=True)
     if runs is None:
         from .read import show_runs
 

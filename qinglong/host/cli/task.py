@@ -36,6 +36,8 @@ OPTION_KEYS: tuple[tuple[str, str], ...] = (
     ("--log-limit", "log_limit_bytes"),
     ("--executor", "executor"),
     ("--label", "labels"),
+    ("--notify", "notify.when"),
+    ("--notify-channel", "notify.channels"),
 )
 
 
@@ -127,6 +129,15 @@ def _options_payload(args: argparse.Namespace, limits: Any) -> tuple[dict[str, A
     if args.label:
         keys["labels"] = list(args.label)
         given.append("--label")
+    if args.notify is not None or args.notify_channel:
+        notify: dict[str, Any] = {}
+        if args.notify is not None:
+            notify["when"] = args.notify
+            given.append("--notify")
+        if args.notify_channel:
+            notify["channels"] = list(args.notify_channel)
+            given.append("--notify-channel")
+        keys["notify"] = notify
     return keys, given
 
 
@@ -195,7 +206,7 @@ def cmd_task_put(args: argparse.Namespace) -> int:
     container = container_of(args)
     payload = build_task_payload(args, args.task_id, execution_limits(container.loaded()), json_object)
     task = on_backend(container, lambda backend: backend.publisher().put_task(
-        args.project_id, args.task_id, payload))
+        args.project_id, args.task_id, payload), create=True)
     print(f"task {task.project_id}/{task.task_id} at revision {task.task_revision} ({task.content_digest[:19]})")
     missing = missing_program(payload)
     if missing is not None:
@@ -252,7 +263,7 @@ def cmd_task_list(args: argparse.Namespace) -> int:
             tasks += [state.tasks[task_id] for task_id in sorted(state.tasks)]
         return tasks
 
-    tasks = on_backend(container, go, create=False)
+    tasks = on_backend(container, go, read_only=True)
     if args.limit is not None:
         tasks = tasks[:args.limit]
 
@@ -311,7 +322,7 @@ def cmd_task_show(args: argparse.Namespace) -> int:
             raise UserError(f"the {container.loaded().profile.name} profile's store cannot show a task")
         return await reader.task_head(args.project_id, args.task_id)
 
-    task = on_backend(container, go, create=False)
+    task = on_backend(container, go, read_only=True)
     problem = None
     try:
         spec = parse_execution_spec(task.task_id, task.payload, limits)
@@ -404,6 +415,11 @@ def register_task(tsk_sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--log-limit", metavar="SIZE",
                    help="keep at most this much output: 512, 64KiB, 4MiB (capped by the profile)")
     p.add_argument("--executor", metavar="NAME", help="the executor plugin that runs it (default local_process)")
+    p.add_argument("--notify", choices=["on-failure", "always", "never"], default=None,
+                   help="which of its Runs' ends reach the notification channels "
+                        "(default: [notifications] default, on-failure)")
+    p.add_argument("--notify-channel", action="append", default=[], metavar="CHANNEL",
+                   help="send its events only to this channel (repeatable; default: every channel)")
     p.add_argument("--label", action="append", default=[], metavar="LABEL",
                    help="a label a cluster worker must offer to run it (repeatable; gpu, zone=eu-1)")
     # The words after '--' are split off before argparse sees them (see parsing.split_command_argv).

@@ -25,7 +25,7 @@ from qinglong.contracts.hookspecs import ComponentPhase
 from ..settings import HttpSettings, split_listen
 from .app import PUBLIC, PUBLIC_PATHS, Guard, Limits, Method, RouteSpec, build_app
 from .auth import Authenticator, FailureLimiter
-from .metrics import CONTENT_TYPE_LATEST, Metrics, StatsCache
+from .metrics import CONTENT_TYPE_LATEST, Metrics, StatsCache, grace_of
 
 #: The paths served without the token: they reveal alive/ready and one line of PROBE_LINES.
 PROBE_PATHS = PUBLIC_PATHS
@@ -171,7 +171,7 @@ class HttpSurface:
         self._version = version
         self._listener: Listener | None = None
         self._ssl_files = ssl_files
-        self.cache = StatsCache(lifecycle.backend.reader())
+        self.cache = StatsCache(lifecycle.backend.reader(), grace_ms=grace_of(lifecycle))
         self.metrics = Metrics(self.cache, profile=profile, version=version, running=self._running)
         # built before the first round and the dispatcher's first pass: nothing goes uncounted
         lifecycle.round_observers.append(self.metrics.observe_round)

@@ -1,4 +1,4 @@
--- 0008_api_tokens: the management API's tokens (only the SHA-256 of each secret, never the
+-- 0010_api_tokens: the management API's tokens (only the SHA-256 of each secret, never the
 -- secret) and the audit log of every change made through it and of every token created or
 -- revoked, each entry written in the transaction of its change. A revoked token keeps its row;
 -- its name is free again for a new token.

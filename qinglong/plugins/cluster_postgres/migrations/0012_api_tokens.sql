@@ -1,4 +1,4 @@
--- capability: 7
+-- capability: 10
 -- The management API's tokens (only the SHA-256 of each secret, never the secret) and the audit
 -- log of every change made through it and of every token created or revoked, each entry written
 -- in the transaction of its change. A revoked token keeps its row; its name is free again. The
