@@ -1,0 +1,54 @@
+"""Chained Runs in a real ``qinglong run`` (edge): ``trigger add --after`` on the command line,
+and a SIGKILL while upstream Runs end: every ended upstream Run has exactly one downstream Run."""
+
+from __future__ import annotations
+
+from tests.execution.execution_helpers import TERMINAL, Workspace, wait_until
+
+
+def test_a_sigkill_during_completions_neither_loses_nor_doubles_a_chained_run(tmp_path):
+    """Upstream Runs ending while the control plane is killed and restarted (its reconciler
+    records what ended meanwhile) must each start exactly one downstream Run."""
+    ws = Workspace(tmp_path / "ws", execution={"max_running": 4})
+    try:
+        ws.cli("project", "create", "ops")
+        ws.cli("task", "put", "ops", "up", "--", "sh", "-c", "sleep 0.$(($$ % 7)); exit 2")
+        ws.cli("task", "put", "ops", "cleanup", "--", "true")
+        out = ws.cli("trigger", "add", "ops", "after-up", "--task", "cleanup", "--after", "up",
+                     "--on", "failure").stdout
+        assert "after-up" in out
+        ups = [ws.cli_json("task", "run", "ops", "up", "--idempotency-key", f"k{i}")["run_id"]
+               for i in range(8)]
+        plane = ws.start("first")
+        wait_until(lambda: ws.sql("SELECT count(*) FROM runs WHERE task_id = 'up' AND state IN "
+                                  "('running', 'failed')")[0][0] >= 3, "upstream jobs running")
+        plane.kill()
+        plane = ws.start("second")
+        try:
+            wait_until(lambda: len(ws.sql("SELECT 1 FROM runs")) == 16
+                       and all(s in TERMINAL for (s,) in ws.sql("SELECT state FROM runs")),
+                       "every upstream and chained Run ended")
+        finally:
+            assert plane.terminate() == 0
+        keys = [k for (k,) in ws.sql("SELECT idempotency_key FROM runs WHERE trigger_id = 'after-up'")]
+        assert sorted(keys) == sorted(f"ql3:chain:v1:{r}:after-up" for r in ups)
+    finally:
+        ws.close()
+
+
+def test_trigger_add_after_refuses_a_loop_and_an_unknown_outcome(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    try:
+        ws.cli("project", "create", "ops")
+        ws.cli("task", "put", "ops", "a", "--", "true")
+        ws.cli("task", "put", "ops", "b", "--", "true")
+        ws.cli("trigger", "add", "ops", "b-after-a", "--task", "b", "--after", "a")
+        loop = ws.cli("trigger", "add", "ops", "a-after-b", "--task", "a", "--after", "b", check=False)
+        assert loop.returncode == 3 and "loop: a -> b -> a" in loop.stderr
+        bad = ws.cli("trigger", "add", "ops", "x", "--task", "a", "--after", "b", "--on", "maybe",
+                     check=False)
+        assert bad.returncode == 3 and "on" in bad.stderr
+        [schedule] = ws.cli_json("schedules")
+        assert schedule["trigger_id"] == "b-after-a" and schedule["next_fire_at_ms"] is None
+    finally:
+        ws.close()
