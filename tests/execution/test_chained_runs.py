@@ -52,3 +52,33 @@ def test_trigger_add_after_refuses_a_loop_and_an_unknown_outcome(tmp_path):
         assert schedule["trigger_id"] == "b-after-a" and schedule["next_fire_at_ms"] is None
     finally:
         ws.close()
+
+
+def test_an_at_start_trigger_runs_once_per_start_identity_across_a_sigkill(tmp_path, monkeypatch):
+    """``@reboot`` semantics: a crash and restart of ``qinglong run`` within the same boot must
+    not run the job again (the start identity is the owner and the boot), while another
+    scheduler owner is another start."""
+    ws = Workspace(tmp_path / "ws")
+    try:
+        ws.cli("project", "create", "ops")
+        ws.cli("task", "put", "ops", "tunnel", "--", "true")
+        ws.cli("trigger", "add", "ops", "on-boot", "--task", "tunnel", "--kind", "at_start",
+               "--spec", "{}")
+        runs = lambda: ws.sql("SELECT idempotency_key, state FROM runs WHERE trigger_id = 'on-boot'")
+        plane = ws.start("first")
+        wait_until(lambda: runs() and runs()[0][1] in TERMINAL, "the at_start Run ended")
+        plane.kill()
+        plane = ws.start("second")
+        plane.wait_ready()
+        assert plane.terminate() == 0
+        assert "had its Run for this start already" in plane.full_stderr()
+        [(key, _)] = runs()
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            assert key.startswith("ql3:at_start:v1:on-boot:") and key.endswith(f.read().strip())
+        env = ws.env
+        monkeypatch.setattr(ws, "env", lambda: {**env(), "QINGLONG_SCHEDULER__OWNER": "other"})
+        plane = ws.start("third")
+        wait_until(lambda: len(runs()) == 2, "another owner's start admitted its own Run")
+        assert plane.terminate() == 0
+    finally:
+        ws.close()

@@ -1,4 +1,5 @@
-"""The built-in ``after`` trigger kind: Runs started by the end of another task's Run.
+"""The built-in event trigger kinds: ``after`` (Runs started by the end of another task's Run)
+and ``at_start`` (a Run at each start of the scheduler), with the ``at_start`` event source.
 
 Registered by entry point ``chain`` like any other plugin. The provider only validates and
 describes specs (``{"task": "<upstream task>", "on": "success" | "failure" | "any"}``); it has
@@ -11,8 +12,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from qinglong.contracts.chain import AFTER_KIND, CHAIN_ON
+from qinglong.contracts.diagnostics import DiagnosticEvent
 from qinglong.contracts.errors import TriggerSpecError
-from qinglong.contracts.hookspecs import hookimpl
+from qinglong.contracts.event_sources import AT_START_KIND, EventSourceContext
+from qinglong.contracts.hookspecs import ComponentPhase, hookimpl
 from qinglong.contracts.providers import TriggerCliOption, TriggerCliOptions
 
 
@@ -62,10 +65,65 @@ AFTER_CLI_OPTIONS = TriggerCliOptions(
 @hookimpl
 def qinglong_trigger_providers():
     """Offer the ``after`` trigger kind."""
-    return [AfterProvider()]
+    return [AfterProvider(), AtStartProvider()]
 
 
 @hookimpl
 def qinglong_trigger_cli_options():
     """``trigger add --after TASK [--on success|failure|any]``."""
     return [AFTER_CLI_OPTIONS]
+
+
+class AtStartProvider:
+    """``at_start``: no occurrence in time; the ``at_start`` event source admits one Run per
+    start identity (``@reboot`` of an imported crontab becomes this kind)."""
+
+    kind = AT_START_KIND
+
+    def validate(self, spec: Mapping[str, Any]) -> Mapping[str, Any]:
+        if not isinstance(spec, Mapping) or spec:
+            raise TriggerSpecError(self.kind, "spec", "expected an empty table ({})")
+        return {}
+
+    def next_after(self, spec: Mapping[str, Any], after_ms: int) -> int | None:
+        return None
+
+    def latest_at_or_before(self, spec: Mapping[str, Any], at_ms: int) -> int | None:
+        return None
+
+    def describe(self, spec: Mapping[str, Any]) -> str:
+        return "at each start of the scheduler"
+
+
+class AtStartSource:
+    """The built-in event source of ``at_start`` triggers: at its start (after the scheduler's),
+    one occurrence per enabled ``at_start`` trigger, whose event id is the start's identity."""
+
+    name = "at-start"
+    phase = ComponentPhase.STACK
+
+    def __init__(self, context: EventSourceContext) -> None:
+        self._context = context
+        self.admitted: list[str] = []
+
+    async def start(self) -> None:
+        for head in await self._context.triggers(AT_START_KIND):
+            result = await self._context.admit(AT_START_KIND, head.trigger_id,
+                                               self._context.start_id, None)
+            if result.created:
+                self.admitted.append(result.run_id)
+            self._context.diagnostics.emit(DiagnosticEvent(
+                "info", "events.at_start",
+                "an at_start trigger was admitted for this start" if result.created else
+                "an at_start trigger had its Run for this start already",
+                {"trigger_id": head.trigger_id, "run_id": result.run_id,
+                 "start_id": self._context.start_id}))
+
+    async def stop(self) -> None:
+        return None
+
+
+@hookimpl
+def qinglong_event_sources(context: EventSourceContext):
+    """The ``at_start`` source."""
+    return [AtStartSource(context)]

@@ -30,9 +30,10 @@ import random
 import sqlite3
 import time
 import uuid
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from qinglong.contracts.chain import chain_fires, chain_idempotency_key
+from qinglong.contracts.event_sources import AdmitResult, occurrence_key, payload_json
 from qinglong.contracts.errors import NotFound, UserError, project_not_found, task_not_found
 from qinglong.contracts.execution import (
     run_state_filter,
@@ -450,6 +451,50 @@ class SqliteExecutionStore:
                 conn.execute(query("exec_insert_manual_key"),
                              (full_key, run_id, project_id, task_id, now_ms))
                 return run_id, True
+
+        return await self._store.call(work)
+
+    # ---------------------------------------------------------------- event sources
+
+    async def admit_occurrence(self, kind: str, trigger_id: str, event_id: str,
+                               payload: Mapping[str, Any] | None, now_ms: int) -> AdmitResult:
+        """One Run of the trigger for this event (:mod:`qinglong.contracts.event_sources`), in
+        one transaction; the key is also kept in ``manual_run_keys``, which pruning never
+        deletes, so the same event refuses a second Run for ever."""
+        key = occurrence_key(kind, trigger_id, event_id)
+        payload_json(payload)
+
+        def work(conn: sqlite3.Connection) -> AdmitResult:
+            with transaction(conn):
+                for block in ("exec_manual_key", "exec_run_by_key"):
+                    seen = conn.execute(query(block), (key,)).fetchone()
+                    if seen is not None:
+                        return AdmitResult(seen[0], False)
+                trig = named_one(conn, query("occurrence_trigger"), (trigger_id,))
+                if trig is None:
+                    return AdmitResult(None, False, f"trigger {trigger_id!r} does not exist")
+                if trig["kind"] != kind:
+                    return AdmitResult(None, False, f"trigger {trigger_id!r} is of kind "
+                                                    f"{trig['kind']!r}, not {kind!r}")
+                if not trig["admits"]:
+                    return AdmitResult(None, False, f"trigger {trigger_id!r} is disabled, or its "
+                                                    "project or task is not active")
+                run_id = uuid.uuid4().hex
+                project_id, task_id = trig["project_id"], trig["task_id"]
+                revision, digest = trig["task_revision"], trig["content_digest"]
+                conn.execute(query("chain_insert_run"), {
+                    "run_id": run_id, "project_id": project_id, "trigger_id": trigger_id,
+                    "trigger_revision": trig["trigger_revision"], "task_id": task_id,
+                    "revision": revision, "digest": digest, "now": now_ms, "key": key})
+                conn.execute(query("insert_attempt"), {
+                    "attempt_id": uuid.uuid4().hex, "run_id": run_id, "executor": trig["executor"],
+                    "digest": pinned_execution_digest(project_id, task_id, revision, digest,
+                                                      trig["executor"]),
+                    "now": now_ms})
+                conn.execute(query("insert_run_events"), (run_id, now_ms))
+                conn.execute(query("exec_insert_manual_key"),
+                             (key, run_id, project_id, task_id, now_ms))
+                return AdmitResult(run_id, True)
 
         return await self._store.call(work)
 
