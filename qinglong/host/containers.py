@@ -209,7 +209,8 @@ def delivery_loop(host: PluginHost, loaded: LoadedSettings, backend: Any, sink: 
                               max(section.backoff_cap_ms, section.backoff_ms)),
         default_notify=NotifyPolicy(section.default), poll_ms=section.poll_ms,
         batch=section.batch, lease_ms=section.lease_ms, send_timeout_ms=section.send_timeout_ms,
-        concurrency=section.concurrency, log_lines=section.log_lines)
+        concurrency=section.concurrency, log_lines=section.log_lines,
+        retention_ms=int(section.retention_days * 86_400_000))
 
 
 def boot_id() -> str | None:

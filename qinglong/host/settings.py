@@ -171,6 +171,8 @@ class NotificationsSettings(BaseModel):
     send_timeout_ms: int = Field(10_000, ge=100, le=300_000, description="one send's bound")
     concurrency: int = Field(8, ge=1, le=256, description="sends at once")
     log_lines: int = Field(20, ge=0, le=1_000, description="last log lines a message carries")
+    retention_days: float = Field(7, gt=0, description="ended deliveries and their events are "
+                                                       "deleted after this")
 
     @field_validator("channels")
     @classmethod

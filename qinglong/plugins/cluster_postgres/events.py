@@ -117,6 +117,16 @@ class ClusterEventOutbox:
         rows = await self._rows("events_list", {"limit": listing_bound(limit)})
         return [event_of(row) for row in rows]
 
+    async def prune(self, older_than_ms: int, limit: int) -> int:
+        async def body(conn):
+            async with conn.transaction():
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(query("events_prune"), {
+                        "before": older_than_ms, "limit": max(1, min(int(limit), 1000))})
+                    return (await cur.fetchone())["deleted"]
+
+        return await self._run(body)
+
     async def run_context(self, run_id: str, max_log_bytes: int) -> RunContext:
         rows = await self._rows("events_run_context", {"run_id": run_uuid(run_id)})
         if not rows:

@@ -76,8 +76,8 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "scheduler_replicas": frozenset(_ALL),
         "worker_sessions": frozenset({"SELECT"}),
         "attempt_logs": frozenset({"SELECT"}),
-        "event_outbox": frozenset({"SELECT"}),  # UPDATE: a column, below
-        "event_deliveries": frozenset({"SELECT", "INSERT", "UPDATE"}),
+        "event_outbox": frozenset({"SELECT", "DELETE"}),  # UPDATE: a column, below
+        "event_deliveries": frozenset(_ALL),
     },
     "worker_ingress": {},
 }

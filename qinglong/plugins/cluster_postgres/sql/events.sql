@@ -160,3 +160,27 @@ SELECT (SELECT r.run_id::text FROM run r) AS created,
        (SELECT x.run_id::text FROM qinglong.runs x WHERE x.idempotency_key = %(key)s) AS existing,
        (SELECT count(*) FROM t) AS admits,
        (SELECT count(*) FROM attempt) + (SELECT count(*) FROM events) AS written;
+
+-- name: events_prune
+-- Ended deliveries of events older than %(before)s, then those events once no delivery is left
+-- (a pending one keeps its event); a bounded batch, oldest first. The number of events deleted.
+WITH old AS (
+    SELECT o.seq FROM qinglong.event_outbox o
+    WHERE o.at_ms < %(before)s AND o.routed_at_ms IS NOT NULL
+    ORDER BY o.seq LIMIT %(limit)s
+),
+gone AS (
+    DELETE FROM qinglong.event_deliveries d USING old
+    WHERE d.event_seq = old.seq AND d.state <> 'pending'
+    RETURNING d.event_seq
+),
+kept AS (
+    SELECT DISTINCT d.event_seq FROM qinglong.event_deliveries d JOIN old ON d.event_seq = old.seq
+    WHERE d.state = 'pending'
+),
+events AS (
+    DELETE FROM qinglong.event_outbox o USING old
+    WHERE o.seq = old.seq AND old.seq NOT IN (SELECT event_seq FROM kept)
+    RETURNING o.seq
+)
+SELECT count(*) AS deleted FROM events;
