@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # types only
     from .events import EventOutbox
     from .execution import ExecutionStore, RunControl
     from .records import SchedulerStatus
+    from .tokens import TokenStore
 
 
 @runtime_checkable
@@ -78,6 +79,15 @@ class AdmitsOccurrences(Protocol):
 
     def occurrences(self) -> "OccurrenceAdmission | None":
         """The store's :class:`~qinglong.contracts.event_sources.OccurrenceAdmission`, or None."""
+        ...
+
+
+@runtime_checkable
+class TokenBackend(Protocol):
+    """A backend that keeps the management API's tokens and its audit log."""
+
+    def tokens(self) -> "TokenStore":
+        """The store's :class:`~qinglong.contracts.tokens.TokenStore`."""
         ...
 
 

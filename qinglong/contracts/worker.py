@@ -242,9 +242,9 @@ class WorkerProtocol(Protocol):
         ...
 
     async def heartbeat(self, fence: SessionFence, running: Sequence[str]) -> HeartbeatReply:
-        """Renew the session's lease and the leases of its Attempts; ``running`` names the
-        Attempts the worker holds. The reply orders the worker to stop any of them that has a
-        cancel request or is no longer leased to it."""
+        """Renew the session's lease and the leases of the Attempts ``running`` names (every
+        Attempt the worker holds; one it does not name runs out its lease). The reply orders
+        the worker to stop any of them that has a cancel request or is no longer leased to it."""
         ...
 
     async def claim(self, fence: SessionFence, tokens: Sequence[bytes]) -> Sequence[ClaimedAttempt]:

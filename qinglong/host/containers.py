@@ -134,6 +134,8 @@ def executor_context(loaded: LoadedSettings, backend_settings: Any) -> ExecutorC
         log_dir=execution_log_dir(loaded, backend_settings) or os.path.abspath("qinglong.logs"),
         base_env=minimal_environment(os.environ.get("HOME")),
         kill_grace_ms=loaded.settings.execution.kill_grace_ms,
+        orphan_drain_ms=loaded.settings.execution.orphan_drain_ms,
+        orphans=loaded.settings.execution.orphans,
     )
 
 

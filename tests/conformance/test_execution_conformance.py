@@ -615,7 +615,7 @@ RUN_READING_BACKENDS = ["sqlite", "pg18", "pg15"]
 
 
 @pytest.fixture(params=RUN_READING_BACKENDS)
-def reading_harness(request, servers, tmp_path):
+def reading_harness(request, tmp_path):
     """A harness of each backend that records Runs (started and stopped by the test itself)."""
     from tests.conformance.conftest import PostgresHarness, _db_counter
     from tests.pg import create_database, drop_database
@@ -623,7 +623,7 @@ def reading_harness(request, servers, tmp_path):
     if request.param == "sqlite":
         yield SqliteHarness(tmp_path / "qinglong.db")
         return
-    server, template = servers(request.param)
+    server, template = request.getfixturevalue("servers")(request.param)
     name = f"qlc_{os.getpid()}_{next(_db_counter)}"
     create_database(server, name, template=template)
     yield PostgresHarness(server, name)
@@ -728,3 +728,27 @@ async def test_cancelling_a_queued_run_ends_it_and_its_attempt_at_once_wherever_
             await operator_cancel(h, str(uuid.uuid4()))
     finally:
         await h.stop()
+
+
+async def test_logs_for_space_leave_out_the_newest_of_each_task_and_other_directories(harness):
+    """A free-space floor that could pick a task's newest logs, or a log outside the directory it
+    guards, would erase the only evidence of what a task did (and free nothing there)."""
+    h = harness
+    await publish(h, "t1")
+    await publish(h, "t2")
+    ended = {"t1": [], "t2": []}
+    for task_id, count in (("t1", 4), ("t2", 2)):
+        for _ in range(count):
+            run_id = await manual(h, task_id)
+            attempt_id = await start(h, run_id)
+            await h.elapse(SECOND)
+            await finish(h, attempt_id, exited(0, await h.now_ms()))
+            ended[task_id].append(attempt_id)
+    logs = await store(h).logs_for_space(2, "/logs", 100)
+    assert logs == [(a, f"/logs/{a}") for a in ended["t1"][:2]]
+    assert await store(h).logs_for_space(2, "/logs/", 1) == logs[:1]
+    assert await store(h).logs_for_space(0, "/logs", 100) != []
+    assert await store(h).logs_for_space(0, "/elsewhere", 100) == []
+    assert await store(h).logs_for_space(0, "/log", 100) == [], "a sibling named by a prefix"
+    await store(h).mark_log_deleted(ended["t1"][0], await h.now_ms())
+    assert await store(h).logs_for_space(2, "/logs", 100) == logs[1:]

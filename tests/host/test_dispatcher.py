@@ -376,7 +376,8 @@ def test_retention_deletes_the_oldest_logs_first_when_free_space_is_low(tmp_path
             frees = iter([0, 10**12])  # one deletion frees enough
             retention = Retention(h.store, h.dispatcher._config.log_dir, log_retention_days=7,
                                   run_retention_days=7, min_free_bytes=1024, prune_batch=10,
-                                  diagnostics=h.lifecycle.diagnostics, free_bytes=lambda path: next(frees))
+                                  diagnostics=h.lifecycle.diagnostics, free_bytes=lambda path: next(frees),
+                                  keep_per_task=1)
             report = await retention.sweep(now_ms())
             assert report.logs_deleted == 0 and report.logs_deleted_for_space == 1
             assert (await h.detail(first)).attempts[0].log_deleted is True
@@ -520,7 +521,7 @@ def test_a_backlog_waiting_under_queue_does_not_hide_another_tasks_run_behind_it
     """A 'queue' task whose job outlasts its period piles up waiting Runs ahead (in scheduled
     order) of every later Run; if the dispatcher looked only at the first page, another task's
     Run would never start while a slot is free."""
-    settings = write_settings(tmp_path, max_running=2)
+    settings = write_settings(tmp_path, max_running=2, max_queued=100)
 
     async def body() -> None:
         async with running(settings) as h:

@@ -184,6 +184,12 @@ class ExecutionStore(Protocol):
         ``older_than_ms``, oldest first."""
         ...
 
+    async def logs_for_space(self, keep_per_task: int, under_dir: str, limit: int) -> Sequence[tuple[str, str]]:
+        """``(attempt_id, attempt_dir)`` of ended Attempts whose log still exists in a directory
+        under ``under_dir``, oldest first, leaving out the newest ``keep_per_task`` of each task:
+        what a free-space floor may delete."""
+        ...
+
     async def mark_log_deleted(self, attempt_id: str, now_ms: int) -> None:
         """Record that the Attempt's log was deleted (the tombstone)."""
         ...

@@ -43,7 +43,7 @@ async def _on_store(container: Any, action: Any, *, dry_run: bool) -> Any:
     from .boot import opened_backend
 
     if not dry_run:
-        async with opened_backend(container) as backend:
+        async with opened_backend(container, create=True) as backend:
             return await action(backend)
     backend = container.backend()
     try:

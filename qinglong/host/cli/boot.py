@@ -27,13 +27,16 @@ def container_of(args: argparse.Namespace):
 
 
 @asynccontextmanager
-async def opened_backend(container: Any, *, readiness: bool = True, create: bool = True) -> AsyncIterator[Any]:
-    """The container's backend, opened (and, with ``readiness``, migrated if it may and checked ready)."""
+async def opened_backend(container: Any, *, readiness: bool = True, create: bool = False) -> AsyncIterator[Any]:
+    """The container's backend, opened (and, with ``readiness``, migrated if it may and checked ready).
+
+    Only ``run``, ``db migrate`` and publishing pass ``create=True``: any other command on a
+    missing store says so and leaves nothing behind."""
 
     import inspect
 
     backend = container.backend()
-    # Commands that only read open with create=False, so a mistyped path is reported, not created.
+    # Commands that do not publish open with create=False, so a mistyped path is reported, not created.
     # A backend written before that keyword existed is opened as it always was.
     if "create" in inspect.signature(backend.open).parameters:
         await backend.open(create=create)
@@ -49,10 +52,11 @@ async def opened_backend(container: Any, *, readiness: bool = True, create: bool
         await backend.close()
 
 
-def on_backend(container: Any, action: Any, *, readiness: bool = True, create: bool = True) -> Any:
+def on_backend(container: Any, action: Any, *, readiness: bool = True, create: bool = False) -> Any:
     """Open the profile's backend, ``await action(backend)``, close it; return the result.
 
-    ``create=False`` for commands that only read: they never create or migrate a store.
+    ``create=True`` only for publishing (and ``db migrate``): every other command never creates
+    or migrates a store.
     """
 
     async def body() -> Any:

@@ -48,6 +48,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("read", ("schedules", "skips")),
     ("events", ("notifications",)),
     ("status", ("status",)),
+    ("tokens", ("token", "audit")),
 )
 
 #: Every command of the host itself; a plugin command of one of these names is refused.

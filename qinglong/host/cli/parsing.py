@@ -23,6 +23,23 @@ def positive_count(text: str) -> int:
     return value
 
 
+def seconds_up_to(maximum: int) -> Any:
+    """An argparse type: a finite number of seconds above 0 and at most ``maximum`` (a usage
+    error otherwise: ``nan``, ``inf`` and ``-1`` are not a time to run for)."""
+
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+        if not 0 < value <= maximum:  # false for nan too
+            raise argparse.ArgumentTypeError(
+                f"expected more than 0 and at most {maximum:,} seconds, got {text!r}")
+        return value
+
+    return seconds
+
+
 def command_words(head: Sequence[str]) -> list[str]:
     """The words of the command line that are not options or values of the global options."""
     return [a for i, a in enumerate(head)

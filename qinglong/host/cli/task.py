@@ -206,7 +206,7 @@ def cmd_task_put(args: argparse.Namespace) -> int:
     container = container_of(args)
     payload = build_task_payload(args, args.task_id, execution_limits(container.loaded()), json_object)
     task = on_backend(container, lambda backend: backend.publisher().put_task(
-        args.project_id, args.task_id, payload))
+        args.project_id, args.task_id, payload), create=True)
     print(f"task {task.project_id}/{task.task_id} at revision {task.task_revision} ({task.content_digest[:19]})")
     missing = missing_program(payload)
     if missing is not None:
@@ -272,8 +272,9 @@ def cmd_task_list(args: argparse.Namespace) -> int:
         return list(command) if isinstance(command, list) else None
 
     if args.json:
-        print_json([{"project_id": t.project_id, "task_id": t.task_id, "task_revision": t.task_revision,
-                     "content_digest": t.content_digest, "command": command_of(t)} for t in tasks])
+        from ..views import task_list_json
+
+        print_json([task_list_json(t) for t in tasks])
     else:
         print_table(["project", "task", "rev", "digest", "command"],
                     [[t.project_id, t.task_id, t.task_revision, t.content_digest[:19],
@@ -310,7 +311,7 @@ def _describe_retry(retry: Mapping[str, Any]) -> str:
 
 def cmd_task_show(args: argparse.Namespace) -> int:
     """A task's head revision: digest and execution spec, env values masked."""
-    from qinglong.contracts.execution import EXECUTION_KEYS, masked_payload, parse_execution_spec
+    from qinglong.contracts.execution import EXECUTION_KEYS, parse_execution_spec
 
     container = container_of(args)
     limits = execution_limits(container.loaded())
@@ -329,10 +330,9 @@ def cmd_task_show(args: argparse.Namespace) -> int:
         spec, problem = None, str(exc)
     other = {k: v for k, v in task.payload.items() if k not in EXECUTION_KEYS}
     if args.json:
-        print_json({"project_id": task.project_id, "task_id": task.task_id,
-                    "task_revision": task.task_revision, "content_digest": task.content_digest,
-                    "execution": _spec_view(spec) if spec is not None else None,
-                    "execution_error": problem, "payload": masked_payload(task.payload)})
+        from ..views import task_show_json
+
+        print_json(task_show_json(task, limits))
         return ExitCode.OK
     print(f"task {task.project_id}/{task.task_id} at revision {task.task_revision} ({task.content_digest})")
     if spec is None:
@@ -372,7 +372,9 @@ def cmd_task_run(args: argparse.Namespace) -> int:
 
     run_id, created = on_backend(container, go)
     if args.json:
-        print_json({"run_id": run_id, "created": created, "idempotency_key": key})
+        from ..views import manual_run_json
+
+        print_json(manual_run_json(run_id, created, key))
     elif created:
         print(f"run {run_id} admitted (idempotency key {key})")
     else:

@@ -39,7 +39,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
                         f"(worker protocols of the loaded plugins: {', '.join(sorted(protocols)) or 'none'}); "
                         "use the cluster profile")
     context = ExecutorContext(log_dir=config.log_dir, base_env=minimal_environment(os.environ.get("HOME")),
-                              kill_grace_ms=config.kill_grace_ms)
+                              kill_grace_ms=config.kill_grace_ms, orphan_drain_ms=config.orphan_drain_ms,
+                              orphans=config.orphans)
     executors = create_executors(host, context)
     diagnostics = container.diagnostics()
 

@@ -304,6 +304,12 @@ class ClusterPostgresBackend:
         """The read side (runtime role)."""
         return ClusterReader(self.runtime_pool, self.context.limits)
 
+    def tokens(self):
+        """The management API's tokens and the audit log (admin role)."""
+        from .tokens import ClusterTokens
+
+        return ClusterTokens(self.admin_pool)
+
     def run_control(self):
         """The operator's side of the Runs the remote workers execute (runtime role): list,
         show, cancel, read logs (:class:`~qinglong.contracts.execution.RunControl`). There is

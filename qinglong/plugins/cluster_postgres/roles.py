@@ -60,6 +60,8 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "triggers": frozenset(_ALL),
         "trigger_schedules": frozenset(_ALL),
         "trigger_revision_marks": frozenset({"SELECT", "INSERT", "UPDATE"}),
+        "api_tokens": frozenset({"SELECT", "INSERT", "UPDATE"}),
+        "audit_log": frozenset({"SELECT", "INSERT", "DELETE"}),
     },
     "runtime": {
         "schema_migrations": frozenset({"SELECT"}),
@@ -126,6 +128,7 @@ EXPECTED_TABLES = frozenset({
     "trigger_schedules", "runs", "attempts", "run_events", "schedule_skips",
     "trigger_revision_marks", "scheduler_replicas", "worker_sessions", "attempt_logs",
     "event_outbox", "event_outbox_seq_seq", "event_deliveries",
+    "api_tokens", "audit_log", "audit_log_entry_id_seq",
 })
 
 _CATALOG_SQL = """

@@ -27,6 +27,7 @@ from .recovery import recover_in_thread
 from .scheduler import BeforeCommit, run_round
 from .scheduler_holds import HeldSchedules
 from .settings import EdgeSqliteSettings
+from .tokens import SqliteTokens
 from .store import SqliteStore
 
 
@@ -145,6 +146,10 @@ class EdgeSqliteBackend:
     def reader(self) -> SqliteReader:
         """The read side."""
         return self._reader
+
+    def tokens(self) -> SqliteTokens:
+        """The management API's tokens and the audit log, on this backend's connection."""
+        return SqliteTokens(self.store)
 
     def execution(self) -> SqliteExecutionStore:
         """The execution side (:class:`~qinglong.contracts.execution.ExecutionStore`): the local

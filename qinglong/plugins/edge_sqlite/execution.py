@@ -549,6 +549,16 @@ class SqliteExecutionStore:
                                       {"before": older_than_ms, "limit": bound}, bound)
         return [(row["attempt_id"], row["attempt_dir"]) for row in rows]
 
+    async def logs_for_space(self, keep_per_task: int, under_dir: str, limit: int) -> Sequence[tuple[str, str]]:
+        """``(attempt_id, attempt_dir)`` of ended Attempts whose log still exists under
+        ``under_dir``, oldest first, never one of the newest ``keep_per_task`` of its task."""
+        bound = listing_bound(limit)
+        under = under_dir.rstrip("/") + "/"
+        rows = await self._store.call(named_rows, query("exec_logs_for_space"),
+                                      {"keep": max(int(keep_per_task), 0), "under": under, "limit": bound},
+                                      bound)
+        return [(row["attempt_id"], row["attempt_dir"]) for row in rows]
+
     async def mark_log_deleted(self, attempt_id: str, now_ms: int) -> None:
         """Record that the Attempt's log was deleted (the tombstone; the first time stays)."""
         def work(conn: sqlite3.Connection) -> None:
