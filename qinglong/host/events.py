@@ -127,7 +127,7 @@ class DeliveryLoop:
                 ok = True
             except asyncio.CancelledError:
                 raise
-            except BaseException as exc:
+            except Exception as exc:
                 error = safe_error(exc)
         retry_in = None if ok else delivery_retry(self._policy, delivery.tries + 1)
         state = await self._outbox.record_try(delivery.event.event_id, delivery.channel, ok=ok,

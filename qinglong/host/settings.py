@@ -395,7 +395,10 @@ def _key_is_secret(part: str | int) -> bool:
 def is_secret_key(loc: tuple[str | int, ...]) -> bool:
     """True for keys whose values are secrets and must never be echoed: any part of the key path,
     percent-decoded and with separators ignored (``pass%77ord``, ``api-key``, ``runtime_dsn``),
-    names a password, secret, token, DSN or credential."""
+    names a password, secret, token, DSN or credential; and every notification channel's table
+    (it holds a channel's secret or a URL with a token)."""
+    if tuple(loc[:2]) == ("notifications", "channels"):
+        return True
     return any(_key_is_secret(part) for part in loc)
 
 
