@@ -14,6 +14,8 @@ import warnings
 
 import pytest
 
+pytest_plugins = ["tests.support.markers"]
+
 
 def _processes_naming(path: str) -> list[tuple[int, int]]:
     found = []

@@ -227,7 +227,14 @@ class PgServer:
 
 def start_server(label: str, *, fsync_off: bool = True, extra_conf: str = "") -> PgServer:
     """Initialize and start a fresh server of build ``label`` in a new private directory
-    (``fsync_off`` False: PostgreSQL's shipped ``fsync = on``)."""
+    (``fsync_off`` False: PostgreSQL's shipped ``fsync = on``).
+
+    Inside a test not marked ``postgres`` this refuses (the suite's marking missed the test, and
+    ``-m "not postgres"`` would run it): mark it, or start the server from a fixture."""
+    unmarked = os.environ.get("QINGLONG_TEST_NOT_MARKED_POSTGRES")
+    if unmarked:
+        raise RuntimeError(f"{unmarked} starts a PostgreSQL server but is not marked postgres: "
+                           "add @pytest.mark.postgres, or start it from a fixture")
     bin_dir, os_user = server_build(label)
     base = Path(tempfile.mkdtemp(prefix=f"ql-{label}-", dir="/tmp"))
     server = PgServer(label=label, bin_dir=bin_dir, os_user=os_user, base=base, fsync_off=fsync_off,

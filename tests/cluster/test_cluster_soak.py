@@ -60,7 +60,7 @@ BUILDS = ["pg18"] if FULL else ["pg18", "pg15"]
 EVERY_SECOND = "* * * * * *"
 SECOND_MS = 1_000
 #: Overall bound on any wait for a condition or a process: a hang, never a speed requirement.
-PATIENCE_S = 180.0
+PATIENCE_S = 600.0
 
 
 # --------------------------------------------------------------------------- replicas

@@ -190,14 +190,15 @@ class PostgresHarness(Harness):
         return self._sql("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint")[0][0]
 
     async def elapse(self, ms: int) -> None:
-        """Move every stored instant (each ``*_ms`` column but the grace and the jitter,
-        durations) back by
+        """Move every stored instant (each ``*_ms`` column but the durations: the grace, the
+        jitter, a session's lease, an Attempt's timeout) back by
         ``ms``, history included (Runs' occurrences and their idempotency keys, skip ranges), in
         one transaction: the store then looks exactly as if ``ms`` had passed."""
         columns = self._sql(
             "SELECT table_name, column_name FROM information_schema.columns "
             "WHERE table_schema = 'qinglong' AND column_name LIKE '%\\_ms' "
-            "AND column_name NOT IN ('misfire_grace_ms', 'jitter_ms') AND data_type = 'bigint' "
+            "AND column_name NOT IN ('misfire_grace_ms', 'jitter_ms', 'lease_ms', 'timeout_ms') "
+            "AND data_type = 'bigint' "
             "ORDER BY table_name, column_name")
         by_table: dict[str, list[str]] = {}
         for table, column in columns:
@@ -263,12 +264,13 @@ def servers(request):
 
 
 @pytest.fixture(params=BACKENDS)
-def harness(request, servers, tmp_path):
-    """A harness of each backend (opened in the test's own event loop by the runner below)."""
+def harness(request, tmp_path):
+    """A harness of each backend (opened in the test's own event loop by the runner below). The
+    servers are asked for only by the PostgreSQL items, which alone are marked ``postgres``."""
     if request.param == "sqlite":
         yield SqliteHarness(tmp_path / "qinglong.db")
         return
-    server, template = servers(request.param)
+    server, template = request.getfixturevalue("servers")(request.param)
     name = f"qlc_{os.getpid()}_{next(_db_counter)}"
     create_database(server, name, template=template)
     yield PostgresHarness(server, name)

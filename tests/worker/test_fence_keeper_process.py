@@ -44,17 +44,20 @@ def test_a_job_that_ended_on_term_before_its_kill_point_leaves_the_keeper_guardi
     stubborn = None
     try:
         assert polite.stdout is not None and polite.stdout.readline() == b"ready\n"
-        now = time.monotonic()
-        term_at, kill_at = now, now + 0.5
-        _order(keeper, f"deadline 1 {term_at:.6f} {kill_at:.6f}",
+        # TERM now, KILL only once the polite job has ended on the TERM: a kill point a fixed
+        # time away would KILL it first on a loaded machine, and test nothing
+        term_at = time.monotonic()
+        _order(keeper, f"deadline 1 {term_at:.6f} {term_at + 3600:.6f}",
                f"job 1 {polite.pid} {polite.pid} {_start_ticks(polite.pid)}")
         assert polite.wait(timeout=PATIENCE_S) == 0  # TERMed by the keeper, and reaped
-        wait_until(lambda: time.monotonic() > kill_at, "the generation's kill point", timeout=PATIENCE_S)
 
-        # a job registered under the same generation after its kill point: the keeper stops it
-        # at once, if it is still guarding anything
+        # the kill point moved to now (a renewed schedule), then a job registered under the same
+        # generation after it: the keeper drops the ended job and stops the new one at once, if
+        # it is still guarding anything
+        kill_at = time.monotonic()
         stubborn = _job("sleep", "600")
-        _order(keeper, f"job 1 {stubborn.pid} {stubborn.pid} {_start_ticks(stubborn.pid)}")
+        _order(keeper, f"deadline 1 {term_at:.6f} {kill_at:.6f}",
+               f"job 1 {stubborn.pid} {stubborn.pid} {_start_ticks(stubborn.pid)}")
         wait_until(lambda: keeper.poll() is not None or stubborn.poll() is not None,
                    "the keeper to stop the job registered after the kill point", timeout=PATIENCE_S)
         assert keeper.poll() is None, f"the keeper died (exit {keeper.returncode})"

@@ -25,10 +25,28 @@ def positive_count(text: str) -> int:
     return value
 
 
+def seconds_up_to(maximum: int) -> Any:
+    """An argparse type: a finite number of seconds from 0 to ``maximum`` (a usage error
+    otherwise: ``nan``, ``inf`` and ``-1`` are not a time to run for; 0 starts, checks and stops)."""
+
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+        if not 0 <= value <= maximum:  # false for nan too
+            raise argparse.ArgumentTypeError(
+                f"expected from 0 to {maximum:,} seconds, got {text!r}")
+        return value
+
+    return seconds
+
+
 def command_words(head: Sequence[str]) -> list[str]:
     """The words of the command line that are not options or values of the global options."""
     return [a for i, a in enumerate(head)
-            if not a.startswith("-") and not (i and head[i - 1] in ("--settings", "--profile", "--payload"))]
+            if not a.startswith("-") and not (i and head[i - 1] in ("--settings", "--profile", "--payload", "--api",
+                                                         "--token-file"))]
 
 
 def add_command(sub: Any, common: argparse.ArgumentParser, name: str, help_text: str, func: Any,

@@ -33,7 +33,7 @@ def cmd_project(args: argparse.Namespace) -> int:
             return plan
         return await backend.reader().list_projects()
 
-    result = on_backend(container, go, create=sub == "create")
+    result = on_backend(container, go, create=sub == "create", read_only=sub == "list")
     if sub == "create":
         print(f"created project {result.project_id}")
     elif sub == "delete":
@@ -48,7 +48,9 @@ def cmd_project(args: argparse.Namespace) -> int:
             verb = "would delete" if args.dry_run else "deleted"
             print(f"{verb} project {args.project_id} and {what} (its Runs stay)")
     elif args.json:
-        print_json([{"project_id": p.project_id, "name": p.name, "active": p.active} for p in result])
+        from ..views import project_json
+
+        print_json([project_json(p) for p in result])
     else:
         print_table(["project", "name", "active"], [[p.project_id, p.name, yes_no(p.active)] for p in result])
     return ExitCode.OK
@@ -194,7 +196,8 @@ def cmd_trigger(args: argparse.Namespace) -> int:
         )
         return await pub.put_trigger(definition)
 
-    result = on_backend(container, go, create=sub != "list")
+    # Only adding publishes something new: update, enable, disable, delete need a stored trigger.
+    result = on_backend(container, go, create=sub == "add", read_only=sub == "list")
     if sub == "list":
         if args.json:
             print_json([_head_json(t) for t in result])
@@ -216,10 +219,9 @@ def cmd_trigger(args: argparse.Namespace) -> int:
 
 
 def _head_json(t: Any) -> dict[str, Any]:
-    return {"project_id": t.project_id, "trigger_id": t.trigger_id, "trigger_revision": t.trigger_revision,
-            "task_id": t.task_id, "kind": t.kind, "spec": dict(t.spec), "misfire_policy": t.misfire_policy.value,
-            "misfire_grace_ms": t.misfire_grace_ms, "jitter_ms": t.jitter_ms, "enabled": t.enabled,
-            "content_digest": t.content_digest}
+    from ..views import trigger_json  # shared with the API
+
+    return trigger_json(t)
 
 
 #: The options of ``trigger add`` and ``update`` themselves; a trigger kind cannot declare these.

@@ -11,7 +11,7 @@ from qinglong.contracts.errors import ExitCode
 from qinglong.contracts.jitter import JitteredSchedule
 from qinglong.contracts.records import NO_MORE_OCCURRENCES_MS
 
-from .boot import container_of, limited, on_backend
+from .boot import container_of, execution_of, limited, on_backend
 from .output import format_duration_ms, iso, now_ms, print_json, print_table, yes_no
 from .parsing import add_command, add_json_flag, positive_count
 
@@ -19,7 +19,7 @@ from .parsing import add_command, add_json_flag, positive_count
 def show_runs(container: Any, *, limit: int, trigger: str | None, as_json: bool) -> int:
     """Print the most recent Runs (of one trigger, if given), newest first, with their lag: what
     ``runs`` shows on a store whose Runs are executed elsewhere (the cluster's workers)."""
-    runs = on_backend(container, lambda backend: backend.reader().recent_runs(limit, trigger), create=False)
+    runs = on_backend(container, lambda backend: backend.reader().recent_runs(limit, trigger), read_only=True)
     if as_json:
         print_json([{"run_id": r.run_id, "project_id": r.project_id, "trigger_id": r.trigger_id,
                       "trigger_revision": r.trigger_revision, "scheduled_for_ms": r.scheduled_for_ms,
@@ -247,7 +247,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
             if more is not None:
                 print(f"more: --after {more}")
 
-    on_backend(container, go, create=False)
+    on_backend(container, go, read_only=True)
     return ExitCode.OK
 
 
@@ -266,17 +266,31 @@ def cmd_skips(args: argparse.Namespace) -> int:
     """Recorded misfires: what was not admitted, and under which policy."""
     container = container_of(args)
 
-    skips = on_backend(container, lambda backend: backend.reader().recent_skips(args.limit), create=False)
+    async def go(backend: Any) -> tuple[Any, Any]:
+        store = execution_of(backend)
+        run_skips = await store.recent_run_skips(args.limit) if store is not None else []
+        return await backend.reader().recent_skips(args.limit), run_skips
+
+    skips, run_skips = on_backend(container, go, read_only=True)
     if args.json:
         print_json([{"project_id": s.project_id, "trigger_id": s.trigger_id, "trigger_revision": s.trigger_revision,
                       "policy": s.policy.value, "first_skipped_ms": s.first_skipped_ms,
                       "last_skipped_ms": s.last_skipped_ms, "count": s.count, "count_exact": s.count_exact,
-                      "recorded_at_ms": s.recorded_at_ms} for s in skips])
+                      "recorded_at_ms": s.recorded_at_ms} for s in skips]
+                   + [{"kind": "run", "run_id": s.run_id, "project_id": s.project_id, "task_id": s.task_id,
+                       "trigger_id": s.trigger_id, "scheduled_for_ms": s.scheduled_for_ms, "reason": s.reason,
+                       "recorded_at_ms": s.recorded_at_ms} for s in run_skips])
     else:
         print_table(["trigger", "rev", "policy", "first_skipped", "last_skipped", "count", "recorded_at"],
                      [[s.trigger_id, s.trigger_revision, s.policy.value, iso(s.first_skipped_ms),
                        iso(s.last_skipped_ms), f"{s.count}{'' if s.count_exact else '+'}", iso(s.recorded_at_ms)]
                       for s in skips])
+        if run_skips:
+            print()
+            print("runs skipped before they started (the task's concurrency, or its queue full):")
+            print_table(["run", "task", "trigger", "scheduled_for", "reason", "recorded_at"],
+                        [[s.run_id, f"{s.project_id}/{s.task_id}", s.trigger_id or "-", iso(s.scheduled_for_ms),
+                          s.reason, iso(s.recorded_at_ms)] for s in run_skips])
     return ExitCode.OK
 
 

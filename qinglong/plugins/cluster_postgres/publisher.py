@@ -64,6 +64,7 @@ from qinglong.contracts.store import (
 )
 
 from .admission import RETRYABLE
+from .tokens import write_pending_audit
 from .sql import query
 
 T = TypeVar("T")
@@ -129,7 +130,11 @@ class ClusterPublisher:
             try:
                 async with pool.connection() as conn:
                     async with conn.transaction():
-                        return await body(conn)
+                        result = await body(conn)
+                        audit = await write_pending_audit(conn)
+                if audit is not None:
+                    audit.written = True
+                return result
             except RETRYABLE:
                 if attempt >= self._retries:
                     raise

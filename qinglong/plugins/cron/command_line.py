@@ -65,7 +65,7 @@ def positive_count(text: str) -> int:
 
 def _parse_time(option: str, text: str, zone: Any) -> int:
     """An ISO 8601 time as epoch ms; without an offset it is a wall time in ``zone``."""
-    from datetime import datetime
+    from datetime import datetime, timezone
 
     try:
         moment = datetime.fromisoformat(text.strip())
@@ -73,6 +73,10 @@ def _parse_time(option: str, text: str, zone: Any) -> int:
         raise UserError(f"{option} {text!r} is not an ISO 8601 time such as 2026-03-29T01:30:00+01:00") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=zone)
+    try:
+        moment.astimezone(timezone.utc)
+    except (OverflowError, ValueError):
+        raise UserError(f"{option} {text!r} lies outside the years 1 to 9999 once in UTC") from None
     return int(moment.timestamp() * 1000)
 
 

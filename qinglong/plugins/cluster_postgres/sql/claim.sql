@@ -89,3 +89,24 @@ WHERE s.trigger_id = %(trigger_id)s
   AND s.claim_version = %(claim_version)s
   AND s.claim_expires_at_ms > clock.now_ms
 RETURNING s.trigger_id
+
+-- name: release_owner_claims
+-- An orderly stop gives back every claim this replica still holds: its owner (distinct per start)
+-- is part of each claim's fence, and no round of this replica runs any more. Clears owner, token
+-- and expiry and bumps state_version, as release_claim does, so another replica claims the rows
+-- at its next round instead of a lease later. A commit of this replica still in flight on the
+-- server (a round cut at its bound) either lands first and is kept, or finds its fence gone and
+-- writes nothing. One row per claim given back.
+WITH clock AS MATERIALIZED (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+)
+UPDATE qinglong.trigger_schedules s
+SET claim_owner = NULL,
+    claim_token = NULL,
+    claim_expires_at_ms = NULL,
+    state_version = s.state_version + 1,
+    updated_at_ms = clock.now_ms
+FROM clock
+WHERE s.claim_owner = %(owner)s
+  AND s.claim_expires_at_ms > clock.now_ms
+RETURNING s.trigger_id

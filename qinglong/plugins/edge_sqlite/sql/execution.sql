@@ -222,6 +222,22 @@ SELECT attempt_id, attempt_dir
  ORDER BY finished_at_ms
  LIMIT :limit;
 
+-- name: exec_logs_for_space
+-- Ended Attempts whose log still exists under a directory (a prefix of attempt_dir, ending in
+-- '/'), oldest end first, except the newest :keep of each task: what a free-space floor may delete.
+SELECT attempt_id, attempt_dir
+  FROM (SELECT a.attempt_id, a.attempt_dir, a.finished_at_ms,
+               ROW_NUMBER() OVER (PARTITION BY r.project_id, r.task_id
+                                  ORDER BY a.finished_at_ms DESC, a.attempt_id DESC) AS newest
+          FROM attempts AS a INDEXED BY attempts_log_kept
+          JOIN runs AS r ON r.run_id = a.run_id
+         WHERE a.finished_at_ms IS NOT NULL AND a.attempt_dir IS NOT NULL
+           AND a.log_deleted_at_ms IS NULL)
+ WHERE newest > :keep
+   AND substr(attempt_dir, 1, length(:under)) = :under
+ ORDER BY finished_at_ms
+ LIMIT :limit;
+
 -- name: exec_mark_log_deleted
 -- The tombstone of a deleted log (the first deletion's time stays).
 UPDATE attempts SET log_deleted_at_ms = :now
@@ -251,3 +267,14 @@ DELETE FROM attempts WHERE run_id = ?;
 -- name: exec_delete_run
 -- A pruned Run (its events and Attempts went first; its manual key, if any, stays).
 DELETE FROM runs WHERE run_id = ?;
+
+-- name: exec_insert_run_skip
+-- A Run skipped before it started, as a skip record (its Run's row is deleted next).
+INSERT INTO run_skips (run_id, project_id, task_id, trigger_id, scheduled_for_ms, reason, recorded_at_ms)
+SELECT run_id, project_id, task_id, trigger_id, scheduled_for_ms, :reason, :now
+  FROM runs WHERE run_id = :run_id;
+
+-- name: exec_recent_run_skips
+-- The newest Runs skipped before they started, newest first.
+SELECT run_id, project_id, task_id, trigger_id, scheduled_for_ms, reason, recorded_at_ms
+  FROM run_skips ORDER BY id DESC LIMIT :limit;

@@ -1,4 +1,4 @@
--- capability: 7
+-- capability: 14
 -- A trigger's random delay window, and the delay each Run's occurrence drew
 -- (qinglong/contracts/jitter.py). 0 is no delay, what every trigger and Run written before had;
 -- a constant default adds the columns without rewriting either table.
