@@ -138,6 +138,8 @@ CRON_ALLOWED: dict[tuple[str, str], str] = {
     ("config/crontab.py", "import_crontab"): "a crontab from /etc/cron.d is a system crontab",
     ("config/crontab.py", "parse_crontab"): "each crontab line becomes a cron trigger",
     ("config/qinglong_v2.py", "import_qinglong_v2"): "the panel's schedules become cron triggers",
+    ("config/systemd_timer.py", "calendar_to_cron"): "a timer's calendar becomes a cron expression",
+    ("config/systemd_timer.py", "parse_timer"): "each OnCalendar= line becomes a cron trigger",
 }
 _CRON_WORD = re.compile(r"\bcron\b|^expression$|^timezone$", re.IGNORECASE)
 

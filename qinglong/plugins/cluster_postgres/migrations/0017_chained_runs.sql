@@ -1,4 +1,4 @@
--- capability: 12
+-- capability: 15
 -- Chained Runs: a trigger of kind 'after' ({"task": <upstream task>, "on": success | failure |
 -- any}) admits a Run of its own task when a Run of the upstream task ends with a matching
 -- outcome. A row trigger on runs admits it in the transaction that records the upstream outcome,
