@@ -108,6 +108,11 @@ class StoreUnavailable(QinglongError):
     """
 
 
+class StoreAuthFailed(StoreUnavailable):
+    """The store refused the credentials (a wrong password, an unknown role, no access rule for
+    this client): it will not change until the settings do, so it is not retried as an outage."""
+
+
 class StoreReadOnly(StoreUnavailable):
     """The store can be read but not written (a read-only file, directory or server)."""
 

@@ -21,6 +21,8 @@ STATS_CACHE_MS = 1_000
 #: The window of the admission-lag percentiles and the skip/lost counts of ``qinglong status``.
 LAG_WINDOW_MS = 5 * 60_000
 RECENT_WINDOW_MS = 60 * 60_000
+#: The deepest per-task queues a stats reading carries (bounded, whatever the task count).
+QUEUED_TASKS_SHOWN = 20
 
 #: The states of a cluster worker's session (the ``state`` label of ``qinglong_workers``).
 WORKER_STATES = ("live", "expired", "closed")
@@ -111,6 +113,8 @@ class StoreStats:
     * ``skipped_recent``: occurrences recorded as skipped in the last :data:`RECENT_WINDOW_MS`;
     * ``lost_recent``: Attempts that ended ``lost`` in the last :data:`RECENT_WINDOW_MS`;
     * ``running``: Attempts holding a process now;
+    * ``queued_by_task``: Runs waiting to start per task (``project/task``), the deepest
+      :data:`QUEUED_TASKS_SHOWN` queues only;
     * ``workers_by_state`` / ``worker_free_slots``: cluster workers by session state (``live``:
       open, lease running; ``expired``: its lease ran out within :data:`RECENT_WINDOW_MS` and it
       did not close; ``closed``: closed within that window) and the free slots of the live ones
@@ -148,6 +152,7 @@ class StoreStats:
     tasks_failing: int = 0
     tasks_not_succeeding: int = 0
     failing_tasks: tuple[TaskOutcomes, ...] = ()
+    queued_by_task: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def oldest_due_seconds(self) -> float:
@@ -207,6 +212,8 @@ METRICS: Sequence[MetricSpec] = (
     MetricSpec("qinglong_serialization_retries_total", MetricType.COUNTER,
                "Transactions retried after a serialization failure."),
     MetricSpec("qinglong_runs", MetricType.GAUGE, "Runs in the store, by state.", ("state",)),
+    MetricSpec("qinglong_task_queued", MetricType.GAUGE,
+               "Runs waiting to start, per task (the deepest queues).", ("project", "task")),
     MetricSpec("qinglong_dispatch_lag_seconds", MetricType.HISTOGRAM,
                "Admitted to process started, per Attempt started by this process."),
     MetricSpec("qinglong_attempts_finished_total", MetricType.COUNTER,

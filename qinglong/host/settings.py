@@ -149,7 +149,8 @@ class HttpSettings(BaseModel):
     token: str | None = Field(None, min_length=16, description="bearer token every request must carry")
     token_env: str | None = Field(None, min_length=1, description="environment variable holding the token")
     max_header_bytes: int = Field(8_192, ge=1_024, le=65_536, description="request line and headers")
-    max_body_bytes: int = Field(1_024, ge=0, le=1_048_576, description="a request body (none is needed)")
+    max_body_bytes: int = Field(131_072, ge=0, le=1_048_576,
+                                description="a request body (an API task payload holds up to 64 KiB)")
     max_connections: int = Field(16, ge=1, le=1_024, description="connections served at once")
     request_timeout_ms: int = Field(5_000, ge=100, le=120_000,
                                     description="to receive a request and answer it; idle keep-alive too")
@@ -223,6 +224,8 @@ class NotificationsSettings(BaseModel):
     send_timeout_ms: int = Field(10_000, ge=100, le=300_000, description="one send's bound")
     concurrency: int = Field(8, ge=1, le=256, description="sends at once")
     log_lines: int = Field(20, ge=0, le=1_000, description="last log lines a message carries")
+    retention_days: float = Field(7, gt=0, description="ended deliveries and their events are "
+                                                       "deleted after this")
 
     @field_validator("channels")
     @classmethod
@@ -393,7 +396,10 @@ def _key_is_secret(part: str | int) -> bool:
 def is_secret_key(loc: tuple[str | int, ...]) -> bool:
     """True for keys whose values are secrets and must never be echoed: any part of the key path,
     percent-decoded and with separators ignored (``pass%77ord``, ``api-key``, ``runtime_dsn``),
-    names a password, secret, token, DSN or credential."""
+    names a password, secret, token, DSN or credential; and every notification channel's table
+    (it holds a channel's secret or a URL with a token)."""
+    if tuple(loc[:2]) == ("notifications", "channels"):
+        return True
     return any(_key_is_secret(part) for part in loc)
 
 

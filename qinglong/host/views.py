@@ -18,7 +18,8 @@ def project_json(p: Any) -> dict[str, Any]:
 def trigger_json(t: Any) -> dict[str, Any]:
     return {"project_id": t.project_id, "trigger_id": t.trigger_id, "trigger_revision": t.trigger_revision,
             "task_id": t.task_id, "kind": t.kind, "spec": dict(t.spec), "misfire_policy": t.misfire_policy.value,
-            "misfire_grace_ms": t.misfire_grace_ms, "enabled": t.enabled, "content_digest": t.content_digest}
+            "misfire_grace_ms": t.misfire_grace_ms, "jitter_ms": t.jitter_ms, "enabled": t.enabled,
+            "content_digest": t.content_digest}
 
 
 def task_command(task: Any) -> list[str] | None:
@@ -70,7 +71,8 @@ def attempt_json(a: Any) -> dict[str, Any]:
 def run_detail_json(detail: Any) -> dict[str, Any]:
     """A :class:`~qinglong.contracts.execution.RunDetail` (``runs show --json``)."""
     return {**run_summary_json(detail.run), "idempotency_key": detail.idempotency_key,
-            "task_revision": detail.task_revision, "attempts": [attempt_json(a) for a in detail.attempts]}
+            "task_revision": detail.task_revision, "jitter_ms": detail.jitter_ms,
+            "attempts": [attempt_json(a) for a in detail.attempts]}
 
 
 def cancel_json(run_id: str, before: Any, after: Any) -> dict[str, Any]:
@@ -88,6 +90,7 @@ def stats_json(stats: Any) -> dict[str, Any] | None:
     data = {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
     data["runs_by_state"] = dict(stats.runs_by_state)
     data["workers_by_state"] = dict(stats.workers_by_state)
+    data["queued_by_task"] = dict(stats.queued_by_task)
     data["oldest_due_seconds"] = stats.oldest_due_seconds
     data["failing_tasks"] = [{f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
                              for t in stats.failing_tasks]

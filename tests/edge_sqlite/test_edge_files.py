@@ -533,3 +533,69 @@ async def test_a_lock_file_that_is_not_ours_is_refused_and_left_untouched(db_pat
     if kind == "foreign":
         assert lock.read_text() == "do not truncate me\n"
 
+
+
+# --------------------------------------------------------------------------- reading a file that cannot be written
+
+
+async def _with_a_finished_run(db: Path, clock) -> str:
+    """A ready database whose Run of ``p1/t1`` ran ``echo hello`` to its end, log kept; its id."""
+    import json
+
+    await _populated(db, clock)
+    admitted = cli(db, "task", "run", "p1", "t1", "--json")
+    assert admitted.returncode == 0, admitted.stderr
+    run_id = json.loads(admitted.stdout)["run_id"]
+    scheduler = _spawn_run(db)
+    try:
+        def ended() -> bool:
+            shown = cli(db, "runs", "show", run_id, "--json")
+            return shown.returncode == 0 and json.loads(shown.stdout)["state"] == "succeeded"
+        _wait_until(ended)
+    finally:
+        scheduler.send_signal(signal.SIGTERM)
+        scheduler.communicate(timeout=CLI_TIMEOUT_S)
+    return run_id
+
+
+def _reads(db: Path, run_id: str, run_cli=cli) -> dict[str, subprocess.CompletedProcess[str]]:
+    return {"runs": run_cli(db, "runs"), "runs show": run_cli(db, "runs", "show", run_id),
+            "logs": run_cli(db, "logs", run_id), "status": run_cli(db, "status", "--once"),
+            "task show": run_cli(db, "task", "show", "p1", "t1")}
+
+
+def _assert_read(results: dict[str, subprocess.CompletedProcess[str]], run_id: str) -> None:
+    for name, result in results.items():
+        context = f"{name}: exit {result.returncode}, stderr:\n{result.stderr}"
+        assert "Traceback" not in result.stderr, context
+        assert result.returncode in ((0, 10, 20) if name == "status" else (0,)), context
+    assert run_id in results["runs"].stdout
+    assert results["logs"].stdout == "hello\n"
+    assert "echo" in results["task show"].stdout
+
+
+@pytest.mark.parametrize("what", ["directory", "file and directory"])
+async def test_read_commands_work_on_a_read_only_store(restore_modes, clock, what):
+    """A router whose flash went read-only could not show what its jobs did: every read command
+    exited 5. Reading opens the store read-only and shows the Runs, the log, the status and the
+    task, writing nothing."""
+    db = restore_modes
+    run_id = await _with_a_finished_run(db, clock)
+    before = db.read_bytes()
+    if what == "file and directory":  # as on a flash that went read-only
+        db.chmod(0o444)
+    db.parent.chmod(0o555)
+    _assert_read(_reads(db, run_id, cli_as_user), run_id)
+    assert db.read_bytes() == before
+
+
+async def test_read_commands_work_on_a_full_disk(small_filesystem, clock):
+    """On a full disk even ``runs`` exited 5: the moment an operator most needs to read what ran
+    is when the disk filled up."""
+    db = small_filesystem / "q.db"
+    run_id = await _with_a_finished_run(db, clock)
+    _fill(small_filesystem)
+    try:
+        _assert_read(_reads(db, run_id), run_id)
+    finally:
+        (small_filesystem / "filler").unlink()

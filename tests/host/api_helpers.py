@@ -73,3 +73,35 @@ def store_dump(db: Path) -> list[tuple]:
 
 
 __all__ = ["API_HTTP", "Client", "Plane", "api_settings", "child_env", "cli", "make_token", "store_dump"]
+
+
+class ApiProcessPlane:
+    """``qinglong api`` until stopped; ``port`` read from its ``http.listening`` line."""
+
+    def __init__(self, settings: Path, *, env: dict[str, str] | None = None) -> None:
+        import re
+        import subprocess
+        import sys
+
+        from host_helpers import StderrLines
+
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "qinglong", "--settings", str(settings), "api"], cwd=settings.parent,
+            env=env or child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.stderr = StderrLines(self.process.stderr)
+        line = self.stderr.wait_for("http.listening", timeout=60)
+        self.port = int(re.search(r"listening on [^ ]+:(\d+)", line).group(1))
+
+    def stop(self) -> int:
+        import signal
+
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=60)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+            self.stderr.finish(timeout=60)
+            self.process.stderr.close()

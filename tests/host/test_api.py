@@ -163,3 +163,34 @@ def test_failed_authentication_is_rate_limited_per_address(tmp_path):
     finally:
         client.close()
         plane.stop()
+
+
+def test_qinglong_api_serves_the_api_with_probes_and_refuses_plain_http_off_loopback(tmp_path):
+    """A cluster operator needs the API without the scheduler (stateless, behind a Service); one
+    listening in clear text on a network address would hand every token to whoever listens."""
+    import subprocess
+    import sys
+
+    from api_helpers import ApiProcessPlane
+    from http_helpers import child_env, write_settings
+
+    settings = write_settings(tmp_path, http='listen = "127.0.0.1:0"')
+    cli(settings, "project", "create", "ops")
+    token = make_token(settings, "ops-laptop", "read")
+    plane = ApiProcessPlane(settings)
+    client = Client(plane.port)
+    try:
+        wait_until(lambda: client.request("GET", "/readyz")[0] == 200, "the store check", timeout=60, every=0.1)
+        assert client.request("GET", "/livez")[0] == 200
+        assert client.request("GET", "/api/v1/projects")[0] == 401
+        assert client.request("GET", "/metrics")[0] == 401
+        status, projects, _ = client.request("GET", "/api/v1/projects", token=token)
+        assert (status, [p["project_id"] for p in projects]) == (200, ["ops"])
+        assert client.request("GET", "/metrics", token=token)[0] == 200
+    finally:
+        client.close()
+        assert plane.stop() == 0
+    public = write_settings(tmp_path, http='listen = "0.0.0.0:0"\ntoken = "a-scrape-token-0123456789"')
+    refused = subprocess.run([sys.executable, "-m", "qinglong", "--settings", str(public), "api"], env=child_env(),
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 3 and "TLS" in refused.stderr and "key 'http.listen'" in refused.stderr

@@ -23,8 +23,8 @@ from qinglong.contracts.observe import METRICS, MetricType
 TOKEN = "s3cret-token-" + "x" * 24
 
 
-def _scrape(plane: Plane) -> tuple[dict, str]:
-    status, body, _ = plane.get("/metrics")
+def _scrape(plane: Plane, token: str | None = None) -> tuple[dict, str]:
+    status, body, _ = plane.get("/metrics", {"Authorization": f"Bearer {token}"} if token else None)
     assert status == 200, body
     return {family.name: family for family in text_string_to_metric_families(body)}, body
 
@@ -311,10 +311,14 @@ def test_a_real_scrape_holds_every_contract_metric_with_its_type_and_promtool_ac
     cli(settings, "project", "create", "ops")
     cli(settings, "task", "put", "ops", "hello", "--", "sh", "-c", "echo hello")
     cli(settings, "trigger", "add", "ops", "every-second", "--task", "hello", "--cron", "* * * * * *")
+    # the standalone profile serves the API, so every path but the probes needs a token
+    scraper = cli(settings, "token", "create", "prometheus", "--scope", "read").strip()
     plane = Plane(settings)
     try:
+        assert plane.get("/metrics")[0] == 401
+
         def counted():
-            families, body = _scrape(plane)
+            families, body = _scrape(plane, scraper)
             admitted = _sample(families, "qinglong_admissions", "qinglong_admissions_total") or 0
             finished = _sample(families, "qinglong_attempts_finished", "qinglong_attempts_finished_total",
                                outcome="succeeded") or 0

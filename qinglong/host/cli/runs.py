@@ -105,7 +105,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 keys[run.run_id] = (await store.run_detail(run.run_id)).idempotency_key
         return runs, keys
 
-    runs, keys = on_backend(container, go, create=False)
+    runs, keys = on_backend(container, go, read_only=True)
     if runs is None:
         if args.state or args.task or args.project:
             raise UserError("--state, --task and --project need a profile that runs Runs locally; "
@@ -134,7 +134,7 @@ def _show_run(args: argparse.Namespace) -> int:
     async def go(backend: Any) -> Any:
         return await need_runs(backend, container, "runs show").run_detail(args.run_id)
 
-    detail = on_backend(container, go, create=False)
+    detail = on_backend(container, go, read_only=True)
     run = detail.run
     if args.json:
         from ..views import run_detail_json
@@ -146,7 +146,9 @@ def _show_run(args: argparse.Namespace) -> int:
           + (f": {run.reason}" if run.reason else ""))
     print(f"task {run.project_id}/{run.task_id} revision {detail.task_revision}, "
           f"trigger {run.trigger_id or '-'}, idempotency key {detail.idempotency_key}")
-    print(f"scheduled for {iso(run.scheduled_for_ms)}, admitted at {iso(run.admitted_at_ms)}, "
+    jitter = (f" (its occurrence {iso(run.scheduled_for_ms - detail.jitter_ms)} plus a jitter of "
+              f"{detail.jitter_ms} ms)" if detail.jitter_ms else "")
+    print(f"scheduled for {iso(run.scheduled_for_ms)}{jitter}, admitted at {iso(run.admitted_at_ms)}, "
           f"finished at {iso(run.finished_at_ms)}, duration {_ms(run.duration_ms)} ms")
     # the worker column only where a remote worker held an Attempt (the cluster)
     workers = any(getattr(a, "worker_id", None) for a in detail.attempts)
@@ -373,14 +375,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     async def go(backend: Any) -> None:
         store = execution_of(backend)
-        if store is None:
+        if store is None or getattr(backend, "remote", False):  # a store's log, or the API's
             control = need_runs(backend, container, "logs")
             await _print_stored_log(control, args.run_id, args.attempt, args.tail, args.follow,
                                     sys.stdout.buffer)
             return
         await _print_log(store, args.run_id, args.attempt, args.tail, args.follow, sys.stdout.buffer)
 
-    on_backend(container, go, create=False)
+    on_backend(container, go, read_only=True)
     return ExitCode.OK
 
 
@@ -457,7 +459,7 @@ def show_demo_runs(container: Any, *, project: str, task: str, trigger: str, lim
                 output = None
         return runs, ended, output
 
-    runs, ended, output = on_backend(container, go, create=False)
+    runs, ended, output = on_backend(container, go, read_only=True)
     if runs is None:
         from .read import show_runs
 

@@ -108,6 +108,8 @@ def print_screen(profile: str, store: str, not_ready: str | None, before: Any, n
         lines.append(("admission lag", lag))
         states = [f"{state} {n}" for state, n in now.runs_by_state.items() if n]
         lines.append(("runs", ", ".join(states) if states else "none"))
+        queued = sorted(now.queued_by_task.items(), key=lambda kv: (-kv[1], kv[0]))
+        lines.append(("queued per task", ", ".join(f"{task} {n}" for task, n in queued) if queued else "none"))
         lines.append(("running", _count(now.running, "attempt") + " holding a process"))
         lines.append(("skips", f"{_count(now.skipped_recent, 'occurrence')} skipped in the last hour"))
         lines.append(("lost", f"{_count(now.lost_recent, 'attempt')} lost in the last hour"))
@@ -141,7 +143,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     store = (settings.path or "") if isinstance(settings, LocalStoreSettings) else ""
 
     async def go() -> tuple[str | None, Any, Any]:
-        async with opened_backend(container, readiness=False, create=False) as backend:
+        async with opened_backend(container, readiness=False, read_only=True) as backend:
             return await take_readings(backend, once=args.once, interval_s=args.interval)
 
     not_ready, before, now = asyncio.run(go())

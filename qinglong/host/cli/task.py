@@ -263,7 +263,7 @@ def cmd_task_list(args: argparse.Namespace) -> int:
             tasks += [state.tasks[task_id] for task_id in sorted(state.tasks)]
         return tasks
 
-    tasks = on_backend(container, go, create=False)
+    tasks = on_backend(container, go, read_only=True)
     if args.limit is not None:
         tasks = tasks[:args.limit]
 
@@ -322,7 +322,7 @@ def cmd_task_show(args: argparse.Namespace) -> int:
             raise UserError(f"the {container.loaded().profile.name} profile's store cannot show a task")
         return await reader.task_head(args.project_id, args.task_id)
 
-    task = on_backend(container, go, create=False)
+    task = on_backend(container, go, read_only=True)
     problem = None
     try:
         spec = parse_execution_spec(task.task_id, task.payload, limits)

@@ -67,7 +67,7 @@ def require_http_extra(loaded: LoadedSettings) -> None:
             f"{', '.join(missing)}: install the extra 'http' (pip install 'qinglong[http]').")
 
 
-def check_api_exposure(loaded: LoadedSettings) -> tuple[str, str] | None:
+def check_api_exposure(loaded: LoadedSettings, *, always: bool = False) -> tuple[str, str] | None:
     """The TLS files to serve with, or None for plain HTTP; refused, naming the key: the API on
     without a listener, and the API off loopback without TLS files or ``behind_proxy`` with its
     trusted proxies."""
@@ -80,7 +80,7 @@ def check_api_exposure(loaded: LoadedSettings) -> tuple[str, str] | None:
         if not os.path.isfile(path):
             raise SettingsError(f"invalid settings: {loaded.origin(('api', key))}: key 'api.{key}': "
                                 f"no such file {path}.")
-    if not api.enabled:
+    if not api.enabled and not always:
         return files
     if not http.listen:
         raise SettingsError(f"invalid settings: {loaded.origin(('api', 'enabled'))}: key 'api.enabled': the API "

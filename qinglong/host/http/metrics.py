@@ -31,7 +31,7 @@ __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "StatsCache", "grace_of"]
 SPECS = {spec.name: spec for spec in METRICS}
 #: The metrics read from the store at scrape time (the rest are this process's counts).
 STORE_METRICS = ("qinglong_schedules_due", "qinglong_schedule_oldest_due_seconds", "qinglong_schedules_total",
-                 "qinglong_runs", "qinglong_workers", "qinglong_worker_free_slots",
+                 "qinglong_runs", "qinglong_task_queued", "qinglong_workers", "qinglong_worker_free_slots",
                  "qinglong_runs_without_worker", "qinglong_tasks_failing", "qinglong_tasks_not_succeeding")
 RACE_KINDS = ("fence_lost", "cas_miss", "released")
 ROUND_RESULTS = ("ok", "incomplete", "failed")
@@ -122,6 +122,11 @@ class _StoreCollector(Collector):
         family = _gauge("qinglong_runs")
         for state, count in sorted(stats.runs_by_state.items()):
             family.add_metric([state], count)
+        yield family
+        family = _gauge("qinglong_task_queued")
+        for task, count in sorted(stats.queued_by_task.items()):
+            project, _, task_id = task.partition("/")
+            family.add_metric([project, task_id], count)
         yield family
         family = _gauge("qinglong_workers")
         for state, count in sorted(stats.workers_by_state.items()):

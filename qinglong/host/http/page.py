@@ -28,6 +28,11 @@ def _utc(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%m-%d %H:%M:%S")
 
 
+def _queued(by_task: Any) -> str:
+    """The per-task queue depths, deepest first (none: "none")."""
+    return ", ".join(f"{task} {n}" for task, n in sorted(by_task.items(), key=lambda kv: (-kv[1], kv[0]))) or "none"
+
+
 def _seconds(ms: int | None) -> str:
     if ms is None:
         return "–"
@@ -95,6 +100,7 @@ async def render_status_page(lifecycle: Any, cache: Any, profile: str, version: 
             ("admission lag", f"p50 {_seconds(stats.admission_lag_p50_ms)}, p99 {_seconds(stats.admission_lag_p99_ms)}"
                               f" over {stats.admitted_in_window} admissions (5 min)"),
             ("runs", runs_by_state),
+            ("queued per task", _queued(stats.queued_by_task)),
             ("running", str(stats.running)),
             ("skipped (1 h)", str(stats.skipped_recent)),
             ("lost (1 h)", str(stats.lost_recent)),

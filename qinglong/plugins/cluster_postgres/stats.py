@@ -33,6 +33,7 @@ from qinglong.contracts.observe import (
     OUTCOME_WINDOW_MS,
     task_outcomes,
     LAG_WINDOW_MS,
+    QUEUED_TASKS_SHOWN,
     RECENT_WINDOW_MS,
     STATS_READ_TIMEOUT_MS,
     StoreStats,
@@ -51,6 +52,7 @@ async def read_store_stats(pool_factory: Callable[[], Awaitable[Any]], live_wind
     """One bounded reading of the store (see the module docstring). ``live_window_ms``: how
     recent a replica's last completed round must be for it to count as live."""
     params = {"lag_window_ms": LAG_WINDOW_MS, "recent_window_ms": RECENT_WINDOW_MS,
+              "queued_tasks": QUEUED_TASKS_SHOWN,
               "live_window_ms": int(live_window_ms)}
     try:
         pool = await pool_factory()
@@ -104,4 +106,5 @@ async def read_store_stats(pool_factory: Callable[[], Awaitable[Any]], live_wind
         tasks_failing=int(failing[0]["failing_total"]) if failing else 0,
         tasks_not_succeeding=int(failing[0]["not_succeeding_total"]) if failing else 0,
         failing_tasks=tuple(task_outcomes(r) for r in failing),
+        queued_by_task={str(k): int(v) for k, v in (row["queued_by_task"] or {}).items()},
     )

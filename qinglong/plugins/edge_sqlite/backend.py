@@ -55,16 +55,18 @@ class EdgeSqliteBackend:
         # Held (undecidable) schedules, remembered across this backend's rounds.
         self._held = HeldSchedules()
 
-    async def open(self, *, create: bool = True) -> None:
+    async def open(self, *, create: bool = True, read_only: bool = False) -> None:
         """Connect (the directory of ``path`` must exist). Writes nothing to an existing file.
 
         ``create=False`` is for commands that only read: a missing file is
         :class:`~qinglong.contracts.errors.StoreMissing` (nothing is created) and :meth:`migrate`
         applies nothing. ``create=True`` (``run``, ``db migrate``, publishing) may create the file
         and refuses a read-only one at once with :class:`~qinglong.contracts.errors.StoreReadOnly`.
+        ``read_only`` (with ``create=False``): the file is opened read-only, and read on a read-only
+        file or directory and on a full disk.
         """
-        self._may_create = create
-        await self.store.open(create=create)
+        self._may_create = create and not read_only
+        await self.store.open(create=create, read_only=read_only)
 
     async def migrate(self) -> Sequence[MigrationState]:
         """Apply pending migrations; refuse another application's database, a drifted, unknown or
@@ -154,6 +156,11 @@ class EdgeSqliteBackend:
     def execution(self) -> SqliteExecutionStore:
         """The execution side (:class:`~qinglong.contracts.execution.ExecutionStore`): the local
         dispatcher's and the run commands' one store, on this backend's connection."""
+        return self._execution
+
+    def occurrences(self) -> SqliteExecutionStore:
+        """Admission of event sources' occurrences
+        (:class:`~qinglong.contracts.event_sources.OccurrenceAdmission`)."""
         return self._execution
 
     def outbox(self) -> SqliteEventOutbox:

@@ -9,7 +9,7 @@ duration, so a scrape never waits on the file longer than the bound. An interrup
 Cost (``sql/stats.sql``): the backlog is a range of the due index (the due part only), the lag
 percentiles, recent skips and lost Attempts read indexes on the time they were recorded (migration
 0005), running Attempts the active-attempts partial index, each task's outcome figures a few seeks
-of its ended Runs (migration 0008); only the totals are counts: schedules of their table, Runs by
+of its ended Runs (migration 0009); only the totals are counts: schedules of their table, Runs by
 state of the narrow state index (migration 0006).
 
 The store's time is the process clock the backend was given (the scheduler's clock), so a status
@@ -29,6 +29,7 @@ from qinglong.contracts.observe import (
     FAILURE_STREAK_PERIODS,
     LAG_WINDOW_MS,
     OUTCOME_WINDOW_MS,
+    QUEUED_TASKS_SHOWN,
     RECENT_WINDOW_MS,
     STATS_READ_TIMEOUT_MS,
     StoreStats,
@@ -61,8 +62,9 @@ class _Deadline:
 
 
 def _read(conn: sqlite3.Connection, now_ms: int, first_round_ms: int | None, busy_timeout_ms: int,
-          timeout_ms: int) -> tuple[sqlite3.Row, dict[str, int], dict[int, int], list[sqlite3.Row]]:
-    """On the connection's thread: the four reads in one read transaction, within the bound."""
+          timeout_ms: int) -> tuple[sqlite3.Row, dict[str, int], dict[int, int], list[sqlite3.Row],
+                                dict[str, int]]:
+    """On the connection's thread: the six reads in one read transaction, within the bound."""
     deadline = _Deadline(timeout_ms)
     conn.set_progress_handler(deadline, _PROGRESS_STEPS)
     conn.execute(f"PRAGMA busy_timeout = {min(int(busy_timeout_ms), deadline.left_ms())}")
@@ -77,6 +79,8 @@ def _read(conn: sqlite3.Connection, now_ms: int, first_round_ms: int | None, bus
                 "now": now_ms, "recent_since": now_ms - RECENT_WINDOW_MS, "lag_since": lag_since})
             by_state = {row["state"]: int(row["n"])
                         for row in named_rows(conn, query("stats_runs_by_state"))}
+            queued = {f"{row['project_id']}/{row['task_id']}": int(row["n"])
+                      for row in named_rows(conn, query("stats_queued_by_task"), {"limit": QUEUED_TASKS_SHOWN})}
             lags: dict[int, int] = {}
             admitted = int(figures["admitted_in_window"])
             if admitted:
@@ -99,7 +103,7 @@ def _read(conn: sqlite3.Connection, now_ms: int, first_round_ms: int | None, bus
     finally:
         conn.set_progress_handler(None, 0)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-    return figures, by_state, lags, failing
+    return figures, by_state, lags, failing, queued
 
 
 async def read_store_stats(store: SqliteStore, clock_ms: Callable[[], int],
@@ -114,7 +118,7 @@ async def read_store_stats(store: SqliteStore, clock_ms: Callable[[], int],
         first_round = store.owner_lock.first_round_ms
     else:  # another process's scheduler, if one runs: the first round it recorded
         first_round = -1 if live else None
-    figures, by_state, lags, failing = await store.call(
+    figures, by_state, lags, failing, queued = await store.call(
         _read, now, first_round, store.settings.busy_timeout_ms, timeout_ms)
     admitted = int(figures["admitted_in_window"])
     p50 = lags.get(nearest_rank(admitted, 0.5)) if admitted else None
@@ -141,4 +145,5 @@ async def read_store_stats(store: SqliteStore, clock_ms: Callable[[], int],
         tasks_failing=int(failing[0]["failing_total"]) if failing else 0,
         tasks_not_succeeding=int(failing[0]["not_succeeding_total"]) if failing else 0,
         failing_tasks=tuple(task_outcomes(row) for row in failing),
+        queued_by_task=queued,
     )

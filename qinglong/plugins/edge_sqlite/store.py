@@ -55,6 +55,10 @@ from .settings import EdgeSqliteSettings
 
 T = TypeVar("T")
 
+#: The bytes SQLite's unix VFS locks in the database file: the pending byte through the shared
+#: range (``PENDING_BYTE`` at 1 GiB, then the reserved byte and 510 shared bytes).
+_SQLITE_LOCK_BYTES = (0x40000000, 512)
+
 #: The owner lock lives beside the database: ``qinglong.db`` is owned through ``qinglong.db.lock``.
 LOCK_SUFFIX = ".lock"
 
@@ -511,8 +515,14 @@ class SqliteStore:
             )
         return path
 
-    async def open(self, *, create: bool = True) -> None:
+    async def open(self, *, create: bool = True, read_only: bool = False) -> None:
         """Connect and set the per-connection pragmas. Writes nothing to an existing file.
+
+        ``read_only`` (commands that only read: ``runs``, ``logs``, ``status``, ``task show``, ...)
+        opens the file read-only, so it reads a read-only file, a read-only directory and a full
+        disk: when SQLite cannot create the ``-shm`` it needs beside a file that no process has
+        open in WAL mode (no ``-shm``, no unapplied ``-wal``), the file alone is the whole
+        database and is read as immutable.
 
         ``create=False`` (read commands) refuses a missing file with :class:`StoreMissing` and
         never creates one. ``create=True`` (the scheduler, migration, publishing) may create the
@@ -534,7 +544,40 @@ class SqliteStore:
             if part is not None:
                 raise StoreReadOnly(f"database {self.path!r} cannot be written: {part}; make it "
                                     "writable for this user or point [backend] path elsewhere")
-        mode = "rwc" if create else "rw"
+        if read_only and not create:
+            try:
+                await self._connect(path, "ro", False)
+            except (StoreReadOnly, StoreFull, StoreUnavailable):
+                if not self._alone(path):
+                    raise
+                await self._connect(path, "ro&immutable=1", False)
+            return
+        await self._connect(path, "rwc" if create else "rw", create)
+
+    @staticmethod
+    def _alone(path: Path) -> bool:
+        """True when no process has the database open (none holds an SQLite lock on it: in WAL
+        mode every connection keeps one for as long as it is open) and nothing waits in its WAL,
+        so the file alone is the whole database. Asks with ``F_GETLK``, which takes nothing."""
+        import struct
+
+        wal = Path(f"{path}-wal")
+        try:
+            if wal.exists() and wal.stat().st_size > 0:
+                return False
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                # struct flock: l_type, l_whence, l_start, l_len, l_pid (native layout, room to spare)
+                query = struct.pack("@hhqqi", fcntl.F_WRLCK, os.SEEK_SET, _SQLITE_LOCK_BYTES[0],
+                                    _SQLITE_LOCK_BYTES[1], 0).ljust(64, b"\0")
+                answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
+            finally:
+                os.close(fd)  # no connection of this process is open: no SQLite lock is dropped
+            return struct.unpack_from("@h", answer)[0] == fcntl.F_UNLCK
+        except (OSError, struct.error):
+            return False
+
+    async def _connect(self, path: Path, mode: str, writable: bool) -> None:
         uri = f"file:{quote(str(path.absolute()))}?mode={mode}"
         connection = aiosqlite.connect(uri, uri=True, isolation_level=None)
         if not hasattr(connection, "_execute") or not hasattr(connection, "_thread"):
@@ -551,7 +594,7 @@ class SqliteStore:
         try:
             self._db_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             self.owner_lock.attach(self._db_fd)
-            await self.call(self._configure, create)
+            await self.call(self._configure, writable)
         except BaseException:
             try:
                 await self.close()

@@ -51,6 +51,13 @@ by_state AS (
     SELECT coalesce(json_object_agg(x.state, x.n), '{}'::json) AS runs
     FROM (SELECT state, count(*) AS n FROM qinglong.runs GROUP BY state) x
 ),
+queued AS (
+    SELECT coalesce(json_object_agg(x.project_id || '/' || x.task_id, x.n), '{}'::json) AS by_task
+    FROM (SELECT project_id, task_id, count(*) AS n FROM qinglong.runs
+          WHERE state IN ('queued', 'dispatching', 'running') AND state = 'queued'
+          GROUP BY project_id, task_id ORDER BY count(*) DESC, project_id, task_id
+          LIMIT %(queued_tasks)s) x
+),
 replicas AS (
     SELECT count(*) FILTER (WHERE r.last_round_at_ms
                                   >= %(now_ms)s::bigint - %(live_window_ms)s::bigint) AS live,
@@ -122,14 +129,15 @@ SELECT %(now_ms)s::bigint AS now_ms,
        workers.free_slots AS worker_free_slots,
        unserved.n AS runs_without_worker,
        ended.by_outcome AS attempts_finished,
-       ended.lost_recent
-FROM heads, due, lag, by_state, replicas, workers, unserved, ended
+       ended.lost_recent,
+       queued.by_task AS queued_by_task
+FROM heads, due, lag, by_state, queued, replicas, workers, unserved, ended
 
 -- name: failing_tasks
 -- The tasks (not deleted, of active projects) whose newest ended Run failed, timed out or was
 -- lost, with their outcome figures, longest failure streak first, at most %(shown)s of them, each
 -- row carrying how many there are in all and how many of them failed %(periods)s Runs in a row or more. Every figure is a short read of runs_ended_by_task
--- (migration 0009); cancelled Runs count in no figure.
+-- (migration 0011); cancelled Runs count in no figure.
 WITH per_task AS (
     SELECT t.project_id, t.task_id, last.state AS last_outcome, last.finished_at_ms AS last_finished_at_ms,
            (SELECT max(r.finished_at_ms) FROM qinglong.runs r

@@ -197,7 +197,7 @@ SELECT r.run_id, r.project_id, r.task_id, r.trigger_id, r.scheduled_for_ms, r.ad
 -- name: exec_run
 -- One Run with the summary fields of its Attempts.
 SELECT r.run_id, r.project_id, r.task_id, r.trigger_id, r.scheduled_for_ms, r.admitted_at_ms,
-       r.state, r.finished_at_ms, r.reason, r.idempotency_key, r.task_revision,
+       r.state, r.finished_at_ms, r.reason, r.idempotency_key, r.task_revision, r.jitter_ms,
        (SELECT count(*) FROM attempts WHERE run_id = r.run_id) AS attempts,
        (SELECT exit_code FROM attempts WHERE run_id = r.run_id AND finished_at_ms IS NOT NULL
          ORDER BY attempt_no DESC LIMIT 1) AS exit_code,
@@ -267,3 +267,19 @@ DELETE FROM attempts WHERE run_id = ?;
 -- name: exec_delete_run
 -- A pruned Run (its events and Attempts went first; its manual key, if any, stays).
 DELETE FROM runs WHERE run_id = ?;
+
+-- name: exec_insert_run_skip
+-- A Run skipped before it started, as a skip record (its Run's row is deleted next).
+INSERT INTO run_skips (run_id, project_id, task_id, trigger_id, scheduled_for_ms, reason, recorded_at_ms)
+SELECT run_id, project_id, task_id, trigger_id, scheduled_for_ms, :reason, :now
+  FROM runs WHERE run_id = :run_id;
+
+-- name: exec_recent_run_skips
+-- The newest Runs skipped before they started, newest first.
+SELECT run_id, project_id, task_id, trigger_id, scheduled_for_ms, reason, recorded_at_ms
+  FROM run_skips ORDER BY id DESC LIMIT :limit;
+
+-- name: exec_note_attempt
+-- A note on an Attempt still holding a process (what keeps it from being stopped).
+UPDATE attempts SET reason = :note
+ WHERE attempt_id = :attempt_id AND state IN ('dispatching', 'running');

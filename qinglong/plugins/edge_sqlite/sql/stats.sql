@@ -21,7 +21,9 @@ SELECT (SELECT count(*) FROM trigger_schedules) AS schedules_total,
        due.n AS schedules_due,
        due.oldest AS oldest_due_ms,
        (SELECT COALESCE(sum(k.count), 0) FROM schedule_skips AS k INDEXED BY schedule_skips_by_recorded
-         WHERE k.recorded_at_ms >= :recent_since) AS skipped_recent,
+         WHERE k.recorded_at_ms >= :recent_since)
+       + (SELECT count(*) FROM run_skips AS k INDEXED BY run_skips_by_recorded
+           WHERE k.recorded_at_ms >= :recent_since) AS skipped_recent,
        (SELECT count(*) FROM attempts AS a INDEXED BY attempts_lost
          WHERE a.state = 'lost' AND a.finished_at_ms >= :recent_since) AS lost_recent,
        (SELECT count(*) FROM attempts AS a INDEXED BY attempts_active
@@ -40,7 +42,7 @@ SELECT (SELECT count(*) FROM trigger_schedules) AS schedules_total,
 SELECT state, count(*) AS n FROM runs INDEXED BY runs_by_state GROUP BY state;
 
 -- name: stats_first_round
--- When the running scheduler (of another process) did its first round (migration 0011).
+-- When the running scheduler (of another process) did its first round (migration 0013).
 SELECT first_round_at_ms FROM scheduler_start WHERE singleton = 1;
 
 -- name: stats_lag_at_ranks
@@ -66,7 +68,7 @@ SELECT rn, lag
 -- The tasks (not deleted, of active projects) whose newest ended Run failed, timed out or was
 -- lost, with their outcome figures, longest failure streak first, at most :shown of them, each
 -- row carrying how many there are in all and how many of them failed :periods Runs in a row or more. Every figure is a seek or a short range of
--- runs_ended_by_task (migration 0008); cancelled Runs count in no figure.
+-- runs_ended_by_task (migration 0009); cancelled Runs count in no figure.
 WITH per_task AS (
     SELECT t.project_id, t.task_id,
            (SELECT r.state FROM runs AS r INDEXED BY runs_ended_by_task
@@ -107,3 +109,12 @@ SELECT project_id, task_id, last_outcome, last_finished_at_ms, last_success_at_m
   FROM failing
  ORDER BY failure_streak DESC, project_id, task_id
  LIMIT :shown;
+
+-- name: stats_queued_by_task
+-- Runs waiting to start, per task: the deepest :limit queues (the in-flight index's range).
+SELECT project_id, task_id, count(*) AS n
+  FROM runs INDEXED BY runs_by_state
+ WHERE state = 'queued'
+ GROUP BY project_id, task_id
+ ORDER BY n DESC, project_id, task_id
+ LIMIT :limit;

@@ -1,4 +1,4 @@
--- capability: 7
+-- capability: 11
 -- A heartbeat renews only the Attempts the worker names (the ones it holds), no longer every
 -- active Attempt of the session. An Attempt the session holds but the worker does not know of
 -- (a claim whose reply was lost, a job the worker gave up) was renewed for as long as the worker
