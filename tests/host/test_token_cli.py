@@ -43,3 +43,28 @@ def test_a_token_secret_is_printed_once_and_only_its_hash_is_stored(tmp_path):
     assert secret not in audit.stdout
     with sqlite3.connect(tmp_path / "q.db") as conn:
         assert conn.execute("SELECT count(*) FROM api_tokens WHERE revoked_at_ms IS NOT NULL").fetchone() == (1,)
+
+
+def test_the_audit_log_is_pruned_with_the_runs_and_not_before(tmp_path):
+    """An audit log kept forever fills a router's flash; one pruned sooner than the Runs loses who
+    started a Run that is still listed."""
+    import asyncio
+
+    from qinglong.contracts.tokens import AuditEntry
+    from qinglong.host.cli.boot import opened_backend
+    from qinglong.host.containers import build_container
+    from qinglong.host.settings import load_settings
+
+    settings = write_settings(tmp_path, http="")
+    assert _cli(settings, "project", "create", "ops").returncode == 0
+
+    async def scenario() -> list[str]:
+        container = build_container(load_settings(settings))
+        async with opened_backend(container) as backend:
+            tokens = backend.tokens()
+            for at, name in ((1_000, "old"), (2_000, "older-than-cut"), (10_000, "kept")):
+                await tokens.record_audit(AuditEntry(at, "cli", None, "local", "token.create", name))
+            await backend.execution().prune(5_000, 100)
+            return [e.object for e in await tokens.list_audit()]
+
+    assert asyncio.run(scenario()) == ["kept"]

@@ -24,7 +24,8 @@ def cmd_token(args: argparse.Namespace) -> int:
         async def create(backend: Any) -> Any:
             return await create_token(token_store_of(backend), args.name, args.scope, args.project or (), expires)
 
-        record, secret = on_backend(container, create)
+        # like publishing, the first credential may be made before the store's first `run`
+        record, secret = on_backend(container, create, create=True)
         if args.json:
             print_json(dict(record.as_json(now_ms()), secret=secret))
         else:
@@ -45,7 +46,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     async def listing(backend: Any) -> Any:
         return await token_store_of(backend).list_tokens()
 
-    records = on_backend(container, listing, create=False)
+    records = on_backend(container, listing, read_only=True)
     at = now_ms()
     if args.json:
         print_json([r.as_json(at) for r in records])
@@ -64,7 +65,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     async def read(backend: Any) -> Any:
         return await token_store_of(backend).list_audit(since, args.limit)
 
-    entries = on_backend(container_of(args), read, create=False)
+    entries = on_backend(container_of(args), read, read_only=True)
     if args.json:
         print_json([e.as_json() for e in entries])
     else:

@@ -484,12 +484,10 @@ class ApiService:
         from ..cli import runs as cli_runs
 
         store = self._execution()
-        quiet = _Quiet()
-        with quiet:
-            if store is None:
-                await cli_runs._print_stored_log(self._runs(), run_id, attempt, None, follow, out)
-            else:
-                await cli_runs._print_log(store, run_id, attempt, None, follow, out)
+        if store is None:
+            await cli_runs._print_stored_log(self._runs(), run_id, attempt, None, follow, out)
+        else:
+            await cli_runs._print_log(store, run_id, attempt, None, follow, out)
 
     async def _follow(self, run_id: str, attempt: int | None, offset: int) -> AsyncIterator[bytes]:
         sink = _Sink()
@@ -652,14 +650,4 @@ class _Sink:
         return len(data)
 
     def flush(self) -> None:
-        pass
-
-
-class _Quiet:
-    """The CLI's log notes go to stderr: not from a server."""
-
-    def __enter__(self) -> None:
-        pass
-
-    def __exit__(self, *exc: Any) -> None:
         pass

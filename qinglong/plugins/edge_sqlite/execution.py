@@ -593,7 +593,8 @@ class SqliteExecutionStore:
 
     async def prune(self, older_than_ms: int, batch: int) -> PruneReport:
         """Delete up to ``batch`` (at most :data:`MAX_PRUNE_BATCH`) terminal Runs finished before
-        ``older_than_ms``, oldest first, with their Attempts and events, in one short transaction.
+        ``older_than_ms``, oldest first, with their Attempts and events, and as many audit entries
+        older than that, in one short transaction.
         A Run with an Attempt whose log is still on disk waits for log retention. Manual Runs'
         idempotency keys stay (``manual_run_keys``); a trigger occurrence's cursor has passed."""
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
@@ -608,6 +609,8 @@ class SqliteExecutionStore:
                     events += conn.execute(query("exec_delete_run_events"), (run_id,)).rowcount
                     attempts += conn.execute(query("exec_delete_run_attempts"), (run_id,)).rowcount
                     runs += conn.execute(query("exec_delete_run"), (run_id,)).rowcount
+                # the audit log is kept as long as the Runs it speaks of
+                conn.execute(query("prune_audit"), {"before": older_than_ms, "limit": bound})
             return PruneReport(runs, attempts, events)
 
         return await self._store.call(work)

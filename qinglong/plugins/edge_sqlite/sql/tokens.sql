@@ -31,3 +31,8 @@ VALUES (:at, :actor, :token_id, :source, :action, :object, :result, :detail);
 -- Audit entries at or after a time, newest first.
 SELECT entry_id, at_ms, actor, token_id, source, action, object, result, detail_json
   FROM audit_log WHERE at_ms >= ? ORDER BY at_ms DESC, entry_id DESC LIMIT ?;
+
+-- name: prune_audit
+-- Audit entries older than the Runs' retention, oldest first, a bounded batch at a time.
+DELETE FROM audit_log WHERE entry_id IN (
+    SELECT entry_id FROM audit_log WHERE at_ms < :before ORDER BY entry_id LIMIT :limit);
