@@ -16,20 +16,15 @@ import asyncio
 import itertools
 import os
 import sqlite3
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the repository is used from the tree, not installed
-    sys.path.insert(0, str(ROOT))
+from tests.support.pg import ROLE_PASSWORDS, create_database, create_roles, drop_database, start_server
 
-from tests.pg import ROLE_PASSWORDS, create_database, create_roles, drop_database, start_server  # noqa: E402
-
-from qinglong.contracts.records import NO_MORE_OCCURRENCES_MS  # noqa: E402
-from qinglong.contracts.store import BackendContext  # noqa: E402
-from qinglong.testing.conformance.harness import (  # noqa: E402,F401 (re-exported to the tests here)
+from qinglong.contracts.records import NO_MORE_OCCURRENCES_MS
+from qinglong.contracts.store import BackendContext
+from qinglong.testing.conformance.harness import (  # noqa: F401 (re-exported to the tests here)
     CLOCK_T0,
     LIMITS,
     BrokenOtherKindProvider,
@@ -39,7 +34,6 @@ from qinglong.testing.conformance.harness import (  # noqa: E402,F401 (re-export
     OtherKindProvider,
     providers,
 )
-from qinglong.testing.conformance.runner import pytest_pyfunc_call  # noqa: E402,F401 (the async runner)
 
 BACKENDS = ["sqlite", "pg18", "pg15"]
 

@@ -618,7 +618,7 @@ RUN_READING_BACKENDS = ["sqlite", "pg18", "pg15"]
 def reading_harness(request, tmp_path):
     """A harness of each backend that records Runs (started and stopped by the test itself)."""
     from tests.conformance.conftest import PostgresHarness, _db_counter
-    from tests.pg import create_database, drop_database
+    from tests.support.pg import create_database, drop_database
 
     if request.param == "sqlite":
         yield SqliteHarness(tmp_path / "qinglong.db")

@@ -24,7 +24,7 @@ import asyncio
 import psycopg
 import pytest
 
-from tests.cluster.conftest import seed, set_cursor
+from tests.support.cluster import seed, set_cursor
 from tests.failure.failure_helpers import (
     ADMISSION_MESSAGE,
     Figures,

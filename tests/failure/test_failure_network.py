@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.cluster.conftest import seed, set_cursor
+from tests.support.cluster import seed, set_cursor
 from tests.failure.failure_helpers import (
     ADMISSION_COMMITTED,
     ADMISSION_MESSAGE,

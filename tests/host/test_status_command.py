@@ -232,7 +232,7 @@ def test_a_cluster_store_reads_attention_without_a_replica_and_clear_with_one(tm
     """On the cluster the verdict comes from the database every replica shares: no replica
     completing rounds must page (20), a replica keeping up must read 0, the workers line must
     be there for the operator, and no DSN password may reach the output."""
-    import pg  # tests/pg.py (tests/ is on the path through its conftest)
+    from tests.support import pg
 
     server = pg.start_server("pg18")
     try:

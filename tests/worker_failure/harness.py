@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.cluster.conftest import ClusterDb, set_cursor
+from tests.support.cluster import ClusterDb, set_cursor
 from tests.failure.failure_helpers import (
     PATIENCE_S,
     parse_diagnostics,
@@ -40,8 +40,8 @@ from tests.failure.failure_helpers import (
     write_cluster_settings,
 )
 from tests.failure.fault_proxy import FaultProxy
-from tests.pg import ROLE_PASSWORDS
-from tests import proc_helpers
+from tests.support.pg import ROLE_PASSWORDS
+from tests.support import procs as proc_helpers
 
 JOB = Path(__file__).with_name("marker_job.py")
 PROJECT = "wf"
