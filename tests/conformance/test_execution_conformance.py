@@ -31,7 +31,7 @@ from qinglong.contracts.execution import (
 )
 from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
 
-from tests.conformance.conftest import CollectingSink, SqliteHarness, providers
+from tests.conformance.harnesses import CollectingSink, SqliteHarness, providers
 
 SECOND = 1000
 
@@ -617,7 +617,7 @@ RUN_READING_BACKENDS = ["sqlite", "pg18", "pg15"]
 @pytest.fixture(params=RUN_READING_BACKENDS)
 def reading_harness(request, tmp_path):
     """A harness of each backend that records Runs (started and stopped by the test itself)."""
-    from tests.conformance.conftest import PostgresHarness, _db_counter
+    from tests.conformance.harnesses import PostgresHarness, _db_counter
     from tests.support.pg import create_database, drop_database
 
     if request.param == "sqlite":

@@ -22,7 +22,7 @@ import psycopg
 from tests.support.cluster import ClusterDb, CollectingSink, migrate
 from tests.support.pg import ROLE_PASSWORDS, PgServer, create_database, create_roles
 
-from tests.failure.fault_proxy import FaultProxy
+from devtools.fault_proxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -40,7 +40,7 @@ from tests.failure.failure_helpers import (
     wait_replayed,
     write_cluster_settings,
 )
-from tests.failure.fault_proxy import TO_CLIENT, FaultProxy
+from devtools.fault_proxy import TO_CLIENT, FaultProxy
 from tests.support.pg import start_server
 
 pytestmark = pytest.mark.postgres

@@ -29,7 +29,7 @@ from tests.failure.failure_helpers import (
     start_every_second,
     write_cluster_settings,
 )
-from tests.failure.fault_proxy import FaultProxy
+from devtools.fault_proxy import FaultProxy
 from tests.support.pg import ROLE_PASSWORDS
 
 pytestmark = pytest.mark.postgres

@@ -30,7 +30,7 @@ from tests.failure.failure_helpers import (
     wait_for,
     wait_rounds,
 )
-from tests.failure.fault_proxy import TO_CLIENT, TO_SERVER, FaultProxy
+from devtools.fault_proxy import TO_CLIENT, TO_SERVER, FaultProxy
 
 pytestmark = pytest.mark.postgres
 

@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from tests.support.cluster import expire
-from tests.failure.fault_proxy import BOTH, FaultProxy
+from devtools.fault_proxy import BOTH, FaultProxy
 from tests.support.procs import process_alive
 from tests.worker.helpers import (
     keeper_pid,
