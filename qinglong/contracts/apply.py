@@ -226,7 +226,8 @@ def _trigger_digest(definition: TriggerDefinition) -> str:
     return trigger_content_digest(definition.project_id, definition.trigger_id, definition.task_id,
                                   definition.kind, definition.spec,
                                   MisfirePolicy(definition.misfire_policy),
-                                  definition.misfire_grace_ms, definition.enabled)
+                                  definition.misfire_grace_ms, definition.enabled,
+                                  definition.jitter_ms)
 
 
 def _trigger_differences(head: TriggerHead, definition: TriggerDefinition) -> tuple[str, ...]:
@@ -234,6 +235,7 @@ def _trigger_differences(head: TriggerHead, definition: TriggerDefinition) -> tu
              ("spec", dict(head.spec), dict(definition.spec)),
              ("misfire_policy", head.misfire_policy.value, MisfirePolicy(definition.misfire_policy).value),
              ("misfire_grace_ms", head.misfire_grace_ms, definition.misfire_grace_ms),
+             ("jitter_ms", head.jitter_ms, definition.jitter_ms),
              ("enabled", head.enabled, definition.enabled))
     return tuple(name for name, old, new in pairs if old != new)
 
@@ -395,7 +397,7 @@ def validate_desired(desired: DesiredProject, providers: Mapping[str, Any], limi
         except UnknownTriggerKind as exc:
             raise PlanRefused(project_id, ObjectKind.TRIGGER, trigger_id, "kind", str(exc)) from None
         except TriggerSpecError as exc:
-            key = "misfire_grace_ms" if exc.field == "misfire_grace_ms" else "spec"
+            key = exc.field if exc.field in ("misfire_grace_ms", "jitter_ms") else "spec"
             raise PlanRefused(project_id, ObjectKind.TRIGGER, trigger_id, key, str(exc)) from None
         except UserError as exc:
             text = str(exc)
@@ -405,5 +407,5 @@ def validate_desired(desired: DesiredProject, providers: Mapping[str, Any], limi
                               "task" if key == "task_id" else key, text) from None
         triggers[trigger_id] = TriggerDefinition(project_id, trigger_id, definition.task_id, kind,
                                                  dict(spec), policy, definition.misfire_grace_ms,
-                                                 definition.enabled)
+                                                 definition.enabled, definition.jitter_ms)
     return DesiredProject(project_id, desired.name, dict(desired.tasks), triggers)

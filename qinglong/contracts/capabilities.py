@@ -9,6 +9,8 @@ backend author reads here exactly what the host may ask of an object and what it
 * :class:`RemoteExecutionBackend` (the backend's ``run_control()``): its Runs are executed
   elsewhere and read or cancelled from here. Without either: ``runs show``, ``runs cancel`` and
   ``logs`` are refused naming the profile.
+* :class:`EventingBackend` (the backend's ``outbox()``): its store writes events out (an outbox)
+  and ``qinglong run`` delivers them to the configured channels. Without it: no notifications.
 * :class:`MigratesAtStart` (the backend's ``auto_migrate``): without it the host never migrates
   at start, and the operator runs ``qinglong db migrate``.
 * :class:`StatusReader` (the reader's ``scheduler_status()``): without it ``qinglong schedules``
@@ -26,8 +28,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # types only
+    from .events import EventOutbox
     from .execution import ExecutionStore, RunControl
     from .records import SchedulerStatus
+    from .tokens import TokenStore
 
 
 @runtime_checkable
@@ -52,6 +56,25 @@ class RemoteExecutionBackend(Protocol):
 
     def run_control(self) -> "RunControl | None":
         """The store's :class:`~qinglong.contracts.execution.RunControl`, or None."""
+        ...
+
+
+@runtime_checkable
+class EventingBackend(Protocol):
+    """A backend whose store writes an event in the transaction that ends a Run or skips a
+    trigger's occurrences (:mod:`qinglong.contracts.events`)."""
+
+    def outbox(self) -> "EventOutbox | None":
+        """The store's :class:`~qinglong.contracts.events.EventOutbox`, or None."""
+        ...
+
+
+@runtime_checkable
+class TokenBackend(Protocol):
+    """A backend that keeps the management API's tokens and its audit log."""
+
+    def tokens(self) -> "TokenStore":
+        """The store's :class:`~qinglong.contracts.tokens.TokenStore`."""
         ...
 
 
@@ -104,6 +127,7 @@ def proposed_log_dir(settings: object) -> str | None:
 
 
 __all__ = [
+    "EventingBackend",
     "ExecutingBackend",
     "LocalStoreSettings",
     "MigratesAtStart",

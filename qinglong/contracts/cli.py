@@ -118,6 +118,29 @@ class CliCommand:
         return found
 
 
+_DURATION_UNITS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def number_and_unit(text: str) -> tuple[int, str] | None:
+    """``"30s"`` as ``(30, "s")``: leading digits (at most 15) and the rest, stripped; None
+    without digits."""
+    digits = len(text) - len(text.lstrip("0123456789"))
+    if not digits or digits > 15:
+        return None
+    return int(text[:digits]), text[digits:].strip()
+
+
+def parse_duration_ms(flag: str, text: str) -> int:
+    """``500ms``, ``30s``, ``5m``, ``2h``, ``1d`` as milliseconds; a UserError naming ``flag``
+    otherwise. The one reading of a duration on every command line and in apply files."""
+    from .errors import UserError
+
+    parsed = number_and_unit(text.strip())
+    if parsed is None or parsed[1] not in _DURATION_UNITS:
+        raise UserError(f"{flag}: expected a duration such as 500ms, 30s, 5m, 2h or 1d, got {text!r}")
+    return parsed[0] * _DURATION_UNITS[parsed[1]]
+
+
 @dataclass(frozen=True)
 class CliContext:
     """What a plugin command's handler receives: its arguments and the host's ways of printing.
@@ -139,4 +162,5 @@ class CliContext:
     now_ms: Callable[[], int]
 
 
-__all__ = ["COMMAND_NAME", "CliArgument", "CliCommand", "CliContext", "OPTION_FLAG", "POSITIONAL_NAME"]
+__all__ = ["COMMAND_NAME", "CliArgument", "CliCommand", "CliContext", "OPTION_FLAG", "POSITIONAL_NAME",
+           "number_and_unit", "parse_duration_ms"]

@@ -24,11 +24,18 @@ After ``skip`` and ``fire_once`` the cursor is strictly after the observation; a
 strictly after ``min(published_at_ms, observed_at_ms)``. After
 ``fire`` it is strictly after the admitted occurrence, and any part of it still at or before the
 observation is within the grace window.
+
+A trigger with a jitter (``contracts.jitter``) is decided on its jittered times: the cursor holds
+the jittered time of its next occurrence, the grace counts from it, and an admitted occurrence
+carries the delay it drew (``Decision.jitter_ms``). Initialization takes the first occurrence
+whose nominal time is after the base, so republishing with another jitter never owes again an
+occurrence the previous revision had.
 """
 
 from __future__ import annotations
 
 from .errors import TriggerSpecError
+from .jitter import JitteredSchedule, schedule_of
 from .providers import TriggerProvider
 from .records import (
     NO_MORE_OCCURRENCES_MS,
@@ -76,6 +83,13 @@ def _count_range(
     return SkippedOccurrences(first_ms, last_ms, count, count_exact=True)
 
 
+def _delay(schedule: object, head: TriggerHead, scheduled_ms: int) -> int:
+    """The delay an admitted jittered time drew (0 without a jitter)."""
+    if not isinstance(schedule, JitteredSchedule):
+        return 0
+    return scheduled_ms - schedule.nominal_of(head.spec, scheduled_ms)
+
+
 def initialization_base_ms(cursor: ScheduleCursor, observed_at_ms: int) -> int:
     """The instant a new revision's first occurrence is counted from: its publish time, unless
     that is unknown or later than the observation (a clock that went back), then the observation."""
@@ -105,6 +119,7 @@ def decide(
     if provider.kind != head.kind:
         raise ValueError(f"provider {provider.kind!r} cannot decide a {head.kind!r} trigger")
     current = cursor.next_fire_at_ms
+    provider = schedule_of(provider, head.project_id, head.trigger_id, head.jitter_ms)
     base = dict(
         observed_at_ms=observed_at_ms,
         trigger_revision=head.trigger_revision,
@@ -112,9 +127,15 @@ def decide(
     )
 
     if current is None:
+        start = initialization_base_ms(cursor, observed_at_ms)
+        if isinstance(provider, JitteredSchedule):
+            first = provider.first_after_nominal(head.spec, start)
+            return Decision(kind=DecisionKind.INITIALIZE,
+                            next_fire_at_ms=NO_MORE_OCCURRENCES_MS if first is None else first,
+                            **base)
         return Decision(
             kind=DecisionKind.INITIALIZE,
-            next_fire_at_ms=_next_or_never(provider, head, initialization_base_ms(cursor, observed_at_ms)),
+            next_fire_at_ms=_next_or_never(provider, head, start),
             **base,
         )
 
@@ -126,6 +147,7 @@ def decide(
             kind=DecisionKind.FIRE,
             next_fire_at_ms=_next_or_never(provider, head, current),
             scheduled_for_ms=current,
+            jitter_ms=_delay(provider, head, current),
             **base,
         )
 
@@ -153,5 +175,6 @@ def decide(
         next_fire_at_ms=after_now,
         scheduled_for_ms=latest,
         skipped=skipped,
+        jitter_ms=_delay(provider, head, latest),
         **base,
     )

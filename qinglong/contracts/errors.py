@@ -108,6 +108,11 @@ class StoreUnavailable(QinglongError):
     """
 
 
+class StoreAuthFailed(StoreUnavailable):
+    """The store refused the credentials (a wrong password, an unknown role, no access rule for
+    this client): it will not change until the settings do, so it is not retried as an outage."""
+
+
 class StoreReadOnly(StoreUnavailable):
     """The store can be read but not written (a read-only file, directory or server)."""
 
@@ -164,6 +169,30 @@ def exit_code_for(exc: BaseException) -> ExitCode:
             return code
     return ExitCode.INTERNAL_ERROR
 
+
+
+#: The one table from error type to HTTP status and error code of the management API (the error
+#: shape is ``{"error": {"code", "message", "field"}}``), beside :data:`EXIT_CODES`. Most specific
+#: first, like it; authentication (401), scope (403) and rate limiting (429) are the HTTP layer's.
+HTTP_STATUSES: tuple[tuple[type[BaseException], int, str], ...] = (
+    (NotFound, 404, "unknown"),
+    (AlreadyExists, 409, "conflict"),
+    (StoreMissing, 503, "unavailable"),
+    (UserError, 422, "invalid"),
+    (SchemaNotReady, 503, "schema_not_ready"),
+    (CheckFailed, 422, "invalid"),
+    (StoreUnavailable, 503, "unavailable"),
+    (QinglongError, 422, "invalid"),
+)
+
+
+def http_status_for(exc: BaseException) -> tuple[int, str]:
+    """The HTTP status and error code for ``exc``: its row in :data:`HTTP_STATUSES`, or 500
+    ``internal`` for a bug."""
+    for error_type, status, code in HTTP_STATUSES:
+        if isinstance(exc, error_type):
+            return status, code
+    return 500, "internal"
 
 # ---- the publishers' refusals, worded once ------------------------------------------------------
 # Every store's publisher raises these, so a refusal reads (and exits) the same on every backend.

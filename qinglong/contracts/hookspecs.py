@@ -23,7 +23,8 @@ Hooks are called in this order during ``qinglong run``:
 2. ``qinglong_scheduler_backends`` to find the backend the profile names;
 3. ``qinglong_executors`` when the profile executes Runs locally (edge, standalone), before the
    dispatcher starts;
-4. ``qinglong_lifecycle_components`` after the backend exists, before anything starts.
+4. ``qinglong_lifecycle_components`` after the backend exists, before anything starts; then
+   ``qinglong_notifiers`` when ``[notifications]`` names channels and the backend keeps an outbox.
 
 ``qinglong_trigger_cli_options`` is called only by ``qinglong trigger add`` and ``trigger update``,
 before their command line is parsed. ``qinglong_cli_commands`` is called only when the command line
@@ -41,6 +42,7 @@ import pluggy
 if TYPE_CHECKING:  # types only; nothing here is imported at run time
     from .cli import CliCommand
     from .diagnostics import DiagnosticSink
+    from .events import NotifierSpec
     from .execution import ExecutorSpec
     from .worker import WorkerProtocolSpec
     from .providers import TriggerCliOptions, TriggerProvider
@@ -236,6 +238,27 @@ class QinglongHookSpecs:
         nothing adds no component. Raising stops ``qinglong run`` before anything started, with
         ``PluginLoadError`` naming the plugin; a component whose ``start`` raises stops everything
         already started.
+        """
+
+    @hookspec
+    def qinglong_notifiers(self) -> Iterable["NotifierSpec"]:
+        """Return the kinds of notification channel this plugin offers.
+
+        Called once by ``qinglong run`` after the backend exists, only when the settings name
+        channels (``[notifications.channels.<name>]``) and the backend keeps an outbox; no other
+        command calls it. Each channel's ``kind`` picks a spec, whose ``create(name, options)``
+        builds the :class:`~qinglong.contracts.events.Notifier` from the channel's other keys
+        (``create`` must not connect; it raises ``ValueError`` for bad options, never quoting a
+        secret). The delivery loop then calls the notifier's ``send`` for each event routed to
+        the channel, at least once, with the same event id every time.
+
+        :returns: An iterable of :class:`~qinglong.contracts.events.NotifierSpec`; each kind must
+            be unique across the loaded plugins (the built-ins are ``webhook`` and ``email``).
+
+        Two plugins offering one kind are refused naming both; an item that is not a
+        ``NotifierSpec`` is refused naming the plugin. Returning nothing offers no kind (a channel
+        naming a kind nobody offers is a settings error listing the offered ones). Raising stops
+        the command with ``PluginLoadError`` naming the plugin.
         """
 
     @hookspec

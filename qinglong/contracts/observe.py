@@ -21,6 +21,79 @@ STATS_CACHE_MS = 1_000
 #: The window of the admission-lag percentiles and the skip/lost counts of ``qinglong status``.
 LAG_WINDOW_MS = 5 * 60_000
 RECENT_WINDOW_MS = 60 * 60_000
+#: The deepest per-task queues a stats reading carries (bounded, whatever the task count).
+QUEUED_TASKS_SHOWN = 20
+
+#: The states of a cluster worker's session (the ``state`` label of ``qinglong_workers``).
+WORKER_STATES = ("live", "expired", "closed")
+
+#: The states an Attempt ends in (the ``outcome`` label of ``qinglong_attempts_finished_total``).
+ENDED_OUTCOMES = ("succeeded", "failed", "timed_out", "cancelled", "lost")
+
+
+#: Run outcomes that count as a failure of the task (a cancelled Run is neither).
+FAILED_OUTCOMES = ("failed", "timed_out", "lost")
+
+#: The window of a task's success ratio, and how many failing tasks a reading lists (the worst
+#: first: longest failure streak); ``tasks_failing`` counts them all.
+OUTCOME_WINDOW_MS = 24 * 60 * 60_000
+FAILING_TASKS_SHOWN = 20
+
+#: How many Runs in a row a task may fail before it "has not succeeded within N periods" (each
+#: Run of a scheduled task is one period of its trigger).
+FAILURE_STREAK_PERIODS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOutcomes:
+    """The outcome figures of one task, from its ended Runs (cancelled ones count in none):
+
+    * ``last_outcome``: the state of its newest ended Run, ``last_finished_at_ms`` when;
+    * ``failure_streak``: its Runs ended failed, timed out or lost since its last success;
+    * ``last_success_at_ms``: when its newest succeeded Run ended (None: never, as far as the
+      store remembers);
+    * ``succeeded_in_window`` of ``ended_in_window``: over the last :data:`OUTCOME_WINDOW_MS`.
+    """
+
+    project_id: str
+    task_id: str
+    last_outcome: str
+    last_finished_at_ms: int
+    failure_streak: int
+    last_success_at_ms: int | None
+    succeeded_in_window: int
+    ended_in_window: int
+
+    @property
+    def failing(self) -> bool:
+        """Its newest ended Run did not succeed."""
+        return self.last_outcome in FAILED_OUTCOMES
+
+    @property
+    def not_succeeded_within_periods(self) -> bool:
+        """It has not succeeded within :data:`FAILURE_STREAK_PERIODS` Runs."""
+        return self.failure_streak >= FAILURE_STREAK_PERIODS
+
+    def describe(self) -> str:
+        """One line: which task, how it last ended, its streak and its recent ratio."""
+        words = self.last_outcome.replace("_", " ")
+        line = (f"task {self.project_id}/{self.task_id} is failing: its last run {words}, "
+                f"{self.failure_streak} in a row")
+        if self.not_succeeded_within_periods:
+            line += f" (no success within {FAILURE_STREAK_PERIODS} runs)"
+        line += f"; {self.succeeded_in_window} of {self.ended_in_window} succeeded in the last 24 h"
+        return line
+
+
+def task_outcomes(row: Mapping[str, object]) -> TaskOutcomes:
+    """A store's row of a failing task (the columns named as the fields) as :class:`TaskOutcomes`."""
+    success = row["last_success_at_ms"]
+    return TaskOutcomes(
+        project_id=str(row["project_id"]), task_id=str(row["task_id"]),
+        last_outcome=str(row["last_outcome"]), last_finished_at_ms=int(row["last_finished_at_ms"]),
+        failure_streak=int(row["failure_streak"]),
+        last_success_at_ms=None if success is None else int(success),
+        succeeded_in_window=int(row["succeeded_in_window"]), ended_in_window=int(row["ended_in_window"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +113,20 @@ class StoreStats:
     * ``skipped_recent``: occurrences recorded as skipped in the last :data:`RECENT_WINDOW_MS`;
     * ``lost_recent``: Attempts that ended ``lost`` in the last :data:`RECENT_WINDOW_MS`;
     * ``running``: Attempts holding a process now;
-    * ``workers_by_state`` / ``worker_free_slots``: cluster workers (empty / None elsewhere);
+    * ``queued_by_task``: Runs waiting to start per task (``project/task``), the deepest
+      :data:`QUEUED_TASKS_SHOWN` queues only;
+    * ``workers_by_state`` / ``worker_free_slots``: cluster workers by session state (``live``:
+      open, lease running; ``expired``: its lease ran out within :data:`RECENT_WINDOW_MS` and it
+      did not close; ``closed``: closed within that window) and the free slots of the live ones
+      (empty / None where no workers exist);
+    * ``runs_without_worker``: queued Runs that no live worker can take (none is live, or none
+      offers every label the Run requires); None where no workers exist;
+    * ``attempts_finished``: ended Attempts the store holds, by outcome (every one of
+      :data:`ENDED_OUTCOMES`); None where this process counts the ends itself;
+    * ``tasks_failing``: tasks (not deleted, of active projects) whose newest ended Run failed,
+      timed out or was lost; ``tasks_not_succeeding``: those of them that failed
+      :data:`FAILURE_STREAK_PERIODS` Runs in a row or more; ``failing_tasks``: the figures of at most
+      :data:`FAILING_TASKS_SHOWN` of them, longest failure streak first;
     * ``live_schedulers``: schedulers working the store (the owner lock on SQLite, live replicas
       on PostgreSQL); ``last_round_at_ms``: the newest completed round the store records.
     """
@@ -61,6 +147,12 @@ class StoreStats:
     last_round_at_ms: int | None = None
     workers_by_state: Mapping[str, int] = field(default_factory=dict)
     worker_free_slots: int | None = None
+    runs_without_worker: int | None = None
+    attempts_finished: Mapping[str, int] | None = None
+    tasks_failing: int = 0
+    tasks_not_succeeding: int = 0
+    failing_tasks: tuple[TaskOutcomes, ...] = ()
+    queued_by_task: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def oldest_due_seconds(self) -> float:
@@ -120,6 +212,8 @@ METRICS: Sequence[MetricSpec] = (
     MetricSpec("qinglong_serialization_retries_total", MetricType.COUNTER,
                "Transactions retried after a serialization failure."),
     MetricSpec("qinglong_runs", MetricType.GAUGE, "Runs in the store, by state.", ("state",)),
+    MetricSpec("qinglong_task_queued", MetricType.GAUGE,
+               "Runs waiting to start, per task (the deepest queues).", ("project", "task")),
     MetricSpec("qinglong_dispatch_lag_seconds", MetricType.HISTOGRAM,
                "Admitted to process started, per Attempt started by this process."),
     MetricSpec("qinglong_attempts_finished_total", MetricType.COUNTER,
@@ -127,6 +221,17 @@ METRICS: Sequence[MetricSpec] = (
     MetricSpec("qinglong_running", MetricType.GAUGE, "Attempts holding a process now."),
     MetricSpec("qinglong_workers", MetricType.GAUGE, "Cluster workers, by session state.", ("state",)),
     MetricSpec("qinglong_worker_free_slots", MetricType.GAUGE, "Free slots of live cluster workers."),
+    MetricSpec("qinglong_runs_without_worker", MetricType.GAUGE,
+               "Queued Runs no live cluster worker can take (none live, or none with their labels)."),
+    MetricSpec("qinglong_status_verdict", MetricType.GAUGE,
+               "The verdict of qinglong status from this process's readings: 0 clear, 10 converging, "
+               "20 attention, 30 failing."),
+    MetricSpec("qinglong_status_grace_seconds", MetricType.GAUGE,
+               "How long a due occurrence may wait before it counts as late (the verdict's grace)."),
+    MetricSpec("qinglong_tasks_failing", MetricType.GAUGE,
+               "Tasks whose newest ended Run failed, timed out or was lost."),
+    MetricSpec("qinglong_tasks_not_succeeding", MetricType.GAUGE,
+               "Tasks that have not succeeded within their last FAILURE_STREAK_PERIODS Runs."),
     MetricSpec("qinglong_metrics_read_errors_total", MetricType.COUNTER,
                "Store reads behind a scrape that failed (the scrape served the last values)."),
     MetricSpec("qinglong_build_info", MetricType.INFO, "Version and profile of this process.",
@@ -144,12 +249,33 @@ class Verdict(enum.IntEnum):
     CLEAR = 0
     CONVERGING = 10   # a backlog, but shrinking
     ATTENTION = 20    # a growing backlog, lag over the grace, lost attempts, nobody scheduling
+    FAILING = 30      # tasks whose last Run failed (whatever else the reasons say)
 
 
 @dataclass(frozen=True, slots=True)
 class StatusFinding:
     verdict: Verdict
     reasons: tuple[str, ...]
+
+
+def status_grace_ms(cadence_ms: int, lease_ms: int, *, leased: bool) -> int:
+    """How long a due occurrence may wait before it counts as late: the one grace behind the
+    verdict of ``qinglong status``, the status page, ``qinglong_status_verdict`` and the alert
+    rules' lag threshold (``qinglong_status_grace_seconds``).
+
+    Five cadences where one scheduler rounds every cadence (SQLite); three cadences and a claim
+    lease where a claim that dies is taken over only after its lease (``leased``: the cluster),
+    the same window after which a replica no longer counts as live.
+    """
+    return 3 * cadence_ms + lease_ms if leased else 5 * cadence_ms
+
+
+def assess(before: StoreStats | None, now: StoreStats, *, grace_ms: int) -> StatusFinding:
+    """The verdict every surface shows (``qinglong status``, the status page, the
+    ``qinglong_status_verdict`` gauge): :func:`status_verdict` with workers expected where the
+    store has them (``worker_free_slots`` is not None). ``grace_ms`` comes from
+    :func:`status_grace_ms`."""
+    return status_verdict(before, now, grace_ms=grace_ms, expect_workers=now.worker_free_slots is not None)
 
 
 def _aged_backlog(stats: StoreStats, grace_ms: int) -> bool:
@@ -166,11 +292,14 @@ def status_verdict(before: StoreStats | None, now: StoreStats, *, grace_ms: int,
     occurrences that have only just come due are being admitted on time (a reading taken between
     an occurrence and the round that admits it sees them), whatever their number.
 
-    Attention: no live scheduler; lost Attempts in the recent window; Runs waiting while no worker
-    slot is free (``expect_workers``); a backlog without ``before`` to compare with, or one that
+    Attention: no live scheduler; lost Attempts in the recent window; queued Runs no live worker
+    can take (``runs_without_worker``); other Runs waiting while no worker slot is free
+    (``expect_workers``); a backlog without ``before`` to compare with, or one that
     is larger than at ``before``, or as large with the same oldest occurrence (nothing moves);
     admission lag p99 over ``grace_ms`` unless a backlog is draining (late admissions are what
-    draining it looks like). Converging: a backlog smaller than at ``before``, or as large with a
+    draining it looks like). Failing: a task whose newest ended Run failed, timed out or was lost
+    (``tasks_failing``), whatever else holds (its reasons come first, then the others).
+    Converging: a backlog smaller than at ``before``, or as large with a
     newer oldest occurrence, or one ``before`` had and that is gone now. Clear otherwise: then no
     reason is given.
     """
@@ -180,9 +309,13 @@ def status_verdict(before: StoreStats | None, now: StoreStats, *, grace_ms: int,
         attention.append("no scheduler is running on this store")
     if now.lost_recent:
         attention.append(f"{now.lost_recent} attempt(s) lost in the last hour")
+    stranded = now.runs_without_worker or 0
+    if stranded:
+        attention.append(f"{stranded} queued run(s) with no live worker able to take them "
+                         "(no worker is live, or none offers the labels they require)")
     if expect_workers:
-        waiting = now.runs_by_state.get("queued", 0)
-        if waiting and (now.worker_free_slots or 0) == 0:
+        waiting = now.runs_by_state.get("queued", 0) - stranded
+        if waiting > 0 and (now.worker_free_slots or 0) == 0:
             attention.append(f"{waiting} run(s) waiting and no free worker slot")
     draining = False
     aged = _aged_backlog(now, grace_ms)
@@ -208,11 +341,31 @@ def status_verdict(before: StoreStats | None, now: StoreStats, *, grace_ms: int,
     if now.admission_lag_p99_ms is not None and now.admission_lag_p99_ms > grace_ms:
         late = f"admission lag p99 {now.admission_lag_p99_ms} ms is over the grace of {grace_ms} ms"
         (converging if draining else attention).append(late)
+    failing = [task.describe() for task in now.failing_tasks]
+    if now.tasks_failing > len(failing):
+        failing.append(f"{now.tasks_failing - len(failing)} more task(s) failing")
+    if failing:
+        return StatusFinding(Verdict.FAILING, tuple(failing + attention + converging))
     if attention:
         return StatusFinding(Verdict.ATTENTION, tuple(attention + converging))
     if converging:
         return StatusFinding(Verdict.CONVERGING, tuple(converging))
     return StatusFinding(Verdict.CLEAR, ())
+
+
+def workers_summary(stats: StoreStats) -> str:
+    """Cluster workers in one line, as ``qinglong status`` and the status page say it: live ones
+    (and those expired or closed in the last hour), free slots, queued Runs none can take."""
+    by_state = stats.workers_by_state
+    line = f"{by_state.get('live', 0)} live"
+    gone = [f"{by_state[s]} {s}" for s in ("expired", "closed") if by_state.get(s)]
+    if gone:
+        line += f" ({', '.join(gone)} in the last hour)"
+    slots = stats.worker_free_slots or 0
+    line += f"; {slots} free slot{'' if slots == 1 else 's'}"
+    if stats.runs_without_worker:
+        line += f"; {stats.runs_without_worker} queued run(s) no live worker can take"
+    return line
 
 
 def nearest_rank(count: int, q: float) -> int:

@@ -38,6 +38,8 @@ REASONS: Mapping[str, str] = {
     "overlap_forbid": "skipped: concurrency 'forbid' and run {run_id} of this task is still running",
     "overlap_replace_older": "concurrency 'replace': an older run of this task starts first",
     "overlap_replacing": "replacing the running run of this task",
+    "overlap_queue_full":
+        "skipped: {waiting} runs of this task already wait to start ([execution] max_queued = {max_queued})",
     "overlap_replace_waiting": "concurrency 'replace': waiting for the replaced run {run_id} to end",
     "overlap_queue": "concurrency 'queue': waiting for the earlier run",
     # a durable cancel request, in words (classify_outcome)

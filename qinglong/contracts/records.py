@@ -54,17 +54,22 @@ def trigger_content_digest(
     misfire_policy: "MisfirePolicy",
     misfire_grace_ms: int,
     enabled: bool,
+    jitter_ms: int = 0,
 ) -> str:
     """The content digest of a trigger revision, the same in every store.
 
     It covers everything that makes a revision (after the provider normalised the spec): a
-    publish whose digest equals the current one is not a new revision; any change is.
+    publish whose digest equals the current one is not a new revision; any change is. A jitter
+    of 0 is left out, so a trigger without one keeps the digest it had before jitter existed.
     """
-    return content_digest({
+    content = {
         "project_id": project_id, "trigger_id": trigger_id, "task_id": task_id, "kind": kind,
         "spec": dict(spec), "misfire_policy": misfire_policy.value,
         "misfire_grace_ms": misfire_grace_ms, "enabled": enabled,
-    })
+    }
+    if jitter_ms:
+        content["jitter_ms"] = jitter_ms
+    return content_digest(content)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +87,8 @@ class TriggerDefinition:
     misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_ONCE
     misfire_grace_ms: int = DEFAULT_MISFIRE_GRACE_MS
     enabled: bool = True
+    #: random delay window of each occurrence (``contracts.jitter``); 0: none
+    jitter_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +105,8 @@ class TriggerHead:
     misfire_grace_ms: int
     enabled: bool
     content_digest: str
+    #: random delay window of each occurrence (``contracts.jitter``); 0: none
+    jitter_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +175,8 @@ class Decision:
     next_fire_at_ms: int
     scheduled_for_ms: int | None = None
     skipped: SkippedOccurrences | None = None
+    #: the delay the admitted occurrence drew: ``scheduled_for_ms`` minus its nominal time
+    jitter_ms: int = 0
 
     @property
     def admits_run(self) -> bool:
@@ -224,10 +235,12 @@ class RunView:
     admitted_at_ms: int
     state: str
     idempotency_key: str
+    #: the random delay its occurrence drew (``scheduled_for_ms`` is the delayed time)
+    jitter_ms: int = 0
 
     @property
     def lag_ms(self) -> int:
-        """How late the Run was admitted after its occurrence."""
+        """How late the Run was admitted after its (delayed) occurrence."""
         return self.admitted_at_ms - self.scheduled_for_ms
 
 
@@ -247,6 +260,8 @@ class ScheduleView:
     #: when this revision was published (store clock); lets a reader preview the first fire time
     #: of a schedule that no scheduler round has initialized yet
     published_at_ms: int | None = None
+    #: the trigger's random delay window (``next_fire_at_ms`` is already the delayed time)
+    jitter_ms: int = 0
 
     def lag_ms(self, now_ms: int) -> int:
         """How far behind the schedule is at ``now_ms`` (0 when not due or not initialized)."""

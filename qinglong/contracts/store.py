@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, ru
 
 from .diagnostics import DiagnosticSink
 from .errors import TriggerSpecError, UnknownTriggerKind, UserError
+from .jitter import MAX_JITTER_MS
 from .providers import TriggerProvider
 from .records import (
     MAX_MISFIRE_GRACE_MS,
@@ -261,6 +262,13 @@ def validate_definition(
         raise TriggerSpecError(
             definition.kind, "misfire_grace_ms",
             f"must be between 0 and {MAX_MISFIRE_GRACE_MS} (366 days), got {definition.misfire_grace_ms}",
+        )
+    if not isinstance(definition.jitter_ms, int) or isinstance(definition.jitter_ms, bool):
+        raise TriggerSpecError(definition.kind, "jitter_ms", "expected an integer number of milliseconds")
+    if not 0 <= definition.jitter_ms <= MAX_JITTER_MS:
+        raise TriggerSpecError(
+            definition.kind, "jitter_ms",
+            f"must be between 0 and {MAX_JITTER_MS} (1 day), got {definition.jitter_ms}",
         )
     for label, value in (("project_id", definition.project_id), ("trigger_id", definition.trigger_id),
                          ("task_id", definition.task_id)):

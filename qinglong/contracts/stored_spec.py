@@ -1,5 +1,6 @@
-"""Whether a stored execution spec can be run by a cluster worker: the rule the cluster's
-``qinglong._spec_problem`` applies in SQL when a worker claims a Run (a test holds the two equal).
+"""Whether a stored execution spec can be run by a cluster worker, and how its Runs route to a
+worker's claim: the rules the cluster's ``qinglong._spec_problem`` and ``qinglong._claim_routing``
+apply in SQL (a test holds each pair equal).
 
 The spec is key ``execution`` of a task revision's pinned ``remote_worker`` execution revision:
 the normalised spec (:func:`~qinglong.contracts.execution.spec_to_payload`, every default written
@@ -81,4 +82,18 @@ def stored_retry_policy(spec: Any) -> tuple[RetryPolicy, bool]:
                        on_timeout=retry["on_timeout"]), spec["idempotent"]
 
 
-__all__ = ["MISSING", "stored_retry_policy", "stored_spec_problem"]
+def stored_claim_routing(spec: Any) -> tuple[frozenset[str | None], bool]:
+    """``(required labels, start gated)`` of a stored spec: the two fields a cluster Run carries
+    so a worker's claim seeks it through an index (``qinglong._claim_routing`` in SQL, held equal
+    by a test). Total: a spec that cannot be read routes as gated with no labels, and the claim
+    then fails it through :func:`stored_spec_problem`. Labels are a set, as the claim compares
+    them by containment; a JSON null element stands as None, as SQL keeps it as NULL."""
+    labels = _get(spec, "labels")
+    required = frozenset(labels) if _json_type(labels) == "array" else frozenset()
+    concurrency = _get(spec, "concurrency")
+    free = (_json_type(spec) == "object" and _get(concurrency, "mode") == "allow"
+            and _json_type(_get(concurrency, "max_running")) != "number")
+    return required, not free
+
+
+__all__ = ["MISSING", "stored_claim_routing", "stored_retry_policy", "stored_spec_problem"]

@@ -1,7 +1,7 @@
 """The worker protocol: how a remote worker pulls Runs, reports on them and is fenced.
 
 On the cluster profile an admitted Run waits, queued, for a worker: a ``qinglong worker`` process
-on any machine. The worker talks to the store only through the seven calls of
+on any machine. The worker talks to the store only through the eight calls of
 :class:`WorkerProtocol` (open session, heartbeat, claim, started, append log, complete, close
 session). The PostgreSQL backend implements them as SECURITY DEFINER functions that the
 ``worker_ingress`` role may execute and nothing else; an HTTP gateway could implement the same
@@ -125,6 +125,13 @@ SESSION_EXPIRED = "session_expired"
 SESSION_CLOSED = "session_closed"
 
 
+class LogRefused(QinglongError):
+    """The store cannot keep more of this Attempt's log (its disk is full, say): the worker stops
+    shipping it and completes with the bytes the store holds, the rest counted as missing."""
+
+    code = "log_refused"
+
+
 class BadWorkerCall(QinglongError):
     """A call with an argument outside the protocol's bounds: a bug in the caller."""
 
@@ -230,7 +237,7 @@ class CompletionReply:
 
 @runtime_checkable
 class WorkerProtocol(Protocol):
-    """The seven calls. Each is one short transaction in the store; a refused call raises
+    """The eight calls. Each is one short transaction in the store; a refused call raises
     :class:`SessionFenced` or :class:`LeaseFenced` and changes nothing. A call whose reply was
     lost may be repeated: ``started``, ``append_log`` and ``complete`` are idempotent under the
     same fences, and ``claim`` leases an Attempt to at most one session at a time."""
@@ -242,9 +249,9 @@ class WorkerProtocol(Protocol):
         ...
 
     async def heartbeat(self, fence: SessionFence, running: Sequence[str]) -> HeartbeatReply:
-        """Renew the session's lease and the leases of its Attempts; ``running`` names the
-        Attempts the worker holds. The reply orders the worker to stop any of them that has a
-        cancel request or is no longer leased to it."""
+        """Renew the session's lease and the leases of the Attempts ``running`` names (every
+        Attempt the worker holds; one it does not name runs out its lease). The reply orders
+        the worker to stop any of them that has a cancel request or is no longer leased to it."""
         ...
 
     async def claim(self, fence: SessionFence, tokens: Sequence[bytes]) -> Sequence[ClaimedAttempt]:
@@ -265,9 +272,19 @@ class WorkerProtocol(Protocol):
         ...
 
     async def complete(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, *,
-                       started: bool = True) -> CompletionReply:
+                       started: bool = True, log_missing_bytes: int = 0) -> CompletionReply:
         """End the Attempt with ``outcome`` (``outcome.log_bytes`` must equal the bytes shipped)
-        and apply the retry policy; ``started`` False when the process could not be spawned."""
+        and apply the retry policy; ``started`` False when the process could not be spawned;
+        ``log_missing_bytes``: bytes of the job's log that could not be shipped (the stored log
+        is then marked incomplete)."""
+        ...
+
+    async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
+        """End a started Attempt with the outcome its job really had, without a live session: the
+        lease token proves it. Accepted while no other Attempt of the Run has been leased (the
+        Attempt may have been ended ``lost`` meanwhile, and a retry waiting for its time is
+        withdrawn), recorded as late; any other end stands (:class:`LeaseFenced`). The log is
+        what the store holds; ``outcome.log_bytes`` beyond it is recorded as a missing tail."""
         ...
 
     async def close_session(self, fence: SessionFence) -> None:

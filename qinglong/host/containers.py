@@ -18,7 +18,7 @@ from typing import Any
 
 from dependency_injector import containers, providers
 
-from qinglong.contracts.capabilities import ExecutingBackend, proposed_log_dir
+from qinglong.contracts.capabilities import EventingBackend, ExecutingBackend, proposed_log_dir
 from qinglong.contracts.errors import PluginLoadError, SettingsError
 from qinglong.contracts.execution import ExecutorContext, minimal_environment
 from qinglong.contracts.store import BackendContext, SchedulerBackendSpec, SchedulerLimits
@@ -129,6 +129,8 @@ def executor_context(loaded: LoadedSettings, backend_settings: Any) -> ExecutorC
         log_dir=execution_log_dir(loaded, backend_settings) or os.path.abspath("qinglong.logs"),
         base_env=minimal_environment(os.environ.get("HOME")),
         kill_grace_ms=loaded.settings.execution.kill_grace_ms,
+        orphan_drain_ms=loaded.settings.execution.orphan_drain_ms,
+        orphans=loaded.settings.execution.orphans,
     )
 
 
@@ -163,6 +165,57 @@ def dispatcher_factory(host: PluginHost, loaded: LoadedSettings, backend_setting
         context = executor_context(loaded, backend_settings)
         config = DispatcherConfig.from_settings(loaded.settings.execution, context.log_dir)
         return Dispatcher(store, create_executors(host, context), config, sink, clock_ms)
+
+    return build
+
+
+def create_notifiers(host: PluginHost, loaded: LoadedSettings) -> dict[str, Any]:
+    """The configured channels (``[notifications.channels.<name>]``), each built by the notifier
+    its ``kind`` names; an unknown kind or bad options is a SettingsError naming the channel."""
+    specs = host.notifier_specs() if loaded.settings.notifications.channels else {}
+    notifiers = {}
+    for name, table in loaded.settings.notifications.channels.items():
+        options = {k: v for k, v in table.items() if k != "kind"}
+        spec = specs.get(table["kind"])
+        where = loaded.origin(("notifications", "channels", name))
+        if spec is None:
+            raise SettingsError(
+                f"{where}: channel {name!r}: kind {table['kind']!r} is not offered by any loaded "
+                f"plugin (offered: {', '.join(sorted(specs)) or 'none'})")
+        try:
+            notifiers[name] = spec.create(name, options)
+        except ValueError as exc:
+            raise SettingsError(f"{where}: channel {name!r}: {exc}") from None
+    return notifiers
+
+
+def delivery_loop(host: PluginHost, loaded: LoadedSettings, backend: Any, sink: Any,
+                  clock_ms: Any) -> Any:
+    """The event delivery loop when the backend keeps an outbox and ``[notifications] enabled``."""
+    section = loaded.settings.notifications
+    outbox = backend.outbox() if isinstance(backend, EventingBackend) else None
+    if outbox is None or not section.enabled:
+        return None
+    from qinglong.contracts.events import DeliveryPolicy, NotifyPolicy
+
+    from .events import DeliveryLoop
+
+    return DeliveryLoop(
+        outbox, create_notifiers(host, loaded), sink, clock_ms,
+        policy=DeliveryPolicy(section.max_tries, section.backoff_ms,
+                              max(section.backoff_cap_ms, section.backoff_ms)),
+        default_notify=NotifyPolicy(section.default), poll_ms=section.poll_ms,
+        batch=section.batch, lease_ms=section.lease_ms, send_timeout_ms=section.send_timeout_ms,
+        concurrency=section.concurrency, log_lines=section.log_lines)
+
+
+def components_factory(host: PluginHost, loaded: LoadedSettings, sink: Any, clock_ms: Any) -> Any:
+    """``context -> components``: the host's own stack components (the event delivery loop) and
+    the plugins' (hook ``qinglong_lifecycle_components``)."""
+
+    def build(context: Any) -> list[Any]:
+        own = delivery_loop(host, loaded, context.backend, sink, clock_ms)
+        return ([own] if own is not None else []) + list(host.lifecycle_components(context))
 
     return build
 
@@ -213,6 +266,8 @@ class HostContainer(containers.DeclarativeContainer):
     dispatcher_factory = providers.Singleton(dispatcher_factory, plugin_host, loaded, backend_settings,
                                              diagnostics, clock_ms)
     http_admission = providers.Singleton(http_admission, loaded)
+    components_factory = providers.Singleton(components_factory, plugin_host, loaded, diagnostics,
+                                             clock_ms)
 
     lifecycle = providers.Singleton(
         Lifecycle,
@@ -221,7 +276,7 @@ class HostContainer(containers.DeclarativeContainer):
         backend=backend,
         diagnostics=diagnostics,
         providers=trigger_providers,
-        components_factory=plugin_host.provided.lifecycle_components,
+        components_factory=components_factory,
         cadence_ms=config.scheduler.cadence_ms,
         start_step_timeout_ms=config.lifecycle.start_step_timeout_ms,
         stop_timeout_ms=config.lifecycle.stop_timeout_ms,

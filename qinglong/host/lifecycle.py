@@ -281,6 +281,10 @@ class Lifecycle:
                 self._note("dispatcher_started", **reconciled.as_fields())
             context = HostContext(self.profile, self.settings, self.backend, self.diagnostics, self.providers)
             components = list(self.components_factory(context)) + admission
+            if dispatcher is not None:
+                # a component that wants to hear of each Run end (the event delivery loop)
+                dispatcher.on_finished.extend(
+                    c.on_run_finished for c in components if callable(getattr(c, "on_run_finished", None)))
             self.readiness.starting("opening the admission phase")
             for phase in (ComponentPhase.STACK, ComponentPhase.ADMISSION):
                 for component in components:

@@ -417,6 +417,17 @@ class PluginHost:
             lambda spec: spec.name,
             "two plugins provide worker protocol {key}: {first} and {second}; disable one of them")
 
+    def notifier_specs(self) -> dict[str, Any]:
+        """Notifier kinds by name; two of one kind are refused, naming both plugins."""
+        from qinglong.contracts.events import NotifierSpec
+
+        return self._unique(
+            "qinglong_notifiers", "a NotifierSpec (kind, create)",
+            lambda spec: (isinstance(spec, NotifierSpec) and isinstance(spec.kind, str)
+                          and bool(spec.kind) and callable(spec.create)),
+            lambda spec: spec.kind,
+            "two plugins provide notifier kind {key}: {first} and {second}; disable one of them")
+
     def diagnostic_sinks(self, settings: Any) -> list[DiagnosticSink]:
         """Extra diagnostic sinks from plugins."""
         return [sink for _, sink in self._collect("qinglong_diagnostic_sinks", settings=settings)]

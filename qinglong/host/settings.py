@@ -38,6 +38,11 @@ SETTINGS_ENV = "QINGLONG_SETTINGS"
 PROFILE_ENV = "QINGLONG_PROFILE"
 DEFAULT_PROFILE = "edge"
 _SECRET_HINTS = ("dsn", "password", "secret", "token")
+#: The longest duration any setting may hold: retention of a hundred years, a timeout of thirty
+#: days. A bound keeps every cutoff and deadline a finite, storable number (``inf`` or ``1e300``
+#: days cannot be turned into milliseconds).
+MAX_RETENTION_DAYS = 36_500
+MAX_TIMEOUT_MS = 30 * 86_400_000
 
 
 class PluginsSettings(BaseModel):
@@ -76,18 +81,32 @@ class ExecutionSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     enabled: bool = Field(True, description="run admitted Runs' processes in `qinglong run`")
     max_running: int = Field(2, ge=1, description="processes running at once, all tasks together")
-    default_timeout_ms: int = Field(3_600_000, ge=1_000, description="a task's timeout when it states none")
-    max_timeout_ms: int = Field(24 * 3_600_000, ge=1_000, description="the longest timeout a task may state")
+    default_timeout_ms: int = Field(3_600_000, ge=1_000, le=MAX_TIMEOUT_MS,
+                                    description="a task's timeout when it states none")
+    max_timeout_ms: int = Field(24 * 3_600_000, ge=1_000, le=MAX_TIMEOUT_MS,
+                                description="the longest timeout a task may state")
     log_limit_bytes: int = Field(4 * 1024 * 1024, ge=0, description="a task's log limit when it states none")
     log_dir: str | None = Field(None, description="Attempt logs; default: <database>.logs beside the SQLite file")
     kill_grace_ms: int = Field(10_000, ge=100, le=600_000, description="between TERM and KILL")
     on_stop: Literal["detach", "terminate"] = Field(
         "detach", description="at SIGTERM of `qinglong run`: leave running jobs running, or stop them")
+    orphans: Literal["kill", "leave"] = Field(
+        "kill", description="what a job left holding its output after it exited: kill its process group, or leave it")
+    orphan_drain_ms: int = Field(2_000, ge=0, le=600_000,
+                                 description="how long a job's output is still read after the job exited")
+    max_queued: int = Field(16, ge=1, le=100_000,
+                            description="Runs of one task waiting to start; an occurrence beyond is a recorded skip")
     poll_ms: int = Field(1_000, ge=50, le=60_000, description="fallback wake-up of the dispatcher")
-    log_retention_days: float = Field(7, gt=0, description="finished Attempts' logs are deleted after this")
-    run_retention_days: float = Field(7, gt=0, description="finished Runs are pruned after this")
+    log_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+                                      description="finished Attempts' logs are deleted after this")
+    run_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+                                      description="finished Runs are pruned after this")
     min_free_bytes: int = Field(64 * 1024 * 1024, ge=0,
                                 description="below this free space on the log filesystem, oldest logs go first")
+    min_free_fraction: float = Field(
+        0.1, gt=0, le=0.5, description="the floor on a log filesystem too small for min_free_bytes: this fraction of it")
+    keep_logs_per_task: int = Field(3, ge=0, le=10_000,
+                                    description="the newest logs of each task that the free-space floor never deletes")
     prune_batch: int = Field(200, ge=1, le=10_000, description="rows pruned per batch")
 
 
@@ -109,11 +128,16 @@ class WorkerSettings(BaseModel):
     self_fence_margin_ms: int = Field(5_000, ge=500, le=120_000,
                                       description="jobs are gone this long before the lease can expire")
     kill_grace_ms: int = Field(10_000, ge=100, le=600_000, description="between TERM and KILL")
+    orphans: Literal["kill", "leave"] = Field(
+        "kill", description="what a job left holding its output after it exited: kill its process group, or leave it")
+    orphan_drain_ms: int = Field(2_000, ge=0, le=600_000,
+                                 description="how long a job's output is still read after the job exited")
     poll_ms: int = Field(1_000, ge=50, le=60_000, description="between claims while there are free slots")
     log_dir: str | None = Field(None, description="Attempt logs on this machine; default: ./qinglong-worker-logs")
     drain_timeout_ms: int = Field(60_000, ge=0, le=3_600_000,
                                   description="at SIGTERM: how long running jobs may finish before they are stopped")
-    log_retention_days: float = Field(7, gt=0, description="local Attempt directories are deleted after this")
+    log_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+                                      description="local Attempt directories are deleted after this")
 
 
 class HttpSettings(BaseModel):
@@ -125,7 +149,8 @@ class HttpSettings(BaseModel):
     token: str | None = Field(None, min_length=16, description="bearer token every request must carry")
     token_env: str | None = Field(None, min_length=1, description="environment variable holding the token")
     max_header_bytes: int = Field(8_192, ge=1_024, le=65_536, description="request line and headers")
-    max_body_bytes: int = Field(1_024, ge=0, le=1_048_576, description="a request body (none is needed)")
+    max_body_bytes: int = Field(131_072, ge=0, le=1_048_576,
+                                description="a request body (an API task payload holds up to 64 KiB)")
     max_connections: int = Field(16, ge=1, le=1_024, description="connections served at once")
     request_timeout_ms: int = Field(5_000, ge=100, le=120_000,
                                     description="to receive a request and answer it; idle keep-alive too")
@@ -139,6 +164,34 @@ class HttpSettings(BaseModel):
         return value
 
 
+class ApiSettings(BaseModel):
+    """``[api]``: the management API at ``/api/v1``, served on the ``[http]`` listener by ``qinglong
+    run`` (and by ``qinglong api``). Every request needs a token made with ``qinglong token create``.
+    A listen address off loopback needs TLS files or ``behind_proxy`` with its trusted proxies."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(False, description="serve /api/v1 on the [http] listener")
+    tls_cert_file: str | None = Field(None, min_length=1, description="TLS certificate chain (PEM)")
+    tls_key_file: str | None = Field(None, min_length=1, description="TLS private key (PEM)")
+    behind_proxy: bool = Field(False, description="plain HTTP off loopback, only behind a TLS proxy")
+    trusted_proxies: list[str] = Field(default_factory=list,
+                                       description="proxy addresses whose X-Forwarded-For is believed")
+    failed_auth_burst: int = Field(20, ge=1, le=10_000, description="failed authentications per address before 429")
+    failed_auth_per_second: float = Field(1.0, gt=0, le=1_000, description="refill of that allowance")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP address or network") from None
+        return value
+
+
 def split_listen(value: str) -> tuple[str, int]:
     """``"host:port"`` (``"[v6]:port"``) as ``(host, port)``; port 0 picks a free one (named in the
     ``http.listening`` line). ValueError saying what is expected."""
@@ -148,6 +201,43 @@ def split_listen(value: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65_536:
         raise ValueError('expected "host:port" such as "127.0.0.1:8080" or "[::1]:8080"')
     return host, int(port)
+
+
+class NotificationsSettings(BaseModel):
+    """``[notifications]``: where events out go (docs/events.md). Each table of ``channels`` is one
+    channel: ``kind`` names a notifier (``webhook``, ``email`` or a plugin's) and the rest are its
+    options."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(True, description="deliver events in `qinglong run`")
+    default: Literal["on-failure", "always", "never"] = Field(
+        "on-failure", description="which Run events reach the channels when a task says nothing")
+    channels: dict[str, dict[str, Any]] = Field(default_factory=dict,
+                                                description="channel name -> {kind = ..., options}")
+    max_tries: int = Field(8, ge=1, le=100, description="tries before a delivery is dead")
+    backoff_ms: int = Field(1_000, ge=0, le=3_600_000, description="delay after the first failed try")
+    backoff_cap_ms: int = Field(300_000, ge=0, le=86_400_000, description="the longest delay")
+    poll_ms: int = Field(500, ge=20, le=60_000, description="between delivery passes")
+    batch: int = Field(100, ge=1, le=1_000, description="events routed and deliveries sent per pass")
+    lease_ms: int = Field(60_000, ge=1_000, le=3_600_000,
+                          description="a claimed delivery is left to its sender this long")
+    send_timeout_ms: int = Field(10_000, ge=100, le=300_000, description="one send's bound")
+    concurrency: int = Field(8, ge=1, le=256, description="sends at once")
+    log_lines: int = Field(20, ge=0, le=1_000, description="last log lines a message carries")
+
+    @field_validator("channels")
+    @classmethod
+    def _channel_names(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        import re
+
+        for name, table in value.items():
+            if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", name):
+                raise ValueError(f"channel name {name!r}: expected lowercase letters, digits, _ "
+                                 "and -, at most 63")
+            if not isinstance(table.get("kind"), str):
+                raise ValueError(f"channel {name!r}: expected kind = \"webhook\", \"email\" or a "
+                                 "plugin's notifier kind")
+        return value
 
 
 class DiagnosticsSettings(BaseModel):
@@ -185,7 +275,9 @@ class QinglongSettings(BaseSettings):
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    notifications: NotificationsSettings = Field(default_factory=NotificationsSettings)
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
     backend: dict[str, Any] = Field(
         default_factory=dict, description="validated by the profile's backend plugin"
@@ -357,7 +449,9 @@ class _FileLayer(BaseModel):
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    notifications: NotificationsSettings = Field(default_factory=NotificationsSettings)
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
     backend: dict[str, Any] = Field(default_factory=dict)
 

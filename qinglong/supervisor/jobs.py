@@ -56,15 +56,15 @@ def missing_executor(name: str, executors: Mapping[str, Any], where: str = "") -
 
 
 def ended_outcome(executor: Executor, attempt_dir: str, cancel: CancelReason | str | None, *,
-                  lost_reason: str | None = None) -> AttemptOutcome:
+                  lost_reason: str | None = None, requested_at_ms: int | None = None) -> AttemptOutcome:
     """How an Attempt whose process ended ended, from the evidence only: the receipt its waiter
-    left and the durable cancel request, through
-    :func:`~qinglong.contracts.execution.classify_outcome` (never ``succeeded`` without a
-    receipt; ``lost`` with ``lost_reason`` when neither explains the end)."""
+    left and the durable cancel request (written at ``requested_at_ms``, when known on the
+    receipt's clock), through :func:`~qinglong.contracts.execution.classify_outcome` (never
+    ``succeeded`` without a receipt; ``lost`` with ``lost_reason`` when neither explains the end)."""
     receipt = executor.read_receipt(attempt_dir)
     if lost_reason is None:
-        return classify_outcome(receipt, cancel)
-    return classify_outcome(receipt, cancel, lost_reason=lost_reason)
+        return classify_outcome(receipt, cancel, requested_at_ms=requested_at_ms)
+    return classify_outcome(receipt, cancel, lost_reason=lost_reason, requested_at_ms=requested_at_ms)
 
 
 @dataclass(eq=False)
@@ -193,10 +193,10 @@ class Supervisor(Generic[J]):
         except Exception:
             pass
 
-    def outcome(self, job: J, cancel: CancelReason | str | None) -> AttemptOutcome:
+    def outcome(self, job: J, cancel: CancelReason | str | None, requested_at_ms: int | None = None) -> AttemptOutcome:
         """How the job's ended process ended (:func:`ended_outcome`)."""
         assert job.executor is not None
-        return ended_outcome(job.executor, job.attempt_dir, cancel)
+        return ended_outcome(job.executor, job.attempt_dir, cancel, requested_at_ms=requested_at_ms)
 
     # ---------------------------------------------------------------------------------- signals
 

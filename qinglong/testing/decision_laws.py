@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from qinglong.contracts.decision import decide
+from qinglong.contracts.jitter import JitteredSchedule, schedule_of
 from qinglong.contracts.records import (
     NO_MORE_OCCURRENCES_MS,
     Decision,
@@ -32,7 +33,7 @@ from qinglong.contracts.records import (
 
 
 def make_head(kind: str, spec: Mapping[str, Any], policy: MisfirePolicy, grace_ms: int,
-              revision: int = 1) -> TriggerHead:
+              revision: int = 1, jitter_ms: int = 0) -> TriggerHead:
     """A trigger head (project ``p1``, trigger ``t1``, task ``k1``) as a store hands it to ``decide``."""
     return TriggerHead(
         project_id="p1",
@@ -45,6 +46,7 @@ def make_head(kind: str, spec: Mapping[str, Any], policy: MisfirePolicy, grace_m
         misfire_grace_ms=grace_ms,
         enabled=True,
         content_digest="sha256:" + "0" * 64,
+        jitter_ms=jitter_ms,
     )
 
 
@@ -64,7 +66,11 @@ def initialization_base(cursor: ScheduleCursor, observed_at_ms: int) -> int:
 
 def assert_decision_laws(decision: Decision, head: TriggerHead, cursor: ScheduleCursor,
                          observed_at_ms: int, provider: Any) -> None:
-    """Every law a single decision must keep, whatever its kind (see ``qinglong/contracts/decision.py``)."""
+    """Every law a single decision must keep, whatever its kind (see ``qinglong/contracts/decision.py``).
+
+    A trigger with a jitter keeps the same laws on its jittered times (``contracts.jitter``)."""
+    plain = provider
+    provider = schedule_of(plain, head.project_id, head.trigger_id, head.jitter_ms)
     current = cursor.next_fire_at_ms
     assert decision.observed_at_ms == observed_at_ms
     assert decision.trigger_revision == head.trigger_revision
@@ -80,10 +86,22 @@ def assert_decision_laws(decision: Decision, head: TriggerHead, cursor: Schedule
         # (owed since the publish), and none lies between that base and the cursor.
         base = initialization_base(cursor, observed_at_ms)
         assert decision.next_fire_at_ms > base
-        expected = provider.next_after(head.spec, base)
+        if isinstance(provider, JitteredSchedule):
+            # the first occurrence whose nominal time is after the base, at its jittered time
+            expected = provider.first_after_nominal(head.spec, base)
+        else:
+            expected = provider.next_after(head.spec, base)
         assert decision.next_fire_at_ms == (NO_MORE_OCCURRENCES_MS if expected is None else expected)
     else:
         assert current is not None and current <= observed_at_ms
+    if decision.admits_run:
+        # the delay drawn: the admitted time less its occurrence's nominal time, inside the window
+        nominal = plain.latest_at_or_before(head.spec, decision.scheduled_for_ms)
+        if head.jitter_ms:
+            assert decision.jitter_ms == decision.scheduled_for_ms - nominal
+            assert 0 <= decision.jitter_ms < head.jitter_ms
+        else:
+            assert decision.jitter_ms == 0
     if kind in (DecisionKind.MISFIRE_SKIP, DecisionKind.MISFIRE_FIRE_ONCE):
         assert decision.next_fire_at_ms > observed_at_ms
     if kind is DecisionKind.MISFIRE_SKIP:

@@ -36,6 +36,8 @@ class WorkerConfig:
     log_dir: str
     drain_timeout_ms: int
     log_retention_days: float
+    orphans: str = "kill"
+    orphan_drain_ms: int = 2_000
 
     @property
     def application_name(self) -> str:
@@ -83,4 +85,6 @@ def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
         log_dir=os.path.abspath(worker.log_dir or DEFAULT_LOG_DIR),
         drain_timeout_ms=worker.drain_timeout_ms,
         log_retention_days=worker.log_retention_days,
+        orphans=worker.orphans,
+        orphan_drain_ms=worker.orphan_drain_ms,
     )

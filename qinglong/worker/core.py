@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
+from qinglong.contracts.errors import StoreAuthFailed
 from qinglong.contracts.execution import CancelReason, ExecutionSpec
 from qinglong.contracts.worker import ClaimedAttempt, FenceDeadlines, Session, SessionFence, WorkerProtocol
-from qinglong.supervisor import Job, Supervisor, SupervisorStats
+from qinglong.supervisor import Job, Supervisor, SupervisorStats, wall_clock_ms
 
 from .config import WorkerConfig
 from .fence import KeeperLink
@@ -38,6 +39,8 @@ class WorkerJob(Job):
     #: no longer ours (lease lost, session fenced, self-fenced): stop it, never report it
     forgotten: bool = False
     kill_at: float | None = None
+    #: when it was forgotten, epoch ms: a receipt from before then is the job's own end
+    forgotten_wall_ms: int | None = None
     #: its process ended (or never started) and its outcome is being reported: no stop order
     #: applies any more; only the completion's own answer says whether the outcome stands
     finishing: bool = False
@@ -45,6 +48,8 @@ class WorkerJob(Job):
     done: bool = False
     #: log bytes the store holds
     shipped: int = 0
+    #: the store will not keep more of its log: no more shipping; it completes with what it has
+    log_refused: bool = False
 
 
 @dataclass
@@ -58,6 +63,7 @@ class WorkerStats(SupervisorStats):
     completed: int = 0
     forgotten: int = 0
     self_fenced: int = 0
+    completed_late: int = 0
     log_bytes_shipped: int = 0
 
 
@@ -86,6 +92,8 @@ class WorkerCore:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     stats: WorkerStats = field(default_factory=WorkerStats)
+    #: the refused login last reported (each new refusal is reported once)
+    _auth_reported: BaseException | None = None
 
     def __post_init__(self) -> None:
         self.supervisor: Supervisor[WorkerJob] = Supervisor(self.diagnostics, "worker",
@@ -115,6 +123,7 @@ class WorkerCore:
         if job.forgotten:
             return
         job.forgotten = True
+        job.forgotten_wall_ms = wall_clock_ms()
         self.stats.forgotten += 1
         job.kill_at = self.mono() if kill_now or kill_at is None else kill_at
         if job.handle is not None:
@@ -123,7 +132,16 @@ class WorkerCore:
                 self.supervisor.signal(job, signal.SIGKILL)
 
     def store_down(self, exc: BaseException) -> None:
-        """A call found the store unavailable (reported once until it answers again)."""
+        """A call found the store unavailable (reported once until it answers again); a refused
+        login is an error, reported each time it is tried again (the client backs off)."""
+        if isinstance(exc, StoreAuthFailed):
+            if self.store_down_since is None:
+                self.store_down_since = self.mono()
+            if self._auth_reported is not exc:
+                self._auth_reported = exc
+                self.emit("error", "worker.auth_failed", f"the store refuses this worker's login; retrying "
+                          f"with a growing pause: {exc}", jobs=len(self.jobs))
+            return
         if self.store_down_since is None:
             self.store_down_since = self.mono()
             self.emit("warning", "worker.store_unavailable",
@@ -134,5 +152,6 @@ class WorkerCore:
         if self.store_down_since is not None:
             down = self.mono() - self.store_down_since
             self.store_down_since = None
+            self._auth_reported = None
             self.emit("info", "worker.store_available", f"the store answers again after {down:.1f} s",
                       down_ms=int(down * 1000))

@@ -39,6 +39,7 @@ from qinglong.contracts.worker import (
     ClaimedAttempt,
     CompletionResult,
     LeaseFenced,
+    LogRefused,
     SessionFence,
     SessionFenced,
     new_lease_token,
@@ -46,7 +47,8 @@ from qinglong.contracts.worker import (
 from qinglong.supervisor import NO_COMMAND, missing_executor, start_failure, wall_clock_ms
 
 from .core import RETRY_S, WorkerCore, WorkerJob
-from .logship import ship_log
+from .late import mark_reported, report_found, report_late, write_lease
+from .logship import log_size, ship_log
 from .session import Sessions
 
 #: How often a running job's log is shipped, seconds (at most every heartbeat).
@@ -64,6 +66,24 @@ class Jobs:
         self._core = core
         self._sessions = sessions
         self._executors = dict(executors)
+
+    async def report_found(self) -> None:
+        """Once the store answers: the outcomes a previous process of this worker left on disk
+        unreported (:mod:`.late`)."""
+        core = self._core
+        while core.protocol is None and not core.closing:
+            await asyncio.sleep(RETRY_S)
+        if core.closing:
+            return
+        try:
+            recorded = await report_found(core, self._executors)
+        except Exception as exc:
+            core.emit("error", "worker.late_scan_failed", f"looking for unreported outcomes failed: "
+                      f"{exc.__class__.__name__}: {exc}")
+            return
+        if recorded:
+            core.emit("info", "worker.late_found", f"{recorded} outcome(s) a previous process of this worker "
+                      "left unreported were recorded", recorded=recorded)
 
     # ---------------------------------------------------------------------------------- claiming
 
@@ -215,6 +235,12 @@ class Jobs:
         request = StartRequest(attempt.run_id, attempt.attempt_id, attempt.attempt_no, attempt.scheduled_for_ms,
                                spec, job.attempt_dir, fence_deadline_mono=fence_at)
         try:
+            # the token beside the job: a restarted worker reports the outcome it finds with it
+            write_lease(job.attempt_dir, attempt.run_id, attempt.attempt_no, spec.executor, attempt.lease)
+        except OSError as exc:
+            await self._finish(job, self._failure(f"cannot write the attempt's lease file: {exc}"), started=False)
+            return False
+        try:
             await core.supervisor.spawn(job, executor, request)
         except StartError as err:
             core.emit("warning", "worker.start_failed", f"run {attempt.run_id} could not start: {err}",
@@ -248,16 +274,44 @@ class Jobs:
         core = self._core
 
         async def ship_while_held() -> None:
-            if core.holds(job):
+            if core.holds(job) and not job.log_refused:
                 await self._ship(job, final=False)
 
         await core.supervisor.wait_for_exit(job, every_s=min(SHIP_S, core.config.heartbeat_ms / 1000),
                                             meanwhile=ship_while_held)
         if job.forgotten:
+            outcome = self._own_end(job)
+            if outcome is not None:
+                # it ended on its own before the lease was lost: the token still proves the outcome
+                await report_late(core, job.run_id, job.attempt_dir, job.claimed.lease, outcome)
+                return
             core.emit("info", "worker.job_forgotten", f"run {job.run_id}: its process ended; its outcome is "
                       "not this worker's to report", run_id=job.run_id, attempt_id=job.attempt_id)
             return
         await self._finish(job, core.supervisor.outcome(job, job.cancel), started=True)
+
+    def _log_refused(self, job: WorkerJob, why: str) -> None:
+        """Stop shipping the job's log (said once): it completes with what the store holds."""
+        if job.log_refused:
+            return
+        job.log_refused = True
+        self._core.emit("error", "worker.log_tail_incomplete",
+                        f"run {job.run_id}: the store refuses its log ({why}); it keeps {job.shipped} bytes and "
+                        "the rest is marked missing when the attempt completes", run_id=job.run_id,
+                        attempt_id=job.attempt_id, log_bytes_stored=job.shipped)
+
+    def _own_end(self, job: WorkerJob) -> AttemptOutcome | None:
+        """The outcome of a forgotten job whose process ended by itself before it was forgotten
+        (its receipt is older than the forget, so no signal of ours ended it), else None."""
+        if job.executor is None or job.forgotten_wall_ms is None:
+            return None
+        try:
+            receipt = job.executor.read_receipt(job.attempt_dir)
+        except Exception:
+            return None
+        if receipt is None or receipt.ended_at_ms > job.forgotten_wall_ms:
+            return None
+        return classify_outcome(receipt, job.cancel)
 
     # ---------------------------------------------------------------------------------- reporting
 
@@ -287,6 +341,9 @@ class Jobs:
             self._sessions.session_lost(job.fence, exc)
         except StoreUnavailable as exc:
             core.store_down(exc)
+        except LogRefused as exc:
+            self._log_refused(job, str(exc))
+            return "refused"
         except (BadWorkerCall, RuntimeError, OSError) as exc:
             core.emit("error" if final else "warning", "worker.log_ship_failed",
                       f"run {job.run_id}: shipping its log failed: {exc}", run_id=job.run_id,
@@ -305,29 +362,34 @@ class Jobs:
             outcome = dataclasses.replace(outcome, reason=outcome.reason[:MAX_REASON_CHARS])
         refusals = 0
         while core.holds(job):
-            shipped = await self._ship(job, final=True) if started else "ok"
+            shipped = await self._ship(job, final=True) if started and not job.log_refused else "ok"
             if shipped == "retry":
                 await asyncio.sleep(RETRY_S)
                 continue
             if shipped == "refused":
                 refusals += 1
                 if refusals > MAX_BAD_CALLS:
-                    core.emit("error", "worker.log_refused", f"run {job.run_id}: the store keeps refusing its "
-                              "log; the attempt is left to its lease", run_id=job.run_id, attempt_id=job.attempt_id)
-                    core.forget(job, kill_now=True)
-                    return
+                    self._log_refused(job, "the store keeps refusing it")
+            # completion never waits on the log: what the store could not take is counted missing
+            missing = max(0, (outcome.log_bytes or log_size(job.attempt_dir)) - job.shipped) \
+                if started and job.log_refused else 0
             final = dataclasses.replace(outcome, log_bytes=job.shipped if started else 0)
             reply = await self._retrying(job, lambda: protocol.complete(job.fence, job.claimed.lease, final,
-                                                                        started=started))
+                                                                        started=started,
+                                                                        log_missing_bytes=missing))
             if reply is None:
-                return
+                break
             if reply.result is CompletionResult.LOG_INCOMPLETE:
                 core.emit("warning", "worker.log_incomplete",
                           f"run {job.run_id}: the store holds {reply.log_bytes_stored} of {final.log_bytes} log "
                           "bytes; shipping the rest", run_id=job.run_id, attempt_id=job.attempt_id)
-                job.shipped = min(job.shipped, reply.log_bytes_stored)
+                # ship the rest from what the store holds (or, refused, complete with just that)
+                job.shipped = reply.log_bytes_stored if job.log_refused else min(job.shipped,
+                                                                                  reply.log_bytes_stored)
                 continue
             job.done = True
+            if started:
+                mark_reported(job.attempt_dir)
             core.stats.completed += 1
             core.emit("info", "worker.completed",
                       f"run {job.run_id}: attempt {job.claimed.attempt_no} {final.state.value}"
@@ -336,3 +398,6 @@ class Jobs:
                       run_state=reply.run_state.value, exit_code=final.exit_code, signal=final.signal,
                       log_bytes=final.log_bytes, result=reply.result.value)
             return
+        if started and not job.done:
+            # the lease was lost while the outcome was being reported: the token still proves it
+            await report_late(core, job.run_id, job.attempt_dir, job.claimed.lease, outcome)

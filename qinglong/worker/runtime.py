@@ -91,7 +91,8 @@ class Worker:
             loop.create_task(self._guard(self._sessions.heartbeat_loop), name="qinglong-worker-heartbeat"),
             loop.create_task(self._guard(self._jobs.claim_loop), name="qinglong-worker-claim"),
             loop.create_task(self._guard(self._fence.watchdog_loop), name="qinglong-worker-watchdog"),
-            loop.create_task(self._guard(lambda: retention_loop(core)), name="qinglong-worker-retention")]
+            loop.create_task(self._guard(lambda: retention_loop(core)), name="qinglong-worker-retention"),
+            loop.create_task(self._guard(self._jobs.report_found), name="qinglong-worker-late")]
         core.emit("info", "worker.starting", f"worker {config.worker_id} starting",
                   worker_id=config.worker_id, max_running=config.max_running,
                   labels=",".join(config.labels), log_dir=config.log_dir)

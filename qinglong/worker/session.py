@@ -110,10 +110,10 @@ class Sessions:
 
     async def _heartbeat(self, protocol: WorkerProtocol, session: Session) -> bool:
         core = self._core
-        # the store renews every active Attempt of the session; the ones named here are the
-        # ones a stop order can still concern (a process that may be running)
+        # the store renews only the Attempts named here: every job this worker holds, the ones
+        # reporting their outcome too (an Attempt it does not know of runs out its lease)
         running = [j.attempt_id for j in core.jobs.values()
-                   if not j.forgotten and not j.finishing and j.fence == session.fence]
+                   if not j.forgotten and j.fence == session.fence]
         started = core.mono()
         try:
             reply = await protocol.heartbeat(session.fence, running)

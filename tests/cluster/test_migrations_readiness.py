@@ -218,3 +218,44 @@ def test_start_steps_ride_out_connections_the_server_terminated(cluster):
             await backend.close()
 
     arun(body())
+
+
+@pytest.mark.parametrize("statement, fragment", [
+    ("ALTER ROLE qinglong_runtime IN DATABASE {db} SET session_replication_role = replica",
+     "role qinglong_runtime in database {db} sets session_replication_role=replica"),
+    ("ALTER DATABASE {db} SET synchronous_commit = off", "database {db} sets synchronous_commit=off"),
+    ("ALTER ROLE qinglong_worker_ingress IN DATABASE {db} SET default_transaction_read_only = on",
+     "sets default_transaction_read_only=on"),
+])
+def test_readiness_fails_on_a_role_or_database_setting_we_do_not_ship(cluster, statement, fragment):
+    """``session_replication_role = replica`` on the runtime role switches off every foreign key
+    and trigger for its writes (as DISABLE TRIGGER ALL would, which readiness catches);
+    ``synchronous_commit = off`` on the database (its owner may set that) silently weakens the
+    durability of every admission and completion. A replica that started anyway would break its
+    guarantees without a word; readiness names the setting and how to reset it."""
+    db = cluster.dbname
+    cluster.sql(statement.format(db=db))
+    _not_ready(cluster, fragment.format(db=db), "RESET")
+
+
+def test_readiness_accepts_logging_settings_and_every_session_pins_durability(cluster):
+    """A DBA's logging setting is not drift (readiness must not refuse it); ``synchronous_commit
+    = off`` set on a role in a database it is not ours to reset is overridden in every session
+    the plugin opens: if a session took the role's setting, a committed admission could be lost
+    in a crash."""
+    db = cluster.dbname
+    cluster.sql(f"ALTER DATABASE {db} SET log_min_duration_statement = 1000")
+    arun(_ready(cluster.backend()))
+    cluster.sql(f"ALTER ROLE qinglong_runtime IN DATABASE {db} SET synchronous_commit = off")
+
+    async def body():
+        backend = cluster.backend()
+        try:
+            pool = await backend.runtime_pool()
+            async with pool.connection() as conn:
+                cur = await conn.execute("SHOW synchronous_commit")
+                return (await cur.fetchone())[0]
+        finally:
+            await backend.close()
+
+    assert arun(body()) == "on"

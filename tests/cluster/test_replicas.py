@@ -107,3 +107,43 @@ def test_killed_claim_holder_is_taken_over_only_after_expiry_and_still_one_run(c
     assert len(run) == 1 and run[0][0] == "survivor"
     assert run[0][1] > expires_at  # not before the database said the lease was over
     assert (cluster.count("runs"), cluster.count("attempts"), cluster.count("run_events")) == (1, 1, 2)
+
+
+def test_an_orderly_stop_gives_back_the_claims_the_replica_still_holds(cluster):
+    """A replica stopped in order while it held claims (its round cut at the stop's bound, as in a
+    backlog) must give them back under its fence: otherwise every occurrence it held waits a whole
+    lease (30 s here) before another replica may admit it, and a rolling restart of all replicas
+    stalls the schedule by a lease each time. After the stop no claim of its owner is left, and
+    the other replica's very next round admits every one of those occurrences."""
+    import asyncio
+
+    from qinglong.plugins.cluster_postgres.claim import claim_due_schedules
+
+    seed(cluster, 6)
+
+    async def body():
+        a = cluster.backend("replica-a", lease_ms=30_000)
+        b = cluster.backend("replica-b", lease_ms=30_000)
+        await a.open()
+        await b.open()
+        try:
+            await a.run_round()  # the triggers are initialized: nothing is due yet
+            set_cursor(cluster, None, -500)
+            # what a round cut at the stop leaves: rows claimed, nothing decided
+            pool = await a.runtime_pool()
+            async with pool.connection() as conn:
+                held = await claim_due_schedules(conn, owner=a.owner, limit=16, lease_ms=30_000)
+            await a.close()
+            left = cluster.count("trigger_schedules", "claim_owner = %s", ("replica-a",))
+            runs_before = cluster.count("runs")
+            report = await b.run_round()
+            return len(held), left, runs_before, report, cluster.count("runs")
+        finally:
+            await a.close()
+            await b.close()
+
+    held, left, runs_before, report, runs_after = asyncio.run(body())
+    assert held == 6 and left == 0, (held, left)
+    assert runs_after - runs_before == 6, (runs_before, runs_after, report)
+    events = [e.code for sink in cluster.sinks for e in sink.events]
+    assert "cluster_postgres.claims_released" in events, events

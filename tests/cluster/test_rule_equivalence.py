@@ -6,6 +6,7 @@ strings included. The retry decision has its own module (test_worker_retry_equiv
   the table's words;
 * ``qinglong._cancel_words`` against ``contracts.execution.cancel_words``;
 * ``qinglong._spec_problem`` against ``contracts.stored_spec.stored_spec_problem``;
+* ``qinglong._claim_routing`` against ``contracts.stored_spec.stored_claim_routing``;
 * ``qinglong._overlap`` against ``contracts.execution.overlap_decision``, on Runs in the store.
 """
 
@@ -31,7 +32,7 @@ from qinglong.contracts.execution import (
     spec_to_payload,
 )
 from qinglong.contracts.reasons import REASONS, fields, reason, sql_reason_function
-from qinglong.contracts.stored_spec import MISSING, stored_spec_problem
+from qinglong.contracts.stored_spec import MISSING, stored_claim_routing, stored_spec_problem
 from qinglong.plugins.cluster_postgres.migrations import known_migrations
 from tests.cluster.test_worker_functions import admit, publish
 
@@ -159,6 +160,54 @@ def test_sql_spec_problem_equals_the_contracts_stored_spec_problem(cluster):
             text = None if spec is MISSING else json.dumps(spec)
             got = conn.execute("SELECT qinglong._spec_problem(%s::jsonb)", (text,)).fetchone()[0]
             assert got == stored_spec_problem(spec), spec
+
+        check()
+
+
+#: A ``labels`` value as a damaged or hand-written revision may hold it: strings (repeated, in any
+#: order) and JSON nulls in an array, or a value of another JSON type.
+LABEL_VALUES = st.one_of(
+    st.lists(st.one_of(st.sampled_from(["gpu", "arm", "eu-1", "GPU", "x.y"]), st.none()), max_size=5),
+    JSON_VALUES.filter(lambda v: not isinstance(v, list)))
+
+
+@st.composite
+def routed_specs(draw):
+    """A stored spec (valid, damaged, missing, null or any JSON), its labels then perhaps
+    replaced by any labels value and its concurrency by any JSON value."""
+    spec = draw(stored_specs())
+    if isinstance(spec, dict) and draw(st.booleans()):
+        spec["labels"] = draw(LABEL_VALUES)
+    if isinstance(spec, dict) and draw(st.integers(0, 3)) == 0:
+        spec["concurrency"] = draw(JSON_VALUES)
+    return spec
+
+
+def test_sql_claim_routing_equals_the_contracts_stored_claim_routing(cluster):
+    """Each Run carries the labels a worker must offer and whether its start needs a concurrency
+    decision, computed in SQL when the Run is inserted. If the two disagreed, a Run would be
+    offered to a worker without the labels its task needs (a GPU job on a router), never be
+    offered to any worker at all, or start past its 'forbid' or 'max_running' gate."""
+    publish(cluster, "route", {"command": ["true"]})
+    with _owner(cluster) as conn:
+        rev = conn.execute("SELECT task_revision FROM qinglong.tasks WHERE project_id = 'p1' "
+                           "AND task_id = 'route'").fetchone()[0]
+
+        @settings(EXAMPLES, max_examples=300)
+        @given(spec=routed_specs())
+        def check(spec):
+            stored = {} if spec is MISSING else {"execution": spec}
+            conn.execute("BEGIN")
+            try:
+                conn.execute("UPDATE qinglong.execution_revisions SET spec_json = %s WHERE project_id = 'p1' "
+                             "AND task_id = 'route' AND task_revision = %s", (json.dumps(stored), rev))
+                labels, gated = conn.execute(
+                    "SELECT required_labels, start_gated FROM qinglong._claim_routing('p1', 'route', %s, "
+                    "'remote_worker')", (rev,)).fetchone()
+            finally:
+                conn.execute("ROLLBACK")
+            assert len(labels) == len(set(labels)), labels
+            assert (frozenset(labels), gated) == stored_claim_routing(spec), spec
 
         check()
 

@@ -91,6 +91,10 @@ def test_apply_creates_then_a_second_apply_changes_nothing(cli):
      "projects.ops.tasks.backup.env.TOKEN", "NOT_SET_ANYWHERE is not set"),
     (lambda t: t.replace('misfire_grace = "5m"', 'misfire_policy = "skip"\nmisfire_grace_ms = 10'), 26,
      "projects.ops.triggers.ops-hourly.misfire_grace_ms", "would be skipped"),
+    (lambda t: t.replace('misfire_grace = "5m"', 'jitter = "2d"'), 25,
+     "projects.ops.triggers.ops-hourly.jitter", "must be between 0 and 86400000"),
+    (lambda t: t.replace('misfire_grace = "5m"', 'jitter = "later"'), 25,
+     "projects.ops.triggers.ops-hourly.jitter", "expected a duration"),
     (lambda t: t.replace("version = 1", "version = 2"), 1, "version", "reads version 1"),
     (lambda t: t + "\n[projects.other.triggers.ops-hourly]\ntask = \"x\"\n", 27,
      "projects.other.triggers.ops-hourly", "unique across projects"),
@@ -194,3 +198,23 @@ def test_export_masks_values_and_applies_back_unchanged(cli):
     assert f'TOKEN = {{ value = "{SECRET}" }}' in with_secrets
     missing = cli("export", "--project", "nope")
     assert missing.returncode == 3 and "nope" in missing.stderr
+
+
+def test_a_trigger_jitter_applies_exports_and_applies_back_unchanged(cli):
+    """A jitter the file names must reach the trigger, show in the plan when it changes, and
+    survive export: lost on the way, every apply of an export would drop the delays (and reset
+    the schedules)."""
+    _write(cli, "jobs.toml", GOOD.replace('misfire_grace = "5m"', 'misfire_grace = "5m"\njitter = "10m"'))
+    _ok(cli("apply", "jobs.toml", extra_env={"BACKUP_TOKEN": SECRET}))
+    heads = {t["trigger_id"]: t for t in json.loads(_ok(cli("trigger", "list", "--json")))}
+    assert (heads["ops-hourly"]["jitter_ms"], heads["ops-nightly"]["jitter_ms"]) == (600_000, 0)
+    exported = _ok(cli("export"))
+    assert "jitter_ms = 600000" in exported and exported.count("jitter_ms") == 1
+    before = store_rows(cli.cwd / "qinglong.db")
+    _write(cli, "exported.toml", exported)
+    again = _ok(cli("apply", "exported.toml"))
+    assert "nothing to change" in again
+    assert store_rows(cli.cwd / "qinglong.db") == before
+    _write(cli, "jobs.toml", GOOD.replace('misfire_grace = "5m"', 'misfire_grace = "5m"\njitter = "1m"'))
+    changed = _ok(cli("apply", "jobs.toml", extra_env={"BACKUP_TOKEN": SECRET}))
+    assert "~ trigger ops/ops-hourly (jitter_ms)" in changed

@@ -73,6 +73,9 @@ def documents(draw):
                 "spec": {"expression": draw(EXPRESSIONS), "timezone": draw(ZONES)},
                 "misfire_policy": draw(st.sampled_from(["fire_once", "skip"])),
                 "misfire_grace_ms": draw(st.integers(5_000, 3_600_000)), "enabled": draw(st.booleans())}
+            jitter = draw(st.sampled_from([0, 0, 1, 300_000, 86_400_000]) | st.integers(0, 86_400_000))
+            if jitter or draw(st.booleans()):  # 0 written or left out: the same trigger
+                triggers[f"t{trigger_n}"]["jitter_ms"] = jitter
         project = {"tasks": task_tables, "triggers": triggers}
         if draw(st.booleans()):
             project["name"] = draw(TEXT.filter(lambda s: s and s.isprintable()))

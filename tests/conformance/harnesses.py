@@ -172,13 +172,15 @@ class PostgresHarness(Harness):
         return self._sql("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint")[0][0]
 
     async def elapse(self, ms: int) -> None:
-        """Move every stored instant (each ``*_ms`` column but the grace, a duration) back by
+        """Move every stored instant (each ``*_ms`` column but the durations: the grace, the
+        jitter, a session's lease, an Attempt's timeout) back by
         ``ms``, history included (Runs' occurrences and their idempotency keys, skip ranges), in
         one transaction: the store then looks exactly as if ``ms`` had passed."""
         columns = self._sql(
             "SELECT table_name, column_name FROM information_schema.columns "
             "WHERE table_schema = 'qinglong' AND column_name LIKE '%\\_ms' "
-            "AND column_name <> 'misfire_grace_ms' AND data_type = 'bigint' "
+            "AND column_name NOT IN ('misfire_grace_ms', 'jitter_ms', 'lease_ms', 'timeout_ms') "
+            "AND data_type = 'bigint' "
             "ORDER BY table_name, column_name")
         by_table: dict[str, list[str]] = {}
         for table, column in columns:

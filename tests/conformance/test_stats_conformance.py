@@ -202,3 +202,79 @@ async def test_a_sqlite_read_past_its_bound_is_interrupted_and_leaves_the_connec
     assert not await store.call(lambda c: c.in_transaction)
     stats = await harness.reader.store_stats()  # the default bound: the same store answers
     assert stats.runs_by_state["succeeded"] == 200_000
+
+
+async def test_an_attempt_that_ended_lost_counts_in_the_recent_window_and_not_after_it(harness):
+    """A lost Attempt is work whose outcome is unknown: a store that never counts one (the
+    cluster's figure was fixed at 0) keeps ``qinglong status`` clear and the page silent after
+    a worker died mid-job."""
+    from tests.conformance.ending import end_current, outcome
+
+    await seed(harness)
+    await initialized(harness, "a", every_second("a"))
+    await harness.elapse(2 * SECOND)
+    assert (await harness.run_round()).admitted >= 1
+    (run,) = [r for r in await harness.reader.recent_runs(limit=10) if r.trigger_id == "a"][-1:]
+    await end_current(harness, run.run_id, outcome("lost"))
+    stats = await harness.reader.store_stats()
+    assert stats.lost_recent == 1
+    if stats.attempts_finished is not None:  # a store whose ends no local dispatcher counts
+        assert stats.attempts_finished["lost"] == 1
+    await harness.elapse(RECENT_WINDOW_MS + SECOND)
+    assert (await harness.reader.store_stats()).lost_recent == 0
+
+
+async def test_each_tasks_outcome_figures_name_it_failing_until_it_succeeds(harness):
+    """Runs that all fail must show in the health signal: a store that does not report a task
+    whose last Run failed (with its streak and recent ratio) lets a job fail every day while the
+    page says clear and ``qinglong status`` exits 0."""
+    from qinglong.contracts.observe import FAILURE_STREAK_PERIODS, Verdict, assess
+    from tests.conformance.ending import end_current, outcome
+
+    await seed(harness)
+    await harness.publisher.put_task("p1", "fine", {"command": ["true"]})
+    await initialized(harness, "a", every_second("a"))
+    await harness.publisher.put_trigger(every_second("b", task="fine"))
+    await harness.run_round()
+    await harness.elapse(8 * SECOND)
+    for _ in range(8):  # a backlog inside the grace: one occurrence per decision
+        await harness.run_round()
+    runs = sorted((r for r in await harness.reader.recent_runs(limit=100)),
+                  key=lambda r: (r.scheduled_for_ms, r.admitted_at_ms))
+    by_trigger = {t: [r.run_id for r in runs if r.trigger_id == t] for t in ("a", "b")}
+    assert len(by_trigger["a"]) >= 6 and by_trigger["b"], by_trigger
+    waiting = iter(runs)
+
+    async def end(run_id: str, result) -> None:
+        """End ``run_id`` with ``result``, each Run waiting before it (of "fine") succeeded first:
+        a worker claims in dispatch order. Ends are 10 ms apart, as real ends are."""
+        for run in waiting:
+            await harness.elapse(10)
+            if run.run_id == run_id:
+                await end_current(harness, run_id, result)
+                return
+            assert run.trigger_id == "b", "the plan ends t1's Runs in order"
+            await end_current(harness, run.run_id, outcome("succeeded", 0))
+
+    a = by_trigger["a"]
+    for run_id, result in ((a[0], outcome("succeeded", 0)), (a[1], outcome("failed", 1)),
+                           (a[2], outcome("cancelled")), (a[3], outcome("timed_out"))):
+        await end(run_id, result)
+    stats = await harness.reader.store_stats()
+    assert (stats.tasks_failing, stats.tasks_not_succeeding) == (1, 0)
+    (task,) = stats.failing_tasks
+    assert (task.project_id, task.task_id, task.last_outcome) == ("p1", "t1", "timed_out")
+    assert (task.failure_streak, task.succeeded_in_window, task.ended_in_window) == (2, 1, 3)
+    assert task.last_success_at_ms is not None and task.last_finished_at_ms >= task.last_success_at_ms
+    finding = assess(None, stats, grace_ms=60_000)
+    assert finding.verdict is Verdict.FAILING
+    assert finding.reasons[0].startswith("task p1/t1 is failing: its last run timed out, 2 in a row")
+
+    await end(a[4], outcome("lost"))
+    stats = await harness.reader.store_stats()
+    assert FAILURE_STREAK_PERIODS == 3
+    assert (stats.tasks_failing, stats.tasks_not_succeeding) == (1, 1)
+    assert stats.failing_tasks[0].failure_streak == 3
+    await end(a[5], outcome("succeeded", 0))
+    stats = await harness.reader.store_stats()
+    assert (stats.tasks_failing, stats.tasks_not_succeeding, stats.failing_tasks) == (0, 0, ())

@@ -64,3 +64,17 @@ def test_any_number_outside_its_field_is_refused_naming_that_field(data):
     message = _refusal(" ".join(fields))
     article = "an" if name == "hour" else "a"
     assert f"the {name} field '{bad}' holds {bad}; {article} {name} is {low} to {high}" in message
+
+
+@given(after_s=st.integers(min_value=-62_135_596_800, max_value=253_402_300_799),
+       expression=st.sampled_from(["* * * * *", "0 0 * * *", "*/7 * * * * *", "0 0 29 2 *"]),
+       zone=st.sampled_from(["UTC", "America/New_York", "Pacific/Kiritimati", "Europe/Berlin"]))
+def test_next_and_latest_never_raise_at_the_edges_of_the_calendar(after_s, expression, zone):
+    """Near year 9999 (or year 1) croniter's dates overflow: the scheduler and ``cron next`` would
+    end in a traceback instead of finding no further occurrence."""
+    provider = CronProvider()
+    spec = provider.validate({"expression": expression, "timezone": zone})
+    nxt = provider.next_after(spec, after_s * 1000)
+    assert nxt is None or after_s * 1000 < nxt <= 253_402_300_799_000
+    latest = provider.latest_at_or_before(spec, after_s * 1000)
+    assert latest is None or -62_135_596_800_000 <= latest <= after_s * 1000

@@ -171,6 +171,23 @@ def test_an_outcome_is_succeeded_only_with_a_receipt_of_exit_zero_and_no_cancel(
         assert outcome.exit_code is None and outcome.signal is None
 
 
+@LAW_SETTINGS
+@given(receipt=receipts, cancel=st.sampled_from(list(CancelReason)),
+       requested_at_ms=st.integers(min_value=0, max_value=2**42))
+def test_a_job_that_ended_before_the_cancel_request_keeps_its_own_outcome(
+        receipt: Receipt, cancel: CancelReason, requested_at_ms: int) -> None:
+    """A job that exited 0 just before its timeout was written would be shown `timed_out` beside
+    exit 0 (and retried as a timeout); one ended after the request whose status is kept must say
+    it exited after the request, or `timed_out` beside exit 0 is unexplained."""
+    outcome = classify_outcome(receipt, cancel, requested_at_ms=requested_at_ms)
+    if receipt.ended_at_ms < requested_at_ms:
+        assert outcome == classify_outcome(receipt, None)
+    else:
+        assert outcome == classify_outcome(receipt, cancel)
+        if receipt.exit_code is not None:
+            assert f"exited {receipt.exit_code} after the request" in outcome.reason
+
+
 # --------------------------------------------------------------------------------------------
 # Retries
 # --------------------------------------------------------------------------------------------
@@ -234,6 +251,27 @@ def test_jitter_spreads_delays_over_its_band() -> None:
 # --------------------------------------------------------------------------------------------
 # Overlap
 # --------------------------------------------------------------------------------------------
+
+
+@LAW_SETTINGS
+@given(policy=concurrency_policies, active=active_runs, waiting_ahead=st.integers(0, 6),
+       slot_free=st.booleans(), max_queued=st.none() | st.integers(1, 4))
+def test_a_task_never_holds_more_than_max_queued_waiting_runs(
+        policy: ConcurrencyPolicy, active: list[ActiveRun], waiting_ahead: int, slot_free: bool,
+        max_queued: int | None) -> None:
+    """Without the bound a task whose jobs outlast its period piles up waiting Runs without end
+    (75 `queue` and 39 `allow` Runs in an hour of a per-second trigger); a bound that skipped a
+    Run that could start, or one that changed any other answer, would lose or reorder work."""
+    bounded = overlap_decision(policy, active, waiting_ahead, slot_free=slot_free, max_queued=max_queued)
+    free = overlap_decision(policy, active, waiting_ahead, slot_free=slot_free)
+    if free.action is OverlapAction.WAIT and max_queued is not None and waiting_ahead >= max_queued:
+        assert bounded.action is OverlapAction.SKIP and f"max_queued = {max_queued}" in bounded.reason
+    else:
+        assert bounded == free
+    if not slot_free:
+        assert free.action is not OverlapAction.START
+    elif free.action is not OverlapAction.START:
+        assert free == overlap_decision(policy, active, waiting_ahead)
 
 
 @LAW_SETTINGS

@@ -206,3 +206,19 @@ def test_percentile_grows_with_q_and_ends_at_the_maximum(values, a, b):
     assert percentile(ordered, low) <= percentile(ordered, high)
     assert percentile(ordered, 1.0) == ordered[-1]
     assert percentile(ordered, 1 / (10 * len(ordered))) == ordered[0]
+
+
+@LAWS
+@given(before=st.none() | readings(), now=readings(), cadence=st.integers(50, 60_000),
+       lease=st.integers(1_000, 600_000), leased=st.booleans())
+def test_every_surface_judges_with_one_grace_and_expects_workers_where_the_store_has_them(
+        before, now, cadence, lease, leased):
+    """The command, the page and the gauge all call ``assess``: a surface with its own grace or
+    its own idea of whether workers are expected would disagree with the others on one store."""
+    from qinglong.contracts.observe import assess, status_grace_ms
+
+    grace = status_grace_ms(cadence, lease, leased=leased)
+    assert grace == (3 * cadence + lease if leased else 5 * cadence)
+    assert grace > cadence  # an occurrence observed one round late is never late
+    assert assess(before, now, grace_ms=grace) == status_verdict(
+        before, now, grace_ms=grace, expect_workers=now.worker_free_slots is not None)

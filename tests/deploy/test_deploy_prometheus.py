@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from qinglong.contracts.execution import RunState
-from qinglong.contracts.observe import METRICS, MetricType
+from qinglong.contracts.observe import METRICS, WORKER_STATES, MetricType
 from qinglong.host.http.metrics import ATTEMPT_OUTCOMES, ROUND_RESULTS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,18 +26,24 @@ EXPECTED_ALERTS = {
     "QinglongNoSuccessfulRound",
     "QinglongAttemptsLost",
     "QinglongNoFreeWorkerSlots",
+    "QinglongRunsWithoutWorker",
+    "QinglongTasksNotSucceeding",
+    "QinglongAttemptsFailing",
 }
 
 #: Gauges read from the store: every replica of a cluster reports the same value.
 STORE_DERIVED = {
     "qinglong_schedules_due", "qinglong_schedule_oldest_due_seconds", "qinglong_schedules_total",
     "qinglong_runs", "qinglong_running", "qinglong_workers", "qinglong_worker_free_slots",
+    "qinglong_runs_without_worker", "qinglong_status_verdict", "qinglong_tasks_failing",
+    "qinglong_tasks_not_succeeding",
 }
 
 #: Label values the process exports, by label name (the HTTP surface pre-creates every round
 #: result and attempt outcome, so those series exist from the first scrape).
 LABEL_VALUES = {
     "state": {s.value for s in RunState},
+    "qinglong_workers.state": set(WORKER_STATES),
     "outcome": set(ATTEMPT_OUTCOMES),
     "result": set(ROUND_RESULTS),
 }
@@ -112,8 +118,10 @@ def test_rules_use_only_exported_metric_names_labels_and_values():
             seen.add(specs[name].name)
             for label, _, value in matcher.findall(labels):
                 assert label in specs[name].labels, f"{rule['alert']}: {name} has no label {label!r}"
-                if label in LABEL_VALUES:
-                    assert value in LABEL_VALUES[label], f"{rule['alert']}: {label}={value!r} is never exported"
+                values = LABEL_VALUES.get(f"{specs[name].name}.{label}", LABEL_VALUES.get(label))
+                if values is not None:  # a regex matcher: each alternative must be exported
+                    for one in value.split("|"):
+                        assert one in values, f"{rule['alert']}: {label}={one!r} is never exported"
     assert {"qinglong_schedules_due", "qinglong_admission_lag_seconds", "qinglong_rounds_total",
             "qinglong_attempts_finished_total", "qinglong_worker_free_slots", "qinglong_runs"} <= seen
 
@@ -131,3 +139,12 @@ def test_store_derived_gauges_are_aggregated_with_max_never_summed():
                     before = expr[:match.start()]
                     assert re.search(r"max by \([^)]*\) \((?:[a-z_]+\()?$", before), (
                         f"{rule['alert']}: {name} is not under max by (...)")
+
+
+def test_the_lag_alert_uses_the_status_grace_not_a_threshold_of_its_own():
+    """A number written in the rule would page at a lag ``qinglong status`` and the page call
+    clear (or stay quiet while they say attention): the rule compares with the grace the process
+    exports from the same function the verdict uses."""
+    (rule,) = [r for r in _rules() if r.get("alert") == "QinglongAdmissionLagHigh"]
+    assert "qinglong_status_grace_seconds" in rule["expr"]
+    assert not re.search(r">\s*[0-9]", rule["expr"]), rule["expr"]

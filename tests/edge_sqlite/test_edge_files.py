@@ -234,6 +234,23 @@ def test_read_commands_on_a_missing_file_are_refused_and_create_nothing(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+NOT_CREATING_COMMANDS = (
+    ["task", "run", "ops", "backup"], ["task", "show", "ops", "backup"], ["task", "delete", "ops", "backup"],
+    ["task", "list"], ["logs", "r1"], ["runs", "show", "r1"], ["runs", "cancel", "r1"], ["status", "--once"],
+    ["trigger", "delete", "ops", "t"], ["trigger", "update", "ops", "t", "--disabled"],
+    ["trigger", "enable", "ops", "t"], ["project", "delete", "ops"], ["export"])
+
+
+@pytest.mark.parametrize("command", NOT_CREATING_COMMANDS, ids=lambda c: "-".join(c))
+def test_only_run_migrate_and_publishing_create_a_missing_database(tmp_path, command):
+    """``task run`` on a mistyped path created and migrated a new database before failing, and
+    ``trigger delete`` did too: a stray database (and its lock file) was left behind, which a later
+    ``run`` would have taken for the real one."""
+    missing = tmp_path / "typo.db"
+    assert_refused(cli(missing, *command), 3, missing, "does not exist")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_read_commands_never_migrate_an_empty_file(tmp_path):
     """Reading must not write: an empty file stays empty (no tables, no WAL) and the user is told
     what is missing."""
@@ -446,6 +463,8 @@ def test_probe_does_not_create_the_lock_file_and_is_not_mistaken_for_a_scheduler
     """A status probe must never block a scheduler from starting (it holds a shared lock for an
     instant) nor leave a lock file behind where there was none."""
     assert probe_owner_lock(str(db_path)) is None
+    db_path.touch()  # the lock is the database file's own: it locks a file that exists
+    assert probe_owner_lock(str(db_path)) is None
     assert not owner_lock_path(str(db_path)).exists()
     lock = OwnerLock(str(db_path))
     lock.acquire()
@@ -454,3 +473,129 @@ def test_probe_does_not_create_the_lock_file_and_is_not_mistaken_for_a_scheduler
     finally:
         lock.release()
     assert probe_owner_lock(str(db_path)) is None
+
+
+def _live_schedulers(db: Path) -> int:
+    status = cli(db, "status", "--once", "--json")
+    assert status.returncode in (0, 10, 20), status.stderr
+    import json
+
+    return json.loads(status.stdout)["stats"]["live_schedulers"]
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+async def test_a_second_run_through_another_name_of_the_file_is_refused(db_path, clock, link):
+    """The lock was keyed on the path as written: a second ``run`` through a symlink or a hard
+    link started beside the first (two schedulers admitting into one file, and through a hard
+    link SQLite keeps a second WAL: a documented corruption cause), and ``status`` through the
+    link said nothing ran. The lock is the file's own, whatever name reaches it."""
+    await _populated(db_path, clock)
+    other = db_path.parent / "other-name.db"
+    (other.symlink_to if link == "symlink" else other.hardlink_to)(db_path)
+    first = _spawn_run(db_path)
+    try:
+        _wait_for_line(first, "scheduler started")
+        second = cli(other, *RUN)
+        assert_refused(second, 5, other, f"process {first.pid}", "owned by")
+        assert "scheduler started" not in second.stderr
+        assert _live_schedulers(other) == 1
+        assert first.poll() is None, "the first scheduler stopped"
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=CLI_TIMEOUT_S)
+    assert _live_schedulers(other) == 0
+    assert not (db_path.parent / "other-name.db.lock").exists() or link == "hardlink"
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "foreign"])
+async def test_a_lock_file_that_is_not_ours_is_refused_and_left_untouched(db_path, clock, kind):
+    """The lock file was opened following links and truncated: a ``<db>.lock`` linked to another
+    file emptied that file. A link, another file's name or a file holding other data is refused
+    by name, and its bytes stay as they were."""
+    await _populated(db_path, clock)
+    precious = db_path.parent / "precious.txt"
+    precious.write_text("do not truncate me\n")
+    lock = owner_lock_path(str(db_path))
+    lock.unlink(missing_ok=True)  # the one the migration left
+    if kind == "symlink":
+        lock.symlink_to(precious)
+        words = ("is a symbolic link",)
+    elif kind == "hardlink":
+        lock.hardlink_to(precious)
+        words = ("has 2 names",)
+    else:
+        lock.write_text("do not truncate me\n")
+        words = ("holds something other than a pid",)
+    refused = cli(db_path, *RUN)
+    assert_refused(refused, 3, db_path, str(lock), *words)
+    assert "scheduler started" not in refused.stderr
+    assert precious.read_text() == "do not truncate me\n"
+    if kind == "foreign":
+        assert lock.read_text() == "do not truncate me\n"
+
+
+
+# --------------------------------------------------------------------------- reading a file that cannot be written
+
+
+async def _with_a_finished_run(db: Path, clock) -> str:
+    """A ready database whose Run of ``p1/t1`` ran ``echo hello`` to its end, log kept; its id."""
+    import json
+
+    await _populated(db, clock)
+    admitted = cli(db, "task", "run", "p1", "t1", "--json")
+    assert admitted.returncode == 0, admitted.stderr
+    run_id = json.loads(admitted.stdout)["run_id"]
+    scheduler = _spawn_run(db)
+    try:
+        def ended() -> bool:
+            shown = cli(db, "runs", "show", run_id, "--json")
+            return shown.returncode == 0 and json.loads(shown.stdout)["state"] == "succeeded"
+        _wait_until(ended)
+    finally:
+        scheduler.send_signal(signal.SIGTERM)
+        scheduler.communicate(timeout=CLI_TIMEOUT_S)
+    return run_id
+
+
+def _reads(db: Path, run_id: str, run_cli=cli) -> dict[str, subprocess.CompletedProcess[str]]:
+    return {"runs": run_cli(db, "runs"), "runs show": run_cli(db, "runs", "show", run_id),
+            "logs": run_cli(db, "logs", run_id), "status": run_cli(db, "status", "--once"),
+            "task show": run_cli(db, "task", "show", "p1", "t1")}
+
+
+def _assert_read(results: dict[str, subprocess.CompletedProcess[str]], run_id: str) -> None:
+    for name, result in results.items():
+        context = f"{name}: exit {result.returncode}, stderr:\n{result.stderr}"
+        assert "Traceback" not in result.stderr, context
+        assert result.returncode in ((0, 10, 20) if name == "status" else (0,)), context
+    assert run_id in results["runs"].stdout
+    assert results["logs"].stdout == "hello\n"
+    assert "echo" in results["task show"].stdout
+
+
+@pytest.mark.parametrize("what", ["directory", "file and directory"])
+async def test_read_commands_work_on_a_read_only_store(restore_modes, clock, what):
+    """A router whose flash went read-only could not show what its jobs did: every read command
+    exited 5. Reading opens the store read-only and shows the Runs, the log, the status and the
+    task, writing nothing."""
+    db = restore_modes
+    run_id = await _with_a_finished_run(db, clock)
+    before = db.read_bytes()
+    if what == "file and directory":  # as on a flash that went read-only
+        db.chmod(0o444)
+    db.parent.chmod(0o555)
+    _assert_read(_reads(db, run_id, cli_as_user), run_id)
+    assert db.read_bytes() == before
+
+
+async def test_read_commands_work_on_a_full_disk(small_filesystem, clock):
+    """On a full disk even ``runs`` exited 5: the moment an operator most needs to read what ran
+    is when the disk filled up."""
+    db = small_filesystem / "q.db"
+    run_id = await _with_a_finished_run(db, clock)
+    _fill(small_filesystem)
+    try:
+        _assert_read(_reads(db, run_id), run_id)
+    finally:
+        (small_filesystem / "filler").unlink()

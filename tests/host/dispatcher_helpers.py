@@ -13,7 +13,10 @@ import json
 import shlex
 import time
 import uuid
-from contextlib import asynccontextmanager
+import errno
+import os
+import subprocess
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, TypeVar
 
@@ -162,6 +165,34 @@ async def opened(settings: Path) -> AsyncIterator[Any]:
 
 
 
+
+
+@contextmanager
+def small_tmpfs(mount: Path, size: str):
+    """A real tmpfs of ``size`` (``8m``, ``64k``) mounted at ``mount`` (created), unmounted after."""
+    mount.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(path: Path, leave_free: int = 0) -> None:
+    """Write ``path`` until its filesystem has at most ``leave_free`` bytes free (0: full)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        while True:
+            st = os.statvfs(path)
+            free = st.f_bavail * st.f_frsize
+            if free <= leave_free:
+                return
+            os.write(fd, b"x" * min(64 * 1024, max(free - leave_free, 1)))
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+    finally:
+        os.close(fd)
 
 
 def wrapper_pid(attempt_dir: str) -> int:

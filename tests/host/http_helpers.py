@@ -49,7 +49,7 @@ def fetch(port: int, path: str) -> tuple[int, bytes]:
 def surface_port(lifecycle: Any) -> int:
     """The port the HTTP surface of an in-process lifecycle listens on."""
     (surface,) = [c for c in lifecycle._started if c.name == "http"]
-    return surface._server.sockets[0].getsockname()[1]
+    return surface.port
 
 
 def child_env(**extra: str) -> dict[str, str]:

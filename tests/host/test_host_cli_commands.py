@@ -215,3 +215,43 @@ def test_the_demo_publishes_the_first_example_a_provider_offers():
     with pytest.raises(UserError, match=r"no loaded trigger kind offers an example firing every 1000 ms "
                                         r"for the demo \(loaded kinds: aaa\)"):
         demo_trigger({"aaa": NoExample()})
+
+
+@pytest.mark.parametrize("after, code, words", [
+    ("9999-12-31T23:59:30+00:00", 0, "(no further fire times)"),
+    ("9999-12-31T23:58:30+00:00", 0, "9999-12-31T23:59:00.000Z"),
+    ("9999-12-31T23:59:30-05:00", 3, "--after '9999-12-31T23:59:30-05:00' lies outside the years 1 to 9999"),
+    ("0001-01-01T00:00:00+05:00", 3, "lies outside the years 1 to 9999 once in UTC"),
+])
+def test_cron_next_at_the_end_of_the_calendar_answers_without_a_traceback(cli, after, code, words):
+    """``cron next --after 9999-12-31T23:59:30Z`` ended in an OverflowError traceback (exit 1, a
+    bug): the last representable minute must say there is no further fire time, and a time that
+    has no UTC date must be refused by name."""
+    result = cli("cron", "next", "* * * * *", "--after", after, "--count", "2")
+    assert "Traceback" not in result.stderr
+    assert result.returncode == code, result.stderr
+    assert words in result.stdout + result.stderr
+
+
+def test_cron_fire_times_west_of_utc_never_pass_the_last_utc_second(cli):
+    """A wall time of 9999-12-31 in New York is in year 10000 in UTC: it can be neither shown nor
+    stored, so it is not a fire time (it failed in the UTC column before)."""
+    result = cli("cron", "next", "0 * * * *", "--timezone", "America/New_York",
+                 "--after", "9999-12-31T17:30:00", "--count", "5")
+    assert result.returncode == 0, result.stderr
+    assert "9999-12-31T18:00:00-05:00" in result.stdout and "(no further fire times)" in result.stdout
+    assert "T19:00:00-05:00" not in result.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ("run", "--for-seconds", "nan"), ("run", "--for-seconds", "-1"),
+    ("run", "--for-seconds", "inf"), ("run", "--for-seconds", "1e300"),
+    ("demo", "--seconds", "nan"), ("demo", "--seconds", "-5"), ("demo", "--seconds", "86400"),
+])
+def test_a_time_to_run_that_is_not_finite_and_positive_is_a_usage_error(cli, args):
+    """``run --for-seconds nan`` was accepted ("running for nan s") and ran on, ``-1`` too: the
+    operator's bound on the run would be silently lost. Refused before anything is opened."""
+    result = cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert f"argument {args[1]}: expected from 0 to" in result.stderr
+    assert not (cli.cwd / "qinglong.db").exists()

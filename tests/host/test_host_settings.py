@@ -184,3 +184,55 @@ def test_environment_variables_are_text_and_are_still_parsed(monkeypatch):
     loaded = load_settings()
     assert loaded.settings.scheduler.page_size == 64
     assert build_container(loaded).backend_settings().auto_migrate is False
+
+
+DURATION_KEYS = ("execution.log_retention_days", "execution.run_retention_days", "worker.log_retention_days")
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300", "36501"])
+@pytest.mark.parametrize("key", DURATION_KEYS)
+def test_a_duration_without_a_finite_bound_is_refused_naming_file_and_key(tmp_path, key, value):
+    """``run_retention_days = inf`` ended ``run`` in an OverflowError traceback and ``1e300`` made
+    every sweep fail: an unbounded duration would be accepted and break the loops that use it."""
+    section, name = key.split(".")
+    path = write(tmp_path, f"[{section}]\n{name} = {value}\n")
+    with pytest.raises(SettingsError) as err:
+        load_settings(path)
+    assert f"settings file {path}: key '{key}':" in str(err.value)
+
+
+@pytest.mark.parametrize("key", DURATION_KEYS)
+def test_a_duration_from_the_environment_is_bounded_too(monkeypatch, key):
+    """The environment is text: ``inf`` there parses as a float and must meet the same bound."""
+    variable = "QINGLONG_" + key.upper().replace(".", "__")
+    monkeypatch.setenv(variable, "inf")
+    with pytest.raises(SettingsError, match=f"environment variable {variable}: key '{key}'"):
+        load_settings()
+
+
+@pytest.mark.parametrize("key, value", [("execution.default_timeout_ms", 10**30),
+                                        ("execution.max_timeout_ms", 10**30)])
+def test_a_timeout_setting_is_bounded_in_its_model(tmp_path, key, value):
+    """Timeouts are bounded by the model itself, not only by a profile's cap."""
+    section, name = key.split(".")
+    path = write(tmp_path, f"[{section}]\n{name} = {value}\n")
+    with pytest.raises(SettingsError, match=f"settings file .*: key '{key}': Input should be less than"):
+        load_settings(path)
+
+
+def test_the_longest_retention_allowed_runs_a_sweep_without_overflow(cli, tmp_path):
+    """The bound itself must still work end to end: ``run`` sweeps with a hundred years of
+    retention and stops cleanly, no OverflowError and no failed sweep."""
+    from qinglong.host.settings import MAX_RETENTION_DAYS
+
+    path = tmp_path / "max.toml"
+    path.write_text(f'[execution]\nlog_retention_days = {MAX_RETENTION_DAYS}\n'
+                    f'run_retention_days = {MAX_RETENTION_DAYS}.0\n'
+                    f'[backend]\npath = "{tmp_path / "q.db"}"\n')
+    result = cli("--settings", str(path), "run", "--for-seconds", "0.5")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "retention_failed" not in result.stderr
+    (tmp_path / "inf.toml").write_text("[execution]\nrun_retention_days = inf\n")
+    result = cli("--settings", str(tmp_path / "inf.toml"), "run", "--for-seconds", "0.5")
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr and "key 'execution.run_retention_days'" in result.stderr

@@ -63,3 +63,81 @@ def test_a_replica_scrape_counts_its_admissions_and_lag_and_shows_store_figures(
     for secret in pg.ROLE_PASSWORDS.values():
         assert secret not in plane.stderr.text()
         assert all(secret not in body for body in bodies)
+
+
+def _samples(plane: Plane) -> dict[tuple, float]:
+    status, body, _ = plane.get("/metrics")
+    assert status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(body) for s in f.samples}
+
+
+def test_workers_appear_in_status_the_page_and_the_metrics_and_stranded_runs_are_attention(
+        database, tmp_path):
+    """With the worker figures stuck at "none registered", Runs waiting with no worker alive
+    read "clear", ``qinglong_workers`` and ``qinglong_worker_free_slots`` had no samples and an
+    Attempt a worker reported failed never reached ``qinglong_attempts_finished_total``."""
+    import json
+
+    import psycopg
+
+    from host_helpers import run_cli
+    from http_helpers import child_env
+
+    name = "ql_workers"
+    pg.create_database(database, name)
+    dsns = {key: database.dsn(role, pg.ROLE_PASSWORDS[role], name) for key, role in (
+        ("runtime_dsn", "qinglong_runtime"), ("admin_dsn", "qinglong_admin"), ("owner_dsn", "qinglong_owner"))}
+    settings = tmp_path / "cluster.toml"
+    settings.write_text('profile = "cluster"\n[scheduler]\nlease_ms = 5000\n[backend]\n'
+                        + "".join(f'{k} = "{v}"\n' for k, v in dsns.items())
+                        + '[http]\nlisten = "127.0.0.1:0"\n')
+    cli(settings, "db", "migrate")
+    cli(settings, "project", "create", "ops")
+    cli(settings, "task", "put", "ops", "hello", "--", "false")
+    cli(settings, "trigger", "add", "ops", "every-second", "--task", "hello", "--cron", "* * * * * *")
+    plane = Plane(settings)
+    try:
+        wait_until(lambda: _samples(plane).get(("qinglong_runs_without_worker", ()), 0) >= 1,
+                   "a queued Run counted as having no worker", alive=plane.process)
+        samples = _samples(plane)
+        assert samples[("qinglong_workers", (("state", "live"),))] == 0
+        assert samples[("qinglong_worker_free_slots", ())] == 0
+        assert samples[("qinglong_status_verdict", ())] == 20
+        done = run_cli(["--settings", str(settings), "status", "--once", "--json"], cwd=tmp_path,
+                       env=child_env())
+        assert done.returncode == 20, done.stdout + done.stderr
+        assert any("no live worker able to take them" in r for r in json.loads(done.stdout)["reasons"])
+        screen = run_cli(["--settings", str(settings), "status", "--once"], cwd=tmp_path, env=child_env())
+        assert "workers" in screen.stdout and "0 live" in screen.stdout, screen.stdout
+        assert "no live worker able to take them" in plane.get("/")[1]
+
+        worker = psycopg.connect(database.dsn("qinglong_worker_ingress",
+                                              pg.ROLE_PASSWORDS["qinglong_worker_ingress"], name),
+                                 autocommit=True)
+        try:
+            session, generation = worker.execute(
+                "SELECT session_id, generation FROM qinglong.worker_open_session('w1', '{}', 3, 600000)"
+            ).fetchone()
+            token = b"t" * 32
+            (attempt, version) = worker.execute(
+                "SELECT attempt_id, lease_version FROM qinglong.worker_claim('w1', %s, %s, %s::bytea[])",
+                (session, generation, [token])).fetchone()
+            fence = ("w1", session, generation, attempt, version, token)
+            worker.execute("SELECT qinglong.worker_started(%s, %s, %s, %s, %s, %s)", fence)
+            worker.execute("SELECT qinglong.worker_complete(%s, %s, %s, %s, %s, %s, 'failed', 1, NULL, "
+                           "0, 0, NULL, true)", fence)
+
+            def worker_seen():
+                got = _samples(plane)
+                return got if got.get(("qinglong_attempts_finished_total", (("outcome", "failed"),))) else None
+
+            samples = wait_until(worker_seen, "the failed Attempt counted", alive=plane.process)
+            assert samples[("qinglong_workers", (("state", "live"),))] == 1
+            assert samples[("qinglong_worker_free_slots", ())] == 3
+            page = plane.get("/")[1]
+            assert "1 live; 3 free slots" in page, page
+        finally:
+            worker.close()
+    finally:
+        plane.stop()

@@ -13,14 +13,15 @@ import pytest
 
 from qinglong.host.profiles import available_profiles, load_profile
 from qinglong.host.settings import (
-    DiagnosticsSettings, ExecutionSettings, HttpSettings, LifecycleSettings, SchedulerSettings, load_settings,
+    ApiSettings, DiagnosticsSettings, ExecutionSettings, HttpSettings, LifecycleSettings, SchedulerSettings, load_settings,
 )
 from qinglong.plugins.cluster_postgres.settings import ClusterPostgresSettings
 from qinglong.plugins.edge_sqlite.settings import EdgeSqliteSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION_MODELS = {"scheduler": SchedulerSettings, "lifecycle": LifecycleSettings,
-                  "execution": ExecutionSettings, "http": HttpSettings, "diagnostics": DiagnosticsSettings}
+                  "execution": ExecutionSettings, "http": HttpSettings, "api": ApiSettings,
+                  "diagnostics": DiagnosticsSettings}
 BACKEND_MODELS = {"edge_sqlite": EdgeSqliteSettings, "cluster_postgres": ClusterPostgresSettings}
 PROFILES = ("edge", "standalone", "cluster")
 #: Where each documented table lives and which profiles it shows.

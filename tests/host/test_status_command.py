@@ -10,6 +10,7 @@ them, whatever the machine's speed).
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import sqlite3
@@ -228,10 +229,11 @@ def test_an_unreachable_cluster_store_is_unavailable_without_its_password(tmp_pa
     assert "Traceback" not in done.stderr
 
 
-def test_a_cluster_store_reads_attention_without_a_replica_and_clear_with_one(tmp_path):
+def test_a_cluster_store_reads_attention_without_a_replica_and_only_stranded_runs_with_one(tmp_path):
     """On the cluster the verdict comes from the database every replica shares: no replica
-    completing rounds must page (20), a replica keeping up must read 0, the workers line must
-    be there for the operator, and no DSN password may reach the output."""
+    completing rounds must page (20), a replica keeping up must give no reason but the Runs no
+    worker can take (none runs here), the workers line must be there for the operator, and no
+    DSN password may reach the output."""
     from tests.support import pg
 
     server = pg.start_server("pg18")
@@ -249,7 +251,8 @@ def test_a_cluster_store_reads_attention_without_a_replica_and_clear_with_one(tm
         store.publish("task", "put", "ops", "hello", "--", "true")
         code, report, stderr = store.status("--once")
         assert code == 20 and "no scheduler is running on this store" in report["reasons"]
-        assert report["stats"]["workers_by_state"] == {} and report["stats"]["worker_free_slots"] is None
+        assert report["stats"]["workers_by_state"] == {"live": 0, "expired": 0, "closed": 0}
+        assert report["stats"]["worker_free_slots"] == 0 and report["stats"]["runs_without_worker"] == 0
         outputs = [json.dumps(report), stderr]
         plane = Scheduler(store)
         try:
@@ -262,12 +265,15 @@ def test_a_cluster_store_reads_attention_without_a_replica_and_clear_with_one(tm
 
             wait_until(admitted, "three admissions read by status", timeout=60, every=0.5, alive=plane.process)
             code, report, stderr = store.status("--interval", "1")
-            assert code == 0, report["reasons"]
+            # the replica keeps up; only the Runs nobody can run (no worker in this test) remain
+            assert code == 20 and len(report["reasons"]) == 1, report["reasons"]
+            assert "no live worker able to take them" in report["reasons"][0]
             assert report["stats"]["live_schedulers"] == 1 and report["grace_ms"] == 3 * 1000 + 5000
             screen = run_cli(["--settings", str(store.settings), "status", "--once"], cwd=store.root,
                              env=store.env(), timeout=120)
-            assert screen.returncode == 0, screen.stdout + screen.stderr
-            assert "workers        none registered" in screen.stdout
+            assert screen.returncode == 20, screen.stdout + screen.stderr
+            assert re.search(r"workers +0 live; 0 free slots; \d+ queued run\(s\) no live worker can take",
+                             screen.stdout), screen.stdout
             outputs.extend([json.dumps(report), stderr, screen.stdout, screen.stderr,
                             plane.stderr.text()])
         finally:

@@ -125,7 +125,9 @@ def test_echo_is_logged_and_its_receipt_says_exit_0_with_private_files(executor,
     assert receipt.dropped_bytes == 0 and receipt.log_bytes == len(b"hello world\n")
     attempt = Path(req.attempt_dir)
     assert (attempt / "log").read_bytes() == b"hello world\n"
-    assert abs(receipt.ended_at_ms - (attempt / "receipt").stat().st_mtime_ns // 1_000_000) <= 1
+    # the job's own end (the wrapper's ``exited``), not the receipt written after the drain
+    assert abs(receipt.ended_at_ms - (attempt / "exited").stat().st_mtime_ns // 1_000_000) <= 1
+    assert receipt.ended_at_ms <= (attempt / "receipt").stat().st_mtime_ns // 1_000_000
     for directory in (attempt, attempt.parent, attempt.parent.parent):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
     for name in ("log", "receipt", "pid", "lock"):
@@ -678,7 +680,7 @@ def test_a_receipt_cut_short_counts_as_none_and_an_earlier_wrappers_receipt_is_r
     run(start_and_wait(executor, req))
     path = Path(req.attempt_dir) / "receipt"
     whole = path.read_bytes()
-    assert whole == b"format=2\nstatus=137\ndropped=0\nend\n"
+    assert whole == b"format=2\nstatus=137\ndropped=0\nheld=\nend\n"
     receipt = executor.read_receipt(req.attempt_dir)
     assert (receipt.exit_code, receipt.signal) == (None, signal.SIGKILL)
     assert receipt.log_bytes == (Path(req.attempt_dir) / "log").stat().st_size >= 3

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from suite_helpers import collect
-from tests import pg
+from tests.support import pg
 from tests.support.markers import PG_BUILDS
 
 #: Fixtures of the suite's conftests that start, or stand on, a PostgreSQL server.

@@ -130,3 +130,38 @@ def test_lost_reply_of_a_committed_started_is_repeated_and_the_job_spawns_once(c
     assert len(found) == 1 and not dups, (found, dups)
     assert (ended["started_at_ms"], ended["deadline_ms"]) == (running["started_at_ms"], running["deadline_ms"])
     assert ended["state"] == "failed" and ended["exit_code"] == EXIT_CODE and states[run_id] == "failed"
+
+
+@pytest.mark.parametrize("wf_server", ["pg18"], indirect=True)
+def test_lost_reply_of_a_committed_claim_leaves_no_attempt_held_by_a_live_session(cluster):
+    """The store leased an Attempt to the worker (``worker_claim`` committed) and the reply was
+    lost, so the worker never learnt of it. If the session's heartbeat kept renewing every Attempt
+    of the session, this one would stay ``dispatching`` for as long as the worker lives: the Run
+    would never run and never end (held until the worker stops, then requeued). A heartbeat
+    renews only the Attempts the worker holds, so the lease runs out, the control plane gives the
+    Attempt back, and the Run runs once."""
+    c = cluster
+    c.publish_task("lossy", hold_s=0.2, exit_code=EXIT_CODE)
+    c.start_replica("replica-1")
+    c.admit("lossy")
+    (run_id,) = c.wait_runs(1)
+    (attempt,) = c.attempts(run_id)
+    w = c.add_worker("w", start=False)
+    proxy = w.proxy
+    # the claim's reply is the first message to the worker carrying the Attempt's id
+    rule = proxy.arm(TO_CLIENT, attempt["attempt_id"].encode(), "swallow_replies")
+    w.start()
+    wait_until(rule.fired.is_set, "the worker's claim")
+    leased = wait_until(lambda: (lambda a: a if a["state"] == "dispatching" else None)(c.attempts(run_id)[0]),
+                        "the claim to commit")
+    assert "worker.claimed" not in w.codes(), "the rule must have held the claim's own reply"
+    rule.connection.close(rst=True)
+    states = c.wait_all_terminal()
+    found, dups = executions(c.markers, c.watcher)
+    events = [e[1] for e in _events(c, run_id)]
+    figures("claim_reply_lost", run_state=states[run_id], executions=len(found), duplicate_starts=len(dups),
+            requeued=events.count("run.requeued"), lease_version=leased["lease_version"])
+    assert "run.requeued" in events, events  # given back by the control plane, then claimed again
+    assert len(found) == 1 and not dups, (found, dups)
+    (ended,) = c.attempts(run_id)
+    assert ended["state"] == "failed" and ended["exit_code"] == EXIT_CODE and states[run_id] == "failed"

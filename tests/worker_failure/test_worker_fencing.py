@@ -1,7 +1,8 @@
-"""A replaced session's late completion is refused; the current one's is accepted exactly once.
+"""A replaced session's calls are refused; a completion is accepted exactly once, late too.
 
 First with real processes: a worker frozen with SIGSTOP while its job runs, the same worker id
-started again (a new session: generation + 1), the frozen one continued after that. Then through
+started again (a new session: generation + 1), the frozen one continued after that; a frozen
+worker killed and restarted. Then through
 the worker client API directly, where the test holds the lease tokens and can replay a
 completion byte for byte.
 """
@@ -41,12 +42,13 @@ RETRY = {"max_attempts": 2, "initial_backoff_ms": 0, "jitter": 0}
 STEADY_SESSION = {"session_lease_ms": 20_000, "heartbeat_ms": 4000, "self_fence_margin_ms": 4000}
 
 
-def test_frozen_workers_late_completion_is_refused_after_its_id_opened_a_new_session(cluster):
+def test_a_frozen_workers_finished_job_is_recorded_once_after_its_id_opened_a_new_session(cluster):
     """Worker 'w' runs a job, is frozen (SIGSTOP), its id is started again (new generation), the
-    job ends while the old process is frozen, and the old process is continued. If its late
-    completion were accepted, a fenced session would decide the Run's outcome (the Attempt
-    succeeded by the word of a worker the store had replaced); if the Attempt were never ended,
-    the Run would hang; if the retry ran beside the first job, the Run would run twice at once."""
+    job ends while the old process is frozen, and the old process is continued. The job ran to
+    exit 0: if that outcome were refused, the Run would be recorded lost and (idempotent) run a
+    second time. The new process finds the receipt its id's job left on disk and reports it with
+    the Attempt's token (late: no other Attempt had started), the continued process, replaced,
+    stops; the outcome is recorded once, and nothing runs twice."""
     c = cluster
     c.publish_task("fence", retry=RETRY, idempotent=True)
     c.start_replica("replica-1")
@@ -64,33 +66,55 @@ def test_frozen_workers_late_completion_is_refused_after_its_id_opened_a_new_ses
     wait_until(lambda: first_key in c.watcher.gone_at, "the first job to end")
     w.restart()
     wait_until(lambda: c.sessions()["w"]["generation"] > generation, "the new session of 'w'")
-    continued_at = c.db.db_now_ms()
-    # on a loaded machine the lease may already have lapsed and the Attempt been ended (its
-    # lease then reads None): a figure, not a condition of the test
-    lease_expires = c.attempts(run_id)[0]["lease_expires_at_ms"]
-    lease_live_at_continue = lease_expires is not None and continued_at < lease_expires
     old.signal(signal.SIGCONT)
     states = c.wait_all_terminal()
     attempts = c.attempts(run_id)
     found, dups = executions(c.markers, c.watcher)
     audit = audit_runs(c, max_attempts=2)
-    old_proxy = w.proxy
     figures("frozen_worker_late_completion",
             attempts=[(a["attempt_no"], a["state"], a.get("exit_code"), a.get("session_generation"))
-                      for a in attempts],
-            run_state=states[run_id], lease_live_when_continued=lease_live_at_continue,
-            old_process_alive=old.alive(), executions=[(e.attempt_id[:8], e.how) for e in found],
-            accepted_replies_seen=old_proxy.count("to_client", b"accepted") if old_proxy else None)
-    # the first job ran to its end with exit 0, yet its Attempt did not succeed on the old word
+                      for a in attempts], run_state=states[run_id],
+            completed_late=attempts[0].get("completed_late_at_ms") is not None,
+            executions=[(e.attempt_id[:8], e.how) for e in found],
+            late_codes=[code for code in w.codes() if code.startswith("worker.late") or code == "worker.completed_late"])
     assert [e.how for e in found if e.attempt_id == first["attempt_id"]] == ["done"]
-    assert attempts[0]["state"] == "lost", attempts
-    assert attempts[0].get("exit_code") is None, attempts
-    assert attempts[0]["session_generation"] == generation
-    # the new session ran the retry, and its completion was accepted
-    assert len(attempts) == 2 and attempts[1]["state"] == "succeeded", attempts
-    assert attempts[1]["session_generation"] > generation and attempts[1]["exit_code"] == 0
+    assert len(attempts) == 1 and attempts[0]["state"] == "succeeded", attempts
+    assert attempts[0]["exit_code"] == 0 and attempts[0]["session_generation"] == generation
+    assert attempts[0]["completed_late_at_ms"] is not None
     assert states[run_id] == "succeeded"
-    assert not dups and not overlaps(found) and not audit.problems, (dups, found, audit.problems)
+    assert len(found) == 1 and not dups and not overlaps(found) and not audit.problems, (found, audit.problems)
+
+
+@pytest.mark.parametrize("wf_server", ["pg18"], indirect=True)
+def test_a_restarted_worker_reports_the_outcome_its_killed_process_left_on_disk(cluster):
+    """Worker 'w' is frozen while its job runs, the job ends with exit 0, and the frozen worker
+    is killed -9: nothing reported the outcome, and the replica ends the Attempt lost when its
+    lease runs out (not idempotent: never retried). If a restarted worker ignored the receipt
+    on its disk, a job that ran to its end would stay recorded lost. The restarted worker reports
+    it with the token written beside the job, and the Run succeeds, late."""
+    c = cluster
+    c.publish_task("once", hold_s=60)
+    c.start_replica("replica-1")
+    w = c.add_worker("w")
+    c.admit("once")
+    (run_id,) = c.wait_runs(1)
+    first = wait_until(lambda: next((a for a in c.attempts(run_id) if a["state"] == "running"
+                                     and f"{run_id}.{a['attempt_id']}" in started_keys(c.markers)), None),
+                       "the job to run")
+    w.process.signal(signal.SIGSTOP)
+    c.release_jobs()
+    wait_until(lambda: f"{run_id}.{first['attempt_id']}" in c.watcher.gone_at, "the job to end")
+    w.process.kill9()
+    w.restart()
+    states = c.wait_all_terminal()
+    (attempt,) = c.attempts(run_id)
+    found, dups = executions(c.markers, c.watcher)
+    figures("restart_reports_found_receipt", attempt=(attempt["state"], attempt.get("exit_code")),
+            completed_late=attempt.get("completed_late_at_ms") is not None, run_state=states[run_id],
+            codes=[code for code in w.codes() if "late" in code])
+    assert (attempt["state"], attempt["exit_code"]) == ("succeeded", 0), attempt
+    assert attempt["completed_late_at_ms"] is not None and states[run_id] == "succeeded"
+    assert "worker.completed_late" in w.codes() and len(found) == 1 and not dups
 
 
 # ------------------------------------------------------------------------------- client API
@@ -240,3 +264,79 @@ def test_a_replaced_process_does_not_take_its_worker_id_back_from_the_process_th
     new_sessions = [e for e in w.process.diagnostics() if e.get("code") == "worker.session_opened"]
     assert final_generation == new_sessions[-1]["generation"], (final_generation, new_sessions)
     assert states[run_id] == "succeeded", attempts
+
+
+@pytest.mark.parametrize("wf_server", ["pg18", "pg15"], indirect=True)
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_a_late_completion_proven_by_the_token_is_recorded_while_no_other_attempt_started(cluster, idempotent):
+    """A worker started an Attempt, lost its session (its lease expired: the expiry ended the
+    Attempt lost, and for an idempotent task scheduled Attempt 2), and then reports the exit 0
+    its job really had, proven by the lease token. If the store refused it, a job that ran to its
+    end would stay recorded ``lost`` (and, idempotent, run a second time). It is accepted and
+    recorded as late, the retry that was never leased is withdrawn, and the Run succeeds. Once
+    another Attempt of a Run has been leased, a late completion of the earlier one is refused
+    (else a Run would get two outcomes), and a wrong token proves nothing."""
+    c = cluster
+    retry = {"max_attempts": 2, "initial_backoff_ms": 600_000, "jitter": 0}
+    c.publish_task("late", retry=retry, idempotent=idempotent)
+    c.start_replica("replica-1")  # admits, and expires the lapsed lease
+    c.admit("late", 2)
+    run_ids = c.wait_runs(2)
+    dsn = c.db.dsn("qinglong_worker_ingress")
+
+    async def body():
+        proto = await _protocol(dsn, "late worker")
+        try:
+            s1 = await proto.open_session("late-worker", [], 2, 5000)
+            claimed = list(await proto.claim(s1.fence, [new_lease_token(), new_lease_token()]))
+            for one in claimed:
+                await proto.started(s1.fence, one.lease)
+            # the session lapses: the replica ends both Attempts lost
+            while any(a["state"] != "lost" for a in c.attempts() if a["attempt_no"] == 1):
+                await asyncio.sleep(0.1)
+            first, second = claimed
+            # the second Run's retry (idempotent) or a fresh Run: another Attempt is leased first
+            other = None
+            if idempotent:
+                s2 = await proto.open_session("other-worker", [], 1, 5000)
+                c.rows("UPDATE qinglong.attempts SET not_before_ms = 0 WHERE run_id = %s AND attempt_no = 2",
+                       (second.run_id,))
+                while other is None:
+                    got = await proto.claim(s2.fence, [new_lease_token()])
+                    other = got[0] if got else None
+            wrong = None
+            try:
+                await proto.complete_late("late-worker", type(first.lease)(first.attempt_id, first.lease.lease_version,
+                                                                           new_lease_token()), _outcome())
+            except FenceRefused as exc:
+                wrong = type(exc).__name__
+            accepted = await proto.complete_late("late-worker", first.lease, _outcome())
+            replay = await proto.complete_late("late-worker", first.lease, _outcome())
+            refused = None
+            try:
+                await proto.complete_late("late-worker", second.lease, _outcome())
+            except FenceRefused as exc:
+                refused = type(exc).__name__
+            return first, second, other, wrong, accepted, replay, refused
+        finally:
+            await proto.close()
+
+    first, second, other, wrong, accepted, replay, refused = asyncio.run(body())
+    a1 = c.attempts(first.run_id)
+    a2 = c.attempts(second.run_id)
+    figures(f"late_completion_idempotent_{idempotent}", first=[(a["attempt_no"], a["state"]) for a in a1],
+            second=[(a["attempt_no"], a["state"]) for a in a2], accepted=accepted.result.value,
+            replay=replay.result.value, refused=refused, wrong_token=wrong)
+    assert wrong == LeaseFenced.__name__
+    assert accepted.result is CompletionResult.ACCEPTED and accepted.run_state.value == "succeeded"
+    assert replay.result is CompletionResult.ALREADY_DONE
+    assert [(a["attempt_no"], a["state"], a["exit_code"]) for a in a1] == [(1, "succeeded", 0)], a1
+    assert a1[0]["completed_late_at_ms"] is not None
+    assert c.run_states()[first.run_id] == "succeeded"
+    assert "run.completed_late" in _events(c, first.run_id)
+    if idempotent:
+        # Attempt 2 of the second Run was leased before the late report: the lost Attempt stands
+        assert refused == LeaseFenced.__name__ and other.run_id == second.run_id
+        assert [a["state"] for a in a2] == ["lost", "dispatching"], a2
+    else:
+        assert refused is None and [a["state"] for a in a2] == ["succeeded"], a2

@@ -130,6 +130,11 @@ class ExecutorContext:
     base_env: Mapping[str, str]
     #: Grace between TERM and KILL, ms.
     kill_grace_ms: int
+    #: Once a job's own process ended, how long its output is still read while something it
+    #: left behind holds it open, ms; then ``orphans`` applies.
+    orphan_drain_ms: int = 2_000
+    #: ``kill``: TERM, then KILL, what is left in the job's process group; ``leave``: leave it.
+    orphans: str = "kill"
 
 
 #: The variables every job gets before its task's env (a minimal environment: the control

@@ -42,6 +42,8 @@ class Receipt:
     ended_at_ms: int
     log_bytes: int
     dropped_bytes: int = 0
+    #: What else the waiter saw, in words (processes the job left holding its output), or None.
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +60,19 @@ class AttemptOutcome:
 
 
 def classify_outcome(receipt: Receipt | None, cancel: CancelReason | str | None, *,
-                     lost_reason: str = "the process ended without a completion receipt") -> AttemptOutcome:
+                     lost_reason: str = "the process ended without a completion receipt",
+                     requested_at_ms: int | None = None) -> AttemptOutcome:
     """The outcome the evidence supports. A receipt gives the exit status; a cancel request that
     was written before its signals makes the end ``timed_out`` or ``cancelled`` (the status is
-    kept when a receipt exists); with neither, the Attempt is ``lost`` (never ``succeeded``
-    without a receipt)."""
+    kept when a receipt exists, and the reason says the job exited after the request); with
+    neither, the Attempt is ``lost`` (never ``succeeded`` without a receipt).
+
+    ``requested_at_ms``: when the cancel request was written, on the clock of the receipt's end
+    time. A job whose receipt says it ended before that was not ended by the request (its
+    signals follow the request): its own exit is its outcome."""
+    if (cancel is not None and receipt is not None and requested_at_ms is not None
+            and receipt.ended_at_ms < requested_at_ms):
+        cancel = None
     if cancel is not None:
         # The request was durable before any signal, so it explains the end whatever the status:
         # an exit 0 may be a job that traps TERM and exits cleanly, which is no proof its work was
@@ -70,6 +80,8 @@ def classify_outcome(receipt: Receipt | None, cancel: CancelReason | str | None,
         cancel = CancelReason(cancel)
         state = AttemptState.TIMED_OUT if cancel is CancelReason.TIMEOUT else AttemptState.CANCELLED
         reason = cancel_words(cancel)
+        if receipt is not None and receipt.exit_code is not None:
+            reason += f"; the job exited {receipt.exit_code} after the request"
         return _from_receipt(state, receipt, reason)
     if receipt is None:
         return AttemptOutcome(AttemptState.LOST, reason=lost_reason)
@@ -80,6 +92,8 @@ def classify_outcome(receipt: Receipt | None, cancel: CancelReason | str | None,
 def _from_receipt(state: AttemptState, receipt: Receipt | None, reason: str | None) -> AttemptOutcome:
     if receipt is None:
         return AttemptOutcome(state, reason=reason)
+    if receipt.note:
+        reason = f"{reason}; {receipt.note}" if reason else receipt.note
     return AttemptOutcome(state, receipt.exit_code, receipt.signal, receipt.ended_at_ms,
                           receipt.log_bytes, receipt.dropped_bytes, reason)
 

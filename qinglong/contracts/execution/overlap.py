@@ -35,14 +35,28 @@ class OverlapDecision:
 
 
 def overlap_decision(policy: ConcurrencyPolicy, active: Sequence[ActiveRun],
-                     waiting_ahead: int = 0) -> OverlapDecision:
+                     waiting_ahead: int = 0, *, slot_free: bool = True,
+                     max_queued: int | None = None) -> OverlapDecision:
     """Whether a dispatchable Run may start now.
 
     ``active``: the task's Runs holding a process. ``waiting_ahead``: dispatchable Runs of the
     same task scheduled before this one that have not started (``queue`` keeps that order; the
     other modes consider only what is active, since the dispatcher already visits in order).
-    The global ``max_running`` is the dispatcher's, not the policy's.
+    The global ``max_running`` is the dispatcher's, not the policy's: ``slot_free`` False makes a
+    Run that could start wait. ``max_queued``: a Run that would wait behind that many waiting
+    Runs of its task is skipped instead (the task's backlog is bounded; the oldest stay).
     """
+    decision = _by_mode(policy, active, waiting_ahead)
+    if decision.action is OverlapAction.START and not slot_free:
+        decision = OverlapDecision(OverlapAction.WAIT)
+    if (decision.action is OverlapAction.WAIT and max_queued is not None
+            and waiting_ahead >= max_queued):
+        return OverlapDecision(OverlapAction.SKIP, reason("overlap_queue_full", waiting=waiting_ahead,
+                                                          max_queued=max_queued))
+    return decision
+
+
+def _by_mode(policy: ConcurrencyPolicy, active: Sequence[ActiveRun], waiting_ahead: int) -> OverlapDecision:
     mode = policy.mode
     if mode is ConcurrencyMode.ALLOW:
         if policy.max_running is not None and len(active) >= policy.max_running:

@@ -149,8 +149,11 @@ def parse_execution_spec(task_id: str, payload: Mapping[str, Any],
     Every key is checked and a refusal names it (``task 't': timeout_ms: expected ...``); an env
     value is never echoed (it may be a secret). Defaults come from ``limits``; caps too.
     """
+    from ..events import check_notify
     from ..store import check_command
 
+    if "notify" in payload:
+        check_notify(task_id, payload["notify"])
     if "command" not in payload:
         for key in EXECUTION_KEYS:
             if key in payload:

@@ -110,6 +110,21 @@ class RunDetail:
     idempotency_key: str
     task_revision: int
     attempts: tuple[AttemptView, ...]
+    #: the random delay its trigger's occurrence drew (``run.scheduled_for_ms`` includes it)
+    jitter_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunSkipView:
+    """A Run skipped before it started (its task's overlap rules), kept as a skip record."""
+
+    run_id: str
+    project_id: str
+    task_id: str
+    trigger_id: str  # '' for a manual Run
+    scheduled_for_ms: int
+    reason: str
+    recorded_at_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +177,12 @@ class ExecutionStore(Protocol):
         ...
 
     async def skip_run(self, run_id: str, attempt_id: str, reason: str, now_ms: int) -> bool:
-        """End a claimed Run ``cancelled`` because its overlap policy skips it (reason recorded)."""
+        """Skip a claimed Run because its overlap rules skip it: it ends ``cancelled`` (its end
+        event written), then leaves the Runs as a skip record with ``reason``."""
+        ...
+
+    async def recent_run_skips(self, limit: int = 20) -> Sequence[RunSkipView]:
+        """The newest Runs skipped before they started, newest first."""
         ...
 
     async def admit_manual_run(self, project_id: str, task_id: str, key: str, now_ms: int) -> tuple[str, bool]:
@@ -184,6 +204,12 @@ class ExecutionStore(Protocol):
         ``older_than_ms``, oldest first."""
         ...
 
+    async def logs_for_space(self, keep_per_task: int, under_dir: str, limit: int) -> Sequence[tuple[str, str]]:
+        """``(attempt_id, attempt_dir)`` of ended Attempts whose log still exists in a directory
+        under ``under_dir``, oldest first, leaving out the newest ``keep_per_task`` of each task:
+        what a free-space floor may delete."""
+        ...
+
     async def mark_log_deleted(self, attempt_id: str, now_ms: int) -> None:
         """Record that the Attempt's log was deleted (the tombstone)."""
         ...
@@ -195,4 +221,4 @@ class ExecutionStore(Protocol):
 
 
 __all__ = ["DispatchCandidate", "ActiveAttempt", "FinishResult", "AttemptView", "RunSummary", "RunDetail",
-           "PruneReport", "ExecutionStore"]
+           "RunSkipView", "PruneReport", "ExecutionStore"]

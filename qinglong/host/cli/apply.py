@@ -43,7 +43,7 @@ async def _on_store(container: Any, action: Any, *, dry_run: bool) -> Any:
     from .boot import opened_backend
 
     if not dry_run:
-        async with opened_backend(container) as backend:
+        async with opened_backend(container, create=True) as backend:
             return await action(backend)
     backend = container.backend()
     try:
@@ -121,7 +121,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from .boot import on_backend
 
-    states = on_backend(container, go, create=False)
+    states = on_backend(container, go, read_only=True)
     text = export_projects(states, with_secrets=args.with_secrets)
     if args.output:
         fd = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if args.with_secrets else 0o644)

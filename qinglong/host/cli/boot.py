@@ -23,19 +23,35 @@ def container_of(args: argparse.Namespace):
 
     from ..containers import build_container
 
-    return build_container(settings_of(args))
+    container = build_container(settings_of(args))
+    from ..remote import api_target
+
+    target = api_target(args)
+    if target is not None:  # qinglong --api URL: the management API stands where the store stood
+        from ..remote import RemoteContainer
+
+        return RemoteContainer(container, *target)
+    return container
 
 
 @asynccontextmanager
-async def opened_backend(container: Any, *, readiness: bool = True, create: bool = True) -> AsyncIterator[Any]:
-    """The container's backend, opened (and, with ``readiness``, migrated if it may and checked ready)."""
+async def opened_backend(container: Any, *, readiness: bool = True, create: bool = False,
+                         read_only: bool = False) -> AsyncIterator[Any]:
+    """The container's backend, opened (and, with ``readiness``, migrated if it may and checked ready).
+
+    Only ``run``, ``db migrate`` and publishing pass ``create=True``: any other command on a
+    missing store says so and leaves nothing behind. ``read_only`` for commands that only read:
+    a backend that can opens its store read-only (a read-only or full file system still reads)."""
 
     import inspect
 
     backend = container.backend()
-    # Commands that only read open with create=False, so a mistyped path is reported, not created.
+    # Commands that do not publish open with create=False, so a mistyped path is reported, not created.
     # A backend written before that keyword existed is opened as it always was.
-    if "create" in inspect.signature(backend.open).parameters:
+    parameters = inspect.signature(backend.open).parameters
+    if "read_only" in parameters:
+        await backend.open(create=create, read_only=read_only)
+    elif "create" in parameters:
         await backend.open(create=create)
     else:
         await backend.open()
@@ -49,14 +65,17 @@ async def opened_backend(container: Any, *, readiness: bool = True, create: bool
         await backend.close()
 
 
-def on_backend(container: Any, action: Any, *, readiness: bool = True, create: bool = True) -> Any:
+def on_backend(container: Any, action: Any, *, readiness: bool = True, create: bool = False,
+               read_only: bool = False) -> Any:
     """Open the profile's backend, ``await action(backend)``, close it; return the result.
 
-    ``create=False`` for commands that only read: they never create or migrate a store.
+    ``create=True`` only for publishing (and ``db migrate``): every other command never creates
+    or migrates a store.
     """
 
     async def body() -> Any:
-        async with opened_backend(container, readiness=readiness, create=create) as backend:
+        async with opened_backend(container, readiness=readiness, create=create,
+                                  read_only=read_only) as backend:
             return await action(backend)
 
     return asyncio.run(body())

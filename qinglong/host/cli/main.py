@@ -46,7 +46,10 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("apply", ("apply", "export", "import")),
     ("runs", ("runs", "logs")),
     ("read", ("schedules", "skips")),
+    ("events", ("notifications",)),
     ("status", ("status",)),
+    ("tokens", ("token", "audit")),
+    ("api", ("api",)),
 )
 
 #: Every command of the host itself; a plugin command of one of these names is refused.
@@ -91,6 +94,11 @@ def build_parser(trigger_options: Mapping[str, TriggerCliOptions] | None = None,
                         help="settings file (TOML); default: $QINGLONG_SETTINGS, else profile defaults only")
     common.add_argument("--profile", metavar="NAME", default=argparse.SUPPRESS,
                         help="profile to use (edge, standalone, cluster); overrides the file's 'profile'")
+    common.add_argument("--api", metavar="URL", default=argparse.SUPPRESS,
+                        help="run the command through the management API at URL instead of the store "
+                             "(default: $QINGLONG_API_URL); the token from $QINGLONG_API_TOKEN or --token-file")
+    common.add_argument("--token-file", metavar="PATH", default=argparse.SUPPRESS,
+                        help="file holding the API token (with --api)")
 
     parser = argparse.ArgumentParser(
         prog="qinglong",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Sequence
 
+from qinglong.contracts.cli import number_and_unit as _number_and_unit
+from qinglong.contracts.cli import parse_duration_ms
 from qinglong.contracts.store import MAX_LISTING_ROWS
 
 #: Upper bound of ``--limit`` and ``--count``: the readers' own bound, so a listing the CLI
@@ -23,10 +25,28 @@ def positive_count(text: str) -> int:
     return value
 
 
+def seconds_up_to(maximum: int) -> Any:
+    """An argparse type: a finite number of seconds from 0 to ``maximum`` (a usage error
+    otherwise: ``nan``, ``inf`` and ``-1`` are not a time to run for; 0 starts, checks and stops)."""
+
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+        if not 0 <= value <= maximum:  # false for nan too
+            raise argparse.ArgumentTypeError(
+                f"expected from 0 to {maximum:,} seconds, got {text!r}")
+        return value
+
+    return seconds
+
+
 def command_words(head: Sequence[str]) -> list[str]:
     """The words of the command line that are not options or values of the global options."""
     return [a for i, a in enumerate(head)
-            if not a.startswith("-") and not (i and head[i - 1] in ("--settings", "--profile", "--payload"))]
+            if not a.startswith("-") and not (i and head[i - 1] in ("--settings", "--profile", "--payload", "--api",
+                                                         "--token-file"))]
 
 
 def add_command(sub: Any, common: argparse.ArgumentParser, name: str, help_text: str, func: Any,
@@ -57,26 +77,10 @@ def split_command_argv(arguments: list[str]) -> tuple[list[str], list[str] | Non
     return head, arguments[cut + 1:]
 
 
-_DURATION_UNITS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _SIZE_UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3,
                "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3}
 
 
-def _number_and_unit(text: str) -> tuple[int, str] | None:
-    digits = len(text) - len(text.lstrip("0123456789"))
-    if not digits or digits > 15:
-        return None
-    return int(text[:digits]), text[digits:].strip()
-
-
-def parse_duration_ms(flag: str, text: str) -> int:
-    """``500ms``, ``30s``, ``5m``, ``2h``, ``1d`` as milliseconds; a UserError naming ``flag`` otherwise."""
-    from qinglong.contracts.errors import UserError
-
-    parsed = _number_and_unit(text.strip())
-    if parsed is None or parsed[1] not in _DURATION_UNITS:
-        raise UserError(f"{flag}: expected a duration such as 500ms, 30s, 5m, 2h or 1d, got {text!r}")
-    return parsed[0] * _DURATION_UNITS[parsed[1]]
 
 
 def parse_size_bytes(flag: str, text: str) -> int:

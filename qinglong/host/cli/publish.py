@@ -13,8 +13,8 @@ from qinglong.contracts.records import DEFAULT_MISFIRE_GRACE_MS, MisfirePolicy, 
 from qinglong.contracts.store import MAX_SPEC_BYTES, check_json_value
 
 from .boot import container_of, limited, on_backend, settings_of
-from .output import print_json, print_table, yes_no
-from .parsing import add_command, add_json_flag, command_words, positive_count
+from .output import format_duration_ms, print_json, print_table, yes_no
+from .parsing import add_command, add_json_flag, command_words, parse_duration_ms, positive_count
 from .task import register_task
 
 
@@ -33,7 +33,7 @@ def cmd_project(args: argparse.Namespace) -> int:
             return plan
         return await backend.reader().list_projects()
 
-    result = on_backend(container, go, create=sub == "create")
+    result = on_backend(container, go, create=sub == "create", read_only=sub == "list")
     if sub == "create":
         print(f"created project {result.project_id}")
     elif sub == "delete":
@@ -48,7 +48,9 @@ def cmd_project(args: argparse.Namespace) -> int:
             verb = "would delete" if args.dry_run else "deleted"
             print(f"{verb} project {args.project_id} and {what} (its Runs stay)")
     elif args.json:
-        print_json([{"project_id": p.project_id, "name": p.name, "active": p.active} for p in result])
+        from ..views import project_json
+
+        print_json([project_json(p) for p in result])
     else:
         print_table(["project", "name", "active"], [[p.project_id, p.name, yes_no(p.active)] for p in result])
     return ExitCode.OK
@@ -189,18 +191,23 @@ def cmd_trigger(args: argparse.Namespace) -> int:
             (current.misfire_grace_ms if current else DEFAULT_MISFIRE_GRACE_MS),
             # --disabled disables; otherwise a new trigger starts enabled and an update keeps its state.
             enabled=False if args.disabled else (current.enabled if current else True),
+            jitter_ms=parse_duration_ms("--jitter", args.jitter) if args.jitter is not None else
+            (current.jitter_ms if current else 0),
         )
         return await pub.put_trigger(definition)
 
-    result = on_backend(container, go, create=sub != "list")
+    # Only adding publishes something new: update, enable, disable, delete need a stored trigger.
+    result = on_backend(container, go, create=sub == "add", read_only=sub == "list")
     if sub == "list":
         if args.json:
             print_json([_head_json(t) for t in result])
         else:
             providers = container.trigger_providers()
-            print_table(["project", "trigger", "rev", "task", "enabled", "misfire", "grace_ms", "schedule"],
+            print_table(["project", "trigger", "rev", "task", "enabled", "misfire", "grace_ms", "jitter",
+                         "schedule"],
                          [[t.project_id, t.trigger_id, t.trigger_revision, t.task_id, yes_no(t.enabled),
                            t.misfire_policy.value, t.misfire_grace_ms,
+                           format_duration_ms(t.jitter_ms) if t.jitter_ms else "-",
                            providers[t.kind].describe(t.spec) if t.kind in providers else t.kind]
                           for t in result])
     elif sub == "delete":
@@ -212,13 +219,13 @@ def cmd_trigger(args: argparse.Namespace) -> int:
 
 
 def _head_json(t: Any) -> dict[str, Any]:
-    return {"project_id": t.project_id, "trigger_id": t.trigger_id, "trigger_revision": t.trigger_revision,
-            "task_id": t.task_id, "kind": t.kind, "spec": dict(t.spec), "misfire_policy": t.misfire_policy.value,
-            "misfire_grace_ms": t.misfire_grace_ms, "enabled": t.enabled, "content_digest": t.content_digest}
+    from ..views import trigger_json  # shared with the API
+
+    return trigger_json(t)
 
 
 #: The options of ``trigger add`` and ``update`` themselves; a trigger kind cannot declare these.
-TRIGGER_COMMAND_FLAGS = ("--task", "--kind", "--spec", "--misfire", "--grace-ms", "--disabled",
+TRIGGER_COMMAND_FLAGS = ("--task", "--kind", "--spec", "--misfire", "--grace-ms", "--jitter", "--disabled",
                          "--settings", "--profile", "--help")
 
 
@@ -294,6 +301,9 @@ def register(sub: Any, common: argparse.ArgumentParser,
         p.add_argument("--misfire", choices=[m.value for m in MisfirePolicy], default=None,
                        help="what a late occurrence does (default fire_once)")
         p.add_argument("--grace-ms", type=int, default=None, help="misfire grace in ms (default 60000)")
+        p.add_argument("--jitter", default=None, metavar="DURATION",
+                       help="start each occurrence up to this much later (5m, 30s; at most 1d), the "
+                            "same delay on every reading; 0s for none (default: none, or kept on update)")
         p.add_argument("--disabled", action="store_true", help="publish disabled")
         _add_trigger_kind_options(p, trigger_options or {})
         p.set_defaults(func=cmd_trigger, trigger_options=dict(trigger_options or {}))

@@ -8,16 +8,18 @@ import sys
 from typing import Any
 
 from qinglong.contracts.errors import ExitCode
+from qinglong.contracts.jitter import JitteredSchedule
+from qinglong.contracts.records import NO_MORE_OCCURRENCES_MS
 
-from .boot import container_of, limited, on_backend
-from .output import iso, now_ms, print_json, print_table, yes_no
+from .boot import container_of, execution_of, limited, on_backend
+from .output import format_duration_ms, iso, now_ms, print_json, print_table, yes_no
 from .parsing import add_command, add_json_flag, positive_count
 
 
 def show_runs(container: Any, *, limit: int, trigger: str | None, as_json: bool) -> int:
     """Print the most recent Runs (of one trigger, if given), newest first, with their lag: what
     ``runs`` shows on a store whose Runs are executed elsewhere (the cluster's workers)."""
-    runs = on_backend(container, lambda backend: backend.reader().recent_runs(limit, trigger), create=False)
+    runs = on_backend(container, lambda backend: backend.reader().recent_runs(limit, trigger), read_only=True)
     if as_json:
         print_json([{"run_id": r.run_id, "project_id": r.project_id, "trigger_id": r.trigger_id,
                       "trigger_revision": r.trigger_revision, "scheduled_for_ms": r.scheduled_for_ms,
@@ -54,7 +56,34 @@ def _first_fire_preview(schedule: Any, providers: Any) -> int | None:
     provider = providers.get(schedule.kind)
     if published is None or provider is None:
         return None
+    if schedule.jitter_ms:
+        # as initialization does: the first occurrence after the publish, at its jittered time
+        return JitteredSchedule(provider, schedule.project_id, schedule.trigger_id,
+                                schedule.jitter_ms).first_after_nominal(schedule.spec, published)
     return provider.next_after(schedule.spec, published)
+
+
+def next_delay_ms(schedule: Any, at_ms: int | None, providers: Any) -> int | None:
+    """The jitter the schedule's next start drew (``at_ms``, a jittered time); None without a
+    jitter, a time or the kind's provider."""
+    provider = providers.get(schedule.kind)
+    if not schedule.jitter_ms or at_ms is None or provider is None or at_ms >= NO_MORE_OCCURRENCES_MS:
+        return None
+    nominal = JitteredSchedule(provider, schedule.project_id, schedule.trigger_id,
+                               schedule.jitter_ms).nominal_of(schedule.spec, at_ms)
+    return at_ms - nominal
+
+
+def jitter_text(window_ms: int, delay_ms: int | None) -> str:
+    """``-`` without a jitter; ``+1m23.456s of 5m``: the delay drawn, of the window."""
+    if not window_ms:
+        return "-"
+    window = format_duration_ms(window_ms)
+    if delay_ms is None:
+        return f"up to {window}"
+    minutes, rest = divmod(delay_ms, 60_000)
+    seconds = f"{rest / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    return f"+{minutes}m{seconds} of {window}" if minutes else f"+{seconds} of {window}"
 
 
 #: Schedules read per page by ``schedules``: each page is printed as it arrives, so memory is one
@@ -120,14 +149,16 @@ async def _schedule_pages(reader: Any, limit: int | None, after: tuple | None) -
         yield encode_schedule_cursor(page[-1])
 
 
-def _schedule_json(s: Any, preview: Any, lag: Any, as_of: Any, status: Any) -> dict:
+def _schedule_json(s: Any, preview: Any, lag: Any, as_of: Any, status: Any,
+                   delay: int | None = None) -> dict:
     return {"project_id": s.project_id, "trigger_id": s.trigger_id,
             "trigger_revision": s.trigger_revision, "kind": s.kind, "spec": dict(s.spec),
             "enabled": s.enabled, "misfire_policy": s.misfire_policy.value,
             "next_fire_at_ms": s.next_fire_at_ms, "pending_first_fire_at_ms": preview,
             "published_at_ms": getattr(s, "published_at_ms", None),
             "last_scheduled_at_ms": s.last_scheduled_at_ms, "lag_ms": lag, "lag_as_of_ms": as_of,
-            "scheduler_running": None if status is None else status.running}
+            "scheduler_running": None if status is None else status.running,
+            "jitter_ms": s.jitter_ms, "next_jitter_ms": delay}
 
 
 class _StreamedTable:
@@ -177,29 +208,35 @@ def cmd_schedules(args: argparse.Namespace) -> int:
         else:
             print(_status_line(status))
             table = _StreamedTable(["project", "trigger", "rev", "enabled", "next_fire_at",
-                                    "last_scheduled", "lag_ms", "schedule"])
+                                    "jitter", "last_scheduled", "lag_ms", "schedule"])
         first = True
         more = None
         async for page in _schedule_pages(reader, args.limit, args.after):
             if isinstance(page, str):
                 more = page
                 break
-            rows = [(s, _first_fire_preview(s, providers),
-                     s.lag_ms(as_of) if as_of is not None else None) for s in page]
+            rows = []
+            for s in page:
+                preview = _first_fire_preview(s, providers)
+                delay = next_delay_ms(s, preview if preview is not None else s.next_fire_at_ms,
+                                      providers)
+                rows.append((s, preview, s.lag_ms(as_of) if as_of is not None else None, delay))
             if table is None:
                 chunk = []
-                for s, preview, lag in rows:
+                for s, preview, lag, delay in rows:
                     chunk.append(("\n  " if first else ",\n  ")
-                                 + json.dumps(_schedule_json(s, preview, lag, as_of, status), default=str))
+                                 + json.dumps(_schedule_json(s, preview, lag, as_of, status, delay),
+                                              default=str))
                     first = False
                 sys.stdout.write("".join(chunk))
                 sys.stdout.flush()
             else:
                 table.page([[s.project_id, s.trigger_id, s.trigger_revision, yes_no(s.enabled),
                              f"{iso(preview)} (pending)" if preview is not None else iso(s.next_fire_at_ms),
+                             jitter_text(s.jitter_ms, delay),
                              iso(s.last_scheduled_at_ms), lag if lag is not None else "stopped",
                              providers[s.kind].describe(s.spec) if s.kind in providers else s.kind]
-                            for s, preview, lag in rows])
+                            for s, preview, lag, delay in rows])
         if table is None:
             sys.stdout.write("\n]\n" if not first else "]\n")
             sys.stdout.flush()
@@ -210,7 +247,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
             if more is not None:
                 print(f"more: --after {more}")
 
-    on_backend(container, go, create=False)
+    on_backend(container, go, read_only=True)
     return ExitCode.OK
 
 
@@ -229,17 +266,31 @@ def cmd_skips(args: argparse.Namespace) -> int:
     """Recorded misfires: what was not admitted, and under which policy."""
     container = container_of(args)
 
-    skips = on_backend(container, lambda backend: backend.reader().recent_skips(args.limit), create=False)
+    async def go(backend: Any) -> tuple[Any, Any]:
+        store = execution_of(backend)
+        run_skips = await store.recent_run_skips(args.limit) if store is not None else []
+        return await backend.reader().recent_skips(args.limit), run_skips
+
+    skips, run_skips = on_backend(container, go, read_only=True)
     if args.json:
         print_json([{"project_id": s.project_id, "trigger_id": s.trigger_id, "trigger_revision": s.trigger_revision,
                       "policy": s.policy.value, "first_skipped_ms": s.first_skipped_ms,
                       "last_skipped_ms": s.last_skipped_ms, "count": s.count, "count_exact": s.count_exact,
-                      "recorded_at_ms": s.recorded_at_ms} for s in skips])
+                      "recorded_at_ms": s.recorded_at_ms} for s in skips]
+                   + [{"kind": "run", "run_id": s.run_id, "project_id": s.project_id, "task_id": s.task_id,
+                       "trigger_id": s.trigger_id, "scheduled_for_ms": s.scheduled_for_ms, "reason": s.reason,
+                       "recorded_at_ms": s.recorded_at_ms} for s in run_skips])
     else:
         print_table(["trigger", "rev", "policy", "first_skipped", "last_skipped", "count", "recorded_at"],
                      [[s.trigger_id, s.trigger_revision, s.policy.value, iso(s.first_skipped_ms),
                        iso(s.last_skipped_ms), f"{s.count}{'' if s.count_exact else '+'}", iso(s.recorded_at_ms)]
                       for s in skips])
+        if run_skips:
+            print()
+            print("runs skipped before they started (the task's concurrency, or its queue full):")
+            print_table(["run", "task", "trigger", "scheduled_for", "reason", "recorded_at"],
+                        [[s.run_id, f"{s.project_id}/{s.task_id}", s.trigger_id or "-", iso(s.scheduled_for_ms),
+                          s.reason, iso(s.recorded_at_ms)] for s in run_skips])
     return ExitCode.OK
 
 

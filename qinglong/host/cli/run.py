@@ -10,7 +10,7 @@ from qinglong.contracts.errors import AlreadyExists, ExitCode
 from qinglong.contracts.records import TriggerDefinition
 
 from .boot import container_of, on_backend
-from .parsing import add_command, positive_count
+from .parsing import add_command, positive_count, seconds_up_to
 from .signals import run_lifecycle
 
 
@@ -19,6 +19,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     container = container_of(args)
     lifecycle = container.lifecycle()
     return asyncio.run(run_lifecycle(lifecycle, container.diagnostics(), args.for_seconds))
+
+
+#: The longest ``run --for-seconds`` (a year) and ``demo --seconds`` (an hour) accepted.
+MAX_RUN_SECONDS = 366 * 86_400
+MAX_DEMO_SECONDS = 3_600
 
 
 #: What the demo task runs: a shell only because the demo asks for one (``sh -c``).
@@ -69,7 +74,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             project_id="demo", trigger_id="demo-every-second", task_id="hello", kind=kind, spec=spec,
         ))
 
-    on_backend(container, publish)
+    on_backend(container, publish, create=True)
     print(f"published trigger demo-every-second ({description}) running {DEMO_COMMAND[0]} -c '...'; "
           f"running for {args.seconds:g} s ...", flush=True)
     from .runs import a_run_has_ended, show_demo_runs
@@ -89,9 +94,11 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add ``run`` and ``demo``."""
     p = add_command(sub, common, "run", "run the scheduler until SIGTERM/SIGINT (a second signal forces the exit)",
                     cmd_run)
-    p.add_argument("--for-seconds", type=float, default=None, metavar="S", help="stop by itself after S seconds")
+    p.add_argument("--for-seconds", type=seconds_up_to(MAX_RUN_SECONDS), default=None, metavar="S",
+                   help=f"stop by itself after S seconds (more than 0, at most {MAX_RUN_SECONDS:,})")
 
     p = add_command(sub, common, "demo", "publish a trigger firing every second, run a few seconds, show its Runs",
                     cmd_demo)
-    p.add_argument("--seconds", type=float, default=5.0, help="how long to run (default 5)")
+    p.add_argument("--seconds", type=seconds_up_to(MAX_DEMO_SECONDS), default=5.0,
+                   help=f"how long to run (default 5, at most {MAX_DEMO_SECONDS:,})")
     p.add_argument("--limit", type=positive_count, default=10, help="Runs to show (default 10)")

@@ -38,23 +38,26 @@ def _value(enum_or_text: Any) -> Any:
     return getattr(enum_or_text, "value", enum_or_text)
 
 
-def summary_json(run: Any) -> dict[str, Any]:
-    """A :class:`~qinglong.contracts.execution.RunSummary` as ``runs --json`` prints it."""
-    return {"run_id": run.run_id, "project_id": run.project_id, "task_id": run.task_id,
-            "trigger_id": run.trigger_id, "scheduled_for_ms": run.scheduled_for_ms,
-            "admitted_at_ms": run.admitted_at_ms, "lag_ms": run.admitted_at_ms - run.scheduled_for_ms,
-            "state": _value(run.state), "exit_code": run.exit_code, "duration_ms": run.duration_ms,
-            "attempts": run.attempts, "finished_at_ms": run.finished_at_ms, "reason": run.reason}
+from ..views import attempt_json, run_summary_json as summary_json  # noqa: E402,F401 (shared with the API)
 
 
 def _ms(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
+def state_words(state: Any, exit_code: int | None) -> str:
+    """A state as the tables show it: a Run ended by a timeout or a cancel whose job still
+    exited with a code says so, so `timed_out` beside exit 0 is never left unexplained."""
+    state = _value(state)
+    if state in ("timed_out", "cancelled") and exit_code is not None:
+        return f"{state} (exited {exit_code} after the request)"
+    return state
+
+
 def print_run_table(runs: Sequence[Any]) -> None:
     """The runs table: what each Run did."""
     print_table(["run", "task", "scheduled_for", "state", "exit", "duration_ms", "attempts", "reason"],
-                [[r.run_id, f"{r.project_id}/{r.task_id}", iso(r.scheduled_for_ms), _value(r.state),
+                [[r.run_id, f"{r.project_id}/{r.task_id}", iso(r.scheduled_for_ms), state_words(r.state, r.exit_code),
                   _ms(r.exit_code), _ms(r.duration_ms), r.attempts, r.reason or ""] for r in runs])
 
 
@@ -102,7 +105,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 keys[run.run_id] = (await store.run_detail(run.run_id)).idempotency_key
         return runs, keys
 
-    runs, keys = on_backend(container, go, create=False)
+    runs, keys = on_backend(container, go, read_only=True)
     if runs is None:
         if args.state or args.task or args.project:
             raise UserError("--state, --task and --project need a profile that runs Runs locally; "
@@ -115,17 +118,6 @@ def cmd_runs(args: argparse.Namespace) -> int:
     else:
         print_run_table(runs)
     return ExitCode.OK
-
-
-def attempt_json(a: Any) -> dict[str, Any]:
-    """An :class:`~qinglong.contracts.execution.AttemptView` as ``runs show --json`` prints it."""
-    return {"attempt_id": a.attempt_id, "attempt_no": a.attempt_no, "state": _value(a.state),
-            "executor": a.executor, "created_at_ms": a.created_at_ms, "not_before_ms": a.not_before_ms,
-            "started_at_ms": a.started_at_ms, "finished_at_ms": a.finished_at_ms, "exit_code": a.exit_code,
-            "signal": a.signal, "duration_ms": a.duration_ms, "log_bytes": a.log_bytes,
-            "log_dropped_bytes": a.log_dropped_bytes, "log_deleted": a.log_deleted,
-            "attempt_dir": a.attempt_dir, "reason": a.reason, "cancel_reason": a.cancel_reason,
-            "worker_id": getattr(a, "worker_id", None)}
 
 
 def _outcome(a: Any) -> str:
@@ -142,25 +134,27 @@ def _show_run(args: argparse.Namespace) -> int:
     async def go(backend: Any) -> Any:
         return await need_runs(backend, container, "runs show").run_detail(args.run_id)
 
-    detail = on_backend(container, go, create=False)
+    detail = on_backend(container, go, read_only=True)
     run = detail.run
     if args.json:
-        print_json({**summary_json(run), "idempotency_key": detail.idempotency_key,
-                    "task_revision": detail.task_revision,
-                    "attempts": [attempt_json(a) for a in detail.attempts]})
+        from ..views import run_detail_json
+
+        print_json(run_detail_json(detail))
         return ExitCode.OK
-    print(f"run {run.run_id}: {_value(run.state)}"
+    print(f"run {run.run_id}: {state_words(run.state, run.exit_code)}"
           + (f" (exit {run.exit_code})" if run.exit_code is not None else "")
           + (f": {run.reason}" if run.reason else ""))
     print(f"task {run.project_id}/{run.task_id} revision {detail.task_revision}, "
           f"trigger {run.trigger_id or '-'}, idempotency key {detail.idempotency_key}")
-    print(f"scheduled for {iso(run.scheduled_for_ms)}, admitted at {iso(run.admitted_at_ms)}, "
+    jitter = (f" (its occurrence {iso(run.scheduled_for_ms - detail.jitter_ms)} plus a jitter of "
+              f"{detail.jitter_ms} ms)" if detail.jitter_ms else "")
+    print(f"scheduled for {iso(run.scheduled_for_ms)}{jitter}, admitted at {iso(run.admitted_at_ms)}, "
           f"finished at {iso(run.finished_at_ms)}, duration {_ms(run.duration_ms)} ms")
     # the worker column only where a remote worker held an Attempt (the cluster)
     workers = any(getattr(a, "worker_id", None) for a in detail.attempts)
     print_table(["attempt", "state", "outcome", "started", "ended", "duration_ms", "log_bytes", "dropped",
                  "log", "reason"] + (["worker"] if workers else []),
-                [[a.attempt_no, _value(a.state), _outcome(a), iso(a.started_at_ms), iso(a.finished_at_ms),
+                [[a.attempt_no, state_words(a.state, a.exit_code), _outcome(a), iso(a.started_at_ms), iso(a.finished_at_ms),
                   _ms(a.duration_ms), _ms(a.log_bytes), a.log_dropped_bytes,
                   "deleted" if a.log_deleted else ("kept" if a.attempt_dir or workers and a.log_bytes else "-"),
                   a.reason or (a.cancel_reason and f"cancel requested: {a.cancel_reason}") or ""]
@@ -188,7 +182,9 @@ def _cancel_run(args: argparse.Namespace) -> int:
     before, after, remote = on_backend(container, go, create=False)
     before, after = _value(before), _value(after)
     if args.json:
-        print_json({"run_id": args.run_id, "state_before": before, "state": after})
+        from ..views import cancel_json
+
+        print_json(cancel_json(args.run_id, before, after))
     elif before == after and after in ("succeeded", "failed", "timed_out", "cancelled", "lost"):
         print(f"run {args.run_id} had already ended: {after}; nothing to cancel")
     elif after == "cancelled":
@@ -379,14 +375,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     async def go(backend: Any) -> None:
         store = execution_of(backend)
-        if store is None:
+        if store is None or getattr(backend, "remote", False):  # a store's log, or the API's
             control = need_runs(backend, container, "logs")
             await _print_stored_log(control, args.run_id, args.attempt, args.tail, args.follow,
                                     sys.stdout.buffer)
             return
         await _print_log(store, args.run_id, args.attempt, args.tail, args.follow, sys.stdout.buffer)
 
-    on_backend(container, go, create=False)
+    on_backend(container, go, read_only=True)
     return ExitCode.OK
 
 
@@ -463,7 +459,7 @@ def show_demo_runs(container: Any, *, project: str, task: str, trigger: str, lim
                 output = None
         return runs, ended, output
 
-    runs, ended, output = on_backend(container, go, create=False)
+    runs, ended, output = on_backend(container, go, read_only=True)
     if runs is None:
         from .read import show_runs
 

@@ -5,24 +5,24 @@ It opens the store read-only (never creating or migrating it), says whether its 
 bounded read) twice, ``--interval`` apart, to see whether a backlog grows or drains (once with
 ``--once``). The exit code is the verdict of :func:`~qinglong.contracts.observe.status_verdict`:
 0 clear, 10 converging (a backlog that drains), 20 attention (a growing or frozen backlog, lag over
-the grace, lost Attempts, no scheduler working the store, Runs waiting for a worker slot). A
+the grace, lost Attempts, no scheduler working the store, Runs no worker takes), 30 failing (a
+task whose last Run failed, timed out or was lost). A
 problem that keeps the figures from being read keeps its usual code: 3 settings or a missing
 database, 4 a schema not ready, 5 a store that cannot be reached or answer within the bound.
 
-The grace is what an occurrence may wait before it counts as late: five cadences on the SQLite
-profiles (a round every cadence), three cadences and a lease on the cluster (a claim may take up
-to a lease), the same window after which a replica no longer counts as live.
+The grace is what an occurrence may wait before it counts as late
+(:func:`~qinglong.contracts.observe.status_grace_ms`; the status page and ``/metrics`` use the same).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import sys
 from typing import Any
 
 from qinglong.contracts.errors import ExitCode, SchemaNotReady
+from qinglong.contracts.observe import FAILURE_STREAK_PERIODS, workers_summary
 
 from .boot import container_of, opened_backend
 from .output import iso, print_json
@@ -44,21 +44,14 @@ def interval_seconds(text: str) -> float:
 
 
 def grace_ms(profile: str, limits: Any) -> int:
-    """How long an occurrence may wait before it counts as late (see the module docstring)."""
-    if profile == "cluster":
-        return 3 * limits.cadence_ms + limits.lease_ms
-    return 5 * limits.cadence_ms
+    """How long an occurrence may wait before it counts as late
+    (:func:`~qinglong.contracts.observe.status_grace_ms`, the page's and the metrics' too)."""
+    from qinglong.contracts.observe import status_grace_ms
+
+    return status_grace_ms(limits.cadence_ms, limits.lease_ms, leased=profile == "cluster")
 
 
-def stats_json(stats: Any) -> dict[str, Any] | None:
-    """A reading as ``status --json`` prints it: every field, and the oldest due's wait."""
-    if stats is None:
-        return None
-    data = {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
-    data["runs_by_state"] = dict(stats.runs_by_state)
-    data["workers_by_state"] = dict(stats.workers_by_state)
-    data["oldest_due_seconds"] = stats.oldest_due_seconds
-    return data
+from ..views import stats_json  # noqa: E402,F401 (shared with the API)
 
 
 async def take_readings(backend: Any, *, once: bool, interval_s: float) -> tuple[str | None, Any, Any]:
@@ -115,16 +108,17 @@ def print_screen(profile: str, store: str, not_ready: str | None, before: Any, n
         lines.append(("admission lag", lag))
         states = [f"{state} {n}" for state, n in now.runs_by_state.items() if n]
         lines.append(("runs", ", ".join(states) if states else "none"))
+        queued = sorted(now.queued_by_task.items(), key=lambda kv: (-kv[1], kv[0]))
+        lines.append(("queued per task", ", ".join(f"{task} {n}" for task, n in queued) if queued else "none"))
         lines.append(("running", _count(now.running, "attempt") + " holding a process"))
         lines.append(("skips", f"{_count(now.skipped_recent, 'occurrence')} skipped in the last hour"))
         lines.append(("lost", f"{_count(now.lost_recent, 'attempt')} lost in the last hour"))
-        if profile == "cluster":
-            if now.workers_by_state or now.worker_free_slots is not None:
-                workers = ", ".join(f"{s} {n}" for s, n in now.workers_by_state.items()) or "none"
-                workers += f"; {now.worker_free_slots or 0} free slots"
-            else:
-                workers = "none registered"
-            lines.append(("workers", workers))
+        tasks = f"{now.tasks_failing} failing (their last run failed, timed out or was lost)"
+        if now.tasks_not_succeeding:
+            tasks += f", {now.tasks_not_succeeding} without a success in {FAILURE_STREAK_PERIODS} runs"
+        lines.append(("tasks", tasks if now.tasks_failing else "none failing"))
+        if now.worker_free_slots is not None:
+            lines.append(("workers", workers_summary(now)))
         lines.append(("schedules", f"{now.schedules_total} ({now.schedules_enabled} enabled)"))
     if finding is not None:
         lines.append(("verdict", f"{finding.verdict.name.lower()} ({int(finding.verdict)})"))
@@ -137,7 +131,7 @@ def print_screen(profile: str, store: str, not_ready: str | None, before: Any, n
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Readiness, backlog, lag, Runs, skips; the exit code is the verdict."""
-    from qinglong.contracts.observe import status_verdict
+    from qinglong.contracts.observe import assess
 
     container = container_of(args)
     loaded = container.loaded()
@@ -149,22 +143,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     store = (settings.path or "") if isinstance(settings, LocalStoreSettings) else ""
 
     async def go() -> tuple[str | None, Any, Any]:
-        async with opened_backend(container, readiness=False, create=False) as backend:
+        async with opened_backend(container, readiness=False, read_only=True) as backend:
             return await take_readings(backend, once=args.once, interval_s=args.interval)
 
     not_ready, before, now = asyncio.run(go())
     finding = None
     if now is not None:
-        finding = status_verdict(before, now, grace_ms=grace,
-                                 expect_workers=now.worker_free_slots is not None)
+        finding = assess(before, now, grace_ms=grace)
     code = int(finding.verdict) if finding is not None else int(ExitCode.CHECK_FAILED)
     if args.json:
-        print_json({"profile": profile, "ready": not_ready is None,
-                    "readiness": "ready" if not_ready is None else not_ready,
-                    "verdict": finding.verdict.name.lower() if finding else None,
-                    "exit_code": code, "reasons": list(finding.reasons) if finding else [],
-                    "grace_ms": grace, "interval_ms": None if args.once else int(args.interval * 1000),
-                    "stats": stats_json(now), "before": stats_json(before)})
+        from ..views import status_json
+
+        print_json(status_json(profile, not_ready, finding, code, grace,
+                               None if args.once else int(args.interval * 1000), now, before))
     else:
         print_screen(profile, str(store), not_ready, before, now, finding, grace,
                      None if args.once else args.interval)
@@ -176,7 +167,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add ``status``."""
     p = add_command(sub, common, "status",
-                    "readiness, backlog, admission lag, Runs, skips; exit 0 clear, 10 converging, 20 attention",
+                    "readiness, backlog, admission lag, Runs, skips, failing tasks; exit 0 clear, 10 converging, 20 attention, 30 failing",
                     cmd_status)
     p.add_argument("--once", action="store_true",
                    help="one reading, no trend (an aged backlog is then attention)")

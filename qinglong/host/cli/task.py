@@ -36,6 +36,8 @@ OPTION_KEYS: tuple[tuple[str, str], ...] = (
     ("--log-limit", "log_limit_bytes"),
     ("--executor", "executor"),
     ("--label", "labels"),
+    ("--notify", "notify.when"),
+    ("--notify-channel", "notify.channels"),
 )
 
 
@@ -127,6 +129,15 @@ def _options_payload(args: argparse.Namespace, limits: Any) -> tuple[dict[str, A
     if args.label:
         keys["labels"] = list(args.label)
         given.append("--label")
+    if args.notify is not None or args.notify_channel:
+        notify: dict[str, Any] = {}
+        if args.notify is not None:
+            notify["when"] = args.notify
+            given.append("--notify")
+        if args.notify_channel:
+            notify["channels"] = list(args.notify_channel)
+            given.append("--notify-channel")
+        keys["notify"] = notify
     return keys, given
 
 
@@ -195,7 +206,7 @@ def cmd_task_put(args: argparse.Namespace) -> int:
     container = container_of(args)
     payload = build_task_payload(args, args.task_id, execution_limits(container.loaded()), json_object)
     task = on_backend(container, lambda backend: backend.publisher().put_task(
-        args.project_id, args.task_id, payload))
+        args.project_id, args.task_id, payload), create=True)
     print(f"task {task.project_id}/{task.task_id} at revision {task.task_revision} ({task.content_digest[:19]})")
     missing = missing_program(payload)
     if missing is not None:
@@ -252,7 +263,7 @@ def cmd_task_list(args: argparse.Namespace) -> int:
             tasks += [state.tasks[task_id] for task_id in sorted(state.tasks)]
         return tasks
 
-    tasks = on_backend(container, go, create=False)
+    tasks = on_backend(container, go, read_only=True)
     if args.limit is not None:
         tasks = tasks[:args.limit]
 
@@ -261,8 +272,9 @@ def cmd_task_list(args: argparse.Namespace) -> int:
         return list(command) if isinstance(command, list) else None
 
     if args.json:
-        print_json([{"project_id": t.project_id, "task_id": t.task_id, "task_revision": t.task_revision,
-                     "content_digest": t.content_digest, "command": command_of(t)} for t in tasks])
+        from ..views import task_list_json
+
+        print_json([task_list_json(t) for t in tasks])
     else:
         print_table(["project", "task", "rev", "digest", "command"],
                     [[t.project_id, t.task_id, t.task_revision, t.content_digest[:19],
@@ -299,7 +311,7 @@ def _describe_retry(retry: Mapping[str, Any]) -> str:
 
 def cmd_task_show(args: argparse.Namespace) -> int:
     """A task's head revision: digest and execution spec, env values masked."""
-    from qinglong.contracts.execution import EXECUTION_KEYS, masked_payload, parse_execution_spec
+    from qinglong.contracts.execution import EXECUTION_KEYS, parse_execution_spec
 
     container = container_of(args)
     limits = execution_limits(container.loaded())
@@ -310,7 +322,7 @@ def cmd_task_show(args: argparse.Namespace) -> int:
             raise UserError(f"the {container.loaded().profile.name} profile's store cannot show a task")
         return await reader.task_head(args.project_id, args.task_id)
 
-    task = on_backend(container, go, create=False)
+    task = on_backend(container, go, read_only=True)
     problem = None
     try:
         spec = parse_execution_spec(task.task_id, task.payload, limits)
@@ -318,10 +330,9 @@ def cmd_task_show(args: argparse.Namespace) -> int:
         spec, problem = None, str(exc)
     other = {k: v for k, v in task.payload.items() if k not in EXECUTION_KEYS}
     if args.json:
-        print_json({"project_id": task.project_id, "task_id": task.task_id,
-                    "task_revision": task.task_revision, "content_digest": task.content_digest,
-                    "execution": _spec_view(spec) if spec is not None else None,
-                    "execution_error": problem, "payload": masked_payload(task.payload)})
+        from ..views import task_show_json
+
+        print_json(task_show_json(task, limits))
         return ExitCode.OK
     print(f"task {task.project_id}/{task.task_id} at revision {task.task_revision} ({task.content_digest})")
     if spec is None:
@@ -361,7 +372,9 @@ def cmd_task_run(args: argparse.Namespace) -> int:
 
     run_id, created = on_backend(container, go)
     if args.json:
-        print_json({"run_id": run_id, "created": created, "idempotency_key": key})
+        from ..views import manual_run_json
+
+        print_json(manual_run_json(run_id, created, key))
     elif created:
         print(f"run {run_id} admitted (idempotency key {key})")
     else:
@@ -402,6 +415,11 @@ def register_task(tsk_sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--log-limit", metavar="SIZE",
                    help="keep at most this much output: 512, 64KiB, 4MiB (capped by the profile)")
     p.add_argument("--executor", metavar="NAME", help="the executor plugin that runs it (default local_process)")
+    p.add_argument("--notify", choices=["on-failure", "always", "never"], default=None,
+                   help="which of its Runs' ends reach the notification channels "
+                        "(default: [notifications] default, on-failure)")
+    p.add_argument("--notify-channel", action="append", default=[], metavar="CHANNEL",
+                   help="send its events only to this channel (repeatable; default: every channel)")
     p.add_argument("--label", action="append", default=[], metavar="LABEL",
                    help="a label a cluster worker must offer to run it (repeatable; gpu, zone=eu-1)")
     # The words after '--' are split off before argparse sees them (see parsing.split_command_argv).

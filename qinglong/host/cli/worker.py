@@ -39,7 +39,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
                         f"(worker protocols of the loaded plugins: {', '.join(sorted(protocols)) or 'none'}); "
                         "use the cluster profile")
     context = ExecutorContext(log_dir=config.log_dir, base_env=minimal_environment(os.environ.get("HOME")),
-                              kill_grace_ms=config.kill_grace_ms)
+                              kill_grace_ms=config.kill_grace_ms, orphan_drain_ms=config.orphan_drain_ms,
+                              orphans=config.orphans)
     executors = create_executors(host, context)
     diagnostics = container.diagnostics()
 
@@ -50,14 +51,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def serve(connect: Any, executors: Any, config: Any, diagnostics: Any) -> int:
-    """Connect (a store unreachable at start is retried by the worker), run, drain on a signal."""
+    """Connect (a store unreachable at start is retried by the worker; one that refuses the login
+    is exit 5 at once), run, drain on a signal."""
     from qinglong.contracts.diagnostics import DiagnosticEvent
-    from qinglong.contracts.errors import StoreUnavailable
+    from qinglong.contracts.errors import StoreAuthFailed, StoreUnavailable
 
     from qinglong.worker import Worker
 
     try:
         protocol = await connect()
+    except StoreAuthFailed:
+        raise  # permanent until the settings change: exit at once with its code
     except StoreUnavailable as exc:
         diagnostics.emit(DiagnosticEvent("warning", "worker.store_unavailable",
                                          f"the store is unavailable at start; retrying: {exc}"))

@@ -48,7 +48,8 @@ MAX_ENV_FILE_BYTES = 64 * 1024
 TASK_KEYS = ("command", "env", "working_dir", "timeout", "timeout_ms", "concurrency", "retry",
              "idempotent", "log_limit", "log_limit_bytes", "executor", "labels", "description",
              "payload")
-TRIGGER_KEYS = ("task", "kind", "spec", "misfire_policy", "misfire_grace", "misfire_grace_ms", "enabled")
+TRIGGER_KEYS = ("task", "kind", "spec", "misfire_policy", "misfire_grace", "misfire_grace_ms", "jitter",
+                "jitter_ms", "enabled")
 PROJECT_KEYS = ("name", "tasks", "triggers")
 
 
@@ -293,11 +294,21 @@ class _Checker:
             grace = raw.get("misfire_grace_ms", DEFAULT_MISFIRE_GRACE_MS)
             if not isinstance(grace, int) or isinstance(grace, bool):
                 raise self.fail([*path, "misfire_grace_ms"], f"expected an integer, got {_type_name(grace)}")
+        if "jitter" in raw and "jitter_ms" in raw:
+            raise self.fail([*path, "jitter"], "give jitter or jitter_ms, not both")
+        if "jitter" in raw:
+            jitter = self._converted(self.parse_duration, raw["jitter"], [*path, "jitter"])
+            origin["jitter_ms"] = "jitter"
+        else:
+            jitter = raw.get("jitter_ms", 0)
+            if not isinstance(jitter, int) or isinstance(jitter, bool):
+                raise self.fail([*path, "jitter_ms"], f"expected an integer, got {_type_name(jitter)}")
         enabled = raw.get("enabled", True)
         if not isinstance(enabled, bool):
             raise self.fail([*path, "enabled"], f"expected true or false, got {_type_name(enabled)}")
         self.doc.trigger_keys[(project_id, trigger_id)] = origin
-        return TriggerDefinition(project_id, trigger_id, task, kind, spec, policy, grace, enabled)
+        return TriggerDefinition(project_id, trigger_id, task, kind, spec, policy, grace, enabled,
+                                 jitter)
 
 
 def parse_toml(text: str, source: str) -> dict[str, Any]:

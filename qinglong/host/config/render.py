@@ -100,9 +100,12 @@ def export_projects(states: Iterable[ProjectState], *, with_secrets: bool) -> st
                  for task_id, record in sorted(state.tasks.items())}
         triggers = {}
         for trigger_id, head in sorted(state.triggers.items()):
-            triggers[trigger_id] = [("task", head.task_id), ("kind", head.kind), ("spec", dict(head.spec)),
-                                    ("misfire_policy", head.misfire_policy.value),
-                                    ("misfire_grace_ms", head.misfire_grace_ms), ("enabled", head.enabled)]
+            rows = [("task", head.task_id), ("kind", head.kind), ("spec", dict(head.spec)),
+                    ("misfire_policy", head.misfire_policy.value),
+                    ("misfire_grace_ms", head.misfire_grace_ms)]
+            if head.jitter_ms:
+                rows.append(("jitter_ms", head.jitter_ms))
+            triggers[trigger_id] = rows + [("enabled", head.enabled)]
         projects.append({"project_id": state.project_id, "name": state.name, "tasks": tasks,
                          "triggers": triggers})
     header = ["Exported by `qinglong export`; apply with `qinglong apply FILE`."]

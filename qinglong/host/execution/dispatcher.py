@@ -86,6 +86,9 @@ class DispatcherConfig:
     log_retention_days: float = 7
     run_retention_days: float = 7
     min_free_bytes: int = 64 * 1024 * 1024
+    min_free_fraction: float = 0.1
+    keep_logs_per_task: int = 3
+    max_queued: int | None = None
     prune_batch: int = 200
     retention_first_s: float = RETENTION_FIRST_S
     retention_period_s: float = RETENTION_PERIOD_S
@@ -97,7 +100,9 @@ class DispatcherConfig:
                    poll_ms=execution.poll_ms, on_stop=execution.on_stop,
                    log_retention_days=execution.log_retention_days,
                    run_retention_days=execution.run_retention_days,
-                   min_free_bytes=execution.min_free_bytes, prune_batch=execution.prune_batch)
+                   min_free_bytes=execution.min_free_bytes, min_free_fraction=execution.min_free_fraction,
+                   keep_logs_per_task=execution.keep_logs_per_task, prune_batch=execution.prune_batch,
+                   max_queued=execution.max_queued)
 
 
 @dataclass
@@ -139,7 +144,8 @@ class Dispatcher:
         self.retention = Retention(store, config.log_dir, log_retention_days=config.log_retention_days,
                                    run_retention_days=config.run_retention_days,
                                    min_free_bytes=config.min_free_bytes, prune_batch=config.prune_batch,
-                                   diagnostics=diagnostics)
+                                   diagnostics=diagnostics, keep_per_task=config.keep_logs_per_task,
+                                   min_free_fraction=config.min_free_fraction)
         #: Observers (the HTTP surface's metrics): ``on_started(lag_ms)`` per process started
         #: (admitted to spawned), ``on_finished(state)`` per Attempt end recorded here. They must
         #: not raise; an error is reported and ignored.
@@ -173,6 +179,7 @@ class Dispatcher:
     async def start(self) -> ReconcileReport:
         """Settle what an earlier run left (the reconciler), then start passes and retention."""
         os.makedirs(self._config.log_dir, mode=0o700, exist_ok=True)
+        self.retention.check_floor()
         report = await reconcile(self._store, self._executors, self._clock_ms, self._adopt, self._recorded,
                                  self._diagnostics, skip=self._jobs.__contains__)
         self.stats.reconciled = report.as_fields()
@@ -334,7 +341,8 @@ class Dispatcher:
         if candidate.spec is None:
             await self._fail_without_start(candidate, candidate.spec_error or NO_COMMAND, now)
             return False
-        decision = overlap_decision(candidate.spec.concurrency, by_task[key], waiting[key])
+        decision = overlap_decision(candidate.spec.concurrency, by_task[key], waiting[key],
+                                    slot_free=slot_free, max_queued=self._config.max_queued)
         if decision.action is OverlapAction.SKIP:
             if await self._store.skip_run(candidate.run_id, candidate.attempt_id, decision.reason, now):
                 self.stats.skipped += 1
@@ -346,7 +354,7 @@ class Dispatcher:
             by_task[key] = [ActiveRun(a.run_id, a.scheduled_for_ms, True) for a in by_task[key]]
             waiting[key] += 1
             return False
-        if decision.action is OverlapAction.WAIT or not slot_free:
+        if decision.action is OverlapAction.WAIT:
             waiting[key] += 1
             return False
         if await self._start(candidate, now):
@@ -421,17 +429,18 @@ class Dispatcher:
     async def _wait_and_record(self, job: Job) -> None:
         try:
             await self._supervisor.wait_for_exit(job)
-            cancel = None
+            cancel = requested_at = None
             for attempt in await self._store.active_attempts():
                 if attempt.attempt_id == job.attempt_id:
-                    cancel = attempt.cancel_reason
+                    cancel, requested_at = attempt.cancel_reason, attempt.cancel_requested_at_ms
                     break
             else:
                 return  # already ended (recorded elsewhere): nothing to add
-            outcome = self._supervisor.outcome(job, cancel)
+            # the request's time and the receipt's are both this machine's wall clock
+            outcome = self._supervisor.outcome(job, cancel, requested_at)
             result = await self._store.record_finished(job.attempt_id, outcome, self._clock_ms(), Actor.COMPLETION)
             if result.recorded:
-                self._recorded_outcome(job.run_id, job.attempt_id, outcome, result)
+                self._recorded_outcome(job.run_id, job.attempt_id, outcome, result, attempt)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -441,10 +450,10 @@ class Dispatcher:
                                f"{exc.__class__.__name__}: {exc}")
 
     def _recorded(self, attempt: ActiveAttempt, outcome: AttemptOutcome, result: FinishResult) -> None:
-        self._recorded_outcome(attempt.run_id, attempt.attempt_id, outcome, result)
+        self._recorded_outcome(attempt.run_id, attempt.attempt_id, outcome, result, attempt)
 
     def _recorded_outcome(self, run_id: str, attempt_id: str, outcome: AttemptOutcome,
-                          result: FinishResult) -> None:
+                          result: FinishResult, attempt: ActiveAttempt | None = None) -> None:
         self.stats.finished += 1
         self._notify(self.on_finished, outcome.state.value)
         if result.next_attempt is not None:
@@ -456,6 +465,32 @@ class Dispatcher:
                 {"run_id": run_id, "attempt_id": attempt_id}))
         elif outcome.state is AttemptState.TIMED_OUT:
             self.stats.timed_out += 1
+        if outcome.state in (AttemptState.FAILED, AttemptState.TIMED_OUT):
+            self._log_failure(run_id, attempt_id, outcome, attempt)
+
+    def _log_failure(self, run_id: str, attempt_id: str, outcome: AttemptOutcome,
+                     attempt: ActiveAttempt | None) -> None:
+        """One line per failed or timed-out Attempt: task, Run, exit status, duration. Never the
+        command or its environment (they may hold secrets)."""
+        task = f"{attempt.project_id}/{attempt.task_id}" if attempt is not None else "?"
+        started = attempt.started_at_ms if attempt is not None else None
+        ended = outcome.ended_at_ms if outcome.ended_at_ms is not None else self._clock_ms()
+        duration_ms = None if started is None else max(0, ended - started)
+        if outcome.exit_code is not None:
+            status = f"exit {outcome.exit_code}"
+        elif outcome.signal is not None:
+            status = f"signal {outcome.signal}"
+        else:
+            status = "no exit status"
+        took = "" if duration_ms is None else f" after {duration_ms / 1000:.3f} s"
+        words = "timed out" if outcome.state is AttemptState.TIMED_OUT else "failed"
+        self._diagnostics.emit(DiagnosticEvent(
+            "warning", f"execution.attempt_{outcome.state.value}",
+            f"task {task} run {run_id} attempt {attempt.attempt_no if attempt else '?'} {words}: "
+            f"{status}{took}",
+            {"project_id": attempt.project_id if attempt else None,
+             "task_id": attempt.task_id if attempt else None, "run_id": run_id, "attempt_id": attempt_id,
+             "exit_code": outcome.exit_code, "signal": outcome.signal, "duration_ms": duration_ms}))
 
     async def _settle_orphan(self, attempt: ActiveAttempt) -> None:
         """An active Attempt nobody here watches (left by an earlier run, or a failed record)."""

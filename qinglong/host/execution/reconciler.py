@@ -92,7 +92,7 @@ async def reconcile_attempt(store: ExecutionStore, executors: Mapping[str, Execu
         outcome = AttemptOutcome(AttemptState.LOST, reason=LOST_NO_TRACE)
     else:
         outcome = ended_outcome(executor, attempt.attempt_dir or "", attempt.cancel_reason,
-                                lost_reason=LOST_WHILE_DOWN)
+                                lost_reason=LOST_WHILE_DOWN, requested_at_ms=attempt.cancel_requested_at_ms)
     result = await store.record_finished(attempt.attempt_id, outcome, clock_ms(), Actor.RECONCILER,
                                          started=True)
     if result.recorded:

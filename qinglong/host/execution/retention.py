@@ -7,8 +7,11 @@ a scheduler round or a dispatch pass):
   ``log_retention_days`` (or ``run_retention_days`` if that is shorter: a pruned Attempt's
   directory would otherwise be left with no row naming it) are deleted, then marked deleted in the
   store, which keeps the tombstone a reader shows;
-* while free space on the log filesystem is under ``min_free_bytes``, the oldest ended Attempts'
-  directories go first, whatever their age;
+* while free space on the log filesystem is under its floor, the oldest ended Attempts'
+  directories go first, whatever their age, but never one of the newest ``keep_per_task`` of its
+  task, and only directories under the log directory (one elsewhere frees nothing here). The
+  floor is ``min_free_bytes`` where it fits, else ``min_free_fraction`` of the filesystem's size
+  (:func:`space_floor`): a router's 16 MiB ``/tmp`` does not lose every log at once;
 * finished Runs older than ``run_retention_days`` are pruned in batches of ``prune_batch``.
 
 A directory is deleted only when it is named by its Attempt's id (``<log_dir>/<attempt_id>``, the
@@ -43,6 +46,24 @@ class RetentionReport:
     events_pruned: int = 0
 
 
+def space_floor(min_free_bytes: int, fs_size: int | None, fraction: float) -> int:
+    """The free space retention keeps on a log filesystem of ``fs_size`` bytes: ``min_free_bytes``
+    when it is at most ``fraction`` of the filesystem, else that fraction (an unknown size keeps
+    the configured floor)."""
+    if fs_size is None or fs_size <= 0:
+        return max(min_free_bytes, 0)
+    return max(0, min(min_free_bytes, int(fs_size * fraction)))
+
+
+def fs_size_bytes(path: str) -> int | None:
+    """The size of the filesystem holding ``path`` (None if it cannot be read)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
+
+
 def free_bytes(path: str) -> int | None:
     """Bytes available to us on the filesystem holding ``path`` (None if it cannot be read)."""
     try:
@@ -57,9 +78,17 @@ class Retention:
 
     def __init__(self, store: ExecutionStore, log_dir: str, *, log_retention_days: float,
                  run_retention_days: float, min_free_bytes: int, prune_batch: int,
-                 diagnostics: DiagnosticSink, free_bytes: Callable[[str], int | None] = free_bytes) -> None:
+                 diagnostics: DiagnosticSink, free_bytes: Callable[[str], int | None] = free_bytes,
+                 keep_per_task: int = 3, min_free_fraction: float = 0.1,
+                 fs_size: Callable[[str], int | None] = fs_size_bytes) -> None:
         self._store = store
+        # the directory as the dispatcher names Attempt directories (what the store holds), and
+        # as it resolves (what is checked before a deletion)
+        self._log_dir_named = os.path.abspath(log_dir)
         self._log_dir = os.path.realpath(log_dir)
+        self._keep = max(int(keep_per_task), 0)
+        self._fraction = min_free_fraction
+        self._fs_size = fs_size
         self._log_ms = int(log_retention_days * DAY_MS)
         self._run_ms = int(run_retention_days * DAY_MS)
         self._min_free = min_free_bytes
@@ -77,6 +106,36 @@ class Retention:
                 {"attempt_id": attempt_id}))
         await self._store.mark_log_deleted(attempt_id, now_ms)
 
+    def floor(self) -> int:
+        """The free space this sweep keeps on the log filesystem (see :func:`space_floor`)."""
+        return space_floor(self._min_free, self._fs_size(self._log_dir), self._fraction)
+
+    def _under_log_dir(self, attempt_dir: str) -> bool:
+        resolved = os.path.realpath(attempt_dir)
+        return os.path.dirname(resolved) == self._log_dir
+
+    def check_floor(self) -> None:
+        """At start: warn when ``min_free_bytes`` does not fit the log filesystem (the floor is
+        scaled down to its fraction) or free space is already under the floor."""
+        size = self._fs_size(self._log_dir)
+        free = self._free_bytes(self._log_dir)
+        floor = self.floor()
+        fields = {"log_dir": self._log_dir, "fs_size_bytes": size, "free_bytes": free,
+                  "min_free_bytes": self._min_free, "floor_bytes": floor, "keep_per_task": self._keep}
+        if size is not None and floor < self._min_free:
+            self._diagnostics.emit(DiagnosticEvent(
+                "warning", "execution.log_floor_scaled",
+                f"the log filesystem holding {self._log_dir} is {size // 1024} KiB: min_free_bytes "
+                f"({self._min_free // 1024} KiB) does not fit, so retention keeps {floor // 1024} KiB "
+                f"free ({self._fraction:g} of it) and never deletes the newest {self._keep} logs of a task",
+                fields))
+        if free is not None and free < floor:
+            self._diagnostics.emit(DiagnosticEvent(
+                "warning", "execution.log_space_low",
+                f"the log filesystem holding {self._log_dir} has {free // 1024} KiB free, under the "
+                f"{floor // 1024} KiB retention keeps: older logs will be deleted first (the newest "
+                f"{self._keep} of each task stay)", fields))
+
     async def sweep(self, now_ms: int) -> RetentionReport:
         """One bounded sweep at ``now_ms``."""
         report = RetentionReport()
@@ -90,11 +149,13 @@ class Retention:
             budget -= len(rows)
             if len(rows) < self._batch:
                 break
-        while budget > 0 and self._min_free > 0:
+        floor = self.floor()
+        while budget > 0 and floor > 0:
             free = self._free_bytes(self._log_dir)
-            if free is None or free >= self._min_free:
+            if free is None or free >= floor:
                 break
-            rows = await self._store.finished_logs(now_ms + 1, 1)
+            rows = [row for row in await self._store.logs_for_space(self._keep, self._log_dir_named, 1)
+                    if self._under_log_dir(row[1])]
             if not rows:
                 break
             await self._delete(rows[0][0], rows[0][1], now_ms)

@@ -21,30 +21,44 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from qinglong.contracts.observe import (
-    LAG_BUCKETS_S, METRICS, ROUND_BUCKETS_S, STATS_CACHE_MS, STATS_READ_TIMEOUT_MS, MetricType,
-    StoreStats,
+    ENDED_OUTCOMES, LAG_BUCKETS_S, METRICS, ROUND_BUCKETS_S, STATS_CACHE_MS, STATS_READ_TIMEOUT_MS, MetricType,
+    StatusFinding, StoreStats, assess, status_grace_ms,
 )
 from qinglong.contracts.records import MisfirePolicy, RoundReport
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "StatsCache"]
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "StatsCache", "grace_of"]
 
 SPECS = {spec.name: spec for spec in METRICS}
 #: The metrics read from the store at scrape time (the rest are this process's counts).
 STORE_METRICS = ("qinglong_schedules_due", "qinglong_schedule_oldest_due_seconds", "qinglong_schedules_total",
-                 "qinglong_runs", "qinglong_workers", "qinglong_worker_free_slots")
+                 "qinglong_runs", "qinglong_task_queued", "qinglong_workers", "qinglong_worker_free_slots",
+                 "qinglong_runs_without_worker", "qinglong_tasks_failing", "qinglong_tasks_not_succeeding")
 RACE_KINDS = ("fence_lost", "cas_miss", "released")
 ROUND_RESULTS = ("ok", "incomplete", "failed")
-ATTEMPT_OUTCOMES = ("succeeded", "failed", "timed_out", "cancelled", "lost")
+ATTEMPT_OUTCOMES = ENDED_OUTCOMES
+
+
+def grace_of(lifecycle: Any) -> int:
+    """The verdict's grace for a running ``qinglong run`` (its profile and ``[scheduler]``
+    settings), as :func:`~qinglong.contracts.observe.status_grace_ms` and ``qinglong status``
+    compute it."""
+    scheduler = lifecycle.settings.scheduler
+    return status_grace_ms(scheduler.cadence_ms, scheduler.lease_ms, leased=lifecycle.profile == "cluster")
 
 
 class StatsCache:
-    """One bounded store read per :data:`STATS_CACHE_MS` however many scrapes ask (they share it)."""
+    """One bounded store read per :data:`STATS_CACHE_MS` however many scrapes ask (they share it).
 
-    def __init__(self, reader: Any, clock: Any = time.monotonic) -> None:
+    It keeps the reading before the newest one too, so the page and ``qinglong_status_verdict``
+    judge a backlog's trend as ``qinglong status`` does with its two readings."""
+
+    def __init__(self, reader: Any, clock: Any = time.monotonic, *, grace_ms: int | None = None) -> None:
         self._reader = reader
         self._clock = clock
         self._lock = asyncio.Lock()
         self._read_at: float | None = None
+        self.grace_ms = grace_ms
+        self.before: StoreStats | None = None
         self.stats: StoreStats | None = None
         self.errors = 0
         self.last_error: str | None = None
@@ -56,7 +70,8 @@ class StatsCache:
             if self._read_at is not None and (now - self._read_at) * 1000 < STATS_CACHE_MS:
                 return self.stats
             try:
-                self.stats = await asyncio.wait_for(self._reader.store_stats(), STATS_READ_TIMEOUT_MS / 1000)
+                stats = await asyncio.wait_for(self._reader.store_stats(), STATS_READ_TIMEOUT_MS / 1000)
+                self.before, self.stats = self.stats, stats
                 self.last_error = None
             except asyncio.CancelledError:
                 raise
@@ -65,6 +80,14 @@ class StatsCache:
                 self.last_error = "timed out" if isinstance(exc, asyncio.TimeoutError) else exc.__class__.__name__
             self._read_at = self._clock()
             return self.stats
+
+    @property
+    def finding(self) -> StatusFinding | None:
+        """The verdict of the last two readings (:func:`~qinglong.contracts.observe.assess`), or
+        None before the first reading or without a grace."""
+        if self.stats is None or self.grace_ms is None:
+            return None
+        return assess(self.before, self.stats, grace_ms=self.grace_ms)
 
 
 class _StoreCollector(Collector):
@@ -80,6 +103,12 @@ class _StoreCollector(Collector):
         if running is None and stats is not None:
             running = stats.running
         yield _gauge("qinglong_running", value=running) if running is not None else _gauge("qinglong_running")
+        grace = self._cache.grace_ms
+        yield (_gauge("qinglong_status_grace_seconds", value=grace / 1000) if grace is not None
+               else _gauge("qinglong_status_grace_seconds"))
+        finding = self._cache.finding
+        yield (_gauge("qinglong_status_verdict", value=int(finding.verdict)) if finding is not None
+               else _gauge("qinglong_status_verdict"))
         if stats is None:  # announced, without samples, until the first reading
             for name in STORE_METRICS:
                 yield _gauge(name)
@@ -94,12 +123,21 @@ class _StoreCollector(Collector):
         for state, count in sorted(stats.runs_by_state.items()):
             family.add_metric([state], count)
         yield family
+        family = _gauge("qinglong_task_queued")
+        for task, count in sorted(stats.queued_by_task.items()):
+            project, _, task_id = task.partition("/")
+            family.add_metric([project, task_id], count)
+        yield family
         family = _gauge("qinglong_workers")
         for state, count in sorted(stats.workers_by_state.items()):
             family.add_metric([state], count)
         yield family
         yield (_gauge("qinglong_worker_free_slots", value=stats.worker_free_slots)
                if stats.worker_free_slots is not None else _gauge("qinglong_worker_free_slots"))
+        yield _gauge("qinglong_tasks_failing", value=stats.tasks_failing)
+        yield _gauge("qinglong_tasks_not_succeeding", value=stats.tasks_not_succeeding)
+        yield (_gauge("qinglong_runs_without_worker", value=stats.runs_without_worker)
+               if stats.runs_without_worker is not None else _gauge("qinglong_runs_without_worker"))
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())
@@ -161,6 +199,8 @@ class Metrics:
         for outcome in ATTEMPT_OUTCOMES:
             self.finished.labels(outcome)
         registry.register(_StoreCollector(cache, running))
+        self._running = running
+        self._ends_seen: dict[str, int] | None = None
 
     def observe_round(self, report: RoundReport | None, elapsed_ms: int) -> None:
         """Fold one round (None: it failed) into the counters."""
@@ -203,4 +243,20 @@ class Metrics:
         await self._cache.refresh()
         if self._cache.errors > errors_before:
             self.read_errors.inc(self._cache.errors - errors_before)
+        self._count_store_ends()
         return generate_latest(self.registry)
+
+    def _count_store_ends(self) -> None:
+        """Where no dispatcher of this process records ends (the cluster: workers report them to
+        the store), count the ends the store recorded since the first reading: the growth of its
+        totals by outcome. A total that shrank (retention pruned old Runs) counts nothing."""
+        stats = self._cache.stats
+        if stats is None or stats.attempts_finished is None or self._running() is not None:
+            return
+        totals = dict(stats.attempts_finished)
+        if self._ends_seen is not None:
+            for outcome, total in totals.items():
+                grown = total - self._ends_seen.get(outcome, 0)
+                if grown > 0 and outcome in ATTEMPT_OUTCOMES:
+                    self.finished.labels(outcome).inc(grown)
+        self._ends_seen = totals

@@ -9,23 +9,28 @@ from datetime import datetime, timezone
 from html import escape
 from typing import Any, Iterable, Sequence
 
-from qinglong.contracts.observe import STATS_READ_TIMEOUT_MS, StoreStats, status_verdict
+from qinglong.contracts.observe import STATS_READ_TIMEOUT_MS, StoreStats, assess, workers_summary
 
 STYLE = """
 body{font:15px/1.4 system-ui,sans-serif;margin:0 auto;max-width:60rem;padding:.75rem;color:#111}
 h1{font-size:1.3rem;margin:.2rem 0}h2{font-size:1.05rem;margin:1.2rem 0 .3rem}
-.v0{color:#176117}.v10{color:#8a5a00}.v20{color:#a11}.muted{color:#666}
+.v0{color:#176117}.v10{color:#8a5a00}.v20{color:#a11}.v30{color:#a11}.muted{color:#666}
 table{border-collapse:collapse;width:100%;display:block;overflow-x:auto}
 th,td{text-align:left;padding:.25rem .5rem;border-bottom:1px solid #ddd;white-space:nowrap}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:.15rem .8rem;margin:0}dt{color:#555}dd{margin:0}
 """
-VERDICT_NAMES = {0: "clear", 10: "converging", 20: "attention"}
+VERDICT_NAMES = {0: "clear", 10: "converging", 20: "attention", 30: "failing"}
 
 
 def _utc(ms: int | None) -> str:
     if ms is None:
         return "–"
     return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%m-%d %H:%M:%S")
+
+
+def _queued(by_task: Any) -> str:
+    """The per-task queue depths, deepest first (none: "none")."""
+    return ", ".join(f"{task} {n}" for task, n in sorted(by_task.items(), key=lambda kv: (-kv[1], kv[0]))) or "none"
 
 
 def _seconds(ms: int | None) -> str:
@@ -81,7 +86,10 @@ async def render_status_page(lifecycle: Any, cache: Any, profile: str, version: 
              f"<p class=muted>version {escape(version)} · {escape(_utc(now_ms))} UTC · "
              f"{escape(readiness.reason)}</p>"]
     if stats is not None:
-        finding = status_verdict(None, stats, grace_ms=60_000)
+        from .metrics import grace_of
+
+        grace = cache.grace_ms if cache.grace_ms is not None else grace_of(lifecycle)
+        finding = assess(cache.before, stats, grace_ms=grace)
         name = VERDICT_NAMES.get(int(finding.verdict), str(int(finding.verdict)))
         reasons = "; ".join(finding.reasons) or "nothing needs attention"
         runs_by_state = ", ".join(f"{k} {v}" for k, v in sorted(stats.runs_by_state.items()) if v) or "none"
@@ -92,10 +100,12 @@ async def render_status_page(lifecycle: Any, cache: Any, profile: str, version: 
             ("admission lag", f"p50 {_seconds(stats.admission_lag_p50_ms)}, p99 {_seconds(stats.admission_lag_p99_ms)}"
                               f" over {stats.admitted_in_window} admissions (5 min)"),
             ("runs", runs_by_state),
+            ("queued per task", _queued(stats.queued_by_task)),
             ("running", str(stats.running)),
             ("skipped (1 h)", str(stats.skipped_recent)),
             ("lost (1 h)", str(stats.lost_recent)),
-        )) + "</dl>")
+            ("grace", _seconds(grace)),
+        ) + ((("workers", workers_summary(stats)),) if stats.worker_free_slots is not None else ())) + "</dl>")
     for problem in problems:
         parts.append(f"<p class=v20>could not read {escape(problem)}</p>")
     parts.append(_table("Schedules", ("trigger", "next fire (UTC)", "late by", "enabled", "kind"), (
@@ -105,12 +115,19 @@ async def render_status_page(lifecycle: Any, cache: Any, profile: str, version: 
         for s in list(schedules)[:rows]), "no schedules"))
     parts.append(_table("Recent runs", ("run of", "state", "exit code", "scheduled (UTC)", "admission lag", "reason"),
                         run_rows[:rows], "no runs yet"))
+    if stats is not None and stats.tasks_failing:
+        parts.append(_table(f"Failing tasks ({stats.tasks_failing})", (
+            "task", "last outcome", "ended (UTC)", "failures in a row", "succeeded (24 h)", "last success (UTC)"), (
+            (f"{t.project_id}/{t.task_id}", t.last_outcome, _utc(t.last_finished_at_ms), t.failure_streak,
+             f"{t.succeeded_in_window} of {t.ended_in_window}", _utc(t.last_success_at_ms))
+            for t in stats.failing_tasks[:rows]), "no failing task"))
     parts.append(_table("Skipped occurrences", ("trigger", "policy", "skipped", "from (UTC)", "to (UTC)"), (
         (f"{k.project_id}/{k.trigger_id}", k.policy.value, f"{k.count}{'' if k.count_exact else '+'}",
          _utc(k.first_skipped_ms), _utc(k.last_skipped_ms)) for k in list(skips)[:rows]), "no skips recorded"))
-    if stats is not None and (stats.workers_by_state or stats.worker_free_slots is not None):
-        parts.append(_table("Workers", ("state", "count"), sorted(stats.workers_by_state.items()), "no workers"))
-        parts.append(f"<p>free worker slots: {escape(str(stats.worker_free_slots))}</p>")
+    if stats is not None and stats.worker_free_slots is not None:
+        parts.append(_table("Workers", ("state", "count"), stats.workers_by_state.items(), "no workers"))
+        parts.append(f"<p>free worker slots: {escape(str(stats.worker_free_slots))}; queued runs no live "
+                     f"worker can take: {escape(str(stats.runs_without_worker or 0))}</p>")
     return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
             "<meta name=viewport content='width=device-width,initial-scale=1'>"
             "<meta http-equiv=refresh content=10><title>Qinglong status</title>"

@@ -283,6 +283,7 @@ def _params(claimed: ClaimedSchedule, decision: Decision | None, keep_claim: boo
         "kind": kind,
         "next_fire_at_ms": next_ms,
         "scheduled_for_ms": scheduled,
+        "jitter_ms": decision.jitter_ms if scheduled is not None else 0,
         "idempotency_key": key,
         "policy": head.misfire_policy.value,
         "skip_first_ms": skipped.first_ms if skipped else None,

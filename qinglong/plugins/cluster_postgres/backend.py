@@ -86,6 +86,8 @@ class ClusterPostgresBackend:
         self._admin_pool = None
         self._lock = asyncio.Lock()
         self._round_lock = asyncio.Lock()
+        #: a round ran since the pools opened: the stop gives back what this owner still holds
+        self._rounds_run = False
         #: False after ``open(create=False)``: a read command never migrates
         self._may_migrate = True
         #: the next round's claim budget while claims come back full (``claim.next_budget``);
@@ -235,6 +237,7 @@ class ClusterPostgresBackend:
         ``cluster_postgres.round_timed_out``.
         """
         async with self._round_lock:
+            self._rounds_run = True
             stats = RoundStats()
             limits = self.context.limits
             budget = self._claim_budget or effective_budget(limits.claim_budget)
@@ -304,6 +307,12 @@ class ClusterPostgresBackend:
         """The read side (runtime role)."""
         return ClusterReader(self.runtime_pool, self.context.limits)
 
+    def tokens(self):
+        """The management API's tokens and the audit log (admin role)."""
+        from .tokens import ClusterTokens
+
+        return ClusterTokens(self.admin_pool)
+
     def run_control(self):
         """The operator's side of the Runs the remote workers execute (runtime role): list,
         show, cancel, read logs (:class:`~qinglong.contracts.execution.RunControl`). There is
@@ -312,13 +321,53 @@ class ClusterPostgresBackend:
 
         return ClusterRunControl(self._with_runtime)
 
+    def outbox(self):
+        """Events out (:class:`~qinglong.contracts.events.EventOutbox`), as the runtime role."""
+        from .events import ClusterEventOutbox
+
+        return ClusterEventOutbox(self._with_runtime)
+
     async def close(self) -> None:
-        """Close both pools. Idempotent."""
+        """Give back the claims this replica still holds (once it ran a round), then close both
+        pools. Idempotent."""
+        if self._rounds_run:
+            self._rounds_run = False
+            await self._release_claims()
         for attr in ("_runtime_pool", "_admin_pool"):
             pool = getattr(self, attr)
             setattr(self, attr, None)
             if pool is not None:
                 await pool.close()
+
+    async def _release_claims(self) -> None:
+        """An orderly stop: every claim of this owner given back under its fence
+        (``release_owner_claims``), after any round of this replica ended; bounded like a round.
+        A failure is reported: the claims then lapse with their lease."""
+        from .sql import query
+
+        pool = self._runtime_pool
+        if pool is None:
+            return
+        bound_s = self.context.limits.lease_ms / 1000
+        try:
+            async with asyncio.timeout(bound_s + ROUND_GRACE_S):
+                async with self._round_lock:
+                    async with pool.connection(timeout=bound_s) as conn:
+                        with sever_after(conn, bound_s) as cut:
+                            try:
+                                cur = await conn.execute(query("release_owner_claims"), {"owner": self.owner})
+                                released = len(await cur.fetchall())
+                            finally:
+                                if cut.severed:
+                                    await conn.close()
+        except Exception as exc:
+            self._emit("warning", "cluster_postgres.claims_not_released",
+                       "the claims this replica holds could not be given back at its stop (they lapse "
+                       f"with their lease): {describe_error(exc, self.secrets)}")
+            return
+        if released:
+            self._emit("info", "cluster_postgres.claims_released",
+                       f"{released} claim(s) this replica held were given back at its stop", released=released)
 
     def _emit(self, level: str, code: str, message: str, **fields) -> None:
         try:

@@ -51,7 +51,7 @@ class ClaimedSchedule:
             trigger_revision=row["head_revision"], kind=row["kind"], spec=row["spec_json"],
             misfire_policy=MisfirePolicy(row["misfire_policy"]),
             misfire_grace_ms=row["misfire_grace_ms"], enabled=row["enabled"],
-            content_digest=row["content_digest"],
+            content_digest=row["content_digest"], jitter_ms=row["jitter_ms"],
         )
         cursor = ScheduleCursor(
             trigger_revision=row["trigger_revision"], next_fire_at_ms=row["next_fire_at_ms"],

@@ -148,11 +148,16 @@ def session_options(statement_timeout_ms: int) -> str:
     """libpq ``options`` for every session: the pinned ``search_path`` (module docstring), a
     statement timeout, and READ COMMITTED as the
     default so a single autocommit statement (the claim) never inherits a stricter level a DBA
-    set on the role; admission asks for SERIALIZABLE explicitly (SET TRANSACTION in its message)."""
+    set on the role; admission asks for SERIALIZABLE explicitly (SET TRANSACTION in its message).
+    ``synchronous_commit = on`` and ``default_transaction_read_only = off`` whatever the role,
+    the database or the server says: a committed admission or completion is durable, and a
+    write is never refused by a default. (``session_replication_role`` only a superuser may set:
+    readiness checks it instead.)"""
     return (
         f"-c search_path={','.join(PINNED_SEARCH_PATH)} "
         f"-c statement_timeout={int(statement_timeout_ms)} "
-        "-c default_transaction_isolation=read\\ committed"
+        "-c default_transaction_isolation=read\\ committed "
+        "-c synchronous_commit=on -c default_transaction_read_only=off"
     )
 
 

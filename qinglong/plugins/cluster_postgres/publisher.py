@@ -64,6 +64,7 @@ from qinglong.contracts.store import (
 )
 
 from .admission import RETRYABLE
+from .tokens import write_pending_audit
 from .sql import query
 
 T = TypeVar("T")
@@ -101,7 +102,8 @@ def _head(trigger_id: str, row: Mapping[str, Any]) -> TriggerHead:
     """A :class:`TriggerHead` from a ``lock_trigger_head`` row, read by column name."""
     return TriggerHead(row["project_id"], trigger_id, row["task_id"], row["trigger_revision"],
                        row["kind"], row["spec_json"], MisfirePolicy(row["misfire_policy"]),
-                       row["misfire_grace_ms"], row["enabled"], row["content_digest"])
+                       row["misfire_grace_ms"], row["enabled"], row["content_digest"],
+                       row["jitter_ms"])
 
 
 async def _one(conn, sql: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -128,7 +130,11 @@ class ClusterPublisher:
             try:
                 async with pool.connection() as conn:
                     async with conn.transaction():
-                        return await body(conn)
+                        result = await body(conn)
+                        audit = await write_pending_audit(conn)
+                if audit is not None:
+                    audit.written = True
+                return result
             except RETRYABLE:
                 if attempt >= self._retries:
                     raise
@@ -226,7 +232,8 @@ class ClusterPublisher:
             await self._publish(conn, project_id, definition.trigger_id, definition.task_id,
                                 definition.kind, definition.spec,
                                 MisfirePolicy(definition.misfire_policy),
-                                definition.misfire_grace_ms, definition.enabled)
+                                definition.misfire_grace_ms, definition.enabled,
+                                definition.jitter_ms)
 
     async def put_trigger(self, definition: TriggerDefinition) -> TriggerHead:
         """Add a trigger or publish a new revision (resetting its schedule), in one transaction."""
@@ -236,7 +243,7 @@ class ClusterPublisher:
         self._check_grace(definition)
         return await self._transaction(lambda conn: self._publish(
             conn, definition.project_id, definition.trigger_id, definition.task_id, kind, spec,
-            policy, definition.misfire_grace_ms, definition.enabled))
+            policy, definition.misfire_grace_ms, definition.enabled, definition.jitter_ms))
 
     def _check_grace(self, definition: TriggerDefinition | TriggerHead) -> None:
         # a claim that dies is taken over a lease later: 'skip' needs a grace beyond cadence + lease
@@ -245,13 +252,13 @@ class ClusterPublisher:
 
     async def _publish(self, conn, project_id: str, trigger_id: str, task_id: str, kind: str,
                        spec: Mapping[str, Any], policy: MisfirePolicy, grace_ms: int,
-                       enabled: bool) -> TriggerHead:
+                       enabled: bool, jitter_ms: int = 0) -> TriggerHead:
         await _require_project(conn, project_id)
         task = await _one(conn, query("lock_task_head"), {"project_id": project_id, "task_id": task_id})
         if task is None or task["deleted_at_ms"] is not None:
             raise task_not_found(project_id, task_id)
         digest = trigger_content_digest(project_id, trigger_id, task_id, kind, spec, policy, grace_ms,
-                                        enabled)
+                                        enabled, jitter_ms)
         row = await _one(conn, query("lock_trigger_head"), {"trigger_id": trigger_id})
         if row is not None and row["project_id"] != project_id:
             raise trigger_id_taken(trigger_id, row["project_id"])
@@ -265,12 +272,12 @@ class ClusterPublisher:
             "trigger_id": trigger_id, "project_id": project_id, "task_id": task_id,
             "trigger_revision": revision, "kind": kind, "spec_json": Jsonb(dict(spec)),
             "misfire_policy": policy.value, "misfire_grace_ms": grace_ms, "enabled": enabled,
-            "content_digest": digest,
+            "content_digest": digest, "jitter_ms": jitter_ms,
         }
         await conn.execute(query("upsert_trigger_head"), params)
         await conn.execute(query("reset_schedule"), params)
         return TriggerHead(project_id, trigger_id, task_id, revision, kind, dict(spec), policy,
-                           grace_ms, enabled, digest)
+                           grace_ms, enabled, digest, jitter_ms)
 
     async def set_trigger_enabled(self, project_id: str, trigger_id: str, enabled: bool) -> TriggerHead:
         """Enable or disable a trigger; a change is a new revision (the cursor is reset)."""
@@ -287,7 +294,8 @@ class ClusterPublisher:
                 # a head stored before the grace floor was enforced must not start skipping
                 self._check_grace(head)
             return await self._publish(conn, project_id, trigger_id, head.task_id, head.kind,
-                                       head.spec, head.misfire_policy, head.misfire_grace_ms, enabled)
+                                       head.spec, head.misfire_policy, head.misfire_grace_ms, enabled,
+                                       head.jitter_ms)
 
         return await self._transaction(body)
 

@@ -5,7 +5,7 @@
 * ``runtime`` claims and advances schedules (SELECT, and UPDATE of the cursor and claim columns
   only: never the trigger, project or revision a schedule belongs to, never INSERT or DELETE),
   inserts Runs, Attempts, Events and skip records, and records its own rounds;
-* ``worker_ingress`` may use the schema and execute the seven worker functions
+* ``worker_ingress`` may use the schema and execute the worker functions
   (``worker_open_session`` ... ``worker_close_session``): no privilege on any table at all;
 * the runtime also executes the control-plane functions (``expire_attempt``, ``request_cancel``,
   ``prune_attempt_logs``) and reads worker sessions and shipped logs; it changes Runs and
@@ -60,6 +60,8 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "triggers": frozenset(_ALL),
         "trigger_schedules": frozenset(_ALL),
         "trigger_revision_marks": frozenset({"SELECT", "INSERT", "UPDATE"}),
+        "api_tokens": frozenset({"SELECT", "INSERT", "UPDATE"}),
+        "audit_log": frozenset({"SELECT", "INSERT", "DELETE"}),
     },
     "runtime": {
         "schema_migrations": frozenset({"SELECT"}),
@@ -76,19 +78,23 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "scheduler_replicas": frozenset(_ALL),
         "worker_sessions": frozenset({"SELECT"}),
         "attempt_logs": frozenset({"SELECT"}),
+        "event_outbox": frozenset({"SELECT"}),  # UPDATE: a column, below
+        "event_deliveries": frozenset({"SELECT", "INSERT", "UPDATE"}),
     },
     "worker_ingress": {},
 }
 
 #: The worker protocol's functions (EXECUTE for worker_ingress alone).
 WORKER_FUNCTIONS = ("worker_open_session", "worker_heartbeat", "worker_claim", "worker_started",
-                    "worker_append_log", "worker_complete", "worker_close_session")
+                    "worker_append_log", "worker_complete", "worker_complete_late",
+                    "worker_close_session")
 #: The control plane's functions (EXECUTE for the runtime alone).
 CONTROL_FUNCTIONS = ("expire_attempt", "request_cancel", "prune_attempt_logs")
 #: Helpers the functions above call; only the owner executes them.
 INTERNAL_FUNCTIONS = ("_now_ms", "_event", "_utc", "_cancel_words", "_run_spec", "_spec_problem",
                       "_retry_decision", "_end_attempt", "_finish_attempt", "_requeue", "_session",
-                      "_lease", "_overlap", "_reason", "_claim_routing", "_runs_routing")
+                      "_lease", "_overlap", "_reason", "_claim_routing", "_runs_routing",
+                      "_outbox_run_ended", "_outbox_skipped")
 
 #: ``{function name: role function allowed to EXECUTE it, or None (owner only)}``.
 EXPECTED_FUNCTIONS: dict[str, str | None] = {
@@ -96,6 +102,10 @@ EXPECTED_FUNCTIONS: dict[str, str | None] = {
     **{name: "runtime" for name in CONTROL_FUNCTIONS},
     **{name: None for name in INTERNAL_FUNCTIONS},
 }
+
+#: Functions shipped in more than one form (their argument lists; the fingerprint names each):
+#: ``worker_complete`` with and without the count of log bytes that could not be shipped.
+FUNCTION_FORMS = {"worker_complete": 2}
 
 #: The settings every function of the schema runs with.
 FUNCTION_CONFIG = "search_path=" + ", ".join(PINNED_SEARCH_PATH)
@@ -110,7 +120,8 @@ RUNTIME_SCHEDULE_COLUMNS = frozenset({
 
 #: ``{role function: {table: {privilege: columns}}}``: column-level grants.
 EXPECTED_COLUMN_GRANTS: dict[str, dict[str, dict[str, frozenset[str]]]] = {
-    "runtime": {"trigger_schedules": {"UPDATE": RUNTIME_SCHEDULE_COLUMNS}},
+    "runtime": {"trigger_schedules": {"UPDATE": RUNTIME_SCHEDULE_COLUMNS},
+                "event_outbox": {"UPDATE": frozenset({"routed_at_ms"})}},
 }
 
 #: Roles (by function) with USAGE on the schema.
@@ -121,6 +132,8 @@ EXPECTED_TABLES = frozenset({
     "schema_migrations", "projects", "tasks", "task_revisions", "execution_revisions", "triggers",
     "trigger_schedules", "runs", "attempts", "run_events", "schedule_skips",
     "trigger_revision_marks", "scheduler_replicas", "worker_sessions", "attempt_logs",
+    "event_outbox", "event_outbox_seq_seq", "event_deliveries",
+    "api_tokens", "audit_log", "audit_log_entry_id_seq",
 })
 
 _CATALOG_SQL = """
@@ -235,6 +248,63 @@ ORDER BY 2, 3
 """
 
 
+#: Role and database settings (``ALTER ROLE/DATABASE ... SET``) for our roles and database,
+#: ``pg_db_role_setting``. We ship none; these names are only about observation and memory, and
+#: may be set. Anything else differs from what we ship (``session_replication_role = replica``
+#: would switch off every foreign key and trigger, ``synchronous_commit = off`` weaken
+#: durability, ``default_transaction_read_only`` refuse writes) and fails readiness.
+HARMLESS_SETTINGS = ("application_name", "work_mem", "maintenance_work_mem", "temp_buffers",
+                     "track_io_timing")
+HARMLESS_SETTING_PREFIXES = ("log_", "auto_explain.")
+
+#: What every session must run with, as the session shows it (``SHOW``): pinned by the session's
+#: options where a role may set it (:func:`.db.session_options`), checked where only a
+#: superuser can (``session_replication_role``).
+PINNED_SESSION_SETTINGS = {"session_replication_role": "origin", "synchronous_commit": "on",
+                           "default_transaction_read_only": "off", "transaction_read_only": "off"}
+
+_ROLE_SETTINGS_SQL = """
+SELECT coalesce(r.rolname, '') AS role, coalesce(d.datname, '') AS database, c.setting
+FROM pg_catalog.pg_db_role_setting s
+LEFT JOIN pg_catalog.pg_roles r ON r.oid = s.setrole
+LEFT JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase
+CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c (setting)
+WHERE (s.setdatabase = 0 OR d.datname = pg_catalog.current_database())
+  AND (s.setrole = 0 OR r.rolname = ANY (%(roles)s))
+ORDER BY 1, 2, 3
+"""
+
+
+def harmless_setting(name: str) -> bool:
+    """A role or database setting readiness accepts (:data:`HARMLESS_SETTINGS`)."""
+    name = name.lower()
+    return name in HARMLESS_SETTINGS or name.startswith(HARMLESS_SETTING_PREFIXES)
+
+
+async def setting_problems(conn, roles: Mapping[str, str]) -> list[str]:
+    """Role and database settings of our roles and database that differ from what we ship (none
+    but :data:`HARMLESS_SETTINGS`), and any of :data:`PINNED_SESSION_SETTINGS` this session does
+    not run with."""
+    problems: list[str] = []
+    cur = await conn.execute(_ROLE_SETTINGS_SQL, {"roles": list(roles.values())})
+    for role, database, setting in await cur.fetchall():
+        name = setting.split("=", 1)[0]
+        if harmless_setting(name):
+            continue
+        where = (f"role {role} in database {database}" if role and database
+                 else f"role {role}" if role else f"database {database}")
+        undo = (f"ALTER ROLE {role} IN DATABASE {database} RESET {name}" if role and database
+                else f"ALTER ROLE {role} RESET {name}" if role else f"ALTER DATABASE {database} RESET {name}")
+        problems.append(f"{where} sets {setting}, which Qinglong does not ship and its guarantees may "
+                        f"depend on ({undo})")
+    for name, expected in PINNED_SESSION_SETTINGS.items():
+        cur = await conn.execute(f"SHOW {name}")
+        (value,) = await cur.fetchone()
+        if str(value).lower() != expected:
+            problems.append(f"the session runs with {name} = {value}, expected {expected}")
+    return problems
+
+
 def expected_privileges(roles: Mapping[str, str]) -> set[tuple[str, str, str, str]]:
     """``{(what, object, grantee, privilege)}`` the catalog must show, with real role names."""
     expected: set[tuple[str, str, str, str]] = set()
@@ -261,13 +331,13 @@ async def function_problems(conn) -> list[str]:
     with the pinned ``search_path`` (and nothing else)."""
     problems: list[str] = []
     cur = await conn.execute(_FUNCTIONS_SQL, {"schema": SCHEMA})
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     for name, definer, language, config in await cur.fetchall():
         label = f"function {SCHEMA}.{name}"
-        if name in seen or name not in EXPECTED_FUNCTIONS:
+        if seen.get(name, 0) >= FUNCTION_FORMS.get(name, 1) or name not in EXPECTED_FUNCTIONS:
             problems.append(f"unexpected {label}")
             continue
-        seen.add(name)
+        seen[name] = seen.get(name, 0) + 1
         if not definer:
             problems.append(f"{label} is SECURITY INVOKER, expected SECURITY DEFINER")
         if language != "plpgsql":
@@ -275,7 +345,7 @@ async def function_problems(conn) -> list[str]:
         if config != FUNCTION_CONFIG:
             problems.append(f"{label} runs with settings {config or '(none)'!r}, expected "
                             f"{FUNCTION_CONFIG!r}")
-    for name in sorted(set(EXPECTED_FUNCTIONS) - seen):
+    for name in sorted(set(EXPECTED_FUNCTIONS) - set(seen)):
         problems.append(f"missing function {SCHEMA}.{name}")
     return problems
 
@@ -368,6 +438,7 @@ async def privilege_problems(conn, roles: Mapping[str, str]) -> list[str]:
             problems.append(f"role {name} ({function}) has member(s) {', '.join(row['members'])}, "
                             "who could act with its privileges")
     problems += await environment_problems(conn, roles)
+    problems += await setting_problems(conn, roles)
     problems += await fingerprint.problems(conn, roles)
     return problems
 

@@ -112,7 +112,8 @@ class ClusterRunControl:
                            reason=first["run_reason"], attempts=len(views),
                            exit_code=last.exit_code if last else None,
                            duration_ms=last.duration_ms if last else None)
-        return RunDetail(summary, first["idempotency_key"], first["task_revision"], views)
+        return RunDetail(summary, first["idempotency_key"], first["task_revision"], views,
+                         first["jitter_ms"])
 
     async def request_cancel(self, run_id: str, reason: CancelReason | str = CancelReason.OPERATOR) -> RunState:
         """Through ``qinglong.request_cancel``: a queued or retry-waiting Run ends cancelled at

@@ -1,4 +1,4 @@
-"""The worker protocol over PostgreSQL: each of the seven calls is one statement calling one of
+"""The worker protocol over PostgreSQL: each of the eight calls is one statement calling one of
 the store's SECURITY DEFINER functions (``qinglong.worker_*``), as the ``worker_ingress`` role.
 
 A worker holds ONE autocommit connection (a worker's traffic is a heartbeat every few seconds and
@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any, Sequence
 
 import psycopg
 
-from qinglong.contracts.errors import SchemaNotReady, SettingsError, StoreUnavailable
+from qinglong.contracts.errors import SchemaNotReady, SettingsError, StoreAuthFailed, StoreUnavailable
 from qinglong.contracts.execution import AttemptOutcome, RunState
 from qinglong.contracts.worker import (
     SQLSTATE_BAD_CALL,
@@ -43,6 +44,7 @@ from qinglong.contracts.worker import (
     HeartbeatReply,
     LeaseFence,
     LeaseFenced,
+    LogRefused,
     Session,
     SessionFence,
     SessionFenced,
@@ -59,6 +61,16 @@ STATEMENT_TIMEOUT_MS = 5_000
 CALL_TIMEOUT_S = 8.0
 #: ``connect_timeout`` where the DSN does not set one, seconds.
 CONNECT_TIMEOUT_S = 5
+#: After a refused login, the next try waits this long, doubling up to the maximum, seconds: a
+#: wrong password is not hammered against the server (and its log) while an operator fixes it.
+AUTH_BACKOFF_S = 1.0
+AUTH_BACKOFF_MAX_S = 30.0
+
+#: SQLSTATEs of a refused login (invalid_password, invalid_authorization_specification), and the
+#: words libpq reports when the SQLSTATE does not reach the client.
+_AUTH_SQLSTATES = frozenset({"28P01", "28000"})
+_AUTH_WORDS = ("password authentication failed", "no pg_hba.conf entry", "authentication failed",
+               "no password supplied")
 
 #: SQLSTATEs that mean the store is not there as this worker expects (not migrated, no grant).
 _NOT_READY = {"42883": "a worker function is missing (is the database migrated?)",
@@ -78,7 +90,10 @@ _SQL_APPEND = ("SELECT qinglong.worker_append_log(%s::text, %s::uuid, %s::bigint
                "%s::bytea, %s::bigint, %s::bytea)")
 _SQL_COMPLETE = ("SELECT result, run_state, log_bytes_stored, next_attempt_no, next_not_before_ms FROM "
                  "qinglong.worker_complete(%s::text, %s::uuid, %s::bigint, %s::uuid, %s::bigint, %s::bytea, "
-                 "%s::text, %s::integer, %s::integer, %s::bigint, %s::bigint, %s::text, %s::boolean)")
+                 "%s::text, %s::integer, %s::integer, %s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint)")
+_SQL_COMPLETE_LATE = ("SELECT result, run_state, log_bytes_stored, next_attempt_no, next_not_before_ms FROM "
+                      "qinglong.worker_complete_late(%s::text, %s::uuid, %s::bigint, %s::bytea, %s::text, "
+                      "%s::integer, %s::integer, %s::bigint, %s::bigint, %s::text)")
 _SQL_CLOSE = "SELECT qinglong.worker_close_session(%s::text, %s::uuid, %s::bigint)"
 
 
@@ -102,6 +117,10 @@ class PostgresWorkerProtocol:
         self._conn: psycopg.AsyncConnection | None = None
         self._lock = asyncio.Lock()
         self._closed = False
+        #: after a refused login: when the next connection may be tried, and the delay after it
+        self._auth_retry_at = 0.0
+        self._auth_backoff_s = AUTH_BACKOFF_S
+        self._auth_error: StoreAuthFailed | None = None
         #: statements sent (a cheap figure for the diagnostics)
         self.calls = 0
 
@@ -118,6 +137,9 @@ class PostgresWorkerProtocol:
         if self._conn is not None and not self._conn.closed:
             return self._conn
         self._conn = None
+        loop = asyncio.get_running_loop()
+        if self._auth_error is not None and loop.time() < self._auth_retry_at:
+            raise self._auth_error  # backing off after a refused login
         extra: dict[str, Any] = dict(tcp_defaults(self._dsn))
         if "connect_timeout" not in self._dsn:
             extra["connect_timeout"] = CONNECT_TIMEOUT_S
@@ -128,8 +150,18 @@ class PostgresWorkerProtocol:
         except asyncio.TimeoutError:
             raise StoreUnavailable(f"cannot connect to PostgreSQL ({self._target}): no answer") from None
         except psycopg.Error as exc:
+            if _auth_refused(exc):
+                self._auth_error = StoreAuthFailed(
+                    f"PostgreSQL ({self._target}) refused the worker's login: "
+                    f"{describe_error(exc, self._secrets)}; check [worker] dsn (its user and password) "
+                    "and the server's access rules")
+                self._auth_retry_at = loop.time() + self._auth_backoff_s
+                self._auth_backoff_s = min(AUTH_BACKOFF_MAX_S, self._auth_backoff_s * 2)
+                raise self._auth_error from None
             raise StoreUnavailable(f"cannot connect to PostgreSQL ({self._target}): "
                                    f"{describe_error(exc, self._secrets)}") from None
+        self._auth_error = None
+        self._auth_backoff_s = AUTH_BACKOFF_S
         self._conn = conn
         return conn
 
@@ -171,6 +203,10 @@ class PostgresWorkerProtocol:
             return SessionFenced(_session_reason(detail), f"{name}: {primary or 'the session is fenced'}")
         if sqlstate == SQLSTATE_LEASE_FENCED:
             return LeaseFenced("lease_fenced", f"{name}: {primary or 'the lease is fenced'}")
+        if sqlstate is not None and sqlstate.startswith("53") and name == "worker_append_log":
+            # insufficient resources (a full disk): the store answers, it only keeps no more log
+            return LogRefused(f"{name}: the database cannot store more log ({sqlstate}: "
+                              f"{primary or 'insufficient resources'})")
         if sqlstate == SQLSTATE_BAD_CALL:
             return BadWorkerCall(f"{name}: {primary or 'an argument is out of bounds'}")
         if sqlstate in _NOT_READY:
@@ -229,10 +265,20 @@ class PostgresWorkerProtocol:
         return int(row[0])
 
     async def complete(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, *,
-                       started: bool = True) -> CompletionReply:
+                       started: bool = True, log_missing_bytes: int = 0) -> CompletionReply:
         row = await self._call("worker_complete", _SQL_COMPLETE, (
             *_session(fence), *_lease(lease), outcome.state.value, outcome.exit_code, outcome.signal,
-            int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason, bool(started)))
+            int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason, bool(started),
+            int(log_missing_bytes)))
+        result, run_state, stored, next_no, next_at = row
+        return CompletionReply(CompletionResult(result), RunState(run_state), int(stored or 0),
+                               None if next_no is None else int(next_no),
+                               None if next_at is None else int(next_at))
+
+    async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
+        row = await self._call("worker_complete_late", _SQL_COMPLETE_LATE, (
+            worker_id, *_lease(lease), outcome.state.value, outcome.exit_code, outcome.signal,
+            int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason))
         result, run_state, stored, next_no, next_at = row
         return CompletionReply(CompletionResult(result), RunState(run_state), int(stored or 0),
                                None if next_no is None else int(next_no),
@@ -250,6 +296,14 @@ class PostgresWorkerProtocol:
                 await asyncio.wait_for(conn.close(), 2.0)
             except Exception:
                 conn.pgconn.finish()
+
+
+def _auth_refused(exc: psycopg.Error) -> bool:
+    """Whether a failed connection is a refused login (not an unreachable or busy server)."""
+    if getattr(exc, "sqlstate", None) in _AUTH_SQLSTATES:
+        return True
+    text = str(exc).lower()
+    return any(words in text for words in _AUTH_WORDS) or re.search(r'role "[^"]*" does not exist', text) is not None
 
 
 def _session_reason(detail: str) -> str:

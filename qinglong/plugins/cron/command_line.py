@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from qinglong.contracts.cli import CliArgument, CliCommand, CliContext
+from qinglong.contracts.cli import CliArgument, CliCommand, CliContext, parse_duration_ms
 from qinglong.contracts.errors import UserError
 from qinglong.contracts.providers import TriggerCliOption, TriggerCliOptions
 from qinglong.contracts.store import MAX_LISTING_ROWS
@@ -65,7 +65,7 @@ def positive_count(text: str) -> int:
 
 def _parse_time(option: str, text: str, zone: Any) -> int:
     """An ISO 8601 time as epoch ms; without an offset it is a wall time in ``zone``."""
-    from datetime import datetime
+    from datetime import datetime, timezone
 
     try:
         moment = datetime.fromisoformat(text.strip())
@@ -73,13 +73,43 @@ def _parse_time(option: str, text: str, zone: Any) -> int:
         raise UserError(f"{option} {text!r} is not an ISO 8601 time such as 2026-03-29T01:30:00+01:00") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=zone)
+    try:
+        moment.astimezone(timezone.utc)
+    except (OverflowError, ValueError):
+        raise UserError(f"{option} {text!r} lies outside the years 1 to 9999 once in UTC") from None
     return int(moment.timestamp() * 1000)
+
+
+def _jitter_of(given: Mapping[str, Any]) -> tuple[int, tuple[str, str] | None]:
+    """``--jitter`` in ms (0 without) and ``--trigger`` as (project, trigger), checked as a
+    trigger's would be at publish."""
+    from qinglong.contracts.jitter import MAX_JITTER_MS
+    from qinglong.contracts.store import check_identifier
+
+    trigger = None
+    if given["trigger"] is not None:
+        project, _, trigger_id = given["trigger"].partition("/")
+        if not trigger_id:
+            raise UserError(f"--trigger: expected PROJECT/TRIGGER, got {given['trigger']!r}")
+        check_identifier("project_id", project)
+        check_identifier("trigger_id", trigger_id)
+        trigger = (project, trigger_id)
+    if given["jitter"] is None:
+        if trigger is not None:
+            raise UserError("--trigger draws a trigger's delays: give --jitter DURATION too")
+        return 0, None
+    jitter_ms = parse_duration_ms("--jitter", given["jitter"])
+    if jitter_ms > MAX_JITTER_MS:
+        raise UserError(f"--jitter: at most 1d, got {given['jitter']!r}")
+    return jitter_ms, trigger
 
 
 def cron_next(context: CliContext) -> int:
     """Preview the next fire times of a cron expression, exactly as the scheduler computes them."""
     from datetime import datetime
     from zoneinfo import ZoneInfo
+
+    from qinglong.contracts.jitter import JitteredSchedule
 
     from .provider import CronProvider
 
@@ -92,10 +122,15 @@ def cron_next(context: CliContext) -> int:
     zone = ZoneInfo(spec["timezone"])
     after_ms = context.now_ms() if given["after"] is None else _parse_time("--after", given["after"], zone)
     count = given["count"]
+    jitter_ms, trigger = _jitter_of(given)
+    schedule: Any = provider
+    if jitter_ms and trigger is not None:
+        # the delays a trigger of this id draws: the contract's, as the scheduler draws them
+        schedule = JitteredSchedule(provider, trigger[0], trigger[1], jitter_ms)
     fire_times: list[int] = []
     cursor = after_ms
     while len(fire_times) < count:
-        nxt = provider.next_after(spec, cursor)
+        nxt = schedule.next_after(spec, cursor)
         if nxt is None:
             break
         fire_times.append(nxt)
@@ -104,15 +139,45 @@ def cron_next(context: CliContext) -> int:
     def local(ms: int) -> str:
         return datetime.fromtimestamp(ms / 1000, zone).isoformat(timespec="seconds")
 
+    def nominal(ms: int) -> int:
+        return schedule.nominal_of(spec, ms) if schedule is not provider else ms
+
+    def window_end(ms: int) -> int:
+        # the last instant the delay may reach: the window, cut at the next occurrence
+        following = provider.next_after(spec, ms)
+        end = ms + jitter_ms - 1
+        return end if following is None else min(end, following - 1)
+
     if given["json"]:
+        rows = []
+        for ms in fire_times:
+            row = {"at_ms": ms, "local": local(ms), "utc": context.utc(ms)}
+            if jitter_ms and schedule is not provider:
+                row.update(occurrence_ms=nominal(ms), jitter_ms=ms - nominal(ms))
+            elif jitter_ms:
+                row.update(latest_start_ms=window_end(ms))
+            rows.append(row)
         context.print_json({"expression": spec["expression"], "timezone": spec["timezone"],
                             "describe": provider.describe(spec), "after_ms": after_ms,
-                            "fire_times": [{"at_ms": ms, "local": local(ms), "utc": context.utc(ms)}
-                                           for ms in fire_times]})
+                            "jitter_ms": jitter_ms,
+                            "trigger": "/".join(trigger) if trigger is not None else None,
+                            "fire_times": rows})
         return 0
     print(f"{provider.describe(spec)}, after {context.utc(after_ms)}:")
-    context.print_table(["#", "local", "utc"],
-                        [[i, local(ms), context.utc(ms)] for i, ms in enumerate(fire_times, start=1)])
+    if not jitter_ms:
+        context.print_table(["#", "local", "utc"],
+                            [[i, local(ms), context.utc(ms)] for i, ms in enumerate(fire_times, start=1)])
+    elif schedule is not provider:
+        print(f"with the jitter of trigger {'/'.join(trigger)}, up to {given['jitter']}:")
+        context.print_table(["#", "local", "utc", "occurrence", "delay_ms"],
+                            [[i, local(ms), context.utc(ms), context.utc(nominal(ms)), ms - nominal(ms)]
+                             for i, ms in enumerate(fire_times, start=1)])
+    else:
+        print(f"each starting at a delay of up to {given['jitter']} (give --trigger PROJECT/TRIGGER "
+              "for a trigger's exact starts):")
+        context.print_table(["#", "local", "utc", "latest_start"],
+                            [[i, local(ms), context.utc(ms), context.utc(window_end(ms))]
+                             for i, ms in enumerate(fire_times, start=1)])
     if len(fire_times) < count:
         print("(no further fire times)")
     return 0
@@ -135,6 +200,10 @@ CRON_COMMAND = CliCommand(
                 CliArgument("--count", "how many fire times (default 5)", type=positive_count, default=5),
                 CliArgument("--after", "start after this ISO 8601 time (default now; without an offset, "
                             "in --timezone)", metavar="TIME"),
+                CliArgument("--jitter", "a trigger's random delay (5m, 30s): show each start's window, "
+                            "or with --trigger that trigger's exact starts", metavar="DURATION"),
+                CliArgument("--trigger", "PROJECT/TRIGGER whose delays to draw (with --jitter)",
+                            metavar="PROJECT/TRIGGER"),
                 CliArgument("--json", "print JSON", switch=True),
             ),
         ),

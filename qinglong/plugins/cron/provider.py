@@ -130,32 +130,46 @@ def _iter(expression: str, start: datetime) -> croniter:
     return croniter(expression, start, second_at_beginning=six, max_years_between_matches=50)
 
 
+#: What ``datetime`` raises for a moment outside years 1-9999 (``date value out of range``,
+#: ``year 10000 is out of range``). The spec was validated, so nothing else raises these here.
+_OUT_OF_CALENDAR = (OverflowError, ValueError)
+#: 9999-12-31T23:59:59 UTC: a later occurrence (a wall time of year 9999 west of UTC) could be
+#: neither shown nor stored as a date, so there is none.
+LAST_SECOND = 253_402_300_799
+#: 0001-01-01T00:00:00 UTC, the same bound the other way.
+FIRST_SECOND = -62_135_596_800
+
+
 def _next_after_s(expression: str, zone_name: str, after_s: int) -> int | None:
     """First occurrence strictly after the epoch second ``after_s``, in epoch seconds."""
     tz = _zone(zone_name)
-    start = _second_pass_end(after_s, tz)
-    start = start - _ONE_SECOND if start is not None else _wall(after_s, tz)
-    itr = _iter(expression, start)
     try:
+        start = _second_pass_end(after_s, tz)
+        start = start - _ONE_SECOND if start is not None else _wall(after_s, tz)
+        itr = _iter(expression, start)
         while True:
             candidate = _instant(itr.get_next(datetime), tz)
             if candidate > after_s:
-                return candidate
+                return candidate if candidate <= LAST_SECOND else None
     except CroniterBadDateError:
         return None
+    except _OUT_OF_CALENDAR:
+        return None  # past year 9999 (or before year 1): no representable occurrence
 
 
 def _latest_at_or_before_s(expression: str, zone_name: str, at_s: int) -> int | None:
     """Last occurrence at or before the epoch second ``at_s``, in epoch seconds."""
     tz = _zone(zone_name)
-    start = _second_pass_end(at_s, tz) or _wall(at_s, tz) + _ONE_SECOND
-    itr = _iter(expression, start)
     try:
+        start = _second_pass_end(at_s, tz) or _wall(at_s, tz) + _ONE_SECOND
+        itr = _iter(expression, start)
         while True:
             candidate = _instant(itr.get_prev(datetime), tz)
             if candidate <= at_s:
-                return candidate
+                return candidate if candidate >= FIRST_SECOND else None
     except CroniterBadDateError:
+        return None
+    except _OUT_OF_CALENDAR:
         return None
 
 

@@ -19,6 +19,7 @@ from qinglong.contracts.records import MigrationState, RecoveryReport, RoundRepo
 from qinglong.contracts.store import BackendContext
 
 from . import migrations
+from .events import SqliteEventOutbox
 from .execution import SqliteExecutionStore
 from .publisher import SqlitePublisher
 from .reader import SqliteReader
@@ -26,6 +27,7 @@ from .recovery import recover_in_thread
 from .scheduler import BeforeCommit, run_round
 from .scheduler_holds import HeldSchedules
 from .settings import EdgeSqliteSettings
+from .tokens import SqliteTokens
 from .store import SqliteStore
 
 
@@ -48,20 +50,23 @@ class EdgeSqliteBackend:
         self._publisher = SqlitePublisher(self.store, context)
         self._reader = SqliteReader(self.store, context.clock_ms)
         self._execution = SqliteExecutionStore(self.store)
+        self._outbox = SqliteEventOutbox(self.store)
         self._may_create = True
         # Held (undecidable) schedules, remembered across this backend's rounds.
         self._held = HeldSchedules()
 
-    async def open(self, *, create: bool = True) -> None:
+    async def open(self, *, create: bool = True, read_only: bool = False) -> None:
         """Connect (the directory of ``path`` must exist). Writes nothing to an existing file.
 
         ``create=False`` is for commands that only read: a missing file is
         :class:`~qinglong.contracts.errors.StoreMissing` (nothing is created) and :meth:`migrate`
         applies nothing. ``create=True`` (``run``, ``db migrate``, publishing) may create the file
         and refuses a read-only one at once with :class:`~qinglong.contracts.errors.StoreReadOnly`.
+        ``read_only`` (with ``create=False``): the file is opened read-only, and read on a read-only
+        file or directory and on a full disk.
         """
-        self._may_create = create
-        await self.store.open(create=create)
+        self._may_create = create and not read_only
+        await self.store.open(create=create, read_only=read_only)
 
     async def migrate(self) -> Sequence[MigrationState]:
         """Apply pending migrations; refuse another application's database, a drifted, unknown or
@@ -144,10 +149,19 @@ class EdgeSqliteBackend:
         """The read side."""
         return self._reader
 
+    def tokens(self) -> SqliteTokens:
+        """The management API's tokens and the audit log, on this backend's connection."""
+        return SqliteTokens(self.store)
+
     def execution(self) -> SqliteExecutionStore:
         """The execution side (:class:`~qinglong.contracts.execution.ExecutionStore`): the local
         dispatcher's and the run commands' one store, on this backend's connection."""
         return self._execution
+
+    def outbox(self) -> SqliteEventOutbox:
+        """The events out (:class:`~qinglong.contracts.events.EventOutbox`), on this backend's
+        connection."""
+        return self._outbox
 
     async def close(self) -> None:
         """Close the connection. Idempotent."""

@@ -52,6 +52,7 @@ from qinglong.contracts.execution import (
     RetryAt,
     RetryPolicy,
     RunDetail,
+    RunSkipView,
     RunState,
     RunSummary,
     cancel_words,
@@ -386,8 +387,10 @@ class SqliteExecutionStore:
         return await self._store.call(work)
 
     async def skip_run(self, run_id: str, attempt_id: str, reason: str, now_ms: int) -> bool:
-        """End a Run whose current Attempt is still ``claimed`` as ``cancelled`` because its
-        overlap policy skips it, with ``reason``. False, nothing changed, otherwise."""
+        """Skip a Run whose current Attempt is still ``claimed`` because its overlap rules skip
+        it, with ``reason``: it ends ``cancelled`` (its end event is written as for any end),
+        then becomes a skip record (:meth:`recent_run_skips`) and its rows leave the store.
+        False, nothing changed, otherwise."""
         def work(conn: sqlite3.Connection) -> bool:
             with transaction(conn):
                 row = named_one(conn, query("exec_attempt"), (attempt_id,))
@@ -401,10 +404,20 @@ class SqliteExecutionStore:
                 self._event(conn, run_id, "run.skipped", now_ms)
                 self._move_run(conn, run_id, row["run_state"], RunState.CANCELLED,
                                Actor.DISPATCHER, now_ms, reason)
-                self._event(conn, run_id, "run.finished", now_ms)
+                conn.execute(query("exec_insert_run_skip"), {"reason": reason, "now": now_ms, "run_id": run_id})
+                conn.execute(query("exec_delete_run_events"), (run_id,))
+                conn.execute(query("exec_delete_run_attempts"), (run_id,))
+                conn.execute(query("exec_delete_run"), (run_id,))
                 return True
 
         return await self._store.call(work)
+
+    async def recent_run_skips(self, limit: int = 20) -> Sequence[RunSkipView]:
+        """The newest Runs skipped before they started, newest first (at most ``limit``)."""
+        bound = listing_bound(limit)
+        rows = await self._store.call(named_rows, query("exec_recent_run_skips"), {"limit": bound}, bound)
+        return [RunSkipView(row["run_id"], row["project_id"], row["task_id"], row["trigger_id"],
+                            row["scheduled_for_ms"], row["reason"], row["recorded_at_ms"]) for row in rows]
 
     # ---------------------------------------------------------------- manual Runs
 
@@ -486,7 +499,8 @@ class SqliteExecutionStore:
                 a["exit_code"], a["signal"], a["duration_ms"], a["log_bytes"],
                 a["log_dropped_bytes"], a["log_deleted_at_ms"] is not None, a["attempt_dir"],
                 a["reason"], a["cancel_reason"]) for a in attempts)
-            return RunDetail(_summary(run), run["idempotency_key"], run["task_revision"], views)
+            return RunDetail(_summary(run), run["idempotency_key"], run["task_revision"], views,
+                             run["jitter_ms"])
 
         return await self._store.call(work)
 
@@ -498,6 +512,16 @@ class SqliteExecutionStore:
         bound = listing_bound(limit)
         rows = await self._store.call(named_rows, query("exec_finished_logs"),
                                       {"before": older_than_ms, "limit": bound}, bound)
+        return [(row["attempt_id"], row["attempt_dir"]) for row in rows]
+
+    async def logs_for_space(self, keep_per_task: int, under_dir: str, limit: int) -> Sequence[tuple[str, str]]:
+        """``(attempt_id, attempt_dir)`` of ended Attempts whose log still exists under
+        ``under_dir``, oldest first, never one of the newest ``keep_per_task`` of its task."""
+        bound = listing_bound(limit)
+        under = under_dir.rstrip("/") + "/"
+        rows = await self._store.call(named_rows, query("exec_logs_for_space"),
+                                      {"keep": max(int(keep_per_task), 0), "under": under, "limit": bound},
+                                      bound)
         return [(row["attempt_id"], row["attempt_dir"]) for row in rows]
 
     async def mark_log_deleted(self, attempt_id: str, now_ms: int) -> None:

@@ -60,7 +60,7 @@ def head_from_row(row: sqlite3.Row) -> TriggerHead:
     return TriggerHead(row["project_id"], row["trigger_id"], row["task_id"],
                        row["trigger_revision"], row["kind"], json.loads(row["spec_json"]),
                        MisfirePolicy(row["misfire_policy"]), row["misfire_grace_ms"],
-                       bool(row["enabled"]), row["content_digest"])
+                       bool(row["enabled"]), row["content_digest"], row["jitter_ms"])
 
 
 def _require_project(conn: sqlite3.Connection, project_id: str) -> sqlite3.Row:
@@ -183,6 +183,7 @@ def _write_trigger_revision(conn: sqlite3.Connection, head: TriggerHead, now_ms:
         "revision": head.trigger_revision, "kind": head.kind, "spec": canonical_json(dict(head.spec)),
         "policy": head.misfire_policy.value, "grace": head.misfire_grace_ms,
         "enabled": int(head.enabled), "digest": head.content_digest, "now": now_ms,
+        "jitter": head.jitter_ms,
     })
     # Same transaction as the head: a new revision never runs on the old revision's cursor.
     conn.execute(query("reset_schedule_for_revision"), {
@@ -211,14 +212,16 @@ def put_trigger_in(conn: sqlite3.Connection, definition: TriggerDefinition,
     if existing is not None and existing["project_id"] != definition.project_id:
         raise trigger_id_taken(definition.trigger_id, existing["project_id"])
     digest = trigger_content_digest(definition.project_id, definition.trigger_id, definition.task_id,
-                                    kind, spec, policy, definition.misfire_grace_ms, definition.enabled)
+                                    kind, spec, policy, definition.misfire_grace_ms, definition.enabled,
+                                    definition.jitter_ms)
     if existing is not None and existing["content_digest"] == digest:
         return head_from_row(existing)
     head = TriggerHead(definition.project_id, definition.trigger_id, definition.task_id,
                        next_trigger_revision(conn, definition.trigger_id,
                                              existing["trigger_revision"] if existing is not None
                                              else 0), kind,
-                       dict(spec), policy, definition.misfire_grace_ms, definition.enabled, digest)
+                       dict(spec), policy, definition.misfire_grace_ms, definition.enabled, digest,
+                       definition.jitter_ms)
     _write_trigger_revision(conn, head, now_ms)
     return head
 
@@ -338,11 +341,12 @@ class SqlitePublisher:
                 # A head published before the grace floor was enforced must not start skipping.
                 check_misfire_grace(head, self._context.limits, leased=False)
             digest = trigger_content_digest(head.project_id, head.trigger_id, head.task_id, head.kind,
-                                            head.spec, head.misfire_policy, head.misfire_grace_ms, enabled)
+                                            head.spec, head.misfire_policy, head.misfire_grace_ms, enabled,
+                                            head.jitter_ms)
             new = TriggerHead(head.project_id, head.trigger_id, head.task_id,
                               next_trigger_revision(conn, head.trigger_id, head.trigger_revision),
                               head.kind, head.spec, head.misfire_policy, head.misfire_grace_ms,
-                              enabled, digest)
+                              enabled, digest, head.jitter_ms)
             _write_trigger_revision(conn, new, now)
             return new
 

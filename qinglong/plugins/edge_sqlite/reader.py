@@ -24,7 +24,7 @@ from qinglong.contracts.store import listing_bound, schedule_cursor
 
 from .publisher import head_from_row
 from .queries import query
-from .store import SqliteStore, named_one, named_rows, probe_owner_lock
+from .store import SqliteStore, named_one, named_rows
 
 def _schedule_view(row: sqlite3.Row) -> ScheduleView:
     return record_from_row(ScheduleView, row, spec=json.loads(row["spec_json"]),
@@ -126,7 +126,7 @@ class SqliteReader:
         ``last_round_at_ms`` is always None: the edge scheduler writes nothing per round (a
         router's flash would wear for a status line), so only the lock tells that it works.
         """
-        holder = probe_owner_lock(str(self._store.path))
+        holder = self._store.owner_pid()
         running = holder is not None
         return SchedulerStatus(running=running, last_round_at_ms=None, replicas=1 if running else 0)
 

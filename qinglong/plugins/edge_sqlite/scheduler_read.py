@@ -125,7 +125,7 @@ def due_row(row: sqlite3.Row, specs: dict) -> DueRow:
         trigger_revision=row["trigger_revision"], kind=row["kind"], spec=spec,
         misfire_policy=MisfirePolicy(row["misfire_policy"]),
         misfire_grace_ms=row["misfire_grace_ms"], enabled=True,
-        content_digest=row["trigger_digest"])
+        content_digest=row["trigger_digest"], jitter_ms=row["jitter_ms"])
     cursor = ScheduleCursor(
         trigger_revision=row["trigger_revision"], next_fire_at_ms=row["next_fire_at_ms"],
         last_scheduled_at_ms=row["last_scheduled_at_ms"], state_version=row["state_version"],

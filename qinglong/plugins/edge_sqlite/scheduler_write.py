@@ -110,6 +110,7 @@ def write_occurrence(conn: sqlite3.Connection, row: DueRow, decision: Decision,
             run_id, head.project_id, head.trigger_id, head.trigger_revision, head.task_id,
             row.task_revision, row.task_digest, scheduled, now_ms, now_ms,
             idempotency_key(head.trigger_id, head.trigger_revision, scheduled, head.kind),
+            decision.jitter_ms,
         ))
         conn.execute(_sql("insert_attempt"), {
             "attempt_id": attempt_id, "run_id": run_id, "executor": row.executor,

@@ -13,19 +13,22 @@ The file, not only the connection, is this module's concern:
   not a database, busy) into the contract's error types, naming the file; :meth:`SqliteStore.call`
   applies it to everything raised on the connection's thread, so no caller sees a bare
   ``sqlite3.Error`` for a problem of the file;
-* :class:`OwnerLock` is the scheduler's exclusive claim on the file (a sidecar ``<path>.lock``
-  held with ``flock`` and holding the holder's pid), and :func:`probe_owner_lock` tells whether
-  some process holds it now;
+* :class:`OwnerLock` is the scheduler's exclusive claim on the file (an ``flock`` of the
+  database file itself, so keyed on its identity whatever name reached it, with the holder's pid
+  in a sidecar ``<resolved path>.lock``), and :meth:`SqliteStore.owner_pid` tells whether some
+  process holds it now;
 * :meth:`SqliteStore.open` with ``create=False`` never creates a file (read commands), and with
   ``create=True`` proves at once that the file can be written.
 """
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import fcntl
 import os
 import sqlite3
+import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,9 +49,15 @@ from qinglong.contracts.errors import (
     UserError,
 )
 
+from qinglong.contracts.tokens import pending_audit
+
 from .settings import EdgeSqliteSettings
 
 T = TypeVar("T")
+
+#: The bytes SQLite's unix VFS locks in the database file: the pending byte through the shared
+#: range (``PENDING_BYTE`` at 1 GiB, then the reserved byte and 510 shared bytes).
+_SQLITE_LOCK_BYTES = (0x40000000, 512)
 
 #: The owner lock lives beside the database: ``qinglong.db`` is owned through ``qinglong.db.lock``.
 LOCK_SUFFIX = ".lock"
@@ -102,15 +111,24 @@ def named_one(conn: sqlite3.Connection, sql: str, params: Any = ()) -> sqlite3.R
 @contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One write transaction: ``BEGIN IMMEDIATE`` takes the write lock up front (no upgrade
-    deadlock), ``COMMIT`` on success, ``ROLLBACK`` on any exception, which is re-raised."""
+    deadlock), ``COMMIT`` on success, ``ROLLBACK`` on any exception, which is re-raised. The audit
+    entry of an API change under way (:data:`~qinglong.contracts.tokens.CURRENT_AUDIT`) is
+    inserted before the commit, so it is durable exactly when the change is."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
+        scope = pending_audit()
+        if scope is not None:
+            from .tokens import insert_audit
+
+            insert_audit(conn, scope.entry)
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+    if scope is not None:
+        scope.written = True
 
 
 # --------------------------------------------------------------------------- errors of the file
@@ -245,10 +263,15 @@ def _translatable(exc: BaseException) -> bool:
 
 # --------------------------------------------------------------------------- the owner lock
 
+#: The holder's pid in the lock file: a fixed-width record, written over in place and never
+#: truncated, so the file is never shortened whatever it is.
+_PID_RECORD = 16
+
 
 def owner_lock_path(path: str) -> Path:
-    """The sidecar lock file of the database at ``path``."""
-    return Path(str(path) + LOCK_SUFFIX)
+    """The sidecar lock file of the database at ``path``: beside the file the path resolves to,
+    so every symlink to one database names one lock file."""
+    return Path(os.path.realpath(path) + LOCK_SUFFIX)
 
 
 def _read_pid(fd: int) -> int | None:
@@ -259,29 +282,69 @@ def _read_pid(fd: int) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _flock_busy(fd: int, how: int) -> bool:
+    """Try ``flock(fd, how | LOCK_NB)``: False when taken, True when another holder has it."""
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        return True
+    return False
+
+
+def _pid_from_proc_locks(fd: int) -> int | None:
+    """The pid ``/proc/locks`` names for an exclusive ``flock`` on the file of ``fd`` (Linux), or
+    None: how the holder is named when it was reached through another name of the file."""
+    st = os.fstat(fd)
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            for line in locks:
+                fields = line.split()
+                if "FLOCK" in fields and "WRITE" in fields and device in fields:
+                    pid = fields[fields.index(device) - 1]
+                    return int(pid) if pid.isdigit() else None
+    except OSError:
+        return None
+    return None
+
+
+def probe_file_owner(db_fd: int, path: str) -> int | None:
+    """The pid of the ``qinglong run`` owning the database open as ``db_fd`` (named ``path``), or
+    None. The database file's own ``flock`` is what counts: it is the file's identity (device and
+    inode), whatever name, symlink or hard link, reached it. Releases nothing held by SQLite:
+    ``db_fd`` stays open. A holder whose pid cannot be read is reported as pid 0."""
+    if not _flock_busy(db_fd, fcntl.LOCK_SH):
+        fcntl.flock(db_fd, fcntl.LOCK_UN)
+        return None
+    try:
+        fd = os.open(owner_lock_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        fd = None
+    pid = None
+    if fd is not None:
+        try:
+            pid = _read_pid(fd)
+        finally:
+            os.close(fd)
+    return pid or _pid_from_proc_locks(db_fd) or 0
+
+
 def probe_owner_lock(path: str) -> int | None:
     """The pid of the process holding the owner lock of the database at ``path`` now, or None.
 
-    Non-blocking and side-effect free: a missing lock file means nobody holds it (the file is not
-    created); otherwise a shared ``flock`` is tried and released at once. A lock held by a process
-    whose pid cannot be read yet (it is being written) is reported as pid 0.
+    Non-blocking and side-effect free: a missing database means nobody holds it (nothing is
+    created); otherwise a shared ``flock`` of the file is tried and released at once. Opens and
+    closes a descriptor of the database, so not for a process with the database open in SQLite
+    (closing it would drop SQLite's own locks there): a store uses :meth:`SqliteStore.owner_pid`.
     """
-    lock_path = owner_lock_path(path)
     try:
-        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            return _read_pid(fd) or 0
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
+        return probe_file_owner(fd, path)
     finally:
         os.close(fd)
 
@@ -289,29 +352,52 @@ def probe_owner_lock(path: str) -> int | None:
 class OwnerLock:
     """The exclusive owner lock of one database file, held by ``qinglong run``.
 
-    ``flock`` on ``<path>.lock``: the kernel releases it when the process exits, however it exits
-    (``kill -9`` included), so a stale lock cannot outlive its holder. The holder's pid is written
-    into the file for the refusal message and :func:`probe_owner_lock`. Only a scheduler takes it;
-    publishing and read commands do not (SQLite orders their writes).
+    An exclusive ``flock`` of the database file itself: keyed on the file's identity (device and
+    inode), so a symlink or a hard link to the file cannot start a second scheduler on it. SQLite
+    locks with ``fcntl``, which ``flock`` does not touch. The kernel releases it when the process
+    exits, however it exits (``kill -9`` included), so a stale lock cannot outlive its holder.
+
+    The holder's pid goes into the sidecar ``<resolved path>.lock`` (also locked, as older
+    versions did) for the refusal message and :func:`probe_owner_lock`. The sidecar is never
+    followed if it is a symlink and never truncated: a link there, or a file that is not a lock
+    file, is refused naming it. Only a scheduler takes the lock (and a migration, for its
+    duration); publishing and read commands do not (SQLite orders their writes).
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.lock_path = owner_lock_path(path)
         self._fd: int | None = None
+        self._db_fd: int | None = None
+        self._db_fd_lent = False
+
+    def attach(self, db_fd: int) -> None:
+        """Lock through ``db_fd``, a descriptor of the database its owner keeps open for as long
+        as SQLite has the file open: closing any descriptor of the file drops every ``fcntl``
+        lock SQLite holds on it in this process, so this lock never closes a lent one."""
+        self._db_fd, self._db_fd_lent = db_fd, True
 
     @property
     def held(self) -> bool:
         """True while this process holds the lock."""
         return self._fd is not None
 
-    def acquire(self) -> None:
-        """Take the lock or raise :class:`StoreLocked` naming the holder's pid."""
-        if self._fd is not None:
-            return
+    def _refuse(self, held_by: int | None) -> StoreLocked:
+        who = f"process {held_by}" if held_by else "another process"
+        return StoreLocked(
+            f"database {self.path!r} is owned by {who}, a running 'qinglong run' "
+            f"(owner lock {str(self.lock_path)!r}); stop it first, or point this one "
+            "at another file")
+
+    def _open_sidecar(self) -> int:
         try:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UserError(
+                    f"database {self.path!r}: its owner lock {str(self.lock_path)!r} is a symbolic "
+                    "link; a lock file is never followed (it would write over the link's target): "
+                    "remove the link") from None
             part = _read_only_part(Path(self.path))
             if part is not None or exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                 raise StoreReadOnly(
@@ -322,33 +408,62 @@ class OwnerLock:
                 f"database {self.path!r}: cannot open its owner lock {str(self.lock_path)!r}: "
                 f"{exc.strerror}"
             ) from None
-        deadline = time.monotonic() + _ACQUIRE_PATIENCE_S
-        while True:
+
+    def _check_sidecar(self, fd: int) -> None:
+        """Refuse a lock file that is not one: another file's name (a hard link), not a regular
+        file, or holding more than a pid. Writing the pid would change that file."""
+        st = os.fstat(fd)
+        problem = None
+        if not stat.S_ISREG(st.st_mode):
+            problem = "is not a regular file"
+        elif st.st_nlink != 1:
+            problem = f"has {st.st_nlink} names (hard links)"
+        elif st.st_size > _PID_RECORD or os.pread(fd, _PID_RECORD, 0).strip(b" \n").strip(
+                b"0123456789"):
+            problem = "holds something other than a pid"
+        if problem:
+            raise UserError(f"database {self.path!r}: its owner lock {str(self.lock_path)!r} "
+                            f"{problem}; it is written by 'qinglong run': remove it")
+
+    def acquire(self) -> None:
+        """Take the lock or raise :class:`StoreLocked` naming the holder's pid."""
+        if self._fd is not None:
+            return
+        if self._db_fd is None:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                self._db_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    os.close(fd)
-                    raise
-                # A reader's probe holds a shared lock for microseconds: wait that out. A
-                # scheduler holds it for as long as it runs.
-                if time.monotonic() >= deadline:
-                    holder = _read_pid(fd)
-                    os.close(fd)
-                    who = f"process {holder}" if holder else "another process"
-                    raise StoreLocked(
-                        f"database {self.path!r} is owned by {who}, a running 'qinglong run' "
-                        f"(owner lock {str(self.lock_path)!r}); stop it first, or point this one "
-                        "at another file"
-                    ) from None
-                time.sleep(0.01)
+                raise StoreUnavailable(f"database {self.path!r} cannot be opened to lock it: "
+                                       f"{exc.strerror}") from None
+        fd = self._open_sidecar()
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+            self._check_sidecar(fd)
+            deadline = time.monotonic() + _ACQUIRE_PATIENCE_S
+            # A reader's probe holds a shared lock for microseconds: wait that out. A scheduler
+            # holds it for as long as it runs.
+            while _flock_busy(self._db_fd, fcntl.LOCK_EX):
+                if time.monotonic() >= deadline:
+                    raise self._refuse(_read_pid(fd) or _pid_from_proc_locks(self._db_fd))
+                time.sleep(0.01)
+            while _flock_busy(fd, fcntl.LOCK_EX):  # an older version's scheduler locks only this
+                if time.monotonic() >= deadline:
+                    fcntl.flock(self._db_fd, fcntl.LOCK_UN)
+                    raise self._refuse(_read_pid(fd))
+                time.sleep(0.01)
+        except BaseException:
+            os.close(fd)
+            self._close_db_fd()
+            raise
+        try:
+            os.pwrite(fd, f"{os.getpid():<{_PID_RECORD - 1}}\n".encode("ascii"), 0)
         except OSError:
             pass  # the lock is what counts; the pid only names the holder
         self._fd = fd
+
+    def _close_db_fd(self) -> None:
+        if self._db_fd is not None and not self._db_fd_lent:
+            os.close(self._db_fd)
+            self._db_fd = None
 
     def release(self) -> None:
         """Release the lock (idempotent). The pid is cleared first so no probe names a stale one."""
@@ -356,13 +471,16 @@ class OwnerLock:
         if fd is None:
             return
         try:
-            os.ftruncate(fd, 0)
+            os.pwrite(fd, b" " * (_PID_RECORD - 1) + b"\n", 0)
         except OSError:
             pass
         try:
             fcntl.flock(fd, fcntl.LOCK_UN)
+            if self._db_fd is not None:
+                fcntl.flock(self._db_fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+            self._close_db_fd()
 
 
 # --------------------------------------------------------------------------- the store
@@ -376,6 +494,10 @@ class SqliteStore:
         self.path = settings.path
         self._connection: aiosqlite.Connection | None = None
         self.owner_lock = OwnerLock(self.path)
+        # A descriptor of the database kept open as long as the connection is: the owner lock
+        # and its probe work through it, since closing any descriptor of the file would drop
+        # SQLite's own fcntl locks in this process.
+        self._db_fd: int | None = None
 
     def _check_path(self) -> Path:
         path = Path(self.path)
@@ -389,8 +511,14 @@ class SqliteStore:
             )
         return path
 
-    async def open(self, *, create: bool = True) -> None:
+    async def open(self, *, create: bool = True, read_only: bool = False) -> None:
         """Connect and set the per-connection pragmas. Writes nothing to an existing file.
+
+        ``read_only`` (commands that only read: ``runs``, ``logs``, ``status``, ``task show``, ...)
+        opens the file read-only, so it reads a read-only file, a read-only directory and a full
+        disk: when SQLite cannot create the ``-shm`` it needs beside a file that no process has
+        open in WAL mode (no ``-shm``, no unapplied ``-wal``), the file alone is the whole
+        database and is read as immutable.
 
         ``create=False`` (read commands) refuses a missing file with :class:`StoreMissing` and
         never creates one. ``create=True`` (the scheduler, migration, publishing) may create the
@@ -412,7 +540,40 @@ class SqliteStore:
             if part is not None:
                 raise StoreReadOnly(f"database {self.path!r} cannot be written: {part}; make it "
                                     "writable for this user or point [backend] path elsewhere")
-        mode = "rwc" if create else "rw"
+        if read_only and not create:
+            try:
+                await self._connect(path, "ro", False)
+            except (StoreReadOnly, StoreFull, StoreUnavailable):
+                if not self._alone(path):
+                    raise
+                await self._connect(path, "ro&immutable=1", False)
+            return
+        await self._connect(path, "rwc" if create else "rw", create)
+
+    @staticmethod
+    def _alone(path: Path) -> bool:
+        """True when no process has the database open (none holds an SQLite lock on it: in WAL
+        mode every connection keeps one for as long as it is open) and nothing waits in its WAL,
+        so the file alone is the whole database. Asks with ``F_GETLK``, which takes nothing."""
+        import struct
+
+        wal = Path(f"{path}-wal")
+        try:
+            if wal.exists() and wal.stat().st_size > 0:
+                return False
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                # struct flock: l_type, l_whence, l_start, l_len, l_pid (native layout, room to spare)
+                query = struct.pack("@hhqqi", fcntl.F_WRLCK, os.SEEK_SET, _SQLITE_LOCK_BYTES[0],
+                                    _SQLITE_LOCK_BYTES[1], 0).ljust(64, b"\0")
+                answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
+            finally:
+                os.close(fd)  # no connection of this process is open: no SQLite lock is dropped
+            return struct.unpack_from("@h", answer)[0] == fcntl.F_UNLCK
+        except (OSError, struct.error):
+            return False
+
+    async def _connect(self, path: Path, mode: str, writable: bool) -> None:
         uri = f"file:{quote(str(path.absolute()))}?mode={mode}"
         connection = aiosqlite.connect(uri, uri=True, isolation_level=None)
         if not hasattr(connection, "_execute") or not hasattr(connection, "_thread"):
@@ -427,7 +588,9 @@ class SqliteStore:
             raise
         self._connection = connection
         try:
-            await self.call(self._configure, create)
+            self._db_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self.owner_lock.attach(self._db_fd)
+            await self.call(self._configure, writable)
         except BaseException:
             try:
                 await self.close()
@@ -463,7 +626,8 @@ class SqliteStore:
         # aiosqlite's executor is private API; it is the only way to run a whole transaction on
         # the thread that owns the connection, which is what makes one hop per transaction possible.
         try:
-            return await connection._execute(fn, connection._conn, *args)
+            # the caller's context (an API change's pending audit entry) travels to the thread
+            return await connection._execute(contextvars.copy_context().run, fn, connection._conn, *args)
         except BaseException as exc:
             if _translatable(exc):
                 raise translate_sqlite_error(exc, self.path) from exc
@@ -483,4 +647,19 @@ class SqliteStore:
                     connection.stop()
                     raise
         finally:
-            self.owner_lock.release()
+            try:
+                self.owner_lock.release()
+            finally:
+                db_fd, self._db_fd = self._db_fd, None
+                if db_fd is not None:
+                    os.close(db_fd)
+                self.owner_lock = OwnerLock(self.path)
+
+    def owner_pid(self) -> int | None:
+        """The pid of the ``qinglong run`` owning this database now (this process included), or
+        None; 0 for a holder whose pid cannot be read. Keyed on the file, whatever its name."""
+        if self.owner_lock.held:
+            return os.getpid()
+        if self._db_fd is None:
+            return probe_owner_lock(self.path)
+        return probe_file_owner(self._db_fd, self.path)

@@ -3,7 +3,8 @@
 Registered by entry point ``local_process`` (group ``qinglong.plugins``) like any third-party
 plugin, and imports only :mod:`qinglong.contracts` and the standard library.
 
-Per Attempt the executor starts ``sh -c WRAPPER qinglong-job ATTEMPT_DIR LOG_LIMIT -- ARGV...``
+Per Attempt the executor starts ``sh -c WRAPPER qinglong-job ATTEMPT_DIR LOG_LIMIT DRAIN_MS ORPHANS --
+ARGV...``
 in its own session and process group. The POSIX shell wrapper (not a Python process: it costs a
 router far less memory) outlives the control plane, holds the Attempt's ``lock`` for its whole
 life, writes its ``pid`` first, appends the job's output to ``log`` up to the limit (the rest is

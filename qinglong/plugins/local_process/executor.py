@@ -8,6 +8,7 @@ a crash probes, waits for, reads and signals a job an earlier one started.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import os
 import subprocess
@@ -25,12 +26,15 @@ from qinglong.contracts.execution import (
 )
 
 from . import procfs
-from .wrapper import FENCE, FIFO, LOCK, LOG, PID, RECEIPT, find_tools, wrapper_argv, wrapper_script
+from .wrapper import (EXITED, FENCE, FIFO, LOCK, LOG, PID, RECEIPT, find_tools, wrapper_argv,
+                      wrapper_script)
 
 #: How often :meth:`LocalProcessExecutor.wait` looks at the lock when it cannot be told of the
 #: wrapper's exit (a kernel without pidfd), and how often it re-checks even when it can.
 POLL_SECONDS = 0.2
 PIDFD_RECHECK_SECONDS = 1.0
+#: How long start() waits for the wrapper's pid file (written first thing) before returning.
+PID_WAIT_SECONDS = 5.0
 #: How long start() retries a lock that a concurrent probe holds for an instant.
 LOCK_RETRY_SECONDS = 0.05
 
@@ -93,7 +97,8 @@ class LocalProcessExecutor:
                                  "(the log directory must be on a filesystem with FIFOs and "
                                  "locks, e.g. ext4 or tmpfs; not vfat)") from None
             argv = wrapper_argv(self._tools, self._script, attempt_dir, spec.log_limit_bytes,
-                                [program, *spec.command[1:]])
+                                [program, *spec.command[1:]], drain_ms=self._context.orphan_drain_ms,
+                                orphans=self._context.orphans)
             try:
                 proc = subprocess.Popen(argv, stdin=lock_fd, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, cwd=cwd, env=env,
@@ -110,7 +115,27 @@ class LocalProcessExecutor:
         # None only if something else in this process reaped our child (a waitpid(-1)): it has
         # ended; a start time of -1 matches no process, so the handle is never signalled
         start_ticks = stat.start_ticks if stat is not None else -1
+        await self._until_the_job_starts(proc, attempt_dir)
         return ProcessHandle(self._boot_id, proc.pid, proc.pid, start_ticks)
+
+    async def _until_the_job_starts(self, proc: subprocess.Popen, attempt_dir: str) -> None:
+        """Until the wrapper wrote its pid file (it then starts the job): a wrapper that exited
+        without it never started the job, and that is a start error, said here, not an Attempt
+        lost later for want of a receipt. Bounded: a wrapper still silent after
+        PID_WAIT_SECONDS is returned as started (the probe and the reconciler settle it)."""
+        deadline = time.monotonic() + PID_WAIT_SECONDS
+        delay = 0.0005
+        while _read_pid(attempt_dir) is None:
+            status = proc.poll()
+            if status is not None:
+                if _read_pid(attempt_dir) is not None:
+                    return
+                self._children.pop(proc.pid, None)
+                raise StartError(_why_no_start(attempt_dir, status))
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
     def renew_fence(self, attempt_dir: str, deadline_mono: float) -> None:
         """Write the Attempt's ``fence``: ``deadline_mono`` as an instant of ``/proc/uptime`` in
@@ -248,7 +273,13 @@ class LocalProcessExecutor:
             log_bytes = os.stat(os.path.join(attempt_dir, LOG)).st_size
         except FileNotFoundError:
             log_bytes = 0
-        return Receipt(exit_code, signal, stat.st_mtime_ns // 1_000_000, log_bytes, max(dropped, 0))
+        ended_ns = stat.st_mtime_ns
+        try:  # the job's own end, before the drain (a wrapper of this version writes it)
+            ended_ns = min(ended_ns, os.stat(os.path.join(attempt_dir, EXITED)).st_mtime_ns)
+        except FileNotFoundError:
+            pass
+        note = _held_note(fields.get("held", ""), attempt_dir, self._context.orphan_drain_ms)
+        return Receipt(exit_code, signal, ended_ns // 1_000_000, log_bytes, max(dropped, 0), note)
 
     # --------------------------------------------------------------------------------- signal
 
@@ -271,6 +302,57 @@ class LocalProcessExecutor:
 
 
 # ------------------------------------------------------------------------------------ helpers
+
+
+def _why_no_start(attempt_dir: str, status: int) -> str:
+    """Why a wrapper exited before writing its pid file: what a write to the Attempt directory
+    fails with now (a full or read-only log filesystem), else its exit status."""
+    probe = os.path.join(attempt_dir, "write-check")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, b"0123456789\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"no space left on the log filesystem (writing in {attempt_dir!r})"
+        if exc.errno == errno.EROFS:
+            return f"the log filesystem is read-only (writing in {attempt_dir!r})"
+        return f"the attempt directory {attempt_dir!r} cannot be written: {exc.strerror or exc}"
+    return (f"the job wrapper exited with status {status} before starting the job (it could not "
+            f"write its pid file in {attempt_dir!r})")
+
+
+
+def _held_note(held: str, attempt_dir: str, drain_ms: int) -> str | None:
+    """In words, what held the job's output after the job itself exited (the receipt's ``held``),
+    naming the processes that still hold it; None when the output ended with the job."""
+    if held not in ("term", "killed", "left"):
+        return None
+    if held == "term":
+        return ("after the job exited, processes it left in its process group held its output; "
+                "they were sent TERM")
+    pgid = _read_pid(attempt_dir)
+    writers = procfs.writers_of(os.path.join(os.path.abspath(attempt_dir), FIFO))
+    if held == "killed":
+        note = (f"after the job exited, its output was still held {drain_ms} ms later: its process "
+                "group was killed (orphans = \"kill\")")
+        escaped = [w for w in writers if w.pgrp != pgid]
+    else:
+        note = (f"after the job exited, its output was still held {drain_ms} ms later: what holds it "
+                "was left running and its output still goes to the log (orphans = \"leave\")")
+        escaped = writers
+    if escaped:
+        named = ", ".join(f"{w.name!r} (pid {w.pid}"
+                          + (", escaped its process group with setsid" if w.pgrp != pgid else "") + ")"
+                          for w in escaped[:8])
+        note += f"; still running and holding it: {named}"
+    return note
+
+
 
 
 def _check_working_dir(cwd: str) -> None:

@@ -57,3 +57,49 @@ def group_members(pgid: int) -> list[int]:
         if stat is not None and stat.pgrp == pgid and stat.state != "Z":
             members.append(stat.pid)
     return members
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A process with a file open for writing."""
+
+    pid: int
+    name: str  # /proc/<pid>/comm
+    pgrp: int
+    session: int
+
+
+def writers_of(path: str) -> list[Holder]:
+    """The live processes holding ``path`` open for writing (through /proc/<pid>/fd; only those
+    whose descriptors we may read: our own user's, or all as root)."""
+    import os
+
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fd_dir = f"/proc/{name}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"{fd_dir}/{fd}") != path:
+                    continue
+                with open(f"/proc/{name}/fdinfo/{fd}", "rb") as f:
+                    flags = next((int(line.split()[1], 8) for line in f if line.startswith(b"flags:")), 0)
+            except (OSError, ValueError, IndexError):
+                continue
+            if flags & 0o3 == 0:  # O_RDONLY: a reader, not a writer
+                continue
+            try:
+                stat = read_stat(int(name))
+                with open(f"/proc/{name}/comm", "rb") as f:
+                    comm = f.read().decode("utf-8", "replace").strip()
+            except (OSError, ValueError, IndexError):
+                break
+            if stat is not None and stat.state != "Z":
+                found.append(Holder(stat.pid, comm, stat.pgrp, stat.session))
+            break
+    return found

@@ -22,8 +22,14 @@ An Attempt directory (mode 0700) holds:
   The watcher ignores TERM (a TERM to the group stops the job, not the fence); when the job
   ended the wrapper sends it USR1, on which it kills its ``sleep`` and exits, and waits for it, so
   the group is empty when the receipt appears;
-* ``receipt`` - written in place when the job ended: ``format=2``, ``status=N`` (the shell's
-  ``$?``: an exit code, or 128 + the signal that ended it), ``dropped=N`` and a last line ``end``:
+* ``exited`` - the job's status, written the moment the job's own process ended; its mtime is
+  the Attempt's end time;
+* ``receipt`` - written in place when the job ended and its output was drained: ``format=2``,
+  ``status=N`` (the shell's ``$?``: an exit code, or 128 + the signal that ended it),
+  ``dropped=N``, ``held=`` (empty; or what still held the job's output ``DRAIN_MS`` after it
+  ended: ``term`` - processes left in its group, ended by a TERM; ``killed`` - the group was then
+  KILLed, right after the receipt, wrapper included; ``left`` - the orphans policy is ``leave``,
+  and the log reader goes on) and a last line ``end``:
   a receipt without it (a wrapper killed while writing it) counts as none, as if killed before.
   Its mtime is the end time.
 
@@ -58,11 +64,17 @@ DROPPED = "dropped"
 COPIED = "copied"
 RECEIPT = "receipt"
 FENCE = "fence"
+EXITED = "exited"
+
+#: What the wrapper does with processes that still hold the job's output once the job itself
+#: ended and the drain passed: TERM, then KILL, its process group; or leave them running.
+ORPHAN_POLICIES = ("kill", "leave")
 
 #: argv[0] of the wrapper shell, as ``ps`` shows it.
 WRAPPER_NAME = "qinglong-job"
 
-# $1 = the Attempt directory (absolute), $2 = the log limit in bytes, $3 = "--", then the argv.
+# $1 = the Attempt directory (absolute), $2 = the log limit in bytes, $3 = the drain in ms,
+# $4 = the orphans policy (kill | leave), $5 = "--", then the argv.
 # stdin is the lock: moved to fd 9 (kept by this shell only: `9<&-` for everything it starts),
 # then stdin becomes /dev/null for the job.
 _TEMPLATE = """\
@@ -70,6 +82,8 @@ umask 077
 exec 9<&0 </dev/null
 QINGLONG_D=$1
 QINGLONG_L=$2
+QINGLONG_G=$3
+QINGLONG_O=$4
 printf '%s\\n' "$$" >"$QINGLONG_D/pid" || exit 70
 trap : TERM INT HUP
 QINGLONG_W=
@@ -127,19 +141,51 @@ fi
   exec @WC@ -c >"$QINGLONG_D/dropped"
 } <"$QINGLONG_D/out" 9<&- &
 QINGLONG_R=$!
-shift 3
+qinglong_reading() {
+  QINGLONG_Y=
+  { IFS=' ' read -r QINGLONG_N QINGLONG_N QINGLONG_Y QINGLONG_N <"/proc/$QINGLONG_R/stat"; } 2>/dev/null
+  [ -n "$QINGLONG_Y" ] && [ "$QINGLONG_Y" != Z ]
+}
+qinglong_drain() {
+  QINGLONG_T=0
+  QINGLONG_Q=5
+  QINGLONG_I=0
+  while [ "$QINGLONG_I" -lt 200 ] && qinglong_reading; do QINGLONG_I=$((QINGLONG_I + 1)); done
+  while qinglong_reading; do
+    [ "$QINGLONG_T" -lt "$QINGLONG_G" ] || return 1
+    case $QINGLONG_Q in ?) QINGLONG_Z=0.00$QINGLONG_Q ;; ??) QINGLONG_Z=0.0$QINGLONG_Q ;; *) QINGLONG_Z=0.$QINGLONG_Q ;; esac
+    @SLEEP@ "$QINGLONG_Z"
+    QINGLONG_T=$((QINGLONG_T + QINGLONG_Q))
+    QINGLONG_Q=$((QINGLONG_Q * 2))
+    [ "$QINGLONG_Q" -le 200 ] || QINGLONG_Q=200
+  done
+}
+shift 5
 "$@" >"$QINGLONG_D/out" 2>&1 9<&-
 QINGLONG_S=$?
-wait "$QINGLONG_R"
-while [ "$?" -gt 128 ] && kill -0 "$QINGLONG_R" 2>/dev/null; do wait "$QINGLONG_R"; done
+printf '%s\\n' "$QINGLONG_S" >"$QINGLONG_D/exited"
+QINGLONG_H=
+if ! qinglong_drain; then
+  if [ "$QINGLONG_O" = kill ]; then
+    kill -TERM 0 2>/dev/null
+    if qinglong_drain; then QINGLONG_H=term; else QINGLONG_H=killed; fi
+  else
+    QINGLONG_H=left
+  fi
+fi
+if [ -z "$QINGLONG_H" ] || [ "$QINGLONG_H" = term ]; then
+  wait "$QINGLONG_R"
+  while [ "$?" -gt 128 ] && kill -0 "$QINGLONG_R" 2>/dev/null; do wait "$QINGLONG_R"; done
+fi
 if [ -n "$QINGLONG_W" ]; then
   kill -USR1 "$QINGLONG_W" 2>/dev/null
   wait "$QINGLONG_W"
   while [ "$?" -gt 128 ] && kill -0 "$QINGLONG_W" 2>/dev/null; do wait "$QINGLONG_W"; done
 fi
 QINGLONG_N=
-IFS= read -r QINGLONG_N <"$QINGLONG_D/dropped"
-printf 'format=2\\nstatus=%s\\ndropped=%s\\nend\\n' "$QINGLONG_S" "$QINGLONG_N" >"$QINGLONG_D/receipt"
+case $QINGLONG_H in '' | term) IFS= read -r QINGLONG_N <"$QINGLONG_D/dropped" ;; esac
+printf 'format=2\\nstatus=%s\\ndropped=%s\\nheld=%s\\nend\\n' "$QINGLONG_S" "$QINGLONG_N" "$QINGLONG_H" >"$QINGLONG_D/receipt"
+[ "$QINGLONG_H" != killed ] || kill -KILL 0
 """
 
 # What the wrapper does, step by step:
@@ -202,6 +248,9 @@ def wrapper_script(tools: dict[str, str]) -> str:
 
 
 def wrapper_argv(tools: dict[str, str], script: str, attempt_dir: str, log_limit: int,
-                 argv: list[str]) -> list[str]:
-    """``sh -c WRAPPER qinglong-job ATTEMPT_DIR LOG_LIMIT -- ARGV...``."""
-    return [tools["sh"], "-c", script, WRAPPER_NAME, attempt_dir, str(log_limit), "--", *argv]
+                 argv: list[str], *, drain_ms: int = 2_000, orphans: str = "kill") -> list[str]:
+    """``sh -c WRAPPER qinglong-job ATTEMPT_DIR LOG_LIMIT DRAIN_MS ORPHANS -- ARGV...``."""
+    if orphans not in ORPHAN_POLICIES:
+        raise ValueError(f"orphans must be one of {', '.join(ORPHAN_POLICIES)}, not {orphans!r}")
+    return [tools["sh"], "-c", script, WRAPPER_NAME, attempt_dir, str(log_limit), str(int(drain_ms)),
+            orphans, "--", *argv]

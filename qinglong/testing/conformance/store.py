@@ -10,6 +10,8 @@ behaviour that only one backend has belongs beside its plugin, not here.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from qinglong.contracts import errors
@@ -24,6 +26,7 @@ from qinglong.contracts.errors import (
     UserError,
 )
 from qinglong.contracts.idempotency import idempotency_key
+from qinglong.contracts.jitter import MAX_JITTER_MS, JitteredSchedule
 from qinglong.contracts.records import MisfirePolicy, RoundReport, TriggerDefinition
 from qinglong.contracts.store import MAX_PAYLOAD_BYTES, check_misfire_grace, skip_grace_floor_ms
 
@@ -204,6 +207,56 @@ async def test_an_unchanged_publish_is_not_a_new_revision(harness):
     assert again == first
     task = await harness.publisher.put_task("p1", "t1", {"command": ["echo", "hello"]})
     assert task.task_revision == 1
+
+
+
+async def test_a_trigger_jitter_is_stored_and_a_new_one_is_a_new_revision(harness):
+    """A jitter dropped on the way into the store would start every occurrence at once; a changed
+    jitter that is no new revision would keep the old delays; a bad one must write nothing."""
+    await seed(harness)
+    plain = await harness.publisher.put_trigger(every_second("a"))
+    assert plain.jitter_ms == 0
+    jittered = await harness.publisher.put_trigger(replace(every_second("a"), jitter_ms=5_000))
+    assert (jittered.trigger_revision, jittered.jitter_ms) == (plain.trigger_revision + 1, 5_000)
+    assert await harness.publisher.put_trigger(replace(every_second("a"), jitter_ms=5_000)) == jittered
+    [head] = await harness.reader.list_triggers()
+    assert head == jittered
+    assert (await schedule(harness, "a")).jitter_ms == 5_000
+    for bad in (-1, MAX_JITTER_MS + 1, True):
+        with pytest.raises(TriggerSpecError) as raised:
+            await harness.publisher.put_trigger(replace(every_second("a"), jitter_ms=bad))
+        assert raised.value.field == "jitter_ms"
+    assert await harness.reader.list_triggers() == [jittered]
+
+
+async def test_a_jittered_trigger_starts_each_occurrence_at_its_delay_once(harness):
+    """Every occurrence is admitted once, at its jittered time (the contract's, the same on
+    every backend), with the delay it drew recorded on its Run: a backend that admitted the
+    nominal time, or drew its own delay, would start the jobs together or twice."""
+    await seed(harness)
+    definition = replace(every_second("j", expression="*/2 * * * * *"), jitter_ms=1_500)
+    await harness.publisher.put_trigger(definition)
+    # time passes before the first round: a store's clock moved after a jittered cursor was
+    # written would move that cursor off its delay (no real clock does)
+    await harness.elapse(12 * SECOND)
+    await harness.run_round()
+    await harness.run_round()
+    jitter = JitteredSchedule(providers()["cron"], "p1", "j", 1_500)
+    spec = {"expression": "*/2 * * * * *", "timezone": "UTC"}
+    view = await schedule(harness, "j")
+    runs = sorted(await harness.reader.recent_runs(limit=1000, trigger_id="j"),
+                  key=lambda r: r.scheduled_for_ms)
+    assert view.jitter_ms == 1_500
+    expected = [jitter.first_after_nominal(spec, view.published_at_ms)]
+    while expected[-1] < view.next_fire_at_ms:
+        expected.append(jitter.next_after(spec, expected[-1]))
+    assert [r.scheduled_for_ms for r in runs] + [view.next_fire_at_ms] == expected
+    assert len(runs) >= 5
+    for run in runs:
+        nominal = jitter.nominal_of(spec, run.scheduled_for_ms)
+        assert run.jitter_ms == run.scheduled_for_ms - nominal and 0 <= run.jitter_ms < 1_500
+        assert nominal % (2 * SECOND) == 0
+    assert len({r.jitter_ms for r in runs}) > 1  # drawn per occurrence, not once per trigger
 
 
 # ---- initialize, fire, misfire ----------------------------------------------------------------

@@ -61,7 +61,7 @@ WHERE s.trigger_id = picked.trigger_id
 RETURNING s.trigger_id, s.project_id, t.task_id, s.trigger_revision, s.next_fire_at_ms,
           s.last_scheduled_at_ms, s.state_version, s.claim_owner, s.claim_token::text,
           s.claim_version, s.claim_expires_at_ms, t.trigger_revision AS head_revision, t.kind,
-          t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.enabled, t.content_digest,
+          t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.enabled, t.content_digest, t.jitter_ms,
           k.task_revision, k.content_digest AS task_digest, clock.now_ms AS observed_at_ms,
           s.published_at_ms, s.ctid::text AS row_tid
 
@@ -87,5 +87,26 @@ WHERE s.trigger_id = %(trigger_id)s
   AND s.claim_owner = %(owner)s
   AND s.claim_token = %(token)s::uuid
   AND s.claim_version = %(claim_version)s
+  AND s.claim_expires_at_ms > clock.now_ms
+RETURNING s.trigger_id
+
+-- name: release_owner_claims
+-- An orderly stop gives back every claim this replica still holds: its owner (distinct per start)
+-- is part of each claim's fence, and no round of this replica runs any more. Clears owner, token
+-- and expiry and bumps state_version, as release_claim does, so another replica claims the rows
+-- at its next round instead of a lease later. A commit of this replica still in flight on the
+-- server (a round cut at its bound) either lands first and is kept, or finds its fence gone and
+-- writes nothing. One row per claim given back.
+WITH clock AS MATERIALIZED (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+)
+UPDATE qinglong.trigger_schedules s
+SET claim_owner = NULL,
+    claim_token = NULL,
+    claim_expires_at_ms = NULL,
+    state_version = s.state_version + 1,
+    updated_at_ms = clock.now_ms
+FROM clock
+WHERE s.claim_owner = %(owner)s
   AND s.claim_expires_at_ms > clock.now_ms
 RETURNING s.trigger_id

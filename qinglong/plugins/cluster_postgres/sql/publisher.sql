@@ -46,7 +46,7 @@ VALUES (%(project_id)s, %(task_id)s, %(task_revision)s, 'remote_worker', %(spec_
 -- name: lock_trigger_head
 -- Reads a trigger head for update (trigger ids are unique across projects).
 SELECT project_id, task_id, trigger_revision, kind, spec_json, misfire_policy, misfire_grace_ms,
-       enabled, content_digest
+       enabled, content_digest, jitter_ms
 FROM qinglong.triggers WHERE trigger_id = %(trigger_id)s
 FOR UPDATE
 
@@ -54,14 +54,16 @@ FOR UPDATE
 -- Writes a trigger head at a new revision.
 INSERT INTO qinglong.triggers (trigger_id, project_id, task_id, trigger_revision, kind, spec_json,
                                misfire_policy, misfire_grace_ms, enabled, content_digest,
-                               updated_at_ms)
+                               updated_at_ms, jitter_ms)
 VALUES (%(trigger_id)s, %(project_id)s, %(task_id)s, %(trigger_revision)s, %(kind)s,
         %(spec_json)s::jsonb, %(misfire_policy)s, %(misfire_grace_ms)s, %(enabled)s,
-        %(content_digest)s, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+        %(content_digest)s, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+        %(jitter_ms)s)
 ON CONFLICT (trigger_id) DO UPDATE
 SET task_id = excluded.task_id, trigger_revision = excluded.trigger_revision,
     kind = excluded.kind, spec_json = excluded.spec_json, misfire_policy = excluded.misfire_policy,
     misfire_grace_ms = excluded.misfire_grace_ms, enabled = excluded.enabled,
+    jitter_ms = excluded.jitter_ms,
     content_digest = excluded.content_digest, updated_at_ms = excluded.updated_at_ms
 
 -- name: reset_schedule
@@ -142,7 +144,7 @@ ORDER BY k.task_id
 -- name: project_trigger_heads
 -- A project's trigger heads, by id.
 SELECT trigger_id, project_id, task_id, trigger_revision, kind, spec_json, misfire_policy,
-       misfire_grace_ms, enabled, content_digest
+       misfire_grace_ms, enabled, content_digest, jitter_ms
 FROM qinglong.triggers WHERE project_id = %(project_id)s ORDER BY trigger_id
 
 -- name: triggers_of_task

@@ -6,7 +6,7 @@ LIMIT %(limit)s::bigint
 -- name: list_triggers
 -- Current trigger heads, optionally of one project (NULL = all), at most %(limit)s (NULL = all).
 SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfire_policy,
-       misfire_grace_ms, enabled, content_digest
+       misfire_grace_ms, enabled, content_digest, jitter_ms
 FROM qinglong.triggers
 WHERE %(project_id)s::text IS NULL OR project_id = %(project_id)s::text
 ORDER BY project_id, trigger_id
@@ -21,7 +21,7 @@ LIMIT %(limit)s::bigint
 -- from the cursor on through an index condition and in index order, so a page costs its own
 -- rows whatever the number of schedules, and nothing is sorted.
 (SELECT t.project_id, t.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,
-        t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms
+        t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms, t.jitter_ms
  FROM qinglong.trigger_schedules s
  JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
  WHERE s.next_fire_at_ms IS NULL
@@ -32,7 +32,7 @@ LIMIT %(limit)s::bigint
  LIMIT %(limit)s::bigint)
 UNION ALL
 (SELECT t.project_id, t.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,
-        t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms
+        t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms, t.jitter_ms
  FROM qinglong.trigger_schedules s
  JOIN qinglong.triggers t ON t.trigger_id = s.trigger_id
  WHERE s.next_fire_at_ms IS NOT NULL
@@ -72,7 +72,7 @@ SET last_round_at_ms = greatest(r.last_round_at_ms, excluded.last_round_at_ms),
 -- name: recent_runs
 -- The newest Runs first, optionally of one trigger.
 SELECT run_id::text, project_id, trigger_id, trigger_revision, scheduled_for_ms, admitted_at_ms,
-       state, idempotency_key
+       state, idempotency_key, jitter_ms
 FROM qinglong.runs
 WHERE %(trigger_id)s::text IS NULL OR trigger_id = %(trigger_id)s::text
 ORDER BY admitted_at_ms DESC, run_id

@@ -31,7 +31,7 @@ SELECT r.run_id::text AS run_id, r.project_id, r.task_id, r.trigger_id, r.schedu
 -- still returns the Run if it has none).
 SELECT r.run_id::text AS run_id, r.project_id, r.task_id, r.trigger_id, r.scheduled_for_ms,
        r.admitted_at_ms, r.state AS run_state, r.finished_at_ms AS run_finished_at_ms,
-       r.reason AS run_reason, r.idempotency_key, r.task_revision,
+       r.reason AS run_reason, r.idempotency_key, r.task_revision, r.jitter_ms,
        a.attempt_id::text AS attempt_id, a.attempt_no, a.state, a.executor, a.created_at_ms,
        a.not_before_ms, a.started_at_ms, a.finished_at_ms, a.exit_code, a.signal,
        a.finished_at_ms - a.started_at_ms AS duration_ms, a.log_bytes, a.log_dropped_bytes,

@@ -197,7 +197,7 @@ SELECT r.run_id, r.project_id, r.task_id, r.trigger_id, r.scheduled_for_ms, r.ad
 -- name: exec_run
 -- One Run with the summary fields of its Attempts.
 SELECT r.run_id, r.project_id, r.task_id, r.trigger_id, r.scheduled_for_ms, r.admitted_at_ms,
-       r.state, r.finished_at_ms, r.reason, r.idempotency_key, r.task_revision,
+       r.state, r.finished_at_ms, r.reason, r.idempotency_key, r.task_revision, r.jitter_ms,
        (SELECT count(*) FROM attempts WHERE run_id = r.run_id) AS attempts,
        (SELECT exit_code FROM attempts WHERE run_id = r.run_id AND finished_at_ms IS NOT NULL
          ORDER BY attempt_no DESC LIMIT 1) AS exit_code,
@@ -219,6 +219,22 @@ SELECT attempt_id, attempt_dir
   FROM attempts INDEXED BY attempts_log_kept
  WHERE finished_at_ms IS NOT NULL AND attempt_dir IS NOT NULL AND log_deleted_at_ms IS NULL
    AND finished_at_ms < :before
+ ORDER BY finished_at_ms
+ LIMIT :limit;
+
+-- name: exec_logs_for_space
+-- Ended Attempts whose log still exists under a directory (a prefix of attempt_dir, ending in
+-- '/'), oldest end first, except the newest :keep of each task: what a free-space floor may delete.
+SELECT attempt_id, attempt_dir
+  FROM (SELECT a.attempt_id, a.attempt_dir, a.finished_at_ms,
+               ROW_NUMBER() OVER (PARTITION BY r.project_id, r.task_id
+                                  ORDER BY a.finished_at_ms DESC, a.attempt_id DESC) AS newest
+          FROM attempts AS a INDEXED BY attempts_log_kept
+          JOIN runs AS r ON r.run_id = a.run_id
+         WHERE a.finished_at_ms IS NOT NULL AND a.attempt_dir IS NOT NULL
+           AND a.log_deleted_at_ms IS NULL)
+ WHERE newest > :keep
+   AND substr(attempt_dir, 1, length(:under)) = :under
  ORDER BY finished_at_ms
  LIMIT :limit;
 
@@ -251,3 +267,14 @@ DELETE FROM attempts WHERE run_id = ?;
 -- name: exec_delete_run
 -- A pruned Run (its events and Attempts went first; its manual key, if any, stays).
 DELETE FROM runs WHERE run_id = ?;
+
+-- name: exec_insert_run_skip
+-- A Run skipped before it started, as a skip record (its Run's row is deleted next).
+INSERT INTO run_skips (run_id, project_id, task_id, trigger_id, scheduled_for_ms, reason, recorded_at_ms)
+SELECT run_id, project_id, task_id, trigger_id, scheduled_for_ms, :reason, :now
+  FROM runs WHERE run_id = :run_id;
+
+-- name: exec_recent_run_skips
+-- The newest Runs skipped before they started, newest first.
+SELECT run_id, project_id, task_id, trigger_id, scheduled_for_ms, reason, recorded_at_ms
+  FROM run_skips ORDER BY id DESC LIMIT :limit;

@@ -32,15 +32,16 @@ VALUES (:project_id, :task_id, :revision, :payload, :digest, :now);
 -- name: trigger_by_id
 -- A trigger's head row (trigger ids are global).
 SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfire_policy,
-       misfire_grace_ms, enabled, content_digest
+       misfire_grace_ms, enabled, content_digest, jitter_ms
   FROM triggers WHERE trigger_id = ?;
 
 -- name: upsert_trigger_head
 -- Write a trigger's new head revision.
 INSERT INTO triggers (trigger_id, project_id, task_id, trigger_revision, kind, spec_json,
-                      misfire_policy, misfire_grace_ms, enabled, content_digest, updated_at_ms)
+                      misfire_policy, misfire_grace_ms, enabled, content_digest, updated_at_ms,
+                      jitter_ms)
 VALUES (:trigger_id, :project_id, :task_id, :revision, :kind, :spec, :policy, :grace, :enabled,
-        :digest, :now)
+        :digest, :now, :jitter)
 ON CONFLICT (trigger_id) DO UPDATE
    SET task_id = excluded.task_id,
        trigger_revision = excluded.trigger_revision,
@@ -48,6 +49,7 @@ ON CONFLICT (trigger_id) DO UPDATE
        spec_json = excluded.spec_json,
        misfire_policy = excluded.misfire_policy,
        misfire_grace_ms = excluded.misfire_grace_ms,
+       jitter_ms = excluded.jitter_ms,
        enabled = excluded.enabled,
        content_digest = excluded.content_digest,
        updated_at_ms = excluded.updated_at_ms;

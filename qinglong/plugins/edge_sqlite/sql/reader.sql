@@ -5,13 +5,13 @@ SELECT project_id, name, active FROM projects WHERE deleted_at_ms IS NULL ORDER 
 -- name: list_triggers
 -- Trigger heads by project and id.
 SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfire_policy,
-       misfire_grace_ms, enabled, content_digest
+       misfire_grace_ms, enabled, content_digest, jitter_ms
   FROM triggers ORDER BY project_id, trigger_id;
 
 -- name: list_triggers_of_project
 -- One project's trigger heads by id.
 SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfire_policy,
-       misfire_grace_ms, enabled, content_digest
+       misfire_grace_ms, enabled, content_digest, jitter_ms
   FROM triggers WHERE project_id = ? ORDER BY trigger_id;
 
 -- name: list_schedules_uninitialized
@@ -19,7 +19,7 @@ SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfi
 -- after the keyset (:after_project, :after_trigger), at most :limit. A range of the due index read
 -- in index order from the cursor on: a page costs its own rows, nothing is sorted.
 SELECT s.project_id, s.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,
-       t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms
+       t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms, t.jitter_ms
   FROM trigger_schedules AS s INDEXED BY trigger_schedules_due
  CROSS JOIN triggers AS t ON t.trigger_id = s.trigger_id
  WHERE s.next_fire_at_ms IS NULL
@@ -31,7 +31,7 @@ SELECT s.project_id, s.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.en
 -- Schedules with a cursor, oldest first, then by project and trigger, after the keyset
 -- (:after_next, :after_project, :after_trigger), at most :limit; the second range of the due index.
 SELECT s.project_id, s.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.enabled,
-       t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms
+       t.misfire_policy, s.next_fire_at_ms, s.last_scheduled_at_ms, s.published_at_ms, t.jitter_ms
   FROM trigger_schedules AS s INDEXED BY trigger_schedules_due
  CROSS JOIN triggers AS t ON t.trigger_id = s.trigger_id
  WHERE s.next_fire_at_ms IS NOT NULL
@@ -42,13 +42,13 @@ SELECT s.project_id, s.trigger_id, s.trigger_revision, t.kind, t.spec_json, t.en
 -- name: recent_runs
 -- The newest Runs first (rowid follows insertion order).
 SELECT run_id, project_id, trigger_id, trigger_revision, scheduled_for_ms, admitted_at_ms, state,
-       idempotency_key
+       idempotency_key, jitter_ms
   FROM runs ORDER BY rowid DESC LIMIT ?;
 
 -- name: recent_runs_of_trigger
 -- One trigger's newest occurrences first.
 SELECT run_id, project_id, trigger_id, trigger_revision, scheduled_for_ms, admitted_at_ms, state,
-       idempotency_key
+       idempotency_key, jitter_ms
   FROM runs WHERE trigger_id = ? ORDER BY scheduled_for_ms DESC LIMIT ?;
 
 -- name: recent_skips

@@ -5,7 +5,7 @@
 -- CROSS JOIN pins the schedule index as the driving loop, so the scan stops after one page.
 SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
        s.last_scheduled_at_ms, s.state_version, s.published_at_ms,
-       t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms,
+       t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.jitter_ms,
        t.content_digest AS trigger_digest, k.task_revision, k.content_digest AS task_digest,
        CASE WHEN json_type(k.payload_json, '$.executor') = 'text'
             THEN json_extract(k.payload_json, '$.executor') ELSE 'local_process' END AS executor
@@ -27,7 +27,7 @@ SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
 -- after the keyset (:after_next, :after_project, :after_trigger) and not held as undecidable.
 SELECT s.trigger_id, s.project_id, s.trigger_revision, s.next_fire_at_ms,
        s.last_scheduled_at_ms, s.state_version, s.published_at_ms,
-       t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms,
+       t.task_id, t.kind, t.spec_json, t.misfire_policy, t.misfire_grace_ms, t.jitter_ms,
        t.content_digest AS trigger_digest, k.task_revision, k.content_digest AS task_digest,
        CASE WHEN json_type(k.payload_json, '$.executor') = 'text'
             THEN json_extract(k.payload_json, '$.executor') ELSE 'local_process' END AS executor
@@ -64,8 +64,8 @@ UPDATE trigger_schedules
 -- A queued Run for one admitted occurrence; the UNIQUE idempotency key refuses a second one.
 INSERT INTO runs (run_id, project_id, trigger_id, trigger_revision, task_id, task_revision,
                   task_digest, scheduled_for_ms, admitted_at_ms, queued_at_ms, state,
-                  idempotency_key)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?);
+                  idempotency_key, jitter_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?);
 
 -- name: insert_attempt
 -- The Run's first Attempt, claimed for the executor its task names; every dispatch field is NULL.

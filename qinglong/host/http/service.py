@@ -1,0 +1,101 @@
+"""``qinglong api``: the management API as a process of its own (the cluster's, any number behind
+a Service, holding the admin role's DSN so the scheduler replicas keep only the runtime role).
+Stateless: every request reads the store. Probes: alive while the process serves; ready while the
+store answered its last readiness check (read at most once per second)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from qinglong.contracts.diagnostics import DiagnosticEvent
+from qinglong.contracts.errors import QinglongError
+
+from ..settings import LoadedSettings
+from . import build_api, check_api_exposure, require_http_extra, resolve_token
+from .app import Guard, Limits, Method, RouteSpec, build_app
+from .auth import Authenticator, FailureLimiter
+from .server import HttpStartError, Listener, Probes, emitter
+
+READINESS_EVERY_S = 1.0
+
+
+class ApiProcess:
+    def __init__(self, loaded: LoadedSettings, backend: Any, providers: Any, diagnostics: Any, version: str) -> None:
+        if not loaded.settings.http.listen:
+            from qinglong.contracts.errors import SettingsError
+
+            raise SettingsError(f"invalid settings: {loaded.origin(('http', 'listen'))}: key 'http.listen': "
+                                "`qinglong api` serves on the [http] listener: set [http] listen.")
+        require_http_extra(loaded)
+        token = resolve_token(loaded)
+        self.ssl_files = check_api_exposure(loaded, always=True)
+        self.loaded = loaded
+        self.backend = backend
+        self.diagnostics = diagnostics
+        self.stopping = False
+        self._ready: tuple[float, bool] = (0.0, False)
+        api = build_api(loaded, backend, providers)
+        from .metrics import CONTENT_TYPE_LATEST, Metrics, StatsCache
+
+        self.cache = StatsCache(backend.reader())
+        self.metrics = Metrics(self.cache, profile=loaded.profile.name, version=version, running=lambda: None)
+
+        async def scrape(request: Any, principal: Any) -> Any:
+            from starlette.responses import Response
+
+            return Response(await self.metrics.scrape(), media_type=CONTENT_TYPE_LATEST)
+
+        probes = Probes(lambda: None, self._readiness)
+        specs = probes.routes() + [
+            RouteSpec("/metrics", {"GET": Method("read", scrape, "Prometheus metrics", scrape=True)})] + api.routes()
+        settings = loaded.settings.api
+        authenticator = Authenticator(scrape_token=token, lookup=api.lookup_token,
+                                      limiter=FailureLimiter(settings.failed_auth_burst, settings.failed_auth_per_second))
+        guard = Guard(authenticator, trusted_proxies=tuple(settings.trusted_proxies) if settings.behind_proxy else ())
+        http = loaded.settings.http
+        self.app = build_app(specs, guard, Limits(http.max_body_bytes, http.max_connections, http.max_header_bytes),
+                             emitter(diagnostics))
+        self.listener = Listener(self.app, http, ssl_files=self.ssl_files)
+        self._checker: asyncio.Task | None = None
+
+    def _readiness(self) -> tuple[bool, str]:
+        if self.stopping:
+            return False, "stopping: the process is shutting down"
+        return (True, "ready") if self._ready[1] else (False, "not ready")
+
+    async def _check_store(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self.backend.check_readiness(), 5)
+                ready = True
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self._ready[1]:
+                    self.diagnostics.emit(DiagnosticEvent("warning", "api.store_not_ready",
+                                                          f"the store is not ready: {type(exc).__name__}"))
+                ready = False
+            self._ready = (time.monotonic(), ready)
+            await asyncio.sleep(READINESS_EVERY_S)
+
+    async def start(self) -> None:
+        self._checker = asyncio.create_task(self._check_store())
+        try:
+            bound = await self.listener.start()
+        except OSError as exc:
+            raise HttpStartError(f"the API cannot listen on {self.loaded.settings.http.listen} (key 'http.listen'): "
+                                 f"{exc.strerror or exc.__class__.__name__}") from None
+        self.diagnostics.emit(DiagnosticEvent("info", "http.listening", f"HTTP surface listening on {bound}"
+                                              + (" (TLS)" if self.ssl_files else ""), {"listen": bound}))
+
+    async def stop(self) -> None:
+        self.stopping = True
+        await self.listener.close()
+        if self._checker is not None:
+            self._checker.cancel()
+            try:
+                await self._checker
+            except (asyncio.CancelledError, QinglongError):
+                pass

@@ -1,0 +1,63 @@
+"""Making and revoking API tokens, and reading the audit log: one implementation for the CLI
+(``qinglong token``, ``qinglong audit``) and the API (``/api/v1/tokens``, ``/api/v1/audit``)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Sequence
+
+from qinglong.contracts.capabilities import TokenBackend
+from qinglong.contracts.errors import UserError
+from qinglong.contracts.store import check_identifier
+from qinglong.contracts.tokens import (
+    AuditEntry,
+    TokenRecord,
+    TokenStore,
+    check_scope,
+    check_token_name,
+    new_secret,
+    token_digest,
+)
+
+#: The longest a token may live (``--expires``): ten years.
+MAX_EXPIRY_MS = 10 * 365 * 86_400_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def token_store_of(backend: Any) -> TokenStore:
+    if not isinstance(backend, TokenBackend):
+        raise UserError(f"the {getattr(backend, 'name', 'profile')} backend keeps no API tokens")
+    return backend.tokens()
+
+
+async def create_token(store: TokenStore, name: str, scope: str, projects: Sequence[str] = (),
+                       expires_in_ms: int | None = None, *, actor: str = "cli", actor_id: str | None = None,
+                       source: str = "local") -> tuple[TokenRecord, str]:
+    """A new token and its secret (shown once; only its digest is stored), with its audit entry."""
+    check_token_name(name)
+    check_scope(scope)
+    for project in projects:
+        check_identifier("project_id", project)
+    if expires_in_ms is not None and not 0 < expires_in_ms <= MAX_EXPIRY_MS:
+        raise UserError("--expires: expected a duration from 1s to 3650d")
+    at = now_ms()
+    record = TokenRecord(uuid.uuid4().hex, name, scope, tuple(sorted(set(projects))), at,
+                         at + expires_in_ms if expires_in_ms is not None else None, None)
+    secret = new_secret()
+    audit = AuditEntry(at, actor, actor_id, source, "token.create", name, "ok",
+                       {"scope": scope, "projects": list(record.projects), "expires_at_ms": record.expires_at_ms,
+                        "token_id": record.token_id})
+    await store.create_token(record, token_digest(secret), audit)
+    return record, secret
+
+
+async def revoke_token(store: TokenStore, name: str, *, actor: str = "cli", actor_id: str | None = None,
+                       source: str = "local") -> TokenRecord:
+    check_token_name(name)
+    at = now_ms()
+    audit = AuditEntry(at, actor, actor_id, source, "token.revoke", name, "ok")
+    return await store.revoke_token(name, at, audit)

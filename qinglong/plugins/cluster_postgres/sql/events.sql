@@ -1,0 +1,116 @@
+-- The outbox (events.py), as the runtime role: routing events to channels, claiming the
+-- deliveries due (held by a lease, so two replicas never send one together), recording each
+-- try. The scans read partial indexes of what waits, never the history.
+
+-- name: events_unrouted
+-- Events not routed yet, in seq order; another replica routing them meanwhile is skipped.
+SELECT o.seq, o.event_id::text AS event_id, o.kind, o.subject, o.project_id, o.task_id,
+       o.trigger_id, o.run_id::text AS run_id, o.state, o.exit_code, o.duration_ms, o.reason,
+       o.notify_json, o.detail_json, o.at_ms
+FROM qinglong.event_outbox o
+WHERE o.routed_at_ms IS NULL
+ORDER BY o.seq
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: events_insert_delivery
+-- One pending delivery of an event on a channel (routing it again creates nothing).
+INSERT INTO qinglong.event_deliveries (event_seq, channel, subject, state, next_try_at_ms,
+                                       created_at_ms)
+VALUES (%(seq)s, %(channel)s, %(subject)s, 'pending', %(now)s, %(now)s)
+ON CONFLICT DO NOTHING;
+
+-- name: events_mark_routed
+-- An event routed: its deliveries exist (or it has none).
+UPDATE qinglong.event_outbox SET routed_at_ms = %(now)s
+WHERE seq = %(seq)s AND routed_at_ms IS NULL;
+
+-- name: events_claim_due
+-- Pending deliveries that head their channel and subject, due and not held, oldest first; each
+-- is held until %(until)s.
+WITH due AS (
+    SELECT d.event_seq, d.channel
+    FROM qinglong.event_deliveries d
+    WHERE d.state = 'pending' AND d.next_try_at_ms <= %(now)s
+      AND (d.lease_until_ms IS NULL OR d.lease_until_ms <= %(now)s)
+      AND NOT EXISTS (SELECT 1 FROM qinglong.event_deliveries e
+                      WHERE e.state = 'pending' AND e.channel = d.channel
+                        AND e.subject = d.subject AND e.event_seq < d.event_seq)
+    ORDER BY d.event_seq, d.channel
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE qinglong.event_deliveries d SET lease_until_ms = %(until)s
+FROM due
+WHERE d.event_seq = due.event_seq AND d.channel = due.channel
+RETURNING d.event_seq, d.channel;
+
+-- name: events_deliveries_by_key
+-- Deliveries with their events, by (seq, channel) pairs.
+SELECT d.channel, d.state AS delivery_state, d.tries, d.next_try_at_ms, d.last_error,
+       d.delivered_at_ms, d.created_at_ms,
+       o.seq, o.event_id::text AS event_id, o.kind, o.subject, o.project_id, o.task_id,
+       o.trigger_id, o.run_id::text AS run_id, o.state, o.exit_code, o.duration_ms, o.reason,
+       o.notify_json, o.detail_json, o.at_ms
+FROM qinglong.event_deliveries d
+JOIN qinglong.event_outbox o ON o.seq = d.event_seq
+WHERE (d.event_seq, d.channel) IN (SELECT * FROM unnest(%(seqs)s::bigint[], %(channels)s::text[]))
+ORDER BY d.event_seq, d.channel;
+
+-- name: events_record_try
+-- One try of a pending delivery (identified by its event's id): delivered, pending again at
+-- %(next)s, or dead. Returns the delivery's state after (a row even when nothing changed).
+WITH target AS (
+    SELECT d.event_seq, d.channel
+    FROM qinglong.event_deliveries d
+    JOIN qinglong.event_outbox o ON o.seq = d.event_seq
+    WHERE o.event_id = %(event_id)s::uuid AND d.channel = %(channel)s
+),
+moved AS (
+    UPDATE qinglong.event_deliveries d
+    SET state = %(state)s, tries = d.tries + 1,
+        next_try_at_ms = coalesce(%(next)s::bigint, d.next_try_at_ms),
+        lease_until_ms = NULL, last_error = %(error)s,
+        delivered_at_ms = CASE WHEN %(state)s = 'delivered' THEN %(now)s::bigint END
+    FROM target t
+    WHERE d.event_seq = t.event_seq AND d.channel = t.channel AND d.state = 'pending'
+    RETURNING d.state
+)
+SELECT coalesce((SELECT m.state FROM moved m),
+                (SELECT d.state FROM qinglong.event_deliveries d JOIN target t
+                   ON d.event_seq = t.event_seq AND d.channel = t.channel)) AS state;
+
+-- name: events_list_deliveries
+-- Deliveries newest first, optionally of one state.
+SELECT d.channel, d.state AS delivery_state, d.tries, d.next_try_at_ms, d.last_error,
+       d.delivered_at_ms, d.created_at_ms,
+       o.seq, o.event_id::text AS event_id, o.kind, o.subject, o.project_id, o.task_id,
+       o.trigger_id, o.run_id::text AS run_id, o.state, o.exit_code, o.duration_ms, o.reason,
+       o.notify_json, o.detail_json, o.at_ms
+FROM qinglong.event_deliveries d
+JOIN qinglong.event_outbox o ON o.seq = d.event_seq
+WHERE (%(state)s::text IS NULL OR d.state = %(state)s::text)
+ORDER BY d.event_seq DESC, d.channel
+LIMIT %(limit)s;
+
+-- name: events_list
+-- Events newest first.
+SELECT o.seq, o.event_id::text AS event_id, o.kind, o.subject, o.project_id, o.task_id,
+       o.trigger_id, o.run_id::text AS run_id, o.state, o.exit_code, o.duration_ms, o.reason,
+       o.notify_json, o.detail_json, o.at_ms
+FROM qinglong.event_outbox o
+ORDER BY o.seq DESC
+LIMIT %(limit)s;
+
+-- name: events_run_context
+-- A Run's last Attempt (its shipped log's size) and its task revision's payload (the env).
+SELECT a.attempt_id::text AS attempt_id,
+       (SELECT coalesce(max(l.offset_bytes + octet_length(l.data)), 0)
+          FROM qinglong.attempt_logs l WHERE l.attempt_id = a.attempt_id) AS stored_bytes,
+       v.payload_json
+FROM qinglong.runs r
+LEFT JOIN LATERAL (SELECT x.attempt_id FROM qinglong.attempts x WHERE x.run_id = r.run_id
+                   ORDER BY x.attempt_no DESC LIMIT 1) a ON true
+LEFT JOIN qinglong.task_revisions v
+  ON v.project_id = r.project_id AND v.task_id = r.task_id AND v.task_revision = r.task_revision
+WHERE r.run_id = %(run_id)s::uuid;

@@ -1,0 +1,102 @@
+"""API tokens and the audit log in PostgreSQL (:class:`~qinglong.contracts.tokens.TokenStore`), on
+the admin role's pool. The publisher's transactions insert the pending audit entry of an API
+change (:func:`write_pending_audit`) before they commit."""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from qinglong.contracts.errors import AlreadyExists, NotFound
+from qinglong.contracts.tokens import AuditEntry, TokenRecord, pending_audit
+
+from .sql import query
+
+
+def _token(row: Mapping[str, Any]) -> TokenRecord:
+    return TokenRecord(row["token_id"], row["name"], row["scope"], tuple(row["projects"] or ()),
+                       row["created_at_ms"], row["expires_at_ms"], row["revoked_at_ms"])
+
+
+async def insert_audit(conn: Any, entry: AuditEntry) -> None:
+    async with conn.cursor() as cur:
+        await cur.execute(query("insert_audit"), {
+            "at": entry.at_ms, "actor": entry.actor, "token_id": entry.token_id, "source": entry.source,
+            "action": entry.action, "object": entry.object, "result": entry.result,
+            "detail": Jsonb(entry.detail)})
+
+
+async def write_pending_audit(conn: Any) -> Any:
+    """Insert the audit entry of the API change under way in this transaction; the scope to mark
+    written once the transaction committed (or None)."""
+    scope = pending_audit()
+    if scope is not None:
+        await insert_audit(conn, scope.entry)
+    return scope
+
+
+class ClusterTokens:
+    def __init__(self, pool_factory: Callable[[], Awaitable[Any]]) -> None:
+        self._pool_factory = pool_factory
+
+    async def _run(self, body: Callable[[Any], Awaitable[Any]]) -> Any:
+        pool = await self._pool_factory()
+        async with pool.connection() as conn:
+            async with conn.transaction():
+                return await body(conn)
+
+    async def create_token(self, record: TokenRecord, digest: str, audit: AuditEntry) -> None:
+        async def body(conn: Any) -> None:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query("insert_token"), {
+                    "token_id": record.token_id, "name": record.name, "digest": digest, "scope": record.scope,
+                    "projects": list(record.projects), "created": record.created_at_ms,
+                    "expires": record.expires_at_ms})
+                if await cur.fetchone() is None:
+                    raise AlreadyExists(f"a token named {record.name!r} exists already (revoke it first)")
+            await insert_audit(conn, audit)
+
+        await self._run(body)
+
+    async def revoke_token(self, name: str, now_ms: int, audit: AuditEntry) -> TokenRecord:
+        async def body(conn: Any) -> TokenRecord:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query("revoke_token"), {"name": name, "now": now_ms})
+                row = await cur.fetchone()
+            if row is None:
+                raise NotFound(f"no active token named {name!r}")
+            await insert_audit(conn, audit)
+            return _token(row)
+
+        return await self._run(body)
+
+    async def list_tokens(self) -> Sequence[TokenRecord]:
+        async def body(conn: Any) -> list[TokenRecord]:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query("list_tokens"))
+                return [_token(r) for r in await cur.fetchall()]
+
+        return await self._run(body)
+
+    async def token_by_digest(self, digest: str) -> TokenRecord | None:
+        async def body(conn: Any) -> TokenRecord | None:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query("token_by_digest"), {"digest": digest})
+                row = await cur.fetchone()
+            return _token(row) if row is not None else None
+
+        return await self._run(body)
+
+    async def record_audit(self, audit: AuditEntry) -> None:
+        await self._run(lambda conn: insert_audit(conn, audit))
+
+    async def list_audit(self, since_ms: int | None = None, limit: int = 100) -> Sequence[AuditEntry]:
+        async def body(conn: Any) -> list[AuditEntry]:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query("list_audit"), {"since": since_ms or 0, "limit": limit})
+                return [AuditEntry(r["at_ms"], r["actor"], r["token_id"], r["source"], r["action"], r["object"],
+                                   r["result"], dict(r["detail"]), r["entry_id"]) for r in await cur.fetchall()]
+
+        return await self._run(body)

@@ -1,0 +1,185 @@
+"""Late completions: an outcome that exists is reported, even after the worker lost its lease.
+
+A job can end on its own while its worker is frozen, cut off or killed. The outcome is real (the
+wrapper's receipt holds the exit status) and the Attempt's lease token proves it is this
+Attempt's, so the worker reports it through ``complete_late``; the store accepts it while no
+other Attempt of the Run has been leased, and records it as late.
+
+Before it spawns a job the worker writes the lease (``worker-lease``: the Attempt, its lease
+version and its token, mode 0600 in the private Attempt directory); once an outcome was
+accepted or definitely refused it writes ``worker-reported``. At start a worker looks through
+its log directory for Attempt directories with a lease, a receipt of a job that exited with a
+status, and no ``worker-reported``: the outcomes of the jobs its previous process did not
+report. A receipt of a job ended by a signal is not reported that way: the fence keeper sends
+those when the worker dies, so they say nothing about the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
+
+from qinglong.contracts.errors import StoreUnavailable
+from qinglong.contracts.execution import AttemptOutcome, AttemptState, Executor, ProcessState, classify_outcome
+from qinglong.contracts.worker import BadWorkerCall, CompletionResult, LeaseFence, LeaseFenced
+
+from .logship import log_size
+from .retention import _ATTEMPT_DIR
+
+if TYPE_CHECKING:
+    from .core import WorkerCore
+
+LEASE_FILE = "worker-lease"
+REPORTED_FILE = "worker-reported"
+#: Between tries of a late report the store did not answer, seconds.
+LATE_RETRY_S = 1.0
+#: Tries of one late report before it is left for the next start.
+LATE_TRIES = 30
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLease:
+    """What ``worker-lease`` holds."""
+
+    run_id: str
+    attempt_id: str
+    attempt_no: int
+    executor: str
+    lease: LeaseFence
+
+
+def write_lease(attempt_dir: str, run_id: str, attempt_no: int, executor: str, lease: LeaseFence) -> None:
+    """Write the lease into the (private) Attempt directory before the job is spawned."""
+    os.makedirs(attempt_dir, mode=0o700, exist_ok=True)
+    os.chmod(attempt_dir, 0o700)
+    body = json.dumps({"run_id": run_id, "attempt_id": lease.attempt_id, "attempt_no": attempt_no,
+                       "executor": executor, "lease_version": lease.lease_version,
+                       "token": lease.token.hex()})
+    path = os.path.join(attempt_dir, LEASE_FILE)
+    scratch = f"{path}.{os.getpid()}"
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, body.encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(scratch, path)
+
+
+def read_lease(attempt_dir: str) -> StoredLease | None:
+    """The lease written before the spawn, or None (none, or not readable as one)."""
+    try:
+        fd = os.open(os.path.join(attempt_dir, LEASE_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = json.loads(os.read(fd, 4096).decode("ascii"))
+        return StoredLease(str(data["run_id"]), str(data["attempt_id"]), int(data["attempt_no"]),
+                           str(data["executor"]),
+                           LeaseFence(str(data["attempt_id"]), int(data["lease_version"]),
+                                      bytes.fromhex(data["token"])))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def mark_reported(attempt_dir: str) -> None:
+    """Nothing more to report for this Attempt (best effort: a replay is answered already_done)."""
+    try:
+        fd = os.open(os.path.join(attempt_dir, REPORTED_FILE),
+                     os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def reported(attempt_dir: str) -> bool:
+    return os.path.lexists(os.path.join(attempt_dir, REPORTED_FILE))
+
+
+def found_outcome(executor: Executor, attempt_dir: str) -> AttemptOutcome | None:
+    """The outcome a restarted worker may report for a directory: its job ended and exited with
+    a status (see the module docstring), else None."""
+    try:
+        if executor.probe(attempt_dir, None) is not ProcessState.ENDED:
+            return None
+        receipt = executor.read_receipt(attempt_dir)
+    except Exception:
+        return None
+    if receipt is None or receipt.exit_code is None:
+        return None
+    return classify_outcome(receipt, None)
+
+
+async def report_late(core: "WorkerCore", run_id: str, attempt_dir: str, lease: LeaseFence,
+                      outcome: AttemptOutcome) -> bool:
+    """Report ``outcome`` through ``complete_late``; True when the store recorded it (or had).
+    A refusal (another Attempt started, or the Attempt ended otherwise) is final and reported."""
+    if outcome.state is AttemptState.LOST:
+        return False
+    final = outcome if outcome.log_bytes is not None else AttemptOutcome(
+        outcome.state, outcome.exit_code, outcome.signal, outcome.ended_at_ms, log_size(attempt_dir),
+        outcome.log_dropped_bytes, outcome.reason)
+    for _ in range(LATE_TRIES):
+        protocol = core.protocol
+        if protocol is None:
+            await asyncio.sleep(LATE_RETRY_S)
+            continue
+        try:
+            reply = await protocol.complete_late(core.config.worker_id, lease, final)
+        except StoreUnavailable as exc:
+            core.store_down(exc)
+            await asyncio.sleep(LATE_RETRY_S)
+            continue
+        except (LeaseFenced, BadWorkerCall) as exc:
+            mark_reported(attempt_dir)
+            core.emit("warning", "worker.late_refused",
+                      f"run {run_id}: its job ended {final.state.value} after this worker lost its lease, "
+                      f"and the store keeps another outcome: {exc}", run_id=run_id,
+                      attempt_id=lease.attempt_id, state=final.state.value, exit_code=final.exit_code)
+            return False
+        core.store_up()
+        mark_reported(attempt_dir)
+        core.stats.completed_late += 1
+        if reply.result is CompletionResult.ACCEPTED:
+            core.emit("warning", "worker.completed_late",
+                      f"run {run_id}: its job ended {final.state.value} after this worker lost its lease; "
+                      "the outcome was recorded late", run_id=run_id, attempt_id=lease.attempt_id,
+                      state=final.state.value, exit_code=final.exit_code, run_state=reply.run_state.value,
+                      log_bytes_stored=reply.log_bytes_stored, log_bytes=final.log_bytes)
+        return True
+    core.emit("warning", "worker.late_unreported",
+              f"run {run_id}: its late outcome could not be reported (the store did not answer); "
+              "the next start of this worker tries again", run_id=run_id, attempt_id=lease.attempt_id)
+    return False
+
+
+async def report_found(core: "WorkerCore", executors: Mapping[str, Executor]) -> int:
+    """At start: report every outcome a previous process of this worker left unreported (see the
+    module docstring); how many were recorded."""
+    log_dir = core.config.log_dir
+    try:
+        names = sorted(os.listdir(log_dir))
+    except OSError:
+        return 0
+    recorded = 0
+    for name in names:
+        if core.closing or not _ATTEMPT_DIR.match(name) or name in core.jobs:
+            continue
+        attempt_dir = os.path.join(log_dir, name)
+        if os.path.islink(attempt_dir) or reported(attempt_dir):
+            continue
+        stored = read_lease(attempt_dir)
+        if stored is None or stored.attempt_id != name:
+            continue
+        executor = executors.get(stored.executor)
+        outcome = found_outcome(executor, attempt_dir) if executor is not None else None
+        if outcome is None:
+            continue
+        if await report_late(core, stored.run_id, attempt_dir, stored.lease, outcome):
+            recorded += 1
+    return recorded

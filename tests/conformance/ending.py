@@ -1,0 +1,48 @@
+"""Ending Attempts on every backend, the way each really ends them: on SQLite the local
+dispatcher's calls on the execution store, on PostgreSQL a worker's calls through the worker
+protocol (the ``worker_ingress`` role). So the store figures about ends are checked on what each
+store really writes."""
+
+from __future__ import annotations
+
+import os
+
+from qinglong.contracts.execution import AttemptOutcome, AttemptState, ProcessHandle
+
+HANDLE = ProcessHandle("boot", 4242, 4242, 99)
+
+
+def outcome(state: str, exit_code: int | None = None) -> AttemptOutcome:
+    reason = {"lost": "the process ended without a completion receipt",
+              "timed_out": "the timeout passed"}.get(state)
+    return AttemptOutcome(AttemptState(state), exit_code=exit_code, log_bytes=0, reason=reason)
+
+
+async def end_current(h, run_id: str, result: AttemptOutcome) -> None:
+    """Dispatch, start and end the Run's current Attempt with ``result`` (the oldest waiting Run:
+    a worker claims in dispatch order)."""
+    execution = getattr(h.backend, "execution", None)
+    if execution is not None:
+        store = execution()
+        attempt = (await store.run_detail(run_id)).attempts[-1]
+        now = await h.now_ms()
+        assert await store.begin_dispatch(attempt.attempt_id, f"/logs/{attempt.attempt_id}",
+                                          now + 60_000, now)
+        assert await store.record_started(attempt.attempt_id, HANDLE, await h.now_ms())
+        from qinglong.contracts.execution import Actor
+
+        await store.record_finished(attempt.attempt_id, result, await h.now_ms(), Actor.COMPLETION)
+        return
+    from qinglong.plugins.cluster_postgres.worker_client import connect_worker_protocol
+
+    protocol = await connect_worker_protocol(h.dsn("qinglong_worker_ingress"), "conformance worker")
+    try:
+        session = await protocol.open_session(f"w-{run_id[:8]}", [], 256, 600_000)
+        # claims come in dispatch order: a test ends its Runs oldest first
+        (claimed,) = await protocol.claim(session.fence, [os.urandom(32)])
+        assert claimed.run_id == run_id, "end Runs in dispatch order (oldest first)"
+        await protocol.started(session.fence, claimed.lease)
+        await protocol.complete(session.fence, claimed.lease, result)
+        await protocol.close_session(session.fence)
+    finally:
+        await protocol.close()

@@ -1,0 +1,272 @@
+"""The management API under attack, over real TCP: every request answered as expected, and the
+store (every row of every table, the audit log included) the same before and after.
+
+Also: a walk over every route of the application proving deny by default."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+
+from api_helpers import Client, Plane, api_settings, cli, make_token, store_dump
+from host_helpers import wait_until
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
+
+
+def _raw(port: int, data: bytes, *, source: str = "127.0.0.1", timeout: float = 60) -> bytes:
+    """Send ``data`` and read until the server closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0)) as sock:
+        sock.sendall(data)
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _status(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+
+
+@pytest.fixture
+def attacked(tmp_path):
+    """A plane with a project, a task, a Run and three tokens; the store dumped once it settled."""
+    settings = api_settings(tmp_path, http='listen = "127.0.0.1:0"\nrequest_timeout_ms = 20000\nmax_body_bytes = 65536',
+                            extra="failed_auth_burst = 20\nfailed_auth_per_second = 0.01\n")
+    cli(settings, "project", "create", "ops")
+    cli(settings, "project", "create", "web")
+    cli(settings, "task", "put", "ops", "job", "--env", "API_KEY=hunter2-value", "--", "sh", "-c", "echo done")
+    cli(settings, "task", "run", "ops", "job", "--idempotency-key", "k1")
+    tokens = {"read": make_token(settings, "reader", "read"), "write": make_token(settings, "writer", "write"),
+              "web": make_token(settings, "webteam", "admin", "web")}
+    plane = Plane(settings)
+    client = Client(plane.port, tokens["read"])
+    wait_until(lambda: client.request("GET", "/api/v1/runs")[1]["runs"][0]["state"] == "succeeded",
+               "the Run to end", timeout=60, every=0.1, alive=plane.process)
+    client.close()
+    try:
+        yield plane, settings, tokens, store_dump(tmp_path / "q.db")
+    finally:
+        plane.stop()
+
+
+def _unchanged(settings, before):
+    assert store_dump(settings.parent / "q.db") == before, "the store changed"
+
+
+def test_path_variants_never_reach_a_route_without_its_token(attacked):
+    """If the component that decides protection parsed a path differently from the router (case,
+    doubled slashes, dot segments, encoded slashes), an unauthenticated request would publish a
+    task and run it: the hole that let attackers reset admins and run miners elsewhere."""
+    plane, settings, tokens, before = attacked
+    body = b'{"payload": {"command": ["sh", "-c", "id > /tmp/pwned"]}}'
+    variants = ["/api/v1/projects/ops/tasks/evil", "/API/v1/projects/ops/tasks/evil", "/Api/V1/projects/ops/tasks/evil",
+                "//api/v1/projects/ops/tasks/evil", "/api//v1/projects/ops/tasks/evil",
+                "/api/v1/projects/ops/tasks/evil/", "/api/v1/./projects/ops/tasks/evil",
+                "/api/v1/x/../projects/ops/tasks/evil", "/api/v1/%2e%2e/v1/projects/ops/tasks/evil",
+                "/api/v1/projects%2Fops%2Ftasks%2Fevil", "/api/v1/%70rojects/ops/tasks/evil",
+                "/api/v1/projects/ops/tasks/evil;x=1", "/livez/../api/v1/projects/ops/tasks/evil",
+                "/livez?/api/v1/projects/ops/tasks/evil", "/api/v1/projects/ops/tasks/" + "e" * 3000]
+    for path in variants:
+        answer = _raw(plane.port, f"PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                      "Connection: close\r\n\r\n".encode() + body)
+        assert _status(answer) in (401, 405), (path, answer[:200])
+        answer = _raw(plane.port, f"PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                      f"Authorization: Bearer {tokens['read']}\r\nConnection: close\r\n\r\n".encode() + body)
+        assert _status(answer) in (403, 404, 405, 422), (path, answer[:200])
+    invalid = _raw(plane.port, b"GET /api/v1/projects/\xff\xfe HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert _status(invalid) in (400, 401), invalid
+    overlong = _raw(plane.port, b"GET /api/v1/" + b"a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert _status(overlong) in (400, 414, 431), overlong[:100]
+    _unchanged(settings, before)
+
+
+def test_method_override_head_options_trace_and_authorization_variants(attacked):
+    """A method-override header honoured anywhere turns a read token's POST into a DELETE; a TRACE
+    echo reflects the token; a second Authorization header could be read by one layer and not
+    another; an expired or another project's token that still worked outlives its purpose."""
+    plane, settings, tokens, before = attacked
+    client = Client(plane.port)
+    try:
+        for header in ("X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"):
+            status, _, _ = client.request("POST", "/api/v1/projects/ops", headers={header: "DELETE"},
+                                          token=tokens["read"])
+            assert status == 405, header
+            status, _, _ = client.request("GET", "/api/v1/projects/ops", headers={header: "DELETE"},
+                                          token=tokens["write"])
+            assert status == 200
+        for method in ("HEAD", "OPTIONS", "TRACE", "PATCH", "CONNECTX"):
+            status, body, response = client.request(method, "/api/v1/projects")
+            assert status == 401, method
+        status, body, _ = client.request("TRACE", "/api/v1/projects", token=tokens["read"])
+        assert status == 405 and tokens["read"] not in str(body)
+        status, body, _ = client.request("HEAD", "/api/v1/projects", token=tokens["read"])
+        assert (status, body) == (200, None)
+        status, _, _ = client.request("OPTIONS", "/api/v1/projects", token=tokens["read"])
+        assert status == 405
+        read = tokens["read"]
+        doubled = _raw(plane.port, f"DELETE /api/v1/projects/ops HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {read}\r\n"
+                       f"Authorization: Bearer {tokens['write']}\r\nConnection: close\r\n\r\n".encode())
+        assert _status(doubled) == 401
+        lower = _raw(plane.port, f"GET /api/v1/projects HTTP/1.1\r\nhost: x\r\nauthorization: bearer {read}\r\n"
+                     "connection: close\r\n\r\n".encode())
+        assert _status(lower) == 200  # header names and the scheme are case-insensitive, the token is not
+        for value in (read.upper(), f"Basic {read}", read, f"Bearer {read} extra", "Bearer", "Bearer  "):
+            assert client.request("GET", "/api/v1/projects", headers={"Authorization": value})[0] == 401, value
+        status, body, _ = client.request("DELETE", "/api/v1/projects/ops", token=tokens["web"])
+        assert status == 404 and body["error"]["code"] == "unknown"
+        status, _, _ = client.request("GET", "/api/v1/runs?project=ops", token=tokens["web"])
+        assert status == 404
+    finally:
+        client.close()
+    _unchanged(settings, before)
+
+
+def test_a_token_revoked_between_two_requests_of_one_connection_fails_the_second(attacked):
+    """A revocation that waited for the connection to close would leave a stolen token working for
+    as long as the thief keeps one connection open; an expired token must fail the same way."""
+    plane, settings, tokens, before = attacked
+    client = Client(plane.port, tokens["write"])
+    try:
+        assert client.request("GET", "/api/v1/projects")[0] == 200
+        sock = client.conn.sock
+        cli(settings, "token", "revoke", "writer")
+        status, body, _ = client.request("DELETE", "/api/v1/projects/web")
+        assert client.conn.sock is sock, "the same connection"
+        assert status == 401 and body["error"]["code"] == "unauthorized"
+    finally:
+        client.close()
+    made = cli(settings, "token", "create", "brief", "--scope", "write", "--expires", "1s").strip()
+    expiring = Client(plane.port, made)
+    try:
+        wait_until(lambda: expiring.request("GET", "/api/v1/projects")[0] == 401, "the token to expire",
+                   timeout=60, every=0.2)
+        assert expiring.request("DELETE", "/api/v1/projects/web")[0] == 401
+    finally:
+        expiring.close()
+    after = store_dump(settings.parent / "q.db")
+    changed = [row for row in after if row not in before]
+    assert all(row[0] in ("api_tokens", "audit_log", "sqlite_sequence") for row in changed), changed  # the CLI's
+    assert not any(row[0] == "projects" for row in before if row not in after)
+
+
+def test_oversized_nested_slow_and_smuggled_requests_change_nothing(attacked):
+    """A body parser without bounds is a memory or recursion bomb on a router; a slow client pins a
+    connection; a request smuggled behind Content-Length and Transfer-Encoding runs unauthenticated
+    inside an authenticated one."""
+    plane, settings, tokens, before = attacked
+    write = tokens["write"]
+    client = Client(plane.port, write)
+    try:
+        status, body, _ = client.request("POST", "/api/v1/projects", b"{" + b" " * 70000 + b"}")
+        assert status == 413
+        nested = b'{"project_id": "deep", "name": ' + b"[" * 10000 + b"]" * 10000 + b"}"
+        status, body, _ = client.request("POST", "/api/v1/projects", nested)
+        assert status == 422 and "nested" in body["error"]["message"]
+        status, _, _ = client.request("POST", "/api/v1/projects", b"\xff\xfe{}")
+        assert status == 422
+        status, _, _ = client.request("POST", "/api/v1/projects", b'{"project_id": NaN}')
+        assert status == 422
+    finally:
+        client.close()
+    started = time.monotonic()
+    slow = _raw(plane.port, b"POST /api/v1/projects HTTP/1.1\r\nHost: x\r\nAuthori")
+    assert _status(slow) == 408 and time.monotonic() - started < 60
+    slow_body = _raw(plane.port, f"POST /api/v1/projects HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {write}\r\n"
+                     "Content-Length: 40\r\n\r\n{\"project_id\": ".encode())
+    assert _status(slow_body) in (0, 408, 422), slow_body  # cut, never created
+    smuggled = (f"POST /api/v1/projects HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {tokens['read']}\r\n"
+                "Content-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+                "DELETE /api/v1/projects/web HTTP/1.1\r\nHost: x\r\n\r\n").encode()
+    answer = _raw(plane.port, smuggled)
+    assert _status(answer) in (400, 411) and answer.count(b"HTTP/1.1 ") == 1, answer
+    te_only = (f"DELETE /api/v1/projects/web HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {write}\r\n"
+               "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n").encode()
+    assert _status(_raw(plane.port, te_only)) == 411
+    _unchanged(settings, before)
+
+
+def test_a_thousand_bad_tokens_from_one_address_are_refused_without_slowing_others(attacked):
+    """Guessing tokens without limit finds one eventually; a limit that also refused other
+    addresses would let one scanner lock every operator out."""
+    plane, settings, tokens, before = attacked
+    client = Client(plane.port)
+    statuses = []
+    try:
+        for n in range(1000):
+            statuses.append(client.request("GET", "/api/v1/projects", token=f"qlt_guess{n:04d}")[0])
+        assert set(statuses[:20]) == {401} and set(statuses[20:]) == {429}, statuses[:25]
+        other = Client(plane.port, tokens["read"])
+        other.conn.source_address = ("127.0.0.3", 0)
+        try:
+            assert other.request("GET", "/api/v1/projects")[0] == 200
+        finally:
+            other.close()
+        assert client.request("GET", "/livez", token="qlt_guess")[0] == 200  # the probes stay open
+    finally:
+        client.close()
+    _unchanged(settings, before)
+
+
+def test_every_route_denies_by_default(tmp_path):
+    """A route added without its protection (or a changing route a read token may call) is the
+    unauthenticated endpoint that gets a control plane taken over; this walks every route the
+    application has, whatever it is, rather than a list someone must remember to extend."""
+    from qinglong.host.containers import build_container
+    from qinglong.host.http.app import PUBLIC_PATHS, SAFE_METHODS
+    from qinglong.host.settings import load_settings
+
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    read = make_token(settings, "reader", "read")
+
+    async def scenario() -> list[tuple]:
+        lifecycle = build_container(load_settings(settings)).lifecycle()
+        await lifecycle.start()
+        try:
+            (surface,) = [c for c in lifecycle._started if c.name == "http"]
+            routes = surface.app.routes
+            assert len(routes) >= 20
+            loop = asyncio.get_running_loop()
+            seen = []
+            for route in routes:
+                spec = route.app.qinglong_route
+                path = spec.path.replace("{project}", "ops").replace("{task}", "t").replace(
+                    "{trigger}", "g").replace("{run}", "r").replace("{name}", "n")
+                for method in METHODS:
+                    declared = spec.methods.get("GET" if method == "HEAD" else method)
+                    bare = await loop.run_in_executor(None, _one, surface.port, method, path, None)
+                    with_read = await loop.run_in_executor(None, _one, surface.port, method, path, read)
+                    seen.append((method, spec.path, declared.scope if declared else None, bare, with_read))
+            return seen
+        finally:
+            await lifecycle.stop()
+
+    seen = asyncio.run(scenario())
+    for method, path, scope, bare, with_read in seen:
+        if path in PUBLIC_PATHS:
+            assert bare == with_read and bare in (200, 405), (method, path, bare)
+            continue
+        assert bare == 401, (method, path, bare)
+        if method not in SAFE_METHODS:
+            assert with_read in (403, 405), (method, path, with_read)
+        if scope == "admin":
+            assert with_read == 403, (method, path, with_read)
+    assert {p for _, p, *_ in seen} >= {"/api/v1/projects", "/api/v1/runs", "/metrics", "/"}
+
+
+def _one(port: int, method: str, path: str, token: str | None) -> int:
+    client = Client(port, token)
+    try:
+        return client.request(method, path, b"{}" if method in ("POST", "PUT", "PATCH") else None)[0]
+    finally:
+        client.close()
