@@ -29,11 +29,12 @@ systemd-sysusers /etc/sysusers.d/qinglong.conf
 # Settings: readable by the units' user (through its group), writable by root alone; a file
 # already there is yours and is left as it is.
 install -d -m 0750 -o root -g qinglong /etc/qinglong
-for name in qinglong.toml worker.toml; do
+for name in qinglong.toml worker.toml api.toml; do
     [ -e "/etc/qinglong/$name" ] || install -m 0640 -o root -g qinglong "$here/$name" "/etc/qinglong/$name"
 done
 
-install -m 0644 "$here/qinglong.service" "$here/qinglong-worker.service" /etc/systemd/system/
+install -m 0644 "$here/qinglong.service" "$here/qinglong-worker.service" "$here/qinglong-api.service" \
+    /etc/systemd/system/
 if [ -d /run/systemd/system ]; then
     systemctl daemon-reload
 fi

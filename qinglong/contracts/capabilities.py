@@ -11,6 +11,8 @@ backend author reads here exactly what the host may ask of an object and what it
   ``logs`` are refused naming the profile.
 * :class:`EventingBackend` (the backend's ``outbox()``): its store writes events out (an outbox)
   and ``qinglong run`` delivers them to the configured channels. Without it: no notifications.
+* :class:`AdmitsOccurrences` (the backend's ``occurrences()``): event sources (``at_start``, a
+  plugin's) may admit Runs. Without it: no event source is started.
 * :class:`MigratesAtStart` (the backend's ``auto_migrate``): without it the host never migrates
   at start, and the operator runs ``qinglong db migrate``.
 * :class:`StatusReader` (the reader's ``scheduler_status()``): without it ``qinglong schedules``
@@ -28,6 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # types only
+    from .event_sources import OccurrenceAdmission
     from .events import EventOutbox
     from .execution import ExecutionStore, RunControl
     from .records import SchedulerStatus
@@ -66,6 +69,16 @@ class EventingBackend(Protocol):
 
     def outbox(self) -> "EventOutbox | None":
         """The store's :class:`~qinglong.contracts.events.EventOutbox`, or None."""
+        ...
+
+
+@runtime_checkable
+class AdmitsOccurrences(Protocol):
+    """A backend whose store admits event sources' occurrences
+    (:mod:`qinglong.contracts.event_sources`)."""
+
+    def occurrences(self) -> "OccurrenceAdmission | None":
+        """The store's :class:`~qinglong.contracts.event_sources.OccurrenceAdmission`, or None."""
         ...
 
 
@@ -127,6 +140,7 @@ def proposed_log_dir(settings: object) -> str | None:
 
 
 __all__ = [
+    "AdmitsOccurrences",
     "EventingBackend",
     "ExecutingBackend",
     "LocalStoreSettings",

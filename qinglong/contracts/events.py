@@ -184,6 +184,11 @@ class EventOutbox(Protocol):
         """Events newest first."""
         ...
 
+    async def prune(self, older_than_ms: int, limit: int) -> int:
+        """Delete up to ``limit`` routed events older than ``older_than_ms`` whose deliveries all
+        ended (delivered or dead), with those deliveries; the number of events deleted."""
+        ...
+
     async def run_context(self, run_id: str, max_log_bytes: int) -> "RunContext":
         """What a message about the Run shows beyond its event: the tail of its last Attempt's log
         and the values of its task's environment (to redact from that tail)."""

@@ -24,7 +24,8 @@ Hooks are called in this order during ``qinglong run``:
 3. ``qinglong_executors`` when the profile executes Runs locally (edge, standalone), before the
    dispatcher starts;
 4. ``qinglong_lifecycle_components`` after the backend exists, before anything starts; then
-   ``qinglong_notifiers`` when ``[notifications]`` names channels and the backend keeps an outbox.
+   ``qinglong_notifiers`` when ``[notifications]`` names channels and the backend keeps an outbox;
+   ``qinglong_event_sources`` when the backend admits occurrences.
 
 ``qinglong_trigger_cli_options`` is called only by ``qinglong trigger add`` and ``trigger update``,
 before their command line is parsed. ``qinglong_cli_commands`` is called only when the command line
@@ -42,6 +43,7 @@ import pluggy
 if TYPE_CHECKING:  # types only; nothing here is imported at run time
     from .cli import CliCommand
     from .diagnostics import DiagnosticSink
+    from .event_sources import EventSourceContext
     from .events import NotifierSpec
     from .execution import ExecutorSpec
     from .worker import WorkerProtocolSpec
@@ -259,6 +261,28 @@ class QinglongHookSpecs:
         ``NotifierSpec`` is refused naming the plugin. Returning nothing offers no kind (a channel
         naming a kind nobody offers is a settings error listing the offered ones). Raising stops
         the command with ``PluginLoadError`` naming the plugin.
+        """
+
+    @hookspec
+    def qinglong_event_sources(self, context: "EventSourceContext") -> Iterable[LifecycleComponent]:
+        """Return event sources: components that admit Runs for what happened.
+
+        Called once by ``qinglong run`` after schema readiness and startup recovery, when the
+        backend admits occurrences (:class:`~qinglong.contracts.capabilities.AdmitsOccurrences`),
+        before anything is started. The components start with the ``stack`` phase, after the
+        scheduler, and are stopped before the database closes.
+
+        :param context: :class:`~qinglong.contracts.event_sources.EventSourceContext`: the
+            settings, the diagnostic sink, the clock, this start's identity, ``triggers(kind)``
+            (the enabled triggers of a kind) and ``admit(kind, trigger_id, event_id, payload)``,
+            the one way a source admits a Run: once per trigger and event id, only while the
+            trigger is of that kind and enabled, in one transaction of the store.
+        :returns: An iterable of :class:`LifecycleComponent`.
+
+        An item that is not a ``LifecycleComponent`` is refused naming the plugin. Returning
+        nothing adds no source. Raising stops ``qinglong run`` before anything started, with
+        ``PluginLoadError`` naming the plugin; a source whose ``start`` raises stops everything
+        already started.
         """
 
     @hookspec

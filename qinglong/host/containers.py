@@ -18,7 +18,12 @@ from typing import Any
 
 from dependency_injector import containers, providers
 
-from qinglong.contracts.capabilities import EventingBackend, ExecutingBackend, proposed_log_dir
+from qinglong.contracts.capabilities import (
+    AdmitsOccurrences,
+    EventingBackend,
+    ExecutingBackend,
+    proposed_log_dir,
+)
 from qinglong.contracts.errors import PluginLoadError, SettingsError
 from qinglong.contracts.execution import ExecutorContext, minimal_environment
 from qinglong.contracts.store import BackendContext, SchedulerBackendSpec, SchedulerLimits
@@ -206,16 +211,50 @@ def delivery_loop(host: PluginHost, loaded: LoadedSettings, backend: Any, sink: 
                               max(section.backoff_cap_ms, section.backoff_ms)),
         default_notify=NotifyPolicy(section.default), poll_ms=section.poll_ms,
         batch=section.batch, lease_ms=section.lease_ms, send_timeout_ms=section.send_timeout_ms,
-        concurrency=section.concurrency, log_lines=section.log_lines)
+        concurrency=section.concurrency, log_lines=section.log_lines,
+        retention_ms=int(section.retention_days * 86_400_000))
 
 
-def components_factory(host: PluginHost, loaded: LoadedSettings, sink: Any, clock_ms: Any) -> Any:
-    """``context -> components``: the host's own stack components (the event delivery loop) and
-    the plugins' (hook ``qinglong_lifecycle_components``)."""
+def boot_id() -> str | None:
+    """The kernel's id of this boot (Linux), or None."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def event_sources(host: PluginHost, loaded: LoadedSettings, backend: Any, sink: Any,
+                  clock_ms: Any, owner: str) -> list[Any]:
+    """The event sources (hook ``qinglong_event_sources``) when the backend admits occurrences,
+    each given the one admission function of the store."""
+    admission = backend.occurrences() if isinstance(backend, AdmitsOccurrences) else None
+    if admission is None:
+        return []
+    from qinglong.contracts.event_sources import EventSourceContext, start_identity
+
+    async def admit(kind: str, trigger_id: str, event_id: str, payload: Any = None) -> Any:
+        return await admission.admit_occurrence(kind, trigger_id, event_id, payload, clock_ms())
+
+    async def triggers(kind: str) -> list[Any]:
+        heads = await backend.reader().list_triggers()
+        return [h for h in heads if h.kind == kind and h.enabled]
+
+    context = EventSourceContext(loaded.settings, sink, clock_ms, start_identity(owner, boot_id()),
+                                 admit, triggers)
+    return host.event_sources(context)
+
+
+def components_factory(host: PluginHost, loaded: LoadedSettings, sink: Any, clock_ms: Any,
+                       owner: str) -> Any:
+    """``context -> components``: the host's own stack components (the event delivery loop),
+    the event sources and the plugins' (hook ``qinglong_lifecycle_components``)."""
 
     def build(context: Any) -> list[Any]:
         own = delivery_loop(host, loaded, context.backend, sink, clock_ms)
-        return ([own] if own is not None else []) + list(host.lifecycle_components(context))
+        return (([own] if own is not None else [])
+                + event_sources(host, loaded, context.backend, sink, clock_ms, owner)
+                + list(host.lifecycle_components(context)))
 
     return build
 
@@ -267,7 +306,7 @@ class HostContainer(containers.DeclarativeContainer):
                                              diagnostics, clock_ms)
     http_admission = providers.Singleton(http_admission, loaded)
     components_factory = providers.Singleton(components_factory, plugin_host, loaded, diagnostics,
-                                             clock_ms)
+                                             clock_ms, owner)
 
     lifecycle = providers.Singleton(
         Lifecycle,

@@ -10,7 +10,9 @@ keeps an outbox (:class:`~qinglong.contracts.capabilities.EventingBackend`). Eac
    for ``lease_ms`` so another replica's loop leaves it alone;
 3. sends them (at most ``concurrency`` at once), each bounded by ``send_timeout_ms``, and records
    the try: delivered, pending again after :func:`~qinglong.contracts.events.delivery_retry`'s
-   backoff, or dead after ``max_tries``.
+   backoff, or dead after ``max_tries``;
+4. once a minute, deletes one batch of events older than the retention whose deliveries all
+   ended, with those deliveries.
 
 A crash between a send and its record sends the delivery again after its lease: at least once,
 with the same event id, which receivers dedupe on. A failed try stores only what is safe to show:
@@ -38,6 +40,8 @@ from qinglong.contracts.events import (
 )
 from qinglong.contracts.hookspecs import ComponentPhase
 
+#: How often a pass also deletes ended deliveries older than the retention (one batch).
+PRUNE_EVERY_MS = 60_000
 #: The longest error text a try records.
 MAX_ERROR_CHARS = 300
 
@@ -65,7 +69,8 @@ class DeliveryLoop:
                  policy: DeliveryPolicy = DeliveryPolicy(),
                  default_notify: NotifyPolicy = NotifyPolicy.ON_FAILURE, poll_ms: int = 500,
                  batch: int = 100, lease_ms: int = 60_000, send_timeout_ms: int = 10_000,
-                 concurrency: int = 8, log_lines: int = 20, log_bytes: int = 16_384) -> None:
+                 concurrency: int = 8, log_lines: int = 20, log_bytes: int = 16_384,
+                 retention_ms: int = 7 * 86_400_000) -> None:
         self._outbox = outbox
         self._notifiers = dict(notifiers)
         self._channels = tuple(self._notifiers)
@@ -80,6 +85,8 @@ class DeliveryLoop:
         self._limit = asyncio.Semaphore(concurrency)
         self._log_lines = log_lines
         self._log_bytes = log_bytes
+        self._retention_ms = retention_ms
+        self._next_prune_ms: int | None = None
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -88,6 +95,7 @@ class DeliveryLoop:
         self.failed_tries = 0
         self.dead = 0
         self.passes = 0
+        self.pruned = 0
 
     def choose(self, event) -> Sequence[str]:
         return wants(event, self._default, self._channels)
@@ -119,7 +127,7 @@ class DeliveryLoop:
                 ok = True
             except asyncio.CancelledError:
                 raise
-            except BaseException as exc:
+            except Exception as exc:
                 error = safe_error(exc)
         retry_in = None if ok else delivery_retry(self._policy, delivery.tries + 1)
         state = await self._outbox.record_try(delivery.event.event_id, delivery.channel, ok=ok,
@@ -152,6 +160,9 @@ class DeliveryLoop:
         due = await self._outbox.claim_due(self._clock_ms(), self._lease_ms, self._batch)
         if due:
             await asyncio.gather(*(self._send(d) for d in due))
+        if self._next_prune_ms is None or now >= self._next_prune_ms:
+            self._next_prune_ms = now + PRUNE_EVERY_MS
+            self.pruned += await self._outbox.prune(now - self._retention_ms, self._batch)
         return len(due)
 
     async def _run(self) -> None:

@@ -432,6 +432,18 @@ class PluginHost:
         """Extra diagnostic sinks from plugins."""
         return [sink for _, sink in self._collect("qinglong_diagnostic_sinks", settings=settings)]
 
+    def event_sources(self, context: Any) -> list[LifecycleComponent]:
+        """Event sources: components that admit occurrences through ``context.admit``."""
+        components = []
+        for plugin_name, component in self._collect("qinglong_event_sources", context=context):
+            if not isinstance(component, LifecycleComponent):
+                raise PluginLoadError(
+                    f"plugin {self._owner_label(plugin_name)} returned {component!r} from "
+                    "qinglong_event_sources, which is not a LifecycleComponent"
+                )
+            components.append(component)
+        return components
+
     def lifecycle_components(self, context: HostContext) -> list[LifecycleComponent]:
         """Components to start and stop around the scheduler."""
         components = []
@@ -443,4 +455,5 @@ class PluginHost:
                 )
             components.append(component)
         return components
+
 

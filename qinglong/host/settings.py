@@ -224,6 +224,8 @@ class NotificationsSettings(BaseModel):
     send_timeout_ms: int = Field(10_000, ge=100, le=300_000, description="one send's bound")
     concurrency: int = Field(8, ge=1, le=256, description="sends at once")
     log_lines: int = Field(20, ge=0, le=1_000, description="last log lines a message carries")
+    retention_days: float = Field(7, gt=0, description="ended deliveries and their events are "
+                                                       "deleted after this")
 
     @field_validator("channels")
     @classmethod
@@ -394,7 +396,10 @@ def _key_is_secret(part: str | int) -> bool:
 def is_secret_key(loc: tuple[str | int, ...]) -> bool:
     """True for keys whose values are secrets and must never be echoed: any part of the key path,
     percent-decoded and with separators ignored (``pass%77ord``, ``api-key``, ``runtime_dsn``),
-    names a password, secret, token, DSN or credential."""
+    names a password, secret, token, DSN or credential; and every notification channel's table
+    (it holds a channel's secret or a URL with a token)."""
+    if tuple(loc[:2]) == ("notifications", "channels"):
+        return True
     return any(_key_is_secret(part) for part in loc)
 
 

@@ -82,6 +82,9 @@ class Job:
     #: monotonic seconds: when the escalation began (the TERM, or a KILL sent without one)
     term_sent_at: float | None = None
     kill_sent: bool = False
+    #: set when a signal could not be sent: the recorded handle fails verification and the
+    #: process holding the Attempt's lock could not be found either (the owner records it)
+    unverified: str | None = None
 
 
 @dataclass
@@ -243,15 +246,41 @@ class Supervisor(Generic[J]):
             return False
         try:
             sent = job.executor.signal(job.handle, signum)
+            if not sent and self.alive(job):
+                sent = self._through_lock_holder(job, signum)
         except Exception as exc:
             self._emit("error", "signal_failed", f"run {job.run_id}: signalling its process failed: "
                        f"{exc.__class__.__name__}: {exc}", run_id=job.run_id)
+            return False
+        if not sent and job.unverified is not None:
             return False
         if not sent and self._report_unsent:
             self._emit("info", "signal_not_sent",
                        f"run {job.run_id}: its handle no longer names a live process; nothing was signalled",
                        run_id=job.run_id, signal=int(signum))
         return sent
+
+    def _through_lock_holder(self, job: J, signum: int) -> bool:
+        """The recorded handle failed verification while the Attempt is still held (its lock):
+        find the live process that holds it (the executor verifies it by the lock) and signal
+        that one. When none can be found the job is marked ``unverified`` and an error says so:
+        it cannot be stopped from here, and an unrelated process is never signalled."""
+        assert job.executor is not None and job.handle is not None
+        found = job.executor.find_handle(job.attempt_dir)
+        if found is not None and found != job.handle:
+            self._emit("warning", "handle_replaced",
+                       f"run {job.run_id}: its recorded process handle no longer verifies; the process "
+                       f"holding its attempt (pid {found.pid}) is signalled instead",
+                       run_id=job.run_id, pid=found.pid)
+            job.handle = found
+            return job.executor.signal(found, signum)
+        if job.unverified is None:
+            job.unverified = (f"cannot be stopped: its process handle (pid {job.handle.pid}) fails "
+                              "verification and no verified process holds its attempt; nothing was "
+                              "signalled (stop the job by hand)")
+            self._emit("error", "handle_unverified", f"run {job.run_id} {job.unverified}",
+                       run_id=job.run_id, pid=job.handle.pid, signal=int(signum))
+        return False
 
     def _emit(self, level: str, code: str, message: str, **fields: Any) -> None:
         self._diagnostics.emit(DiagnosticEvent(level, f"{self._prefix}.{code}", message, fields))

@@ -77,6 +77,9 @@ class WorkerCore:
     mono: Callable[[], float] = time.monotonic
     protocol: WorkerProtocol | None = None
     session: Session | None = None
+    #: the session the self-fence abandoned: asked once whether another process replaced it
+    #: before a new one is opened
+    abandoned: SessionFence | None = None
     deadlines: FenceDeadlines | None = None
     #: when the last successful heartbeat *started* (the self-fence counts from it)
     last_heartbeat_mono: float | None = None

@@ -191,6 +191,7 @@ class SelfFence:
         session = core.session
         assert session is not None
         core.session = None
+        core.abandoned = session.fence
         core.deadlines = None
         core.stats.self_fenced += 1
         jobs = [j for j in core.jobs.values() if j.fence == session.fence]

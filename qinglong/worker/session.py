@@ -67,6 +67,8 @@ class Sessions:
                 if core.draining:
                     await asyncio.sleep(RETRY_S)  # nothing left to hold a session for
                     continue
+                if core.abandoned is not None and not await self._abandoned_not_replaced(protocol):
+                    continue
                 if not await self._open_session(protocol):
                     await asyncio.sleep(RETRY_S)
                 continue
@@ -77,6 +79,29 @@ class Sessions:
             if not await self._heartbeat(protocol, core.session):
                 # the store did not answer: try again soon, the self-fence runs on its own clock
                 await asyncio.sleep(min(RETRY_S, core.config.heartbeat_ms / 1000))
+
+    async def _abandoned_not_replaced(self, protocol: WorkerProtocol) -> bool:
+        """After a self-fence: ask the store about the abandoned session before opening a new one.
+        A worker frozen while another process took its id over would otherwise open a session
+        again on waking (its watchdog acts before any call is refused) and fence that process.
+        True when a new session may be opened; False to try again (store away) or when this
+        process was replaced (it stops, as :meth:`session_lost` says)."""
+        core = self._core
+        fence = core.abandoned
+        assert fence is not None
+        try:
+            await protocol.heartbeat(fence, [])
+        except SessionFenced as exc:
+            if exc.reason == SESSION_REPLACED:
+                core.abandoned = None
+                self._replaced(fence)
+                return False
+        except StoreUnavailable as exc:
+            core.store_down(exc)
+            await asyncio.sleep(RETRY_S)
+            return False
+        core.abandoned = None
+        return True
 
     async def _open_session(self, protocol: WorkerProtocol) -> bool:
         core = self._core
@@ -168,19 +193,24 @@ class Sessions:
             if job.fence == fence:
                 core.forget(job, kill_now=True)
         if replaced:
-            core.emit("error", "worker.replaced",
-                      f"another process opened a newer session of worker id {fence.worker_id!r}; this one "
-                      "stopped its jobs and stops (give every worker its own worker_id)",
-                      generation=fence.generation)
-            if core.fatal is None:
-                core.fatal = UserError(f"worker id {fence.worker_id!r} was taken over by a newer session of "
-                                       "another process: give every running worker its own [worker] worker_id")
-            core.draining = True
-            core.request_stop()
+            self._replaced(fence)
             return
         core.emit("warning", "worker.session_fenced",
                   f"the store refused this worker's session ({refusal.message}); stopping its jobs and "
                   "opening a new one", generation=fence.generation, why=refusal.reason)
+
+    def _replaced(self, fence: SessionFence) -> None:
+        """Another process holds this worker id now: stop (never open a session again)."""
+        core = self._core
+        core.emit("error", "worker.replaced",
+                  f"another process opened a newer session of worker id {fence.worker_id!r}; this one "
+                  "stopped its jobs and stops (give every worker its own worker_id)",
+                  generation=fence.generation)
+        if core.fatal is None:
+            core.fatal = UserError(f"worker id {fence.worker_id!r} was taken over by a newer session of "
+                                   "another process: give every running worker its own [worker] worker_id")
+        core.draining = True
+        core.request_stop()
 
     async def close_session(self) -> None:
         """At the end: the session is closed in the store (it ends by its lease otherwise)."""

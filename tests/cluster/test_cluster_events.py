@@ -95,3 +95,58 @@ def test_closing_a_session_ends_its_running_jobs_lost_with_one_event_each(cluste
     w.close()
     assert sorted((r[0], r[1]) for r in outbox_rows(cluster)) == sorted(
         ("run.lost", r) for r in runs)
+
+
+def put_after(db, trigger_id: str, task: str, upstream: str, on: str) -> None:
+    """Publish an 'after' trigger through the real publisher (admin role)."""
+    from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
+    from qinglong.plugins.chain import AfterProvider
+
+    async def body():
+        backend = db.backend("publisher")
+        backend.context.providers["after"] = AfterProvider()
+        try:
+            await backend.publisher().put_trigger(TriggerDefinition(
+                "p1", trigger_id, task, "after", {"task": upstream, "on": on},
+                MisfirePolicy.FIRE_ONCE, 60_000))
+        finally:
+            await backend.close()
+
+    arun(body())
+
+
+def chained(db, trigger_id: str) -> list[tuple]:
+    return db.sql("SELECT idempotency_key, state FROM qinglong.runs WHERE trigger_id = %s",
+                  (trigger_id,))
+
+
+def test_a_workers_completion_admits_the_chained_run_in_its_transaction(cluster):
+    """The worker's completion is where a cluster Run ends: the downstream Run must be admitted
+    there, once, keyed by the upstream Run (a repeated completion admits none)."""
+    publish(cluster, "up", {"command": ["true"]})
+    publish(cluster, "down", {"command": ["true"]})
+    put_after(cluster, "after-up", "down", "up", "success")
+    (run_id, _), = admit(cluster, "up", 1)
+    w = Worker(cluster, "w1")
+    (c,) = w.claim(1)
+    w.started(c)
+    assert w.complete(c, "succeeded", exit_code=0)[0] == "accepted"
+    assert w.complete(c, "succeeded", exit_code=0)[0] == "already_done"
+    assert chained(cluster, "after-up") == [(f"ql3:chain:v1:{run_id}:after-up", "queued")]
+    (d,) = w.claim(1)  # the chained Run is claimable like any other
+    assert d.run_id != run_id
+
+
+def test_the_expiry_of_a_vanished_session_admits_an_on_failure_chain(cluster):
+    """A lost Run is a failure nobody reports but the control plane's expiry: the chain 'on
+    failure' (the clean-up job) must start there."""
+    publish(cluster, "up", {"command": ["true"]})
+    publish(cluster, "cleanup", {"command": ["true"]})
+    put_after(cluster, "on-fail", "cleanup", "up", "failure")
+    (run_id, _), = admit(cluster, "up", 1)
+    w = Worker(cluster, "w1")
+    (c,) = w.claim(1)
+    w.started(c)
+    age_session(cluster, w)
+    assert [a for _, _, a in expire(cluster, 10)] == ["lost"]
+    assert chained(cluster, "on-fail") == [(f"ql3:chain:v1:{run_id}:on-fail", "queued")]

@@ -150,51 +150,17 @@ def test_importing_the_same_crontab_twice_changes_nothing(cli):
     assert applied.returncode == 0 and "nothing to change" in applied.stdout, applied.stdout + applied.stderr
 
 
-AT_START_PLUGIN = '''
-from qinglong.contracts.hookspecs import hookimpl
-
-
-class AtStart:
-    """A test-only trigger kind that fires once per scheduler start (no occurrence in time)."""
-
-    kind = "at_start"
-
-    def validate(self, spec):
-        return {}
-
-    def next_after(self, spec, after_ms):
-        return None
-
-    def latest_at_or_before(self, spec, at_ms):
-        return None
-
-    def describe(self, spec):
-        return "at start"
-
-
-@hookimpl
-def qinglong_trigger_providers():
-    return [AtStart()]
-'''
-
-
-def test_reboot_maps_to_at_start_once_a_plugin_offers_it(cli, tmp_path):
-    """The importer asks the loaded providers for ``at_start``: the day a plugin offers it,
-    ``@reboot`` jobs move in without a change here."""
-    from tests.host.host_helpers import SitePath
-
-    site = SitePath(tmp_path / "site")
-    site.add_distribution("qinglong-at-start-test", {"at_start_test.py": AT_START_PLUGIN},
-                          {"atstart": "at_start_test"})
-    settings = tmp_path / "settings.toml"
-    settings.write_text('[plugins]\nenable = ["atstart"]\n')
-    (tmp_path / "root.crontab").write_text("# the tunnel\n@reboot /usr/bin/autossh -f tunnel\n")
-    env = site.env()
-    result = cli("--settings", str(settings), "import", "crontab", str(tmp_path / "root.crontab"),
-                 "--timezone", "UTC", "--json", env=env)
-    assert result.returncode == 0, result.stderr
-    listed = cli("--settings", str(settings), "trigger", "list", "--json", env=env)
+def test_reboot_maps_to_the_built_in_at_start_kind(cli, tmp_path):
+    """``@reboot`` jobs of a router's crontab must move in as a trigger that runs at each start
+    of the scheduler (the built-in ``at_start`` kind), not be refused or run on a clock."""
     import json
 
+    (tmp_path / "root.crontab").write_text("# the tunnel\n@reboot /usr/bin/autossh -f tunnel\n")
+    settings = tmp_path / "settings.toml"
+    settings.write_text(f'[backend]\npath = "{tmp_path / "q.db"}"\n')
+    result = cli("--settings", str(settings), "import", "crontab", str(tmp_path / "root.crontab"),
+                 "--timezone", "UTC", "--json")
+    assert result.returncode == 0, result.stderr
+    listed = cli("--settings", str(settings), "trigger", "list", "--json")
     [trigger] = json.loads(listed.stdout)
     assert trigger["kind"] == "at_start" and trigger["spec"] == {}

@@ -764,6 +764,20 @@ async def test_logs_for_space_leave_out_the_newest_of_each_task_and_other_direct
     assert await store(h).logs_for_space(2, "/logs", 100) == logs[1:]
 
 
+async def test_a_note_on_a_running_attempt_is_shown_until_its_end_replaces_it(harness):
+    """A Run that cannot be stopped must say so in its record while it runs; a note that
+    outlived the end (or landed on an ended Attempt) would misreport how it ended."""
+    h = harness
+    await publish(h)
+    run_id = await manual(h)
+    attempt_id = await start(h, run_id)
+    assert await store(h).note_attempt(attempt_id, "cannot be stopped: ...")
+    assert (await current(h, run_id)).reason == "cannot be stopped: ..."
+    await finish(h, attempt_id, exited(0, await h.now_ms()))
+    assert (await current(h, run_id)).reason is None
+    assert not await store(h).note_attempt(attempt_id, "too late")
+
+
 # ---- ending Runs, wherever they are executed -----------------------------------------------------
 #
 # The local dispatcher ends an Attempt through ``ExecutionStore`` (begin_dispatch, record_started,

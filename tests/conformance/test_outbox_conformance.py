@@ -163,3 +163,27 @@ async def test_an_event_no_channel_wants_is_routed_to_nothing(harness):
     assert await outbox(harness).route(lambda e: [], now, 10) == 1
     assert await outbox(harness).route(lambda e: ["hook"], now, 10) == 0
     assert await outbox(harness).list_deliveries() == []
+
+
+async def test_retention_deletes_ended_deliveries_and_keeps_a_pending_one(harness):
+    """The outbox must not grow without bound on a small device, yet a delivery still pending
+    (a receiver down for days) must keep its event, or it would be lost."""
+    await seed(harness)
+    first, second = await admitted_runs(harness, 2, task="t1")
+    await cancel(harness, first)
+    await cancel(harness, second)
+    box = outbox(harness)
+    now = await harness.now_ms()
+    await box.route(everyone, now, 10)
+    due = await box.claim_due(now, 60_000, 10)
+    for d in due:  # the first event: delivered on hook, dead on mail
+        await box.record_try(d.event.event_id, d.channel, ok=d.channel == "hook", error="x",
+                             now_ms=now, retry_in_ms=None)
+    oldest = min(e.at_ms for e in await box.list_events())
+    newest = max(e.at_ms for e in await box.list_events())
+    assert await box.prune(oldest, 100) == 0  # nothing older than the cut
+    assert await box.prune(newest + 1, 100) == 1  # the first event goes; the second is pending
+    events = await box.list_events()
+    assert [e.run_id for e in events] == [second]
+    assert {(d.event.run_id, d.state) for d in await box.list_deliveries()} == {
+        (second, DeliveryState.PENDING)}

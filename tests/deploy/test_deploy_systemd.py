@@ -179,3 +179,30 @@ def test_worker_unit_drains_within_its_stop_timeout_and_kills_what_is_left():
     assert service["User"] == _unit()["Service"]["User"]
     assert worker.log_dir.startswith(service["WorkingDirectory"] + "/")
     assert PurePosixPath("/var/lib", service["StateDirectory"]) == PurePosixPath(service["WorkingDirectory"])
+
+
+def test_api_unit_passes_verify_and_serves_qinglong_api_from_its_settings(tmp_path):
+    """An API unit systemd half-ignores runs without its sandbox; one pointing at settings that
+    refuse to start (a plain address off loopback) restarts forever instead of failing once."""
+    import tomllib
+
+    from qinglong.host.settings import load_settings
+
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze is missing (.ci/install-system-deps installs Debian's systemd)"
+    text = (SYSTEMD / "qinglong-api.service").read_text()
+    assert text.count(f"ExecStart={SHIPPED_EXEC} api\n") == 1
+    copy = tmp_path / "qinglong-api.service"
+    copy.write_text(text.replace(f"ExecStart={SHIPPED_EXEC} ", f"ExecStart={_qinglong_executable()} "))
+    result = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
+    parser = configparser.ConfigParser(interpolation=None, strict=True, delimiters=("=",))
+    parser.optionxform = str
+    parser.read_string(text)
+    service = parser["Service"]
+    assert service["Environment"] == "QINGLONG_SETTINGS=/etc/qinglong/api.toml"
+    assert "3" in service["RestartPreventExitStatus"].split()
+    settings = tomllib.loads((SYSTEMD / "api.toml").read_text())
+    assert settings["http"]["listen"].startswith("127.0.0.1:")
+    load_settings(SYSTEMD / "api.toml")  # the shipped file loads
+    assert "api.toml" in (SYSTEMD / "install.sh").read_text()

@@ -61,7 +61,7 @@ def test_unknown_plugin_name_lists_the_available_ones(cli, site, tmp_path):
     result = cli("--settings", str(settings), "plugins", "--json", env=site.env())
     assert result.returncode == 3
     assert f"unknown plugin 'intervall' (named by settings file {settings})" in result.stderr
-    assert "installed plugins: cluster_postgres, cron, edge_sqlite" in result.stderr
+    assert "installed plugins: chain, cluster_postgres, cron, edge_sqlite" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -74,7 +74,8 @@ def test_a_kind_option_given_to_another_kind_is_refused_naming_both(cli, interva
          "--cron, --every belong to different trigger kinds (--cron (cron), --every (interval))"),
         (("--every", "soon"), "--every 'soon' is not a duration"),
         (("--every", "30s", "--spec", '{"every_ms": 30000}'), "give either --spec or --every, not both"),
-        ((), "a new trigger needs a schedule: --cron EXPRESSION [--timezone ZONE] (cron); "
+        ((), "a new trigger needs a schedule: --after TASK [--on success|failure|any] (after); "
+             "--cron EXPRESSION [--timezone ZONE] (cron); "
              "--every DURATION [--anchor-ms MS] (interval); --kind KIND --spec JSON"),
     ):
         result = cli("--settings", settings, "trigger", "add", "ops", "x", "--task", "ping", *args, env=env)
@@ -137,6 +138,8 @@ CRON_ALLOWED: dict[tuple[str, str], str] = {
     ("config/crontab.py", "import_crontab"): "a crontab from /etc/cron.d is a system crontab",
     ("config/crontab.py", "parse_crontab"): "each crontab line becomes a cron trigger",
     ("config/qinglong_v2.py", "import_qinglong_v2"): "the panel's schedules become cron triggers",
+    ("config/systemd_timer.py", "calendar_to_cron"): "a timer's calendar becomes a cron expression",
+    ("config/systemd_timer.py", "parse_timer"): "each OnCalendar= line becomes a cron trigger",
 }
 _CRON_WORD = re.compile(r"\bcron\b|^expression$|^timezone$", re.IGNORECASE)
 

@@ -210,6 +210,12 @@ class ExecutionStore(Protocol):
         what a free-space floor may delete."""
         ...
 
+    async def note_attempt(self, attempt_id: str, note: str) -> bool:
+        """Record ``note`` as the reason of a dispatching or running Attempt (what keeps it from
+        being stopped), shown by ``runs show``; its end's reason replaces it. False when the
+        Attempt has ended."""
+        ...
+
     async def mark_log_deleted(self, attempt_id: str, now_ms: int) -> None:
         """Record that the Attempt's log was deleted (the tombstone)."""
         ...

@@ -145,6 +145,11 @@ def cmd_import(args: argparse.Namespace) -> int:
 
         result = import_crontab(args.file, project_id=args.project or "crontab", providers=providers,
                                 timezone=args.timezone, system=args.system)
+    elif args.source_kind == "systemd-timer":
+        from ..config.systemd_timer import import_systemd_timer
+
+        result = import_systemd_timer(args.file, project_id=args.project or "systemd",
+                                      providers=providers, timezone=args.timezone)
     else:
         from ..config.qinglong_v2 import import_qinglong_v2
 
@@ -204,15 +209,18 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--output", "-o", metavar="FILE", default=None,
                    help="write to FILE (mode 0600 with --with-secrets) instead of standard output")
 
-    p = add_command(sub, common, "import", "move jobs in from a crontab or a whyour/qinglong 2.x panel", None)
+    p = add_command(sub, common, "import", "move jobs in from a crontab, a systemd timer or a "
+                    "whyour/qinglong 2.x panel", None)
     kinds = p.add_subparsers(dest="source_kind", metavar="SOURCE", required=True)
     for name, text, default in (
             ("crontab", "a crontab file ('-': standard input); /etc/crontab and /etc/cron.d files "
                         "have a user field (--system)", "crontab"),
+            ("systemd-timer", "a systemd timer unit (NAME.timer) with OnCalendar= lines: its unit "
+                              "started through systemd on the same calendar", "systemd"),
             ("qinglong-v2", "a whyour/qinglong 2.x database (its database.sqlite, opened read-only)",
              "qinglong-v2")):
         q = kinds.add_parser(name, parents=[common], help=text, description=text)
-        q.add_argument("file", metavar="FILE" if name == "crontab" else "DB")
+        q.add_argument("file", metavar={"crontab": "FILE", "systemd-timer": "UNIT.timer"}.get(name, "DB"))
         q.add_argument("--project", default=None, metavar="P", help=f"the project to import into (default {default})")
         q.add_argument("--dry-run", action="store_true", help="print the plan and write nothing")
         q.add_argument("--emit", action="store_true",
@@ -226,6 +234,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                            help="the file has a user field (default: yes for /etc/crontab and /etc/cron.d/*)")
             q.add_argument("--timezone", default=None, metavar="ZONE",
                            help="the crontab's time zone (default: this machine's)")
+        elif name == "systemd-timer":
+            q.add_argument("--timezone", default=None, metavar="ZONE",
+                           help="the zone of calendar times that name none (default: this machine's)")
         else:
             q.add_argument("--timezone", default=None, metavar="ZONE",
                            help="the panel's time zone (default: its settings', else Asia/Shanghai)")

@@ -140,6 +140,7 @@ class Dispatcher:
         self._next_retry_ms: int | None = None
         self._next_deadline_ms: int | None = None
         self._warned: set[str] = set()
+        self._noted: set[str] = set()
         self._cancel_requested = False
         self.retention = Retention(store, config.log_dir, log_retention_days=config.log_retention_days,
                                    run_retention_days=config.run_retention_days,
@@ -528,6 +529,9 @@ class Dispatcher:
                                      else min(next_deadline, attempt.deadline_ms))
             if reason is not None:
                 self._supervisor.escalate(job)
+                if job.unverified is not None and attempt.attempt_id not in self._noted:
+                    await self._store.note_attempt(attempt.attempt_id, job.unverified)
+                    self._noted.add(attempt.attempt_id)
         self._next_deadline_ms = next_deadline
 
     # ---------------------------------------------------------------------------------- retention

@@ -321,6 +321,12 @@ class ClusterPostgresBackend:
 
         return ClusterRunControl(self._with_runtime)
 
+    def occurrences(self):
+        """Admission of event sources' occurrences (runtime role)."""
+        from .events import ClusterOccurrences
+
+        return ClusterOccurrences(self._with_runtime)
+
     def outbox(self):
         """Events out (:class:`~qinglong.contracts.events.EventOutbox`), as the runtime role."""
         from .events import ClusterEventOutbox

@@ -10,10 +10,12 @@ deliveries' tries; a claimed delivery is held by a lease, so two replicas do not
 from __future__ import annotations
 
 import json
-from typing import Any, Awaitable, Callable, Sequence
+import uuid
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from psycopg.rows import dict_row
 
+from qinglong.contracts.event_sources import AdmitResult, occurrence_key, payload_json
 from qinglong.contracts.events import Delivery, DeliveryState, OutboxEvent, RunContext
 from qinglong.contracts.store import listing_bound
 
@@ -115,6 +117,16 @@ class ClusterEventOutbox:
         rows = await self._rows("events_list", {"limit": listing_bound(limit)})
         return [event_of(row) for row in rows]
 
+    async def prune(self, older_than_ms: int, limit: int) -> int:
+        async def body(conn):
+            async with conn.transaction():
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(query("events_prune"), {
+                        "before": older_than_ms, "limit": max(1, min(int(limit), 1000))})
+                    return (await cur.fetchone())["deleted"]
+
+        return await self._run(body)
+
     async def run_context(self, run_id: str, max_log_bytes: int) -> RunContext:
         rows = await self._rows("events_run_context", {"run_id": run_uuid(run_id)})
         if not rows:
@@ -132,4 +144,33 @@ class ClusterEventOutbox:
         return RunContext(tail, cut, values)
 
 
-__all__ = ["ClusterEventOutbox"]
+class ClusterOccurrences:
+    """:class:`~qinglong.contracts.event_sources.OccurrenceAdmission` as the runtime role: one
+    statement checks the trigger and admits (see ``occurrence_admit``)."""
+
+    def __init__(self, run: Callable[[Callable[[Any], Awaitable[Any]]], Awaitable[Any]]) -> None:
+        self._run = run
+
+    async def admit_occurrence(self, kind: str, trigger_id: str, event_id: str,
+                               payload: Mapping[str, Any] | None, now_ms: int) -> AdmitResult:
+        key = occurrence_key(kind, trigger_id, event_id)
+        payload_json(payload)
+
+        async def body(conn):
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query("occurrence_admit"), {
+                    "trigger_id": trigger_id, "kind": kind, "key": key, "now": now_ms,
+                    "run_id": str(uuid.uuid4()), "attempt_id": str(uuid.uuid4())})
+                return await cur.fetchone()
+
+        row = await self._run(body)
+        if row["created"] is not None:
+            return AdmitResult(row["created"], True)
+        if row["existing"] is not None:
+            return AdmitResult(row["existing"], False)
+        return AdmitResult(None, False, f"trigger {trigger_id!r} does not exist, is not of kind "
+                                        f"{kind!r}, is disabled, or its project or task is not "
+                                        "active")
+
+
+__all__ = ["ClusterEventOutbox", "ClusterOccurrences"]

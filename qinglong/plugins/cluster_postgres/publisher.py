@@ -22,6 +22,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from qinglong.contracts.chain import AFTER_KIND, check_no_cycle
 from qinglong.contracts.apply import (
     Change,
     ChangeAction,
@@ -104,6 +105,22 @@ def _head(trigger_id: str, row: Mapping[str, Any]) -> TriggerHead:
                        row["kind"], row["spec_json"], MisfirePolicy(row["misfire_policy"]),
                        row["misfire_grace_ms"], row["enabled"], row["content_digest"],
                        row["jitter_ms"])
+
+
+async def _check_chain(conn, project_id: str, trigger_id: str, task_id: str,
+                       spec: Mapping[str, Any]) -> None:
+    """An ``after`` trigger: its upstream task exists in the project, and the chain graph with it
+    has no loop (read in the publish's SERIALIZABLE transaction: two publishes that together
+    would close a loop cannot both commit)."""
+    upstream = await _one(conn, query("lock_task_head"), {"project_id": project_id,
+                                                           "task_id": spec["task"]})
+    if upstream is None or upstream["deleted_at_ms"] is not None:
+        raise task_not_found(project_id, spec["task"])
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query("chain_edges"), {"project_id": project_id})
+        edges = [(r["upstream"], r["task_id"]) for r in await cur.fetchall()
+                 if r["trigger_id"] != trigger_id]
+    check_no_cycle(project_id, trigger_id, edges + [(spec["task"], task_id)])
 
 
 async def _one(conn, sql: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -264,6 +281,8 @@ class ClusterPublisher:
             raise trigger_id_taken(trigger_id, row["project_id"])
         if row is not None and row["content_digest"] == digest:
             return _head(trigger_id, row)
+        if kind == AFTER_KIND:
+            await _check_chain(conn, project_id, trigger_id, task_id, spec)
         mark = await _one(conn, query("next_trigger_revision"),
                           {"trigger_id": trigger_id,
                            "head_revision": 0 if row is None else row["trigger_revision"]})

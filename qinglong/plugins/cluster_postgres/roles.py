@@ -78,8 +78,8 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "scheduler_replicas": frozenset(_ALL),
         "worker_sessions": frozenset({"SELECT"}),
         "attempt_logs": frozenset({"SELECT"}),
-        "event_outbox": frozenset({"SELECT"}),  # UPDATE: a column, below
-        "event_deliveries": frozenset({"SELECT", "INSERT", "UPDATE"}),
+        "event_outbox": frozenset({"SELECT", "DELETE"}),  # UPDATE: a column, below
+        "event_deliveries": frozenset(_ALL),
     },
     "worker_ingress": {},
 }
@@ -94,7 +94,7 @@ CONTROL_FUNCTIONS = ("expire_attempt", "request_cancel", "prune_attempt_logs")
 INTERNAL_FUNCTIONS = ("_now_ms", "_event", "_utc", "_cancel_words", "_run_spec", "_spec_problem",
                       "_retry_decision", "_end_attempt", "_finish_attempt", "_requeue", "_session",
                       "_lease", "_overlap", "_reason", "_claim_routing", "_runs_routing",
-                      "_outbox_run_ended", "_outbox_skipped")
+                      "_outbox_run_ended", "_outbox_skipped", "_chain_after_end")
 
 #: ``{function name: role function allowed to EXECUTE it, or None (owner only)}``.
 EXPECTED_FUNCTIONS: dict[str, str | None] = {
@@ -254,7 +254,10 @@ ORDER BY 2, 3
 #: would switch off every foreign key and trigger, ``synchronous_commit = off`` weaken
 #: durability, ``default_transaction_read_only`` refuse writes) and fails readiness.
 HARMLESS_SETTINGS = ("application_name", "work_mem", "maintenance_work_mem", "temp_buffers",
-                     "track_io_timing")
+                     "track_io_timing",
+                     # every session's options set these over any role or database default
+                     # (db.session_options); environment_problems checks the search path
+                     "search_path", "statement_timeout")
 HARMLESS_SETTING_PREFIXES = ("log_", "auto_explain.")
 
 #: What every session must run with, as the session shows it (``SHOW``): pinned by the session's

@@ -158,6 +158,11 @@ class EdgeSqliteBackend:
         dispatcher's and the run commands' one store, on this backend's connection."""
         return self._execution
 
+    def occurrences(self) -> SqliteExecutionStore:
+        """Admission of event sources' occurrences
+        (:class:`~qinglong.contracts.event_sources.OccurrenceAdmission`)."""
+        return self._execution
+
     def outbox(self) -> SqliteEventOutbox:
         """The events out (:class:`~qinglong.contracts.events.EventOutbox`), on this backend's
         connection."""

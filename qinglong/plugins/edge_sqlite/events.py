@@ -137,6 +137,17 @@ class SqliteEventOutbox:
         rows = await self._store.call(named_rows, query("events_list"), {"limit": bound}, bound)
         return [event_of(row) for row in rows]
 
+    async def prune(self, older_than_ms: int, limit: int) -> int:
+        bound = max(1, min(int(limit), 1000))
+
+        def work(conn: sqlite3.Connection) -> int:
+            with transaction(conn):
+                params = {"before": older_than_ms, "limit": bound}
+                conn.execute(query("events_prune_deliveries"), params)
+                return conn.execute(query("events_prune_events"), params).rowcount
+
+        return await self._store.call(work)
+
     async def run_context(self, run_id: str, max_log_bytes: int) -> RunContext:
         row = await self._store.call(named_one, query("events_run_context"), {"run_id": run_id})
         if row is None:

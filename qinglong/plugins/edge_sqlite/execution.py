@@ -30,8 +30,10 @@ import random
 import sqlite3
 import time
 import uuid
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from qinglong.contracts.chain import chain_fires, chain_idempotency_key
+from qinglong.contracts.event_sources import AdmitResult, occurrence_key, payload_json
 from qinglong.contracts.errors import NotFound, UserError, project_not_found, task_not_found
 from qinglong.contracts.execution import (
     run_state_filter,
@@ -137,7 +139,8 @@ class SqliteExecutionStore:
     @staticmethod
     def _move_run(conn: sqlite3.Connection, run_id: str, current: str, target: RunState,
                   actor: Actor, now_ms: int, reason: str | None = None) -> None:
-        """Check the transition, then compare-and-set it (inside the caller's transaction)."""
+        """Check the transition, then compare-and-set it (inside the caller's transaction); a
+        terminal state admits the chained Runs it starts in the same transaction."""
         check_run_transition(current, target, actor)
         finished = now_ms if target.terminal else None
         changed = conn.execute(query("exec_move_run"), {
@@ -146,6 +149,8 @@ class SqliteExecutionStore:
             "current": current}).rowcount
         if changed != 1:  # the transaction read this state: only a bug gets here
             raise RuntimeError(f"run {run_id} was not in state {current!r}")
+        if target.terminal:
+            admit_chained(conn, run_id, target.value, now_ms)
 
     @staticmethod
     def _end_attempt(conn: sqlite3.Connection, attempt_id: str, current: str,
@@ -462,6 +467,50 @@ class SqliteExecutionStore:
 
         return await self._store.call(work)
 
+    # ---------------------------------------------------------------- event sources
+
+    async def admit_occurrence(self, kind: str, trigger_id: str, event_id: str,
+                               payload: Mapping[str, Any] | None, now_ms: int) -> AdmitResult:
+        """One Run of the trigger for this event (:mod:`qinglong.contracts.event_sources`), in
+        one transaction; the key is also kept in ``manual_run_keys``, which pruning never
+        deletes, so the same event refuses a second Run for ever."""
+        key = occurrence_key(kind, trigger_id, event_id)
+        payload_json(payload)
+
+        def work(conn: sqlite3.Connection) -> AdmitResult:
+            with transaction(conn):
+                for block in ("exec_manual_key", "exec_run_by_key"):
+                    seen = conn.execute(query(block), (key,)).fetchone()
+                    if seen is not None:
+                        return AdmitResult(seen[0], False)
+                trig = named_one(conn, query("occurrence_trigger"), (trigger_id,))
+                if trig is None:
+                    return AdmitResult(None, False, f"trigger {trigger_id!r} does not exist")
+                if trig["kind"] != kind:
+                    return AdmitResult(None, False, f"trigger {trigger_id!r} is of kind "
+                                                    f"{trig['kind']!r}, not {kind!r}")
+                if not trig["admits"]:
+                    return AdmitResult(None, False, f"trigger {trigger_id!r} is disabled, or its "
+                                                    "project or task is not active")
+                run_id = uuid.uuid4().hex
+                project_id, task_id = trig["project_id"], trig["task_id"]
+                revision, digest = trig["task_revision"], trig["content_digest"]
+                conn.execute(query("chain_insert_run"), {
+                    "run_id": run_id, "project_id": project_id, "trigger_id": trigger_id,
+                    "trigger_revision": trig["trigger_revision"], "task_id": task_id,
+                    "revision": revision, "digest": digest, "now": now_ms, "key": key})
+                conn.execute(query("insert_attempt"), {
+                    "attempt_id": uuid.uuid4().hex, "run_id": run_id, "executor": trig["executor"],
+                    "digest": pinned_execution_digest(project_id, task_id, revision, digest,
+                                                      trig["executor"]),
+                    "now": now_ms})
+                conn.execute(query("insert_run_events"), (run_id, now_ms))
+                conn.execute(query("exec_insert_manual_key"),
+                             (key, run_id, project_id, task_id, now_ms))
+                return AdmitResult(run_id, True)
+
+        return await self._store.call(work)
+
     # ---------------------------------------------------------------- listings
 
     async def list_runs(self, *, state: RunState | str | None = None,
@@ -524,6 +573,16 @@ class SqliteExecutionStore:
                                       bound)
         return [(row["attempt_id"], row["attempt_dir"]) for row in rows]
 
+    async def note_attempt(self, attempt_id: str, note: str) -> bool:
+        """Record ``note`` as the reason of a dispatching or running Attempt (its end's reason
+        replaces it); False when the Attempt has ended."""
+        def work(conn: sqlite3.Connection) -> bool:
+            with transaction(conn):
+                return conn.execute(query("exec_note_attempt"),
+                                    {"note": note, "attempt_id": attempt_id}).rowcount == 1
+
+        return await self._store.call(work)
+
     async def mark_log_deleted(self, attempt_id: str, now_ms: int) -> None:
         """Record that the Attempt's log was deleted (the tombstone; the first time stays)."""
         def work(conn: sqlite3.Connection) -> None:
@@ -552,6 +611,43 @@ class SqliteExecutionStore:
             return PruneReport(runs, attempts, events)
 
         return await self._store.call(work)
+
+
+def admit_chained(conn: sqlite3.Connection, run_id: str, state: str, now_ms: int) -> list[str]:
+    """Admit, inside the caller's transaction, one queued Run per enabled ``after`` trigger that
+    follows the ended Run's task and whose ``on`` matches ``state``, keyed
+    ``ql3:chain:v1:<run>:<trigger>`` (a second admission of a key inserts nothing). A trigger
+    whose task was deleted admits nothing. The ids of the Runs admitted."""
+    run = conn.execute(query("chain_run"), (run_id,)).fetchone()
+    if run is None:
+        return []
+    admitted = []
+    for trig in named_rows(conn, query("chain_triggers_of"), {"project": run[0], "task": run[1]}):
+        try:
+            on = json.loads(trig["spec_json"]).get("on", "success")
+        except ValueError:
+            continue
+        if not chain_fires(on, state):
+            continue
+        task = named_one(conn, query("exec_task_for_manual_run"), (run[0], trig["task_id"]))
+        if task is None:
+            continue
+        new_id = uuid.uuid4().hex
+        revision, digest = task["task_revision"], task["content_digest"]
+        if conn.execute(query("chain_insert_run"), {
+                "run_id": new_id, "project_id": run[0], "trigger_id": trig["trigger_id"],
+                "trigger_revision": trig["trigger_revision"], "task_id": trig["task_id"],
+                "revision": revision, "digest": digest, "now": now_ms,
+                "key": chain_idempotency_key(run_id, trig["trigger_id"])}).rowcount != 1:
+            continue
+        conn.execute(query("insert_attempt"), {
+            "attempt_id": uuid.uuid4().hex, "run_id": new_id, "executor": task["executor"],
+            "digest": pinned_execution_digest(run[0], trig["task_id"], revision, digest,
+                                              task["executor"]),
+            "now": now_ms})
+        conn.execute(query("insert_run_events"), (new_id, now_ms))
+        admitted.append(new_id)
+    return admitted
 
 
 def _summary(row: sqlite3.Row) -> RunSummary:

@@ -10,6 +10,7 @@ import json
 import sqlite3
 from typing import Any, Callable, Mapping
 
+from qinglong.contracts.chain import AFTER_KIND, check_no_cycle
 from qinglong.contracts.apply import (
     Change,
     ChangeAction,
@@ -216,6 +217,8 @@ def put_trigger_in(conn: sqlite3.Connection, definition: TriggerDefinition,
                                     definition.jitter_ms)
     if existing is not None and existing["content_digest"] == digest:
         return head_from_row(existing)
+    if kind == AFTER_KIND:
+        _check_chain(conn, definition, spec)
     head = TriggerHead(definition.project_id, definition.trigger_id, definition.task_id,
                        next_trigger_revision(conn, definition.trigger_id,
                                              existing["trigger_revision"] if existing is not None
@@ -224,6 +227,20 @@ def put_trigger_in(conn: sqlite3.Connection, definition: TriggerDefinition,
                        definition.jitter_ms)
     _write_trigger_revision(conn, head, now_ms)
     return head
+
+
+def _check_chain(conn: sqlite3.Connection, definition: TriggerDefinition,
+                 spec: Mapping[str, Any]) -> None:
+    """An ``after`` trigger: its upstream task exists in the project, and the chain graph with it
+    has no loop."""
+    upstream = spec["task"]
+    if _live_task_head(conn, definition.project_id, upstream) is None:
+        raise task_not_found(definition.project_id, upstream)
+    edges = [(row["upstream"], row["task_id"])
+             for row in named_rows(conn, query("chain_edges"), (definition.project_id,))
+             if row["trigger_id"] != definition.trigger_id]
+    check_no_cycle(definition.project_id, definition.trigger_id,
+                   edges + [(upstream, definition.task_id)])
 
 
 def validated(definition: TriggerDefinition, providers: Mapping[str, Any],

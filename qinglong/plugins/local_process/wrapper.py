@@ -46,7 +46,10 @@ the job ended), and both the log and the dropped count are exact.
 What a job costs in processes: the wrapper shell, its log reader (a subshell), one ``dd`` and the
 job itself, for every job whose output ends before 1024 reads and the limit (the shell's builtins
 do the rest; a fenced job adds the watcher subshell and its ``sleep`` each second); only a job printing more costs a ``wc -c`` and another ``dd`` per further 1024 reads,
-and one reaching the limit a last ``wc -c`` counting what is dropped.
+and one reaching the limit a last ``wc -c`` counting what is dropped. After the job's own exit the
+wrapper looks at its log reader with builtins only (``/proc/<pid>/stat``, up to 200 reads); only
+when the reader is still busy after that (something the job left still holds its output) does it
+poll with ``sleep`` (5 ms doubling to 200 ms) for at most the drain.
 """
 
 from __future__ import annotations

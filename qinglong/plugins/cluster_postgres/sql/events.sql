@@ -114,3 +114,73 @@ LEFT JOIN LATERAL (SELECT x.attempt_id FROM qinglong.attempts x WHERE x.run_id =
 LEFT JOIN qinglong.task_revisions v
   ON v.project_id = r.project_id AND v.task_id = r.task_id AND v.task_revision = r.task_revision
 WHERE r.run_id = %(run_id)s::uuid;
+
+-- name: occurrence_admit
+-- One queued Run of a trigger for an event source's occurrence, in one statement (one snapshot):
+-- only while the trigger is of the kind, enabled, in an active project with a live task (its
+-- task head pinned); a second admission of the key inserts nothing. Returns the Run created,
+-- the Run that held the key before, and whether the trigger admits at all.
+WITH t AS (
+    SELECT tr.trigger_id, tr.trigger_revision, tr.project_id, tr.task_id, k.task_revision,
+           e.content_digest
+    FROM qinglong.triggers tr
+    JOIN qinglong.projects p ON p.project_id = tr.project_id
+    JOIN qinglong.tasks k ON k.project_id = tr.project_id AND k.task_id = tr.task_id
+    JOIN qinglong.execution_revisions e
+      ON e.project_id = k.project_id AND e.task_id = k.task_id
+     AND e.task_revision = k.task_revision AND e.executor = 'remote_worker'
+    WHERE tr.trigger_id = %(trigger_id)s AND tr.kind = %(kind)s AND tr.enabled
+      AND p.active AND p.deleted_at_ms IS NULL AND k.deleted_at_ms IS NULL
+),
+run AS (
+    INSERT INTO qinglong.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
+                               task_revision, executor, execution_digest, scheduled_for_ms,
+                               admitted_at_ms, queued_at_ms, state, owned_by, cancelled,
+                               idempotency_key, admitted_by)
+    SELECT %(run_id)s::uuid, t.project_id, t.trigger_id, t.trigger_revision, t.task_id,
+           t.task_revision, 'remote_worker', t.content_digest, %(now)s, %(now)s, %(now)s,
+           'queued', 'runtime', false, %(key)s, 'event-source'
+    FROM t
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING run_id, admitted_at_ms
+),
+attempt AS (
+    INSERT INTO qinglong.attempts (attempt_id, run_id, attempt_no, state, executor, created_at_ms)
+    SELECT %(attempt_id)s::uuid, r.run_id, 1, 'claimed', 'remote_worker', r.admitted_at_ms
+    FROM run r
+    RETURNING attempt_id
+),
+events AS (
+    INSERT INTO qinglong.run_events (event_id, run_id, seq, event_type, at_ms)
+    SELECT gen_random_uuid(), r.run_id, ev.seq, ev.event_type, r.admitted_at_ms
+    FROM run r CROSS JOIN (VALUES (1, 'run.created'), (2, 'run.queued')) AS ev (seq, event_type)
+    RETURNING event_id
+)
+SELECT (SELECT r.run_id::text FROM run r) AS created,
+       (SELECT x.run_id::text FROM qinglong.runs x WHERE x.idempotency_key = %(key)s) AS existing,
+       (SELECT count(*) FROM t) AS admits,
+       (SELECT count(*) FROM attempt) + (SELECT count(*) FROM events) AS written;
+
+-- name: events_prune
+-- Ended deliveries of events older than %(before)s, then those events once no delivery is left
+-- (a pending one keeps its event); a bounded batch, oldest first. The number of events deleted.
+WITH old AS (
+    SELECT o.seq FROM qinglong.event_outbox o
+    WHERE o.at_ms < %(before)s AND o.routed_at_ms IS NOT NULL
+    ORDER BY o.seq LIMIT %(limit)s
+),
+gone AS (
+    DELETE FROM qinglong.event_deliveries d USING old
+    WHERE d.event_seq = old.seq AND d.state <> 'pending'
+    RETURNING d.event_seq
+),
+kept AS (
+    SELECT DISTINCT d.event_seq FROM qinglong.event_deliveries d JOIN old ON d.event_seq = old.seq
+    WHERE d.state = 'pending'
+),
+events AS (
+    DELETE FROM qinglong.event_outbox o USING old
+    WHERE o.seq = old.seq AND old.seq NOT IN (SELECT event_seq FROM kept)
+    RETURNING o.seq
+)
+SELECT count(*) AS deleted FROM events;

@@ -157,3 +157,9 @@ WHERE project_id = %(project_id)s AND task_id = %(task_id)s ORDER BY trigger_id
 UPDATE qinglong.tasks
 SET deleted_at_ms = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
 WHERE project_id = %(project_id)s AND task_id = %(task_id)s AND deleted_at_ms IS NULL
+
+-- name: chain_edges
+-- Every 'after' trigger of a project as an edge of the chain graph (upstream -> its own task).
+SELECT trigger_id, spec_json ->> 'task' AS upstream, task_id
+FROM qinglong.triggers
+WHERE project_id = %(project_id)s AND kind = 'after'

@@ -77,3 +77,19 @@ SELECT a.attempt_dir, v.payload_json
   LEFT JOIN task_revisions AS v
     ON v.project_id = r.project_id AND v.task_id = r.task_id AND v.task_revision = r.task_revision
  WHERE r.run_id = :run_id;
+
+-- name: events_prune_deliveries
+-- The ended deliveries of events older than :before, oldest events first (a bounded batch).
+DELETE FROM event_deliveries
+ WHERE state <> 'pending'
+   AND event_seq IN (SELECT seq FROM event_outbox
+                      WHERE at_ms < :before AND routed_at_ms IS NOT NULL
+                      ORDER BY seq LIMIT :limit);
+
+-- name: events_prune_events
+-- Routed events older than :before with no delivery left (a pending one keeps its event).
+DELETE FROM event_outbox
+ WHERE seq IN (SELECT o.seq FROM event_outbox AS o
+                WHERE o.at_ms < :before AND o.routed_at_ms IS NOT NULL
+                  AND NOT EXISTS (SELECT 1 FROM event_deliveries AS d WHERE d.event_seq = o.seq)
+                ORDER BY o.seq LIMIT :limit);

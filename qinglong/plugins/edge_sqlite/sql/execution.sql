@@ -278,3 +278,8 @@ SELECT run_id, project_id, task_id, trigger_id, scheduled_for_ms, :reason, :now
 -- The newest Runs skipped before they started, newest first.
 SELECT run_id, project_id, task_id, trigger_id, scheduled_for_ms, reason, recorded_at_ms
   FROM run_skips ORDER BY id DESC LIMIT :limit;
+
+-- name: exec_note_attempt
+-- A note on an Attempt still holding a process (what keeps it from being stopped).
+UPDATE attempts SET reason = :note
+ WHERE attempt_id = :attempt_id AND state IN ('dispatching', 'running');

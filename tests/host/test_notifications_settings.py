@@ -1,0 +1,29 @@
+"""``[notifications]`` settings: a mistaken channel is refused naming it, and never shows the
+channel's secret or URL (which may carry a token)."""
+
+from __future__ import annotations
+
+SECRET = "supersecret-value-123"
+TOKEN = "tok-secret-999"
+
+
+def test_a_bad_channel_is_refused_without_echoing_its_secret_or_url(cli, tmp_path):
+    settings = tmp_path / "s.toml"
+    settings.write_text(f'[backend]\npath = "{tmp_path / "q.db"}"\n'
+                        f'[notifications.channels.hook]\nkind = 5\nsecret = "{SECRET}"\n'
+                        f'url = "http://hooks.example/x?token={TOKEN}"\n')
+    result = cli("--settings", str(settings), "notifications")
+    assert result.returncode != 0 and "channel 'hook'" in result.stderr
+    assert SECRET not in result.stderr + result.stdout and TOKEN not in result.stderr
+
+
+def test_an_unknown_channel_kind_names_the_offered_ones_and_a_bad_option_hides_its_value(cli, tmp_path):
+    settings = tmp_path / "s.toml"
+    base = f'[backend]\npath = "{tmp_path / "q.db"}"\n'
+    settings.write_text(base + '[notifications.channels.hook]\nkind = "pager"\n')
+    result = cli("--settings", str(settings), "run", "--for-seconds", "1")
+    assert "kind 'pager' is not offered" in result.stderr and "email, webhook" in result.stderr
+    settings.write_text(base + '[notifications.channels.hook]\nkind = "webhook"\n'
+                               'url = "http://127.0.0.1:9/"\nsecret = 123456789\n')
+    result = cli("--settings", str(settings), "run", "--for-seconds", "1")
+    assert "key 'secret'" in result.stderr and "123456789" not in result.stderr
