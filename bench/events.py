@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.receiver_helpers import Receiver  # noqa: E402
+from devtools.receiver import Receiver  # noqa: E402
 
 SECRET = "bench-secret-0123456789"
 

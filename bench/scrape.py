@@ -11,7 +11,7 @@
   count is measured, real scheduler rounds (``run_round``) admit the due ones, which are then made
   due again: so the lag window holds ``--due`` recent Runs for the percentiles to read. One trigger of
   each kind is published through the real publisher; the rest are copies of it inserted in bulk
-  (edge: one ``INSERT ... SELECT`` per table; cluster: ``tests/cluster/scale_seed.py``), because
+  (edge: one ``INSERT ... SELECT`` per table; cluster: ``devtools/scale_seed.py``), because
   publishing a million triggers one by one takes hours. ``--reads`` calls of
   ``store_stats()`` one after the other, wall time of each in the caller (for SQLite that is the
   database time plus one hop to the connection's thread); median, p99 and max. On PostgreSQL also
@@ -258,7 +258,7 @@ def bench_cluster(counts: list[int], due: int, reads: int) -> tuple[list[dict], 
 
     import burst
     import cluster as bench_cluster
-    from tests.cluster.scale_seed import clone_triggers, make_due
+    from devtools.scale_seed import clone_triggers, make_due
 
     server = bench_cluster.start_database()
     out = []

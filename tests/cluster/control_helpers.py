@@ -20,8 +20,8 @@ from pathlib import Path
 
 import psycopg
 
-from tests.cluster.conftest import ClusterDb, arun, set_cursor
-from tests import proc_helpers
+from tests.support.cluster import ClusterDb, arun, set_cursor
+from tests.support import procs as proc_helpers
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@
 
     python tests/cluster/regenerate_fingerprint.py [--server pg18|pg15] [--check]
 
-Starts a throw-away PostgreSQL server through the test harness (``tests/pg.py``), creates the
+Starts a throw-away PostgreSQL server through the test harness (``tests/support/pg.py``), creates the
 four roles and a database exactly as ``docs/cluster.md`` says, applies every shipped migration
 through the backend (as the owner role), reads the fingerprint as the runtime role (as readiness
 does) and rewrites ``qinglong/plugins/cluster_postgres/expected_fingerprint.py``. Prints the lines
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.pg import PgServer, create_database, create_roles, drop_database, start_server  # noqa: E402
+from tests.support.pg import PgServer, create_database, create_roles, drop_database, start_server  # noqa: E402
 
 TARGET = ROOT / "qinglong" / "plugins" / "cluster_postgres" / "expected_fingerprint.py"
 DBNAME = "ql_fingerprint"
@@ -29,7 +29,7 @@ DBNAME = "ql_fingerprint"
 async def fresh_fingerprint(server: PgServer, dbname: str = DBNAME) -> list[str]:
     """Create ``dbname`` on ``server`` (roles created if needed), migrate it, and return its
     fingerprint as read by the runtime role on a plugin session."""
-    from tests.cluster.conftest import ClusterDb
+    from tests.support.cluster import ClusterDb
     from qinglong.plugins.cluster_postgres import fingerprint
 
     create_roles(server)

@@ -24,14 +24,11 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from qinglong.contracts.store import BackendContext, SchedulerLimits  # noqa: E402
-from qinglong.plugins.cluster_postgres import qinglong_scheduler_backends  # noqa: E402
-from qinglong.plugins.cluster_postgres.settings import ClusterPostgresSettings  # noqa: E402
-from qinglong.plugins.cron.provider import CronProvider  # noqa: E402
+from qinglong.contracts.store import BackendContext, SchedulerLimits
+from qinglong.plugins.cluster_postgres import qinglong_scheduler_backends
+from qinglong.plugins.cluster_postgres.settings import ClusterPostgresSettings
+from qinglong.plugins.cron.provider import CronProvider
 
 
 class StdoutSink:

@@ -3,7 +3,7 @@ that needs escaping must reach the database as it was, never cut the message sho
 
 from __future__ import annotations
 
-from tests.cluster.conftest import arun, seed, set_cursor
+from tests.support.cluster import arun, seed, set_cursor
 
 
 def test_an_owner_with_quotes_backslashes_and_non_ascii_admits_its_page_unchanged(cluster):

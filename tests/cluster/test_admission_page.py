@@ -8,7 +8,7 @@ import dataclasses
 
 import psycopg
 
-from tests.cluster.conftest import arun, claim, seed, set_cursor
+from tests.support.cluster import arun, claim, seed, set_cursor
 from qinglong.contracts.decision import decide
 from qinglong.contracts.errors import FenceLost
 from qinglong.plugins.cluster_postgres.admission import PageItem, commit_page

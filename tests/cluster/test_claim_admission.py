@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from tests.cluster.conftest import arun, claim, commit, seed, set_cursor
+from tests.support.cluster import arun, claim, commit, seed, set_cursor
 from qinglong.contracts.errors import FenceLost
 from qinglong.contracts.records import DecisionKind, MisfirePolicy, TriggerDefinition
 from qinglong.plugins.cluster_postgres.db import AdmissionRefused

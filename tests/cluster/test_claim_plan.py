@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import psycopg
 
-from tests.cluster.conftest import arun, claim, seed, set_cursor
-from tests.cluster.scale_seed import (blocks_read, clone_triggers, due_index_scans, explain_claim,
+from tests.support.cluster import arun, claim, seed, set_cursor
+from devtools.scale_seed import (blocks_read, clone_triggers, due_index_scans, explain_claim,
                                       make_due, rows_read)
 
 FUTURE = 50_000

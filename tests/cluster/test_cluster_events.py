@@ -5,7 +5,7 @@ own SQL function; the event must come from that same transaction, once, with the
 
 from __future__ import annotations
 
-from tests.cluster.conftest import arun, expire
+from tests.support.cluster import arun, expire
 from tests.cluster.test_worker_functions import (
     RETRY_LOST,
     Worker,

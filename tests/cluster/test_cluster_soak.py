@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import arun
+from tests.support.cluster import arun
 
 FULL = os.environ.get("QINGLONG_SOAK", "").strip().lower() == "full"
 

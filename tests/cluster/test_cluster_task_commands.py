@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.host.test_task_project_commands import cli_runner, exercise_task_and_project_commands
-from tests.pg import ROLE_PASSWORDS, create_database, create_roles, start_server
+from tests.support.pg import ROLE_PASSWORDS, create_database, create_roles, start_server
 
 
 def test_task_list_and_deletes_on_the_cluster_store(tmp_path: Path):

@@ -15,7 +15,7 @@ import time
 import psycopg
 import pytest
 
-from tests.cluster.conftest import CollectingSink, arun, set_cursor
+from tests.support.cluster import CollectingSink, arun, set_cursor
 from tests.cluster.control_helpers import (
     LEASE_MS,
     ProtocolWorker,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.cluster.conftest import arun, claim, seed, set_cursor
+from tests.support.cluster import arun, claim, seed, set_cursor
 from qinglong.plugins.cluster_postgres.claim import CLAIM_BUDGET_HARD_CAP
 from qinglong.plugins.cron.provider import CronProvider
 

@@ -54,7 +54,7 @@ def test_db_wait_holds_until_the_migrations_are_applied_then_exits_0(fresh_db, t
     assert waiter.returncode == 0, first + err
     assert out == "ready\n"
     assert "Traceback" not in first + err
-    from tests.pg import ROLE_PASSWORDS
+    from tests.support.pg import ROLE_PASSWORDS
 
     assert ROLE_PASSWORDS["qinglong_runtime"] not in first + err
 

@@ -8,7 +8,7 @@ import os
 import psycopg
 import pytest
 
-from tests.cluster.conftest import arun, migrate
+from tests.support.cluster import arun, migrate
 from qinglong.contracts.errors import SchemaNotReady
 from qinglong.plugins.cluster_postgres import fingerprint
 
@@ -36,8 +36,8 @@ def test_shipped_fingerprint_matches_a_freshly_migrated_database(fresh_db):
 
 def test_fingerprint_does_not_depend_on_role_names(pg_server, fresh_db):
     """Operators may name the roles as they like; the shipped fingerprint must hold for any names."""
-    from tests.pg import create_database, create_roles, drop_database, ROLE_PASSWORDS
-    from tests.cluster.conftest import ClusterDb
+    from tests.support.pg import create_database, create_roles, drop_database, ROLE_PASSWORDS
+    from tests.support.cluster import ClusterDb
 
     suffix = f"{os.getpid()}_{next(_roles)}"
     names = {f: f"alt_{f}_{suffix}" for f in ("owner", "admin", "runtime", "worker_ingress")}

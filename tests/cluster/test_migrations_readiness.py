@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.cluster.conftest import arun
+from tests.support.cluster import arun
 from qinglong.contracts.errors import SchemaNotReady, SettingsError
 from qinglong.plugins.cluster_postgres import migrations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.cluster.conftest import arun, seed, set_cursor
+from tests.support.cluster import arun, seed, set_cursor
 
 SECRET = "runtime-secret-Pw3"
 

@@ -11,8 +11,8 @@ import threading
 import psycopg
 import pytest
 
-from tests.cluster.conftest import arun, seed, set_cursor
-from tests.cluster.scale_seed import clone_triggers, plan_nodes
+from tests.support.cluster import arun, seed, set_cursor
+from devtools.scale_seed import clone_triggers, plan_nodes
 from qinglong.contracts.errors import StoreUnavailable, UserError
 from qinglong.plugins.cluster_postgres.sql import query
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.cluster.conftest import ROOT, arun, expire, seed, set_cursor
+from tests.support.cluster import ROOT, arun, expire, seed, set_cursor
 from qinglong.contracts.errors import AlreadyExists, NotFound, TriggerSpecError
 from qinglong.contracts.records import TriggerDefinition
 

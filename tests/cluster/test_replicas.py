@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.cluster.conftest import seed, set_cursor
+from tests.support.cluster import seed, set_cursor
 
 DRIVER = Path(__file__).with_name("replica_driver.py")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from tests.cluster.conftest import seed
+from tests.support.cluster import seed
 
 OWNER, ADMIN, RUNTIME, INGRESS = ("qinglong_owner", "qinglong_admin", "qinglong_runtime",
                                   "qinglong_worker_ingress")

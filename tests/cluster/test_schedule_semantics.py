@@ -12,7 +12,7 @@ import time
 import psycopg
 import pytest
 
-from tests.cluster.conftest import arun, seed, set_cursor
+from tests.support.cluster import arun, seed, set_cursor
 from qinglong.contracts.diagnostics import RoundEvent
 from qinglong.contracts.errors import TriggerSpecError
 from qinglong.contracts.records import MisfirePolicy, TriggerDefinition

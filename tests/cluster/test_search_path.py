@@ -16,7 +16,7 @@ import time
 import psycopg
 import pytest
 
-from tests.cluster.conftest import arun, seed
+from tests.support.cluster import arun, seed
 from qinglong.contracts.errors import SchemaNotReady
 
 _roles = itertools.count(1)

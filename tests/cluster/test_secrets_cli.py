@@ -84,7 +84,7 @@ def test_wrong_password_and_unreachable_server_are_clear_errors_without_the_pass
         assert f"host=127.0.0.1 port={port} dbname={db} user=qinglong_" in result.stderr, result.stderr
         assert "password authentication failed" in result.stderr, result.stderr
 
-    from tests.pg import free_port
+    from tests.support.pg import free_port
 
     down = free_port()
     dead = f"postgresql://qinglong_runtime:{PASSWORD.replace(' ', '%20').replace('@', '%40')}@127.0.0.1:{down}/{db}"

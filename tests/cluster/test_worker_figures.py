@@ -4,7 +4,7 @@ and Attempts the worker protocol writes, on PostgreSQL 18 and 15, and the verdic
 
 from __future__ import annotations
 
-from tests.cluster.conftest import arun
+from tests.support.cluster import arun
 from tests.cluster.control_helpers import ProtocolWorker, admit, publish
 
 from qinglong.contracts.observe import Verdict, assess

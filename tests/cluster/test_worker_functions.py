@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import psycopg
 import pytest
 
-from tests.cluster.conftest import arun, expire
+from tests.support.cluster import arun, expire
 
 INGRESS, RUNTIME = "qinglong_worker_ingress", "qinglong_runtime"
 _keys = itertools.count(1)

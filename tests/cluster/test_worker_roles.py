@@ -8,7 +8,7 @@ import pytest
 
 from qinglong.contracts.errors import SchemaNotReady
 from qinglong.plugins.cluster_postgres.roles import CONTROL_FUNCTIONS, INTERNAL_FUNCTIONS, WORKER_FUNCTIONS
-from tests.cluster.conftest import arun
+from tests.support.cluster import arun
 from tests.cluster.test_worker_functions import CMD, INGRESS, RUNTIME, Worker, admit, publish
 
 ADMIN = "qinglong_admin"

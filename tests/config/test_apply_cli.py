@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from conftest import store_rows
+from tests.config.config_helpers import store_rows
 
 SECRET = "Zk4-apply-s3cret-value"
 

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from conftest import FIXTURES
+from tests.config.config_helpers import FIXTURES
 
 from qinglong.contracts.errors import UserError
 from qinglong.host.config.crontab import parse_crontab, split_percent

@@ -31,7 +31,7 @@ from qinglong.contracts.execution import (
 )
 from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
 
-from tests.conformance.conftest import CollectingSink, SqliteHarness, providers
+from tests.conformance.harnesses import CollectingSink, SqliteHarness, providers
 
 SECOND = 1000
 
@@ -627,8 +627,8 @@ RUN_READING_BACKENDS = ["sqlite", "pg18", "pg15"]
 @pytest.fixture(params=RUN_READING_BACKENDS)
 def reading_harness(request, tmp_path):
     """A harness of each backend that records Runs (started and stopped by the test itself)."""
-    from tests.conformance.conftest import PostgresHarness, _db_counter
-    from tests.pg import create_database, drop_database
+    from tests.conformance.harnesses import PostgresHarness, _db_counter
+    from tests.support.pg import create_database, drop_database
 
     if request.param == "sqlite":
         yield SqliteHarness(tmp_path / "qinglong.db")
@@ -776,3 +776,130 @@ async def test_a_note_on_a_running_attempt_is_shown_until_its_end_replaces_it(ha
     await finish(h, attempt_id, exited(0, await h.now_ms()))
     assert (await current(h, run_id)).reason is None
     assert not await store(h).note_attempt(attempt_id, "too late")
+
+
+# ---- ending Runs, wherever they are executed -----------------------------------------------------
+#
+# The local dispatcher ends an Attempt through ``ExecutionStore`` (begin_dispatch, record_started,
+# record_finished); a worker through its protocol (claim, started, complete). The Run an outcome
+# leaves behind is the same contract on both, read back through each backend's reader of Runs.
+
+
+class LocalDispatcher:
+    """Takes, starts and ends Attempts the way ``qinglong run`` does (the edge store)."""
+
+    def __init__(self, h) -> None:
+        self.h = h
+
+    async def take_and_start(self) -> tuple[str, str]:
+        """Start the oldest queued Run's Attempt: ``(run_id, attempt_id)``."""
+        oldest = (await store(self.h).list_runs(state=RunState.QUEUED, limit=100))[-1]
+        return oldest.run_id, await start(self.h, oldest.run_id)
+
+    async def finish(self, attempt_id: str, outcome: AttemptOutcome) -> str:
+        done = await finish(self.h, attempt_id, outcome)
+        return "accepted" if done.recorded else "unchanged"
+
+    async def close(self) -> None:
+        pass
+
+
+class Worker:
+    """Takes, starts and ends Attempts the way ``qinglong worker`` does (the cluster's protocol)."""
+
+    def __init__(self, h) -> None:
+        self.h = h
+        self.protocol = None
+        self.fence = None
+        self.leases: dict[str, object] = {}
+
+    async def _session(self):
+        if self.protocol is None:
+            from qinglong.plugins.cluster_postgres import qinglong_worker_protocols
+
+            (spec,) = qinglong_worker_protocols()
+            self.protocol = await spec.create(self.h.dsn("qinglong_worker_ingress"), "conformance")
+            self.fence = (await self.protocol.open_session("conformance", [], 4, 30_000)).fence
+        return self.protocol
+
+    async def take_and_start(self) -> tuple[str, str]:
+        from qinglong.contracts.worker import new_lease_token
+
+        protocol = await self._session()
+        (claimed,) = await protocol.claim(self.fence, [new_lease_token()])
+        await protocol.started(self.fence, claimed.lease)
+        self.leases[claimed.attempt_id] = claimed.lease
+        return claimed.run_id, claimed.attempt_id
+
+    async def finish(self, attempt_id: str, outcome: AttemptOutcome) -> str:
+        from qinglong.contracts.worker import FenceRefused
+
+        try:
+            reply = await self.protocol.complete(self.fence, self.leases[attempt_id], outcome)
+        except FenceRefused:
+            return "unchanged"
+        return "accepted" if reply.result.value == "accepted" else "unchanged"
+
+    async def close(self) -> None:
+        if self.protocol is not None:
+            await self.protocol.close()
+
+
+def executor_of(h):
+    return LocalDispatcher(h) if getattr(h.backend, "execution", None) is not None else Worker(h)
+
+
+def ended(code: int) -> AttemptOutcome:
+    """An exit with ``code``; no log bytes (a worker ships none here)."""
+    return classify_outcome(Receipt(code, None, None, 0), None)
+
+
+async def test_an_outcome_ends_the_run_once_and_a_repeat_changes_nothing_wherever_runs_are_executed(
+        reading_harness):
+    """The dispatcher's waiter and its reconciler, or a worker repeating a completion whose reply
+    was lost, both report one end: a second report that rewrote the exit code, added an Attempt
+    or ended the Run again would make `runs` show what did not happen."""
+    h = reading_harness
+    await h.start()
+    executor = executor_of(h)
+    try:
+        await admitted_by_rounds(h)
+        reader = runs_reader(h)
+        run_id, attempt_id = await executor.take_and_start()
+        assert _value((await reader.run_detail(run_id)).run.state) == "running"
+        assert await executor.finish(attempt_id, ended(0)) == "accepted"
+        detail = await reader.run_detail(run_id)
+        assert (_value(detail.run.state), detail.run.exit_code, detail.run.attempts) == ("succeeded", 0, 1)
+        assert detail.run.finished_at_ms is not None
+        (attempt,) = detail.attempts
+        assert (_value(attempt.state), attempt.exit_code) == ("succeeded", 0)
+        assert await executor.finish(attempt_id, ended(0)) == "unchanged"
+        assert await executor.finish(attempt_id, ended(3)) == "unchanged"
+        assert await reader.run_detail(run_id) == detail
+        assert [r.run_id for r in await reader.list_runs(state=RunState.SUCCEEDED)] == [run_id]
+    finally:
+        await executor.close()
+        await h.stop()
+
+
+async def test_a_failed_attempt_ends_the_run_failed_with_its_exit_code_wherever_runs_are_executed(
+        reading_harness):
+    """Without a retry policy a failed Attempt is the Run's end: a Run left running or queued
+    would be run again, and a listing without the exit code hides why it failed."""
+    h = reading_harness
+    await h.start()
+    executor = executor_of(h)
+    try:
+        await admitted_by_rounds(h)
+        reader = runs_reader(h)
+        run_id, attempt_id = await executor.take_and_start()
+        assert await executor.finish(attempt_id, ended(7)) == "accepted"
+        detail = await reader.run_detail(run_id)
+        assert (_value(detail.run.state), detail.run.exit_code, detail.run.attempts) == ("failed", 7, 1)
+        (attempt,) = detail.attempts
+        assert (_value(attempt.state), attempt.exit_code) == ("failed", 7)
+        assert [r.run_id for r in await reader.list_runs(state=RunState.FAILED)] == [run_id]
+        assert run_id not in {r.run_id for r in await reader.list_runs(state=RunState.QUEUED, limit=100)}
+    finally:
+        await executor.close()
+        await h.stop()

@@ -44,8 +44,6 @@ PROBE_PATHS = {"startupProbe": "/livez", "livenessProbe": "/livez", "readinessPr
 PROBE_TIMING = {"initialDelaySeconds", "periodSeconds", "timeoutSeconds", "successThreshold",
                 "failureThreshold", "terminationGracePeriodSeconds"}
 
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 
 #: The workloads of the base: (kind, name) -> the component label they carry.
@@ -385,7 +383,7 @@ def test_worker_env_resolves_to_worker_settings_and_its_drain_fits_the_grace_per
 
 @pytest.fixture(scope="module")
 def postgres():
-    from tests.pg import create_database, create_roles, start_server
+    from tests.support.pg import create_database, create_roles, start_server
 
     server = start_server("pg18")
     try:
@@ -446,7 +444,7 @@ def replica(postgres, tmp_path_factory):
     own command and env (the runtime DSN, the token) start it and pass its readiness probe. The
     replica listens on the settings' own host (every interface, off loopback, so the token is
     required), on a free port standing in for the container port on a shared machine."""
-    from tests.pg import ROLE_PASSWORDS, free_port
+    from tests.support.pg import ROLE_PASSWORDS, free_port
 
     tmp_path = tmp_path_factory.mktemp("replica")
     docs = _documents(_manifest_files())
@@ -582,7 +580,7 @@ def test_a_worker_started_as_its_container_runs_the_runs_the_replica_admits(repl
     whose command or env does not work (a DSN key it does not read, a settings file it cannot
     find) leaves them queued just the same. Its SIGTERM (the kubelet's stop) must drain and exit 0
     within the pod's grace period."""
-    from tests.pg import ROLE_PASSWORDS
+    from tests.support.pg import ROLE_PASSWORDS
 
     admin = replica.tmp_path / "admin.toml"
     admin.write_text('profile = "cluster"\n[backend]\nruntime_dsn = "%s"\nadmin_dsn = "%s"\n' % (

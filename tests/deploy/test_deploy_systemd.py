@@ -121,7 +121,7 @@ def test_ready_notification_arrives_when_readyz_answers_200_and_stopping_at_sigt
     import urllib.error
     import urllib.request
 
-    from tests.pg import free_port
+    from tests.support.pg import free_port
 
     port = free_port()
     settings = tmp_path / "qinglong.toml"

@@ -27,8 +27,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # tests.pg, from the tree
-    sys.path.insert(0, str(REPO))
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE_SHELLS = {"sh", "bash", "shell", "console"}
 #: The first word of an indented block that makes it a block of shell commands.
@@ -248,7 +246,7 @@ def test_every_command_of_the_page_runs_on_the_edge_profile(page, tmp_path):
 def test_every_command_of_the_cluster_page_runs_against_postgresql(page, tmp_path):
     """The cluster page's commands (migrate, wait, a replica, a worker) with a settings file as
     the page shows it, on a fresh database of the suite's PostgreSQL with its four roles."""
-    from tests.pg import ROLE_PASSWORDS, create_database, create_roles, start_server
+    from tests.support.pg import ROLE_PASSWORDS, create_database, create_roles, start_server
 
     server = start_server("pg18")
     try:

@@ -1,9 +1,7 @@
-"""Fixtures of the edge_sqlite tests and a runner for ``async def`` tests (no asyncio plugin needed)."""
+"""Fixtures of the edge_sqlite tests (their ``async def`` tests run through tests/support/aio.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import os
 import shutil
 import subprocess
@@ -13,17 +11,6 @@ from pathlib import Path
 import pytest
 
 from edge_helpers import Clock
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
-    """Run ``async def`` tests of this directory on a fresh event loop."""
-    if inspect.iscoroutinefunction(pyfuncitem.obj):
-        names = pyfuncitem._fixtureinfo.argnames
-        kwargs = {name: pyfuncitem.funcargs[name] for name in names}
-        asyncio.run(pyfuncitem.obj(**kwargs))
-        return True
-    return None
 
 
 @pytest.fixture

@@ -17,13 +17,10 @@ import asyncio
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the source tree, not an install
-
-from qinglong.contracts.store import BackendContext, SchedulerLimits  # noqa: E402
-from qinglong.plugins.cron.provider import CronProvider  # noqa: E402
-from qinglong.plugins.edge_sqlite import EdgeSqliteSettings, create_backend  # noqa: E402
+from qinglong.contracts.store import BackendContext, SchedulerLimits
+from qinglong.plugins.cron.provider import CronProvider
+from qinglong.plugins.edge_sqlite import EdgeSqliteSettings, create_backend
 
 
 class _StderrSink:

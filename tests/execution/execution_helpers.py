@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from tests.proc_helpers import group_members  # noqa: F401 (re-exported)
-from tests import proc_helpers
+from tests.support.procs import group_members  # noqa: F401 (re-exported)
+from tests.support import procs as proc_helpers
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")

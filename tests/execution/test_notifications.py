@@ -10,7 +10,7 @@ import time
 from qinglong.plugins.notify.webhook import verify
 
 from tests.execution.execution_helpers import TERMINAL, Workspace, wait_until
-from tests.receiver_helpers import Receiver
+from devtools.receiver import Receiver
 
 SECRET = "whsec-0123456789abcdef"
 ENV_VALUE = "tok-9f8e7d6c5b4a"

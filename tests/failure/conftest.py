@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the repository is used from the tree
-    sys.path.insert(0, str(ROOT))
 
-from tests.cluster.conftest import ClusterDb, migrate  # noqa: E402
-from tests.pg import create_database, create_roles, drop_database, start_server  # noqa: E402
+from tests.support.cluster import ClusterDb, migrate
+from tests.support.pg import create_database, create_roles, drop_database, start_server
 
 _counter = itertools.count(1)
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import psycopg
 
-from tests.cluster.conftest import ClusterDb, CollectingSink, migrate
-from tests.pg import ROLE_PASSWORDS, PgServer, create_database, create_roles
+from tests.support.cluster import ClusterDb, CollectingSink, migrate
+from tests.support.pg import ROLE_PASSWORDS, PgServer, create_database, create_roles
 
-from tests.failure.fault_proxy import FaultProxy
+from devtools.fault_proxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -24,7 +24,7 @@ import asyncio
 import psycopg
 import pytest
 
-from tests.cluster.conftest import seed, set_cursor
+from tests.support.cluster import seed, set_cursor
 from tests.failure.failure_helpers import (
     ADMISSION_MESSAGE,
     Figures,
@@ -34,7 +34,7 @@ from tests.failure.failure_helpers import (
     wait_for,
     wait_rounds,
 )
-from tests.failure.fault_proxy import TO_SERVER, FaultProxy
+from devtools.fault_proxy import TO_SERVER, FaultProxy
 
 pytestmark = pytest.mark.postgres
 

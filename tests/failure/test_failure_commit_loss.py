@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from tests.cluster.conftest import seed, set_cursor
+from tests.support.cluster import seed, set_cursor
 from tests.failure.failure_helpers import (
     ADMISSION_COMMITTED,
     PATIENCE_S,
@@ -40,8 +40,8 @@ from tests.failure.failure_helpers import (
     wait_replayed,
     write_cluster_settings,
 )
-from tests.failure.fault_proxy import TO_CLIENT, FaultProxy
-from tests.pg import start_server
+from devtools.fault_proxy import TO_CLIENT, FaultProxy
+from tests.support.pg import start_server
 
 pytestmark = pytest.mark.postgres
 

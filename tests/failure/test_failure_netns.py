@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.cluster.conftest import seed
+from tests.support.cluster import seed
 from tests.failure.failure_helpers import (
     EVERY_SECOND,
     PATIENCE_S,
@@ -29,8 +29,8 @@ from tests.failure.failure_helpers import (
     start_every_second,
     write_cluster_settings,
 )
-from tests.failure.fault_proxy import FaultProxy
-from tests.pg import ROLE_PASSWORDS
+from devtools.fault_proxy import FaultProxy
+from tests.support.pg import ROLE_PASSWORDS
 
 pytestmark = pytest.mark.postgres
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.cluster.conftest import seed, set_cursor
+from tests.support.cluster import seed, set_cursor
 from tests.failure.failure_helpers import (
     ADMISSION_COMMITTED,
     ADMISSION_MESSAGE,
@@ -30,7 +30,7 @@ from tests.failure.failure_helpers import (
     wait_for,
     wait_rounds,
 )
-from tests.failure.fault_proxy import TO_CLIENT, TO_SERVER, FaultProxy
+from devtools.fault_proxy import TO_CLIENT, TO_SERVER, FaultProxy
 
 pytestmark = pytest.mark.postgres
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.cluster.conftest import ClusterDb, claim, commit, seed, set_cursor
+from tests.support.cluster import ClusterDb, claim, commit, seed, set_cursor
 from tests.failure.failure_helpers import (
     Figures,
     InProcessReplica,
@@ -26,7 +26,7 @@ from tests.failure.failure_helpers import (
     timeline,
     wait_for,
 )
-from tests.pg import start_server
+from tests.support.pg import start_server
 
 pytestmark = pytest.mark.postgres
 

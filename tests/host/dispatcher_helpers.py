@@ -25,7 +25,7 @@ from qinglong.contracts.execution import RunState
 from qinglong.host.containers import build_container
 from qinglong.host.settings import load_settings
 
-from tests.proc_helpers import group_members, process_alive  # noqa: F401 (re-exported)
+from tests.support.procs import group_members, process_alive  # noqa: F401 (re-exported)
 
 T = TypeVar("T")
 WAIT_S = 60.0

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from tests import proc_helpers
+from tests.support import procs as proc_helpers
 
 T = TypeVar("T")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import pg  # tests/pg.py (tests/ is on the path through its conftest)
+from tests.support import pg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -234,7 +234,7 @@ def test_a_cluster_store_reads_attention_without_a_replica_and_only_stranded_run
     completing rounds must page (20), a replica keeping up must give no reason but the Runs no
     worker can take (none runs here), the workers line must be there for the operator, and no
     DSN password may reach the output."""
-    import pg  # tests/pg.py (tests/ is on the path through its conftest)
+    from tests.support import pg
 
     server = pg.start_server("pg18")
     try:

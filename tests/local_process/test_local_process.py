@@ -36,7 +36,7 @@ from qinglong.plugins.local_process import create_executor, qinglong_executors
 from qinglong.plugins.local_process.executor import LocalProcessExecutor
 from qinglong.plugins.local_process.procfs import group_members, read_stat
 
-from tests import proc_helpers
+from tests.support import procs as proc_helpers
 
 TIMEOUT = 60.0
 MIB = 1024 * 1024

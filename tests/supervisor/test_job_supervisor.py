@@ -23,7 +23,7 @@ from qinglong.contracts.execution import (
 from qinglong.plugins.local_process import create_executor
 from qinglong.supervisor import Job, Supervisor, SupervisorStats
 
-from tests.proc_helpers import process_alive, wait_until
+from tests.support.procs import process_alive, wait_until
 
 PATIENCE_S = 60.0
 

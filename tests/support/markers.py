@@ -25,14 +25,14 @@ def _bound_long_tests(items) -> None:
 
 # ---- postgres: every item that talks to a PostgreSQL server the suite starts ---------------------
 
-#: The server builds a test may be parametrized over (tests/pg.py ``server_build``).
+#: The server builds a test may be parametrized over (tests/support/pg.py ``server_build``).
 PG_BUILDS = frozenset({"pg18", "pg15"})
 
 #: What a function's source calls when it starts a server of its own.
 _STARTS_A_SERVER = ("start_server(", "PgServer(")
 
 #: Set in the environment while a test without the ``postgres`` mark runs: starting a server
-#: then fails (tests/pg.py), so a test the marking missed cannot hide under ``-m "not postgres"``.
+#: then fails (tests/support/pg.py), so a test the marking missed cannot hide under ``-m "not postgres"``.
 UNMARKED_ENV = "QINGLONG_TEST_NOT_MARKED_POSTGRES"
 
 _source_cache: dict = {}

@@ -16,10 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.cluster.conftest import ClusterDb, set_cursor
-from tests.pg import ROLE_PASSWORDS
-from tests.proc_helpers import group_members
-from tests import proc_helpers
+from tests.support.cluster import ClusterDb, set_cursor
+from tests.support.pg import ROLE_PASSWORDS
+from tests.support.procs import group_members
+from tests.support import procs as proc_helpers
 
 PROJECT = "wp"
 #: Overall bound on any wait: a hang, never a speed requirement.

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import qinglong.worker as worker_package
-from tests.proc_helpers import group_members, process_alive, wait_until
+from tests.support.procs import group_members, process_alive, wait_until
 
 KEEPER = Path(worker_package.__file__).resolve().parent / "keeper.py"
 PATIENCE_S = 60.0

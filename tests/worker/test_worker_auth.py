@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from tests.pg import ROLE_PASSWORDS
+from tests.support.pg import ROLE_PASSWORDS
 from tests.worker.helpers import WorkerProcess, start_worker, wait_until, write_worker_settings
 
 pytestmark = pytest.mark.postgres

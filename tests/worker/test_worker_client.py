@@ -24,8 +24,8 @@ from qinglong.contracts.worker import (
 from qinglong.worker.logship import ship_log
 from qinglong.plugins.cluster_postgres import worker_client
 from qinglong.plugins.cluster_postgres.worker_client import connect_worker_protocol
-from tests.failure.fault_proxy import BOTH, FaultProxy
-from tests.pg import ROLE_PASSWORDS
+from devtools.fault_proxy import BOTH, FaultProxy
+from tests.support.pg import ROLE_PASSWORDS
 from tests.worker.helpers import admit, publish_task, py_job, stored_log, worker_dsn
 
 PASSWORD = ROLE_PASSWORDS["qinglong_worker_ingress"]

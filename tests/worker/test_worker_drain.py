@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 
 from tests.worker.drain_jobs import GATED_JOB
-from tests.proc_helpers import process_alive
+from tests.support.procs import process_alive
 from tests.worker.helpers import (
     start_worker,
     keeper_pid,

@@ -11,9 +11,9 @@ import signal
 
 import pytest
 
-from tests.cluster.conftest import expire
-from tests.failure.fault_proxy import BOTH, FaultProxy
-from tests.proc_helpers import process_alive
+from tests.support.cluster import expire
+from devtools.fault_proxy import BOTH, FaultProxy
+from tests.support.procs import process_alive
 from tests.worker.helpers import (
     keeper_pid,
     SHORT_TIMING,

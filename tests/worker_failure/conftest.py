@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the repository is used from the tree
-    sys.path.insert(0, str(ROOT))
 
-from tests.cluster.conftest import ClusterDb, migrate  # noqa: E402
-from tests.pg import create_database, create_roles, drop_database, start_server  # noqa: E402
-from tests.worker_failure.harness import Cluster  # noqa: E402
+from tests.support.cluster import ClusterDb, migrate
+from tests.support.pg import create_database, create_roles, drop_database, start_server
+from tests.worker_failure.harness import Cluster
 
 _counter = itertools.count(1)
 

@@ -6,7 +6,7 @@ its start and end on the machine's monotonic clock, and the audits.
   admitted by real replicas (triggers whose cursor is put just behind the database clock: one
   Run each), replicas and workers as subprocesses with their stderr kept for their diagnostics;
 * :class:`WorkerProcess`: one ``python -m qinglong worker --settings FILE`` (profile ``cluster``,
-  section ``[worker]``) with short leases, behind its own :class:`~tests.failure.fault_proxy.FaultProxy`
+  section ``[worker]``) with short leases, behind its own :class:`~devtools.fault_proxy.FaultProxy`
   (or a namespace bridge), killed, stopped, continued and restarted by the test;
 * :class:`JobWatcher`: a thread that opens a pidfd on every job as soon as its start marker
   appears, so a job ended by KILL (no end marker) still has an upper bound on its end;
@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.cluster.conftest import ClusterDb, set_cursor
+from tests.support.cluster import ClusterDb, set_cursor
 from tests.failure.failure_helpers import (
     PATIENCE_S,
     parse_diagnostics,
@@ -39,9 +39,9 @@ from tests.failure.failure_helpers import (
     sql,
     write_cluster_settings,
 )
-from tests.failure.fault_proxy import FaultProxy
-from tests.pg import ROLE_PASSWORDS
-from tests import proc_helpers
+from devtools.fault_proxy import FaultProxy
+from tests.support.pg import ROLE_PASSWORDS
+from tests.support import procs as proc_helpers
 
 JOB = Path(__file__).with_name("marker_job.py")
 PROJECT = "wf"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.failure.fault_proxy import TO_CLIENT, TO_SERVER
+from devtools.fault_proxy import TO_CLIENT, TO_SERVER
 from tests.worker_failure.harness import (
     audit_runs,
     executions,

@@ -188,7 +188,7 @@ def test_killed_worker_that_never_started_its_attempt_gives_it_back_and_its_late
     lease expired, A's delayed start could still land. Then A's held ``started`` is delivered,
     late: if the store accepted it, B's running Attempt would be taken back by a dead worker's
     fence."""
-    from tests.failure.fault_proxy import TO_SERVER
+    from devtools.fault_proxy import TO_SERVER
 
     c = cluster
     c.publish_task("never", hold_s=0.5)  # not idempotent, no retry

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.failure.failure_helpers import env_full
-from tests.failure.fault_proxy import FaultProxy
+from devtools.fault_proxy import FaultProxy
 from tests.failure.test_failure_netns import VethNamespace, _namespaces_permitted
 from tests.worker_failure.harness import (
     audit_runs,

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.cluster.conftest import ClusterDb
+from tests.support.cluster import ClusterDb
 from tests.failure.failure_helpers import (
     new_cluster_db,
     promote,
@@ -19,7 +19,7 @@ from tests.failure.failure_helpers import (
     timeline,
     wait_replayed,
 )
-from tests.pg import ROLE_PASSWORDS, start_server
+from tests.support.pg import ROLE_PASSWORDS, start_server
 from tests.worker_failure.harness import (
     Cluster,
     audit_runs,
