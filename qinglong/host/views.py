@@ -107,5 +107,5 @@ def status_json(profile: str, not_ready: str | None, finding: Any, code: int, gr
             "stats": stats_json(now), "before": stats_json(before)}
 
 
-def cron_next_json(times_ms: list[int], iso: Any) -> list[Mapping[str, Any]]:
+def fire_times_json(times_ms: list[int], iso: Any) -> list[Mapping[str, Any]]:
     return [{"at_ms": t, "at": iso(t)} for t in times_ms]

@@ -5,6 +5,7 @@ rate-limited per address."""
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 
 from api_helpers import Client, Plane, api_settings, cli, make_token
 from host_helpers import wait_until
@@ -68,8 +69,13 @@ def test_the_api_speaks_the_cli_json_shapes_with_one_error_shape(tmp_path):
         status, state, _ = client.request("GET", "/api/v1/status")
         assert status == 200 and state["profile"] == "edge" and state["ready"] is True
         assert set(state) == set(json.loads(cli(settings, "status", "--once", "--json")))
-        status, preview, _ = client.request("GET", "/api/v1/cron/next?expression=0%209%20*%20*%201-5&count=3")
+        spec = quote(json.dumps({"expression": "0 9 * * 1-5"}))
+        status, preview, _ = client.request("GET", f"/api/v1/kinds/cron/next?spec={spec}&count=3")
         assert status == 200 and len(preview["next"]) == 3
+        status, refused, _ = client.request("GET", f"/api/v1/kinds/cron/next?spec={quote(json.dumps({'expression': '61 * * * *'}))}")
+        assert status == 422 and "minute" in refused["error"]["message"], refused
+        status, unknown, _ = client.request("GET", f"/api/v1/kinds/nosuchkind/next?spec={spec}")
+        assert status in (404, 422), unknown
 
         for method, path, body, expected, code, field in (
                 ("GET", "/api/v1/runs/nosuchrun", None, 404, "unknown", None),

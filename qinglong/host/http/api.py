@@ -386,7 +386,7 @@ class ApiService:
                 break
             times.append(nxt)
             at = nxt
-        return views.cron_next_json(times, iso)
+        return views.fire_times_json(times, iso)
 
     async def trigger_next(self, request: Request, principal: Principal) -> Response:
         project_id = request.path_params["project"]
@@ -397,16 +397,22 @@ class ApiService:
         return JSONResponse({"trigger": views.trigger_json(head),
                              "next": self._fire_times(head.kind, head.spec, after, count)})
 
-    async def cron_next(self, request: Request, principal: Principal) -> Response:
-        expression = request.query_params.get("expression")
-        if not expression:
-            raise BodyError("query parameter 'expression' is required", "expression")
-        zone = request.query_params.get("timezone", "UTC")
+    async def kind_next(self, request: Request, principal: Principal) -> Response:
+        """Fire times of a spec of any trigger kind, as its provider computes them: the host
+        names no kind's keys, the provider validates the spec it is given."""
+        kind = request.path_params["kind"]
+        text = request.query_params.get("spec")
+        if not text:
+            raise BodyError("query parameter 'spec' (the trigger spec as a JSON object) is required", "spec")
+        try:
+            spec = json.loads(text)
+        except ValueError:
+            raise BodyError("query parameter 'spec' is not JSON", "spec") from None
+        if not isinstance(spec, dict):
+            raise BodyError("query parameter 'spec' must be a JSON object", "spec")
         count = _int_query(request, "count", 5, 1, 100)
         after = _int_query(request, "after_ms", self.clock_ms(), 0, 253_402_300_799_000)
-        return JSONResponse({"expression": expression, "timezone": zone,
-                             "next": self._fire_times("cron", {"expression": expression, "timezone": zone},
-                                                      after, count)})
+        return JSONResponse({"kind": kind, "spec": spec, "next": self._fire_times(kind, spec, after, count)})
 
     # ------------------------------------------------------------------ runs
 
@@ -615,9 +621,9 @@ class ApiService:
                                      "follow": "1: Server-Sent Events until the Attempt ends"})}, api=True),
             RouteSpec(f"{p}/status", {
                 "GET": Method("read", self.status, "the verdict and figures of qinglong status")}, api=True),
-            RouteSpec(f"{p}/cron/next", {
-                "GET": Method("read", self.cron_next, "preview a cron expression's fire times",
-                              query={"expression": "5 or 6 fields", "timezone": "IANA zone (default UTC)",
+            RouteSpec(p + "/kinds/{kind}/next", {
+                "GET": Method("read", self.kind_next, "preview the fire times of a trigger spec of a kind",
+                              query={"spec": "the trigger spec as a JSON object, as trigger add takes it",
                                      "count": "1-100", "after_ms": "from this instant"})}, api=True),
             RouteSpec(f"{p}/tokens", {
                 "GET": Method("admin", self.list_tokens, "list tokens (never a secret)"),
