@@ -23,7 +23,7 @@ from qinglong.host.config.systemd_timer import (
 )
 from qinglong.plugins.cron.provider import CronProvider
 
-from conftest import store_rows
+from tests.config.config_helpers import store_rows
 
 CRON = CronProvider()
 UNITS = Path("/lib/systemd/system")
