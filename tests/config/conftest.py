@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.config.config_helpers import FIXTURES, store_rows  # noqa: F401 (their old home)
 from tests.host.host_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]

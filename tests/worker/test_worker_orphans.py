@@ -8,7 +8,7 @@ import os
 import shutil
 import signal
 
-from tests.proc_helpers import process_alive, wait_until
+from tests.support.procs import process_alive, wait_until
 from tests.worker.helpers import admit, attempts, publish_task, start_worker, wait_run_state
 
 
