@@ -112,7 +112,9 @@ def make_database(path: Path, triggers: int, due_fraction: float, expression: st
 
 def _insert(conn, batch, now_ms, grace_ms) -> None:
     conn.executemany(
-        "INSERT INTO triggers VALUES (?, 'bench', 'job', 1, 'cron', ?, 'fire_once', ?, 1, 'sha256:0', ?)",
+        "INSERT INTO triggers (trigger_id, project_id, task_id, trigger_revision, kind, spec_json, "
+        "misfire_policy, misfire_grace_ms, enabled, content_digest, updated_at_ms) "
+        "VALUES (?, 'bench', 'job', 1, 'cron', ?, 'fire_once', ?, 1, 'sha256:0', ?)",
         [(t, s, grace_ms, now_ms) for t, s, _ in batch])
     conn.executemany(
         "INSERT INTO trigger_schedules (trigger_id, project_id, trigger_revision, next_fire_at_ms, "
