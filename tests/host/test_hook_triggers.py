@@ -186,3 +186,21 @@ def test_the_delivery_body_reaches_the_job_as_its_event_file(hooked):
     assert printed.endswith("ran\n"), printed
     event = json.loads(printed[:-len("ran\n")])
     assert event == {"body": body.decode("utf-8"), "content_type": "application/json", "delivery": "body-1"}
+
+
+def test_a_missing_or_short_secret_is_refused_by_name_never_quoted(tmp_path):
+    """A hook with a guessable secret, or one added without it, would be open to anyone; the
+    refusal must not print the value it refuses (it is meant to be a secret)."""
+    from host_helpers import run_cli
+
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    cli(settings, "task", "put", "ops", "job", "--", "true")
+    short = "short-secret-value"
+    for env, expected in ((child_env(), "the environment has no variable 'HOOK_SECRET'"),
+                          (child_env(HOOK_SECRET=short), "secret: expected 32 to 256 printable ASCII")):
+        done = run_cli(["--settings", str(settings), "trigger", "add", "ops", "gh", "--task", "job",
+                        "--hook-secret-env", "HOOK_SECRET"], cwd=tmp_path, env=env)
+        assert done.returncode == 3 and expected in done.stderr, done.stderr
+        assert short not in done.stderr + done.stdout
+    assert json.loads(cli(settings, "trigger", "list", "--json")) == []
