@@ -204,3 +204,16 @@ def test_a_missing_or_short_secret_is_refused_by_name_never_quoted(tmp_path):
         assert done.returncode == 3 and expected in done.stderr, done.stderr
         assert short not in done.stderr + done.stdout
     assert json.loads(cli(settings, "trigger", "list", "--json")) == []
+
+
+def test_export_masks_a_hooks_secret_unless_asked(tmp_path):
+    """An export is shared and committed; one that printed a hook's secret would let whoever reads
+    it start the job at will."""
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    cli(settings, "task", "put", "ops", "job", "--", "true")
+    cli(settings, "trigger", "add", "ops", "gh", "--task", "job", "--hook-secret-env", "HOOK_SECRET",
+        env=child_env(HOOK_SECRET=SECRET))
+    masked = cli(settings, "export")
+    assert SECRET not in masked and 'secret = "********"' in masked
+    assert SECRET in cli(settings, "export", "--with-secrets")
