@@ -31,7 +31,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE_SHELLS = {"sh", "bash", "shell", "console"}
 #: The first word of an indented block that makes it a block of shell commands.
 PROGRAMS = {"qinglong", "pip", "python", "python3", "docker", "podman", "kubectl", "systemctl", "curl",
-            "openssl", "deploy/systemd/install.sh", "printf", "cd"}
+            "openssl", "deploy/systemd/install.sh", "printf", "cd", "env"}
 
 #: Commands that are not run here, by a pattern of the command, with the reason. Short on purpose.
 NOT_RUN: dict[str, str] = {

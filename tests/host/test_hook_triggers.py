@@ -32,6 +32,19 @@ def _post(port, path, body, *, secret=SECRET, ts=None, delivery="d-1", headers=N
         client.close()
 
 
+def _admissions(db):
+    """What an admission writes (Runs, their keys and payloads), not how an admitted Run goes on
+    (its state moves while the job runs)."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return [conn.execute(q).fetchall() for q in (
+            "SELECT run_id, trigger_id, idempotency_key FROM runs ORDER BY 1",
+            "SELECT * FROM manual_run_keys ORDER BY 1", "SELECT * FROM run_event_payloads ORDER BY 1",
+            "SELECT attempt_id, run_id FROM attempts ORDER BY 1")]
+    finally:
+        conn.close()
+
+
 def _hook_runs(db):
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
@@ -127,11 +140,11 @@ def test_a_replay_after_the_window_is_refused_and_within_it_is_the_same_run(hook
     plane, settings = hooked
     status, first = _post(plane.port, "/api/v1/hooks/ops/gh", b"{}", delivery="r-1")
     assert status == 202
-    before = store_dump(settings.parent / "q.db")
+    before = _admissions(settings.parent / "q.db")
     stale = str(int(time.time()) - 3600)
     assert _post(plane.port, "/api/v1/hooks/ops/gh", b"{}", delivery="r-2", ts=stale)[0] == 401
     assert _post(plane.port, "/api/v1/hooks/ops/gh", b"{}", delivery="r-1") == (200, {**first, "created": False})
-    assert store_dump(settings.parent / "q.db") == before
+    assert _admissions(settings.parent / "q.db") == before
 
 
 def test_deliveries_over_the_rate_are_refused_without_a_run(hooked):
@@ -141,14 +154,66 @@ def test_deliveries_over_the_rate_are_refused_without_a_run(hooked):
     db = settings.parent / "q.db"
     accepted = 0
     for i in range(7):  # 3 a minute: a 429 comes by the 7th even if one minute turns over
-        before = store_dump(db)
+        before = _admissions(db)
         status, answer = _post(plane.port, "/api/v1/hooks/ops/gh", b"{}", delivery=f"f-{i}")
         if status == 429:
             assert answer["error"]["code"] == "rate_limited"
-            assert store_dump(db) == before, "a refused delivery changed the store"
+            assert _admissions(db) == before, "a refused delivery changed the store"
             break
         assert status == 202, answer
         accepted += 1
     else:
         raise AssertionError("seven deliveries in a row were all accepted")
     assert 3 <= accepted <= 6
+
+
+def test_the_delivery_body_reaches_the_job_as_its_event_file(hooked):
+    """The job reads what the sender posted from $QINGLONG_EVENT_FILE; without it a hook could
+    start a job but never tell it what happened."""
+    plane, settings = hooked
+    body = b'{"ref": "refs/heads/main", "note": "caf\xc3\xa9"}'
+    status, answer = _post(plane.port, "/api/v1/hooks/ops/gh", body, delivery="body-1")
+    assert status == 202, answer
+    token = make_token(settings, "reader", "read")
+    client = Client(plane.port, token)
+    try:
+        wait_until(lambda: client.request("GET", f"/api/v1/runs/{answer['run_id']}")[1]["state"]
+                   == "succeeded", "the hook's Run to end", timeout=60, every=0.1, alive=plane.process)
+        status, log, _ = client.request("GET", f"/api/v1/runs/{answer['run_id']}/log")
+    finally:
+        client.close()
+    printed = (log if isinstance(log, bytes) else json.dumps(log).encode()).decode("utf-8")
+    assert printed.endswith("ran\n"), printed
+    event = json.loads(printed[:-len("ran\n")])
+    assert event == {"body": body.decode("utf-8"), "content_type": "application/json", "delivery": "body-1"}
+
+
+def test_a_missing_or_short_secret_is_refused_by_name_never_quoted(tmp_path):
+    """A hook with a guessable secret, or one added without it, would be open to anyone; the
+    refusal must not print the value it refuses (it is meant to be a secret)."""
+    from host_helpers import run_cli
+
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    cli(settings, "task", "put", "ops", "job", "--", "true")
+    short = "short-secret-value"
+    for env, expected in ((child_env(), "the environment has no variable 'HOOK_SECRET'"),
+                          (child_env(HOOK_SECRET=short), "secret: expected 32 to 256 printable ASCII")):
+        done = run_cli(["--settings", str(settings), "trigger", "add", "ops", "gh", "--task", "job",
+                        "--hook-secret-env", "HOOK_SECRET"], cwd=tmp_path, env=env)
+        assert done.returncode == 3 and expected in done.stderr, done.stderr
+        assert short not in done.stderr + done.stdout
+    assert json.loads(cli(settings, "trigger", "list", "--json")) == []
+
+
+def test_export_masks_a_hooks_secret_unless_asked(tmp_path):
+    """An export is shared and committed; one that printed a hook's secret would let whoever reads
+    it start the job at will."""
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    cli(settings, "task", "put", "ops", "job", "--", "true")
+    cli(settings, "trigger", "add", "ops", "gh", "--task", "job", "--hook-secret-env", "HOOK_SECRET",
+        env=child_env(HOOK_SECRET=SECRET))
+    masked = cli(settings, "export")
+    assert SECRET not in masked and 'secret = "********"' in masked
+    assert SECRET in cli(settings, "export", "--with-secrets")

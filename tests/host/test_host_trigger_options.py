@@ -75,7 +75,7 @@ def test_a_kind_option_given_to_another_kind_is_refused_naming_both(cli, interva
         (("--every", "soon"), "--every 'soon' is not a duration"),
         (("--every", "30s", "--spec", '{"every_ms": 30000}'), "give either --spec or --every, not both"),
         ((), "a new trigger needs a schedule: --after TASK [--on success|failure|any] (after); "
-             "--cron EXPRESSION [--timezone ZONE] (cron); "
+             "--cron EXPRESSION [--timezone ZONE] (cron); --hook-secret-env NAME (hook); "
              "--every DURATION [--anchor-ms MS] (interval); --kind KIND --spec JSON"),
     ):
         result = cli("--settings", settings, "trigger", "add", "ops", "x", "--task", "ping", *args, env=env)

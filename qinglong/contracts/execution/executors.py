@@ -46,6 +46,14 @@ class StartRequest:
     #: whatever happens to the process that started it (killed, frozen, cut off). None: no fence
     #: (a local profile's jobs outlive their control plane on purpose).
     fence_deadline_mono: float | None = None
+    #: What an event admitted the Run with (canonical JSON: an incoming webhook's body, an event
+    #: source's payload), or None. An executor that supports it hands it to the job as a file
+    #: named by :data:`EVENT_FILE_ENV`.
+    event_payload: str | None = None
+
+
+#: The variable naming the file that holds :attr:`StartRequest.event_payload`.
+EVENT_FILE_ENV = "QINGLONG_EVENT_FILE"
 
 
 class StartError(Exception):
@@ -159,5 +167,5 @@ def job_environment(base: Mapping[str, str], request: StartRequest) -> dict[str,
     return env
 
 
-__all__ = ["ProcessHandle", "StartRequest", "StartError", "ProcessState", "Executor", "FencedExecutor",
+__all__ = ["EVENT_FILE_ENV", "ProcessHandle", "StartRequest", "StartError", "ProcessState", "Executor", "FencedExecutor",
            "ExecutorSpec", "ExecutorContext", "minimal_environment", "job_environment"]

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from qinglong.contracts.apply import FORMAT_VERSION, ProjectState
 from qinglong.contracts.execution import EXECUTION_KEYS
+from qinglong.contracts.hooks import masked_spec
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -100,7 +101,8 @@ def export_projects(states: Iterable[ProjectState], *, with_secrets: bool) -> st
                  for task_id, record in sorted(state.tasks.items())}
         triggers = {}
         for trigger_id, head in sorted(state.triggers.items()):
-            rows = [("task", head.task_id), ("kind", head.kind), ("spec", dict(head.spec)),
+            spec = dict(head.spec) if with_secrets else masked_spec(head.spec)  # a hook's secret
+            rows = [("task", head.task_id), ("kind", head.kind), ("spec", spec),
                     ("misfire_policy", head.misfire_policy.value),
                     ("misfire_grace_ms", head.misfire_grace_ms)]
             if head.jitter_ms:
@@ -111,4 +113,5 @@ def export_projects(states: Iterable[ProjectState], *, with_secrets: bool) -> st
     header = ["Exported by `qinglong export`; apply with `qinglong apply FILE`."]
     if not with_secrets:
         header.append("Env values are masked: \"stored:\" keeps the value the store holds.")
+        header.append("Trigger spec keys ending in secret are masked: give them back to apply.")
     return render_document(projects, header=header)

@@ -393,8 +393,10 @@ class Dispatcher:
             return False
         if not await self._store.begin_dispatch(candidate.attempt_id, attempt_dir, now + spec.timeout_ms, now):
             return False
+        reader = getattr(self._store, "event_payload", None)  # a store that keeps event payloads
         request = StartRequest(candidate.run_id, candidate.attempt_id, candidate.attempt_no,
-                               candidate.scheduled_for_ms, spec, attempt_dir)
+                               candidate.scheduled_for_ms, spec, attempt_dir,
+                               event_payload=await reader(candidate.run_id) if reader else None)
         # taken before the spawn: the job may end (its receipt's time) before start() returns,
         # and a start time read after it would give that job a negative duration
         spawned_at = self._clock_ms()

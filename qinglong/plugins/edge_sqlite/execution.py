@@ -475,7 +475,7 @@ class SqliteExecutionStore:
         one transaction; the key is also kept in ``manual_run_keys``, which pruning never
         deletes, so the same event refuses a second Run for ever."""
         key = occurrence_key(kind, trigger_id, event_id)
-        payload_json(payload)
+        payload_text = payload_json(payload)
 
         def work(conn: sqlite3.Connection) -> AdmitResult:
             with transaction(conn):
@@ -507,7 +507,18 @@ class SqliteExecutionStore:
                 conn.execute(query("insert_run_events"), (run_id, now_ms))
                 conn.execute(query("exec_insert_manual_key"),
                              (key, run_id, project_id, task_id, now_ms))
+                if payload_text is not None:
+                    conn.execute(query("insert_event_payload"), (run_id, payload_text))
                 return AdmitResult(run_id, True)
+
+        return await self._store.call(work)
+
+    async def event_payload(self, run_id: str) -> str | None:
+        """The payload (canonical JSON) an event admitted the Run with, or None."""
+
+        def work(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(query("event_payload"), (run_id,)).fetchone()
+            return row[0] if row else None
 
         return await self._store.call(work)
 

@@ -16,6 +16,7 @@ import time
 from typing import Mapping
 
 from qinglong.contracts.execution import (
+    EVENT_FILE_ENV,
     ExecutorContext,
     ProcessHandle,
     ProcessState,
@@ -79,6 +80,8 @@ class LocalProcessExecutor:
         attempt_dir = os.path.abspath(request.attempt_dir)
         _make_private_dir(attempt_dir)
         _refuse_a_second_start(attempt_dir)
+        if request.event_payload is not None:
+            env[EVENT_FILE_ENV] = _write_event_file(attempt_dir, request.event_payload)
         if request.fence_deadline_mono is not None:
             self.renew_fence(attempt_dir, request.fence_deadline_mono)
         lock_fd = _open_lock(os.path.join(attempt_dir, LOCK))
@@ -512,3 +515,17 @@ async def _readable(fd: int, timeout: float) -> bool:
     finally:
         loop.remove_reader(fd)
         ready.cancel()
+
+
+def _write_event_file(attempt_dir: str, payload: str) -> str:
+    """The Run's event payload as ``<attempt dir>/event.json`` (0600, replaced atomically: a
+    start tried again rewrites the same bytes), for the job to read."""
+    path = os.path.join(attempt_dir, "event.json")
+    temp = path + ".tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, payload.encode("utf-8"))
+    finally:
+        os.close(fd)
+    os.replace(temp, path)
+    return path

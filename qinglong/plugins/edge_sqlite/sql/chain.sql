@@ -42,3 +42,11 @@ SELECT t.kind, t.trigger_revision, t.task_id, t.project_id,
   JOIN projects AS p ON p.project_id = t.project_id
   JOIN tasks AS k ON k.project_id = t.project_id AND k.task_id = t.task_id
  WHERE t.trigger_id = ?;
+
+-- name: insert_event_payload
+-- What the event admitted the Run with (canonical JSON), in the admitting transaction.
+INSERT INTO run_event_payloads (run_id, payload_json) VALUES (?, ?);
+
+-- name: event_payload
+-- The payload a Run was admitted with, if any.
+SELECT payload_json FROM run_event_payloads WHERE run_id = ?;
