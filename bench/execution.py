@@ -275,7 +275,9 @@ class Workspace:
         conn = sqlite3.connect(self.db, isolation_level=None)
         conn.execute("BEGIN")
         conn.executemany(
-            "INSERT INTO triggers VALUES (?, 'bench', ?, 1, 'cron', ?, 'fire_once', 60000, 1, 'sha256:0', ?)",
+            "INSERT INTO triggers (trigger_id, project_id, task_id, trigger_revision, kind, spec_json, "
+            "misfire_policy, misfire_grace_ms, enabled, content_digest, updated_at_ms) "
+            "VALUES (?, 'bench', ?, 1, 'cron', ?, 'fire_once', 60000, 1, 'sha256:0', ?)",
             [(t, task, canonical_json(provider.validate({"expression": e, "timezone": "UTC"})), now)
              for t, e, _ in specs])
         conn.executemany(

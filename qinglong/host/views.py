@@ -16,8 +16,10 @@ def project_json(p: Any) -> dict[str, Any]:
 
 
 def trigger_json(t: Any) -> dict[str, Any]:
+    from qinglong.contracts.hooks import masked_spec  # a secret in a spec is never shown
+
     return {"project_id": t.project_id, "trigger_id": t.trigger_id, "trigger_revision": t.trigger_revision,
-            "task_id": t.task_id, "kind": t.kind, "spec": dict(t.spec), "misfire_policy": t.misfire_policy.value,
+            "task_id": t.task_id, "kind": t.kind, "spec": masked_spec(t.spec), "misfire_policy": t.misfire_policy.value,
             "misfire_grace_ms": t.misfire_grace_ms, "jitter_ms": t.jitter_ms, "enabled": t.enabled,
             "content_digest": t.content_digest}
 

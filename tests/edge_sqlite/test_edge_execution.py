@@ -119,17 +119,14 @@ def test_the_migrated_schema_is_the_one_a_fresh_database_gets(tmp_path):
             "attempts_log_kept", "manual_run_keys", "runs_in_flight"} <= set(schemas[1])
 
 
-async def test_the_backend_offers_one_execution_store_implementing_the_contract(db_path, clock):
+async def test_the_backend_offers_one_execution_store_implementing_the_contract(db_path, clock, backends):
     """A second store instance per backend would hold its own caches beside the connection's
     thread; one that missed a protocol method would fail only when the dispatcher first calls it."""
     from qinglong.contracts.execution import ExecutionStore
 
-    backend = await open_backend(db_path, clock)
-    try:
-        assert isinstance(backend.execution(), ExecutionStore)
-        assert backend.execution() is backend.execution()
-    finally:
-        await backend.close()
+    backend = backends.track(await open_backend(db_path, clock))
+    assert isinstance(backend.execution(), ExecutionStore)
+    assert backend.execution() is backend.execution()
 
 
 # ---- admission and recovery by executor --------------------------------------------------------
@@ -154,58 +151,52 @@ def query_one_run(backend) -> str:
     ({"command": ["true"], "executor": "other_exec"}, "other_exec"),
 ])
 async def test_admission_claims_the_attempt_for_the_executor_its_task_names(db_path, clock,
-                                                                             payload, executor):
+                                                                             payload, executor, backends):
     """An Attempt claimed for the wrong executor would be started by a process that cannot run it
     (or never started); recovery must still see it as pristine, not as drifted work."""
-    backend = await open_backend(db_path, clock)
-    try:
-        run_id = await _admit(backend, clock, payload)
-        (state, got, digest), = query(db_path, "SELECT state, executor, execution_digest FROM attempts")
-        (revision, task_digest), = query(db_path, "SELECT task_revision, task_digest FROM runs")
-        assert (state, got) == ("claimed", executor)
-        assert digest == pinned_execution_digest("p1", "t1", revision, task_digest, executor)
-        assert digest != pinned_execution_digest("p1", "t1", revision, task_digest, "remote_worker")
-        report = await backend.recover()
-        assert (report.pristine_queued, report.candidates) == (1, ())
-        # the same Run claimed for another executor (with that executor's own digest) is drift
-        query_write(db_path, "UPDATE attempts SET executor = 'remote_worker', execution_digest = ?",
-                    (pinned_execution_digest("p1", "t1", revision, task_digest, "remote_worker"),))
-        report = await backend.recover()
-        assert report.pristine_queued == 0
-        assert [c for c in report.candidates if run_id in c and "executor 'remote_worker'" in c]
-    finally:
-        await backend.close()
+    backend = backends.track(await open_backend(db_path, clock))
+    run_id = await _admit(backend, clock, payload)
+    (state, got, digest), = query(db_path, "SELECT state, executor, execution_digest FROM attempts")
+    (revision, task_digest), = query(db_path, "SELECT task_revision, task_digest FROM runs")
+    assert (state, got) == ("claimed", executor)
+    assert digest == pinned_execution_digest("p1", "t1", revision, task_digest, executor)
+    assert digest != pinned_execution_digest("p1", "t1", revision, task_digest, "remote_worker")
+    report = await backend.recover()
+    assert (report.pristine_queued, report.candidates) == (1, ())
+    # the same Run claimed for another executor (with that executor's own digest) is drift
+    query_write(db_path, "UPDATE attempts SET executor = 'remote_worker', execution_digest = ?",
+                (pinned_execution_digest("p1", "t1", revision, task_digest, "remote_worker"),))
+    report = await backend.recover()
+    assert report.pristine_queued == 0
+    assert [c for c in report.candidates if run_id in c and "executor 'remote_worker'" in c]
 
 
-async def test_recovery_leaves_executing_runs_to_the_reconciler_and_still_reports_drift(db_path, clock):
+async def test_recovery_leaves_executing_runs_to_the_reconciler_and_still_reports_drift(db_path, clock, backends):
     """Reporting every running job as 'in-flight work needs recovery' at each restart buries real
     drift in noise; passing over a Run whose Attempt disagrees with it hides real drift."""
     from qinglong.contracts.execution import ProcessHandle, Receipt, classify_outcome
 
-    backend = await open_backend(db_path, clock)
-    try:
-        await backend.publisher().create_project("p1")
-        await backend.publisher().put_task("p1", "t1", {
-            "command": ["true"], "retry": {"max_attempts": 2, "initial_backoff_ms": 60_000}})
-        store = backend.execution()
-        ids = [(await store.admit_manual_run("p1", "t1", f"k{i}", clock.ms))[0] for i in range(4)]
-        attempts = [(await store.run_detail(r)).attempts[0].attempt_id for r in ids]
-        for attempt_id in attempts[:3]:
-            assert await store.begin_dispatch(attempt_id, f"/l/{attempt_id}", clock.ms + MINUTE, clock.ms)
-        for attempt_id in attempts[1:3]:
-            assert await store.record_started(attempt_id, ProcessHandle("b", 1, 1, 1), clock.ms)
-        result = await store.record_finished(attempts[2], classify_outcome(Receipt(1, None, clock.ms, 0), None),
-                                             clock.ms, Actor.COMPLETION)
-        assert result.run_state is RunState.RETRY_WAIT
-        report = await backend.recover()
-        assert (report.pristine_queued, report.candidates) == (1, ())  # dispatching, running, retry_wait
-        query_write(db_path, "UPDATE attempts SET state = 'claimed' WHERE attempt_id = ?", (attempts[1],))
-        report = await backend.recover()
-        assert report.pristine_queued == 1
-        [candidate] = report.candidates
-        assert ids[1] in candidate and "run state 'running'" in candidate
-    finally:
-        await backend.close()
+    backend = backends.track(await open_backend(db_path, clock))
+    await backend.publisher().create_project("p1")
+    await backend.publisher().put_task("p1", "t1", {
+        "command": ["true"], "retry": {"max_attempts": 2, "initial_backoff_ms": 60_000}})
+    store = backend.execution()
+    ids = [(await store.admit_manual_run("p1", "t1", f"k{i}", clock.ms))[0] for i in range(4)]
+    attempts = [(await store.run_detail(r)).attempts[0].attempt_id for r in ids]
+    for attempt_id in attempts[:3]:
+        assert await store.begin_dispatch(attempt_id, f"/l/{attempt_id}", clock.ms + MINUTE, clock.ms)
+    for attempt_id in attempts[1:3]:
+        assert await store.record_started(attempt_id, ProcessHandle("b", 1, 1, 1), clock.ms)
+    result = await store.record_finished(attempts[2], classify_outcome(Receipt(1, None, clock.ms, 0), None),
+                                         clock.ms, Actor.COMPLETION)
+    assert result.run_state is RunState.RETRY_WAIT
+    report = await backend.recover()
+    assert (report.pristine_queued, report.candidates) == (1, ())  # dispatching, running, retry_wait
+    query_write(db_path, "UPDATE attempts SET state = 'claimed' WHERE attempt_id = ?", (attempts[1],))
+    report = await backend.recover()
+    assert report.pristine_queued == 1
+    [candidate] = report.candidates
+    assert ids[1] in candidate and "run state 'running'" in candidate
 
 
 def query_write(path: Path, sql: str, params=()) -> None:
@@ -217,60 +208,54 @@ def query_write(path: Path, sql: str, params=()) -> None:
         conn.close()
 
 
-async def test_a_stored_spec_that_is_invalid_is_offered_with_the_reason(db_path, clock):
+async def test_a_stored_spec_that_is_invalid_is_offered_with_the_reason(db_path, clock, backends):
     """A revision published before specs were checked (a command given as one string) must fail
     its Run saying what is wrong, not 'no command' and not crash the dispatcher's scan."""
-    backend = await open_backend(db_path, clock)
+    backend = backends.track(await open_backend(db_path, clock))
+    await backend.publisher().create_project("p1")
+    payload = json.dumps({"command": "echo hi"})
+    digest = "sha256:" + "b" * 64
+    conn = sqlite3.connect(db_path, isolation_level=None)
     try:
-        await backend.publisher().create_project("p1")
-        payload = json.dumps({"command": "echo hi"})
-        digest = "sha256:" + "b" * 64
-        conn = sqlite3.connect(db_path, isolation_level=None)
-        try:
-            conn.execute("BEGIN")
-            conn.execute("INSERT INTO tasks (project_id, task_id, task_revision, payload_json, content_digest,"
-                         " updated_at_ms) VALUES ('p1', 't1', 1, ?, ?, 1)", (payload, digest))
-            conn.execute("INSERT INTO task_revisions VALUES ('p1', 't1', 1, ?, ?, 1)", (payload, digest))
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
-        store = backend.execution()
-        run_id, _ = await store.admit_manual_run("p1", "t1", "k", clock.ms)
-        [candidate] = await store.dispatch_candidates(clock.ms, 10)
-        assert candidate.run_id == run_id and candidate.spec is None
-        assert "command" in candidate.spec_error and "list of arguments" in candidate.spec_error
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO tasks (project_id, task_id, task_revision, payload_json, content_digest,"
+                     " updated_at_ms) VALUES ('p1', 't1', 1, ?, ?, 1)", (payload, digest))
+        conn.execute("INSERT INTO task_revisions VALUES ('p1', 't1', 1, ?, ?, 1)", (payload, digest))
+        conn.execute("COMMIT")
     finally:
-        await backend.close()
+        conn.close()
+    store = backend.execution()
+    run_id, _ = await store.admit_manual_run("p1", "t1", "k", clock.ms)
+    [candidate] = await store.dispatch_candidates(clock.ms, 10)
+    assert candidate.run_id == run_id and candidate.spec is None
+    assert "command" in candidate.spec_error and "list of arguments" in candidate.spec_error
 
 
-async def test_one_prune_deletes_at_most_its_cap_whatever_batch_it_is_asked(db_path, clock):
+async def test_one_prune_deletes_at_most_its_cap_whatever_batch_it_is_asked(db_path, clock, backends):
     """A prune asked for a huge batch would hold the write lock for as long as it deletes, and a
     round waiting behind it would miss its cadence."""
     from qinglong.contracts.errors import UserError
     from qinglong.plugins.edge_sqlite.execution import MAX_PRUNE_BATCH
 
-    backend = await open_backend(db_path, clock)
+    backend = backends.track(await open_backend(db_path, clock))
+    total = MAX_PRUNE_BATCH + 100
+    conn = sqlite3.connect(db_path, isolation_level=None)
     try:
-        total = MAX_PRUNE_BATCH + 100
-        conn = sqlite3.connect(db_path, isolation_level=None)
-        try:
-            conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT INTO runs (run_id, project_id, trigger_id, trigger_revision, task_id, "
-                "task_revision, task_digest, scheduled_for_ms, admitted_at_ms, queued_at_ms, state, "
-                "idempotency_key, finished_at_ms) VALUES (?, 'p1', 'tr', 1, 't1', 1, 'd', ?, ?, ?, "
-                "'failed', ?, ?)", [(f"r{i}", i, i, i, f"k{i}", i) for i in range(total)])
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
-        store = backend.execution()
-        with pytest.raises(UserError, match="prune batch"):
-            await store.prune(clock.ms, 0)
-        assert (await store.prune(clock.ms, 10 * total)).runs == MAX_PRUNE_BATCH
-        assert (await store.prune(clock.ms, 10 * total)).runs == 100
-        assert query(db_path, "SELECT count(*) FROM runs") == [(0,)]
+        conn.execute("BEGIN")
+        conn.executemany(
+            "INSERT INTO runs (run_id, project_id, trigger_id, trigger_revision, task_id, "
+            "task_revision, task_digest, scheduled_for_ms, admitted_at_ms, queued_at_ms, state, "
+            "idempotency_key, finished_at_ms) VALUES (?, 'p1', 'tr', 1, 't1', 1, 'd', ?, ?, ?, "
+            "'failed', ?, ?)", [(f"r{i}", i, i, i, f"k{i}", i) for i in range(total)])
+        conn.execute("COMMIT")
     finally:
-        await backend.close()
+        conn.close()
+    store = backend.execution()
+    with pytest.raises(UserError, match="prune batch"):
+        await store.prune(clock.ms, 0)
+    assert (await store.prune(clock.ms, 10 * total)).runs == MAX_PRUNE_BATCH
+    assert (await store.prune(clock.ms, 10 * total)).runs == 100
+    assert query(db_path, "SELECT count(*) FROM runs") == [(0,)]
 
 
 # ---- two processes on one file ---------------------------------------------------------------

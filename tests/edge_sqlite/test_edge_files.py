@@ -351,20 +351,17 @@ async def test_full_disk_is_reported_as_full_naming_the_file(small_filesystem, c
     assert query(db, "SELECT trigger_id FROM triggers") == before
 
 
-async def test_database_size_limit_is_reported_as_full_by_the_publisher(db_path, clock):
+async def test_database_size_limit_is_reported_as_full_by_the_publisher(db_path, clock, backends):
     """SQLITE_FULL from a publishing transaction must reach the caller as StoreFull naming the
     file, and the refused write must leave nothing behind."""
-    backend = await open_backend(db_path, clock)
-    try:
-        await seed(backend)
-        pages = await backend.store.call(lambda conn: conn.execute("PRAGMA page_count").fetchone()[0])
-        await backend.store.call(lambda conn: conn.execute(f"PRAGMA max_page_count = {pages + 2}"))
-        with pytest.raises(StoreFull, match="full") as refused:
-            for i in range(64):
-                await backend.publisher().put_task("p1", f"big{i}", {"blob": "x" * 20_000})
-        assert str(db_path) in str(refused.value)
-    finally:
-        await backend.close()
+    backend = backends.track(await open_backend(db_path, clock))
+    await seed(backend)
+    pages = await backend.store.call(lambda conn: conn.execute("PRAGMA page_count").fetchone()[0])
+    await backend.store.call(lambda conn: conn.execute(f"PRAGMA max_page_count = {pages + 2}"))
+    with pytest.raises(StoreFull, match="full") as refused:
+        for i in range(64):
+            await backend.publisher().put_task("p1", f"big{i}", {"blob": "x" * 20_000})
+    assert str(db_path) in str(refused.value)
 
 
 # --------------------------------------------------------------------------- the owner lock

@@ -32,18 +32,15 @@ def test_migration_stream_is_ordered_and_has_at_least_two_steps():
     assert all(m.checksum.startswith("sha256:") for m in known)
 
 
-async def test_fresh_database_is_migrated_and_ready(db_path, clock):
+async def test_fresh_database_is_migrated_and_ready(db_path, clock, backends):
     """A fresh file must become ready with every migration recorded; otherwise nothing can start."""
-    backend = await open_backend(db_path, clock)
-    try:
-        states = await backend.migration_status()
-        assert {s.status for s in states} == {"applied"}
-        assert query(db_path, "PRAGMA journal_mode") == [("wal",)]
-        rows = query(db_path, "SELECT version, name, checksum, applied_at_ms FROM schema_migrations")
-        assert [(r[0], r[1]) for r in rows] == [(m.version, m.name) for m in backend.migrations]
-        assert all(r[3] == clock.ms for r in rows)
-    finally:
-        await backend.close()
+    backend = backends.track(await open_backend(db_path, clock))
+    states = await backend.migration_status()
+    assert {s.status for s in states} == {"applied"}
+    assert query(db_path, "PRAGMA journal_mode") == [("wal",)]
+    rows = query(db_path, "SELECT version, name, checksum, applied_at_ms FROM schema_migrations")
+    assert [(r[0], r[1]) for r in rows] == [(m.version, m.name) for m in backend.migrations]
+    assert all(r[3] == clock.ms for r in rows)
 
 
 async def test_database_of_an_older_version_is_migrated_forward_in_place(db_path, clock):

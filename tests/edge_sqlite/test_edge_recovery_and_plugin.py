@@ -25,17 +25,14 @@ async def _admit_two(backend, clock) -> None:
     assert (await backend.run_round()).admitted == 2
 
 
-async def test_pristine_queued_attempts_are_left_alone(db_path, clock):
+async def test_pristine_queued_attempts_are_left_alone(db_path, clock, backends):
     """Treating a queued, never-dispatched Attempt as failed would retry or lose work at every start."""
-    backend = await open_backend(db_path, clock)
-    try:
-        await _admit_two(backend, clock)
-        before = query(db_path, "SELECT * FROM attempts ORDER BY attempt_id")
-        report = await backend.recover()
-        assert report.pristine_queued == 2 and report.candidates == ()
-        assert query(db_path, "SELECT * FROM attempts ORDER BY attempt_id") == before
-    finally:
-        await backend.close()
+    backend = backends.track(await open_backend(db_path, clock))
+    await _admit_two(backend, clock)
+    before = query(db_path, "SELECT * FROM attempts ORDER BY attempt_id")
+    report = await backend.recover()
+    assert report.pristine_queued == 2 and report.candidates == ()
+    assert query(db_path, "SELECT * FROM attempts ORDER BY attempt_id") == before
 
 
 @pytest.mark.parametrize(
@@ -67,24 +64,21 @@ async def test_pristine_queued_attempts_are_left_alone(db_path, clock):
          "execution-digest", "pinned-digest", "queued-at", "attempt-created-at", "extra-event",
          "missing-event", "swapped-events"],
 )
-async def test_drifted_in_flight_work_is_reported_and_not_modified(db_path, clock, drift, reason):
+async def test_drifted_in_flight_work_is_reported_and_not_modified(db_path, clock, drift, reason, backends):
     """Anything in flight that admission did not leave exactly so must reach an operator (fail
     closed) and must not be touched by recovery."""
-    backend = await open_backend(db_path, clock)
-    try:
-        await _admit_two(backend, clock)
-        conn = sqlite3.connect(db_path)
-        conn.execute(drift)
-        conn.commit()
-        conn.close()
-        before = {t: query(db_path, f"SELECT * FROM {t} ORDER BY rowid") for t in ("runs", "attempts")}
-        report = await backend.recover()
-        assert report.pristine_queued == 1
-        (candidate,) = report.candidates
-        assert reason in candidate
-        assert {t: query(db_path, f"SELECT * FROM {t} ORDER BY rowid") for t in ("runs", "attempts")} == before
-    finally:
-        await backend.close()
+    backend = backends.track(await open_backend(db_path, clock))
+    await _admit_two(backend, clock)
+    conn = sqlite3.connect(db_path)
+    conn.execute(drift)
+    conn.commit()
+    conn.close()
+    before = {t: query(db_path, f"SELECT * FROM {t} ORDER BY rowid") for t in ("runs", "attempts")}
+    report = await backend.recover()
+    assert report.pristine_queued == 1
+    (candidate,) = report.candidates
+    assert reason in candidate
+    assert {t: query(db_path, f"SELECT * FROM {t} ORDER BY rowid") for t in ("runs", "attempts")} == before
 
 
 def test_hook_offers_the_backend_with_a_strict_settings_model():
@@ -99,16 +93,13 @@ def test_hook_offers_the_backend_with_a_strict_settings_model():
         EdgeSqliteSettings(synchronous="off")
 
 
-async def test_backend_satisfies_the_contract_protocols(db_path, clock):
+async def test_backend_satisfies_the_contract_protocols(db_path, clock, backends):
     """The host drives the backend only through the protocols; a missing method fails at run time."""
-    backend = await open_backend(db_path, clock)
-    try:
-        from qinglong.contracts.store import Publisher, Reader
-        assert isinstance(backend, SchedulerBackend)
-        assert isinstance(backend.publisher(), Publisher)
-        assert isinstance(backend.reader(), Reader)
-    finally:
-        await backend.close()
+    backend = backends.track(await open_backend(db_path, clock))
+    from qinglong.contracts.store import Publisher, Reader
+    assert isinstance(backend, SchedulerBackend)
+    assert isinstance(backend.publisher(), Publisher)
+    assert isinstance(backend.reader(), Reader)
 
 
 def test_importing_the_plugin_does_not_import_the_driver():

@@ -222,7 +222,15 @@ def test_every_route_denies_by_default(tmp_path):
     unauthenticated endpoint that gets a control plane taken over; this walks every route the
     application has, whatever it is, rather than a list someone must remember to extend."""
     from qinglong.host.containers import build_container
-    from qinglong.host.http.app import PUBLIC, PUBLIC_CHANGING, PUBLIC_PATHS, READ_CHANGING, SAFE_METHODS
+    from qinglong.host.http.app import (
+        PUBLIC,
+        PUBLIC_CHANGING,
+        PUBLIC_PATHS,
+        READ_CHANGING,
+        SAFE_METHODS,
+        SIGNED,
+        SIGNED_PATHS,
+    )
     from qinglong.host.settings import load_settings
 
     settings = api_settings(tmp_path)
@@ -263,13 +271,18 @@ def test_every_route_denies_by_default(tmp_path):
         if path in PUBLIC_PATHS and scope is None:  # a method the public path does not serve
             assert bare == with_read == 405, (method, path, bare)
             continue
+        if path in SIGNED_PATHS and scope == SIGNED:
+            # proven by a signature, not a token: a token changes nothing, and no such hook is 404
+            assert bare == with_read == 404, (method, path, bare, with_read)
+            continue
         assert bare == 401, (method, path, bare)
         if method not in SAFE_METHODS and (method, path) not in READ_CHANGING:
             assert with_read in (403, 405), (method, path, with_read)
         if scope == "admin":
             assert with_read == 403, (method, path, with_read)
     assert {p for _, p, *_ in seen} >= {"/api/v1/projects", "/api/v1/runs", "/metrics", "/status", "/",
-                                        "/console/session"}
+                                        "/console/session", *SIGNED_PATHS}
+    assert {s for _, p, s, *_ in seen if p in SIGNED_PATHS} == {None, SIGNED}
 
 
 def _one(port: int, method: str, path: str, token: str | None) -> int:

@@ -31,7 +31,7 @@ from qinglong.contracts.store import MAX_JSON_DEPTH, MAX_PAYLOAD_BYTES, check_id
 from qinglong.contracts.tokens import CURRENT_AUDIT, AuditEntry, AuditScope
 
 from .. import views
-from .app import Method, RouteSpec
+from .app import SIGNED, Method, RouteSpec, error_response
 from .auth import Principal
 
 PREFIX = "/api/v1"
@@ -134,6 +134,8 @@ class ApiService:
         self.grace_ms = grace_ms
         self.clock_ms = clock_ms
         self.tokens = token_store_of(backend)
+        #: per trigger: the minute (unix minutes) and the deliveries accepted in it
+        self._hook_counts: dict[str, tuple[int, int]] = {}
 
     async def lookup_token(self, digest: str) -> Any:
         return await self.tokens.token_by_digest(digest)
@@ -571,6 +573,67 @@ class ApiService:
 
         return JSONResponse(document(request.app.state.specs, __version__))
 
+    # ------------------------------------------------------------------ incoming webhooks
+
+    async def receive_hook(self, request: Request, principal: Principal | None) -> Response:
+        """A delivery to a ``hook`` trigger: signed with the trigger's secret, not a token.
+
+        Every refusal before the signature is verified says the same (no such hook) whether the
+        project, the trigger or its kind is wrong, so the route tells nothing to who lacks the
+        secret; nothing is written before the signature, the timestamp and the rate pass."""
+        from qinglong.contracts.capabilities import AdmitsOccurrences
+        from qinglong.contracts.event_sources import MAX_EVENT_ID_CHARS
+        from qinglong.contracts.hooks import DELIVERY_HEADER, HOOK_KIND, MAX_HOOK_BODY_BYTES, hook_settings
+        from qinglong.contracts.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+
+        project_id, trigger_id = request.path_params["project"], request.path_params["trigger"]
+        if request.method != "POST":
+            return error_response(405, "method_not_allowed", "a delivery is a POST", headers={"Allow": "POST"})
+        unknown = error_response(404, "unknown", "no such hook")
+        try:
+            check_identifier("project_id", project_id)
+            check_identifier("trigger_id", trigger_id)
+            head = await self._trigger(project_id, trigger_id)
+        except (NotFound, UserError):
+            return unknown
+        if head.kind != HOOK_KIND:
+            return unknown
+        body = await request.body()
+        if len(body) > MAX_HOOK_BODY_BYTES:
+            return error_response(413, "too_large", f"a delivery's body may hold at most {MAX_HOOK_BODY_BYTES} bytes")
+        secret, window_s, per_minute = hook_settings(head.spec)
+        now_ms = self.clock_ms()
+        timestamp = request.headers.get(TIMESTAMP_HEADER, "")
+        if not verify(secret, timestamp, body, request.headers.get(SIGNATURE_HEADER, ""),
+                      now_s=now_ms / 1000, tolerance_s=window_s):
+            return error_response(401, "bad_signature", f"the signature or the timestamp is refused (signed "
+                                  f"over '<{TIMESTAMP_HEADER}>.<body>', within {window_s}s)")
+        delivery = request.headers.get(DELIVERY_HEADER, "")
+        if not 0 < len(delivery) <= MAX_EVENT_ID_CHARS or not delivery.isprintable():
+            return error_response(400, "bad_delivery", f"{DELIVERY_HEADER}: expected 1 to {MAX_EVENT_ID_CHARS} "
+                                  "printable characters", DELIVERY_HEADER)
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            return error_response(400, "bad_body", "a delivery's body must be UTF-8 text")
+        minute = now_ms // 60_000
+        seen_minute, count = self._hook_counts.get(trigger_id, (minute, 0))
+        if seen_minute != minute:
+            count = 0
+        if count >= per_minute:
+            return error_response(429, "rate_limited", f"this hook accepts {per_minute} deliveries a minute",
+                                  headers={"Retry-After": str(60 - (now_ms // 1000) % 60)})
+        self._hook_counts[trigger_id] = (minute, count + 1)
+        if not isinstance(self.backend, AdmitsOccurrences) or self.backend.occurrences() is None:
+            raise UserError(f"the {self.profile} profile's store does not admit event Runs")
+        payload = {"body": text, "content_type": request.headers.get("content-type", ""), "delivery": delivery}
+        result = await self.backend.occurrences().admit_occurrence(HOOK_KIND, trigger_id, delivery, payload, now_ms)
+        if result.run_id is None:
+            return error_response(409, "not_admitted", "this hook admits nothing now (the trigger is disabled, "
+                                  "or its project or task is not active)")
+        return JSONResponse({"run_id": result.run_id, "created": result.created, "delivery": delivery},
+                            status_code=202 if result.created else 200)
+
     # ------------------------------------------------------------------ the route table
 
     def routes(self) -> list[RouteSpec]:
@@ -633,6 +696,12 @@ class ApiService:
                 "DELETE": Method("admin", self.revoke_token, "revoke a token")}, api=True),
             RouteSpec(f"{p}/openapi.json", {
                 "GET": Method("read", self.openapi, "this document")}, api=True),
+            RouteSpec(p + "/hooks/{project}/{trigger}", {
+                "POST": Method(SIGNED, self.receive_hook, "deliver to a hook trigger (signed, no token): "
+                               "X-Qinglong-Timestamp, X-Qinglong-Signature, X-Qinglong-Delivery",
+                               responses={202: "a Run admitted", 401: "bad signature or timestamp",
+                                          404: "no such hook", 409: "the trigger admits nothing now",
+                                          413: "body too large", 429: "rate limited"})}, api=True),
             RouteSpec(f"{p}/audit", {
                 "GET": Method("admin", self.audit, "the audit log, newest first",
                               query={"since_ms": "entries at or after", "limit": "1-1000"})}, api=True),

@@ -43,6 +43,14 @@ SESSION_COOKIE = "qinglong_session"
 CSRF_HEADER = "x-csrf-token"
 #: The protection of a probe.
 PUBLIC = "public"
+#: Paths that answer without a token because each request proves itself another way, with why.
+#: A route there takes :data:`SIGNED` and its handler does the proving.
+SIGNED_PATHS = {
+    "/api/v1/hooks/{project}/{trigger}": "an incoming webhook: the sender holds the trigger's secret, "
+                                         "not a token; its HMAC signature and timestamp are checked",
+}
+#: The protection of a route of :data:`SIGNED_PATHS`.
+SIGNED = "signed"
 #: The methods a route answers without changing anything.
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 
@@ -167,6 +175,8 @@ def _endpoint(spec: RouteSpec, guard: Guard, emit_error: Callable[[BaseException
     async def endpoint(request: Request) -> Response:
         method = request.method if request.method != "HEAD" else "GET"
         declared = spec.methods.get(method)
+        if spec.path in SIGNED_PATHS and declared is not None and declared.scope == SIGNED:
+            return await _run(declared, request, None, emit_error)  # the handler checks the signature
         if spec.path in PUBLIC_PATHS:
             if declared is not None and declared.scope == PUBLIC:
                 return await _run(declared, request, None, emit_error)
@@ -240,7 +250,9 @@ def build_app(specs: list[RouteSpec], guard: Guard, limits: "Limits",
         for name, declared in spec.methods.items():
             if declared.scope == PUBLIC and spec.path not in PUBLIC_PATHS:
                 raise RouteRefused(f"{name} {spec.path} is declared public but is not on the public list")
-            if declared.scope != PUBLIC and declared.scope not in SCOPES:
+            if declared.scope == SIGNED and spec.path not in SIGNED_PATHS:
+                raise RouteRefused(f"{name} {spec.path} is declared signed but is not a signed path")
+            if declared.scope not in (PUBLIC, SIGNED) and declared.scope not in SCOPES:
                 raise RouteRefused(f"{name} {spec.path}: unknown scope {declared.scope!r}")
             if name not in SAFE_METHODS and declared.scope in (PUBLIC, "read") and not (
                     (name, spec.path) in (PUBLIC_CHANGING if declared.scope == PUBLIC else READ_CHANGING)):

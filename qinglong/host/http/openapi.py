@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .app import RouteSpec
+from .app import SIGNED, RouteSpec
 
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["code", "message", "field"],
@@ -30,7 +30,7 @@ def document(specs: list[RouteSpec], version: str) -> dict[str, Any]:
             operation: dict[str, Any] = {
                 "summary": declared.summary or f"{method} {spec.path}",
                 "operationId": (method.lower() + re.sub(r"\W+", "_", spec.path)).rstrip("_"),
-                "security": [{"bearer": []}],
+                "security": [] if declared.scope == SIGNED else [{"bearer": []}],
                 "x-qinglong-scope": declared.scope,
                 "parameters": params + [{"name": name, "in": "query", "required": False,
                                          "description": text, "schema": {"type": "string"}}

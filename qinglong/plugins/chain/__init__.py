@@ -16,6 +16,8 @@ from qinglong.contracts.diagnostics import DiagnosticEvent
 from qinglong.contracts.errors import TriggerSpecError
 from qinglong.contracts.event_sources import AT_START_KIND, EventSourceContext
 from qinglong.contracts.hookspecs import ComponentPhase, hookimpl
+from qinglong.contracts.hooks import (DEFAULT_PER_MINUTE, DEFAULT_WINDOW_S, HOOK_KIND, MAX_SECRET_CHARS,
+                                      MIN_SECRET_CHARS)
 from qinglong.contracts.providers import TriggerCliOption, TriggerCliOptions
 
 
@@ -65,13 +67,13 @@ AFTER_CLI_OPTIONS = TriggerCliOptions(
 @hookimpl
 def qinglong_trigger_providers():
     """Offer the ``after`` trigger kind."""
-    return [AfterProvider(), AtStartProvider()]
+    return [AfterProvider(), AtStartProvider(), HookProvider()]
 
 
 @hookimpl
 def qinglong_trigger_cli_options():
     """``trigger add --after TASK [--on success|failure|any]``."""
-    return [AFTER_CLI_OPTIONS]
+    return [AFTER_CLI_OPTIONS, HOOK_CLI_OPTIONS]
 
 
 class AtStartProvider:
@@ -127,3 +129,70 @@ class AtStartSource:
 def qinglong_event_sources(context: EventSourceContext):
     """The ``at_start`` source."""
     return [AtStartSource(context)]
+
+
+class HookProvider:
+    """``hook``: an incoming webhook (``POST /api/v1/hooks/{project}/{trigger}``) admits a Run
+    per delivery; no occurrence in time. Spec: ``secret`` (the HMAC key, at least
+    ``MIN_SECRET_CHARS`` characters), ``window_s`` (10-3600) and ``per_minute`` (1-10000)."""
+
+    kind = HOOK_KIND
+
+    def validate(self, spec: Mapping[str, Any]) -> Mapping[str, Any]:
+        if not isinstance(spec, Mapping):
+            raise TriggerSpecError(self.kind, "spec", "expected a table with secret")
+        unknown = sorted(str(k) for k in spec if k not in ("secret", "window_s", "per_minute"))
+        if unknown:
+            raise TriggerSpecError(self.kind, unknown[0], "unknown key (expected secret, window_s, per_minute)")
+        secret = spec.get("secret")
+        if (not isinstance(secret, str) or not MIN_SECRET_CHARS <= len(secret) <= MAX_SECRET_CHARS
+                or not secret.isascii() or not secret.isprintable()):
+            # never the value: it is a secret
+            raise TriggerSpecError(self.kind, "secret", f"expected {MIN_SECRET_CHARS} to {MAX_SECRET_CHARS} "
+                                   "printable ASCII characters")
+        out: dict[str, Any] = {"secret": secret}
+        for key, default, low, high in (("window_s", DEFAULT_WINDOW_S, 10, 3600),
+                                        ("per_minute", DEFAULT_PER_MINUTE, 1, 10_000)):
+            value = spec.get(key, default)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise TriggerSpecError(self.kind, key, f"expected an integer from {low} to {high}")
+            out[key] = value
+        return out
+
+    def next_after(self, spec: Mapping[str, Any], after_ms: int) -> int | None:
+        return None  # deliveries admit, not a clock
+
+    def latest_at_or_before(self, spec: Mapping[str, Any], at_ms: int) -> int | None:
+        return None
+
+    def describe(self, spec: Mapping[str, Any]) -> str:
+        return f"on each signed delivery (window {spec['window_s']}s, {spec['per_minute']}/min)"
+
+
+def _hook_spec(given: Mapping[str, str], current: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    import os
+
+    from qinglong.contracts.errors import UserError
+
+    spec = dict(current or {})
+    if "hook_secret_env" in given:
+        name = given["hook_secret_env"]
+        value = os.environ.get(name)
+        if value is None:
+            raise UserError(f"--hook-secret-env: the environment has no variable {name!r}")
+        spec["secret"] = value
+    for key in ("window_s", "per_minute"):
+        text = given.get("hook_" + key)
+        if text is not None:
+            if not text.isdigit():
+                raise UserError(f"--hook-{key.replace('_', '-')}: expected an integer")
+            spec[key] = int(text)
+    return spec
+
+
+HOOK_CLI_OPTIONS = TriggerCliOptions(
+    HOOK_KIND,
+    (TriggerCliOption("--hook-secret-env", "an incoming webhook: its HMAC secret from this variable", "NAME"),
+     TriggerCliOption("--hook-window-s", "with --hook-secret-env: timestamp window (default 300)", "SECONDS"),
+     TriggerCliOption("--hook-per-minute", "with --hook-secret-env: deliveries per minute", "N")),
+    _hook_spec, "--hook-secret-env NAME")

@@ -2,7 +2,8 @@
 
 Headers: ``X-Qinglong-Event`` (the event id, stable across redeliveries: dedupe on it),
 ``X-Qinglong-Timestamp`` (unix seconds when this try was sent) and ``X-Qinglong-Signature:
-sha256=<hex>``, the HMAC-SHA256 with the channel's secret over ``<timestamp>.<body>``. A receiver
+sha256=<hex>``, the HMAC-SHA256 with the channel's secret over ``<timestamp>.<body>``
+(:mod:`qinglong.contracts.signing`, the rule ``hook`` triggers verify). A receiver
 recomputes it over the raw body, compares in constant time, and refuses a timestamp too old
 (a replay). A 2xx answer is a delivery; anything else, a refused connection or a timeout is a
 failed try, recorded with the status only.
@@ -11,8 +12,6 @@ failed try, recorded with the status only.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import time
 import urllib.error
@@ -21,27 +20,11 @@ import urllib.request
 from typing import Any, Mapping
 
 from qinglong.contracts.events import DeliveryFailed, Message
+from qinglong.contracts.signing import signature, verify  # noqa: F401 (verify: for receivers)
 
 from .options import number, refuse_unknown, secret, text
 
 KEYS = ("kind", "url", "secret", "secret_env", "timeout_ms")
-
-
-def signature(secret_value: str, timestamp: str, body: bytes) -> str:
-    """``sha256=<hex>``: HMAC-SHA256 of ``<timestamp>.<body>`` under the secret."""
-    mac = hmac.new(secret_value.encode("utf-8"), timestamp.encode("ascii") + b"." + body,
-                   hashlib.sha256)
-    return "sha256=" + mac.hexdigest()
-
-
-def verify(secret_value: str, timestamp: str, body: bytes, header: str, *, now_s: float,
-           tolerance_s: int = 300) -> bool:
-    """What a receiver does: the signature matches and the timestamp is within the tolerance."""
-    try:
-        fresh = abs(now_s - int(timestamp)) <= tolerance_s
-    except ValueError:
-        return False
-    return fresh and hmac.compare_digest(signature(secret_value, timestamp, body), header)
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

@@ -1,0 +1,154 @@
+"""Incoming webhook triggers (kind ``hook``) over real TCP against a real ``qinglong run`` on a
+SQLite file: a signed delivery admits one Run, and every refused delivery leaves the store (every
+row of every table, the audit log included) as it was."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+import pytest
+
+from api_helpers import Client, Plane, api_settings, child_env, cli, make_token, store_dump
+from host_helpers import wait_until
+
+from qinglong.contracts.signing import signature
+
+SECRET = "s" * 20 + "-hook-secret-0123456789"
+OTHER = "o" * 20 + "-other-secret-012345678"
+
+
+def _post(port, path, body, *, secret=SECRET, ts=None, delivery="d-1", headers=None):
+    ts = str(int(time.time())) if ts is None else ts
+    sent = {"Content-Type": "application/json", "X-Qinglong-Timestamp": ts,
+            "X-Qinglong-Signature": signature(secret, ts, body), "X-Qinglong-Delivery": delivery}
+    sent.update(headers or {})
+    client = Client(port)
+    try:
+        status, parsed, _ = client.request("POST", path, body, headers=sent)
+        return status, parsed
+    finally:
+        client.close()
+
+
+def _hook_runs(db):
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return conn.execute("SELECT run_id, trigger_id, idempotency_key FROM runs WHERE trigger_id LIKE 'gh%' "
+                            "OR trigger_id = 'web-hook' ORDER BY 1").fetchall()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def hooked(tmp_path):
+    settings = api_settings(tmp_path, http='listen = "127.0.0.1:0"\nrequest_timeout_ms = 20000\n'
+                            'max_body_bytes = 65536')
+    env = child_env(HOOK_SECRET=SECRET, OTHER_SECRET=OTHER)
+    cli(settings, "project", "create", "ops")
+    cli(settings, "project", "create", "web")
+    cli(settings, "task", "put", "ops", "job", "--", "sh", "-c", "cat \"$QINGLONG_EVENT_FILE\" 2>/dev/null; echo ran")
+    cli(settings, "task", "put", "web", "job", "--", "sh", "-c", "echo web")
+    cli(settings, "trigger", "add", "ops", "gh", "--task", "job", "--hook-secret-env", "HOOK_SECRET",
+        "--hook-per-minute", "3", env=env)
+    cli(settings, "trigger", "add", "ops", "gh-off", "--task", "job", "--hook-secret-env", "HOOK_SECRET", env=env)
+    cli(settings, "trigger", "disable", "ops", "gh-off")
+    cli(settings, "trigger", "add", "web", "web-hook", "--task", "job", "--hook-secret-env", "OTHER_SECRET", env=env)
+    cli(settings, "trigger", "add", "ops", "clock", "--task", "job", "--cron", "0 0 1 1 *")
+    plane = Plane(settings)
+    try:
+        yield plane, settings
+    finally:
+        plane.stop()
+
+
+def test_a_signed_delivery_admits_one_run_and_its_repeat_the_same(hooked):
+    """If the delivery id were not the key, a sender's retry (the same delivery twice) would run
+    the job twice; if the route needed a token, no webhook sender could reach it."""
+    plane, settings = hooked
+    status, answer = _post(plane.port, "/api/v1/hooks/ops/gh", b'{"ref": "main"}')
+    assert status == 202 and answer["created"] is True, answer
+    again, repeat = _post(plane.port, "/api/v1/hooks/ops/gh", b'{"ref": "main"}')
+    assert again == 200 and repeat == {**answer, "created": False}
+    runs = _hook_runs(settings.parent / "q.db")
+    assert runs == [(answer["run_id"], "gh", "ql3:hook:v1:gh:d-1")]
+
+
+def test_the_secret_is_never_shown_by_listings(hooked):
+    """The secret verifies every delivery: a listing that printed it would let any read token
+    forge deliveries."""
+    plane, settings = hooked
+    listed = cli(settings, "trigger", "list", "ops", "--json")
+    assert SECRET not in listed and json.loads(listed)
+    token = make_token(settings, "reader", "read")
+    client = Client(plane.port, token)
+    try:
+        status, body, _ = client.request("GET", "/api/v1/projects/ops/triggers/gh")
+        assert status == 200 and body["spec"]["secret"] == "********" and SECRET not in json.dumps(body)
+    finally:
+        client.close()
+
+
+def test_refused_deliveries_change_nothing(hooked):
+    """Each refusal asserted by its answer and by the store unchanged: a forged, stale, oversized
+    or misdirected delivery that admitted a Run (or wrote anything) would let whoever reaches the
+    port run jobs."""
+    plane, settings = hooked
+    db = settings.parent / "q.db"
+    before = store_dump(db)
+    body = b'{"ref": "main"}'
+    now = int(time.time())
+    cases = [
+        ("bad signature", "/api/v1/hooks/ops/gh", dict(secret=OTHER), 401),
+        ("old timestamp", "/api/v1/hooks/ops/gh", dict(ts=str(now - 301)), 401),
+        ("future timestamp", "/api/v1/hooks/ops/gh", dict(ts=str(now + 400)), 401),
+        ("timestamp not digits", "/api/v1/hooks/ops/gh", dict(ts=f" {now}"), 401),
+        ("no signature", "/api/v1/hooks/ops/gh", dict(headers={"X-Qinglong-Signature": ""}), 401),
+        ("unknown trigger", "/api/v1/hooks/ops/nope", {}, 404),
+        ("unknown project", "/api/v1/hooks/nope/gh", {}, 404),
+        ("another project's trigger", "/api/v1/hooks/ops/web-hook", dict(secret=OTHER), 404),
+        ("not a hook", "/api/v1/hooks/ops/clock", {}, 404),
+        ("disabled trigger", "/api/v1/hooks/ops/gh-off", {}, 409),
+        ("no delivery id", "/api/v1/hooks/ops/gh", dict(delivery=""), 400),
+    ]
+    for name, path, options, expected in cases:
+        status, answer = _post(plane.port, path, body, **options)
+        assert status == expected, (name, status, answer)
+        assert SECRET not in json.dumps(answer) and OTHER not in json.dumps(answer), name
+    status, answer = _post(plane.port, "/api/v1/hooks/ops/gh", b"x" * 16_385)
+    assert status == 413, answer
+    assert store_dump(db) == before, "a refused delivery changed the store"
+
+
+def test_a_replay_after_the_window_is_refused_and_within_it_is_the_same_run(hooked):
+    """A captured delivery replayed: within the window the delivery id makes it the same Run;
+    re-signed with an old timestamp it is refused. Without both, a replay would start jobs."""
+    plane, settings = hooked
+    status, first = _post(plane.port, "/api/v1/hooks/ops/gh", b"{}", delivery="r-1")
+    assert status == 202
+    before = store_dump(settings.parent / "q.db")
+    stale = str(int(time.time()) - 3600)
+    assert _post(plane.port, "/api/v1/hooks/ops/gh", b"{}", delivery="r-2", ts=stale)[0] == 401
+    assert _post(plane.port, "/api/v1/hooks/ops/gh", b"{}", delivery="r-1") == (200, {**first, "created": False})
+    assert store_dump(settings.parent / "q.db") == before
+
+
+def test_deliveries_over_the_rate_are_refused_without_a_run(hooked):
+    """A sender (or a leaked secret) flooding one hook would queue unbounded Runs without a
+    per-trigger rate."""
+    plane, settings = hooked
+    db = settings.parent / "q.db"
+    accepted = 0
+    for i in range(7):  # 3 a minute: a 429 comes by the 7th even if one minute turns over
+        before = store_dump(db)
+        status, answer = _post(plane.port, "/api/v1/hooks/ops/gh", b"{}", delivery=f"f-{i}")
+        if status == 429:
+            assert answer["error"]["code"] == "rate_limited"
+            assert store_dump(db) == before, "a refused delivery changed the store"
+            break
+        assert status == 202, answer
+        accepted += 1
+    else:
+        raise AssertionError("seven deliveries in a row were all accepted")
+    assert 3 <= accepted <= 6
