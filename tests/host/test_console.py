@@ -233,7 +233,8 @@ def test_a_read_token_is_offered_no_changing_control_and_run_token_cancels(tmp_p
 
 def test_a_cross_site_form_post_and_a_missing_csrf_token_are_refused(tmp_path, browser):
     """Without SameSite and the CSRF token any page the operator visits could start or cancel Runs
-    with the operator's session; a sign-in posted from another site would plant a session."""
+    with the operator's session; a sign-in posted from another site would plant a session; a
+    session outliving its token's revocation would keep a stolen browser in."""
     settings = api_settings(tmp_path)
     cli(settings, "project", "create", "ops")
     cli(settings, "task", "put", "ops", "hello", "--", "true")
@@ -280,6 +281,10 @@ def test_a_cross_site_form_post_and_a_missing_csrf_token_are_refused(tmp_path, b
             response.read()
             assert response.status in (403, 415) and response.getheader("Set-Cookie") is None
             conn.close()
+        # the session holds no authority of its own: a revoked token ends it at its next request
+        cli(settings, "token", "revoke", "runner")
+        status, body, _ = bare.request("GET", "/api/v1/runs", headers=with_cookie)
+        assert (status, body["error"]["code"]) == (401, "unauthorized")
         bare.close()
     finally:
         client.close()
