@@ -270,7 +270,7 @@ class Lifecycle:
         self.readiness.starting("waiting for the store")
         self.diagnostics.emit(DiagnosticEvent(
             "warning", "lifecycle.store_waiting",
-            f"store not reachable, trying again: {' '.join(str(exc).split())}",
+            f"store not reachable: {' '.join(str(exc).split())}",
             {"attempt": attempt, "wait_left_ms": int(left_s * 1000)}))
 
     async def start(self) -> None:

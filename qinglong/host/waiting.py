@@ -3,8 +3,8 @@
 
 Which errors are waited out is the contracts' rule (:func:`~qinglong.contracts.errors.outage`:
 a server down or restarting, never a refused login), plus what the caller adds (``db wait``
-also waits for a schema not ready yet). Each refused attempt is passed to ``waiting``; at the
-bound the last error is raised, with its own exit code.
+also waits for a schema not ready yet). Each refused attempt is passed to ``waiting`` (the
+last one with no time left); at the bound the last error is raised, with its own exit code.
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ async def wait_out(attempt: Callable[[], Awaitable[T]], *, timeout_s: float, int
         except Exception as exc:
             if not (outage(exc) or isinstance(exc, also)):
                 raise
-            left = deadline - time.monotonic()
+            # reported before the bound is checked: even a wait that gives up after its first
+            # attempt has said why it waited
+            left = max(0.0, deadline - time.monotonic())
+            waiting(exc, tries, left)
             if left <= 0:
                 raise
-            waiting(exc, tries, left)
             await asyncio.sleep(min(interval_s, left))
