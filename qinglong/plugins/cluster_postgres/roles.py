@@ -88,8 +88,9 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
 WORKER_FUNCTIONS = ("worker_open_session", "worker_heartbeat", "worker_claim", "worker_started",
                     "worker_append_log", "worker_complete", "worker_complete_late",
                     "worker_close_session")
-#: The control plane's functions (EXECUTE for the runtime alone).
-CONTROL_FUNCTIONS = ("expire_attempt", "request_cancel", "prune_attempt_logs")
+#: The control plane's functions (EXECUTE for the runtime alone); ``request_cancel_audited`` also
+#: appends the API request's audit entry of the cancel it made, in the caller's transaction.
+CONTROL_FUNCTIONS = ("expire_attempt", "request_cancel", "prune_attempt_logs", "request_cancel_audited")
 #: Helpers the functions above call; only the owner executes them.
 INTERNAL_FUNCTIONS = ("_now_ms", "_event", "_utc", "_cancel_words", "_run_spec", "_spec_problem",
                       "_retry_decision", "_end_attempt", "_finish_attempt", "_requeue", "_session",

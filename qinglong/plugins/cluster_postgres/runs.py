@@ -20,6 +20,7 @@ import uuid
 from typing import Any, Awaitable, Callable, Sequence
 
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from qinglong.contracts.errors import NotFound
 from qinglong.contracts.execution import (
@@ -33,6 +34,7 @@ from qinglong.contracts.execution import (
     StoredLogState,
 )
 from qinglong.contracts.store import listing_bound
+from qinglong.contracts.tokens import pending_audit
 from qinglong.contracts.worker import MAX_LOG_CHUNK_BYTES
 
 from .sql import query
@@ -120,8 +122,18 @@ class ClusterRunControl:
         once, a dispatching or running one gets a durable request its worker reads in its next
         heartbeat reply, a terminal one is unchanged. The Run's state after; NotFound if unknown."""
         reason = CancelReason(reason)
-        rows = await self._rows("control_request_cancel", {"run_id": run_uuid(run_id),
-                                                           "reason": reason.value})
+        audit = pending_audit()
+        if audit is not None and audit.entry.action == "run.cancel" and audit.entry.result == "ok":
+            # through the API: the cancel and its audit entry commit together, or neither does
+            entry = audit.entry
+            rows = await self._rows("control_request_cancel_audited", {
+                "run_id": run_uuid(run_id), "reason": reason.value, "at": entry.at_ms, "actor": entry.actor,
+                "token_id": entry.token_id, "source": entry.source, "detail": Jsonb(entry.detail)})
+            if rows and rows[0]["state"] is not None:
+                audit.written = True
+        else:
+            rows = await self._rows("control_request_cancel", {"run_id": run_uuid(run_id),
+                                                               "reason": reason.value})
         state = rows[0]["state"] if rows else None
         if state is None:
             raise NotFound(f"run {run_id!r} does not exist (it may have been pruned)")

@@ -123,3 +123,9 @@ SELECT qinglong.expire_attempt(%(attempt_id)s::uuid, %(lease_version)s::bigint, 
 SELECT qinglong.prune_attempt_logs(
            floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - %(retention_ms)s::bigint,
            %(limit)s::integer) AS pruned
+
+-- name: control_request_cancel_audited
+-- Cancel a Run and append the API request's audit entry in one transaction: its state after,
+-- NULL for an unknown Run (and then no entry).
+SELECT qinglong.request_cancel_audited(%(run_id)s::uuid, %(reason)s::text, %(at)s, %(actor)s, %(token_id)s,
+                                       %(source)s, %(detail)s) AS state
