@@ -108,6 +108,12 @@ class StoreUnavailable(QinglongError):
     """
 
 
+class StoreUnreachable(StoreUnavailable):
+    """The store's server cannot be reached now: down, restarting, shutting down or not yet
+    accepting connections. An outage that ends by itself, so it is waited out (see
+    :func:`outage`), unlike a refused login or a store that is read-only, full or locked."""
+
+
 class StoreAuthFailed(StoreUnavailable):
     """The store refused the credentials (a wrong password, an unknown role, no access rule for
     this client): it will not change until the settings do, so it is not retried as an outage."""
@@ -148,6 +154,13 @@ class PackagingError(Exception):
     A bug, not a user's mistake: deliberately not a :class:`QinglongError`, so it exits with
     ``INTERNAL_ERROR`` and its traceback. The message names the file and the block or migration.
     """
+
+
+def outage(exc: BaseException) -> bool:
+    """Whether ``exc`` is an outage worth waiting out: the one rule of every wait for the store
+    (``qinglong run`` at start, ``qinglong db wait``). Only :class:`StoreUnreachable`; a refused
+    login (:class:`StoreAuthFailed`) will not change until the settings do and ends the wait."""
+    return isinstance(exc, StoreUnreachable) and not isinstance(exc, StoreAuthFailed)
 
 
 #: The one table from error type to exit code. Most specific first; :func:`exit_code_for` walks

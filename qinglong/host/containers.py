@@ -318,6 +318,7 @@ class HostContainer(containers.DeclarativeContainer):
         components_factory=components_factory,
         cadence_ms=config.scheduler.cadence_ms,
         start_step_timeout_ms=config.lifecycle.start_step_timeout_ms,
+        start_wait_ms=config.lifecycle.start_wait_ms,
         stop_timeout_ms=config.lifecycle.stop_timeout_ms,
         dispatcher_factory=dispatcher_factory,
         admission_factory=http_admission,

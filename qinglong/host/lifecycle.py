@@ -1,7 +1,8 @@
 """The lifecycle of ``qinglong run``: ordered start, bounded stop, and the scheduler loop.
 
 Start: (configuration was validated before the container was built) -> open the database ->
-migrate when the backend asks for it -> schema readiness -> startup recovery -> scheduler loop ->
+migrate when the backend asks for it -> schema readiness -> startup recovery (these four run again
+while the store cannot be reached, up to ``[lifecycle] start_wait_ms``) -> scheduler loop ->
 dispatcher (when the profile executes Runs locally; its reconciler runs first) -> ``stack``
 components -> ``admission`` components (the plugins', then the HTTP surface) -> ready (systemd hears
 ``READY=1``). Stop, each step bounded: not ready (``STOPPING=1``) -> withdraw admission -> stop the
@@ -21,10 +22,14 @@ from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
 from qinglong.contracts.errors import QinglongError
 from qinglong.contracts.hookspecs import ComponentPhase, HostContext, LifecycleComponent
 from qinglong.contracts.providers import TriggerProvider
-from qinglong.contracts.records import RoundReport, RoundTally
+from qinglong.contracts.records import RecoveryReport, RoundReport, RoundTally
 from qinglong.contracts.store import SchedulerBackend
 
 from .readiness import Readiness
+from .waiting import wait_out
+
+#: between two attempts to reach a store that could not be reached at start
+START_WAIT_INTERVAL_S = 1.0
 
 
 class LifecycleError(QinglongError):
@@ -203,6 +208,9 @@ class Lifecycle:
     cadence_ms: int
     start_step_timeout_ms: int
     stop_timeout_ms: int
+    #: how long the steps that reach the store (open, migrate, readiness, recovery) wait out a
+    #: store that cannot be reached (the contracts' ``outage`` rule) before the start fails
+    start_wait_ms: int = 0
     #: ``backend -> Dispatcher | None``: the profile's dispatcher, None when it does not execute
     #: Runs locally (no factory: never).
     dispatcher_factory: Callable[[SchedulerBackend], Any] | None = None
@@ -238,21 +246,38 @@ class Lifecycle:
                 "(lifecycle.start_step_timeout_ms)"
             ) from None
 
-    async def start(self) -> None:
-        """Run every start step in order; on failure stop what was started and re-raise."""
-        try:
+    async def _reach_store(self) -> RecoveryReport:
+        """The start steps that reach the store, in order; run again from the first whose store
+        could not be reached (each is idempotent: an open backend stays open, migrating applies
+        only what is pending, readiness and recovery only read)."""
+        if not self._opened:
             self.readiness.starting("opening the database")
             await self._bounded("open_database", self.backend.open())
             self._opened = True
             self._note("database_opened", backend=self.backend.name)
-            if isinstance(self.backend, MigratesAtStart) and self.backend.auto_migrate:
-                await self._bounded("migrate", self.backend.migrate())
-                self._note("migrated")
-            self.readiness.starting("checking schema readiness")
-            await self._bounded("schema_readiness", self.backend.check_readiness())
-            self._note("schema_ready")
-            self.readiness.starting("startup recovery")
-            report = await self._bounded("startup_recovery", self.backend.recover())
+        if isinstance(self.backend, MigratesAtStart) and self.backend.auto_migrate:
+            await self._bounded("migrate", self.backend.migrate())
+            self._note("migrated")
+        self.readiness.starting("checking schema readiness")
+        await self._bounded("schema_readiness", self.backend.check_readiness())
+        self._note("schema_ready")
+        self.readiness.starting("startup recovery")
+        return await self._bounded("startup_recovery", self.backend.recover())
+
+    def _waiting(self, exc: BaseException, attempt: int, left_s: float) -> None:
+        """One refused attempt to reach the store, as a diagnostic (the message is the error's,
+        redacted by the backend and again by the sink; never a DSN)."""
+        self.readiness.starting("waiting for the store")
+        self.diagnostics.emit(DiagnosticEvent(
+            "warning", "lifecycle.store_waiting",
+            f"store not reachable, trying again: {' '.join(str(exc).split())}",
+            {"attempt": attempt, "wait_left_ms": int(left_s * 1000)}))
+
+    async def start(self) -> None:
+        """Run every start step in order; on failure stop what was started and re-raise."""
+        try:
+            report = await wait_out(self._reach_store, timeout_s=self.start_wait_ms / 1000,
+                                    interval_s=START_WAIT_INTERVAL_S, waiting=self._waiting)
             self._note(
                 "recovered",
                 pristine_queued=report.pristine_queued,

@@ -67,10 +67,13 @@ class SchedulerSettings(BaseModel):
 
 
 class LifecycleSettings(BaseModel):
-    """``[lifecycle]``: how long each start and stop step may take."""
+    """``[lifecycle]``: how long each start and stop step may take, and how long a start waits
+    out a store it cannot reach (a database restarting) before it exits 5."""
 
     model_config = ConfigDict(extra="forbid")
     start_step_timeout_ms: int = Field(30_000, ge=100, le=600_000)
+    start_wait_ms: int = Field(60_000, ge=0, le=3_600_000,
+                               description="how long the start waits for a store it cannot reach")
     stop_timeout_ms: int = Field(10_000, ge=100, le=600_000)
 
 

@@ -72,3 +72,22 @@ def test_db_wait_gives_up_at_its_bound_with_the_readiness_exit_code(fresh_db, tm
     assert result.stderr.splitlines()[0].startswith("qinglong: waiting: ")
     assert result.stderr.splitlines()[-1].startswith("qinglong: not ready: ")
     assert "Traceback" not in result.stderr
+
+
+def test_db_wait_ends_at_once_on_a_refused_login(fresh_db, tmp_path):
+    """A wrong password does not change until the settings do: a wait that took it for an outage
+    would hold the init container for its whole bound (here 10 minutes) before saying what is
+    wrong. It exits 5 at once, by the rule ``qinglong run`` waits by at start, naming the user
+    and never the password given."""
+    from tests.support.pg import ROLE_PASSWORDS
+
+    wrong = "not-the-password-51c9"
+    dsn = fresh_db.dsn("qinglong_runtime").replace(ROLE_PASSWORDS["qinglong_runtime"], wrong)
+    runtime = _settings(tmp_path, "runtime.toml", runtime_dsn=dsn)
+    result = subprocess.run([sys.executable, "-m", "qinglong", "db", "wait", "--timeout", "10m",
+                             "--interval", "200ms"], cwd=tmp_path, env=_env(runtime), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 5, result.stderr
+    assert "qinglong: waiting: " not in result.stderr
+    assert "qinglong_runtime" in result.stderr
+    assert wrong not in result.stderr and "Traceback" not in result.stderr

@@ -23,6 +23,7 @@ from qinglong.host.config.apply import ApplyOptions, apply_projects
 from qinglong.host.config.document import EnvSources, load_document
 from qinglong.host.config.render import export_projects
 from qinglong.plugins.cron.provider import CronProvider
+from tests.support.aio import closing
 
 LIMITS = ExecutionLimits(max_log_limit_bytes=4 * 1024 * 1024)
 IDS = st.text(string.ascii_lowercase + string.digits, min_size=1, max_size=8)
@@ -110,12 +111,10 @@ async def _apply_and_read(path: Path, document) -> tuple[dict, str, str]:
     backend = _backend(path)
     await backend.open()
     await backend.migrate()
-    try:
+    async with closing(backend):
         await apply_projects(backend, document.projects, ApplyOptions(), refusal=document.refusal)
         publisher = backend.publisher()
         states = [await publisher.project_state(p.project_id) for p in await backend.reader().list_projects()]
-    finally:
-        await backend.close()
     seen = {s.project_id: (s.name,
                            {k: (v.task_revision, v.content_digest) for k, v in s.tasks.items()},
                            {k: (v.trigger_revision, v.content_digest) for k, v in s.triggers.items()})

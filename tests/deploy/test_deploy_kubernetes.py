@@ -48,12 +48,15 @@ PROBE_TIMING = {"initialDelaySeconds", "periodSeconds", "timeoutSeconds", "succe
 
 #: The workloads of the base: (kind, name) -> the component label they carry.
 WORKLOADS = {("Deployment", "qinglong"): "scheduler", ("Deployment", "qinglong-worker"): "worker",
-             ("Job", "qinglong-migrate"): "migrate"}
+             ("Deployment", "qinglong-api"): "api", ("Job", "qinglong-migrate"): "migrate"}
 #: Values standing in for the operator's Secret files (secrets/README.md).
 SECRET_FILES = {"runtime_dsn": "host=postgres dbname=qinglong user=qinglong_runtime password=rt-secret",
                 "owner_dsn": "host=postgres dbname=qinglong user=qinglong_owner password=ow-secret",
                 "http_token": TOKEN,
-                "worker_dsn": "host=postgres dbname=qinglong user=qinglong_worker_ingress password=wk-secret"}
+                "worker_dsn": "host=postgres dbname=qinglong user=qinglong_worker_ingress password=wk-secret",
+                "admin_dsn": "host=postgres dbname=qinglong user=qinglong_admin password=ad-secret",
+                "api_tls.crt": "-----BEGIN CERTIFICATE-----\nstand-in\n-----END CERTIFICATE-----\n",
+                "api_tls.key": "-----BEGIN PRIVATE KEY-----\nstand-in\n-----END PRIVATE KEY-----\n"}
 
 
 def _kustomization() -> dict:
@@ -92,8 +95,7 @@ def _kustomize(base: Path) -> subprocess.CompletedProcess:
 def _base_with_secret_files(tmp_path: Path, files: dict[str, str] | None = None) -> Path:
     """A copy of the base with the operator's Secret files written (``files``: path -> value)."""
     base = tmp_path / "kubernetes"
-    shutil.copytree(BASE, base, ignore=shutil.ignore_patterns("runtime_dsn", "owner_dsn", "http_token",
-                                                               "worker_dsn"))
+    shutil.copytree(BASE, base, ignore=shutil.ignore_patterns(*SECRET_FILES))
     for path, value in (SECRET_FILES if files is None else files).items():
         (base / path).parent.mkdir(parents=True, exist_ok=True)
         (base / path).write_text(value)
@@ -192,6 +194,7 @@ def test_kustomization_renders_and_the_rendered_objects_validate(tmp_path):
     (config_map,) = _by_kind(rendered, "ConfigMap")
     assert config_map["data"]["qinglong.toml"] == _settings_text()
     assert config_map["data"]["worker.toml"] == _settings_text("worker.toml")
+    assert config_map["data"]["api.toml"] == _settings_text("api.toml")
     secrets = {s["metadata"]["name"]: s for s in _by_kind(rendered, "Secret")}
     import base64
 
@@ -249,9 +252,10 @@ def test_deployment_runs_the_cluster_profile_as_non_root_on_a_read_only_root():
     assert _container(docs, "Job")["command"] == ["qinglong", "db", "migrate", "--profile", "cluster"]
     assert _container(docs, "Deployment", "qinglong-worker")["command"] == ["qinglong", "worker", "--profile",
                                                                            "cluster"]
+    assert _container(docs, "Deployment", "qinglong-api")["command"] == ["qinglong", "api", "--profile", "cluster"]
     pdbs = {pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]: pdb
             for pdb in _by_kind(docs, "PodDisruptionBudget")}
-    assert set(pdbs) == {"scheduler", "worker"}
+    assert set(pdbs) == {"scheduler", "worker", "api"}
     for (kind, name), component in WORKLOADS.items():
         if kind == "Deployment":
             deployment = _workload(docs, kind, name)
@@ -259,14 +263,14 @@ def test_deployment_runs_the_cluster_profile_as_non_root_on_a_read_only_root():
             assert deployment["spec"]["replicas"] > pdbs[component]["spec"]["maxUnavailable"]
 
 
-def _http_get(container: dict, name: str) -> tuple[str, int]:
+def _http_get(container: dict, name: str, scheme: str = "HTTP") -> tuple[str, int]:
     """The path and container port of the probe ``name``, which must be a plain httpGet: no
-    headers (the kubelet cannot take one from a Secret), no host (the pod's IP), plain HTTP."""
+    headers (the kubelet cannot take one from a Secret), no host (the pod's IP), ``scheme``."""
     probe = container[name]
     assert set(probe) - PROBE_TIMING == {"httpGet"}, f"{name} is not an httpGet probe: {sorted(probe)}"
     get = probe["httpGet"]
     assert set(get) <= {"path", "port", "scheme"}, f"{name}: {sorted(get)}"
-    assert get.get("scheme", "HTTP") == "HTTP"
+    assert get.get("scheme", "HTTP") == scheme
     port = get["port"]
     if isinstance(port, str):  # a named port of the container
         (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == port]
@@ -287,8 +291,40 @@ def test_probes_and_ports_agree_with_the_http_settings(tmp_path):
     assert container_port == {"name": "http", "containerPort": port, "protocol": "TCP"}
     assert {name: _http_get(container, name) for name in PROBE_PATHS} == {
         name: (path, port) for name, path in PROBE_PATHS.items()}
-    (service,) = _by_kind(docs, "Service")
-    assert service["spec"]["ports"][0]["targetPort"] == container_port["name"]
+    services = {s["metadata"]["name"]: s for s in _by_kind(docs, "Service")}
+    assert set(services) == {"qinglong", "qinglong-api"}
+    assert services["qinglong"]["spec"]["ports"][0]["targetPort"] == container_port["name"]
+    assert services["qinglong"]["spec"]["selector"] == _workload(docs, "Deployment", "qinglong")["spec"]["selector"][
+        "matchLabels"]
+
+
+def test_the_api_pods_serve_https_on_the_port_their_probes_and_service_use(tmp_path):
+    """API pods whose probes miss their port or scheme are restarted forever or never get
+    traffic; a Service selecting the scheduler replicas would send API calls to pods that do not
+    serve /api/v1; plain HTTP off loopback is refused at start (exit 3), a crash loop."""
+    docs = _documents(_manifest_files())
+    container = _container(docs, "Deployment", "qinglong-api")
+    secrets = _secret_values(docs)
+    loaded = _load_as_container(_env(container, secrets), tmp_path, container["command"])
+    host, port = split_listen(loaded.settings.http.listen)
+    assert host == "0.0.0.0"
+    api = loaded.settings.api
+    pod = _workload(docs, "Deployment", "qinglong-api")["spec"]["template"]["spec"]
+    (tls,) = [v for v in pod["volumes"] if v["name"] == "tls"]
+    assert tls["secret"]["secretName"] == "qinglong-api"
+    (mount,) = [m["mountPath"] for m in container["volumeMounts"] if m["name"] == "tls"]
+    files = {f"{mount}/{item['path']}": item["key"] for item in tls["secret"]["items"]}
+    assert files == {api.tls_cert_file: "tls.crt", api.tls_key_file: "tls.key"}
+    assert {key for name, key in secrets if name == "qinglong-api"} >= {"tls.crt", "tls.key"}
+    (container_port,) = container["ports"]
+    assert container_port == {"name": "https", "containerPort": port, "protocol": "TCP"}
+    assert {name: _http_get(container, name, "HTTPS") for name in PROBE_PATHS} == {
+        name: (path, port) for name, path in PROBE_PATHS.items()}
+    service = _workload(docs, "Service", "qinglong-api")
+    assert service["spec"]["selector"] == _workload(docs, "Deployment", "qinglong-api")["spec"]["selector"][
+        "matchLabels"]
+    assert service["spec"]["ports"][0]["targetPort"] == "https"
+    assert pod["terminationGracePeriodSeconds"] >= loaded.settings.lifecycle.stop_timeout_ms / 1000
 
 
 def test_env_and_secret_names_resolve_to_real_settings_keys(tmp_path):
@@ -297,16 +333,19 @@ def test_env_and_secret_names_resolve_to_real_settings_keys(tmp_path):
     Secret's value would never be used."""
     docs = _documents(_manifest_files())
     secrets = _secret_values(docs)
-    # no pod publishes: the admin DSN stays with the publishing hosts
+    # the admin DSN is in the API's own Secret, mounted by the API pods alone
     assert {key for name, key in secrets if name == "qinglong-dsn"} == {"runtime_dsn", "owner_dsn"}
+    assert {key for name, key in secrets if name == "qinglong-api"} == {"admin_dsn", "tls.crt", "tls.key"}
     assert {key for key in ClusterPostgresSettings.model_fields if key.endswith("_dsn")} >= {"runtime_dsn",
                                                                                               "owner_dsn"}
     assert {key for name, key in secrets if name == "qinglong-http"} == {"token"}
     assert "token" in QinglongSettings.model_fields["http"].annotation.model_fields
     expected = {("Deployment", None): {"runtime_dsn"}, ("Job", None): {"owner_dsn", "runtime_dsn"},
-                ("Deployment", "wait-for-schema"): {"runtime_dsn"}}
+                ("Deployment", "wait-for-schema"): {"runtime_dsn"}, ("api", None): {"runtime_dsn", "admin_dsn"}}
+    secrets_by_key = {key: value for (_, key), value in secrets.items() if key.endswith("_dsn")}
     for (kind, init), dsn_keys in expected.items():
-        container = _container(docs, kind, init=init)
+        container = (_container(docs, "Deployment", "qinglong-api") if kind == "api"
+                     else _container(docs, kind, init=init))
         env = _env(container, secrets)
         loaded = _load_as_container(env, tmp_path, container["command"])
         assert loaded.settings.profile == "cluster"
@@ -315,13 +354,21 @@ def test_env_and_secret_names_resolve_to_real_settings_keys(tmp_path):
             if key.endswith("_dsn"):
                 value = getattr(backend, key)
                 if key in dsn_keys:
-                    assert value.get_secret_value() == secrets[("qinglong-dsn", key)], (kind, key)
+                    assert value.get_secret_value() == secrets_by_key[key], (kind, key)
                 else:
                     assert value is None, f"the {kind} gets {key}, which it does not need"
-        if (kind, init) == ("Deployment", None):
+        if (kind, init) in (("Deployment", None), ("api", None)):
             assert loaded.settings.http.token == TOKEN
         else:
             assert loaded.settings.http.token is None, f"{kind} {init} gets the HTTP token"
+    # exactly the API pods hold the admin DSN: no other container of any workload refers to it
+    holders = {(name, c["name"]) for (kind, name) in WORKLOADS
+               for c in _workload(docs, kind, name)["spec"]["template"]["spec"].get("initContainers", [])
+               + _workload(docs, kind, name)["spec"]["template"]["spec"]["containers"]
+               for item in c["env"]
+               if item.get("valueFrom", {}).get("secretKeyRef", {}).get("key") == "admin_dsn"
+               or item["name"] == "QINGLONG_BACKEND__ADMIN_DSN"}
+    assert holders == {("qinglong-api", "qinglong")}
 
 
 def test_the_replicas_wait_for_the_schema_in_an_init_container_bounded_by_the_jobs_deadline():
@@ -632,3 +679,74 @@ def test_a_worker_started_as_its_container_runs_the_runs_the_replica_admits(repl
         cli("trigger", "disable", "k8s", "every-second")
     logged = stderr.read_text()
     assert ROLE_PASSWORDS["qinglong_worker_ingress"] not in logged
+
+
+def test_an_api_pod_started_as_its_container_serves_https_probes_and_holds_the_admin_dsn(replica):
+    """An API container whose command, env or mounted TLS files do not work never becomes ready
+    (no remote management at all); its probes must answer over HTTPS without a token while the
+    API refuses a request without one, and its SIGTERM (the kubelet's stop) must exit 0 within
+    the pod's grace period without the admin password reaching its log."""
+    import ssl
+
+    from tests.support.pg import ROLE_PASSWORDS, free_port
+
+    docs = replica.docs
+    container = _container(docs, "Deployment", "qinglong-api")
+    secrets = dict(replica.secrets)
+    secrets[("qinglong-api", "admin_dsn")] = replica.postgres.dsn(
+        "qinglong_admin", ROLE_PASSWORDS["qinglong_admin"], "qinglong")
+    (replica.tmp_path / "api.toml").write_text(_settings_text("api.toml"))
+    tls = replica.tmp_path / "tls"
+    tls.mkdir()
+    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                           "/CN=127.0.0.1", "-keyout", str(tls / "tls.key"), "-out", str(tls / "tls.crt")],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
+    env.update(_env(container, secrets))
+    env["QINGLONG_SETTINGS"] = str(replica.tmp_path / "api.toml")
+    port = free_port()
+    env["QINGLONG_HTTP__LISTEN"] = f"0.0.0.0:{port}"
+    env["QINGLONG_API__TLS_CERT_FILE"] = str(tls / "tls.crt")  # the Secret's mount, elsewhere here
+    env["QINGLONG_API__TLS_KEY_FILE"] = str(tls / "tls.key")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    unverified = ssl.create_default_context()
+    unverified.check_hostname = False
+    unverified.verify_mode = ssl.CERT_NONE  # as the kubelet's HTTPS probes
+
+    def get(path: str) -> tuple[int, str]:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=unverified)
+        try:
+            conn.request("GET", path, headers={"User-Agent": "kube-probe/1.32", "Connection": "close"})
+            answer = conn.getresponse()
+            return answer.status, answer.read(10 * 1024).decode("utf-8", "replace")
+        finally:
+            conn.close()
+
+    stderr = replica.tmp_path / "api.stderr"
+    with open(stderr, "w") as err:
+        process = subprocess.Popen(container["command"], env=env, cwd=replica.tmp_path, stdout=subprocess.DEVNULL,
+                                   stderr=err)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                ready = get(_http_get(container, "readinessProbe", "HTTPS")[0])
+            except OSError as exc:
+                ready = (0, str(exc))
+            if ready[0] == 200:
+                break
+            assert process.poll() is None, f"the API exited ({process.returncode}): {stderr.read_text()}"
+            assert time.monotonic() < deadline, f"not ready within 60 s: {ready}"
+            time.sleep(0.2)
+        assert get(_http_get(container, "livenessProbe", "HTTPS")[0])[0] == 200
+        assert get("/api/v1/projects")[0] == 401
+        process.send_signal(signal.SIGTERM)
+        pod = _workload(docs, "Deployment", "qinglong-api")["spec"]["template"]["spec"]
+        assert process.wait(timeout=pod["terminationGracePeriodSeconds"]) == 0, stderr.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    logged = stderr.read_text()
+    assert ROLE_PASSWORDS["qinglong_admin"] not in logged and TOKEN not in logged

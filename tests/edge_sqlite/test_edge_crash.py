@@ -18,6 +18,7 @@ import pytest
 
 from edge_helpers import cron, open_backend, seed
 from qinglong.plugins.cron.provider import CronProvider
+from tests.support.aio import closing
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
 TRIGGERS = 200
@@ -25,7 +26,7 @@ TRIGGERS = 200
 
 async def _publish(db_path: Path) -> None:
     backend = await open_backend(db_path, lambda: time.time_ns() // 1_000_000)
-    try:
+    async with closing(backend):
         await seed(backend)
         for i in range(TRIGGERS):
             expression = "*/2 * * * * *" if i % 5 == 0 else "* * * * * *"
@@ -33,8 +34,6 @@ async def _publish(db_path: Path) -> None:
             grace = (1_500, 3_000)[i % 2]  # a skip grace above the cadence
             await backend.publisher().put_trigger(
                 cron(f"tr{i:03d}", expression, policy=policy, grace_ms=grace))
-    finally:
-        await backend.close()
 
 
 def _check_invariants(db_path: Path, cursors: dict) -> int:

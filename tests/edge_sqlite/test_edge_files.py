@@ -28,6 +28,7 @@ from qinglong.contracts.errors import (
 )
 from qinglong.plugins.edge_sqlite import create_backend, migrations
 from qinglong.plugins.edge_sqlite.store import OwnerLock, owner_lock_path, probe_owner_lock
+from tests.support.aio import closing
 
 #: Generous bound of one CLI command; a hang shows up as a failure after this, never as a stall.
 CLI_TIMEOUT_S = 120  # only catches a hang: a loaded machine may take long to start Python
@@ -61,11 +62,9 @@ def assert_refused(proc: subprocess.CompletedProcess[str], code: int, db: Path, 
 async def _populated(db: Path, clock, runs: int = 0) -> None:
     """A ready database with one project, task and trigger and ``runs`` finished Runs."""
     backend = await open_backend(db, clock)
-    try:
+    async with closing(backend):
         await seed(backend)
         await backend.publisher().put_trigger(cron("tr1"))
-    finally:
-        await backend.close()
     if runs:
         conn = sqlite3.connect(db, isolation_level=None)
         conn.execute("BEGIN")
@@ -139,12 +138,10 @@ async def test_schema_drift_is_refused_although_the_ledger_is_complete(db_path, 
     conn.close()
     backend = create_backend(make_context(db_path, clock))
     await backend.open()
-    try:
+    async with closing(backend):
         with pytest.raises(SchemaCorrupt, match=named) as refused:
             await backend.check_readiness()
         assert str(db_path) in str(refused.value)
-    finally:
-        await backend.close()
     assert_refused(cli(db_path, *RUN), 4, db_path, named)
 
 
@@ -194,12 +191,10 @@ async def test_a_foreign_schema_migrations_table_is_not_taken_for_ours(db_path, 
     before = db_path.read_bytes()
     backend = create_backend(make_context(db_path, clock))
     await backend.open()
-    try:
+    async with closing(backend):
         for step in (backend.migrate, backend.check_readiness, backend.migration_status):
             with pytest.raises(NotOurDatabase, match="schema_migrations"):
                 await step()
-    finally:
-        await backend.close()
     assert db_path.read_bytes() == before
 
 
@@ -216,11 +211,9 @@ async def test_a_backend_opened_to_read_never_creates_or_migrates(tmp_path, cloc
     empty.touch()
     backend = create_backend(make_context(empty, clock))
     await backend.open(create=False)
-    try:
+    async with closing(backend):
         states = await backend.migrate()
         assert {s.status for s in states} == {"pending"}
-    finally:
-        await backend.close()
     assert empty.read_bytes() == b""
     assert query(empty, "SELECT count(*) FROM sqlite_master") == [(0,)]
 

@@ -10,6 +10,7 @@ from edge_helpers import open_backend, query
 from qinglong.contracts.errors import NotOurDatabase, SchemaCorrupt, SchemaNotReady, UserError
 from qinglong.plugins.edge_sqlite import create_backend, migrations
 from edge_helpers import make_context
+from tests.support.aio import closing
 
 
 def _make_database_with(path, count: int) -> None:
@@ -43,20 +44,17 @@ async def test_fresh_database_is_migrated_and_ready(db_path, clock, backends):
     assert all(r[3] == clock.ms for r in rows)
 
 
-async def test_database_of_an_older_version_is_migrated_forward_in_place(db_path, clock):
+async def test_database_of_an_older_version_is_migrated_forward_in_place(db_path, clock, backends):
     """An upgrade must keep the data of a database made by 0001 alone and add what 0002 brings."""
     _make_database_with(db_path, 1)
-    backend = create_backend(make_context(db_path, clock))
+    backend = backends.track(create_backend(make_context(db_path, clock)))
     await backend.open()
-    try:
-        with pytest.raises(SchemaNotReady, match="0002_schedule_skips"):
-            await backend.check_readiness()
-        await backend.migrate()
+    with pytest.raises(SchemaNotReady, match="0002_schedule_skips"):
         await backend.check_readiness()
-        assert query(db_path, "SELECT project_id FROM projects") == [("old",)]
-        assert query(db_path, "SELECT count(*) FROM schedule_skips") == [(0,)]
-    finally:
-        await backend.close()
+    await backend.migrate()
+    await backend.check_readiness()
+    assert query(db_path, "SELECT project_id FROM projects") == [("old",)]
+    assert query(db_path, "SELECT count(*) FROM schedule_skips") == [(0,)]
 
 
 async def test_migrate_twice_applies_nothing_twice(db_path, clock):
@@ -88,29 +86,24 @@ async def test_untrusted_schema_is_refused_without_touching_the_file(db_path, cl
     before = db_path.read_bytes()
     backend = create_backend(make_context(db_path, clock))
     await backend.open()
-    try:
+    async with closing(backend):
         with pytest.raises(SchemaNotReady, match=expected) as refused:
             await backend.migrate()
         assert str(db_path) in str(refused.value)
         with pytest.raises(SchemaNotReady, match=expected):
             await backend.check_readiness()
-    finally:
-        await backend.close()
     assert db_path.read_bytes() == before
     assert not db_path.with_name(db_path.name + "-wal").exists() or \
         db_path.with_name(db_path.name + "-wal").stat().st_size == 0
 
 
-async def test_readiness_without_auto_migrate_names_the_pending_migration(db_path, clock):
+async def test_readiness_without_auto_migrate_names_the_pending_migration(db_path, clock, backends):
     """With auto_migrate off, an empty file must be refused with a fix, not half-used."""
-    backend = create_backend(make_context(db_path, clock, auto_migrate=False))
+    backend = backends.track(create_backend(make_context(db_path, clock, auto_migrate=False)))
     assert backend.auto_migrate is False
     await backend.open()
-    try:
-        with pytest.raises(SchemaNotReady, match="0001_initial is not applied"):
-            await backend.check_readiness()
-    finally:
-        await backend.close()
+    with pytest.raises(SchemaNotReady, match="0001_initial is not applied"):
+        await backend.check_readiness()
 
 
 async def test_missing_directory_is_a_user_error_naming_the_path(tmp_path, clock):
@@ -145,11 +138,9 @@ async def test_older_database_with_a_dropped_table_is_not_migrated_forward(db_pa
     before = db_path.read_bytes()
     backend = create_backend(make_context(db_path, clock))
     await backend.open()
-    try:
+    async with closing(backend):
         with pytest.raises(SchemaCorrupt, match="table 'run_events' is missing"):
             await backend.migrate()
-    finally:
-        await backend.close()
     assert db_path.read_bytes() == before
 
 

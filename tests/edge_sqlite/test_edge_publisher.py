@@ -18,6 +18,7 @@ from qinglong.contracts.errors import (
 )
 from qinglong.contracts.records import TriggerDefinition
 from qinglong.plugins.edge_sqlite import migrations
+from tests.support.aio import closing
 
 
 @pytest.mark.parametrize(
@@ -246,11 +247,9 @@ async def test_a_task_head_can_never_name_a_missing_revision(db_path, clock):
     """A head naming a revision that is not stored pins Runs to a task nobody can read back; it
     must be impossible, not a silent miss found later."""
     backend = await open_backend(db_path, clock)
-    try:
+    async with closing(backend):
         await seed(backend)
         await backend.publisher().put_task("p1", "t1", {"command": ["echo", "bye"]})
-    finally:
-        await backend.close()
     for drift in ("UPDATE tasks SET task_revision = 9",
                   "UPDATE tasks SET content_digest = 'sha256:0'",
                   "DELETE FROM task_revisions WHERE task_revision = 2",

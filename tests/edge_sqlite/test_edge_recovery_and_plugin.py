@@ -13,6 +13,7 @@ from edge_helpers import cron, open_backend, query, seed
 from qinglong.contracts.store import SchedulerBackend
 from qinglong.plugins.edge_sqlite import EdgeSqliteSettings, qinglong_scheduler_backends
 from qinglong.plugins.edge_sqlite.recovery import recover_in_thread
+from tests.support.aio import closing
 
 MINUTE = 60_000
 
@@ -143,10 +144,8 @@ async def test_recovery_reads_only_the_runs_still_in_flight(db_path, clock):
     """Recovery that scans every Run delays the first round by seconds on a long-lived file
     (1 M Runs: ~8 s); finished Runs never need recovery and must cost it nothing."""
     backend = await open_backend(db_path, clock)
-    try:
+    async with closing(backend):
         await _admit_two(backend, clock)
-    finally:
-        await backend.close()
     few = _recovery_steps(db_path, 0)
     many = _recovery_steps(db_path, 20_000)
     assert many <= few + 5, (few, many)

@@ -24,6 +24,7 @@ from qinglong.contracts.execution import EXECUTION_KEYS
 from qinglong.host.cli.main import main
 
 from host_helpers import REPO, StderrLines, wait_until
+from tests.support.aio import closing
 
 #: Must appear in no output of any command (it is an env value of a task).
 SECRET = "hunter2-d41d8cd98f00b204"
@@ -369,11 +370,9 @@ def test_logs_of_a_deleted_log_report_the_tombstone_and_exit_3(ws, plane):
     async def delete_log() -> None:
         backend = build_container(load_settings(ws.settings)).backend()
         await backend.open(create=False)
-        try:
+        async with closing(backend):
             os.unlink(os.path.join(attempt["attempt_dir"], "log"))
             await backend.execution().mark_log_deleted(attempt["attempt_id"], int(time.time() * 1000))
-        finally:
-            await backend.close()
 
     asyncio.run(delete_log())
     code, out, err = ws.call("logs", run_id)
@@ -426,10 +425,8 @@ def test_logs_follow_prints_bytes_as_they_are_appended_and_ends_when_the_attempt
 
         backend = build_container(load_settings(ws.settings)).backend()
         await backend.open(create=False)
-        try:
+        async with closing(backend):
             return await action(backend.execution())
-        finally:
-            await backend.close()
 
     now = int(time.time() * 1000)
     handle = ProcessHandle("boot", os.getpid(), os.getpid(), 1)

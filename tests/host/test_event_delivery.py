@@ -20,6 +20,7 @@ from qinglong.contracts.events import (
 from qinglong.contracts.execution import CancelReason
 from qinglong.contracts.store import BackendContext, SchedulerLimits
 from qinglong.host.events import DeliveryLoop
+from tests.support.aio import closing
 
 
 class Sink:
@@ -92,7 +93,7 @@ def test_each_event_is_delivered_once_per_channel_in_order_with_its_stable_id(tm
     async def body():
         clock = Clock()
         backend = await open_store(tmp_path / "q.db", clock)
-        try:
+        async with closing(backend):
             runs = await end_runs(backend, clock, "t1", 3)
             await end_runs(backend, clock, "quiet", 1)
             hook, mail = Recorder("hook"), Recorder("mail")
@@ -105,8 +106,6 @@ def test_each_event_is_delivered_once_per_channel_in_order_with_its_stable_id(tm
             assert [m.event.event_id for m in hook.sent] == [m.event.event_id for m in mail.sent]
             ids = {d.event.event_id for d in await backend.outbox().list_deliveries()}
             assert len(ids) == 3
-        finally:
-            await backend.close()
 
     asyncio.run(body())
 
@@ -117,7 +116,7 @@ def test_a_failing_channel_is_retried_with_backoff_then_dead_and_releases_the_ne
     async def body():
         clock = Clock()
         backend = await open_store(tmp_path / "q.db", clock)
-        try:
+        async with closing(backend):
             first, second = await end_runs(backend, clock, "t1", 2)
             hook = Recorder("hook", fail=3)
             sink = Sink()
@@ -142,8 +141,6 @@ def test_a_failing_channel_is_retried_with_backoff_then_dead_and_releases_the_ne
                               second: (DeliveryState.DELIVERED, 1, None)}
             assert [m.event.run_id for m in hook.sent] == [second]
             assert [e.code for e in sink.events if e.level == "error"] == ["events.delivery_dead"]
-        finally:
-            await backend.close()
 
     asyncio.run(body())
 
@@ -154,7 +151,7 @@ def test_a_failed_try_stores_no_library_message_that_could_hold_a_secret(tmp_pat
     async def body():
         clock = Clock()
         backend = await open_store(tmp_path / "q.db", clock)
-        try:
+        async with closing(backend):
             await end_runs(backend, clock, "t1", 1)
             hook = Recorder("hook", fail=1,
                             error=OSError("connect to https://user:pa55word@example failed"))
@@ -162,8 +159,6 @@ def test_a_failed_try_stores_no_library_message_that_could_hold_a_secret(tmp_pat
             await loop.run_once()
             [d] = await backend.outbox().list_deliveries()
             assert d.last_error == "OSError" and d.state is DeliveryState.PENDING
-        finally:
-            await backend.close()
 
     asyncio.run(body())
 

@@ -15,6 +15,7 @@ from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
 from qinglong.contracts.store import BackendContext, SchedulerLimits
 from qinglong.host.containers import event_sources
 from qinglong.host.plugins import PluginHost
+from tests.support.aio import closing
 
 
 class Sink:
@@ -80,7 +81,7 @@ def test_hook_qinglong_event_sources_admits_through_the_one_function_once_per_ev
     event id, the same event again nothing); the built-in at_start source admits once per start."""
     async def body():
         backend = await backend_with_trigger(tmp_path / "q.db")
-        try:
+        async with closing(backend):
             host = PluginHost()
             host.register(chain, "chain")
             plugin = FilePlugin(["a.txt", "b.txt", "a.txt"])
@@ -96,8 +97,6 @@ def test_hook_qinglong_event_sources_admits_through_the_one_function_once_per_ev
             assert len(runs) == 3  # a.txt, b.txt, and this start
             keys = sorted(r.idempotency_key for r in runs)
             assert keys[0].startswith("ql3:at_start:v1:boot:a.txt")
-        finally:
-            await backend.close()
 
     asyncio.run(body())
 
@@ -110,12 +109,10 @@ def test_an_event_source_that_is_not_a_component_is_refused_naming_the_plugin(tm
 
     async def body():
         backend = await backend_with_trigger(tmp_path / "q.db")
-        try:
+        async with closing(backend):
             host = PluginHost()
             host.register(Bad(), "bad")
             with pytest.raises(PluginLoadError, match="bad.*qinglong_event_sources"):
                 event_sources(host, LOADED, backend, Sink(), lambda: 0, "edge@test")
-        finally:
-            await backend.close()
 
     asyncio.run(body())

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from host_helpers import wait_until
 from http_helpers import Plane, child_env, write_settings
 from qinglong.contracts.errors import SettingsError
 from qinglong.host.http import resolve_token
@@ -61,16 +62,23 @@ def test_a_token_env_naming_no_variable_is_refused_without_showing_any_value(tmp
     assert resolve_token(load_settings(loopback)) is None  # loopback: no token needed
 
 
-def _hold(port: int) -> socket.socket | None:
-    sock = socket.socket()
-    try:
-        sock.bind(("127.0.0.1", port))
+def _hold(port: int) -> socket.socket:
+    """Bind and listen on 127.0.0.1:``port`` for this test alone. Another process of the suite may
+    hold it now (the default address of a standalone process) and let it go at any moment, which
+    would turn "taken" into "free" between two steps: wait until it is ours, then keep it."""
+
+    def bound() -> socket.socket | None:
+        sock = socket.socket()
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            sock.close()
+            assert exc.errno == errno.EADDRINUSE
+            return None
         sock.listen(1)
         return sock
-    except OSError as exc:
-        sock.close()
-        assert exc.errno == errno.EADDRINUSE
-        return None  # held by another process already: taken either way
+
+    return wait_until(bound, f"127.0.0.1:{port} to be let go by the process holding it", timeout=120)
 
 
 def test_the_profile_default_address_taken_is_a_warning_but_a_configured_one_fails_the_start(tmp_path):
@@ -94,8 +102,7 @@ def test_the_profile_default_address_taken_is_a_warning_but_a_configured_one_fai
         assert "cannot listen on 127.0.0.1:8080 (key 'http.listen')" in failed.stderr, failed.stderr
         assert "lifecycle.admission_open" not in failed.stderr
     finally:
-        if held is not None:
-            held.close()
+        held.close()
 
 
 def test_config_show_masks_the_http_token(tmp_path):

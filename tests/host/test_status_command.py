@@ -172,11 +172,18 @@ def test_a_backlog_drained_between_the_two_readings_is_converging(tmp_path):
         status = store.spawn("status", "--json", "--interval", "20")
         status_err = StderrLines(status.stderr)
         status_err.wait_for("first reading taken", timeout=60)
-        plane.resume()  # the scheduler drains the stalled backlog before the second reading
-        wait_until(lambda: store.sql("SELECT count(*) FROM trigger_schedules WHERE next_fire_at_ms <= ?",
-                                     (stalled_at,))[0][0] == 0,
-                   "the stalled backlog to be admitted", timeout=60, every=0.05, alive=plane.process)
-        drained_at = time.time_ns() // 1_000_000
+        # Held still until the drain is over, however long a loaded machine takes: the second
+        # reading (due 20 s after the first) then comes after the drain, never before it.
+        status.send_signal(signal.SIGSTOP)
+        try:
+            plane.resume()  # the scheduler drains the stalled backlog before the second reading
+            # drained: no schedule due any more (past the stalled occurrence alone is mid-drain)
+            wait_until(lambda: store.sql("SELECT count(*) FROM trigger_schedules WHERE next_fire_at_ms <= ?",
+                                         (time.time_ns() // 1_000_000,))[0][0] == 0,
+                       "the stalled backlog to be admitted", timeout=120, every=0.05, alive=plane.process)
+            drained_at = time.time_ns() // 1_000_000
+        finally:
+            status.send_signal(signal.SIGCONT)
         out, _ = status.communicate(timeout=120)
         report = json.loads(out)
         assert report["stats"]["now_ms"] > drained_at, "the second reading came before the drain"
@@ -186,8 +193,11 @@ def test_a_backlog_drained_between_the_two_readings_is_converging(tmp_path):
         assert (before["schedules_due"], before["oldest_due_ms"]) == (len(triggers), stalled_at)
         assert before["live_schedulers"] == 1  # paused, but holding the store
         assert now["oldest_due_ms"] is None or now["oldest_due_ms"] > stalled_at
-        # fire_once admitted each trigger's latest occurrence and recorded the older ones skipped
-        assert now["skipped_recent"] >= 3 * len(triggers) and now["admitted_in_window"] >= len(triggers)
+        # fire_once recorded the three older occurrences of each trigger skipped and admitted the
+        # latest, unless the drain ended past the latest's grace (60 s from a minute's start): then
+        # that one is skipped too. Either way none of the four is lost.
+        assert now["skipped_recent"] >= 3 * len(triggers) and now["admitted_in_window"] >= 1
+        assert now["skipped_recent"] + now["admitted_in_window"] >= 4 * len(triggers)
         assert any("the backlog drained" in reason for reason in report["reasons"])
     finally:
         plane.stop()

@@ -10,6 +10,7 @@ conformance ``Harness`` (the plugin authors' kit) and a :class:`LoopResource` su
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 
 import pytest
@@ -47,6 +48,17 @@ class Backends(LoopResource):
     async def stop(self) -> None:
         while self._opened:
             await self._opened.pop().close()
+
+
+@contextlib.asynccontextmanager
+async def closing(backend):
+    """Close ``backend`` when the block ends, failed or not: for a backend that must be closed
+    before the test goes on (a reopen, a check of the file after close), or one opened where no
+    fixture reaches (a helper, a synchronous test's coroutine)."""
+    try:
+        yield backend
+    finally:
+        await backend.close()
 
 
 @pytest.fixture

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from typing import Any, Callable
 
-from qinglong.contracts.errors import CheckFailed, ExitCode, SchemaNotReady, StoreUnavailable, UserError
+from qinglong.contracts.errors import CheckFailed, ExitCode, SchemaNotReady, UserError
+
+from ..waiting import wait_out
 
 from .boot import container_of, on_backend, opened_backend
 from .output import print_json, print_table
@@ -46,36 +47,25 @@ async def wait_until_ready(container: Any, timeout_s: float, interval_s: float,
                            waiting: Callable[[BaseException], None]) -> None:
     """Check the store's schema readiness (the check ``qinglong run`` makes at start) until it
     passes, at most ``timeout_s`` seconds. A schema not ready yet (migrations pending, not
-    installed) and a store that cannot be reached are waited out, each new reason passed to
+    installed) and a store that cannot be reached (:func:`~qinglong.contracts.errors.outage`, the
+    rule ``qinglong run`` waits by at start) are waited out, each new reason passed to
     ``waiting`` once; at the bound the last one is raised (exit 4 or 5). Anything else (settings,
-    a missing SQLite file) is raised at once: waiting would not change it. Nothing is written."""
-    deadline = time.monotonic() + timeout_s
+    a refused login, a missing SQLite file) is raised at once: waiting would not change it.
+    Nothing is written."""
     last: list[str] = []
 
-    def wait_or_raise(exc: BaseException) -> None:
+    async def check() -> None:
+        async with opened_backend(container, readiness=False, create=False) as backend:
+            await backend.check_readiness()
+
+    def report(exc: BaseException, attempt: int, left_s: float) -> None:
         text = str(exc)
         if text not in last:
             last[:] = [text]
             waiting(exc)
-        if time.monotonic() >= deadline:
-            raise exc
 
-    async def pause() -> None:
-        await asyncio.sleep(max(0.0, min(interval_s, deadline - time.monotonic())))
-
-    while True:
-        try:
-            async with opened_backend(container, readiness=False, create=False) as backend:
-                while True:
-                    try:
-                        await backend.check_readiness()
-                        return
-                    except SchemaNotReady as exc:
-                        wait_or_raise(exc)
-                    await pause()
-        except StoreUnavailable as exc:
-            wait_or_raise(exc)
-        await pause()
+    await wait_out(check, timeout_s=timeout_s, interval_s=interval_s, waiting=report,
+                   also=(SchemaNotReady,))
 
 
 def cmd_db_wait(args: argparse.Namespace) -> int:

@@ -27,8 +27,20 @@ from .auth import SCOPES, AuthFailure, Authenticator, Principal, RateLimited
 
 TEXT = "text/plain; charset=utf-8"
 HTML = "text/html; charset=utf-8"
-#: The only paths that answer without a token: an orchestrator's probe cannot send one.
-PUBLIC_PATHS = frozenset({"/livez", "/readyz"})
+#: The probes: an orchestrator's probe cannot send a token.
+PROBE_PATHS = frozenset({"/livez", "/readyz"})
+#: The web console's shell, its two assets (no data in any of them) and its sign-in.
+CONSOLE_PUBLIC_PATHS = frozenset({"/", "/console/app.js", "/console/app.css", "/console/session"})
+#: The only paths whose methods may answer without a token (the explicit public list).
+PUBLIC_PATHS = PROBE_PATHS | CONSOLE_PUBLIC_PATHS
+#: The one changing method served without a token: the console's sign-in, which takes a token in
+#: its body and changes nothing in the store.
+PUBLIC_CHANGING = frozenset({("POST", "/console/session")})
+#: The one changing method a read token may call: sign-out, which ends only the caller's session.
+READ_CHANGING = frozenset({("DELETE", "/console/session")})
+#: The console's session cookie and the header carrying its CSRF token.
+SESSION_COOKIE = "qinglong_session"
+CSRF_HEADER = "x-csrf-token"
 #: The protection of a probe.
 PUBLIC = "public"
 #: Paths that answer without a token because each request proves itself another way, with why.
@@ -89,6 +101,8 @@ class Guard:
         import ipaddress
 
         self.authenticator = authenticator
+        #: the console's sessions (:class:`.console.Sessions`), or None without the console
+        self.sessions: Any = None
         self.trusted = tuple(ipaddress.ip_network(p, strict=False) for p in trusted_proxies)
         #: legacy loopback without any token: the metrics and the page are open (nothing else)
         self.open_scrape = open_scrape
@@ -117,7 +131,8 @@ class Guard:
         headers = request.headers.getlist("authorization")
         source = self.source_of(request)
         if not headers:
-            return None
+            cookie = request.cookies.get(SESSION_COOKIE) if self.sessions is not None else None
+            return await self._from_session(request, cookie, source) if cookie else None
         if len(headers) > 1:
             return _unauthorized("one Authorization header, not several")
         try:
@@ -127,6 +142,33 @@ class Guard:
                                   headers={"Retry-After": str(limited.retry_after_s)})
         except AuthFailure as failure:
             return _unauthorized(str(failure))
+
+    async def _from_session(self, request: Request, session_id: str, source: str) -> Principal | Response:
+        """The principal of a console session: its token looked up again (a revoked token fails at
+        its next request), and on a changing request the session's CSRF token in its header."""
+        import hmac
+
+        limiter = self.authenticator.limiter
+        try:
+            limiter.check(source)
+        except RateLimited as limited:
+            return error_response(429, "rate_limited", "too many failed authentications from this address",
+                                  headers={"Retry-After": str(limited.retry_after_s)})
+        session = self.sessions.get(session_id)
+        if session is None:
+            limiter.failed(source)
+            return _unauthorized("the session is unknown or expired: sign in again")
+        if request.method not in SAFE_METHODS:
+            presented = request.headers.getlist(CSRF_HEADER)
+            if len(presented) != 1 or not hmac.compare_digest(presented[0].encode(), session.csrf.encode()):
+                return error_response(403, "csrf", "a changing request made with the session cookie needs "
+                                      "the session's CSRF token in X-CSRF-Token")
+        try:
+            principal = await self.authenticator.by_digest(session.digest, source)
+        except AuthFailure as failure:
+            self.sessions.drop(session_id)
+            return _unauthorized(str(failure))
+        return principal
 
 
 def _endpoint(spec: RouteSpec, guard: Guard, emit_error: Callable[[BaseException, Request], None]) -> Any:
@@ -207,12 +249,13 @@ def build_app(specs: list[RouteSpec], guard: Guard, limits: "Limits",
     for spec in specs:
         for name, declared in spec.methods.items():
             if declared.scope == PUBLIC and spec.path not in PUBLIC_PATHS:
-                raise RouteRefused(f"{name} {spec.path} is declared public but is not a probe")
+                raise RouteRefused(f"{name} {spec.path} is declared public but is not on the public list")
             if declared.scope == SIGNED and spec.path not in SIGNED_PATHS:
                 raise RouteRefused(f"{name} {spec.path} is declared signed but is not a signed path")
             if declared.scope not in (PUBLIC, SIGNED) and declared.scope not in SCOPES:
                 raise RouteRefused(f"{name} {spec.path}: unknown scope {declared.scope!r}")
-            if name not in SAFE_METHODS and declared.scope in (PUBLIC, "read"):
+            if name not in SAFE_METHODS and declared.scope in (PUBLIC, "read") and not (
+                    (name, spec.path) in (PUBLIC_CHANGING if declared.scope == PUBLIC else READ_CHANGING)):
                 raise RouteRefused(f"{name} {spec.path} changes state, so it needs more than {declared.scope}")
         routes.append(Route(spec.path, _endpoint(spec, guard, emit_error), methods=None))
 
@@ -257,7 +300,7 @@ class Bounded:
         length = headers.get(b"content-length", b"0")
         if not length.isdigit() or int(length) > self.limits.max_body_bytes:
             return await _plain(send, 413, f"a request body may hold at most {self.limits.max_body_bytes} bytes")
-        probe = scope["path"] in PUBLIC_PATHS
+        probe = scope["path"] in PROBE_PATHS
         if not probe and self.in_flight >= self.limits.max_in_flight:
             return await _plain(send, 503, "too many requests at once, try again", retry_after=True)
         if not probe:

@@ -94,9 +94,13 @@ class Authenticator:
         secret = presented.encode("utf-8", "replace")
         if self._scrape_token is not None and hmac.compare_digest(secret, self._scrape_token):
             return Principal("http-token", "read", scrape_only=True, source=source)
+        return await self.by_digest(token_digest(presented), source)
+
+    async def by_digest(self, digest: str, source: str) -> Principal:
+        """The API token whose digest this is (a console session keeps the digest, never the secret)."""
         record: TokenRecord | None = None
         if self._lookup is not None:
-            record = await self._lookup(token_digest(presented))
+            record = await self._lookup(digest)
         if record is None or record.revoked_at_ms is not None or (
                 record.expires_at_ms is not None and record.expires_at_ms <= self._clock_ms()):
             self.limiter.failed(source)

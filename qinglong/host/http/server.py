@@ -23,12 +23,10 @@ from qinglong.contracts.errors import UserError
 from qinglong.contracts.hookspecs import ComponentPhase
 
 from ..settings import HttpSettings, split_listen
-from .app import PUBLIC, PUBLIC_PATHS, Guard, Limits, Method, RouteSpec, build_app
+from .app import PROBE_PATHS, PUBLIC, Guard, Limits, Method, RouteSpec, build_app
 from .auth import Authenticator, FailureLimiter
 from .metrics import CONTENT_TYPE_LATEST, Metrics, StatsCache, grace_of
 
-#: The paths served without the token: they reveal alive/ready and one line of PROBE_LINES.
-PROBE_PATHS = PUBLIC_PATHS
 _SCHEDULER_DEAD = "the scheduler loop is not running"
 _DISPATCHER_DEAD = "the dispatcher is not running"
 #: The start steps ``Lifecycle.start`` names in its readiness line (``starting: <step>``).
@@ -180,7 +178,9 @@ class HttpSurface:
         probes = Probes(self._liveness_problem, self._readiness)
         specs = probes.routes() + [
             RouteSpec("/metrics", {"GET": Method("read", self._metrics, "Prometheus metrics", scrape=True)}),
-            RouteSpec("/", {"GET": Method("read", self._page, "status page", scrape=True)}),
+            # with the API on, "/" is the web console and the status page moves to /status
+            RouteSpec("/" if api is None else "/status",
+                      {"GET": Method("read", self._page, "status page", scrape=True)}),
         ]
         lookup = None
         if api is not None:
@@ -194,6 +194,10 @@ class HttpSurface:
         authenticator = Authenticator(scrape_token=token, lookup=lookup, limiter=limiter)
         # on loopback without any token and without the API, the metrics and page stay open
         guard = Guard(authenticator, open_scrape=token is None and api is None, trusted_proxies=trusted)
+        if api is not None:
+            from .console import Console
+
+            specs += Console(guard, secure=ssl_files is not None or bool(trusted)).routes()
         self.app = build_app(specs, guard, Limits(settings.max_body_bytes, settings.max_connections,
                                                      settings.max_header_bytes),
                              emitter(lifecycle.diagnostics))

@@ -54,6 +54,9 @@ class ApiProcess:
         authenticator = Authenticator(scrape_token=token, lookup=api.lookup_token,
                                       limiter=FailureLimiter(settings.failed_auth_burst, settings.failed_auth_per_second))
         guard = Guard(authenticator, trusted_proxies=tuple(settings.trusted_proxies) if settings.behind_proxy else ())
+        from .console import Console
+
+        specs += Console(guard, secure=self.ssl_files is not None or settings.behind_proxy).routes()
         http = loaded.settings.http
         self.app = build_app(specs, guard, Limits(http.max_body_bytes, http.max_connections, http.max_header_bytes),
                              emitter(diagnostics))

@@ -36,7 +36,9 @@ from qinglong.contracts.store import BackendContext
 from . import migrations, recovery, roles
 from .claim import effective_budget, next_budget
 from .coordinator import RoundStats, run_round
-from .db import BackendUnavailable, Secrets, connect, describe_error, make_pool, sever_after
+from .db import (
+    BackendUnavailable, BackendUnreachable, Secrets, connect, describe_error, make_pool, sever_after,
+    unavailable)
 from .publisher import ClusterPublisher
 from .reader import ClusterReader
 from .settings import ClusterPostgresSettings
@@ -107,12 +109,12 @@ class ClusterPostgresBackend:
             application_name=self._app_name(name),
         )
         try:
-            await pool.open(wait=min_size > 0, timeout=self.settings.pool_timeout_ms / 1000)
+            await pool.open_or_refused(self.settings.pool_timeout_ms / 1000)
         except (PoolTimeout, psycopg.Error) as exc:
             await pool.close()
-            raise BackendUnavailable(
-                f"cannot open the {name} pool ({key}): {describe_error(exc, self.secrets)}"
-            ) from None
+            raise unavailable(
+                f"cannot open the {name} pool ({key}): {describe_error(exc, self.secrets)}",
+                pool.last_error or exc) from None
         return pool
 
     async def runtime_pool(self):
@@ -137,19 +139,23 @@ class ClusterPostgresBackend:
         steps: migration status, readiness, recovery), so when the connection breaks under it
         (the server restarted, or an administrator terminated it) the read runs once more on a
         new connection, which the pool waits for up to ``pool_timeout_ms``: a replica starting
-        while its database restarts rides the restart out instead of exiting 5."""
+        while its database restarts rides the restart out. A server still away after that is
+        :class:`BackendUnreachable`, an outage the start waits out (``[lifecycle]
+        start_wait_ms``); a refused login is :class:`BackendAuthFailed`, which it does not."""
         pool = await self.runtime_pool()
         for last in (False, True):
             try:
                 async with pool.connection() as conn:
                     return await body(conn)
             except PoolTimeout as exc:
-                raise BackendUnavailable(
+                raise unavailable(
                     f"no runtime connection within {self.settings.pool_timeout_ms} ms: "
-                    f"{describe_error(exc, self.secrets)}") from None
+                    f"{describe_error(exc, self.secrets)}", pool.last_error) from None
             except psycopg.OperationalError as exc:
-                if not last and _connection_lost(exc):
-                    continue
+                if _connection_lost(exc):
+                    if not last:
+                        continue
+                    raise BackendUnreachable(describe_error(exc, self.secrets)) from None
                 raise BackendUnavailable(describe_error(exc, self.secrets)) from None
 
     # ---- lifecycle -------------------------------------------------------------------------

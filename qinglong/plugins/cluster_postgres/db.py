@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 from contextlib import contextmanager
 from typing import Iterable, Iterator
@@ -48,7 +49,8 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from qinglong.contracts.diagnostics import redact
-from qinglong.contracts.errors import QinglongError, SettingsError, StoreUnavailable
+from qinglong.contracts.errors import (
+    QinglongError, SettingsError, StoreAuthFailed, StoreUnavailable, StoreUnreachable)
 
 #: The ``search_path`` of every session (see the module docstring).
 PINNED_SEARCH_PATH = ("pg_catalog", "pg_temp")
@@ -64,6 +66,39 @@ _PSYCOPG_LOGGER.propagate = False
 class BackendUnavailable(StoreUnavailable):
     """The database could not be reached, refused the connection or the login (message is
     redacted: it names host, port, database and user, never the password)."""
+
+
+class BackendUnreachable(BackendUnavailable, StoreUnreachable):
+    """The server could not be reached, or dropped the connection (down, restarting, shutting
+    down): an outage, waited out at start (redacted like :class:`BackendUnavailable`)."""
+
+
+class BackendAuthFailed(BackendUnavailable, StoreAuthFailed):
+    """The server refused the login (a wrong password, an unknown role, no access rule): never
+    waited out (redacted like :class:`BackendUnavailable`)."""
+
+
+#: SQLSTATEs of a refused login (invalid_password, invalid_authorization_specification), and the
+#: words libpq reports when the SQLSTATE does not reach the client.
+_AUTH_SQLSTATES = frozenset({"28P01", "28000"})
+_AUTH_WORDS = ("password authentication failed", "no pg_hba.conf entry", "authentication failed",
+               "no password supplied")
+
+
+def auth_refused(exc: BaseException) -> bool:
+    """Whether a failed connection is a refused login (not an unreachable or busy server)."""
+    if getattr(exc, "sqlstate", None) in _AUTH_SQLSTATES:
+        return True
+    text = str(exc).lower()
+    return any(words in text for words in _AUTH_WORDS) or re.search(r'role "[^"]*" does not exist', text) is not None
+
+
+def unavailable(message: str, cause: BaseException | None) -> BackendUnavailable:
+    """The error for a connection that failed with ``cause`` (``message`` already redacted): a
+    refused login is :class:`BackendAuthFailed`, anything else :class:`BackendUnreachable`."""
+    if cause is not None and auth_refused(cause):
+        return BackendAuthFailed(message)
+    return BackendUnreachable(message)
 
 
 class AdmissionRefused(QinglongError):
@@ -263,15 +298,39 @@ class Pool(AsyncConnectionPool):
         self.last_error: BaseException | None = None
         self._secrets = Secrets([conninfo])
         self._target = describe_target(conninfo)
+        #: set when a connection attempt's login was refused: a wait for the pool ends at once
+        self._refused: asyncio.Event | None = None
 
     async def _connect(self, timeout: float | None = None):
         try:
             conn = await super()._connect(timeout)
         except psycopg.Error as exc:
             self.last_error = exc
+            if auth_refused(exc) and self._refused is not None:
+                self._refused.set()
             raise
         self.last_error = None
         return conn
+
+    async def open_or_refused(self, timeout: float) -> None:
+        """Open the pool and wait for its first connections, up to ``timeout`` seconds; a refused
+        login ends the wait at once (the :class:`PoolTimeout` then names it): waiting would
+        not change it, and a wrong password must not hold a start for the whole bound."""
+        self._refused = asyncio.Event()
+        await self.open(wait=False)
+        waiting = asyncio.ensure_future(self.wait(timeout))
+        refused = asyncio.ensure_future(self._refused.wait())
+        try:
+            await asyncio.wait((waiting, refused), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiting, refused):
+                task.cancel()
+            await asyncio.gather(waiting, refused, return_exceptions=True)
+        if waiting.done() and not waiting.cancelled() and waiting.exception() is None:
+            return
+        if self._refused.is_set():
+            raise self._explained(PoolTimeout("the login was refused"))
+        waiting.result()  # the wait's own PoolTimeout, explained
 
     def _explained(self, exc: PoolTimeout) -> PoolTimeout:
         if self.last_error is None:
@@ -334,8 +393,8 @@ async def connect(dsn: str, *, statement_timeout_ms: int, application_name: str,
             **tcp_defaults(dsn),
         )
     except psycopg.Error as exc:
-        raise BackendUnavailable(
-            f"cannot connect to PostgreSQL ({describe_target(dsn)}): {describe_error(exc, secrets)}"
+        raise unavailable(
+            f"cannot connect to PostgreSQL ({describe_target(dsn)}): {describe_error(exc, secrets)}", exc
         ) from None
     await _configure(conn)
     return conn

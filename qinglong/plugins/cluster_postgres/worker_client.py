@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from typing import Any, Sequence
 
 import psycopg
 
-from qinglong.contracts.errors import SchemaNotReady, SettingsError, StoreAuthFailed, StoreUnavailable
+from qinglong.contracts.errors import (
+    SchemaNotReady, SettingsError, StoreAuthFailed, StoreUnavailable, StoreUnreachable)
 from qinglong.contracts.execution import AttemptOutcome, RunState
 from qinglong.contracts.worker import (
     SQLSTATE_BAD_CALL,
@@ -52,7 +52,9 @@ from qinglong.contracts.worker import (
     StopOrder,
 )
 
-from .db import Secrets, check_dsn, describe_error, describe_target, sever_after, session_options, tcp_defaults
+from .db import (
+    Secrets, auth_refused, check_dsn, describe_error, describe_target, sever_after, session_options,
+    tcp_defaults)
 
 #: Server-side bound on one call (``statement_timeout``).
 STATEMENT_TIMEOUT_MS = 5_000
@@ -65,12 +67,6 @@ CONNECT_TIMEOUT_S = 5
 #: wrong password is not hammered against the server (and its log) while an operator fixes it.
 AUTH_BACKOFF_S = 1.0
 AUTH_BACKOFF_MAX_S = 30.0
-
-#: SQLSTATEs of a refused login (invalid_password, invalid_authorization_specification), and the
-#: words libpq reports when the SQLSTATE does not reach the client.
-_AUTH_SQLSTATES = frozenset({"28P01", "28000"})
-_AUTH_WORDS = ("password authentication failed", "no pg_hba.conf entry", "authentication failed",
-               "no password supplied")
 
 #: SQLSTATEs that mean the store is not there as this worker expects (not migrated, no grant).
 _NOT_READY = {"42883": "a worker function is missing (is the database migrated?)",
@@ -148,9 +144,9 @@ class PostgresWorkerProtocol:
                 self._dsn, autocommit=True, options=session_options(STATEMENT_TIMEOUT_MS),
                 application_name=self._application_name, **extra), CALL_TIMEOUT_S + CONNECT_TIMEOUT_S)
         except asyncio.TimeoutError:
-            raise StoreUnavailable(f"cannot connect to PostgreSQL ({self._target}): no answer") from None
+            raise StoreUnreachable(f"cannot connect to PostgreSQL ({self._target}): no answer") from None
         except psycopg.Error as exc:
-            if _auth_refused(exc):
+            if auth_refused(exc):
                 self._auth_error = StoreAuthFailed(
                     f"PostgreSQL ({self._target}) refused the worker's login: "
                     f"{describe_error(exc, self._secrets)}; check [worker] dsn (its user and password) "
@@ -158,7 +154,7 @@ class PostgresWorkerProtocol:
                 self._auth_retry_at = loop.time() + self._auth_backoff_s
                 self._auth_backoff_s = min(AUTH_BACKOFF_MAX_S, self._auth_backoff_s * 2)
                 raise self._auth_error from None
-            raise StoreUnavailable(f"cannot connect to PostgreSQL ({self._target}): "
+            raise StoreUnreachable(f"cannot connect to PostgreSQL ({self._target}): "
                                    f"{describe_error(exc, self._secrets)}") from None
         self._auth_error = None
         self._auth_backoff_s = AUTH_BACKOFF_S
@@ -296,14 +292,6 @@ class PostgresWorkerProtocol:
                 await asyncio.wait_for(conn.close(), 2.0)
             except Exception:
                 conn.pgconn.finish()
-
-
-def _auth_refused(exc: psycopg.Error) -> bool:
-    """Whether a failed connection is a refused login (not an unreachable or busy server)."""
-    if getattr(exc, "sqlstate", None) in _AUTH_SQLSTATES:
-        return True
-    text = str(exc).lower()
-    return any(words in text for words in _AUTH_WORDS) or re.search(r'role "[^"]*" does not exist', text) is not None
 
 
 def _session_reason(detail: str) -> str:

@@ -1,0 +1,174 @@
+"""The web console: a static shell at ``/`` with its script and style (shipped in the package, no
+build step), over the management API, signed in with a session cookie.
+
+Sign-in (``POST /console/session``, JSON ``{"token": ...}``, the one changing route on the public
+list) checks the token as a bearer token is checked and answers an HttpOnly, SameSite=Strict
+cookie (Secure under TLS or behind a TLS-terminating proxy) and a CSRF token. The session keeps
+the token's digest, never its secret: every request looks the token up again, so a revoked token
+fails at its next request. A changing request made with the cookie must carry the CSRF token in
+``X-CSRF-Token`` (:class:`.app.Guard`). A session unused for ``idle_ms`` is gone.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from .app import CSRF_HEADER, PUBLIC, SESSION_COOKIE, Method, RouteSpec, error_response
+from .auth import AuthFailure, Principal, RateLimited
+
+#: A session unused this long is signed out.
+SESSION_IDLE_MS = 30 * 60 * 1000
+#: Sessions kept at most (the least recently used go first).
+MAX_SESSIONS = 1024
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+       "form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
+ASSETS = {"/console/app.js": ("app.js", "text/javascript; charset=utf-8"),
+          "/console/app.css": ("app.css", "text/css; charset=utf-8")}
+
+
+@dataclass
+class Session:
+    digest: str
+    csrf: str
+    last_used_ms: int
+
+
+class Sessions:
+    """The signed-in browsers, in memory (a restart signs everyone out)."""
+
+    def __init__(self, idle_ms: int = SESSION_IDLE_MS, clock_ms: Callable[[], int] | None = None,
+                 limit: int = MAX_SESSIONS) -> None:
+        self.idle_ms = idle_ms
+        self.clock_ms = clock_ms or (lambda: time.monotonic_ns() // 1_000_000)
+        self.limit = limit
+        self._sessions: dict[str, Session] = {}
+
+    def create(self, digest: str) -> tuple[str, Session]:
+        session_id = secrets.token_urlsafe(32)
+        session = Session(digest, secrets.token_urlsafe(32), self.clock_ms())
+        self._sessions[session_id] = session
+        while len(self._sessions) > self.limit:
+            self._sessions.pop(next(iter(self._sessions)))
+        return session_id, session
+
+    def get(self, session_id: str) -> Session | None:
+        """The session, its idle clock restarted; None when unknown or idle too long."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return None
+        now = self.clock_ms()
+        if now - session.last_used_ms >= self.idle_ms:
+            return None
+        session.last_used_ms = now
+        self._sessions[session_id] = session  # most recently used last
+        return session
+
+    def drop(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+
+def _asset(name: str) -> bytes:
+    return resources.files(__package__).joinpath("assets", name).read_bytes()
+
+
+class Console:
+    """The console's routes; ``guard`` is the application's (its authenticator and sessions)."""
+
+    def __init__(self, guard: Any, *, secure: bool, sessions: Sessions | None = None) -> None:
+        self.guard = guard
+        self.sessions = sessions or Sessions()
+        guard.sessions = self.sessions
+        self.secure = secure
+        self._files = {name: _asset(name) for name in ("index.html", "app.js", "app.css")}
+
+    def _static(self, name: str, media_type: str) -> Response:
+        return Response(self._files[name], media_type=media_type,
+                        headers={"Content-Security-Policy": CSP, "Referrer-Policy": "no-referrer",
+                                 "X-Frame-Options": "DENY"})
+
+    async def shell(self, request: Request, principal: Any) -> Response:
+        return self._static("index.html", "text/html; charset=utf-8")
+
+    async def asset(self, request: Request, principal: Any) -> Response:
+        name, media_type = ASSETS[request.url.path]
+        return self._static(name, media_type)
+
+    async def sign_in(self, request: Request, principal: Any) -> Response:
+        """A token in a JSON body: a session cookie and its CSRF token. A cross-site form cannot
+        send JSON, and a browser's Origin from another site is refused."""
+        origin = request.headers.get("origin")
+        if origin is not None and urlsplit(origin).netloc != request.headers.get("host", ""):
+            return error_response(403, "csrf", "sign-in from another origin is refused")
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            return error_response(415, "invalid", "sign-in takes a JSON body: {\"token\": \"...\"}")
+        from .api import _field, json_body
+
+        body = await json_body(request)
+        token = _field(body, "token", str)
+        source = self.guard.source_of(request)
+        try:
+            found: Principal = await self.guard.authenticator.authenticate(f"Bearer {token.strip()}", source)
+        except RateLimited as limited:
+            return error_response(429, "rate_limited", "too many failed authentications from this address",
+                                  headers={"Retry-After": str(limited.retry_after_s)})
+        except AuthFailure as failure:
+            return error_response(401, "unauthorized", str(failure))
+        if found.scrape_only or found.token_id is None:
+            return error_response(401, "unauthorized", "sign in with an API token (qinglong token create)")
+        from qinglong.contracts.tokens import token_digest
+
+        session_id, session = self.sessions.create(token_digest(token.strip()))
+        response = JSONResponse(self._who(found, session.csrf))
+        response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="strict", secure=self.secure,
+                            path="/")
+        return response
+
+    @staticmethod
+    def _who(principal: Principal, csrf: str) -> dict[str, Any]:
+        return {"name": principal.name, "scope": principal.scope, "csrf": csrf,
+                "projects": sorted(principal.projects) if principal.projects is not None else None}
+
+    def _current(self, request: Request) -> tuple[str, Any] | None:
+        session_id = request.cookies.get(SESSION_COOKIE, "")
+        session = self.sessions.get(session_id) if session_id else None
+        return (session_id, session) if session is not None else None
+
+    async def who(self, request: Request, principal: Principal) -> Response:
+        """Who is signed in, the scope and the CSRF token (a reloaded page reads them here)."""
+        current = self._current(request)
+        if current is None:
+            return error_response(401, "unauthorized", "not signed in to the console")
+        return JSONResponse(self._who(principal, current[1].csrf))
+
+    async def sign_out(self, request: Request, principal: Principal) -> Response:
+        current = self._current(request)
+        if current is not None:
+            self.sessions.drop(current[0])
+        response = Response(status_code=204)
+        response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict", secure=self.secure)
+        return response
+
+    def routes(self) -> list[RouteSpec]:
+        return [
+            RouteSpec("/", {"GET": Method(PUBLIC, self.shell, "the web console")}),
+            RouteSpec("/console/app.js", {"GET": Method(PUBLIC, self.asset, "the console's script")}),
+            RouteSpec("/console/app.css", {"GET": Method(PUBLIC, self.asset, "the console's style")}),
+            RouteSpec("/console/session", {
+                "POST": Method(PUBLIC, self.sign_in, "sign in with a token: a session cookie"),
+                "GET": Method("read", self.who, "the signed-in token's name and scope"),
+                "DELETE": Method("read", self.sign_out, "sign out")}),
+        ]
+
+
+__all__ = ["CSRF_HEADER", "Console", "Session", "Sessions"]
