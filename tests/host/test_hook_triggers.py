@@ -94,6 +94,9 @@ def test_the_secret_is_never_shown_by_listings(hooked):
     plane, settings = hooked
     listed = cli(settings, "trigger", "list", "ops", "--json")
     assert SECRET not in listed and json.loads(listed)
+    for args in (("schedules", "--json"), ("schedules",), ("trigger", "list", "ops")):
+        shown = cli(settings, *args)
+        assert "gh" in shown and SECRET not in shown, args
     token = make_token(settings, "reader", "read")
     client = Client(plane.port, token)
     try:

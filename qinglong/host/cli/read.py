@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from qinglong.contracts.errors import ExitCode
+from qinglong.contracts.hooks import masked_spec
 from qinglong.contracts.jitter import JitteredSchedule
 from qinglong.contracts.records import NO_MORE_OCCURRENCES_MS
 
@@ -152,7 +153,7 @@ async def _schedule_pages(reader: Any, limit: int | None, after: tuple | None) -
 def _schedule_json(s: Any, preview: Any, lag: Any, as_of: Any, status: Any,
                    delay: int | None = None) -> dict:
     return {"project_id": s.project_id, "trigger_id": s.trigger_id,
-            "trigger_revision": s.trigger_revision, "kind": s.kind, "spec": dict(s.spec),
+            "trigger_revision": s.trigger_revision, "kind": s.kind, "spec": masked_spec(s.spec),
             "enabled": s.enabled, "misfire_policy": s.misfire_policy.value,
             "next_fire_at_ms": s.next_fire_at_ms, "pending_first_fire_at_ms": preview,
             "published_at_ms": getattr(s, "published_at_ms", None),

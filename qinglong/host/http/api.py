@@ -414,7 +414,10 @@ class ApiService:
             raise BodyError("query parameter 'spec' must be a JSON object", "spec")
         count = _int_query(request, "count", 5, 1, 100)
         after = _int_query(request, "after_ms", self.clock_ms(), 0, 253_402_300_799_000)
-        return JSONResponse({"kind": kind, "spec": spec, "next": self._fire_times(kind, spec, after, count)})
+        from qinglong.contracts.hooks import masked_spec
+
+        return JSONResponse({"kind": kind, "spec": masked_spec(spec),
+                             "next": self._fire_times(kind, spec, after, count)})
 
     # ------------------------------------------------------------------ runs
 
