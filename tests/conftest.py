@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 
-pytest_plugins = ["tests.support.markers", "tests.support.postgres", "tests.support.aio"]
+pytest_plugins = ["tests.support.markers", "tests.support.aio", "tests.support.postgres"]
 
 
 def _processes_naming(path: str) -> list[tuple[int, int]]:

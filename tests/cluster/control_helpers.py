@@ -22,6 +22,7 @@ import psycopg
 
 from tests.support.cluster import ClusterDb, arun, set_cursor
 from tests.support import procs as proc_helpers
+from tests.support.aio import closing
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,7 +49,7 @@ def publish(db: ClusterDb, task_id: str | list[str], command: list[str], *, proj
 
     async def body():
         backend = db.backend("publisher")
-        try:
+        async with closing(backend):
             pub = backend.publisher()
             try:
                 await pub.create_project(project)
@@ -59,8 +60,6 @@ def publish(db: ClusterDb, task_id: str | list[str], command: list[str], *, proj
                 await pub.put_trigger(TriggerDefinition(
                     project, one, one, "cron", {"expression": "0 0 1 1 *"},
                     misfire_policy=MisfirePolicy.FIRE_ONCE, misfire_grace_ms=600_000))
-        finally:
-            await backend.close()
 
     arun(body())
     return task_id
@@ -75,10 +74,8 @@ def admit(db: ClusterDb, trigger_id: str, offset_ms: int = -1000) -> str:
 
     async def body():
         backend = db.backend("admitter")
-        try:
+        async with closing(backend):
             return await backend.run_round()
-        finally:
-            await backend.close()
 
     report = arun(body())
     assert report.admitted >= 1, report

@@ -4,6 +4,7 @@ that needs escaping must reach the database as it was, never cut the message sho
 from __future__ import annotations
 
 from tests.support.cluster import arun, seed, set_cursor
+from tests.support.aio import closing
 
 
 def test_an_owner_with_quotes_backslashes_and_non_ascii_admits_its_page_unchanged(cluster):
@@ -17,10 +18,8 @@ def test_an_owner_with_quotes_backslashes_and_non_ascii_admits_its_page_unchange
 
     async def body():
         backend = cluster.backend(owner)
-        try:
+        async with closing(backend):
             return await backend.run_round()
-        finally:
-            await backend.close()
 
     report = arun(body())
     assert report.errors == 0 and report.fence_lost == 0, report

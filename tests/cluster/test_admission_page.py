@@ -13,6 +13,7 @@ from qinglong.contracts.decision import decide
 from qinglong.contracts.errors import FenceLost
 from qinglong.plugins.cluster_postgres.admission import PageItem, commit_page
 from qinglong.plugins.cluster_postgres.db import AdmissionRefused
+from tests.support.aio import closing
 
 
 def _totals(db):
@@ -35,10 +36,8 @@ async def _commit_page(backend, claims, retries: int = 5, tamper=None):
 def _claim_all(cluster, n):
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             return backend, await claim(backend, limit=n)
-        finally:
-            await backend.close()
 
     return arun(body())
 
@@ -58,11 +57,9 @@ def test_a_page_admits_its_passing_rows_together_and_refuses_the_others_one_by_o
 
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             claims = await claim(backend, limit=5)
             return claims, await _commit_page(backend, claims, tamper=tamper)
-        finally:
-            await backend.close()
 
     claims, page = arun(body())
     by_id = {c.head.trigger_id: o for c, o in zip(claims, page.outcomes)}
@@ -95,11 +92,9 @@ def test_a_write_that_fails_on_one_row_is_isolated_and_the_rest_of_the_page_comm
 
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             claims = await claim(backend, limit=6)
             return claims, await _commit_page(backend, claims)
-        finally:
-            await backend.close()
 
     claims, page = arun(body())
     by_id = {c.head.trigger_id: o for c, o in zip(claims, page.outcomes)}
@@ -123,11 +118,9 @@ def test_a_hot_row_that_keeps_conflicting_does_not_starve_its_page(cluster):
 
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             claims = await claim(backend, limit=8)
             return claims, await _commit_page(backend, claims, retries=3)
-        finally:
-            await backend.close()
 
     claims, page = arun(body())
     by_id = {c.head.trigger_id: o for c, o in zip(claims, page.outcomes)}
@@ -151,14 +144,12 @@ def test_a_round_admits_a_page_and_gives_back_an_exhausted_row_for_the_next_roun
     backend = cluster.backend("r1", settings=cluster.settings(serialization_retries=2))
 
     async def body():
-        try:
+        async with closing(backend):
             first = await backend.run_round()
             released = backend.last_round.claims_released
             cluster.sql("DROP TRIGGER serialization_fault ON qinglong.runs")
             second = await backend.run_round()
             return first, released, second
-        finally:
-            await backend.close()
 
     first, released, second = arun(body())
     assert (first.claimed, first.admitted, first.errors, released) == (4, 3, 1, 1)

@@ -10,6 +10,7 @@ from tests.support.cluster import arun, claim, seed, set_cursor
 from qinglong.contracts.decision import decide
 from qinglong.contracts.errors import FenceLost
 from qinglong.plugins.cluster_postgres.admission import PageItem, commit_page
+from tests.support.aio import closing
 
 
 async def _admit(backend, claims):
@@ -28,7 +29,7 @@ def test_rows_moved_since_their_claim_are_found_by_key_and_admitted_once(cluster
     set_cursor(cluster, None, -1000)
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             claims = await claim(backend, limit=4)
             assert len(claims) == 4 and all(c.row_tid for c in claims)
             before = {c.head.trigger_id: c.row_tid for c in claims}
@@ -39,8 +40,6 @@ def test_rows_moved_since_their_claim_are_found_by_key_and_admitted_once(cluster
             stale = [dataclasses.replace(c, row_tid="(4000,1)")
                      if after[c.head.trigger_id] == before[c.head.trigger_id] else c for c in claims]
             return await _admit(backend, stale)
-        finally:
-            await backend.close()
 
     page = arun(body())
     assert all(not isinstance(o, BaseException) and o.admission is not None for o in page.outcomes), page.outcomes
@@ -55,15 +54,13 @@ def test_a_row_that_changed_since_its_claim_is_refused_wherever_it_is_found(clus
     set_cursor(cluster, None, -1000)
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             claims = await claim(backend, limit=2)
             # tr000 taken over since the claim: its row changed, and so moved
             cluster.sql("UPDATE qinglong.trigger_schedules SET claim_owner = 'r2', "
                         "claim_token = gen_random_uuid(), claim_version = claim_version + 1, "
                         "state_version = state_version + 1 WHERE trigger_id = 'tr000'")
             return claims, await _admit(backend, claims)
-        finally:
-            await backend.close()
 
     claims, page = arun(body())
     by_id = {c.head.trigger_id: o for c, o in zip(claims, page.outcomes)}

@@ -13,6 +13,7 @@ from tests.support.cluster import arun, claim, commit, seed, set_cursor
 from qinglong.contracts.errors import FenceLost
 from qinglong.contracts.records import DecisionKind, MisfirePolicy, TriggerDefinition
 from qinglong.plugins.cluster_postgres.db import AdmissionRefused
+from tests.support.aio import closing
 
 FAR_FUTURE_CLOCK = lambda: int(time.time() * 1000) + 86_400_000  # noqa: E731
 
@@ -38,7 +39,7 @@ def test_claim_takes_due_rows_in_order_and_skips_locked_ones(cluster):
 
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             with psycopg.connect(cluster.superuser_dsn()) as locker:
                 locker.execute("SELECT 1 FROM qinglong.trigger_schedules WHERE trigger_id = 'a002' FOR UPDATE")
                 # a claim that waited for the locked row would wait for ever (the lock is held
@@ -50,8 +51,6 @@ def test_claim_takes_due_rows_in_order_and_skips_locked_ones(cluster):
                 locker.rollback()
             second = await claim(backend, limit=10)
             return first, second
-        finally:
-            await backend.close()
 
     first, second = arun(body())
     assert [c.head.trigger_id for c in first] == ["a001", "b002", "b000"]
@@ -70,7 +69,7 @@ def test_takeover_happens_only_after_database_time_expiry(cluster):
     async def body():
         holder = cluster.backend("holder")
         rival = cluster.backend("rival", clock_ms=FAR_FUTURE_CLOCK)
-        try:
+        async with closing(rival), closing(holder):
             [held] = await claim(holder, lease_ms=1500)
             assert await claim(rival, lease_ms=1500) == []  # the rival's clock says "a day later"
             while cluster.db_now_ms() <= held.fence.expires_at_ms:
@@ -82,9 +81,6 @@ def test_takeover_happens_only_after_database_time_expiry(cluster):
                 await commit(holder, held)
             result = await commit(rival, taken)
             return result
-        finally:
-            await holder.close()
-            await rival.close()
 
     result = arun(body())
     assert result.admission is not None
@@ -99,7 +95,7 @@ def test_stale_owner_cannot_commit_after_takeover_by_same_owner_name(cluster):
     async def body():
         old = cluster.backend("replica-a")
         new = cluster.backend("replica-a")  # a restarted replica reusing its name
-        try:
+        async with closing(new), closing(old):
             [stale] = await claim(old, lease_ms=300)
             while cluster.db_now_ms() <= stale.fence.expires_at_ms:
                 time.sleep(0.02)
@@ -111,9 +107,6 @@ def test_stale_owner_cannot_commit_after_takeover_by_same_owner_name(cluster):
             await commit(new, fresh)
             with pytest.raises(FenceLost):  # and the stale one stays dead after the commit
                 await commit(old, stale)
-        finally:
-            await old.close()
-            await new.close()
 
     arun(body())
     assert _totals(cluster) == (1, 1, 2, 0)
@@ -126,12 +119,10 @@ def test_admission_writes_run_attempt_events_and_clears_the_claim_atomically(clu
 
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             [c] = await claim(backend)
             result = await commit(backend, c)
             return c, result
-        finally:
-            await backend.close()
 
     c, result = arun(body())
     adm = result.admission
@@ -160,13 +151,11 @@ def test_skip_policy_advances_the_cursor_under_the_fence_without_a_run(cluster):
 
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             [c] = await claim(backend)
             result = await commit(backend, c)
             assert result.kind == DecisionKind.MISFIRE_SKIP.value and result.admission is None
             return c, await backend.reader().recent_skips()
-        finally:
-            await backend.close()
 
     c, skips = arun(body())
     assert _totals(cluster)[:3] == (0, 0, 0)
@@ -201,13 +190,11 @@ def test_a_write_fault_at_any_statement_of_admission_rolls_back_everything(clust
 
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             [c] = await claim(backend)  # the claim itself sets claim_owner, so it is not faulted
             with pytest.raises(psycopg.errors.RaiseException, match="injected fault"):
                 await commit(backend, c)
             return c
-        finally:
-            await backend.close()
 
     c = arun(body())
     assert _totals(cluster) == (0, 0, 0, 0)
@@ -218,10 +205,8 @@ def test_a_write_fault_at_any_statement_of_admission_rolls_back_everything(clust
 
     async def retry():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             return await commit(backend, c)  # the same claim can still commit, exactly once
-        finally:
-            await backend.close()
 
     assert arun(retry()).admission is not None
     assert _totals(cluster) == (1, 1, 2, 0)
@@ -235,14 +220,12 @@ def test_a_corrupted_execution_revision_digest_is_refused(cluster):
 
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             [c] = await claim(backend)
             with pytest.raises(AdmissionRefused, match="execution revision"):
                 await commit(backend, c)
             report = await backend.run_round()  # the coordinator counts it as an error, too
             return report, backend.context.diagnostics.codes()
-        finally:
-            await backend.close()
 
     report, codes = arun(body())
     assert _totals(cluster) == (0, 0, 0, 0)
@@ -258,12 +241,10 @@ def test_a_corrupted_task_digest_is_refused(cluster):
 
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             [c] = await claim(backend)
             with pytest.raises(AdmissionRefused, match="digest"):
                 await commit(backend, c)
-        finally:
-            await backend.close()
 
     arun(body())
     assert _totals(cluster) == (0, 0, 0, 0)
@@ -276,7 +257,7 @@ def test_republish_during_the_decision_loses_the_fence_and_admits_nothing(cluste
 
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             [c] = await claim(backend)
             head = await backend.publisher().put_trigger(TriggerDefinition(
                 "p1", "tr000", "task", "cron", {"expression": "0 12 1 1 *"}))
@@ -284,8 +265,6 @@ def test_republish_during_the_decision_loses_the_fence_and_admits_nothing(cluste
             with pytest.raises(FenceLost):
                 await commit(backend, c)
             return c
-        finally:
-            await backend.close()
 
     c = arun(body())
     assert _totals(cluster) == (0, 0, 0, 0)
@@ -308,11 +287,9 @@ def test_serialization_failures_are_retried_and_still_admit_exactly_once(cluster
 
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             [c] = await claim(backend)
             return await commit(backend, c, retries=5)
-        finally:
-            await backend.close()
 
     result = arun(body())
     assert result.serialization_retries == 2 and result.admission is not None
@@ -330,15 +307,13 @@ def test_admission_prepares_its_statement_again_when_the_session_lost_it(cluster
 
     async def body():
         backend = cluster.backend("r1", settings=cluster.settings(pool_min_size=1, pool_max_size=1))
-        try:
+        async with closing(backend):
             first, second = await claim(backend)
             assert (await commit(backend, first)).admission is not None
             pool = await backend.runtime_pool()
             async with pool.connection() as conn:
                 await conn.execute(f"DEALLOCATE {PREPARED_NAME}")
             return await commit(backend, second)
-        finally:
-            await backend.close()
 
     assert arun(body()).admission is not None
     assert _totals(cluster) == (2, 2, 4, 0)

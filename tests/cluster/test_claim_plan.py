@@ -14,6 +14,7 @@ import psycopg
 from tests.support.cluster import arun, claim, seed, set_cursor
 from devtools.scale_seed import (blocks_read, clone_triggers, due_index_scans, explain_claim,
                                       make_due, rows_read)
+from tests.support.aio import closing
 
 FUTURE = 50_000
 DUE = ["x00000007", "x00012345", "x00049999"]
@@ -61,10 +62,8 @@ def test_an_empty_claim_stays_bounded_while_the_due_rows_are_leased(cluster):
 
     async def body():
         backend = cluster.backend("holder")
-        try:
+        async with closing(backend):
             return await claim(backend, limit=16)
-        finally:
-            await backend.close()
 
     claimed = arun(body())
     assert sorted(c.head.trigger_id for c in claimed) == DUE
@@ -88,9 +87,7 @@ def test_rows_awaiting_initialization_are_claimed_first_through_their_own_index_
 
     async def body():
         backend = cluster.backend("first")
-        try:
+        async with closing(backend):
             return await claim(backend, limit=2)
-        finally:
-            await backend.close()
 
     assert [c.head.trigger_id for c in arun(body())] == ["x00030000", DUE[0]]

@@ -14,6 +14,7 @@ from tests.cluster.test_worker_functions import (
     publish,
     run_row,
 )
+from tests.support.aio import closing
 
 
 def outbox_rows(db) -> list[tuple]:
@@ -40,10 +41,8 @@ def test_a_workers_completion_writes_one_event_with_exit_code_duration_and_notif
 
     async def context():
         backend = cluster.backend("events")
-        try:
+        async with closing(backend):
             return await backend.outbox().run_context(run_id, 20)
-        finally:
-            await backend.close()
 
     ctx = arun(context())
     assert ctx.log_tail == data[-20:] and ctx.log_cut and ctx.env_values == ("s3cr3t-value",)
@@ -105,12 +104,10 @@ def put_after(db, trigger_id: str, task: str, upstream: str, on: str) -> None:
     async def body():
         backend = db.backend("publisher")
         backend.context.providers["after"] = AfterProvider()
-        try:
+        async with closing(backend):
             await backend.publisher().put_trigger(TriggerDefinition(
                 "p1", trigger_id, task, "after", {"task": upstream, "on": on},
                 MisfirePolicy.FIRE_ONCE, 60_000))
-        finally:
-            await backend.close()
 
     arun(body())
 

@@ -28,6 +28,7 @@ from tests.cluster.control_helpers import (
     wait_for,
     write_settings,
 )
+from tests.support.aio import closing
 
 
 def test_a_vanished_sessions_attempts_are_requeued_if_never_started_and_lost_if_started_exactly_once_by_two_replicas(
@@ -178,7 +179,7 @@ def test_expiry_reports_a_failing_call_and_retries_it_and_stops_promptly_while_a
     async def stuck():
         loop = ExpiryLoop(slow, interval_s=0.2)
         await loop.start()
-        try:
+        async with closing(slow):
             while not cluster.sql("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                                   "AND query LIKE '%%qinglong.attempts%%'"):
                 await asyncio.sleep(0.05)
@@ -186,8 +187,6 @@ def test_expiry_reports_a_failing_call_and_retries_it_and_stops_promptly_while_a
             return locker.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND "
                                   "mode = 'AccessExclusiveLock' AND granted AND pid = pg_backend_pid()"
                                   ).fetchone()[0]
-        finally:
-            await slow.close()
 
     try:
         assert arun(asyncio.wait_for(stuck(), 60)) == 1, "stop waited for the lock to be released"
@@ -258,11 +257,9 @@ def test_two_expiry_loops_drain_a_backlog_larger_than_a_page_and_handle_each_att
 
     async def admit_all():
         backend = cluster.backend("admitter")
-        try:
+        async with closing(backend):
             while cluster.count("runs") < count:
                 await backend.run_round()
-        finally:
-            await backend.close()
 
     arun(admit_all())
     worker = ProtocolWorker(cluster, "crowded", lease_ms=LEASE_MS, capacity=count)

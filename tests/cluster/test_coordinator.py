@@ -8,6 +8,7 @@ import time
 from tests.support.cluster import arun, claim, seed, set_cursor
 from qinglong.plugins.cluster_postgres.claim import CLAIM_BUDGET_HARD_CAP
 from qinglong.plugins.cron.provider import CronProvider
+from tests.support.aio import closing
 
 
 def _bulk_triggers(db, n: int) -> None:
@@ -33,12 +34,10 @@ def test_a_round_never_claims_more_than_the_hard_cap(cluster):
 
     async def body():
         backend = cluster.backend("r1", claim_budget=10_000)
-        try:
+        async with closing(backend):
             first = await backend.run_round()
             second = await backend.run_round()
             return first, second
-        finally:
-            await backend.close()
 
     first, second = arun(body())
     assert first.claimed == CLAIM_BUDGET_HARD_CAP == 256 and first.more_due
@@ -56,12 +55,10 @@ def test_the_budget_doubles_while_claims_come_back_full_and_starts_again_from_th
 
     async def body():
         backend = cluster.backend("r1", claim_budget=4)
-        try:
+        async with closing(backend):
             first = [await backend.run_round() for _ in range(5)]  # initialize all 40
             set_cursor(cluster, None, -1000)  # all 40 due: the next burst
             return first, [await backend.run_round() for _ in range(5)]
-        finally:
-            await backend.close()
 
     for reports in arun(body()):
         assert [r.claimed for r in reports] == [4, 8, 16, 12, 0]
@@ -78,10 +75,8 @@ def test_a_growing_budget_never_passes_the_hard_cap(cluster):
 
     async def body():
         backend = cluster.backend("r1", claim_budget=200)
-        try:
+        async with closing(backend):
             return [await backend.run_round() for _ in range(3)]
-        finally:
-            await backend.close()
 
     reports = arun(body())
     assert [r.claimed for r in reports] == [200, CLAIM_BUDGET_HARD_CAP, 501 - 200 - 256]
@@ -94,15 +89,13 @@ def test_run_identity_is_allocated_only_by_admission(cluster):
 
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             init = await backend.run_round()  # initialization: claims, no Runs
             assert init.initialized == 3 and init.admitted == 0
             assert cluster.count("runs") == 0
             set_cursor(cluster, None, -500)
             fire = await backend.run_round()
             return fire, backend.last_round.admissions
-        finally:
-            await backend.close()
 
     fire, admissions = arun(body())
     assert fire.admitted == 3
@@ -155,13 +148,11 @@ def test_a_round_that_outlives_its_lease_commits_nothing_and_says_so(cluster):
     backend.context.providers["cron"] = SlowProvider(0.3)
 
     async def body():
-        try:
+        async with closing(backend):
             cut = await backend.run_round()
             backend.context.providers["cron"] = SlowProvider(0.0)
             await _until_database_time_passes(cluster, _latest_claim_expiry(cluster))  # the cut claims lapse
             return cut, await backend.run_round()
-        finally:
-            await backend.close()
 
     cut, after = arun(body())
     codes = backend.context.diagnostics.codes()
@@ -186,10 +177,8 @@ def test_round_reports_cas_misses_and_serialization_retries(cluster):
 
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             return await backend.run_round()
-        finally:
-            await backend.close()
 
     report = arun(body())
     assert report.admitted == 1 and report.serialization_retries == 1 and report.errors == 0
@@ -216,10 +205,8 @@ def test_rounds_of_one_backend_never_overlap(cluster, monkeypatch):
     monkeypatch.setattr(backend_module, "run_round", observed_round)
 
     async def body():
-        try:
+        async with closing(backend):
             return await asyncio.gather(*(backend.run_round() for _ in range(3)))
-        finally:
-            await backend.close()
 
     reports = arun(body())
     assert state["max"] == 1
@@ -244,15 +231,13 @@ def test_an_admission_that_exhausts_its_retries_gives_its_claim_back_and_is_admi
                               settings=cluster.settings(serialization_retries=2))
 
     async def body():
-        try:
+        async with closing(backend):
             gave_up = await backend.run_round()
             released = backend.last_round.claims_released
             schedule = cluster.sql("SELECT claim_owner, claim_expires_at_ms FROM qinglong.trigger_schedules")[0]
             runs_between = cluster.count("runs")
             admitted = await backend.run_round()
             return gave_up, released, schedule, runs_between, admitted
-        finally:
-            await backend.close()
 
     # database time before the first claim: its lease expires no earlier than this plus 30 s
     first_claim_not_before_ms = cluster.db_now_ms()
@@ -280,7 +265,7 @@ def test_a_released_claim_cannot_be_released_by_its_old_owner_after_a_takeover(c
 
     async def body():
         old, new = cluster.backend("r1"), cluster.backend("r2")
-        try:
+        async with closing(new), closing(old):
             [mine] = await claim(old, lease_ms=200)
             await _until_database_time_passes(cluster, mine.fence.expires_at_ms)
             [theirs] = await claim(new)
@@ -291,9 +276,6 @@ def test_a_released_claim_cannot_be_released_by_its_old_owner_after_a_takeover(c
             async with pool.connection() as conn:
                 current = await release_claim(conn, theirs)
             return stale, current
-        finally:
-            await old.close()
-            await new.close()
 
     stale, current = arun(body())
     assert stale is False and current is True

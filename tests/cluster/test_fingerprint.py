@@ -11,17 +11,16 @@ import pytest
 from tests.support.cluster import arun, migrate
 from qinglong.contracts.errors import SchemaNotReady
 from qinglong.plugins.cluster_postgres import fingerprint
+from tests.support.aio import closing
 
 _roles = itertools.count(1)
 
 
 async def _collect(backend):
-    try:
+    async with closing(backend):
         pool = await backend.runtime_pool()
         async with pool.connection() as conn:
             return await fingerprint.collect(conn, backend.settings.roles())
-    finally:
-        await backend.close()
 
 
 def test_shipped_fingerprint_matches_a_freshly_migrated_database(fresh_db):
@@ -57,11 +56,9 @@ def test_fingerprint_does_not_depend_on_role_names(pg_server, fresh_db):
 
         async def body():
             backend = db.backend(settings=settings)
-            try:
+            async with closing(backend):
                 await backend.migrate()
                 await backend.check_readiness()
-            finally:
-                await backend.close()
 
         arun(body())
     finally:
@@ -75,10 +72,8 @@ def _not_ready(db, *fragments) -> str:
     backend = db.backend()
 
     async def body():
-        try:
+        async with closing(backend):
             await backend.check_readiness()
-        finally:
-            await backend.close()
 
     with pytest.raises(SchemaNotReady) as info:
         arun(body())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from tests.support.aio import closing
 from tests.support.cluster import arun, seed, set_cursor
 
 SECRET = "runtime-secret-Pw3"
@@ -16,7 +17,7 @@ def test_pool_recovers_after_its_idle_backends_are_terminated(cluster):
 
     async def body():
         backend = cluster.backend("r1", settings=cluster.settings(pool_min_size=2, pool_max_size=2))
-        try:
+        async with closing(backend):
             await backend.open()
             assert (await backend.run_round()).initialized == 2
             pool = await backend.runtime_pool()
@@ -28,8 +29,6 @@ def test_pool_recovers_after_its_idle_backends_are_terminated(cluster):
             set_cursor(cluster, None, -500)
             report = await backend.run_round()
             return report, backend.context.diagnostics.codes()
-        finally:
-            await backend.close()
 
     report, codes = arun(body())
     assert report.errors == 0 and report.admitted == 2
@@ -46,7 +45,7 @@ def test_round_survives_a_server_restart_and_reports_the_outage(cluster):
         # the pool's bound on a checkout must let a loaded machine connect again after the
         # restart (the round after it is asserted to work at once); it also bounds the down round
         backend = cluster.backend("r1", settings=cluster.settings(pool_timeout_ms=5000))
-        try:
+        async with closing(backend):
             await backend.open()
             assert (await backend.run_round()).initialized == 1
             await asyncio.to_thread(server.stop, "fast")
@@ -57,8 +56,6 @@ def test_round_survives_a_server_restart_and_reports_the_outage(cluster):
             set_cursor(cluster, None, -500)
             up = await backend.run_round()
             return down, up, backend.context.diagnostics.events
-        finally:
-            await backend.close()
 
     down, up, events = arun(body())
     assert down.errors == 1 and down.admitted == 0
@@ -80,12 +77,10 @@ def test_pool_connections_notice_a_dead_peer_unless_the_dsn_says_otherwise(clust
 
     async def body():
         backend = cluster.backend("r1")
-        try:
+        async with closing(backend):
             pool = await backend.runtime_pool()
             async with pool.connection() as conn:
                 return dict(p.split("=", 1) for p in conn.info.dsn.split() if "=" in p)
-        finally:
-            await backend.close()
 
     dsn = arun(body())  # what libpq actually connected with
     for key, value in TCP_DEFAULTS.items():

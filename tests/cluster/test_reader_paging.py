@@ -15,15 +15,14 @@ from tests.support.cluster import arun, seed, set_cursor
 from devtools.scale_seed import clone_triggers, plan_nodes
 from qinglong.contracts.errors import StoreUnavailable, UserError
 from qinglong.plugins.cluster_postgres.sql import query
+from tests.support.aio import closing
 
 
 def _listing(cluster, limit, after=None, settings=None):
     async def body():
         backend = cluster.backend("reader", settings=settings)
-        try:
+        async with closing(backend):
             return await backend.reader().list_schedules(limit, after=after)
-        finally:
-            await backend.close()
 
     return arun(body())
 

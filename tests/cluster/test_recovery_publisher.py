@@ -11,6 +11,7 @@ import pytest
 from tests.support.cluster import ROOT, arun, expire, seed, set_cursor
 from qinglong.contracts.errors import AlreadyExists, NotFound, TriggerSpecError
 from qinglong.contracts.records import TriggerDefinition
+from tests.support.aio import closing
 
 
 def _admit(db, n: int) -> None:
@@ -19,10 +20,8 @@ def _admit(db, n: int) -> None:
 
     async def body():
         backend = db.backend("r1")
-        try:
+        async with closing(backend):
             assert (await backend.run_round()).admitted == n
-        finally:
-            await backend.close()
 
     arun(body())
 
@@ -30,10 +29,8 @@ def _admit(db, n: int) -> None:
 def _recover(db):
     async def body():
         backend = db.backend("r1")
-        try:
+        async with closing(backend):
             return await backend.recover(), backend.context.diagnostics.codes()
-        finally:
-            await backend.close()
 
     return arun(body())
 
@@ -91,7 +88,7 @@ def test_publisher_bad_input_writes_nothing(cluster):
     async def body():
         backend = cluster.backend("admin")
         pub = backend.publisher()
-        try:
+        async with closing(backend):
             with pytest.raises(TriggerSpecError):
                 await pub.put_trigger(TriggerDefinition("p1", "bad", "task", "cron", {"expression": "61 * * * *"}))
             with pytest.raises(NotFound):
@@ -108,8 +105,6 @@ def test_publisher_bad_input_writes_nothing(cluster):
             off = await pub.set_trigger_enabled("p1", "tr000", False)
             assert off.trigger_revision == 2 and not off.enabled
             await pub.delete_trigger("p1", "tr000")
-        finally:
-            await backend.close()
 
     arun(body())
     assert cluster.count("triggers") == 0 and cluster.count("trigger_schedules") == 0

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.support.cluster import seed, set_cursor
+from tests.support.aio import closing
 
 DRIVER = Path(__file__).with_name("replica_driver.py")
 
@@ -126,7 +127,7 @@ def test_an_orderly_stop_gives_back_the_claims_the_replica_still_holds(cluster):
         b = cluster.backend("replica-b", lease_ms=30_000)
         await a.open()
         await b.open()
-        try:
+        async with closing(b), closing(a):
             await a.run_round()  # the triggers are initialized: nothing is due yet
             set_cursor(cluster, None, -500)
             # what a round cut at the stop leaves: rows claimed, nothing decided
@@ -138,9 +139,6 @@ def test_an_orderly_stop_gives_back_the_claims_the_replica_still_holds(cluster):
             runs_before = cluster.count("runs")
             report = await b.run_round()
             return len(held), left, runs_before, report, cluster.count("runs")
-        finally:
-            await a.close()
-            await b.close()
 
     held, left, runs_before, report, runs_after = asyncio.run(body())
     assert held == 6 and left == 0, (held, left)

@@ -18,6 +18,7 @@ from qinglong.contracts.errors import TriggerSpecError
 from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
 from qinglong.plugins.cluster_postgres import coordinator
 from qinglong.plugins.cron.provider import CronProvider
+from tests.support.aio import closing
 
 EVERY_SECOND = "* * * * * *"
 
@@ -30,7 +31,7 @@ def _publish(db, *definitions: TriggerDefinition, lease_ms: int = 1000, project:
 
     async def body():
         backend = db.backend("publisher", lease_ms=lease_ms)
-        try:
+        async with closing(backend):
             pub = backend.publisher()
             try:
                 await pub.create_project(project)
@@ -38,8 +39,6 @@ def _publish(db, *definitions: TriggerDefinition, lease_ms: int = 1000, project:
                 pass
             await pub.put_task(project, "task", payload or {"cmd": ["echo", "hello"]})
             return [await pub.put_trigger(d) for d in definitions]
-        finally:
-            await backend.close()
 
     return arun(body())
 
@@ -57,10 +56,8 @@ def _put_task_elsewhere(db, payload) -> None:
     def work():
         async def body():
             backend = db.backend("editor")
-            try:
+            async with closing(backend):
                 await backend.publisher().put_task("p1", "task", payload)
-            finally:
-                await backend.close()
         try:
             asyncio.run(body())
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
@@ -78,10 +75,8 @@ def _rounds(db, n: int, owner: str = "r1", **kw):
     backend = db.backend(owner, **kw)
 
     async def body():
-        try:
+        async with closing(backend):
             return [await backend.run_round() for _ in range(n)]
-        finally:
-            await backend.close()
 
     return arun(body()), backend.context.diagnostics
 
@@ -147,11 +142,9 @@ def test_a_republish_racing_the_claim_statement_never_hands_out_a_mixed_claim(cl
 
     def racing_round():
         async def body():
-            try:
+            async with closing(backend):
                 reports.append(await backend.run_round())
                 reports.append(await backend.run_round())
-            finally:
-                await backend.close()
         asyncio.run(body())
 
     with psycopg.connect(cluster.superuser_dsn(), autocommit=True) as holder:
@@ -202,10 +195,8 @@ def test_a_claim_whose_decision_failed_is_given_back_and_decided_next_round(clus
     backend.context.providers["cron"] = _FailingOnce()
 
     async def body():
-        try:
+        async with closing(backend):
             return await backend.run_round(), await backend.run_round()
-        finally:
-            await backend.close()
 
     failed, after = arun(body())
     assert failed.errors == 1 and backend.last_round is not None
@@ -227,10 +218,8 @@ def test_a_round_that_made_no_progress_does_not_ask_to_run_again_at_once(cluster
     backend.context.providers["cron"] = AlwaysFailing()
 
     async def body():
-        try:
+        async with closing(backend):
             return await backend.run_round()
-        finally:
-            await backend.close()
 
     report = arun(body())
     assert report.claimed == 2 and report.errors == 2 and report.more_due is False
@@ -292,10 +281,8 @@ def test_a_republish_records_its_own_publish_time(cluster):
 
     async def body():
         backend = cluster.backend("reader")
-        try:
+        async with closing(backend):
             return await backend.reader().list_schedules()
-        finally:
-            await backend.close()
 
     [view] = arun(body())
     assert view.published_at_ms == second
@@ -332,14 +319,12 @@ def test_skip_with_a_grace_the_lease_cannot_meet_is_refused_at_publish(cluster):
     backend = cluster.backend("publisher", lease_ms=30_000)  # cadence 1000: floor 31000
 
     async def body():
-        try:
+        async with closing(backend):
             pub = backend.publisher()
             with pytest.raises(TriggerSpecError) as refused:
                 await pub.put_trigger(_trigger("tr_low", "* * * * *", policy="skip", grace_ms=31_000))
             accepted = await pub.put_trigger(_trigger("tr_ok", "* * * * *", policy="skip", grace_ms=31_001))
             return str(refused.value), accepted
-        finally:
-            await backend.close()
 
     message, accepted = arun(body())
     assert "tr_low" in message and "31000" in message and "30000" in message
@@ -355,11 +340,9 @@ def test_enabling_a_stored_skip_trigger_below_the_floor_is_refused(cluster):
     backend = cluster.backend("publisher", lease_ms=30_000)  # cadence 1000: floor 31000
 
     async def publish():
-        try:
+        async with closing(backend):
             await backend.publisher().put_trigger(dataclasses.replace(
                 _trigger("old", "* * * * *", policy="skip", grace_ms=60_000), enabled=False))
-        finally:
-            await backend.close()
 
     arun(publish())
     cluster.sql("UPDATE qinglong.triggers SET misfire_grace_ms = 200 WHERE trigger_id = 'old'")
@@ -367,11 +350,9 @@ def test_enabling_a_stored_skip_trigger_below_the_floor_is_refused(cluster):
     backend = cluster.backend("publisher", lease_ms=30_000)
 
     async def enable():
-        try:
+        async with closing(backend):
             with pytest.raises(TriggerSpecError, match="'old'.*200 ms"):
                 await backend.publisher().set_trigger_enabled("p1", "old", True)
-        finally:
-            await backend.close()
 
     arun(enable())
     assert cluster.sql("SELECT trigger_revision, enabled FROM qinglong.triggers") == before
@@ -385,10 +366,8 @@ def test_a_trigger_deleted_and_created_again_never_reuses_a_revision(cluster):
 
     async def delete():
         backend = cluster.backend("publisher")
-        try:
+        async with closing(backend):
             await backend.publisher().delete_trigger("p1", "tr000")
-        finally:
-            await backend.close()
 
     arun(delete())
     [head] = _publish(cluster, _trigger("tr000", "0 0 1 1 *"))
@@ -405,10 +384,8 @@ def test_scheduler_status_follows_the_replicas_rounds(cluster):
 
     async def status():
         backend = cluster.backend("reader", lease_ms=30_000)
-        try:
+        async with closing(backend):
             return await backend.reader().scheduler_status()
-        finally:
-            await backend.close()
 
     before = arun(status())
     assert before.running is False and before.replicas == 0 and before.last_round_at_ms is None
@@ -433,12 +410,10 @@ def test_reader_lists_are_bounded_by_a_limit(cluster):
 
     async def body():
         backend = cluster.backend("reader")
-        try:
+        async with closing(backend):
             reader = backend.reader()
             return (await reader.list_schedules(limit=2), await reader.list_triggers(limit=3),
                     await reader.list_triggers("p1", limit=None), await reader.list_schedules())
-        finally:
-            await backend.close()
 
     two, three, every, schedules = arun(body())
     assert len(two) == 2 and len(three) == 3 and len(every) == 5 and len(schedules) == 5
@@ -455,11 +430,9 @@ def test_triggers_of_a_kind_without_provider_are_left_alone_and_named_at_start(c
     backend = cluster.backend("r1", claim_budget=1)
 
     async def body():
-        try:
+        async with closing(backend):
             await backend.recover()
             return await backend.run_round()
-        finally:
-            await backend.close()
 
     report = arun(body())
     [warning] = [e for e in backend.context.diagnostics.events

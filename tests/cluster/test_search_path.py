@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.cluster import arun, seed
 from qinglong.contracts.errors import SchemaNotReady
+from tests.support.aio import closing
 
 _roles = itertools.count(1)
 
@@ -94,10 +95,8 @@ def test_planted_operator_never_runs_in_our_sessions_and_readiness_refuses(clust
     backend = cluster.backend()
 
     async def readiness():
-        try:
+        async with closing(backend):
             await backend.check_readiness()
-        finally:
-            await backend.close()
 
     with pytest.raises(SchemaNotReady) as info:
         arun(readiness())
@@ -109,7 +108,7 @@ def test_planted_operator_never_runs_in_our_sessions_and_readiness_refuses(clust
 
     async def work():
         backend = cluster.backend()
-        try:
+        async with closing(backend):
             await backend.migrate()
             first = await backend.run_round()
             _make_due(cluster)
@@ -120,8 +119,6 @@ def test_planted_operator_never_runs_in_our_sessions_and_readiness_refuses(clust
             await backend.recover()
             await backend.migration_status()
             return first, second, runs
-        finally:
-            await backend.close()
 
     first, second, runs = arun(work())
     assert first.errors == 0 and second.errors == 0, (first, second)
@@ -137,15 +134,13 @@ def test_every_plugin_session_runs_on_the_pinned_search_path(cluster):
     try:
         async def body():
             backend = cluster.backend()
-            try:
+            async with closing(backend):
                 pool = await backend.runtime_pool()
                 async with pool.connection() as conn:
                     cur = await conn.execute("SELECT current_setting('search_path'), current_schemas(true)")
                     pooled = await cur.fetchone()
                 await backend.check_readiness()
                 return pooled
-            finally:
-                await backend.close()
 
         setting, schemas = arun(body())
     finally:
@@ -168,10 +163,8 @@ def test_readiness_refuses_a_database_where_others_can_create_objects(cluster, g
     backend = cluster.backend()
 
     async def readiness():
-        try:
+        async with closing(backend):
             await backend.check_readiness()
-        finally:
-            await backend.close()
 
     with pytest.raises(SchemaNotReady) as info:
         arun(readiness())

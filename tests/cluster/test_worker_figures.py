@@ -8,15 +8,14 @@ from tests.support.cluster import arun
 from tests.cluster.control_helpers import ProtocolWorker, admit, publish
 
 from qinglong.contracts.observe import Verdict, assess
+from tests.support.aio import closing
 
 
 def stats(db):
     async def body():
         backend = db.backend("stats-reader")
-        try:
+        async with closing(backend):
             return await backend.reader().store_stats()
-        finally:
-            await backend.close()
 
     return arun(body())
 

@@ -22,6 +22,7 @@ import psycopg
 import pytest
 
 from tests.support.cluster import arun, expire
+from tests.support.aio import closing
 
 INGRESS, RUNTIME = "qinglong_worker_ingress", "qinglong_runtime"
 _keys = itertools.count(1)
@@ -38,15 +39,13 @@ def publish(db, task_id: str, payload: dict, project: str = "p1") -> None:
 
     async def body():
         backend = db.backend("publisher")
-        try:
+        async with closing(backend):
             pub = backend.publisher()
             try:
                 await pub.create_project(project)
             except AlreadyExists:
                 pass
             await pub.put_task(project, task_id, payload)
-        finally:
-            await backend.close()
 
     arun(body())
 

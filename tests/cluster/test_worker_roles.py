@@ -10,6 +10,7 @@ from qinglong.contracts.errors import SchemaNotReady
 from qinglong.plugins.cluster_postgres.roles import CONTROL_FUNCTIONS, INTERNAL_FUNCTIONS, WORKER_FUNCTIONS
 from tests.support.cluster import arun
 from tests.cluster.test_worker_functions import CMD, INGRESS, RUNTIME, Worker, admit, publish
+from tests.support.aio import closing
 
 ADMIN = "qinglong_admin"
 
@@ -100,10 +101,8 @@ def test_only_worker_ingress_executes_worker_functions_and_only_runtime_the_cont
 def _readiness_problem(db) -> str:
     async def body():
         backend = db.backend()
-        try:
+        async with closing(backend):
             await backend.check_readiness()
-        finally:
-            await backend.close()
 
     with pytest.raises(SchemaNotReady) as info:
         arun(body())

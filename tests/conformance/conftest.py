@@ -33,6 +33,7 @@ from tests.conformance.harnesses import (  # noqa: F401 (re-exported to the test
     _db_counter,
     providers,
 )
+from tests.support.aio import closing
 from tests.support.pg import create_database, create_roles, drop_database, start_server
 
 
@@ -52,10 +53,8 @@ def servers(request):
 
             async def migrate():
                 backend = harness.create_backend(CollectingSink(), providers())
-                try:
+                async with closing(backend):
                     await backend.migrate()
-                finally:
-                    await backend.close()
 
             asyncio.run(migrate())
             started[label] = (server, template)

@@ -32,6 +32,7 @@ from qinglong.contracts.execution import (
 from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
 
 from tests.conformance.harnesses import CollectingSink, SqliteHarness, providers
+from tests.support.aio import closing
 
 SECOND = 1000
 
@@ -174,7 +175,7 @@ async def test_two_dispatchers_racing_for_one_attempt_find_exactly_one_winner(ha
     run_ids = [await manual(h) for _ in range(5)]
     other = h.create_backend(CollectingSink(), providers())
     await other.open()
-    try:
+    async with closing(other):
         for run_id in run_ids:
             attempt = await current(h, run_id)
             now = await h.now_ms()
@@ -184,8 +185,6 @@ async def test_two_dispatchers_racing_for_one_attempt_find_exactly_one_winner(ha
             assert sorted(results) == [False, True], results
             assert await state_of(h, run_id) is RunState.DISPATCHING
             assert [t for _, t in events_of(h, run_id)].count("run.dispatching") == 1
-    finally:
-        await other.close()
     assert await store(h).dispatch_candidates(await h.now_ms(), 10) == []
 
 
@@ -443,7 +442,7 @@ async def test_one_manual_key_admitted_by_two_stores_at_once_is_one_run(harness)
     await publish(h)
     other = h.create_backend(CollectingSink(), providers())
     await other.open()
-    try:
+    async with closing(other):
         now = await h.now_ms()
         for number in range(5):
             key = f"together-{number}"
@@ -451,8 +450,6 @@ async def test_one_manual_key_admitted_by_two_stores_at_once_is_one_run(harness)
                                              for s in (store(h), other.execution())))
             assert sorted(created for _, created in results) == [False, True], results
             assert results[0][0] == results[1][0]
-    finally:
-        await other.close()
     assert h.count("runs") == 5
 
 

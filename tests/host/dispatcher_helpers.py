@@ -25,6 +25,7 @@ from qinglong.contracts.execution import RunState
 from qinglong.host.containers import build_container
 from qinglong.host.settings import load_settings
 
+from tests.support.aio import closing
 from tests.support.procs import group_members, process_alive  # noqa: F401 (re-exported)
 
 T = TypeVar("T")
@@ -155,12 +156,10 @@ async def opened(settings: Path) -> AsyncIterator[Any]:
     container = build_container(load_settings(settings))
     backend = container.backend()
     await backend.open()
-    try:
+    async with closing(backend):
         await backend.migrate()
         await backend.check_readiness()
         yield backend
-    finally:
-        await backend.close()
 
 
 

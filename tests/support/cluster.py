@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.aio import closing
 from tests.support.pg import ROLE_PASSWORDS, PgServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,10 +99,8 @@ def migrate(db: ClusterDb) -> None:
     backend = db.backend("migrator")
 
     async def body():
-        try:
+        async with closing(backend):
             await backend.migrate()
-        finally:
-            await backend.close()
 
     asyncio.run(body())
 
@@ -136,7 +135,7 @@ def seed(db: ClusterDb, n: int = 1, *, expression: str = "0 0 1 1 *", project: s
 
     async def body():
         backend = db.backend("publisher")
-        try:
+        async with closing(backend):
             pub = backend.publisher()
             try:
                 await pub.create_project(project)
@@ -149,8 +148,6 @@ def seed(db: ClusterDb, n: int = 1, *, expression: str = "0 0 1 1 *", project: s
                     project, f"{prefix}{i:03d}", "task", "cron", {"expression": expression},
                     misfire_policy=MisfirePolicy(policy), misfire_grace_ms=grace_ms)))
             return heads
-        finally:
-            await backend.close()
 
     return arun(body())
 
