@@ -53,10 +53,26 @@ def attacked(tmp_path):
     wait_until(lambda: client.request("GET", "/api/v1/runs")[1]["runs"][0]["state"] == "succeeded",
                "the Run to end", timeout=60, every=0.1, alive=plane.process)
     client.close()
+    # the delivery loop routes the Run's end event after the Run ended: a dump taken before it
+    # did would see the store change under the test without any request changing it
+    wait_until(lambda: _events_settled(tmp_path / "q.db"), "the Run's end event to be routed",
+               timeout=60, every=0.1, alive=plane.process)
     try:
         yield plane, settings, tokens, store_dump(tmp_path / "q.db")
     finally:
         plane.stop()
+
+
+def _events_settled(db) -> bool:
+    """No outbox event waits to be routed and no delivery to be tried."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return conn.execute("SELECT (SELECT count(*) FROM event_outbox WHERE routed_at_ms IS NULL) + "
+                            "(SELECT count(*) FROM event_deliveries WHERE state = 'pending')").fetchone()[0] == 0
+    finally:
+        conn.close()
 
 
 def _unchanged(settings, before):
