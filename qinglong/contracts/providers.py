@@ -60,6 +60,21 @@ class OffersExampleSpec(Protocol):
         ...
 
 
+def fire_times(schedule: Any, spec: Mapping[str, Any], after_ms: int, count: int) -> list[int]:
+    """The next ``count`` fire times after ``after_ms`` of a checked ``spec``, fewer where the
+    schedule ends: ``schedule`` is a provider, or anything answering ``next_after`` as one does
+    (a jittered schedule). One loop for every preview (``cron next``, the API)."""
+    times: list[int] = []
+    cursor = after_ms
+    while len(times) < count:
+        nxt = schedule.next_after(spec, cursor)
+        if nxt is None:
+            break
+        times.append(nxt)
+        cursor = nxt
+    return times
+
+
 @dataclass(frozen=True)
 class TriggerCliOption:
     """One command-line option a trigger kind adds to ``qinglong trigger add`` and ``update``.

@@ -7,6 +7,10 @@ from __future__ import annotations
 import json
 from urllib.parse import quote
 
+from qinglong.contracts.jitter import JitteredSchedule
+from qinglong.contracts.providers import fire_times
+from qinglong.plugins.cron.provider import CronProvider
+
 from api_helpers import Client, Plane, api_settings, cli, make_token
 from host_helpers import wait_until
 
@@ -38,6 +42,16 @@ def test_the_api_speaks_the_cli_json_shapes_with_one_error_shape(tmp_path):
         assert triggers == json.loads(cli(settings, "trigger", "list", "ops", "--json"))
         status, nxt, _ = client.request("GET", "/api/v1/projects/ops/triggers/nightly/next?count=2")
         assert status == 200 and len(nxt["next"]) == 2 and nxt["next"][0]["at"].endswith("02:30:00.000Z")
+        # a jitter set through the API is kept by an update that leaves it out, and the preview
+        # shows the starts the scheduler will make, not the nominal times
+        status, body, _ = client.request("PUT", "/api/v1/projects/ops/triggers/nightly", {"jitter_ms": 600_000})
+        assert status == 200 and body["jitter_ms"] == 600_000, body
+        status, body, _ = client.request("PUT", "/api/v1/projects/ops/triggers/nightly", {"enabled": True})
+        assert status == 200 and body["jitter_ms"] == 600_000, body
+        status, moved, _ = client.request("GET", "/api/v1/projects/ops/triggers/nightly/next?count=2&after_ms=0")
+        spec = CronProvider().validate({"expression": "30 2 * * *", "timezone": "UTC"})
+        assert [t["at_ms"] for t in moved["next"]] == fire_times(
+            JitteredSchedule(CronProvider(), "ops", "nightly", 600_000), spec, 0, 2)
 
         headers = {"Idempotency-Key": "deploy-42"}
         first = client.request("POST", "/api/v1/projects/ops/tasks/hello/runs", headers=headers)

@@ -321,7 +321,8 @@ class ApiService:
 
     async def put_trigger(self, request: Request, principal: Principal) -> Response:
         """Add a trigger or publish a new revision: ``task_id``, ``kind``, ``spec``, optional
-        ``misfire_policy``, ``misfire_grace_ms``, ``enabled`` (an update keeps what it leaves out)."""
+        ``misfire_policy``, ``misfire_grace_ms``, ``enabled``, ``jitter_ms`` (an update keeps what it
+        leaves out)."""
         project_id, trigger_id = request.path_params["project"], request.path_params["trigger"]
         self._see(principal, project_id)
         check_identifier("trigger_id", trigger_id)
@@ -344,8 +345,10 @@ class ApiService:
         grace = _field(body, "misfire_grace_ms", int, required=False,
                        default=current.misfire_grace_ms if current else DEFAULT_MISFIRE_GRACE_MS)
         enabled = _field(body, "enabled", bool, required=False, default=current.enabled if current else True)
+        jitter = _field(body, "jitter_ms", int, required=False, default=current.jitter_ms if current else 0)
         definition = TriggerDefinition(project_id=project_id, trigger_id=trigger_id, task_id=task_id, kind=kind,
-                                       spec=spec, misfire_policy=misfire, misfire_grace_ms=grace, enabled=enabled)
+                                       spec=spec, misfire_policy=misfire, misfire_grace_ms=grace, enabled=enabled,
+                                       jitter_ms=jitter)
         head = await self._audited(principal, request, "trigger.put", f"{project_id}/{trigger_id}",
                                    lambda: self.backend.publisher().put_trigger(definition))
         return JSONResponse(views.trigger_json(head), status_code=200 if current else 201)
@@ -373,22 +376,21 @@ class ApiService:
                             lambda: self.backend.publisher().delete_trigger(project_id, trigger_id))
         return JSONResponse({"project_id": project_id, "trigger_id": trigger_id, "deleted": True})
 
-    def _fire_times(self, kind: str, spec: Mapping[str, Any], after_ms: int, count: int) -> list[dict[str, Any]]:
+    def _fire_times(self, kind: str, spec: Mapping[str, Any], after_ms: int, count: int,
+                    jitter: tuple[str, str, int] | None = None) -> list[dict[str, Any]]:
+        """Fire times as the scheduler starts them: a trigger's own jitter (project, trigger,
+        window) moves each, as it moves its Runs."""
+        from qinglong.contracts.jitter import JitteredSchedule
+        from qinglong.contracts.providers import fire_times
+
         from ..cli.output import iso
 
         provider = self.providers.get(kind)
         if provider is None:
             raise UserError(f"unknown trigger kind {kind!r}")
         checked = provider.validate(spec)
-        times: list[int] = []
-        at = after_ms
-        while len(times) < count:
-            nxt = provider.next_after(checked, at)
-            if nxt is None:
-                break
-            times.append(nxt)
-            at = nxt
-        return views.fire_times_json(times, iso)
+        schedule: Any = provider if not jitter or not jitter[2] else JitteredSchedule(provider, *jitter)
+        return views.fire_times_json(fire_times(schedule, checked, after_ms, count), iso)
 
     async def trigger_next(self, request: Request, principal: Principal) -> Response:
         project_id = request.path_params["project"]
@@ -397,7 +399,8 @@ class ApiService:
         count = _int_query(request, "count", 5, 1, 100)
         after = _int_query(request, "after_ms", self.clock_ms(), 0, 253_402_300_799_000)
         return JSONResponse({"trigger": views.trigger_json(head),
-                             "next": self._fire_times(head.kind, head.spec, after, count)})
+                             "next": self._fire_times(head.kind, head.spec, after, count,
+                                                      (project_id, head.trigger_id, head.jitter_ms))})
 
     async def kind_next(self, request: Request, principal: Principal) -> Response:
         """Fire times of a spec of any trigger kind, as its provider computes them: the host

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from qinglong.contracts.cli import CliArgument, CliCommand, CliContext, parse_duration_ms
 from qinglong.contracts.errors import UserError
 from qinglong.contracts.providers import TriggerCliOption, TriggerCliOptions
+from qinglong.contracts.providers import fire_times as next_fire_times
 from qinglong.contracts.store import MAX_LISTING_ROWS
 
 KIND = "cron"
@@ -127,14 +128,7 @@ def cron_next(context: CliContext) -> int:
     if jitter_ms and trigger is not None:
         # the delays a trigger of this id draws: the contract's, as the scheduler draws them
         schedule = JitteredSchedule(provider, trigger[0], trigger[1], jitter_ms)
-    fire_times: list[int] = []
-    cursor = after_ms
-    while len(fire_times) < count:
-        nxt = schedule.next_after(spec, cursor)
-        if nxt is None:
-            break
-        fire_times.append(nxt)
-        cursor = nxt
+    fire_times = next_fire_times(schedule, spec, after_ms, count)
 
     def local(ms: int) -> str:
         return datetime.fromtimestamp(ms / 1000, zone).isoformat(timespec="seconds")
