@@ -113,7 +113,7 @@ def test_second_signal_forces_the_exit(cli, site):
         (("--cron", "* * * * *", "--timezone", "Mars/Olympus"), "unknown IANA time zone 'Mars/Olympus'"),
         (("--cron", "* * * * *", "--grace-ms", "-5"), "misfire_grace_ms: must be between 0 and 31622400000 (366 days), got -5"),
         (("--cron", "* * * * *", "--task", "nope"), "task 'nope' does not exist in project 'ops'"),
-        (("--kind", "lunar", "--spec", "{}"), "unknown trigger kind 'lunar'; kinds provided by the loaded plugins: cron"),
+        (("--kind", "lunar", "--spec", "{}"), "unknown trigger kind 'lunar'; kinds provided by the loaded plugins: after, at_start, cron, hook"),
     ],
 )
 def test_bad_trigger_input_is_a_clear_error_and_writes_nothing(cli, args, expected):

@@ -30,8 +30,8 @@ from .metrics import CONTENT_TYPE_LATEST, Metrics, StatsCache, grace_of
 _SCHEDULER_DEAD = "the scheduler loop is not running"
 _DISPATCHER_DEAD = "the dispatcher is not running"
 #: The start steps ``Lifecycle.start`` names in its readiness line (``starting: <step>``).
-_START_STEPS = ("opening the database", "checking schema readiness", "startup recovery",
-                "starting the dispatcher", "opening the admission phase")
+_START_STEPS = ("waiting for the store", "opening the database", "checking schema readiness",
+                "startup recovery", "starting the dispatcher", "opening the admission phase")
 #: Every line a probe may answer with, whoever asks: fixed phrases only. A readiness reason that
 #: is not one of them (a future step whose line could carry a name, a path or an error's text) is
 #: answered as the bare "not ready" instead of being passed on to an unauthenticated client.
