@@ -16,7 +16,13 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 from psycopg.rows import dict_row
 
 from qinglong.contracts.event_sources import AdmitResult, occurrence_key, payload_json
-from qinglong.contracts.events import Delivery, DeliveryState, OutboxEvent, RunContext
+from qinglong.contracts.events import (
+    Delivery,
+    DeliveryState,
+    OutboxEvent,
+    RunContext,
+    check_episode,
+)
 from qinglong.contracts.store import listing_bound
 
 from .runs import ClusterRunControl, run_uuid
@@ -126,6 +132,20 @@ class ClusterEventOutbox:
                     return (await cur.fetchone())["deleted"]
 
         return await self._run(body)
+
+    async def operator_episode(self, key: str, kind: str, *, active: bool, subject: str,
+                               reason: str, detail: Mapping[str, Any]) -> bool:
+        check_episode(key, kind, subject, reason, detail)
+        rows = await self._rows("events_operator_episode", {
+            "key": key, "kind": kind, "active": active, "subject": subject, "reason": reason,
+            "detail": json.dumps(dict(detail))})
+        return bool(rows[0]["written"])
+
+    async def stranded_runs(self, grace_ms: int) -> int:
+        """Queued Runs no live worker can take that waited past ``grace_ms``; opens or closes the
+        ``queue.stalled`` episode accordingly (``qinglong.check_stranded_runs``)."""
+        rows = await self._rows("events_stranded_runs", {"grace_ms": int(grace_ms)})
+        return int(rows[0]["stranded"])
 
     async def run_context(self, run_id: str, max_log_bytes: int) -> RunContext:
         rows = await self._rows("events_run_context", {"run_id": run_uuid(run_id)})

@@ -163,7 +163,8 @@ SELECT (SELECT r.run_id::text FROM run r) AS created,
 
 -- name: events_prune
 -- Ended deliveries of events older than %(before)s, then those events once no delivery is left
--- (a pending one keeps its event); a bounded batch, oldest first. The number of events deleted.
+-- (a pending one keeps its event); a bounded batch, oldest first; and the once-keys of lost
+-- workers' events as old. The number of events deleted.
 WITH old AS (
     SELECT o.seq FROM qinglong.event_outbox o
     WHERE o.at_ms < %(before)s AND o.routed_at_ms IS NOT NULL
@@ -182,5 +183,22 @@ events AS (
     DELETE FROM qinglong.event_outbox o USING old
     WHERE o.seq = old.seq AND old.seq NOT IN (SELECT event_seq FROM kept)
     RETURNING o.seq
+),
+lost AS (
+    -- the keys that made a lost worker's event once: its Attempts ended long ago
+    DELETE FROM qinglong.operator_episodes e
+    WHERE e.episode_key IN (SELECT x.episode_key FROM qinglong.operator_episodes x
+                            WHERE x.kind = 'worker.lost' AND x.opened_at_ms < %(before)s
+                            LIMIT %(limit)s)
+    RETURNING 1
 )
 SELECT count(*) AS deleted FROM events;
+
+-- name: events_operator_episode
+-- Open or close an operator episode (one event each time it changes; see the function).
+SELECT qinglong.operator_episode(%(key)s::text, %(kind)s::text, %(active)s::boolean,
+                                 %(subject)s::text, %(reason)s::text, %(detail)s::jsonb) AS written;
+
+-- name: events_stranded_runs
+-- Queued Runs no live worker can take past the grace; opens or closes queue.stalled.
+SELECT qinglong.check_stranded_runs(%(grace_ms)s::bigint) AS stranded;
