@@ -174,13 +174,14 @@ class ClusterOccurrences:
     async def admit_occurrence(self, kind: str, trigger_id: str, event_id: str,
                                payload: Mapping[str, Any] | None, now_ms: int) -> AdmitResult:
         key = occurrence_key(kind, trigger_id, event_id)
-        payload_json(payload)
+        payload_text = payload_json(payload)
 
         async def body(conn):
             async with conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(query("occurrence_admit"), {
                     "trigger_id": trigger_id, "kind": kind, "key": key, "now": now_ms,
-                    "run_id": str(uuid.uuid4()), "attempt_id": str(uuid.uuid4())})
+                    "run_id": str(uuid.uuid4()), "attempt_id": str(uuid.uuid4()),
+                    "payload": payload_text})
                 return await cur.fetchone()
 
         row = await self._run(body)

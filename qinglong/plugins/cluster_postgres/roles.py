@@ -81,6 +81,7 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "event_outbox": frozenset({"SELECT", "DELETE"}),  # UPDATE: a column, below
         "event_deliveries": frozenset(_ALL),
         "operator_episodes": frozenset({"SELECT", "DELETE"}),
+        "run_event_payloads": frozenset({"SELECT", "INSERT"}),
     },
     "worker_ingress": {},
 }
@@ -137,6 +138,7 @@ EXPECTED_TABLES = frozenset({
     "trigger_schedules", "runs", "attempts", "run_events", "schedule_skips",
     "trigger_revision_marks", "scheduler_replicas", "worker_sessions", "attempt_logs",
     "event_outbox", "event_outbox_seq_seq", "event_deliveries", "operator_episodes",
+    "run_event_payloads",
     "api_tokens", "audit_log", "audit_log_entry_id_seq",
 })
 

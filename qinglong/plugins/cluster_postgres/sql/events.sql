@@ -118,7 +118,8 @@ WHERE r.run_id = %(run_id)s::uuid;
 -- name: occurrence_admit
 -- One queued Run of a trigger for an event source's occurrence, in one statement (one snapshot):
 -- only while the trigger is of the kind, enabled, in an active project with a live task (its
--- task head pinned); a second admission of the key inserts nothing. Returns the Run created,
+-- task head pinned), with its payload (handed to the worker with each claim of the Run); a second
+-- admission of the key inserts nothing. Returns the Run created,
 -- the Run that held the key before, and whether the trigger admits at all.
 WITH t AS (
     SELECT tr.trigger_id, tr.trigger_revision, tr.project_id, tr.task_id, k.task_revision,
@@ -155,11 +156,17 @@ events AS (
     SELECT gen_random_uuid(), r.run_id, ev.seq, ev.event_type, r.admitted_at_ms
     FROM run r CROSS JOIN (VALUES (1, 'run.created'), (2, 'run.queued')) AS ev (seq, event_type)
     RETURNING event_id
+),
+payload AS (
+    INSERT INTO qinglong.run_event_payloads (run_id, payload_json)
+    SELECT r.run_id, %(payload)s::text FROM run r WHERE %(payload)s::text IS NOT NULL
+    RETURNING run_id
 )
 SELECT (SELECT r.run_id::text FROM run r) AS created,
        (SELECT x.run_id::text FROM qinglong.runs x WHERE x.idempotency_key = %(key)s) AS existing,
        (SELECT count(*) FROM t) AS admits,
-       (SELECT count(*) FROM attempt) + (SELECT count(*) FROM events) AS written;
+       (SELECT count(*) FROM attempt) + (SELECT count(*) FROM events)
+           + (SELECT count(*) FROM payload) AS written;
 
 -- name: events_prune
 -- Ended deliveries of events older than %(before)s, then those events once no delivery is left
