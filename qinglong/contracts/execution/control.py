@@ -9,7 +9,7 @@ from typing import Protocol, Sequence, runtime_checkable
 from ..errors import UserError
 from .outcomes import CancelReason
 from .states import AttemptState, RunState
-from .store import RunDetail, RunSummary
+from .store import RunDetail, RunSkipView, RunSummary
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +58,11 @@ class RunControl(Protocol):
 
     async def read_log(self, attempt_id: str, offset: int, size: int) -> bytes:
         """Up to ``size`` stored log bytes from ``offset`` (fewer at the end; empty past it)."""
+        ...
+
+    async def recent_run_skips(self, limit: int = 20) -> Sequence[RunSkipView]:
+        """The newest Runs skipped before they started (their task's overlap rules or its queue
+        bound), newest first: each left the Runs as a skip record with its reason."""
         ...
 
 

@@ -29,6 +29,7 @@ from qinglong.contracts.execution import (
     AttemptView,
     CancelReason,
     RunDetail,
+    RunSkipView,
     RunState,
     RunSummary,
     StoredLogState,
@@ -95,6 +96,12 @@ class ClusterRunControl:
         return [_summary(row, state=row["state"], finished_at_ms=row["finished_at_ms"],
                          reason=row["reason"], attempts=row["attempts"], exit_code=row["exit_code"],
                          duration_ms=row["duration_ms"]) for row in rows]
+
+    async def recent_run_skips(self, limit: int = 20) -> Sequence[RunSkipView]:
+        """The newest Runs skipped before they started, newest first (at most ``limit``)."""
+        rows = await self._rows("control_recent_run_skips", {"limit": listing_bound(limit)})
+        return [RunSkipView(row["run_id"], row["project_id"], row["task_id"], row["trigger_id"],
+                            row["scheduled_for_ms"], row["reason"], row["recorded_at_ms"]) for row in rows]
 
     async def run_detail(self, run_id: str) -> RunDetail:
         """The Run and every Attempt (with the worker that held it); NotFound if unknown."""

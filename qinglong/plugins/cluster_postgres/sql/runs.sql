@@ -129,3 +129,11 @@ SELECT qinglong.prune_attempt_logs(
 -- NULL for an unknown Run (and then no entry).
 SELECT qinglong.request_cancel_audited(%(run_id)s::uuid, %(reason)s::text, %(at)s, %(actor)s, %(token_id)s,
                                        %(source)s, %(detail)s) AS state
+
+-- name: control_recent_run_skips
+-- The newest Runs skipped before they started (qinglong._skip_run), newest first.
+SELECT k.run_id::text AS run_id, k.project_id, k.task_id, k.trigger_id, k.scheduled_for_ms,
+       k.reason, k.recorded_at_ms
+  FROM qinglong.run_skips k
+ ORDER BY k.skip_seq DESC
+ LIMIT %(limit)s::bigint

@@ -1,4 +1,4 @@
--- capability: 19
+-- capability: 20
 -- What an event admitted a Run with (an incoming webhook's body, an event source's payload):
 -- written by the admitting statement (occurrence_admit) and handed to the worker with the claim
 -- of each Attempt of the Run (worker_claim's event_payload), which writes it into the job's
@@ -12,7 +12,7 @@ CREATE TABLE qinglong.run_event_payloads (
 
 GRANT SELECT, INSERT ON qinglong.run_event_payloads TO {{runtime}};
 
--- worker_claim as 0008 made it, with the Run's event payload as a last column.
+-- worker_claim as 0020 made it, with the Run's event payload as a last column.
 DROP FUNCTION qinglong.worker_claim(text, uuid, bigint, bytea[]);
 
 CREATE FUNCTION qinglong.worker_claim(p_worker_id text, p_session_id uuid, p_generation bigint,
@@ -33,6 +33,9 @@ DECLARE
     v_problem text;
     v_decision record;
     v_waiting text[] := '{}';
+    v_held text[] := '{}';
+    v_key text;
+    v_behind boolean;
     v_attempt_id uuid;
 BEGIN
     s := qinglong._session(p_worker_id, p_session_id, p_generation, v_now, true);
@@ -82,7 +85,7 @@ BEGIN
         candidates AS (
             SELECT f.* FROM label_sets l
             CROSS JOIN LATERAL (
-                SELECT r.run_id, r.project_id, r.task_id, r.scheduled_for_ms, r.admitted_at_ms
+                SELECT r.run_id, r.project_id, r.task_id, r.scheduled_for_ms, r.admitted_at_ms, r.max_queued
                 FROM qinglong.runs r
                 WHERE r.state IN ('queued', 'retry_wait') AND NOT r.start_gated
                   AND r.required_labels = l.labels
@@ -92,7 +95,7 @@ BEGIN
             UNION ALL
             SELECT t.* FROM gated_tasks g
             CROSS JOIN LATERAL (
-                SELECT r.run_id, r.project_id, r.task_id, r.scheduled_for_ms, r.admitted_at_ms
+                SELECT r.run_id, r.project_id, r.task_id, r.scheduled_for_ms, r.admitted_at_ms, r.max_queued
                 FROM qinglong.runs r
                 WHERE r.state IN ('queued', 'retry_wait') AND r.start_gated
                   AND r.project_id = g.project_id AND r.task_id = g.task_id
@@ -100,18 +103,23 @@ BEGIN
                 ORDER BY r.start_gated, r.project_id, r.task_id, r.scheduled_for_ms, r.admitted_at_ms, r.run_id
                 LIMIT v_window) AS t
         )
-        SELECT x.run_id, x.project_id, x.task_id, x.scheduled_for_ms, x.admitted_at_ms
+        SELECT x.run_id, x.project_id, x.task_id, x.scheduled_for_ms, x.admitted_at_ms, x.max_queued
         FROM candidates x
         ORDER BY x.scheduled_for_ms, x.admitted_at_ms, x.run_id
     LOOP
         EXIT WHEN v_taken >= v_want;
-        CONTINUE WHEN (c.project_id || '/' || c.task_id) = ANY (v_waiting);
+        v_key := c.project_id || '/' || c.task_id;
+        CONTINUE WHEN v_key = ANY (v_held);
+        -- behind a waiting Run of its task: this one waits too, unless the bound skips it
+        v_behind := v_key = ANY (v_waiting);
+        CONTINUE WHEN v_behind AND c.max_queued IS NULL;
         -- its waiting Attempt, looked up by the Run (one index probe): a retry not due yet waits
         SELECT a.attempt_id INTO v_attempt_id FROM qinglong.attempts a
         WHERE a.run_id = c.run_id AND a.state = 'claimed' AND coalesce(a.not_before_ms, 0::bigint) <= v_now;
         CONTINUE WHEN NOT FOUND;
         v_spec := qinglong._run_spec(c.run_id);
         v_problem := qinglong._spec_problem(v_spec);
+        CONTINUE WHEN v_behind AND v_problem IS NOT NULL;
         IF v_problem IS NULL THEN
             IF v_spec -> 'concurrency' ->> 'mode' = 'allow'
                AND pg_catalog.jsonb_typeof(v_spec -> 'concurrency' -> 'max_running') IS DISTINCT FROM 'number' THEN
@@ -123,14 +131,15 @@ BEGIN
                 PERFORM 1 FROM qinglong.tasks t WHERE t.project_id = c.project_id AND t.task_id = c.task_id
                 FOR NO KEY UPDATE SKIP LOCKED;
                 IF NOT FOUND THEN
-                    v_waiting := v_waiting || (c.project_id || '/' || c.task_id);
+                    v_held := v_held || v_key;
                     CONTINUE;
                 END IF;
                 v_decision := qinglong._overlap(v_spec, c.project_id, c.task_id, c.run_id,
-                                                c.scheduled_for_ms, c.admitted_at_ms, v_now);
+                                                c.scheduled_for_ms, c.admitted_at_ms, v_now, c.max_queued);
             END IF;
+            CONTINUE WHEN v_behind AND v_decision.action <> 'skip';
             IF v_decision.action IN ('wait', 'replace') THEN
-                v_waiting := v_waiting || (c.project_id || '/' || c.task_id);
+                v_waiting := v_waiting || v_key;
                 CONTINUE;
             END IF;
         END IF;
@@ -153,9 +162,7 @@ BEGIN
                                              false, v_now);
             CONTINUE;
         ELSIF v_decision.action = 'skip' THEN
-            PERFORM qinglong._event(c.run_id, 'run.skipped', v_now);
-            PERFORM qinglong._finish_attempt(v_attempt_id, 'cancelled', NULL, NULL, NULL, NULL,
-                                             v_decision.reason, false, v_now);
+            PERFORM qinglong._skip_run(c.run_id, v_attempt_id, v_decision.reason, v_now);
             CONTINUE;
         END IF;
         v_taken := v_taken + 1;

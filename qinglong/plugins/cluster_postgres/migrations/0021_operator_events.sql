@@ -1,4 +1,4 @@
--- capability: 18
+-- capability: 19
 -- Operator events in the outbox, each written in the transaction of the change that reveals it:
 -- * worker.lost: an Attempt a worker held leaves its lease while that worker's session is over
 --   (expired, closed, or replaced by a newer session of the same worker id). A row trigger on
