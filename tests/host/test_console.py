@@ -212,6 +212,7 @@ def test_a_read_token_is_offered_no_changing_control_and_run_token_cancels(tmp_p
         browser.get(f"http://127.0.0.1:{plane.port}/#/tasks")
         _visible(browser, ".task-name", "the task list")
         assert browser.find_elements(By.CSS_SELECTOR, "button.run-now") == []
+        assert browser.find_elements(By.CSS_SELECTOR, "#new-task, .edit-task, .delete-task") == []
         browser.get(f"http://127.0.0.1:{plane.port}/#/run/{run_id}")
         _text_of(browser, "#run-state", "running", "the running Run's page")
         assert browser.execute_script("return document.querySelectorAll('#view button').length") == 0
@@ -308,3 +309,136 @@ def test_a_session_idle_too_long_is_gone_and_used_sessions_stay():
     third, _ = sessions.create("d3")
     fourth, _ = sessions.create("d4")
     assert len(sessions) == 2 and sessions.get(kept) is None  # bounded: the least recently used went
+
+
+def _type(element, text: str) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    element.send_keys(Keys.CONTROL, "a")
+    element.send_keys(Keys.DELETE)
+    element.send_keys(text)
+
+
+def _run_log(client: Client, project: str, task: str) -> str:
+    """Run the task through the API, wait for its end and answer its log."""
+    status, started, _ = client.request("POST", f"/api/v1/projects/{project}/tasks/{task}/runs")
+    assert status == 201, started
+    run_id = started["run_id"]
+    wait_until(lambda: client.request("GET", f"/api/v1/runs/{run_id}")[1]["state"] == "succeeded" or None,
+               f"the Run of {task} to succeed", timeout=60, every=0.1)
+    status, log, _ = client.request("GET", f"/api/v1/runs/{run_id}/log")
+    return log.decode() if isinstance(log, bytes) else str(log)
+
+
+def test_tasks_and_triggers_are_created_edited_toggled_and_deleted_in_the_console(tmp_path, browser):
+    """Without this a task or trigger can be made only from a shell; an edit that reads env values
+    back would put secrets in the page (or, written back masked, replace them with the mask); a
+    delete without a confirmation loses a task to one stray click; a cron typo is found only
+    when the trigger never fires."""
+    from selenium.webdriver.common.by import By
+
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    writer = make_token(settings, "writer", "write")
+    plane = Plane(settings)
+    client = Client(plane.port, writer)
+    port = plane.port
+    try:
+        _sign_in(browser, port, writer)
+        browser.get(f"http://127.0.0.1:{port}/#/tasks")
+        _visible(browser, "#new-task", "the new-task link").click()
+        _type(_visible(browser, "#t-task", "the task form"), "backup")
+        _type(browser.find_element(By.ID, "t-command"), "sh\n-c\necho \"$GREETING $TOKEN\"")
+        for name, value in (("GREETING", "hello-kept"), ("TOKEN", "first-secret")):
+            browser.find_element(By.ID, "env-add").click()
+            row = browser.find_elements(By.CSS_SELECTOR, "#env-list .env-row")[-1]
+            row.find_element(By.CSS_SELECTOR, ".env-name").send_keys(name)
+            row.find_element(By.CSS_SELECTOR, ".env-value").send_keys(value)
+        _type(browser.find_element(By.ID, "t-timeout"), "90")
+        _type(browser.find_element(By.ID, "t-attempts"), "2")
+        browser.find_element(By.ID, "t-labels").send_keys("linux")
+        _shot(browser, tmp_path, "task-form", 375)
+        browser.set_window_size(1280, 900)
+        browser.find_element(By.ID, "task-save").click()
+        _visible(browser, "button.run-now[data-task=backup]", "the new task in the list")
+        status, shown, _ = client.request("GET", "/api/v1/projects/ops/tasks/backup")
+        assert shown["execution"]["env"] == {"GREETING": "(set)", "TOKEN": "(set)"}
+        assert (shown["execution"]["timeout_ms"], shown["execution"]["retry"]["max_attempts"],
+                shown["execution"]["labels"]) == (90_000, 2, ["linux"])
+        assert _run_log(client, "ops", "backup").strip() == "hello-kept first-secret"
+
+        # edit: the form never holds a value; one is kept by name, one replaced
+        browser.get(f"http://127.0.0.1:{port}/#/tasks")
+        _visible(browser, "a.edit-task[data-task=backup]", "the task's edit link").click()
+        _visible(browser, "#env-list .env-row[data-kept=TOKEN]", "the task's env names")
+        assert "hello-kept" not in browser.page_source and "first-secret" not in browser.page_source
+        assert browser.execute_script(
+            "return Array.from(document.querySelectorAll('.env-value')).map(e => e.value).join('')") == ""
+        browser.find_element(By.CSS_SELECTOR, ".env-row[data-kept=TOKEN] .env-value").send_keys("second-secret")
+        _type(browser.find_element(By.ID, "t-timeout"), "120")
+        browser.find_element(By.ID, "task-save").click()
+        _visible(browser, "button.run-now[data-task=backup]", "the task list after the edit")
+        status, shown, _ = client.request("GET", "/api/v1/projects/ops/tasks/backup")
+        assert shown["task_revision"] == 2 and shown["execution"]["timeout_ms"] == 120_000
+        assert _run_log(client, "ops", "backup").strip() == "hello-kept second-secret"
+
+        # a trigger: the next five fire times follow the expression as it is typed
+        browser.get(f"http://127.0.0.1:{port}/#/triggers")
+        _visible(browser, "#new-trigger", "the new-trigger link").click()
+        _type(_visible(browser, "#g-trigger", "the trigger form"), "yearly")
+        expression = browser.find_element(By.ID, "g-expression")
+        _type(expression, "not a cron")
+        _text_of(browser, "#preview-error", "fields", "the preview to refuse a bad expression")
+        _type(expression, "0 0 1 1 *")
+        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#preview li")) == 5 or None,
+                   "five fire times previewed", timeout=60, every=0.1)
+        years = [li.text[:10] for li in browser.find_elements(By.CSS_SELECTOR, "#preview li")]
+        assert all(y.endswith("-01-01") for y in years) and len(set(years)) == 5, years
+        assert browser.find_element(By.ID, "preview-error").text == ""
+        _shot(browser, tmp_path, "trigger-form", 375)
+        browser.set_window_size(1280, 900)
+        browser.find_element(By.ID, "trigger-save").click()
+        _text_of(browser, ".trigger-state[data-trigger=yearly]", "enabled", "the new trigger, enabled")
+        assert client.request("GET", "/api/v1/projects/ops/triggers/yearly")[1]["spec"]["expression"] == "0 0 1 1 *"
+
+        # the task list: last outcome, success ratio and the next fire time
+        browser.get(f"http://127.0.0.1:{port}/#/tasks")
+        _text_of(browser, ".last-outcome", "succeeded", "the task's last outcome")
+        assert browser.find_element(By.CSS_SELECTOR, ".ratio").text == "2/2 (100 %)"
+        assert browser.find_element(By.CSS_SELECTOR, ".next-fire").text.endswith("-01-01 00:00:00")
+        _shot(browser, tmp_path, "tasks-list", 1280)
+
+        browser.get(f"http://127.0.0.1:{port}/#/triggers")
+        _visible(browser, "button.toggle[data-trigger=yearly]", "the disable button").click()
+        _text_of(browser, ".trigger-state[data-trigger=yearly]", "disabled", "the trigger disabled")
+        assert client.request("GET", "/api/v1/projects/ops/triggers/yearly")[1]["enabled"] is False
+        _visible(browser, "button.toggle[data-trigger=yearly]", "the enable button").click()
+        _text_of(browser, ".trigger-state[data-trigger=yearly]", "enabled", "the trigger enabled again")
+        _visible(browser, "a.edit-trigger", "the trigger's edit link").click()
+        _type(_visible(browser, "#g-expression", "the trigger's edit form"), "30 6 * * 1")
+        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#preview li")) == 5
+                   and "06:30:00" in browser.find_element(By.CSS_SELECTOR, "#preview li").text or None,
+                   "the edited expression previewed", timeout=60, every=0.1)
+        browser.find_element(By.ID, "trigger-save").click()
+        _text_of(browser, ".trigger-state[data-trigger=yearly]", "enabled", "the trigger list after the edit")
+        edited = client.request("GET", "/api/v1/projects/ops/triggers/yearly")[1]
+        assert (edited["spec"]["expression"], edited["trigger_revision"]) == ("30 6 * * 1", 4)  # disable, enable, edit
+
+        _visible(browser, "button.delete-trigger", "the trigger's delete button").click()
+        wait_until(lambda: _alert(browser), "the delete confirmation", timeout=30, every=0.05).accept()
+        wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, ".trigger-name") == [] or None,
+                   "the trigger gone from the list", timeout=60, every=0.1)
+        assert client.request("GET", "/api/v1/projects/ops/triggers")[1] == []
+
+        # a task's delete asks first: dismissed, nothing goes
+        browser.get(f"http://127.0.0.1:{port}/#/tasks")
+        _visible(browser, "button.delete-task[data-task=backup]", "the delete button").click()
+        wait_until(lambda: _alert(browser), "the delete confirmation", timeout=30, every=0.05).dismiss()
+        assert client.request("GET", "/api/v1/projects/ops/tasks/backup")[0] == 200
+        _visible(browser, "button.delete-task[data-task=backup]", "the delete button").click()
+        wait_until(lambda: _alert(browser), "the delete confirmation", timeout=30, every=0.05).accept()
+        wait_until(lambda: client.request("GET", "/api/v1/projects/ops/tasks/backup")[0] == 404 or None,
+                   "the task deleted", timeout=60, every=0.1)
+    finally:
+        client.close()
+        plane.stop()

@@ -253,13 +253,22 @@ class ApiService:
         return JSONResponse(views.task_show_json(task, self.limits))
 
     async def put_task(self, request: Request, principal: Principal) -> Response:
-        from qinglong.contracts.execution import EXECUTION_KEYS, parse_execution_spec, spec_to_payload
+        from qinglong.contracts.execution import (EXECUTION_KEYS, keep_env_values, parse_execution_spec,
+                                                  spec_to_payload)
 
         project_id, task_id = request.path_params["project"], request.path_params["task"]
         self._see(principal, project_id)
         check_identifier("task_id", task_id)
         body = await json_body(request)
         payload = _field(body, "payload", dict)
+        kept = _field(body, "keep_env", list, required=False, default=[])
+        if kept:
+            # env values are write-only: an editor keeps one by name, never by reading it back
+            try:
+                head = await self.backend.reader().task_head(project_id, task_id)
+            except NotFound:
+                head = None
+            payload = keep_env_values(task_id, payload, kept, head.payload if head is not None else None)
         check_json_value("the task payload", payload, MAX_PAYLOAD_BYTES)
         spec = parse_execution_spec(task_id, payload, self.limits)
         stated = {key: value for key, value in payload.items() if key not in EXECUTION_KEYS}
@@ -450,8 +459,17 @@ class ApiService:
             if not cursor.isdigit() or int(cursor) > MAX_DEPTH:
                 raise BodyError("cursor: expected the 'next' value of a previous page", "cursor")
             skip = int(cursor)
-        runs = list(await self._runs().list_runs(state=state_value, project_id=project, task_id=task,
-                                                 limit=skip + limit + 1))
+        since = _int_query(request, "since_ms", None, 0, 253_402_300_799_000)
+        until = _int_query(request, "until_ms", None, 0, 253_402_300_799_000)
+        if since is None and until is None:
+            runs = list(await self._runs().list_runs(state=state_value, project_id=project, task_id=task,
+                                                     limit=skip + limit + 1))
+        else:
+            # newest first by scheduled time: a window is a slice of the newest MAX_DEPTH Runs
+            runs = [r for r in await self._runs().list_runs(state=state_value, project_id=project, task_id=task,
+                                                            limit=MAX_DEPTH + MAX_LIMIT + 1)
+                    if (since is None or r.scheduled_for_ms >= since)
+                    and (until is None or r.scheduled_for_ms < until)]
         page = runs[skip:skip + limit]
         more = len(runs) > skip + limit and skip + limit <= MAX_DEPTH
         return JSONResponse({"runs": [views.run_summary_json(r) for r in page],
@@ -656,7 +674,8 @@ class ApiService:
                 "GET": Method("read", self.list_tasks, "list a project's tasks")}, api=True),
             RouteSpec(p + "/projects/{project}/tasks/{task}", {
                 "GET": Method("read", self.show_task, "show a task (env values masked)"),
-                "PUT": Method("write", self.put_task, "create a task or publish a new revision", body=body),
+                "PUT": Method("write", self.put_task, "create a task or publish a new revision "
+                              "(keep_env: env names whose values stay as they are)", body=body),
                 "DELETE": Method("write", self.delete_task, "delete a task")}, api=True),
             RouteSpec(p + "/projects/{project}/tasks/{task}/runs", {
                 "POST": Method("run", self.run_task, "admit a manual Run (Idempotency-Key header)")}, api=True),
@@ -677,6 +696,8 @@ class ApiService:
             RouteSpec(f"{p}/runs", {
                 "GET": Method("read", self.list_runs, "list Runs, newest first",
                               query={"state": "a Run state", "project": "a project", "task": "a task",
+                                     "since_ms": "scheduled at or after (unix ms)",
+                                     "until_ms": "scheduled before (unix ms)",
                                      "limit": "1-1000, default 50", "cursor": "the previous page's next"})},
                       api=True),
             RouteSpec(p + "/runs/{run}", {
