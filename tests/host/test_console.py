@@ -442,3 +442,74 @@ def test_tasks_and_triggers_are_created_edited_toggled_and_deleted_in_the_consol
     finally:
         client.close()
         plane.stop()
+
+
+def _iso_ms(ms: int) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def test_a_running_log_is_followed_live_runs_filter_by_time_and_a_run_runs_again(tmp_path, browser):
+    """Without a followed log an operator watching a long job sees its output only by reloading;
+    a log followed and fetched again shows lines twice; without a time filter a failure of last
+    night is lost among today's Runs; without run-again a failed Run is retried only from the
+    task list."""
+    from selenium.webdriver.common.by import By
+
+    settings = api_settings(tmp_path)
+    go = tmp_path / "go"
+    cli(settings, "project", "create", "ops")
+    cli(settings, "task", "put", "ops", "slow", "--", "sh", "-c",
+        f"echo first; while [ ! -e '{go}' ]; do sleep 0.05; done; echo second")
+    runner = make_token(settings, "runner", "run")
+    plane = Plane(settings)
+    client = Client(plane.port, runner)
+    port = plane.port
+    try:
+        _sign_in(browser, port, runner)
+        browser.get(f"http://127.0.0.1:{port}/#/tasks")
+        _visible(browser, "button.run-now[data-task=slow]", "the run-now button").click()
+        _text_of(browser, "#log", "first", "the first line while the Run runs")
+        _text_of(browser, "#run-state", "running", "the page to show the Run running")
+        first_id = browser.find_element(By.CSS_SELECTOR, "#run-id").text
+        _shot(browser, tmp_path, "log-follow", 375)
+        browser.set_window_size(1280, 900)
+        go.touch()
+        _text_of(browser, "#run-state", "succeeded", "the Run to end")
+        _text_of(browser, "#log", "second", "the last line, as it came")
+        assert browser.find_element(By.CSS_SELECTOR, "#log").text == "first\nsecond"
+        # followed as one stream from the API (listed once it ended), not fetched again each second
+        streams = wait_until(lambda: browser.execute_script(
+            "return performance.getEntriesByType('resource').map(e => e.name).filter(n => n.indexOf('/log') > 0)"),
+            "the log stream's entry", timeout=60, every=0.1)
+        assert len(streams) == 1 and "follow=1" in streams[0], streams
+
+        _visible(browser, "#run-again", "the run-again button").click()
+        wait_until(lambda: (browser.find_elements(By.CSS_SELECTOR, "#run-id")
+                            and browser.find_element(By.CSS_SELECTOR, "#run-id").text not in ("", first_id)) or None,
+                   "the page of the new Run", timeout=60, every=0.1)
+        second_id = browser.find_element(By.CSS_SELECTOR, "#run-id").text
+        _text_of(browser, "#run-state", "succeeded", "the second Run to end")
+        assert browser.find_element(By.CSS_SELECTOR, "#log").text == "first\nsecond"
+
+        runs = {r["run_id"]: r for r in client.request("GET", "/api/v1/runs")[1]["runs"]}
+        assert set(runs) == {first_id, second_id}
+        boundary = runs[second_id]["scheduled_for_ms"]
+        assert runs[first_id]["scheduled_for_ms"] < boundary
+        for field, shown, hidden in (("#f-since", second_id, first_id), ("#f-until", first_id, second_id)):
+            browser.get(f"http://127.0.0.1:{port}/#/runs")
+            other = "#f-until" if field == "#f-since" else "#f-since"
+            _type(_visible(browser, other, "the runs filter"), "")
+            _type(browser.find_element(By.CSS_SELECTOR, field), _iso_ms(boundary))
+            browser.find_element(By.ID, "filter").click()
+            _visible(browser, f"a[href='#/run/{shown}']", f"the Run left by {field}")
+            assert browser.find_elements(By.CSS_SELECTOR, f"a[href='#/run/{hidden}']") == []
+        _type(browser.find_element(By.ID, "f-since"), "yesterday")
+        browser.find_element(By.ID, "filter").click()
+        _text_of(browser, "#filter-error", "UTC", "a bad time refused with what is expected")
+        status, body, _ = client.request("GET", "/api/v1/runs?since_ms=soon")
+        assert (status, body["error"]["field"]) == (422, "since_ms")
+    finally:
+        client.close()
+        plane.stop()

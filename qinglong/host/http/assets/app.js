@@ -432,6 +432,17 @@
     }).catch(failed);
   }
 
+  // "2026-12-02 21:00" or any ISO time, read as UTC; "" is none; NaN is refused
+  function instant(text) {
+    text = text.trim();
+    if (!text) return null;
+    var iso = text.replace(" ", "T");
+    if (/^\d{4}-\d\d-\d\d$/.test(iso)) iso += "T00:00";
+    if (!/(Z|[+-]\d\d:?\d\d)$/.test(iso)) iso += "Z";
+    return Date.parse(iso);
+  }
+  function isoOf(ms) { return ms == null || ms === "" ? "" : new Date(Number(ms)).toISOString().replace("T", " ").replace("Z", ""); }
+
   function runs(params) {
     var query = new URLSearchParams(params);
     var state = el("select", { id: "f-state", name: "state" });
@@ -442,21 +453,35 @@
     });
     var task = el("input", { id: "f-task", name: "task", value: query.get("task") || "", size: "14" });
     var project = el("input", { id: "f-project", name: "project", value: query.get("project") || "", size: "10" });
+    var since = el("input", { id: "f-since", name: "since", value: isoOf(query.get("since_ms")), size: "19",
+                              placeholder: "2026-01-31 09:00", "aria-describedby": "f-time-hint" });
+    var until = el("input", { id: "f-until", name: "until", value: isoOf(query.get("until_ms")), size: "19",
+                              placeholder: "2026-01-31 18:00", "aria-describedby": "f-time-hint" });
+    var error = el("p", { id: "filter-error", "class": "bad", role: "alert" });
     var form = el("form", { "class": "filters" },
                   el("div", null, el("label", { "for": "f-state", text: "State" }), state),
                   el("div", null, el("label", { "for": "f-project", text: "Project" }), project),
                   el("div", null, el("label", { "for": "f-task", text: "Task" }), task),
-                  el("button", { type: "submit", text: "Filter" }));
+                  el("div", null, el("label", { "for": "f-since", text: "Scheduled from (UTC)" }), since),
+                  el("div", null, el("label", { "for": "f-until", text: "until (UTC)" }), until),
+                  el("button", { type: "submit", id: "filter", text: "Filter" }));
     form.addEventListener("submit", function (e) {
       e.preventDefault();
       var q = new URLSearchParams();
       if (state.value) q.set("state", state.value);
       if (project.value) q.set("project", project.value);
       if (task.value) q.set("task", task.value);
+      var from = instant(since.value), to = instant(until.value);
+      if ((from !== null && isNaN(from)) || (to !== null && isNaN(to))) {
+        error.textContent = "a time is YYYY-MM-DD HH:MM[:SS] in UTC";
+        return;
+      }
+      if (from !== null) q.set("since_ms", String(from));
+      if (to !== null) q.set("until_ms", String(to));
       location.hash = "#/runs?" + q.toString();
     });
     var api_q = new URLSearchParams();
-    ["state", "project", "task"].forEach(function (k) { if (query.get(k)) api_q.set(k, query.get(k)); });
+    ["state", "project", "task", "since_ms", "until_ms"].forEach(function (k) { if (query.get(k)) api_q.set(k, query.get(k)); });
     api_q.set("limit", "100");
     api("GET", "/api/v1/runs?" + api_q.toString()).then(function (page) {
       var rows = page.runs.map(function (r) {
@@ -465,50 +490,104 @@
                 dash(r.exit_code), secs(r.duration_ms), when(r.scheduled_for_ms), dash(r.trigger_id || "manual")];
       });
       show(el("h1", { text: "Runs" }), form,
+           el("small", { id: "f-time-hint", "class": "muted", text: "times in UTC: YYYY-MM-DD HH:MM[:SS]; from is inclusive, until exclusive" }),
+           error,
            rows.length ? table(["run", "task", "state", "exit code", "duration", "scheduled (UTC)", "trigger"], rows)
-                       : el("p", { "class": "muted", text: "no runs" }));
+                       : el("p", { "class": "muted", id: "no-runs", text: "no runs" }));
     }, failed);
+  }
+
+  // the log of the Run on screen: followed as Server-Sent Events while its Attempt runs
+  var follow = null;
+  function unfollow() { if (follow && follow.source) follow.source.close(); follow = null; }
+
+  function followLog(base, log, attempt, ended) {
+    if (follow && follow.attempt === attempt && (follow.source || follow.done)) return;
+    if (!follow || follow.attempt !== attempt) {
+      unfollow();
+      follow = { attempt: attempt, bytes: 0, source: null, done: false };
+      log.textContent = "";
+    }
+    var f = follow;
+    var path = base + "/log?attempt=" + attempt;
+    if (ended) {  // nothing more will come: one read of the rest
+      f.done = true;
+      api("GET", path + "&offset=" + f.bytes).then(function (text) {
+        if (follow !== f) return;
+        log.textContent += text;
+        if (!log.textContent) log.textContent = "(empty)";
+      }, function (e) { log.textContent += "(" + e.message + ")"; });
+      return;
+    }
+    var source = new EventSource(path + "&follow=1&offset=" + f.bytes);
+    f.source = source;
+    source.addEventListener("log", function (e) {
+      if (follow !== f) return;
+      log.textContent += e.data;
+      f.bytes += new TextEncoder().encode(e.data).length;
+      if (log.scrollHeight - log.scrollTop - log.clientHeight < 80) log.scrollTop = log.scrollHeight;
+    });
+    source.addEventListener("end", function () { source.close(); f.source = null; f.done = true; });
+    // a dropped stream is opened again from the bytes already shown at the next refresh
+    source.onerror = function () { source.close(); if (f.source === source) f.source = null; };
   }
 
   function run(id) {
     var base = "/api/v1/runs/" + encodeURIComponent(id);
-    api("GET", base).then(function (r) {
-      var facts = el("dl");
-      [["task", r.project_id + "/" + r.task_id], ["trigger", r.trigger_id || "manual"],
-       ["scheduled (UTC)", when(r.scheduled_for_ms)], ["admission lag", secs(r.lag_ms)],
-       ["exit code", dash(r.exit_code)], ["duration", secs(r.duration_ms)], ["reason", dash(r.reason)]
-      ].forEach(function (kv) { facts.appendChild(el("dt", { text: kv[0] })); facts.appendChild(el("dd", { text: kv[1] })); });
-      var attempts = table(["attempt", "state", "exit code", "signal", "started (UTC)", "duration", "log bytes", "reason"],
-        r.attempts.map(function (a) {
-          return [dash(a.attempt_no), el("span", { "class": a.state, text: a.state }), dash(a.exit_code), dash(a.signal),
-                  when(a.started_at_ms), secs(a.duration_ms), dash(a.log_bytes), dash(a.reason || a.cancel_reason)];
-        }));
-      var controls = el("p");
-      if (may("run") && !ENDED[r.state]) {
-        var cancel = el("button", { type: "button", id: "cancel", "class": "danger", text: "Cancel this Run" });
-        cancel.addEventListener("click", function () {
-          if (!confirm("Cancel Run " + r.run_id + "?")) return;
-          cancel.disabled = true;
-          api("POST", base + "/cancel").then(function () { run(id); }, function (e) { alert(e.message); });
-        });
-        controls.appendChild(cancel);
-      }
-      var log = el("pre", { id: "log", tabindex: "0", "aria-label": "log" });
-      show(el("h1", null, "Run ", el("span", { id: "run-id", text: r.run_id })),
-           el("p", null, el("strong", { id: "run-state", "class": r.state, text: r.state })),
-           facts, controls, el("h2", { text: "Attempts" }), attempts, el("h2", { text: "Log" }), log);
-      if (r.attempts.length) {
-        api("GET", base + "/log").then(function (text) { log.textContent = text || "(empty)"; },
-                                        function (e) { log.textContent = "(" + e.message + ")"; });
-      } else {
-        log.textContent = "(no attempt yet)";
-      }
-      if (!ENDED[r.state]) timer = setTimeout(function () { if (location.hash === "#/run/" + encodeURIComponent(id)) run(id); }, 1000);
-    }, failed);
+    var here = "#/run/" + encodeURIComponent(id);
+    var log = el("pre", { id: "log", tabindex: "0", "aria-label": "log" });
+    var top = el("div", { id: "run-top" });
+    var drawn = false;
+    unfollow();
+    function refresh() {
+      api("GET", base).then(function (r) {
+        if (location.hash !== here) return;
+        var facts = el("dl");
+        [["task", r.project_id + "/" + r.task_id], ["trigger", r.trigger_id || "manual"],
+         ["scheduled (UTC)", when(r.scheduled_for_ms)], ["admission lag", secs(r.lag_ms)],
+         ["exit code", dash(r.exit_code)], ["duration", secs(r.duration_ms)], ["reason", dash(r.reason)]
+        ].forEach(function (kv) { facts.appendChild(el("dt", { text: kv[0] })); facts.appendChild(el("dd", { text: kv[1] })); });
+        var attempts = table(["attempt", "state", "exit code", "signal", "started (UTC)", "duration", "log bytes", "reason"],
+          r.attempts.map(function (a) {
+            return [dash(a.attempt_no), el("span", { "class": a.state, text: a.state }), dash(a.exit_code), dash(a.signal),
+                    when(a.started_at_ms), secs(a.duration_ms), dash(a.log_bytes), dash(a.reason || a.cancel_reason)];
+          }));
+        var controls = el("p", { "class": "actions" });
+        if (may("run") && !ENDED[r.state]) {
+          var cancel = el("button", { type: "button", id: "cancel", "class": "danger", text: "Cancel this Run" });
+          cancel.addEventListener("click", function () {
+            if (!confirm("Cancel Run " + r.run_id + "?")) return;
+            cancel.disabled = true;
+            api("POST", base + "/cancel").then(function () { clearTimeout(timer); refresh(); }, function (e) { alert(e.message); });
+          });
+          controls.appendChild(cancel);
+        }
+        if (may("run")) {
+          var again = el("button", { type: "button", id: "run-again", text: "Run again",
+                                     "aria-label": "Run " + r.project_id + "/" + r.task_id + " again" });
+          again.addEventListener("click", function () { runNow(r.project_id, r.task_id, again); });
+          controls.appendChild(again);
+        }
+        top.textContent = "";
+        [el("h1", null, "Run ", el("span", { id: "run-id", text: r.run_id })),
+         el("p", null, el("strong", { id: "run-state", "class": r.state, text: r.state })),
+         facts, controls, el("h2", { text: "Attempts" }), attempts].forEach(function (n) { top.appendChild(n); });
+        if (!drawn) { drawn = true; show(top, el("h2", { text: "Log" }), log); }
+        if (r.attempts.length) {
+          var last = r.attempts[r.attempts.length - 1];
+          followLog(base, log, last.attempt_no, ENDED[r.state] || !!last.finished_at_ms);
+        } else {
+          log.textContent = "(no attempt yet)";
+        }
+        if (!ENDED[r.state]) timer = setTimeout(refresh, 1000);
+      }, failed);
+    }
+    refresh();
   }
 
   function route() {
     clearTimeout(timer);
+    unfollow();
     if (!who) return;
     var hash = location.hash || "#/overview";
     var q = hash.indexOf("?");
@@ -534,6 +613,7 @@
   function signedOut(message) {
     who = null;
     clearTimeout(timer);
+    unfollow();
     $("nav").hidden = true;
     $("signout").hidden = true;
     $("who").textContent = "";
