@@ -513,3 +513,146 @@ def test_a_running_log_is_followed_live_runs_filter_by_time_and_a_run_runs_again
     finally:
         client.close()
         plane.stop()
+
+
+def test_skips_the_audit_log_tokens_and_workers_views(tmp_path, browser):
+    """Without these views a skipped Run, who changed what, and which tokens exist are read only on
+    the host; a token's secret shown twice (or kept in the page) can be read off a screen later; a
+    revoke that does not take keeps a lost phone's token working; a read token offered the admin
+    views learns they exist."""
+    from selenium.webdriver.common.by import By
+
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    cli(settings, "task", "put", "ops", "single", "--concurrency", "forbid", "--", "sleep", "120")
+    cli(settings, "project", "create", "other")
+    admin = make_token(settings, "root", "admin")
+    reader = make_token(settings, "reader", "read")
+    outsider = make_token(settings, "outsider", "read", "other")
+    plane = Plane(settings)
+    client = Client(plane.port, admin)
+    port = plane.port
+    try:
+        first = client.request("POST", "/api/v1/projects/ops/tasks/single/runs")[1]["run_id"]
+        wait_until(lambda: client.request("GET", f"/api/v1/runs/{first}")[1]["state"] == "running" or None,
+                   "the first Run running", timeout=60, every=0.1, alive=plane.process)
+        second = client.request("POST", "/api/v1/projects/ops/tasks/single/runs")[1]["run_id"]
+        wait_until(lambda: client.request("GET", "/api/v1/skips")[1]["run_skips"] or None,
+                   "the second Run skipped", timeout=60, every=0.1, alive=plane.process)
+
+        # a token limited to another project sees none of these skips
+        assert client.request("GET", "/api/v1/skips", token=outsider)[1] == {"skips": [], "run_skips": []}
+
+        _sign_in(browser, port, reader)
+        assert [a.is_displayed() for a in browser.find_elements(By.CSS_SELECTOR, "#nav a.admin")] == [False, False]
+        browser.get(f"http://127.0.0.1:{port}/#/skips")
+        _visible(browser, f"a[href='#/run/{second}']", "the skipped Run in the skips view")
+        browser.get(f"http://127.0.0.1:{port}/#/workers")
+        _text_of(browser, "#no-workers", "no workers", "the edge profile's workers view")
+        _sign_out(browser)
+
+        _sign_in(browser, port, admin)
+        browser.get(f"http://127.0.0.1:{port}/#/skips")
+        _text_of(browser, ".skip-reason", "", "the skip's reason")
+        _shot(browser, tmp_path, "skips", 375)
+        browser.set_window_size(1280, 900)
+
+        browser.get(f"http://127.0.0.1:{port}/#/tokens")
+        _type(_visible(browser, "#k-name", "the token form"), "phone")
+        browser.find_element(By.CSS_SELECTOR, "#k-scope option[value=run]").click()
+        browser.find_element(By.ID, "k-projects").send_keys("ops")
+        browser.find_element(By.ID, "token-create").click()
+        secret = _visible(browser, "#new-secret", "the new secret, shown once").get_attribute("value")
+        assert secret.startswith("qlt_")
+        status, who, _ = Client(port).request("GET", "/api/v1/runs?project=ops", token=secret)
+        assert status == 200
+        _shot(browser, tmp_path, "tokens", 375)
+        browser.set_window_size(1280, 900)
+        browser.refresh()
+        _text_of(browser, ".token-state[data-token=phone]", "active", "the token listed")
+        assert secret not in browser.page_source
+        _visible(browser, "button.revoke[data-token=phone]", "the revoke button").click()
+        wait_until(lambda: _alert(browser), "the revoke confirmation", timeout=30, every=0.05).accept()
+        _text_of(browser, ".token-state[data-token=phone]", "revoked", "the token revoked")
+        assert Client(port).request("GET", "/api/v1/runs?project=ops", token=secret)[0] == 401
+        assert browser.find_elements(By.CSS_SELECTOR, "button.revoke[data-token=root]") == []  # not its own
+
+        browser.get(f"http://127.0.0.1:{port}/#/audit")
+        _text_of(browser, "#view table", "token.revoke", "the revoke in the audit log")
+        actions = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".audit-action")]
+        assert actions[:2] == ["token.revoke", "token.create"] and "task.run" in actions, actions
+        _shot(browser, tmp_path, "audit", 1280)
+        client.request("POST", f"/api/v1/runs/{first}/cancel")
+        wait_until(lambda: client.request("GET", f"/api/v1/runs/{first}")[1]["state"] == "cancelled" or None,
+                   "the long Run cancelled", timeout=60, every=0.1, alive=plane.process)
+    finally:
+        client.close()
+        plane.stop()
+
+
+def test_the_workers_view_shows_cluster_sessions_labels_and_free_slots(tmp_path, browser):
+    """Without it an operator whose queued Runs wait cannot see from the console which workers are
+    alive, what labels they offer and how many slots they have free; a slot taken by a claim
+    that still reads free sends them looking for a scheduler fault."""
+    import psycopg
+
+    from api_helpers import ApiProcessPlane
+    from tests.support import pg
+
+    server = pg.start_server("pg18")
+    try:
+        pg.create_roles(server)
+        name = "ql_console_workers"
+        pg.create_database(server, name)
+        dsns = {key: server.dsn(role, pg.ROLE_PASSWORDS[role], name) for key, role in (
+            ("runtime_dsn", "qinglong_runtime"), ("admin_dsn", "qinglong_admin"), ("owner_dsn", "qinglong_owner"))}
+        settings = tmp_path / "cluster.toml"
+        settings.write_text('profile = "cluster"\n[backend]\n' + "".join(f'{k} = "{v}"\n' for k, v in dsns.items())
+                            + '[http]\nlisten = "127.0.0.1:0"\n')
+        cli(settings, "db", "migrate")
+        cli(settings, "project", "create", "ops")
+        cli(settings, "task", "put", "ops", "gpu-job", "--label", "gpu", "--", "true")
+        cli(settings, "trigger", "add", "ops", "every-second", "--task", "gpu-job", "--cron", "* * * * * *")
+        reader = make_token(settings, "reader", "read")
+        worker = psycopg.connect(server.dsn("qinglong_worker_ingress", pg.ROLE_PASSWORDS["qinglong_worker_ingress"],
+                                            name), autocommit=True)
+        plane = ApiProcessPlane(settings)
+        try:
+            session, generation = worker.execute(
+                "SELECT session_id, generation FROM qinglong.worker_open_session('w1', '{gpu,zone=eu-1}', 3, 600000)"
+            ).fetchone()
+            w2_session, w2_generation = worker.execute(
+                "SELECT session_id, generation FROM qinglong.worker_open_session('w2', '{}', 2, 600000)").fetchone()
+            _sign_in(browser, plane.port, reader)
+            browser.get(f"http://127.0.0.1:{plane.port}/#/workers")
+            _text_of(browser, ".worker-state[data-worker=w1]", "live", "the live worker")
+            _text_of(browser, "#free-slots", "5 free slots", "the free slots of both workers")
+            assert "gpu, zone=eu-1" in browser.find_element(_by_css(), "#view table").text
+
+            # a claim takes a slot of w1; a closed session offers none
+            replica = Plane(settings)
+            try:
+                def claimed():
+                    return worker.execute(
+                        "SELECT attempt_id FROM qinglong.worker_claim('w1', %s, %s, %s::bytea[])",
+                        (session, generation, [b"t" * 32])).fetchall() or None
+                wait_until(claimed, "an admitted Run claimed by w1", timeout=60, every=0.1, alive=replica.process)
+            finally:
+                replica.stop()
+            worker.execute("SELECT qinglong.worker_close_session('w2', %s, %s)", (w2_session, w2_generation))
+            browser.refresh()
+            _text_of(browser, ".worker-state[data-worker=w2]", "closed", "the closed worker")
+            _text_of(browser, "#free-slots", "2 free slots", "w1's slots less its claim, none of w2's")
+            assert browser.find_element(_by_css(), ".worker-free[data-worker=w1]").text == "2"
+            _shot(browser, tmp_path, "workers", 375)
+        finally:
+            plane.stop()
+            worker.close()
+    finally:
+        server.destroy()
+
+
+def _by_css():
+    from selenium.webdriver.common.by import By
+
+    return By.CSS_SELECTOR

@@ -560,6 +560,28 @@ class ApiService:
         return JSONResponse(views.status_json(self.profile, not_ready, finding, code, self.grace_ms, None,
                                               now, before))
 
+    async def skips(self, request: Request, principal: Principal) -> Response:
+        """Recorded misfires and Runs skipped before they started (``skips --json``), newest first,
+        of the projects the token sees."""
+        limit = _int_query(request, "limit", 50, 1, MAX_LIMIT)
+        store = self._execution()
+        run_skips = await store.recent_run_skips(limit) if store is not None else []
+        skips = await self.backend.reader().recent_skips(limit)
+        return JSONResponse({"skips": [views.skip_json(s) for s in skips if principal.sees(s.project_id)],
+                             "run_skips": [views.run_skip_json(s) for s in run_skips if principal.sees(s.project_id)]})
+
+    async def workers(self, request: Request, principal: Principal) -> Response:
+        """The workers' sessions (the cluster); a profile that runs its Runs in this process has none."""
+        from qinglong.contracts.execution import ListsWorkers
+
+        limit = _int_query(request, "limit", 200, 1, MAX_LIMIT)
+        control = self.backend.run_control() if isinstance(self.backend, RemoteExecutionBackend) else None
+        if not isinstance(control, ListsWorkers):
+            return JSONResponse({"workers": None, "reason": f"the {self.profile} profile runs its Runs in this "
+                                 "process: it has no workers"})
+        listed = await control.list_workers(self.clock_ms(), limit)
+        return JSONResponse({"workers": [views.worker_json(w) for w in listed], "reason": None})
+
     async def list_tokens(self, request: Request, principal: Principal) -> Response:
         at = self.clock_ms()
         return JSONResponse([t.as_json(at) for t in await self.tokens.list_tokens()])
@@ -715,6 +737,12 @@ class ApiService:
                 "GET": Method("read", self.kind_next, "preview the fire times of a trigger spec of a kind",
                               query={"spec": "the trigger spec as a JSON object, as trigger add takes it",
                                      "count": "1-100", "after_ms": "from this instant"})}, api=True),
+            RouteSpec(f"{p}/skips", {
+                "GET": Method("read", self.skips, "recorded misfires and Runs skipped before they started",
+                              query={"limit": "1-1000, default 50"})}, api=True),
+            RouteSpec(f"{p}/workers", {
+                "GET": Method("read", self.workers, "the workers' sessions: state, labels, capacity, free slots",
+                              query={"limit": "1-1000, default 200"})}, api=True),
             RouteSpec(f"{p}/tokens", {
                 "GET": Method("admin", self.list_tokens, "list tokens (never a secret)"),
                 "POST": Method("admin", self.create_token, "make a token (its secret is answered once)",

@@ -585,6 +585,108 @@
     refresh();
   }
 
+  function skips() {
+    api("GET", "/api/v1/skips?limit=200").then(function (got) {
+      var misfires = got.skips.map(function (k) {
+        return [k.project_id + "/" + k.trigger_id, dash(k.trigger_revision), k.policy, when(k.first_skipped_ms),
+                when(k.last_skipped_ms), k.count + (k.count_exact ? "" : "+"), when(k.recorded_at_ms)];
+      });
+      var before = got.run_skips.map(function (k) {
+        return [el("a", { href: "#/run/" + enc(k.run_id), text: k.run_id }), k.project_id + "/" + k.task_id,
+                k.trigger_id || "manual", when(k.scheduled_for_ms), el("span", { "class": "skip-reason", text: k.reason }),
+                when(k.recorded_at_ms)];
+      });
+      show(el("h1", { text: "Skips" }),
+           el("h2", { text: "Occurrences not admitted (misfires)" }),
+           misfires.length ? table(["trigger", "revision", "policy", "first skipped (UTC)", "last skipped (UTC)", "count",
+                                    "recorded (UTC)"], misfires) : el("p", { "class": "muted", text: "none recorded" }),
+           el("h2", { text: "Runs skipped before they started" }),
+           before.length ? table(["run", "task", "trigger", "scheduled (UTC)", "reason", "recorded (UTC)"], before)
+                         : el("p", { "class": "muted", text: "none recorded" }));
+    }, failed);
+  }
+
+  function workers() {
+    api("GET", "/api/v1/workers").then(function (got) {
+      if (got.workers === null) return show(el("h1", { text: "Workers" }), el("p", { "class": "muted", id: "no-workers", text: got.reason }));
+      var free = 0;
+      var rows = got.workers.map(function (w) {
+        free += w.free_slots;
+        return [el("span", { "class": "worker-id", text: w.worker_id }),
+                el("span", { "class": "worker-state " + (w.state === "live" ? "clear" : w.state === "expired" ? "bad" : "muted"),
+                             "data-worker": w.worker_id, text: w.state }),
+                w.labels.length ? w.labels.join(", ") : "–", w.running + " / " + w.capacity,
+                el("span", { "class": "worker-free", "data-worker": w.worker_id, text: String(w.free_slots) }),
+                when(w.heartbeat_at_ms), when(w.lease_expires_at_ms), when(w.opened_at_ms), when(w.closed_at_ms)];
+      });
+      show(el("h1", { text: "Workers" }), el("p", { id: "free-slots", text: free + " free slots on live workers" }),
+           rows.length ? table(["worker", "session", "labels", "running / capacity", "free slots", "last heartbeat (UTC)",
+                                "lease until (UTC)", "opened (UTC)", "closed (UTC)"], rows)
+                       : el("p", { "class": "muted", text: "no worker has opened a session" }));
+    }, failed);
+  }
+
+  function audit() {
+    api("GET", "/api/v1/audit?limit=200").then(function (entries) {
+      var rows = entries.map(function (e) {
+        return [when(e.at_ms), e.actor, dash(e.source), el("span", { "class": "audit-action", text: e.action }),
+                e.object, el("span", { "class": e.result === "ok" ? "" : "bad", text: e.result }),
+                Object.keys(e.detail || {}).length ? JSON.stringify(e.detail) : ""];
+      });
+      show(el("h1", { text: "Audit log" }),
+           rows.length ? table(["at (UTC)", "who", "from", "action", "object", "result", "detail"], rows)
+                       : el("p", { "class": "muted", text: "nothing recorded" }));
+    }, failed);
+  }
+
+  function tokens(made) {
+    api("GET", "/api/v1/tokens").then(function (list) {
+      var rows = list.map(function (t) {
+        var actions = el("span", { "class": "actions" });
+        if (t.state === "active" && (!who || t.name !== who.name)) {
+          var revoke = el("button", { type: "button", "class": "danger revoke", "data-token": t.name,
+                                      "aria-label": "Revoke token " + t.name, text: "Revoke" });
+          revoke.addEventListener("click", function () {
+            if (!confirmed("Revoke token " + t.name + "? Whatever uses it fails at its next request.")) return;
+            sure(api("DELETE", "/api/v1/tokens/" + enc(t.name)), function () { tokens(); });
+          });
+          actions.appendChild(revoke);
+        }
+        return [el("span", { "class": "token-name", text: t.name }), t.scope,
+                t.projects.length ? t.projects.join(", ") : "all", when(t.created_at_ms), when(t.expires_at_ms),
+                el("span", { "class": "token-state", "data-token": t.name, text: t.state }), actions];
+      });
+      var name = input({ required: "required", autocomplete: "off" });
+      var scope = select(["read", "run", "write", "admin"], "read");
+      var projects = input({ autocomplete: "off" });
+      var days = input({ type: "number", min: "1" });
+      var error = el("p", { id: "form-error", "class": "bad", role: "alert" });
+      var form = el("form", { id: "token-form", "class": "edit" },
+        el("h2", { text: "Make a token" }), field("k-name", "Name", name), field("k-scope", "Scope", scope),
+        field("k-projects", "Limited to projects", projects, "comma separated; empty: every project"),
+        field("k-days", "Expires after (days)", days, "empty: never"),
+        el("p", null, el("button", { type: "submit", id: "token-create", text: "Make token" })), error);
+      form.addEventListener("submit", function (e) {
+        e.preventDefault();
+        var body = { name: name.value.trim(), scope: scope.value, projects: words(projects.value) };
+        if (days.value) body.expires_in_ms = Math.round(Number(days.value) * 86400000);
+        api("POST", "/api/v1/tokens", body).then(function (t) { tokens(t); }, function (err) { error.textContent = err.message; });
+      });
+      var once = null;
+      if (made) {
+        var secret = el("input", { id: "new-secret", readonly: "readonly", value: made.secret, size: "40",
+                                   "aria-describedby": "new-secret-hint" });
+        once = el("div", { "class": "once", role: "status" },
+                  el("label", { "for": "new-secret", text: "The secret of token " + made.name }), secret,
+                  el("small", { id: "new-secret-hint", text: "Copy it now: it is shown this once and the host keeps only its digest." }));
+      }
+      show(el("h1", { text: "Tokens" }), once,
+           rows.length ? table(["name", "scope", "projects", "created (UTC)", "expires (UTC)", "state", ""], rows)
+                       : el("p", { "class": "muted", text: "no tokens" }), form);
+      if (made) $("new-secret").select();
+    }, failed);
+  }
+
   function route() {
     clearTimeout(timer);
     unfollow();
@@ -598,6 +700,10 @@
     if (path === "#/task") return taskForm(params);
     if (path === "#/triggers") return triggers();
     if (path === "#/trigger") return triggerForm(params);
+    if (path === "#/skips") return skips();
+    if (path === "#/workers") return workers();
+    if (path === "#/audit" && may("admin")) return audit();
+    if (path === "#/tokens" && may("admin")) return tokens();
     if (path === "#/runs") return runs(params);
     return overview();
   }
@@ -608,6 +714,7 @@
     $("nav").hidden = false;
     $("signout").hidden = false;
     $("who").textContent = me.name + " (" + me.scope + ")";
+    Array.prototype.forEach.call(document.querySelectorAll("#nav .admin"), function (a) { a.hidden = !may("admin"); });
     route();
   }
   function signedOut(message) {
