@@ -275,13 +275,9 @@ def cmd_skips(args: argparse.Namespace) -> int:
 
     skips, run_skips = on_backend(container, go, read_only=True)
     if args.json:
-        print_json([{"project_id": s.project_id, "trigger_id": s.trigger_id, "trigger_revision": s.trigger_revision,
-                      "policy": s.policy.value, "first_skipped_ms": s.first_skipped_ms,
-                      "last_skipped_ms": s.last_skipped_ms, "count": s.count, "count_exact": s.count_exact,
-                      "recorded_at_ms": s.recorded_at_ms} for s in skips]
-                   + [{"kind": "run", "run_id": s.run_id, "project_id": s.project_id, "task_id": s.task_id,
-                       "trigger_id": s.trigger_id, "scheduled_for_ms": s.scheduled_for_ms, "reason": s.reason,
-                       "recorded_at_ms": s.recorded_at_ms} for s in run_skips])
+        from .. import views
+
+        print_json([views.skip_json(s) for s in skips] + [views.run_skip_json(s) for s in run_skips])
     else:
         print_table(["trigger", "rev", "policy", "first_skipped", "last_skipped", "count", "recorded_at"],
                      [[s.trigger_id, s.trigger_revision, s.policy.value, iso(s.first_skipped_ms),
