@@ -38,6 +38,11 @@ class WorkerConfig:
     log_retention_days: float
     orphans: str = "kill"
     orphan_drain_ms: int = 2_000
+    #: the gateway's address (None: the direct path, ``[worker] dsn``)
+    url: str | None = None
+    token_file: str | None = None
+    ca_file: str | None = None
+    claim_wait_ms: int = 0
 
     @property
     def application_name(self) -> str:
@@ -58,9 +63,17 @@ def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
         raise SettingsError(f"[worker] max_running: expected at most {MAX_SESSION_CAPACITY} "
                             f"(the most Attempts one session holds), got {worker.max_running}")
     dsn = worker.dsn.get_secret_value() if worker.dsn is not None else ""
-    if not dsn.strip():
-        raise SettingsError("[worker] dsn is required: the worker_ingress role's connection string "
-                            "(set it in the settings file or as QINGLONG_WORKER__DSN)")
+    url = getattr(worker, "url", None)
+    if url and dsn.strip():
+        raise SettingsError("[worker] url and [worker] dsn: set one, not both (url: the API tier's gateway; "
+                            "dsn: the direct path to the database)")
+    if url and not getattr(worker, "token_file", None):
+        raise SettingsError("[worker] token_file is required with [worker] url: the file holding the token "
+                            "`qinglong worker register` printed (mode 0600)")
+    if not url and not dsn.strip():
+        raise SettingsError("[worker] url is required: the API tier's address, with [worker] token_file "
+                            "(or, on the direct path, [worker] dsn: the worker_ingress role's connection "
+                            "string, also as QINGLONG_WORKER__DSN)")
     worker_id = worker.worker_id or hostname or socket.gethostname()
     if (not worker_id or len(worker_id) > MAX_WORKER_ID_CHARS
             or any(ord(ch) < 32 or ord(ch) == 127 for ch in worker_id)):
@@ -87,4 +100,8 @@ def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
         log_retention_days=worker.log_retention_days,
         orphans=worker.orphans,
         orphan_drain_ms=worker.orphan_drain_ms,
+        url=url or None,
+        token_file=os.path.abspath(worker.token_file) if url else None,
+        ca_file=getattr(worker, "ca_file", None),
+        claim_wait_ms=getattr(worker, "claim_wait_ms", 0) if url else 0,
     )

@@ -28,12 +28,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     loaded = settings_of(args)
     config = worker_config(loaded.settings.worker)
-    dsn = loaded.settings.worker.dsn.get_secret_value()
     container = build_container(loaded)
     host = container.plugin_host()
-    protocols = host.worker_protocol_specs()
-    spec = protocols.get(loaded.profile.backend)
-    if spec is None:
+    if config.url is not None:
+        # the gateway's path: nothing of the store is loaded (no driver, no credential)
+        from qinglong.worker import read_token_file
+
+        read_token_file(config.token_file)  # a missing or readable token file: exit 3 before anything runs
+        spec = None
+        dsn = ""
+    else:
+        dsn = loaded.settings.worker.dsn.get_secret_value()
+        protocols = host.worker_protocol_specs()
+        spec = protocols.get(loaded.profile.backend)
+    if spec is None and config.url is None:
         raise UserError(f"`qinglong worker` needs a profile whose store offers a worker protocol; the "
                         f"{loaded.profile.name} profile's backend {loaded.profile.backend!r} offers none "
                         f"(worker protocols of the loaded plugins: {', '.join(sorted(protocols)) or 'none'}); "
@@ -45,6 +53,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     diagnostics = container.diagnostics()
 
     async def connect() -> Any:
+        if config.url is not None:
+            from qinglong.worker import connect_http_protocol
+
+            return await connect_http_protocol(config.url, config.token_file, config.application_name,
+                                               config.ca_file)
         return await spec.create(dsn, config.application_name)
 
     return asyncio.run(serve(connect, executors, config, diagnostics))
@@ -73,8 +86,99 @@ async def serve(connect: Any, executors: Any, config: Any, diagnostics: Any) -> 
         return await worker.run()
 
 
+def cmd_worker_admin(args: argparse.Namespace) -> int:
+    """``qinglong worker register|list|revoke|rotate``: registered workers, on the store (admin)."""
+    import sys
+    import time
+
+    from qinglong.contracts.errors import UserError
+    from qinglong.contracts.worker import (
+        BadWorkerCall, WorkerRegistration, check_registration, new_worker_token, worker_token_digest)
+
+    from .boot import container_of, on_backend
+    from .output import iso, print_json, print_table
+
+    def registry(backend: Any) -> Any:
+        found = getattr(backend, "worker_registry", None)
+        if found is None:
+            raise UserError(f"the {getattr(backend, 'name', 'profile')} backend registers no workers "
+                            "(use the cluster profile)")
+        return found()
+
+    container = container_of(args)
+    now = time.time_ns() // 1_000_000
+    action = args.worker_action
+    if action == "register":
+        labels = tuple(sorted(set(args.label or ())))
+        projects = tuple(sorted(set(args.project or ())))
+        try:
+            check_registration(args.name, labels, projects, args.capacity)
+        except BadWorkerCall as exc:
+            raise UserError(f"worker register: {exc}") from None
+        secret = new_worker_token()
+
+        async def body(backend: Any) -> None:
+            await registry(backend).register_worker(
+                WorkerRegistration(args.name, labels, projects, args.capacity, now), worker_token_digest(secret))
+
+        on_backend(container, body)
+        print(secret)
+        sys.stderr.write(f"worker {args.name!r} registered (labels {', '.join(labels) or '-'}; projects "
+                         f"{', '.join(projects) or 'all'}; capacity {args.capacity}): the token above is shown "
+                         "once and stored only as a hash; write it to the worker's [worker] token_file (mode 0600)\n")
+        return 0
+    if action == "rotate":
+        secret = new_worker_token()
+
+        async def rotate(backend: Any) -> Any:
+            return await registry(backend).rotate_worker(args.name, worker_token_digest(secret), now)
+
+        on_backend(container, rotate)
+        print(secret)
+        sys.stderr.write(f"worker {args.name!r}: new token above (shown once); the old one is refused from now on\n")
+        return 0
+    if action == "revoke":
+        async def revoke(backend: Any) -> Any:
+            return await registry(backend).revoke_worker(args.name)
+
+        handed = on_backend(container, revoke)
+        print(f"worker {args.name!r} revoked: its session is closed, {handed} Attempt(s) handed over")
+        return 0
+
+    async def listing(backend: Any) -> Any:
+        return await registry(backend).list_workers()
+
+    rows = on_backend(container, listing, read_only=True)
+    if args.json:
+        print_json([r.as_json() for r in rows])
+    else:
+        print_table(("worker", "labels", "projects", "capacity", "state", "created", "rotated"), [
+            (r.worker_id, ",".join(r.labels) or "-", ",".join(r.projects) or "*", str(r.capacity),
+             "revoked" if r.revoked_at_ms is not None else "active", iso(r.created_at_ms), iso(r.rotated_at_ms))
+            for r in rows])
+    return 0
+
+
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    """Add ``worker``."""
-    add_command(sub, common, "worker",
-                "run the cluster's Runs on this machine until SIGTERM/SIGINT (drains; a second signal "
-                "kills the jobs and exits)", cmd_worker)
+    """Add ``worker`` (and its ``register``, ``list``, ``revoke``, ``rotate``)."""
+    from .parsing import add_json_flag
+
+    p = add_command(sub, common, "worker",
+                    "run the cluster's Runs on this machine until SIGTERM/SIGINT (drains; a second signal "
+                    "kills the jobs and exits); or manage registered workers", cmd_worker)
+    actions = p.add_subparsers(dest="worker_action", metavar="{register,list,revoke,rotate}")
+    reg = add_command(actions, common, "register", "register a worker: prints its token once (admin)",
+                      cmd_worker_admin)
+    reg.add_argument("name", help="the worker's id")
+    reg.add_argument("--label", action="append", help="a label it offers (repeatable)")
+    reg.add_argument("--project", action="append", help="a project whose Runs it may take (repeatable; "
+                     "none: every project)")
+    reg.add_argument("--capacity", type=int, default=2, help="Runs it may hold at once (1-256, default 2)")
+    lst = add_command(actions, common, "list", "registered workers (never a token)", cmd_worker_admin)
+    add_json_flag(lst)
+    rev = add_command(actions, common, "revoke", "revoke a worker: its session ends and its Runs are handed "
+                      "over at once", cmd_worker_admin)
+    rev.add_argument("name")
+    rot = add_command(actions, common, "rotate", "give a worker a new token (printed once); the old one stops "
+                      "working", cmd_worker_admin)
+    rot.add_argument("name")

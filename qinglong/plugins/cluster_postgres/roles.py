@@ -62,6 +62,7 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "trigger_revision_marks": frozenset({"SELECT", "INSERT", "UPDATE"}),
         "api_tokens": frozenset({"SELECT", "INSERT", "UPDATE"}),
         "audit_log": frozenset({"SELECT", "INSERT", "DELETE"}),
+        "worker_registrations": frozenset({"SELECT", "INSERT", "UPDATE"}),
     },
     "runtime": {
         "schema_migrations": frozenset({"SELECT"}),
@@ -88,6 +89,10 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
 WORKER_FUNCTIONS = ("worker_open_session", "worker_heartbeat", "worker_claim", "worker_started",
                     "worker_append_log", "worker_complete", "worker_complete_late",
                     "worker_close_session")
+#: The gateway's lookup of a worker token (EXECUTE for worker_ingress, the gateway's role).
+GATEWAY_FUNCTIONS = ("worker_identity",)
+#: Registration functions (EXECUTE for the admin role).
+ADMIN_FUNCTIONS = ("worker_revoke",)
 #: The control plane's functions (EXECUTE for the runtime alone); ``request_cancel_audited`` also
 #: appends the API request's audit entry of the cancel it made, in the caller's transaction.
 CONTROL_FUNCTIONS = ("expire_attempt", "request_cancel", "prune_attempt_logs", "request_cancel_audited")
@@ -95,11 +100,12 @@ CONTROL_FUNCTIONS = ("expire_attempt", "request_cancel", "prune_attempt_logs", "
 INTERNAL_FUNCTIONS = ("_now_ms", "_event", "_utc", "_cancel_words", "_run_spec", "_spec_problem",
                       "_retry_decision", "_end_attempt", "_finish_attempt", "_requeue", "_session",
                       "_lease", "_overlap", "_reason", "_claim_routing", "_runs_routing",
-                      "_outbox_run_ended", "_outbox_skipped", "_chain_after_end")
+                      "_outbox_run_ended", "_outbox_skipped", "_chain_after_end", "_notify_claimable")
 
 #: ``{function name: role function allowed to EXECUTE it, or None (owner only)}``.
 EXPECTED_FUNCTIONS: dict[str, str | None] = {
-    **{name: "worker_ingress" for name in WORKER_FUNCTIONS},
+    **{name: "worker_ingress" for name in WORKER_FUNCTIONS + GATEWAY_FUNCTIONS},
+    **{name: "admin" for name in ADMIN_FUNCTIONS},
     **{name: "runtime" for name in CONTROL_FUNCTIONS},
     **{name: None for name in INTERNAL_FUNCTIONS},
 }
@@ -134,7 +140,7 @@ EXPECTED_TABLES = frozenset({
     "trigger_schedules", "runs", "attempts", "run_events", "schedule_skips",
     "trigger_revision_marks", "scheduler_replicas", "worker_sessions", "attempt_logs",
     "event_outbox", "event_outbox_seq_seq", "event_deliveries",
-    "api_tokens", "audit_log", "audit_log_entry_id_seq",
+    "api_tokens", "audit_log", "audit_log_entry_id_seq", "worker_registrations",
 })
 
 _CATALOG_SQL = """
