@@ -128,6 +128,8 @@ class WorkerSettings(BaseModel):
                                                               "certificate is checked against; default: the system's")
     claim_wait_ms: int = Field(20_000, ge=0, le=60_000,
                                description="how long a claim may wait at the gateway for a Run")
+    run_as: str | None = Field(None, min_length=1, description="the OS user jobs run as (the worker itself "
+                                                             "runs as root to drop to it); default: the worker's user")
     dsn: SecretStr | None = Field(None, description="direct path, off by default: the worker_ingress role's "
                                                     "connection (a secret)")
     worker_id: str | None = Field(None, min_length=1, max_length=200,

@@ -43,6 +43,8 @@ class WorkerConfig:
     token_file: str | None = None
     ca_file: str | None = None
     claim_wait_ms: int = 0
+    #: ``(user, uid, gid, home)`` jobs run as, or None
+    run_as: tuple[str, int, int, str] | None = None
 
     @property
     def application_name(self) -> str:
@@ -86,6 +88,22 @@ def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
         if not re.match(LABEL_PATTERN, label):
             raise SettingsError(f"[worker] labels: {label!r} is not a label (1-64 characters of letters, "
                                 "digits and _ . : = / -)")
+    run_as = None
+    if getattr(worker, "run_as", None):
+        import pwd
+
+        try:
+            entry = pwd.getpwnam(worker.run_as)
+        except KeyError:
+            raise SettingsError(f"[worker] run_as: no such user {worker.run_as!r} on this machine") from None
+        if os.geteuid() != 0:
+            raise SettingsError(f"[worker] run_as: running jobs as {worker.run_as!r} needs the worker to run as "
+                                "root (it drops to that user for each job, and signals it)")
+        if entry.pw_uid == 0:
+            raise SettingsError("[worker] run_as: expected a user other than root (the point is that a job "
+                                "cannot read the worker's token)")
+        home = entry.pw_dir if entry.pw_dir and os.path.isdir(entry.pw_dir) else "/"
+        run_as = (entry.pw_name, entry.pw_uid, entry.pw_gid, home)
     return WorkerConfig(
         worker_id=worker_id,
         labels=tuple(sorted(set(labels))),
@@ -104,4 +122,5 @@ def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
         token_file=os.path.abspath(worker.token_file) if url else None,
         ca_file=getattr(worker, "ca_file", None),
         claim_wait_ms=getattr(worker, "claim_wait_ms", 0) if url else 0,
+        run_as=run_as,
     )

@@ -23,13 +23,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from qinglong.contracts.errors import UserError
     from qinglong.contracts.execution import ExecutorContext, minimal_environment
 
-    from ..containers import build_container, create_executors
+    from ..containers import build_container, create_executors, load_plugins
+    from ..containers import diagnostics as make_diagnostics
     from qinglong.worker import worker_config
 
     loaded = settings_of(args)
     config = worker_config(loaded.settings.worker)
-    container = build_container(loaded)
-    host = container.plugin_host()
+    if config.url is not None:  # no store package needed: qinglong[worker]
+        host = load_plugins(loaded, check_extra=False)
+        diagnostics = make_diagnostics(host, loaded)
+    else:
+        container = build_container(loaded)
+        host = container.plugin_host()
+        diagnostics = container.diagnostics()
     if config.url is not None:
         # the gateway's path: nothing of the store is loaded (no driver, no credential)
         from qinglong.worker import read_token_file
@@ -46,11 +52,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
                         f"{loaded.profile.name} profile's backend {loaded.profile.backend!r} offers none "
                         f"(worker protocols of the loaded plugins: {', '.join(sorted(protocols)) or 'none'}); "
                         "use the cluster profile")
-    context = ExecutorContext(log_dir=config.log_dir, base_env=minimal_environment(os.environ.get("HOME")),
+    home = config.run_as[3] if config.run_as is not None else os.environ.get("HOME")
+    context = ExecutorContext(log_dir=config.log_dir, base_env=minimal_environment(home),
                               kill_grace_ms=config.kill_grace_ms, orphan_drain_ms=config.orphan_drain_ms,
-                              orphans=config.orphans)
+                              orphans=config.orphans,
+                              run_as=(config.run_as[1], config.run_as[2]) if config.run_as is not None else None)
     executors = create_executors(host, context)
-    diagnostics = container.diagnostics()
 
     async def connect() -> Any:
         if config.url is not None:
