@@ -166,6 +166,40 @@ def cmd_worker_admin(args: argparse.Namespace) -> int:
     return 0
 
 
+def boot_worker_for_closure(settings_path: str | None) -> list[str]:
+    """Boot ``qinglong worker`` as it runs against a gateway, without connecting: the command
+    line, the settings (``[worker] url`` set), the plugins, the executors, the HTTP client and
+    the worker's runtime; list modules."""
+    import os
+    import tempfile
+
+    from qinglong.contracts.execution import ExecutorContext, minimal_environment
+
+    from .main import build_parser, command_groups_for
+    from ..containers import create_executors, diagnostics, load_plugins
+    from ..settings import load_settings
+
+    build_parser(groups=command_groups_for(["worker"]))
+    with tempfile.TemporaryDirectory() as scratch:
+        if settings_path is None:
+            settings_path = os.path.join(scratch, "worker.toml")
+            with open(settings_path, "w") as f:
+                f.write('profile = "cluster"\n[worker]\nurl = "https://gateway.invalid"\n'
+                        f'token_file = "{scratch}/token"\nlog_dir = "{scratch}/logs"\n')
+        loaded = load_settings(settings_path)
+        from qinglong.worker import HttpWorkerProtocol, Worker, worker_config  # noqa: F401
+
+        config = worker_config(loaded.settings.worker)
+        host = load_plugins(loaded, check_extra=False)
+        diagnostics(host, loaded)
+        create_executors(host, ExecutorContext(log_dir=config.log_dir, base_env=minimal_environment(None),
+                                               kill_grace_ms=config.kill_grace_ms))
+    import sys
+
+    return list(sys.modules)
+
+
+
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add ``worker`` (and its ``register``, ``list``, ``revoke``, ``rotate``)."""
     from .parsing import add_json_flag
