@@ -90,6 +90,9 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
 WORKER_FUNCTIONS = ("worker_open_session", "worker_heartbeat", "worker_claim", "worker_started",
                     "worker_append_log", "worker_complete", "worker_complete_late",
                     "worker_close_session")
+#: The worker_ingress (gateway) role's CONNECTION LIMIT in the bootstrap: the gateway processes'
+#: pools and listeners, with room; a role without a limit fails the gateway's readiness.
+GATEWAY_CONNECTION_LIMIT = 64
 #: The gateway's lookup of a worker token (EXECUTE for worker_ingress, the gateway's role).
 GATEWAY_FUNCTIONS = ("worker_identity",)
 #: Registration functions (EXECUTE for the admin role).
@@ -465,9 +468,11 @@ def bootstrap_statements(roles: Mapping[str, str], database: str) -> list[str]:
 
     lines = []
     for function, name in roles.items():
+        # the gateway's role: its connections are bounded whatever calls it (readiness checks it)
+        limit = f" CONNECTION LIMIT {GATEWAY_CONNECTION_LIMIT}" if function == "worker_ingress" else ""
         lines.append(
             f"CREATE ROLE {ident(name)} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
-            f"NOREPLICATION NOBYPASSRLS PASSWORD '...';  -- {function}"
+            f"NOREPLICATION NOBYPASSRLS{limit} PASSWORD '...';  -- {function}"
         )
     lines.append(f"CREATE DATABASE {ident(database)} OWNER {ident(roles['owner'])};")
     lines.append(f"REVOKE ALL ON DATABASE {ident(database)} FROM PUBLIC;")
