@@ -415,3 +415,107 @@ def audit_execution(superuser_dsn: str, marks: Path | None, payloads: dict[str, 
         figures["runs_with_several_executions"] = sum(1 for e in per_run.values() if len(e) > 1)
     return {"violations": v, "violation_total": sum(v[k] for k in v if k != "lost_retried_non_idempotent"),
             "figures": figures, "examples": examples}
+
+
+# --------------------------------------------------------------------------------- the gateway
+
+
+def write_gateway_worker_settings(path: Path, url: str, token: str, worker_id: str, *, log_dir: Path,
+                                  max_running: int = 4, poll_ms: int = 1000, claim_wait_ms: int = 20_000,
+                                  level: str = "warning") -> Path:
+    """A ``qinglong worker`` speaking to the API tier's gateway (``[worker] url``), its token in a
+    0600 file beside the settings; product defaults for the lease, heartbeat, margin and grace."""
+    token_file = path.with_suffix(".token")
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    path.write_text(
+        'profile = "cluster"\n[worker]\n'
+        f'url = "{url}"\ntoken_file = "{token_file}"\nworker_id = "{worker_id}"\n'
+        f"max_running = {max_running}\npoll_ms = {poll_ms}\nclaim_wait_ms = {claim_wait_ms}\n"
+        f'log_dir = "{log_dir}"\n[diagnostics]\nlevel = "{level}"\nformat = "json"\n')
+    path.chmod(0o600)
+    return path
+
+
+def register_workers(superuser_dsn: str, names: list[str], *, capacity: int = 8) -> dict[str, str]:
+    """Register workers straight in the store (what ``qinglong worker register`` writes, without
+    a process per worker); their tokens by name."""
+    import time
+
+    import psycopg
+
+    from qinglong.contracts.worker import new_worker_token, worker_token_digest
+
+    tokens = {name: new_worker_token() for name in names}
+    now = int(time.time() * 1000)
+    with psycopg.connect(superuser_dsn, autocommit=True) as conn:
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO qinglong.worker_registrations (worker_id, labels, projects, capacity, token_digest, "
+                "created_at_ms) VALUES (%s, '{}', '{}', %s, %s, %s)",
+                [(name, capacity, worker_token_digest(token), now) for name, token in tokens.items()])
+    return tokens
+
+
+class GatewayProcess:
+    """``qinglong api`` with the worker gateway on (``[api] gateway_dsn``: the worker_ingress
+    role's DSN), on a free port read from its ``http.listening`` line."""
+
+    def __init__(self, workdir: Path, dsns: dict, gateway_dsn: str, *, pool_size: int = 4,
+                 max_connections: int = 1024, claim_wait_ms: int = 20_000) -> None:
+        self.settings = workdir / "gateway.toml"
+        self.settings.write_text(
+            'profile = "cluster"\n[backend]\n'
+            f'runtime_dsn = "{dsns["qinglong_runtime"]}"\nadmin_dsn = "{dsns["qinglong_admin"]}"\n'
+            f'owner_dsn = "{dsns["qinglong_owner"]}"\n'
+            f'[http]\nlisten = "127.0.0.1:0"\nmax_connections = {max_connections}\nrequest_timeout_ms = 60000\n'
+            f'[api]\nenabled = true\ngateway_dsn = "{gateway_dsn}"\ngateway_pool_size = {pool_size}\n'
+            f'gateway_claim_wait_ms = {claim_wait_ms}\n[diagnostics]\nlevel = "info"\nformat = "json"\n')
+        self.settings.chmod(0o600)
+        self.logfile = workdir / "gateway.log"
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    def start(self) -> "GatewayProcess":
+        import re
+        import time
+
+        self._log = self.logfile.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "qinglong", "--settings", str(self.settings), "api"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=str(ROOT))
+        deadline = time.monotonic() + 120
+        seen = b""
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise SystemExit(f"the gateway exited: {seen.decode(errors='replace')}")
+            seen += line
+            found = re.search(rb"listening on [^ \"]+:(\d+)", line)
+            if found:
+                self.port = int(found.group(1))
+                import threading
+
+                threading.Thread(target=self._copy, daemon=True).start()
+                return self
+        raise SystemExit("the gateway did not listen in time")
+
+    def _copy(self) -> None:
+        for line in self.proc.stderr:
+            self._log.write(line)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill9()

@@ -256,9 +256,11 @@ def create_roles(server: PgServer, passwords: dict[str, str] = ROLE_PASSWORDS) -
         for role, password in passwords.items():
             exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
             verb = "ALTER" if exists else "CREATE"
+            # the gateway's role is bounded, as the bootstrap creates it (roles.bootstrap_statements)
+            limit = " CONNECTION LIMIT 64" if role == "qinglong_worker_ingress" else ""
             conn.execute(
                 sql.SQL(verb + " ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
-                        "NOREPLICATION NOBYPASSRLS PASSWORD {}").format(
+                        "NOREPLICATION NOBYPASSRLS" + limit + " PASSWORD {}").format(
                     sql.Identifier(role), sql.Literal(password)
                 )
             )

@@ -320,6 +320,96 @@ class WorkerProtocolSpec:
     name: str
     create: Any  # Callable[[str, str], Awaitable[WorkerProtocol]]
     description: str = ""
+    #: ``create_gateway(dsn, application_name, pool_size)``: a :class:`WorkerGateway` (awaitable),
+    #: the API tier's shared pool; None when the store offers no gateway
+    create_gateway: Any = None
+
+
+# --------------------------------------------------------------------------------------------
+# Registered workers and the gateway (workers speak to the API tier, never to the store)
+# --------------------------------------------------------------------------------------------
+
+#: A worker token's secret: this prefix + 43 characters of URL-safe base64 (256 random bits).
+WORKER_TOKEN_PREFIX = "qlw_"
+
+
+def new_worker_token() -> str:
+    """A fresh worker token (shown once; the store keeps :func:`worker_token_digest` of it)."""
+    return WORKER_TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def worker_token_digest(secret: str) -> bytes:
+    """What the store keeps and looks up of a worker token: its SHA-256 (32 bytes)."""
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRegistration:
+    """A registered worker: what its token may do. ``projects`` empty: every project."""
+
+    worker_id: str
+    labels: tuple[str, ...]
+    projects: tuple[str, ...]
+    capacity: int
+    created_at_ms: int = 0
+    rotated_at_ms: int | None = None
+    revoked_at_ms: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"worker_id": self.worker_id, "labels": list(self.labels), "projects": list(self.projects),
+                "capacity": self.capacity, "created_at_ms": self.created_at_ms,
+                "rotated_at_ms": self.rotated_at_ms, "revoked_at_ms": self.revoked_at_ms,
+                "state": "revoked" if self.revoked_at_ms is not None else "active"}
+
+
+@runtime_checkable
+class WorkerRegistry(Protocol):
+    """Registered workers in a backend's store (the admin's side)."""
+
+    async def register_worker(self, registration: WorkerRegistration, digest: bytes) -> None: ...
+
+    async def rotate_worker(self, worker_id: str, digest: bytes, now_ms: int) -> WorkerRegistration: ...
+
+    async def revoke_worker(self, worker_id: str) -> int: ...
+
+    async def list_workers(self) -> Sequence[WorkerRegistration]: ...
+
+
+@runtime_checkable
+class WorkerGateway(WorkerProtocol, Protocol):
+    """The worker protocol as the API tier's gateway holds it: a small bounded pool shared by every
+    worker, the lookup of a token's registration, and the wake-up of waiting claims."""
+
+    async def identify(self, digest: bytes) -> WorkerRegistration | None: ...
+
+    def waiter(self) -> Any:
+        """An ``asyncio.Event`` set when an Attempt may next have become claimable (taken before a
+        claim that found nothing, so no notification in between is missed)."""
+        ...
+
+    async def check(self) -> list[str]:
+        """What keeps the gateway from serving (empty when ready)."""
+        ...
+
+
+def check_registration(worker_id: str, labels: Sequence[str], projects: Sequence[str], capacity: int) -> None:
+    """Refuse, naming what was expected, a registration the store would refuse (a
+    :class:`BadWorkerCall` the CLI reports as a usage error)."""
+    import re
+
+    if (not isinstance(worker_id, str) or not 1 <= len(worker_id) <= MAX_WORKER_ID_CHARS
+            or any(ord(ch) < 32 or ord(ch) == 127 for ch in worker_id)):
+        raise BadWorkerCall(f"worker id: expected 1-{MAX_WORKER_ID_CHARS} characters without control characters")
+    if len(labels) > MAX_LABELS or any(not isinstance(label, str) or not re.match(LABEL_PATTERN, label)
+                                       for label in labels):
+        raise BadWorkerCall(f"labels: expected at most {MAX_LABELS}, each 1-64 characters of letters, "
+                            "digits and _ . : = / -")
+    from .store import check_identifier
+
+    for project in projects:
+        check_identifier("project_id", project)
+    if not isinstance(capacity, int) or not 1 <= capacity <= MAX_SESSION_CAPACITY:
+        raise BadWorkerCall(f"capacity: expected 1 to {MAX_SESSION_CAPACITY}")
 
 
 # --------------------------------------------------------------------------------------------

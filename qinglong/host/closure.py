@@ -47,6 +47,26 @@ sys.stdout.write("QINGLONG-MODULES " + json.dumps({"modules": sorted(modules), "
 """
 
 
+#: ``check closure --profile worker``: the worker program speaking to the API tier's gateway
+#: (``pip install 'qinglong[worker]'``): no database driver, no HTTP server, no SQLite driver.
+WORKER_CLOSURE = "worker"
+WORKER_FORBIDDEN_MODULES = ("psycopg", "psycopg_pool", "psycopg_binary", "aiosqlite", "uvicorn",
+                            "qinglong.host.http", "qinglong.plugins.cluster_postgres.db")
+WORKER_FORBIDDEN_DISTRIBUTIONS = ("psycopg", "psycopg-binary", "psycopg-c", "psycopg-pool")
+
+
+def worker_closure_profile() -> ProfileDefinition:
+    """What ``check closure --profile worker`` checks: the cluster profile's worker, through the
+    gateway, with its own forbidden lists."""
+    import dataclasses
+
+    from .profiles import load_profile
+
+    return dataclasses.replace(load_profile("cluster"), name=WORKER_CLOSURE,
+                               forbidden_modules=WORKER_FORBIDDEN_MODULES,
+                               forbidden_distributions=WORKER_FORBIDDEN_DISTRIBUTIONS)
+
+
 def boot_for_closure(profile: str, settings_path: str | None) -> list[str]:
     """Boot ``profile`` as ``qinglong run`` would, without starting or connecting; list modules.
 
@@ -54,6 +74,10 @@ def boot_for_closure(profile: str, settings_path: str | None) -> list[str]:
     settings, plugins and container, and the backend is created but not opened. Used by ``check
     closure`` in a fresh interpreter.
     """
+    if profile == WORKER_CLOSURE:
+        from .cli.worker import boot_worker_for_closure
+
+        return boot_worker_for_closure(settings_path)
     from .cli.main import build_parser, command_groups_for
     from .containers import build_container
     from .settings import load_settings

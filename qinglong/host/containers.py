@@ -57,9 +57,12 @@ def check_profile_extra(loaded: LoadedSettings) -> None:
         )
 
 
-def load_plugins(loaded: LoadedSettings) -> PluginHost:
-    """Load the profile's plugins, then the ones the settings enable, then check hook names."""
-    check_profile_extra(loaded)
+def load_plugins(loaded: LoadedSettings, *, check_extra: bool = True) -> PluginHost:
+    """Load the profile's plugins, then the ones the settings enable, then check hook names.
+    ``check_extra`` False: a worker speaking to the API tier's gateway needs none of the
+    profile's store packages (``qinglong[worker]``)."""
+    if check_extra:
+        check_profile_extra(loaded)
     host = PluginHost()
     host.load(loaded.profile.plugins, required_by=f"the {loaded.profile.name} profile")
     host.load(loaded.settings.plugins.enable, required_by=loaded.origin(("plugins", "enable")))

@@ -121,7 +121,18 @@ class WorkerSettings(BaseModel):
     still stop its jobs inside its session lease (checked at start, in words)."""
 
     model_config = ConfigDict(extra="forbid")
-    dsn: SecretStr | None = Field(None, description="the worker_ingress role's connection (a secret)")
+    url: str | None = Field(None, min_length=1, description="the API tier's address (https://...): the worker "
+                                                          "speaks to its gateway with its own token")
+    token_file: str | None = Field(None, min_length=1, description="the worker's token (mode 0600), as "
+                                                                 "`qinglong worker register` printed it")
+    ca_file: str | None = Field(None, min_length=1, description="CA certificates (PEM) the gateway's TLS "
+                                                              "certificate is checked against; default: the system's")
+    claim_wait_ms: int = Field(20_000, ge=0, le=60_000,
+                               description="how long a claim may wait at the gateway for a Run")
+    run_as: str | None = Field(None, min_length=1, description="the OS user jobs run as (the worker itself "
+                                                             "runs as root to drop to it); default: the worker's user")
+    dsn: SecretStr | None = Field(None, description="direct path, off by default: the worker_ingress role's "
+                                                    "connection (a secret)")
     worker_id: str | None = Field(None, min_length=1, max_length=200,
                                   description="this worker's id; default: the host name")
     labels: list[str] = Field(default_factory=list, description="what this worker offers to tasks' labels")
@@ -182,6 +193,13 @@ class ApiSettings(BaseModel):
                                        description="proxy addresses whose X-Forwarded-For is believed")
     failed_auth_burst: int = Field(20, ge=1, le=10_000, description="failed authentications per address before 429")
     failed_auth_per_second: float = Field(1.0, gt=0, le=1_000, description="refill of that allowance")
+    gateway_dsn: SecretStr | None = Field(
+        None, description="the worker gateway's store connection (the worker_ingress role; a secret): "
+                          "set, /worker/v1 serves registered workers")
+    gateway_pool_size: int = Field(4, ge=1, le=64, description="the gateway's database connections, "
+                                                               "whatever the number of workers")
+    gateway_claim_wait_ms: int = Field(20_000, ge=0, le=60_000,
+                                       description="the longest a worker's claim waits for a Run")
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -21,7 +21,9 @@ this package (import-linter holds both rules).
   killed or frozen before their lease can expire;
 * :mod:`.drain`: the stop in order;
 * :mod:`.logship`: the local log shipped in bounded chunks at explicit offsets;
-* :mod:`.retention`: old local Attempt directories deleted.
+* :mod:`.retention`: old local Attempt directories deleted;
+* :mod:`.http_client`: the worker protocol over HTTP(S) to the API tier's gateway (standard
+  library only), with the worker's own token.
 
 Secrets: tokens, the DSN and env values never reach a diagnostic; messages name runs and attempts.
 """
@@ -30,6 +32,8 @@ from __future__ import annotations
 
 from .config import WorkerConfig, worker_config
 from .core import WorkerStats
+from .http_client import HttpWorkerProtocol, connect_http_protocol, read_token_file
 from .runtime import Worker
 
-__all__ = ["Worker", "WorkerConfig", "WorkerStats", "worker_config"]
+__all__ = ["HttpWorkerProtocol", "Worker", "WorkerConfig", "WorkerStats", "connect_http_protocol",
+           "read_token_file", "worker_config"]

@@ -38,6 +38,13 @@ class WorkerConfig:
     log_retention_days: float
     orphans: str = "kill"
     orphan_drain_ms: int = 2_000
+    #: the gateway's address (None: the direct path, ``[worker] dsn``)
+    url: str | None = None
+    token_file: str | None = None
+    ca_file: str | None = None
+    claim_wait_ms: int = 0
+    #: ``(user, uid, gid, home)`` jobs run as, or None
+    run_as: tuple[str, int, int, str] | None = None
 
     @property
     def application_name(self) -> str:
@@ -58,9 +65,17 @@ def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
         raise SettingsError(f"[worker] max_running: expected at most {MAX_SESSION_CAPACITY} "
                             f"(the most Attempts one session holds), got {worker.max_running}")
     dsn = worker.dsn.get_secret_value() if worker.dsn is not None else ""
-    if not dsn.strip():
-        raise SettingsError("[worker] dsn is required: the worker_ingress role's connection string "
-                            "(set it in the settings file or as QINGLONG_WORKER__DSN)")
+    url = getattr(worker, "url", None)
+    if url and dsn.strip():
+        raise SettingsError("[worker] url and [worker] dsn: set one, not both (url: the API tier's gateway; "
+                            "dsn: the direct path to the database)")
+    if url and not getattr(worker, "token_file", None):
+        raise SettingsError("[worker] token_file is required with [worker] url: the file holding the token "
+                            "`qinglong worker register` printed (mode 0600)")
+    if not url and not dsn.strip():
+        raise SettingsError("[worker] url is required: the API tier's address, with [worker] token_file "
+                            "(or, on the direct path, [worker] dsn: the worker_ingress role's connection "
+                            "string, also as QINGLONG_WORKER__DSN)")
     worker_id = worker.worker_id or hostname or socket.gethostname()
     if (not worker_id or len(worker_id) > MAX_WORKER_ID_CHARS
             or any(ord(ch) < 32 or ord(ch) == 127 for ch in worker_id)):
@@ -73,6 +88,22 @@ def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
         if not re.match(LABEL_PATTERN, label):
             raise SettingsError(f"[worker] labels: {label!r} is not a label (1-64 characters of letters, "
                                 "digits and _ . : = / -)")
+    run_as = None
+    if getattr(worker, "run_as", None):
+        import pwd
+
+        try:
+            entry = pwd.getpwnam(worker.run_as)
+        except KeyError:
+            raise SettingsError(f"[worker] run_as: no such user {worker.run_as!r} on this machine") from None
+        if os.geteuid() != 0:
+            raise SettingsError(f"[worker] run_as: running jobs as {worker.run_as!r} needs the worker to run as "
+                                "root (it drops to that user for each job, and signals it)")
+        if entry.pw_uid == 0:
+            raise SettingsError("[worker] run_as: expected a user other than root (the point is that a job "
+                                "cannot read the worker's token)")
+        home = entry.pw_dir if entry.pw_dir and os.path.isdir(entry.pw_dir) else "/"
+        run_as = (entry.pw_name, entry.pw_uid, entry.pw_gid, home)
     return WorkerConfig(
         worker_id=worker_id,
         labels=tuple(sorted(set(labels))),
@@ -87,4 +118,9 @@ def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
         log_retention_days=worker.log_retention_days,
         orphans=worker.orphans,
         orphan_drain_ms=worker.orphan_drain_ms,
+        url=url or None,
+        token_file=os.path.abspath(worker.token_file) if url else None,
+        ca_file=getattr(worker, "ca_file", None),
+        claim_wait_ms=getattr(worker, "claim_wait_ms", 0) if url else 0,
+        run_as=run_as,
     )

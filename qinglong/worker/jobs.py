@@ -93,6 +93,18 @@ class Jobs:
         d = core.deadlines
         return not core.draining and core.session is not None and d is not None and core.mono() < d.term_at
 
+    def _claim_wait_ms(self) -> int:
+        """How long a claim may wait at a gateway that can hold it: the configured bound, ending
+        a second before the self-fence's TERM (no claim may outlive the right to spawn)."""
+        core = self._core
+        if not getattr(core.protocol, "long_polls", False) or not core.config.claim_wait_ms:
+            return 0
+        d = core.deadlines
+        if d is None:
+            return 0
+        room_ms = int((d.term_at - core.mono() - 1.0) * 1000)
+        return max(0, min(core.config.claim_wait_ms, room_ms))
+
     async def claim_loop(self) -> None:
         """Claim up to the free slots while claiming is allowed; woken by a job's end."""
         core = self._core
@@ -102,8 +114,15 @@ class Jobs:
             free = core.config.max_running - len(core.jobs)
             session = core.session
             if free > 0 and self._may_claim() and core.protocol is not None and session is not None:
+                waited = False
                 try:
-                    claimed = await core.protocol.claim(session.fence, [new_lease_token() for _ in range(free)])
+                    tokens = [new_lease_token() for _ in range(free)]
+                    wait_ms = self._claim_wait_ms()
+                    if wait_ms:
+                        claimed = await core.protocol.claim(session.fence, tokens, wait_ms=wait_ms)
+                        waited = True  # the gateway already waited: claim again at once
+                    else:
+                        claimed = await core.protocol.claim(session.fence, tokens)
                 except SessionFenced as exc:
                     self._sessions.session_lost(session.fence, exc)
                     continue
@@ -112,7 +131,7 @@ class Jobs:
                     claimed = []
                 for attempt in claimed:
                     self._adopt_claim(attempt, session.fence)
-                more = bool(claimed) and len(claimed) == free
+                more = (bool(claimed) and len(claimed) == free) or (waited and not claimed)
             if more:
                 continue
             try:

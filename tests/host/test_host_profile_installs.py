@@ -96,13 +96,16 @@ def venvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Venv]:
     return Lazy()
 
 
-@pytest.mark.parametrize("profile", ["edge", "standalone", "cluster"])
+@pytest.mark.parametrize("profile", ["edge", "standalone", "cluster", "worker"])
 def test_profile_extra_installs_nothing_forbidden_and_its_closure_holds(venvs, profile, tmp_path):
-    """If psycopg slipped into qinglong[edge], every router would carry PostgreSQL's client."""
+    """If psycopg slipped into qinglong[edge], every router would carry PostgreSQL's client; if it
+    slipped into qinglong[worker], every worker host would carry a database driver it must not use."""
     venv = venvs[profile]
     installed = venv.distributions(tmp_path)
     assert "qinglong" in installed
-    if profile in ("edge", "standalone"):
+    if profile == "worker":
+        assert not (FORBIDDEN_ON_EDGE | {"aiosqlite", "starlette", "uvicorn"}) & set(installed), installed
+    elif profile in ("edge", "standalone"):
         assert not FORBIDDEN_ON_EDGE & set(installed), installed
         assert "aiosqlite" in installed
     else:

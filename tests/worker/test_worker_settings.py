@@ -38,8 +38,8 @@ def test_the_short_test_timing_and_the_defaults_are_accepted():
 @pytest.mark.parametrize("overrides, words", [
     (dict(heartbeat_ms=3000), "[worker] timing: session_lease_ms 5000 is too short for heartbeat_ms 3000"),
     (dict(kill_grace_ms=4000), "kill_grace_ms 4000"),
-    (dict(dsn=None), "[worker] dsn is required"),
-    (dict(dsn="  "), "[worker] dsn is required"),
+    (dict(dsn=None), "[worker] url is required"),
+    (dict(dsn="  "), "[worker] url is required"),
     (dict(labels=["gpu", "bad label"]), "[worker] labels: 'bad label' is not a label"),
     (dict(labels=[f"l{i}" for i in range(33)]), "[worker] labels: expected at most 32"),
     (dict(worker_id="a\tb"), "[worker] worker_id"),
@@ -65,7 +65,7 @@ def test_qinglong_worker_refuses_bad_timing_a_missing_dsn_and_a_profile_without_
     assert bad_timing.returncode == 3
     assert "[worker] timing" in bad_timing.stderr and "heartbeat_ms 30000" in bad_timing.stderr
     no_dsn = _worker_cli(tmp_path, 'profile = "cluster"\n[worker]\n')
-    assert no_dsn.returncode == 3 and "[worker] dsn is required" in no_dsn.stderr
+    assert no_dsn.returncode == 3 and "[worker] url is required" in no_dsn.stderr
     edge = _worker_cli(tmp_path, f'profile = "edge"\n[backend]\npath = "{tmp_path / "q.db"}"\n'
                                  '[worker]\ndsn = "host=x"\n')
     assert edge.returncode == 3 and "offers none" in edge.stderr and "worker protocol" in edge.stderr

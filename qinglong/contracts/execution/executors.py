@@ -143,6 +143,9 @@ class ExecutorContext:
     orphan_drain_ms: int = 2_000
     #: ``kill``: TERM, then KILL, what is left in the job's process group; ``leave``: leave it.
     orphans: str = "kill"
+    #: ``(uid, gid)`` the job's own process runs as (a worker's ``[worker] run_as``), or None: the
+    #: executor's own user. The executor keeps its own user to watch, signal and log the job.
+    run_as: tuple[int, int] | None = None
 
 
 #: The variables every job gets before its task's env (a minimal environment: the control

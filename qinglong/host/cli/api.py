@@ -24,7 +24,9 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     async def serve() -> int:
         async with opened_backend(container, create=False) as backend:
-            process = ApiProcess(loaded, backend, container.trigger_providers(), diagnostics, __version__)
+            specs = container.plugin_host().worker_protocol_specs()
+            process = ApiProcess(loaded, backend, container.trigger_providers(), diagnostics, __version__,
+                                 worker_spec=specs.get(loaded.profile.backend))
             stop = asyncio.Event()
             with two_stage_signals(diagnostics, "api.stop_requested", "stopping", stop.set):
                 await process.start()

@@ -13,10 +13,10 @@ from .parsing import add_command, add_json_flag
 
 def cmd_check_closure(args: argparse.Namespace) -> int:
     """Boot a profile in a fresh interpreter and fail on any forbidden module (or distribution)."""
-    from ..closure import check_closure
+    from ..closure import WORKER_CLOSURE, check_closure, worker_closure_profile
     from ..profiles import load_profile
 
-    profile = load_profile(args.check_profile)
+    profile = worker_closure_profile() if args.check_profile == WORKER_CLOSURE else load_profile(args.check_profile)
     report = check_closure(profile, getattr(args, "settings", None), installed=args.installed)
     if args.json:
         print_json(report.as_json())
@@ -45,7 +45,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     chk_sub = chk.add_subparsers(dest="check_command", metavar="SUBCOMMAND", required=True)
     p = chk_sub.add_parser("closure", help="boot a profile in a fresh interpreter; fail on any forbidden module")
     p.set_defaults(func=cmd_check_closure)
-    p.add_argument("--profile", dest="check_profile", required=True, metavar="NAME", help="profile to check")
+    p.add_argument("--profile", dest="check_profile", required=True, metavar="NAME", help="profile to check (or worker: the worker program through the API tier's gateway)")
     p.add_argument("--settings", metavar="PATH", default=argparse.SUPPRESS,
                    help="settings file to boot with (default: the profile's defaults)")
     p.add_argument("--installed", action="store_true",

@@ -23,28 +23,48 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from qinglong.contracts.errors import UserError
     from qinglong.contracts.execution import ExecutorContext, minimal_environment
 
-    from ..containers import build_container, create_executors
+    from ..containers import build_container, create_executors, load_plugins
+    from ..containers import diagnostics as make_diagnostics
     from qinglong.worker import worker_config
 
     loaded = settings_of(args)
     config = worker_config(loaded.settings.worker)
-    dsn = loaded.settings.worker.dsn.get_secret_value()
-    container = build_container(loaded)
-    host = container.plugin_host()
-    protocols = host.worker_protocol_specs()
-    spec = protocols.get(loaded.profile.backend)
-    if spec is None:
+    if config.url is not None:  # no store package needed: qinglong[worker]
+        host = load_plugins(loaded, check_extra=False)
+        diagnostics = make_diagnostics(host, loaded)
+    else:
+        container = build_container(loaded)
+        host = container.plugin_host()
+        diagnostics = container.diagnostics()
+    if config.url is not None:
+        # the gateway's path: nothing of the store is loaded (no driver, no credential)
+        from qinglong.worker import read_token_file
+
+        read_token_file(config.token_file)  # a missing or readable token file: exit 3 before anything runs
+        spec = None
+        dsn = ""
+    else:
+        dsn = loaded.settings.worker.dsn.get_secret_value()
+        protocols = host.worker_protocol_specs()
+        spec = protocols.get(loaded.profile.backend)
+    if spec is None and config.url is None:
         raise UserError(f"`qinglong worker` needs a profile whose store offers a worker protocol; the "
                         f"{loaded.profile.name} profile's backend {loaded.profile.backend!r} offers none "
                         f"(worker protocols of the loaded plugins: {', '.join(sorted(protocols)) or 'none'}); "
                         "use the cluster profile")
-    context = ExecutorContext(log_dir=config.log_dir, base_env=minimal_environment(os.environ.get("HOME")),
+    home = config.run_as[3] if config.run_as is not None else os.environ.get("HOME")
+    context = ExecutorContext(log_dir=config.log_dir, base_env=minimal_environment(home),
                               kill_grace_ms=config.kill_grace_ms, orphan_drain_ms=config.orphan_drain_ms,
-                              orphans=config.orphans)
+                              orphans=config.orphans,
+                              run_as=(config.run_as[1], config.run_as[2]) if config.run_as is not None else None)
     executors = create_executors(host, context)
-    diagnostics = container.diagnostics()
 
     async def connect() -> Any:
+        if config.url is not None:
+            from qinglong.worker import connect_http_protocol
+
+            return await connect_http_protocol(config.url, config.token_file, config.application_name,
+                                               config.ca_file)
         return await spec.create(dsn, config.application_name)
 
     return asyncio.run(serve(connect, executors, config, diagnostics))
@@ -73,8 +93,133 @@ async def serve(connect: Any, executors: Any, config: Any, diagnostics: Any) -> 
         return await worker.run()
 
 
+def cmd_worker_admin(args: argparse.Namespace) -> int:
+    """``qinglong worker register|list|revoke|rotate``: registered workers, on the store (admin)."""
+    import sys
+    import time
+
+    from qinglong.contracts.errors import UserError
+    from qinglong.contracts.worker import (
+        BadWorkerCall, WorkerRegistration, check_registration, new_worker_token, worker_token_digest)
+
+    from .boot import container_of, on_backend
+    from .output import iso, print_json, print_table
+
+    def registry(backend: Any) -> Any:
+        found = getattr(backend, "worker_registry", None)
+        if found is None:
+            raise UserError(f"the {getattr(backend, 'name', 'profile')} backend registers no workers "
+                            "(use the cluster profile)")
+        return found()
+
+    container = container_of(args)
+    now = time.time_ns() // 1_000_000
+    action = args.worker_action
+    if action == "register":
+        labels = tuple(sorted(set(args.label or ())))
+        projects = tuple(sorted(set(args.project or ())))
+        try:
+            check_registration(args.name, labels, projects, args.capacity)
+        except BadWorkerCall as exc:
+            raise UserError(f"worker register: {exc}") from None
+        secret = new_worker_token()
+
+        async def body(backend: Any) -> None:
+            await registry(backend).register_worker(
+                WorkerRegistration(args.name, labels, projects, args.capacity, now), worker_token_digest(secret))
+
+        on_backend(container, body)
+        print(secret)
+        sys.stderr.write(f"worker {args.name!r} registered (labels {', '.join(labels) or '-'}; projects "
+                         f"{', '.join(projects) or 'all'}; capacity {args.capacity}): the token above is shown "
+                         "once and stored only as a hash; write it to the worker's [worker] token_file (mode 0600)\n")
+        return 0
+    if action == "rotate":
+        secret = new_worker_token()
+
+        async def rotate(backend: Any) -> Any:
+            return await registry(backend).rotate_worker(args.name, worker_token_digest(secret), now)
+
+        on_backend(container, rotate)
+        print(secret)
+        sys.stderr.write(f"worker {args.name!r}: new token above (shown once); the old one is refused from now on\n")
+        return 0
+    if action == "revoke":
+        async def revoke(backend: Any) -> Any:
+            return await registry(backend).revoke_worker(args.name)
+
+        handed = on_backend(container, revoke)
+        print(f"worker {args.name!r} revoked: its session is closed, {handed} Attempt(s) handed over")
+        return 0
+
+    async def listing(backend: Any) -> Any:
+        return await registry(backend).list_workers()
+
+    rows = on_backend(container, listing, read_only=True)
+    if args.json:
+        print_json([r.as_json() for r in rows])
+    else:
+        print_table(("worker", "labels", "projects", "capacity", "state", "created", "rotated"), [
+            (r.worker_id, ",".join(r.labels) or "-", ",".join(r.projects) or "*", str(r.capacity),
+             "revoked" if r.revoked_at_ms is not None else "active", iso(r.created_at_ms), iso(r.rotated_at_ms))
+            for r in rows])
+    return 0
+
+
+def boot_worker_for_closure(settings_path: str | None) -> list[str]:
+    """Boot ``qinglong worker`` as it runs against a gateway, without connecting: the command
+    line, the settings (``[worker] url`` set), the plugins, the executors, the HTTP client and
+    the worker's runtime; list modules."""
+    import os
+    import tempfile
+
+    from qinglong.contracts.execution import ExecutorContext, minimal_environment
+
+    from .main import build_parser, command_groups_for
+    from ..containers import create_executors, diagnostics, load_plugins
+    from ..settings import load_settings
+
+    build_parser(groups=command_groups_for(["worker"]))
+    with tempfile.TemporaryDirectory() as scratch:
+        if settings_path is None:
+            settings_path = os.path.join(scratch, "worker.toml")
+            with open(settings_path, "w") as f:
+                f.write('profile = "cluster"\n[worker]\nurl = "https://gateway.invalid"\n'
+                        f'token_file = "{scratch}/token"\nlog_dir = "{scratch}/logs"\n')
+        loaded = load_settings(settings_path)
+        from qinglong.worker import HttpWorkerProtocol, Worker, worker_config  # noqa: F401
+
+        config = worker_config(loaded.settings.worker)
+        host = load_plugins(loaded, check_extra=False)
+        diagnostics(host, loaded)
+        create_executors(host, ExecutorContext(log_dir=config.log_dir, base_env=minimal_environment(None),
+                                               kill_grace_ms=config.kill_grace_ms))
+    import sys
+
+    return list(sys.modules)
+
+
+
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    """Add ``worker``."""
-    add_command(sub, common, "worker",
-                "run the cluster's Runs on this machine until SIGTERM/SIGINT (drains; a second signal "
-                "kills the jobs and exits)", cmd_worker)
+    """Add ``worker`` (and its ``register``, ``list``, ``revoke``, ``rotate``)."""
+    from .parsing import add_json_flag
+
+    p = add_command(sub, common, "worker",
+                    "run the cluster's Runs on this machine until SIGTERM/SIGINT (drains; a second signal "
+                    "kills the jobs and exits); or manage registered workers", cmd_worker)
+    actions = p.add_subparsers(dest="worker_action", metavar="{register,list,revoke,rotate}")
+    reg = add_command(actions, common, "register", "register a worker: prints its token once (admin)",
+                      cmd_worker_admin)
+    reg.add_argument("name", help="the worker's id")
+    reg.add_argument("--label", action="append", help="a label it offers (repeatable)")
+    reg.add_argument("--project", action="append", help="a project whose Runs it may take (repeatable; "
+                     "none: every project)")
+    reg.add_argument("--capacity", type=int, default=2, help="Runs it may hold at once (1-256, default 2)")
+    lst = add_command(actions, common, "list", "registered workers (never a token)", cmd_worker_admin)
+    add_json_flag(lst)
+    rev = add_command(actions, common, "revoke", "revoke a worker: its session ends and its Runs are handed "
+                      "over at once", cmd_worker_admin)
+    rev.add_argument("name")
+    rot = add_command(actions, common, "rotate", "give a worker a new token (printed once); the old one stops "
+                      "working", cmd_worker_admin)
+    rot.add_argument("name")

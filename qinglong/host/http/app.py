@@ -51,6 +51,13 @@ SIGNED_PATHS = {
 }
 #: The protection of a route of :data:`SIGNED_PATHS`.
 SIGNED = "signed"
+#: The worker gateway's paths: they answer a registered worker's token and nothing else (an API
+#: token, the scrape token and a console session open none of them), and a worker's token opens
+#: no other path (it is no API token). A route there takes :data:`WORKER`; its handler
+#: authenticates the worker.
+WORKER_PREFIX = "/worker/v1/"
+#: The protection of a worker gateway route.
+WORKER = "worker"
 #: The methods a route answers without changing anything.
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 
@@ -177,6 +184,11 @@ def _endpoint(spec: RouteSpec, guard: Guard, emit_error: Callable[[BaseException
         declared = spec.methods.get(method)
         if spec.path in SIGNED_PATHS and declared is not None and declared.scope == SIGNED:
             return await _run(declared, request, None, emit_error)  # the handler checks the signature
+        if spec.path.startswith(WORKER_PREFIX):
+            if declared is None:
+                return error_response(405, "method_not_allowed", f"{request.method} is not served here",
+                                      headers={"Allow": "POST"})
+            return await _run(declared, request, None, emit_error)  # the handler authenticates the worker
         if spec.path in PUBLIC_PATHS:
             if declared is not None and declared.scope == PUBLIC:
                 return await _run(declared, request, None, emit_error)
@@ -252,7 +264,9 @@ def build_app(specs: list[RouteSpec], guard: Guard, limits: "Limits",
                 raise RouteRefused(f"{name} {spec.path} is declared public but is not on the public list")
             if declared.scope == SIGNED and spec.path not in SIGNED_PATHS:
                 raise RouteRefused(f"{name} {spec.path} is declared signed but is not a signed path")
-            if declared.scope not in (PUBLIC, SIGNED) and declared.scope not in SCOPES:
+            if (declared.scope == WORKER) != spec.path.startswith(WORKER_PREFIX):
+                raise RouteRefused(f"{name} {spec.path}: worker routes, and only they, live under {WORKER_PREFIX}")
+            if declared.scope not in (PUBLIC, SIGNED, WORKER) and declared.scope not in SCOPES:
                 raise RouteRefused(f"{name} {spec.path}: unknown scope {declared.scope!r}")
             if name not in SAFE_METHODS and declared.scope in (PUBLIC, "read") and not (
                     (name, spec.path) in (PUBLIC_CHANGING if declared.scope == PUBLIC else READ_CHANGING)):

@@ -22,7 +22,8 @@ READINESS_EVERY_S = 1.0
 
 
 class ApiProcess:
-    def __init__(self, loaded: LoadedSettings, backend: Any, providers: Any, diagnostics: Any, version: str) -> None:
+    def __init__(self, loaded: LoadedSettings, backend: Any, providers: Any, diagnostics: Any, version: str,
+                 worker_spec: Any = None) -> None:
         if not loaded.settings.http.listen:
             from qinglong.contracts.errors import SettingsError
 
@@ -57,6 +58,9 @@ class ApiProcess:
         from .console import Console
 
         specs += Console(guard, secure=self.ssl_files is not None or settings.behind_proxy).routes()
+        self.gateway = gateway_service(loaded, worker_spec, guard)
+        if self.gateway is not None:
+            specs += self.gateway.routes()
         http = loaded.settings.http
         self.app = build_app(specs, guard, Limits(http.max_body_bytes, http.max_connections, http.max_header_bytes),
                              emitter(diagnostics))
@@ -73,6 +77,14 @@ class ApiProcess:
             try:
                 await asyncio.wait_for(self.backend.check_readiness(), 5)
                 ready = True
+                if self.gateway is not None and self.gateway.gateway is not None:
+                    problems = await asyncio.wait_for(self.gateway.gateway.check(), 5)
+                    if problems:
+                        if self._ready[1]:
+                            self.diagnostics.emit(DiagnosticEvent(
+                                "warning", "api.gateway_not_ready", "the worker gateway is not ready: "
+                                + "; ".join(problems)))
+                        ready = False
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -84,6 +96,8 @@ class ApiProcess:
             await asyncio.sleep(READINESS_EVERY_S)
 
     async def start(self) -> None:
+        if self.gateway is not None:
+            await self.gateway.open()
         self._checker = asyncio.create_task(self._check_store())
         try:
             bound = await self.listener.start()
@@ -96,9 +110,42 @@ class ApiProcess:
     async def stop(self) -> None:
         self.stopping = True
         await self.listener.close()
+        if self.gateway is not None:
+            await self.gateway.close()
         if self._checker is not None:
             self._checker.cancel()
             try:
                 await self._checker
             except (asyncio.CancelledError, QinglongError):
                 pass
+
+
+def gateway_service(loaded: LoadedSettings, worker_spec: Any, guard: Any) -> Any:
+    """The ``/worker/v1`` routes when ``[api] gateway_dsn`` is set (refused, naming the key, on a
+    store that offers no gateway), else None."""
+    api = loaded.settings.api
+    if api.gateway_dsn is None:
+        return None
+    if worker_spec is None or getattr(worker_spec, "create_gateway", None) is None:
+        from qinglong.contracts.errors import SettingsError
+
+        raise SettingsError(f"invalid settings: {loaded.origin(('api', 'gateway_dsn'))}: key 'api.gateway_dsn': "
+                            f"the {loaded.profile.name} profile's store offers no worker gateway (use the cluster "
+                            "profile)")
+    from .gateway import GatewayService
+
+    service = GatewayService(None, limiter=guard.authenticator.limiter, source_of=guard.source_of,
+                             max_claim_wait_ms=api.gateway_claim_wait_ms)
+    dsn = api.gateway_dsn.get_secret_value()
+
+    async def open_() -> None:
+        service.gateway = await worker_spec.create_gateway(dsn, "qinglong gateway", api.gateway_pool_size)
+
+    async def close() -> None:
+        gateway, service.gateway = service.gateway, None
+        if gateway is not None:
+            await gateway.close()
+
+    service.open = open_  # type: ignore[attr-defined]
+    service.close = close  # type: ignore[attr-defined]
+    return service

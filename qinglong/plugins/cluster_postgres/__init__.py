@@ -50,6 +50,13 @@ async def create_worker_protocol(dsn: str, application_name: str):
     return await connect_worker_protocol(dsn, application_name)
 
 
+async def create_worker_gateway(dsn: str, application_name: str, pool_size: int):
+    """The API tier's gateway: the worker protocol on a small pool as the gateway's role."""
+    from .gateway import create_worker_gateway as create
+
+    return await create(dsn, application_name, pool_size)
+
+
 @hookimpl
 def qinglong_worker_protocols():
     """Offer the worker protocol of this store: SECURITY DEFINER functions, nothing else."""
@@ -59,6 +66,7 @@ def qinglong_worker_protocols():
         WorkerProtocolSpec(
             name=BACKEND_NAME,
             create=create_worker_protocol,
+            create_gateway=create_worker_gateway,
             description="PostgreSQL functions executed as the worker_ingress role (no table privilege)",
         )
     ]

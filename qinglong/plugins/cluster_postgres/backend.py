@@ -320,6 +320,12 @@ class ClusterPostgresBackend:
 
         return ClusterTokens(self.admin_pool)
 
+    def worker_registry(self):
+        """Registered workers (admin role): register, rotate, revoke, list."""
+        from .registry import ClusterWorkers
+
+        return ClusterWorkers(self.admin_pool)
+
     def run_control(self):
         """The operator's side of the Runs the remote workers execute (runtime role): list,
         show, cancel, read logs (:class:`~qinglong.contracts.execution.RunControl`). There is

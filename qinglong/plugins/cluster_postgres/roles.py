@@ -62,6 +62,7 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "trigger_revision_marks": frozenset({"SELECT", "INSERT", "UPDATE"}),
         "api_tokens": frozenset({"SELECT", "INSERT", "UPDATE"}),
         "audit_log": frozenset({"SELECT", "INSERT", "DELETE"}),
+        "worker_registrations": frozenset({"SELECT", "INSERT", "UPDATE"}),
     },
     "runtime": {
         "schema_migrations": frozenset({"SELECT"}),
@@ -91,6 +92,13 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
 WORKER_FUNCTIONS = ("worker_open_session", "worker_heartbeat", "worker_claim", "worker_started",
                     "worker_append_log", "worker_complete", "worker_complete_late",
                     "worker_close_session")
+#: The worker_ingress (gateway) role's CONNECTION LIMIT in the bootstrap: the gateway processes'
+#: pools and listeners, with room; a role without a limit fails the gateway's readiness.
+GATEWAY_CONNECTION_LIMIT = 64
+#: The gateway's lookup of a worker token (EXECUTE for worker_ingress, the gateway's role).
+GATEWAY_FUNCTIONS = ("worker_identity",)
+#: Registration functions (EXECUTE for the admin role).
+ADMIN_FUNCTIONS = ("worker_revoke",)
 #: The control plane's functions (EXECUTE for the runtime alone); ``request_cancel_audited`` also
 #: appends the API request's audit entry of the cancel it made, in the caller's transaction.
 CONTROL_FUNCTIONS = ("expire_attempt", "request_cancel", "prune_attempt_logs", "request_cancel_audited",
@@ -100,11 +108,12 @@ INTERNAL_FUNCTIONS = ("_now_ms", "_event", "_utc", "_cancel_words", "_run_spec",
                       "_retry_decision", "_end_attempt", "_finish_attempt", "_requeue", "_session",
                       "_lease", "_overlap", "_reason", "_claim_routing", "_runs_routing",
                       "_outbox_run_ended", "_outbox_skipped", "_chain_after_end", "_runs_key_kept",
-                      "_skip_run", "_operator_event", "_outbox_worker_lost")
+                      "_skip_run", "_operator_event", "_outbox_worker_lost", "_notify_claimable")
 
 #: ``{function name: role function allowed to EXECUTE it, or None (owner only)}``.
 EXPECTED_FUNCTIONS: dict[str, str | None] = {
-    **{name: "worker_ingress" for name in WORKER_FUNCTIONS},
+    **{name: "worker_ingress" for name in WORKER_FUNCTIONS + GATEWAY_FUNCTIONS},
+    **{name: "admin" for name in ADMIN_FUNCTIONS},
     **{name: "runtime" for name in CONTROL_FUNCTIONS},
     **{name: None for name in INTERNAL_FUNCTIONS},
 }
@@ -141,6 +150,7 @@ EXPECTED_TABLES = frozenset({
     "event_outbox", "event_outbox_seq_seq", "event_deliveries", "operator_episodes",
     "run_event_payloads",
     "api_tokens", "audit_log", "audit_log_entry_id_seq", "run_skips", "run_skips_skip_seq_seq",
+    "worker_registrations",
 })
 
 _CATALOG_SQL = """
@@ -462,9 +472,11 @@ def bootstrap_statements(roles: Mapping[str, str], database: str) -> list[str]:
 
     lines = []
     for function, name in roles.items():
+        # the gateway's role: its connections are bounded whatever calls it (readiness checks it)
+        limit = f" CONNECTION LIMIT {GATEWAY_CONNECTION_LIMIT}" if function == "worker_ingress" else ""
         lines.append(
             f"CREATE ROLE {ident(name)} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
-            f"NOREPLICATION NOBYPASSRLS PASSWORD '...';  -- {function}"
+            f"NOREPLICATION NOBYPASSRLS{limit} PASSWORD '...';  -- {function}"
         )
     lines.append(f"CREATE DATABASE {ident(database)} OWNER {ident(roles['owner'])};")
     lines.append(f"REVOKE ALL ON DATABASE {ident(database)} FROM PUBLIC;")

@@ -24,11 +24,12 @@ from qinglong.contracts.execution import (
     StartError,
     StartRequest,
     job_environment,
+    minimal_environment,
 )
 
 from . import procfs
-from .wrapper import (EXITED, FENCE, FIFO, LOCK, LOG, PID, RECEIPT, find_tools, wrapper_argv,
-                      wrapper_script)
+from .wrapper import (EXITED, FENCE, FIFO, LOCK, LOG, PID, RECEIPT, WrapperToolMissing, find_tools,
+                      wrapper_argv, wrapper_script)
 
 #: How often :meth:`LocalProcessExecutor.wait` looks at the lock when it cannot be told of the
 #: wrapper's exit (a kernel without pidfd), and how often it re-checks even when it can.
@@ -52,6 +53,17 @@ class LocalProcessExecutor:
         self._tools = dict(tools) if tools is not None else find_tools()
         self._script = wrapper_script(self._tools)
         self._boot_id = procfs.boot_id()
+        # run_as: the job's own process drops to that user (setpriv, util-linux); the wrapper,
+        # which watches, logs and signals it, stays ours
+        self._drop: list[str] = []
+        if context.run_as is not None:
+            import shutil
+
+            setpriv = shutil.which("setpriv", path=minimal_environment(None)["PATH"])
+            if setpriv is None:
+                raise WrapperToolMissing("local_process needs 'setpriv' (util-linux) to run jobs as another user")
+            uid, gid = context.run_as
+            self._drop = [setpriv, f"--reuid={int(uid)}", f"--regid={int(gid)}", "--init-groups", "--"]
         # wrappers we spawned and have not reaped yet: reaped by wait(), or by the next start()
         self._children: dict[int, subprocess.Popen] = {}
 
@@ -100,7 +112,7 @@ class LocalProcessExecutor:
                                  "(the log directory must be on a filesystem with FIFOs and "
                                  "locks, e.g. ext4 or tmpfs; not vfat)") from None
             argv = wrapper_argv(self._tools, self._script, attempt_dir, spec.log_limit_bytes,
-                                [program, *spec.command[1:]], drain_ms=self._context.orphan_drain_ms,
+                                [*self._drop, program, *spec.command[1:]], drain_ms=self._context.orphan_drain_ms,
                                 orphans=self._context.orphans)
             try:
                 proc = subprocess.Popen(argv, stdin=lock_fd, stdout=subprocess.DEVNULL,

@@ -1,0 +1,285 @@
+"""Workers through the API tier's gateway beside the direct path it replaces (PostgreSQL 18).
+
+* latency: ``--latency-triggers`` cron triggers spread over the minute (``S * * * * *``) admitted by
+  one ``qinglong run`` replica for ``--latency-seconds``; 2 and 20 workers (``max_running`` 4) take
+  them, either straight from PostgreSQL (``[worker] dsn``, polling every ``poll_ms`` = 1000, the
+  product default) or through one ``qinglong api`` gateway (``[worker] url``, a claim waits at the
+  gateway and wakes on the admission's notification). Admitted-to-started = the Attempt's
+  ``started_at_ms`` (the worker's ``started`` call, just before its spawn) - the Run's
+  ``admitted_at_ms``, both the database's clock; p50 and p99 after ``--warm-s``.
+* throughput: a backlog of ``--backlog`` queued no-op Runs (``true``), drained by 2 and 20 workers
+  on each path: Runs completed per second (first claim to last completion, database clock).
+* idle: ``--idle-workers`` simulated workers (threads, each its own registration, session and
+  kept-alive connection) long-polling ``claim`` at one gateway with a pool of 4: the gateway
+  role's database connections (``pg_stat_activity``) while they wait, and the claims served.
+* memory: one real gateway worker idle (VmRSS, VmHWM; its fence keeper beside it) and a direct
+  worker idle, beside the edge import floor (peak RSS of a process importing what the edge host
+  imports before its container: ``bench/edge.py``'s floor). Target: gateway worker < floor + 4 MiB.
+
+Results go to stdout and to ``bench/results/gateway.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import cluster  # noqa: E402
+import cluster_workers  # noqa: E402
+from cluster import (TERMINAL_SQL, YEARLY, DRAIN_GRACE_MS, _completion_span, _replica_settings, _wait,  # noqa: E402
+                     drain_with_replicas, make_db, percentile, publish, reseed, sql, start_database)
+
+RESULTS = ROOT / "bench" / "results" / "gateway.json"
+WORKER_INGRESS = "qinglong_worker_ingress"
+#: the edge floor: what bench/edge.py measures as the edge host's imports before its container
+EDGE_FLOOR_IMPORTS = "import pluggy, croniter, aiosqlite, pydantic_settings, dependency_injector.containers"
+TARGET_ABOVE_FLOOR_MIB = 4.0
+STARTED: list = []
+
+
+def _ingress_dsn(server, dbname: str) -> str:
+    from devtools.pg import ROLE_PASSWORDS
+
+    return cluster_workers.worker_dsn(server.host, server.port, dbname, ROLE_PASSWORDS[WORKER_INGRESS])
+
+
+def _workers(path: str, server, dsns: dict, workdir: Path, prefix: str, n: int, *, max_running: int,
+             gateway=None) -> list:
+    pool = []
+    if path == "gateway":
+        tokens = cluster_workers.register_workers(dsns["superuser"], [f"{prefix}{i}" for i in range(n)],
+                                                  capacity=max_running)
+    for i in range(n):
+        worker_id = f"{prefix}{i}"
+        if path == "gateway":
+            settings = cluster_workers.write_gateway_worker_settings(
+                workdir / f"{worker_id}.toml", gateway.url, tokens[worker_id], worker_id,
+                log_dir=workdir / f"{worker_id}-logs", max_running=max_running)
+        else:
+            settings = cluster_workers.write_worker_settings(
+                workdir / f"{worker_id}.toml", _ingress_dsn(server, dsns["dbname"]), worker_id,
+                log_dir=workdir / f"{worker_id}-logs", max_running=max_running, session_lease_ms=45_000,
+                heartbeat_ms=10_000, self_fence_margin_ms=5_000, kill_grace_ms=10_000, poll_ms=1000,
+                level="warning")
+        worker = cluster_workers.WorkerProcess(worker_id, settings, workdir / f"{worker_id}.log")
+        STARTED.append(worker)
+        pool.append(worker)
+    return pool
+
+
+def _db(server, name: str) -> dict:
+    dsns = make_db(server, name)
+    dsns["dbname"] = name
+    return dsns
+
+
+def latency(server, workdir: Path, path: str, n: int, *, triggers: int, seconds: float, warm_s: float) -> dict:
+    import subprocess
+
+    name = f"bench_gwlat_{path}_{n}"
+    dsns = _db(server, name)
+    publish(dsns, triggers, lambda i: f"{i % 60} * * * * *", payload={"command": ["true"]})
+    gateway = cluster_workers.GatewayProcess(workdir, dsns, _ingress_dsn(server, name)).start() \
+        if path == "gateway" else None
+    pool = [w.start() for w in _workers(path, server, dsns, workdir, f"lat-{path}-{n}-", n, max_running=4,
+                                        gateway=gateway)]
+    su = dsns["superuser"]
+    _wait("every worker's session open", lambda: sql(su, "SELECT count(*) FROM qinglong.worker_sessions "
+                                                        "WHERE closed_at_ms IS NULL")[0][0] >= n, 120, pool)
+    log = open(workdir / f"lat-{path}-{n}-replica.log", "w")
+    started_ms = time.time() * 1000
+    replica = subprocess.Popen([sys.executable, "-m", "qinglong", "run", "--settings",
+                                str(_replica_settings(workdir, dsns, f"lat-{path}-{n}-r")), "--for-seconds",
+                                str(seconds)], stdout=log, stderr=subprocess.STDOUT, cwd=str(workdir))
+    if replica.wait(timeout=seconds + 60) != 0:
+        raise SystemExit(f"the latency replica failed; see {workdir}")
+    _wait("every Run admitted finished", lambda: sql(
+        su, f"SELECT count(*) FROM qinglong.runs WHERE state NOT IN {TERMINAL_SQL}")[0][0] == 0, 120, pool)
+    for w in pool:
+        w.stop(timeout=90)
+    if gateway is not None:
+        gateway.stop()
+    rows = sql(su, "SELECT a.started_at_ms - r.admitted_at_ms FROM qinglong.runs r JOIN qinglong.attempts a "
+                   "USING (run_id) WHERE r.scheduled_for_ms >= %s AND a.started_at_ms IS NOT NULL",
+               (started_ms + warm_s * 1000,))
+    values = [r[0] for r in rows]
+    dup = sql(su, "SELECT count(*) FROM (SELECT run_id FROM qinglong.attempts WHERE started_at_ms IS NOT NULL "
+                  "GROUP BY run_id, attempt_no HAVING count(*) > 1) d")[0][0]
+    return {"path": path, "workers": n, "runs_measured": len(values),
+            "admitted_to_started_p50_ms": percentile(values, 0.50),
+            "admitted_to_started_p99_ms": percentile(values, 0.99), "duplicate_starts": dup}
+
+
+def throughput(server, workdir: Path, path: str, n: int, *, backlog: int) -> dict:
+    name = f"bench_gwtp_{path}_{n}"
+    dsns = _db(server, name)
+    publish(dsns, backlog, lambda i: YEARLY, grace_ms=DRAIN_GRACE_MS, payload={"command": ["true"]})
+    reseed(dsns)
+    drain_with_replicas(dsns, 2, backlog, 16)
+    gateway = cluster_workers.GatewayProcess(workdir, dsns, _ingress_dsn(server, name)).start() \
+        if path == "gateway" else None
+    su = dsns["superuser"]
+    pool = _workers(path, server, dsns, workdir, f"tp-{path}-{n}-", n, max_running=4, gateway=gateway)
+    for w in pool:
+        w.start()
+    _wait(f"{backlog} Runs finished", lambda: sql(
+        su, f"SELECT count(*) FROM qinglong.runs WHERE state IN {TERMINAL_SQL}")[0][0] >= backlog, 1800, pool)
+    for w in pool:
+        w.stop(timeout=90)
+    if gateway is not None:
+        gateway.stop()
+    done, span = _completion_span(su)
+    return {"path": path, "workers": n, "backlog": backlog, "succeeded": done,
+            "completed_per_s": round(done / span, 1) if span else None}
+
+
+def idle_connections(server, workdir: Path, workers: int, *, hold_s: float) -> dict:
+    name = "bench_gwidle"
+    dsns = _db(server, name)
+    names = [f"idle{i}" for i in range(workers)]
+    tokens = cluster_workers.register_workers(dsns["superuser"], names, capacity=1)
+    gateway = cluster_workers.GatewayProcess(workdir, dsns, _ingress_dsn(server, name), pool_size=4,
+                                             claim_wait_ms=20_000).start()
+    su = dsns["superuser"]
+    stop = threading.Event()
+    served = [0] * workers
+    errors: list[str] = []
+    ready = threading.Barrier(workers + 1)
+
+    def simulated(i: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=60)
+        headers = {"Authorization": f"Bearer {tokens[names[i]]}", "Content-Type": "application/json"}
+
+        def call(what: str, body: dict) -> dict:
+            conn.request("POST", f"/worker/v1/{what}", body=json.dumps(body), headers=headers)
+            response = conn.getresponse()
+            data = json.loads(response.read())
+            if response.status != 200:
+                raise RuntimeError(f"{what}: {response.status} {data}")
+            return data
+
+        try:
+            session = call("open_session", {"lease_ms": 600_000})
+        except Exception as exc:  # reported below
+            errors.append(str(exc))
+            ready.wait()
+            return
+        ready.wait()
+        fence = {"session_id": session["session_id"], "generation": session["generation"]}
+        while not stop.is_set():
+            try:
+                call("claim", {**fence, "tokens": [base64.b64encode(b"t" * 32).decode()], "wait_ms": 20_000})
+                served[i] += 1
+            except Exception as exc:
+                errors.append(str(exc))
+                return
+
+    threads = [threading.Thread(target=simulated, args=(i,), daemon=True) for i in range(workers)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    time.sleep(2)  # every claim is now waiting at the gateway
+    samples = []
+    end = time.monotonic() + hold_s
+    while time.monotonic() < end:
+        samples.append(sql(su, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (WORKER_INGRESS,))[0][0])
+        time.sleep(0.5)
+    stop.set()
+    gateway.stop()
+    return {"simulated_workers": workers, "gateway_pool_size": 4, "hold_s": hold_s,
+            "gateway_db_connections_max": max(samples, default=0), "ceiling": 4 + 1,
+            "claims_answered": sum(served), "errors": errors[:3], "error_count": len(errors)}
+
+
+def memory(server, workdir: Path, *, idle_s: float) -> dict:
+    from edge import _peak_rss_of
+    from execution import _children_of, _cmdline, _status_kib
+
+    floor, _ = _peak_rss_of([sys.executable, "-c", EDGE_FLOOR_IMPORTS])
+    out: dict = {"edge_floor_peak_rss_mib": round(floor / 2**20, 1), "idle_s": idle_s,
+                 "target_mib": round(floor / 2**20 + TARGET_ABOVE_FLOOR_MIB, 1)}
+    for path in ("gateway", "direct"):
+        name = f"bench_gwmem_{path}"
+        dsns = _db(server, name)
+        gateway = cluster_workers.GatewayProcess(workdir, dsns, _ingress_dsn(server, name)).start() \
+            if path == "gateway" else None
+        (worker,) = _workers(path, server, dsns, workdir, f"mem-{path}-", 1, max_running=4, gateway=gateway)
+        worker.start()
+        su = dsns["superuser"]
+        _wait("the session open", lambda: sql(su, "SELECT count(*) FROM qinglong.worker_sessions")[0][0] > 0,
+              60, [worker])
+        time.sleep(idle_s)
+        keepers = [c for c in _children_of(worker.pid) if any(b"keeper" in a for a in _cmdline(c))]
+        out[path] = {"worker_rss_mib": round(_status_kib(worker.pid, "VmRSS") / 1024, 1),
+                     "worker_hwm_mib": round(_status_kib(worker.pid, "VmHWM") / 1024, 1),
+                     "keeper_rss_mib": round(sum(_status_kib(k, "VmRSS") for k in keepers) / 1024, 1)}
+        worker.stop(timeout=60)
+        if gateway is not None:
+            gateway.stop()
+    out["gateway_worker_above_floor_mib"] = round(out["gateway"]["worker_rss_mib"] - out["edge_floor_peak_rss_mib"], 1)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--parts", default="latency,throughput,idle,memory")
+    parser.add_argument("--workers", default="2,20")
+    parser.add_argument("--latency-triggers", type=int, default=120)
+    parser.add_argument("--latency-seconds", type=float, default=45)
+    parser.add_argument("--warm-s", type=float, default=10)
+    parser.add_argument("--backlog", type=int, default=1000)
+    parser.add_argument("--idle-workers", type=int, default=500)
+    parser.add_argument("--idle-hold-s", type=float, default=10)
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    counts = [int(c) for c in args.workers.split(",")]
+    server = start_database()
+    workdir = Path(tempfile.mkdtemp(prefix="ql-bench-gateway-"))
+    workdir.chmod(0o755)
+    results: dict = {"postgresql": server.version_num()}
+    try:
+        if "latency" in parts:
+            results["latency"] = []
+            for n in counts:
+                for path in ("direct", "gateway"):
+                    row = latency(server, workdir, path, n, triggers=args.latency_triggers,
+                                  seconds=args.latency_seconds, warm_s=args.warm_s)
+                    print("latency   ", json.dumps(row), flush=True)
+                    results["latency"].append(row)
+        if "throughput" in parts:
+            results["throughput"] = []
+            for n in counts:
+                for path in ("direct", "gateway"):
+                    row = throughput(server, workdir, path, n, backlog=args.backlog)
+                    print("throughput", json.dumps(row), flush=True)
+                    results["throughput"].append(row)
+        if "idle" in parts:
+            results["idle"] = idle_connections(server, workdir, args.idle_workers, hold_s=args.idle_hold_s)
+            print("idle      ", json.dumps(results["idle"]), flush=True)
+        if "memory" in parts:
+            results["memory"] = memory(server, workdir, idle_s=5.0)
+            print("memory    ", json.dumps(results["memory"]), flush=True)
+    finally:
+        for w in STARTED:
+            if w.alive():
+                w.kill9()
+            w.leftover_jobs()
+        server.destroy() if hasattr(server, "destroy") else None
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(previous | results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

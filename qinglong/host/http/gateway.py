@@ -1,0 +1,160 @@
+"""The worker gateway at ``/worker/v1``: registered workers speak the worker protocol to the API
+tier over HTTP(S), and the API tier calls the store's worker functions for them.
+
+Each request carries the worker's own token (``Authorization: Bearer qlw_...``), looked up by
+its digest on every request (a revoked or rotated token fails at its next one). The identity is
+the registration's: the worker id, its labels and its capacity come from it, never from the
+body, so a worker can open sessions only for itself, is offered only Runs its registration
+allows, and can name no other worker's session (the store checks every fence under the
+authenticated id). A claim may wait (``wait_ms``) until a Run becomes claimable: the gateway
+holds the request and wakes it on the store's notification, so idle workers cost no queries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from qinglong.contracts import worker_wire as wire
+from qinglong.contracts.worker import (
+    MAX_SESSION_CAPACITY,
+    WORKER_TOKEN_PREFIX,
+    WorkerRegistration,
+    worker_token_digest,
+)
+
+from .api import json_body
+from .app import WORKER, Method, RouteSpec, error_response
+from .auth import FailureLimiter, RateLimited
+
+#: Most Attempt ids a heartbeat may name.
+MAX_RUNNING_IDS = MAX_SESSION_CAPACITY
+
+
+class GatewayService:
+    """The ``/worker/v1`` routes over a :class:`~qinglong.contracts.worker.WorkerGateway`."""
+
+    def __init__(self, gateway: Any, *, limiter: FailureLimiter, source_of: Callable[[Request], str],
+                 max_claim_wait_ms: int) -> None:
+        self.gateway = gateway
+        self.limiter = limiter
+        self.source_of = source_of
+        self.max_claim_wait_ms = max_claim_wait_ms
+        #: figures for the benchmark and the metrics: requests served, claims that waited
+        self.requests = 0
+        self.waits = 0
+
+    async def _worker(self, request: Request) -> WorkerRegistration | Response:
+        source = self.source_of(request)
+        try:
+            self.limiter.check(source)
+        except RateLimited as limited:
+            return error_response(429, "rate_limited", "too many failed authentications from this address",
+                                  headers={"Retry-After": str(limited.retry_after_s)})
+        headers = request.headers.getlist("authorization")
+        scheme, _, secret = (headers[0] if len(headers) == 1 else "").strip().partition(" ")
+        secret = secret.strip()
+        registration = None
+        if scheme.lower() == "bearer" and secret.startswith(WORKER_TOKEN_PREFIX) and len(secret) <= 512:
+            registration = await self.gateway.identify(worker_token_digest(secret))
+        if registration is None:
+            self.limiter.failed(source)
+            return error_response(401, "unauthorized", "a registered worker's token is required "
+                                  "(Authorization: Bearer qlw_...); it is unknown, revoked or missing",
+                                  headers={"WWW-Authenticate": 'Bearer realm="qinglong-worker"'})
+        return registration
+
+    def _handler(self, call: Callable[[WorkerRegistration, dict], Awaitable[Any]]) -> Any:
+        async def handler(request: Request, principal: Any) -> Response:
+            if self.gateway is None:
+                return error_response(503, "unavailable", "the worker gateway is starting")
+            try:
+                found = await self._worker(request)
+                if isinstance(found, Response):
+                    return found
+                self.requests += 1
+                body = await json_body(request)
+                return JSONResponse(await call(found, body))
+            except Exception as exc:
+                refusal = wire.refusal_json(exc)
+                if refusal is None:
+                    raise
+                return JSONResponse(refusal[1], status_code=refusal[0])
+
+        return handler
+
+    # ------------------------------------------------------------------ the calls
+
+    async def open_session(self, worker: WorkerRegistration, body: dict) -> Any:
+        lease_ms = wire.field(body, "lease_ms", int)
+        session = await self.gateway.open_session(worker.worker_id, worker.labels, worker.capacity, lease_ms)
+        return wire.session_json(session)
+
+    async def heartbeat(self, worker: WorkerRegistration, body: dict) -> Any:
+        running = wire.field(body, "running", list)
+        if len(running) > MAX_RUNNING_IDS or not all(isinstance(a, str) for a in running):
+            raise wire.WireError(f"running: expected at most {MAX_RUNNING_IDS} Attempt ids")
+        reply = await self.gateway.heartbeat(wire.fence_of(body, worker.worker_id), running)
+        return wire.heartbeat_json(reply)
+
+    async def claim(self, worker: WorkerRegistration, body: dict) -> Any:
+        fence = wire.fence_of(body, worker.worker_id)
+        tokens = [wire.unb64(t, "tokens") for t in wire.field(body, "tokens", list)]
+        if len(tokens) > worker.capacity:
+            raise wire.WireError(f"tokens: at most the registered capacity, {worker.capacity}")
+        wait_ms = min(self.max_claim_wait_ms, max(0, wire.field(body, "wait_ms", int, optional=True) or 0))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        while True:
+            woken = self.gateway.waiter() if wait_ms else None  # before the claim: no wake-up is missed
+            claimed = await self.gateway.claim(fence, tokens) if tokens else []
+            remaining = deadline - loop.time()
+            if claimed or woken is None or remaining <= 0:
+                return {"claimed": [wire.claimed_json(c) for c in claimed]}
+            self.waits += 1
+            try:
+                await asyncio.wait_for(woken.wait(), remaining)
+            except asyncio.TimeoutError:
+                return {"claimed": []}
+
+    async def started(self, worker: WorkerRegistration, body: dict) -> Any:
+        reply = await self.gateway.started(wire.fence_of(body, worker.worker_id), wire.lease_of(body))
+        return wire.started_json(reply)
+
+    async def append_log(self, worker: WorkerRegistration, body: dict) -> Any:
+        stored = await self.gateway.append_log(wire.fence_of(body, worker.worker_id), wire.lease_of(body),
+                                               wire.field(body, "offset", int), wire.unb64(body.get("data"), "data"))
+        return {"stored": stored}
+
+    async def complete(self, worker: WorkerRegistration, body: dict) -> Any:
+        reply = await self.gateway.complete(
+            wire.fence_of(body, worker.worker_id), wire.lease_of(body), wire.outcome_of(body),
+            started=bool(wire.field(body, "started", bool)),
+            log_missing_bytes=wire.field(body, "log_missing_bytes", int))
+        return wire.completion_json(reply)
+
+    async def complete_late(self, worker: WorkerRegistration, body: dict) -> Any:
+        reply = await self.gateway.complete_late(worker.worker_id, wire.lease_of(body), wire.outcome_of(body))
+        return wire.completion_json(reply)
+
+    async def close_session(self, worker: WorkerRegistration, body: dict) -> Any:
+        await self.gateway.close_session(wire.fence_of(body, worker.worker_id))
+        return {"closed": True}
+
+    # ------------------------------------------------------------------ the route table
+
+    def routes(self) -> list[RouteSpec]:
+        calls = {"open_session": self.open_session, "heartbeat": self.heartbeat, "claim": self.claim,
+                 "started": self.started, "append_log": self.append_log, "complete": self.complete,
+                 "complete_late": self.complete_late, "close_session": self.close_session}
+        return [RouteSpec(wire.PATHS[name], {"POST": Method(WORKER, self._handler(call), f"worker protocol: {name}")})
+                for name, call in calls.items()]
+
+
+async def open_gateway(spec: Any, dsn: str, pool_size: int) -> Any:
+    """The store's gateway pool (``spec``: the backend's WorkerProtocolSpec)."""
+    return await spec.create_gateway(dsn, f"qinglong gateway {time.time_ns() % 100000}", pool_size)

@@ -1,0 +1,232 @@
+"""The worker protocol over HTTP(S) to the API tier's gateway (``/worker/v1``), with the Python
+standard library alone (``http.client``, ``ssl``): a worker host needs no database driver and
+holds no database credential, only its own token (``[worker] token_file``, mode 0600).
+
+Two kept-alive connections: one for claims (a claim may wait at the gateway until a Run is
+claimable) and one for everything else (heartbeats must never queue behind a waiting claim).
+Each call runs in a thread with a bound on the socket; a connection that fails is dropped and the
+call raises :class:`~qinglong.contracts.errors.StoreUnavailable` (the worker retries it as it
+retries a store); the next call connects again. The token is sent only in the Authorization
+header and never appears in an error; a 401 re-reads the token file once (a rotated token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import ssl
+import stat
+import threading
+from typing import Any, Sequence
+from urllib.parse import urlsplit
+
+from qinglong.contracts import worker_wire as wire
+from qinglong.contracts.errors import SettingsError, StoreAuthFailed, StoreUnavailable
+from qinglong.contracts.execution import AttemptOutcome
+from qinglong.contracts.worker import (
+    ClaimedAttempt,
+    CompletionReply,
+    HeartbeatReply,
+    LeaseFence,
+    Session,
+    SessionFence,
+    StartedReply,
+    WORKER_TOKEN_PREFIX,
+)
+
+#: Bound on one call's socket operations, seconds (a claim adds the time it may wait).
+CALL_TIMEOUT_S = 8.0
+#: Log bytes per request: a chunk of the protocol is cut to fit the API's body limit (base64).
+HTTP_LOG_CHUNK_BYTES = 64 * 1024
+
+
+def read_token_file(path: str) -> str:
+    """The worker's token from ``path``: refused, naming the key, when the file is missing, can be
+    read or written by anyone but its owner, or holds no worker token. Never says the token."""
+    key = "[worker] token_file"
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise SettingsError(f"{key}: cannot open {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SettingsError(f"{key}: {path} is not a regular file")
+        if info.st_mode & 0o077:
+            raise SettingsError(f"{key}: {path} has mode {stat.S_IMODE(info.st_mode):04o}; expected 0600 "
+                                f"(readable by its owner alone: chmod 600 {path})")
+        if info.st_uid != os.geteuid():
+            raise SettingsError(f"{key}: {path} belongs to uid {info.st_uid}, not to this worker's user "
+                                f"({os.geteuid()})")
+        data = os.read(fd, 1024)
+    finally:
+        os.close(fd)
+    token = data.decode("utf-8", "replace").strip()
+    if not token.startswith(WORKER_TOKEN_PREFIX) or len(token) > 512 or any(c.isspace() for c in token):
+        raise SettingsError(f"{key}: {path} holds no worker token (one line starting with "
+                            f"{WORKER_TOKEN_PREFIX}, as `qinglong worker register` prints it)")
+    return token
+
+
+class _Link:
+    """One kept-alive connection, used by one call at a time."""
+
+    def __init__(self, client: "HttpWorkerProtocol") -> None:
+        self._client = client
+        self._conn: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()
+
+    def drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    def post(self, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        with self._lock:
+            for attempt in (0, 1):
+                fresh = self._conn is None
+                if fresh:
+                    self._conn = self._client._connection(timeout_s)
+                conn = self._conn
+                conn.timeout = timeout_s
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout_s)
+                try:
+                    conn.request("POST", path, body=body, headers=self._client._headers(len(body)))
+                    response = conn.getresponse()
+                    data = response.read()
+                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                    # a kept-alive connection the server closed while idle: once more on a new one
+                    self.drop()
+                    if fresh or attempt:
+                        raise StoreUnavailable(f"{self._client.target}: the gateway closed the connection "
+                                               f"({type(exc).__name__})") from None
+                    continue
+                except (OSError, http.client.HTTPException) as exc:
+                    self.drop()
+                    what = "no answer within the call's bound" if isinstance(exc, TimeoutError) else \
+                        (getattr(exc, "strerror", None) or type(exc).__name__)
+                    raise StoreUnavailable(f"{self._client.target}: {what}") from None
+                if response.getheader("connection", "").lower() == "close":
+                    self.drop()
+                return response.status, data
+        raise StoreUnavailable(f"{self._client.target}: no answer")  # not reached
+
+
+class HttpWorkerProtocol:
+    """:class:`~qinglong.contracts.worker.WorkerProtocol` over HTTP(S) to the gateway."""
+
+    #: a claim may wait at the gateway (the worker need not sleep between claims)
+    long_polls = True
+
+    def __init__(self, url: str, token_file: str, application_name: str, *, ca_file: str | None = None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SettingsError(f"[worker] url: expected http(s)://host[:port] of the API tier, got {url!r}")
+        self.target = f"{parts.scheme}://{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+        self._scheme, self._host = parts.scheme, parts.hostname
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._base = parts.path.rstrip("/")
+        self._token_file = token_file
+        self._token = read_token_file(token_file)
+        self._agent = application_name
+        self._ssl: ssl.SSLContext | None = None
+        if self._scheme == "https":
+            self._ssl = ssl.create_default_context(cafile=ca_file)
+        self._control = _Link(self)
+        self._claims = _Link(self)
+        self.calls = 0
+
+    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
+        if self._ssl is not None:
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout_s, context=self._ssl)
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
+
+    def _headers(self, length: int) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json",
+                "Content-Length": str(length), "User-Agent": self._agent[:100]}
+
+    async def _call(self, name: str, body: dict[str, Any], *, link: _Link | None = None,
+                    wait_s: float = 0.0) -> Any:
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        link = link or self._control
+        path = self._base + wire.PATHS[name]
+        for reread in (False, True):
+            self.calls += 1
+            status, data = await asyncio.to_thread(link.post, path, payload, CALL_TIMEOUT_S + wait_s)
+            if status == 401 and not reread:
+                try:
+                    self._token = read_token_file(self._token_file)  # rotated meanwhile?
+                except SettingsError:
+                    pass
+                continue
+            break
+        try:
+            answer = json.loads(data) if data else {}
+        except ValueError:
+            answer = {}
+        if status == 200:
+            return answer
+        if status == 401:
+            raise StoreAuthFailed(f"{self.target} refused the worker's token ({name}): it is unknown or revoked; "
+                                  "check [worker] token_file (`qinglong worker rotate` prints a new one)")
+        if status == 429:
+            raise StoreUnavailable(f"{self.target}: too many failed authentications from this address")
+        raise wire.refusal_of(status, answer)
+
+    # ------------------------------------------------------------------ the calls
+
+    async def open_session(self, worker_id: str, labels: Sequence[str], capacity: int, lease_ms: int) -> Session:
+        # the gateway binds the id, the labels and the capacity to the token's registration
+        return wire.session_of(await self._call("open_session", {"lease_ms": int(lease_ms)}))
+
+    async def heartbeat(self, fence: SessionFence, running: Sequence[str]) -> HeartbeatReply:
+        return wire.heartbeat_of(await self._call("heartbeat", {**wire.fence_json(fence), "running": list(running)}))
+
+    async def claim(self, fence: SessionFence, tokens: Sequence[bytes], wait_ms: int = 0) -> Sequence[ClaimedAttempt]:
+        if not tokens:
+            return []
+        wait_ms = max(0, min(int(wait_ms), wire.MAX_CLAIM_WAIT_MS))
+        answer = await self._call("claim", {**wire.fence_json(fence), "tokens": [wire.b64(t) for t in tokens],
+                                            "wait_ms": wait_ms}, link=self._claims, wait_s=wait_ms / 1000)
+        return [wire.claimed_of(item) for item in wire.field(answer, "claimed", list)]
+
+    async def started(self, fence: SessionFence, lease: LeaseFence) -> StartedReply:
+        return wire.started_of(await self._call("started", {**wire.fence_json(fence), "lease": wire.lease_json(lease)}))
+
+    async def append_log(self, fence: SessionFence, lease: LeaseFence, offset: int, data: bytes) -> int:
+        stored = offset
+        for at in range(0, max(1, len(data)), HTTP_LOG_CHUNK_BYTES):
+            piece = bytes(data[at:at + HTTP_LOG_CHUNK_BYTES])
+            answer = await self._call("append_log", {**wire.fence_json(fence), "lease": wire.lease_json(lease),
+                                                     "offset": offset + at, "data": wire.b64(piece)})
+            stored = wire.field(answer, "stored", int)
+        return stored
+
+    async def complete(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, *,
+                       started: bool = True, log_missing_bytes: int = 0) -> CompletionReply:
+        return wire.completion_of(await self._call("complete", {
+            **wire.fence_json(fence), "lease": wire.lease_json(lease), "outcome": wire.outcome_json(outcome),
+            "started": bool(started), "log_missing_bytes": int(log_missing_bytes)}))
+
+    async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
+        return wire.completion_of(await self._call("complete_late", {"lease": wire.lease_json(lease),
+                                                                     "outcome": wire.outcome_json(outcome)}))
+
+    async def close_session(self, fence: SessionFence) -> None:
+        await self._call("close_session", wire.fence_json(fence))
+
+    async def close(self) -> None:
+        self._control.drop()
+        self._claims.drop()
+
+
+async def connect_http_protocol(url: str, token_file: str, application_name: str,
+                                ca_file: str | None = None) -> HttpWorkerProtocol:
+    """The gateway's client (nothing is sent until the first call)."""
+    return HttpWorkerProtocol(url, token_file, application_name, ca_file=ca_file)

@@ -1,0 +1,243 @@
+"""Attacks by a holder of one worker's token, each with a real second registered worker, through a
+real ``qinglong api`` over TCP on real PostgreSQL (both builds). Each test asserts the HTTP answer
+and that the store did not change; its docstring says what would be stolen or killed otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import os
+
+import psycopg
+import pytest
+
+from qinglong.contracts.worker import new_lease_token
+from tests.gateway.helpers import ApiGateway, WorkerHttp, cli, plane_settings, register
+from tests.worker.helpers import PROJECT, admit, publish_task, py_job, run_state, wait_until
+
+LEASE_MS = 30_000
+#: What a worker's calls can change, read as the superuser.
+STORE_TABLES = {
+    "worker_sessions": "worker_id",
+    "attempts": "attempt_id",
+    "runs": "run_id",
+    "attempt_logs": "attempt_id, offset_bytes",
+    "worker_registrations": "worker_id",
+    "run_events": "1",
+}
+
+
+def dump(db) -> dict[str, list]:
+    return {table: db.sql(f"SELECT * FROM qinglong.{table} ORDER BY {order}") for table, order in STORE_TABLES.items()}
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+class Plane:
+    def __init__(self, cluster, tmp_path, **settings) -> None:
+        self.db = cluster
+        self.settings = plane_settings(cluster, tmp_path, **settings)
+        self.token_a = register(self.settings, "alice", labels=("linux",), projects=(PROJECT,), capacity=1)
+        self.token_b = register(self.settings, "bob", labels=(), projects=("elsewhere",), capacity=1)
+        self.api = ApiGateway(self.settings, tmp_path / "api.stderr")
+        self.alice = WorkerHttp(self.api.port, self.token_a)
+        self.bob = WorkerHttp(self.api.port, self.token_b)
+
+    def open(self, client: WorkerHttp, **body) -> dict:
+        status, session = client.call("open_session", {"lease_ms": LEASE_MS, **body})
+        assert status == 200, session
+        return session
+
+    def close(self) -> None:
+        self.alice.close()
+        self.bob.close()
+        self.api.stop()
+
+
+@pytest.fixture
+def plane(cluster, tmp_path):
+    p = Plane(cluster, tmp_path)
+    yield p
+    p.close()
+
+
+def fence(session: dict) -> dict:
+    return {"session_id": session["session_id"], "generation": session["generation"]}
+
+
+def claim_one(plane: Plane, client: WorkerHttp, session: dict) -> dict:
+    status, answer = client.call("claim", {**fence(session), "tokens": [b64(new_lease_token())], "wait_ms": 0})
+    assert status == 200, answer
+    (claimed,) = answer["claimed"]
+    return claimed
+
+
+def test_a_token_opens_sessions_only_for_its_own_worker_id(plane):
+    """Otherwise bob's token could open a session as alice, bump her generation and so fence her:
+    alice would kill her own jobs and stop (a denial of service from any one worker's token)."""
+    alice = plane.open(plane.alice)
+    before = plane.db.sql("SELECT generation, session_id FROM qinglong.worker_sessions WHERE worker_id = 'alice'")
+    bob = plane.open(plane.bob, worker_id="alice", labels=["linux"], capacity=256)
+    assert bob["worker_id"] == "bob"
+    after = plane.db.sql("SELECT generation, session_id FROM qinglong.worker_sessions WHERE worker_id = 'alice'")
+    assert after == before
+    # alice's session still answers; bob cannot heartbeat it even knowing its fence
+    assert plane.alice.call("heartbeat", {**fence(alice), "running": []})[0] == 200
+    snapshot = dump(plane.db)
+    status, answer = plane.bob.call("heartbeat", {**fence(alice), "running": [], "worker_id": "alice"})
+    assert (status, answer["error"]["code"]) == (409, "session_fenced")
+    assert dump(plane.db)["worker_sessions"] == snapshot["worker_sessions"]
+
+
+def test_labels_and_capacity_come_from_the_registration_not_the_request(plane):
+    """Otherwise bob could declare a label he was never given (a gpu pool's Runs, their payloads and
+    env secrets) or a capacity of 256 and hoard the queue under long leases."""
+    trigger = publish_task(plane.db, "gpu-job", {"command": py_job("pass"), "labels": ["gpu"]})
+    run_id = admit(plane.db, trigger)
+    session = plane.open(plane.bob, labels=["gpu"], capacity=256)
+    assert (session["labels"], session["capacity"]) == ([], 1)
+    stored = plane.db.sql("SELECT labels, capacity FROM qinglong.worker_sessions WHERE worker_id = 'bob'")
+    assert stored == [([], 1)]
+    snapshot = dump(plane.db)
+    status, answer = plane.bob.call("claim", {**fence(session), "tokens": [b64(new_lease_token())], "wait_ms": 0})
+    assert (status, answer) == (200, {"claimed": []})
+    assert run_state(plane.db, run_id) == "queued"
+    assert dump(plane.db) == snapshot
+
+
+def test_a_worker_is_offered_only_runs_of_its_registered_projects(plane):
+    """Otherwise bob, registered for project 'elsewhere', could take project wp's Runs and read their
+    payloads and env secrets."""
+    trigger = publish_task(plane.db, "plain", {"command": py_job("pass"), "env": {"SECRET": "hunter2"}})
+    run_id = admit(plane.db, trigger)
+    session = plane.open(plane.bob)
+    snapshot = dump(plane.db)
+    status, answer = plane.bob.call("claim", {**fence(session), "tokens": [b64(new_lease_token())], "wait_ms": 0})
+    assert (status, answer) == (200, {"claimed": []})
+    assert dump(plane.db) == snapshot
+    assert run_state(plane.db, run_id) == "queued"
+
+
+def test_another_sessions_heartbeat_started_log_and_complete_are_refused(plane):
+    """Otherwise bob, holding alice's session fence and even her lease token, could keep her Attempt
+    alive, start it, write into its log or invent its outcome: the Run's result would be his."""
+    trigger = publish_task(plane.db, "victim", {"command": py_job("pass"), "labels": ["linux"]})
+    admit(plane.db, trigger)
+    alice = plane.open(plane.alice)
+    claimed = claim_one(plane, plane.alice, alice)
+    plane.open(plane.bob)
+    snapshot = dump(plane.db)
+    stolen = {**fence(alice), "lease": claimed["lease"]}
+    outcome = {"state": "succeeded", "exit_code": 0, "signal": None, "log_bytes": 0, "log_dropped_bytes": 0,
+               "reason": None}
+    calls = [("heartbeat", {**fence(alice), "running": [claimed["lease"]["attempt_id"]]}),
+             ("started", stolen),
+             ("append_log", {**stolen, "offset": 0, "data": b64(b"forged\n")}),
+             ("complete", {**stolen, "outcome": outcome, "started": True, "log_missing_bytes": 0}),
+             ("close_session", fence(alice))]
+    for name, body in calls:
+        status, answer = plane.bob.call(name, body)
+        assert (status, answer["error"]["code"]) == (409, "session_fenced"), (name, answer)
+    # complete_late needs no session: bob's id is not the one that leased it
+    status, answer = plane.bob.call("complete_late", {"lease": claimed["lease"], "outcome": outcome})
+    assert (status, answer["error"]["code"]) == (409, "lease_fenced")
+    assert dump(plane.db) == snapshot
+    # alice's own calls still work
+    assert plane.alice.call("started", stolen)[0] == 200
+
+
+def test_a_claim_beyond_the_registered_capacity_is_refused_and_the_store_bounds_it(plane):
+    """Otherwise one worker could take the whole queue at once and sit on it under its lease, while
+    every other worker idles (hoarding)."""
+    for n in range(3):
+        admit(plane.db, publish_task(plane.db, f"hoard-{n}", {"command": py_job("pass"), "labels": ["linux"]}))
+    session = plane.open(plane.alice)
+    snapshot = dump(plane.db)
+    tokens = [b64(new_lease_token()) for _ in range(3)]
+    status, answer = plane.alice.call("claim", {**fence(session), "tokens": tokens, "wait_ms": 0})
+    assert (status, answer["error"]["code"]) == (400, "bad_worker_call")
+    assert dump(plane.db) == snapshot
+    claim_one(plane, plane.alice, session)
+    status, answer = plane.alice.call("claim", {**fence(session), "tokens": tokens[:1], "wait_ms": 0})
+    assert (status, answer) == (200, {"claimed": []})
+    assert plane.db.count("attempts", "state = 'dispatching'") == 1
+
+
+def test_a_revoked_token_is_refused_at_once_and_its_runs_are_handed_over(plane):
+    """Otherwise a stolen token, once revoked, would keep its session and the Runs it holds until
+    the lease ran out, and could keep renewing them for ever."""
+    trigger = publish_task(plane.db, "held", {"command": py_job("pass"), "labels": ["linux"]})
+    run_id = admit(plane.db, trigger)
+    session = plane.open(plane.alice)
+    claimed = claim_one(plane, plane.alice, session)
+    out = cli(plane.settings, "worker", "revoke", "alice").stdout
+    assert "1 Attempt(s) handed over" in out
+    assert plane.db.sql("SELECT closed_at_ms IS NOT NULL FROM qinglong.worker_sessions "
+                        "WHERE worker_id = 'alice'") == [(True,)]
+    assert run_state(plane.db, run_id) == "queued"  # never started: straight back to the queue
+    snapshot = dump(plane.db)
+    for name, body in (("heartbeat", {**fence(session), "running": [claimed["lease"]["attempt_id"]]}),
+                       ("started", {**fence(session), "lease": claimed["lease"]}),
+                       ("open_session", {"lease_ms": LEASE_MS})):
+        status, answer = plane.alice.call(name, body)
+        assert (status, answer["error"]["code"]) == (401, "unauthorized"), name
+    assert dump(plane.db) == snapshot
+    # bob's token is untouched by alice's revocation
+    assert plane.bob.call("open_session", {"lease_ms": LEASE_MS})[0] == 200
+
+
+def test_a_rotated_token_replaces_the_old_one(plane):
+    """Otherwise a leaked token could not be retired without re-registering the worker, or both the
+    old and the new token would open sessions."""
+    new = cli(plane.settings, "worker", "rotate", "alice").stdout.strip()
+    assert new.startswith("qlw_") and new != plane.token_a
+    assert plane.alice.call("open_session", {"lease_ms": LEASE_MS})[0] == 401
+    assert plane.alice.call("open_session", {"lease_ms": LEASE_MS}, token=new)[0] == 200
+    listing = cli(plane.settings, "worker", "list", "--json").stdout
+    assert plane.token_a not in listing and new not in listing
+
+
+def test_tokens_open_only_their_own_side_of_the_api(plane):
+    """Otherwise a worker's token would reach the management API (publish tasks, read every
+    Run) or an operator's API token would act as a worker."""
+    api_token = cli(plane.settings, "token", "create", "ops", "--scope", "admin").stdout.strip()
+    snapshot = dump(plane.db)
+    status, answer = plane.alice.call("open_session", {"lease_ms": LEASE_MS}, token=api_token)
+    assert (status, answer["error"]["code"]) == (401, "unauthorized")
+    plane.alice.conn.request("GET", "/api/v1/projects", headers={"Authorization": f"Bearer {plane.token_a}"})
+    response = plane.alice.conn.getresponse()
+    response.read()
+    assert response.status == 401
+    assert dump(plane.db) == snapshot
+
+
+def test_a_worker_holds_no_database_credential_and_cannot_exhaust_connections(plane, tmp_path):
+    """Before, every worker held the shared worker_ingress login: it could ALTER ROLE it (lock every
+    worker out), set role defaults, or open 197 of 200 connections. A worker now holds only its
+    token, which PostgreSQL does not accept, and any number of waiting claims share the gateway's
+    bounded pool."""
+    server = plane.db.server
+    for user in ("qinglong_worker_ingress", "alice"):
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(server.dsn(user, plane.token_a, plane.db.dbname), connect_timeout=5).close()
+    sessions = [plane.open(WorkerHttp(plane.api.port, plane.token_a))]
+
+    def waiting_claim(_: int) -> int:
+        client = WorkerHttp(plane.api.port, plane.token_a)
+        try:
+            return client.call("claim", {**fence(sessions[0]), "tokens": [b64(new_lease_token())],
+                                         "wait_ms": 3_000})[0]
+        finally:
+            client.close()
+
+    def gateway_connections() -> int:
+        return plane.db.sql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'qinglong_worker_ingress' "
+                            "AND datname = current_database()")[0][0]
+
+    with concurrent.futures.ThreadPoolExecutor(40) as pool:
+        statuses = list(pool.map(waiting_claim, range(40)))
+    assert statuses == [200] * 40
+    assert gateway_connections() <= 2 + 1  # the pool (2) and the listener

@@ -1,0 +1,39 @@
+"""A worker with no database credential runs the cluster's Runs through the API tier's gateway:
+real PostgreSQL (both builds), a real ``qinglong api`` over TCP, a real ``qinglong worker``."""
+
+from __future__ import annotations
+
+import signal
+
+from tests.gateway.helpers import ApiGateway, plane_settings, register, start_gateway_worker
+from tests.worker.helpers import admit, attempts, py_job, publish_task, stored_log, wait_run_state
+
+
+def test_a_registered_worker_runs_a_run_through_the_gateway_without_a_database_credential(cluster, tmp_path):
+    """Without the gateway a worker host would need the database's worker_ingress password (which any
+    job could read and use to impersonate every worker); through it the Run still runs once, its
+    exit code and every log byte are stored, and the worker's settings name no DSN."""
+    settings = plane_settings(cluster, tmp_path)
+    token = register(settings, "w-gw")
+    api = ApiGateway(settings, tmp_path / "api.stderr")
+    worker = None
+    try:
+        trigger = publish_task(cluster, "hello", {"command": py_job("print('x' * 200000); raise SystemExit(5)"),
+                                                  "timeout_ms": 60_000})
+        run_id = admit(cluster, trigger)
+        worker = start_gateway_worker(api.url, token, tmp_path, "w-gw")
+        assert wait_run_state(cluster, run_id) == "failed"
+        (attempt,) = attempts(cluster, run_id)
+        assert (attempt["state"], attempt["exit_code"]) == ("failed", 5)
+        assert stored_log(cluster, attempt["attempt_id"]) == b"x" * 200000 + b"\n"
+        text = (tmp_path / "w-gw.toml").read_text()
+        assert "dsn" not in text and "password" not in text
+        assert token not in worker.text() and token not in api.text()
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+        closed = cluster.sql("SELECT closed_at_ms FROM qinglong.worker_sessions WHERE worker_id = 'w-gw'")
+        assert closed[0][0] is not None
+    finally:
+        if worker is not None:
+            worker.stop()
+        api.stop()

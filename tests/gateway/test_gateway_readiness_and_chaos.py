@@ -1,0 +1,113 @@
+"""The gateway's readiness, and the gateway killed -9 under a running worker: real PostgreSQL
+(both builds), a real ``qinglong api`` over TCP restarted on the same port, a real worker and
+real jobs that mark each start of their Attempt."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+
+from tests.gateway.helpers import ApiGateway, plane_settings, register, start_gateway_worker
+from tests.worker.helpers import admit, attempts, publish_task, py_job, wait_run_state, wait_until
+
+
+def readyz(port: int) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/readyz")
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def test_readiness_fails_while_the_gateways_role_has_no_connection_limit(cluster, tmp_path):
+    """Without the check, a role whose CONNECTION LIMIT was dropped would let the API tier (or anyone
+    holding its password) take every connection of the server, and nobody would be told."""
+    settings = plane_settings(cluster, tmp_path)
+    api = ApiGateway(settings, tmp_path / "api.stderr")
+    role = "qinglong_worker_ingress"
+    try:
+        wait_until(lambda: readyz(api.port) == 200, "the API ready")
+        cluster.sql(f"ALTER ROLE {role} CONNECTION LIMIT -1")
+        try:
+            wait_until(lambda: readyz(api.port) == 503, "the API not ready")
+            wait_until(lambda: "no CONNECTION LIMIT" in api.text(), "the diagnostic naming the limit")
+        finally:
+            cluster.sql(f"ALTER ROLE {role} CONNECTION LIMIT 64")
+        wait_until(lambda: readyz(api.port) == 200, "the API ready again")
+    finally:
+        api.stop()
+
+
+#: The job marks each start of its Attempt (O_EXCL: a second start leaves another file), then runs
+#: long enough for the gateway to be killed and restarted under it.
+MARK_JOB = r"""
+import os, sys, time
+marks = sys.argv[1]
+name = os.path.join(marks, os.environ["QINGLONG_RUN_ID"] + "." + os.environ["QINGLONG_ATTEMPT"])
+try:
+    os.close(os.open(name + ".start", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+except FileExistsError:
+    os.close(os.open(name + ".again.%d" % os.getpid(), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+time.sleep(float(sys.argv[2]))
+print("done")
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_gateway_killed_9_mid_run_starts_nothing_twice_and_records_each_outcome_once(cluster, tmp_path):
+    """Without idempotent calls behind the gateway a worker retrying through a restarted gateway
+    could start an Attempt twice, lose its outcome or record it twice; without the self-fence's
+    bound on a waiting claim a claim could outlive the gateway."""
+    port = free_port()
+    settings = plane_settings(cluster, tmp_path)
+    text = settings.read_text().replace('listen = "127.0.0.1:0"', f'listen = "127.0.0.1:{port}"')
+    settings.write_text(text)
+    token = register(settings, "w-chaos", capacity=2)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    api = ApiGateway(settings, tmp_path / "api-1.stderr")
+    worker = None
+    try:
+        worker = start_gateway_worker(api.url, token, tmp_path, "w-chaos", session_lease_ms=15_000,
+                                      heartbeat_ms=1_000, self_fence_margin_ms=2_000, kill_grace_ms=500)
+        run_ids = []
+        for n, seconds in enumerate(("4", "6")):
+            trigger = publish_task(cluster, f"chaos-{n}", {"command": py_job(MARK_JOB, str(marks), seconds),
+                                                           "timeout_ms": 120_000})
+            run_ids.append(admit(cluster, trigger))
+        wait_until(lambda: len(list(marks.glob("*.start"))) == 2, "both jobs started")
+        api.kill()  # kill -9 mid-run: heartbeats and log shipping fail until it is back
+        worker.wait_event("worker.store_unavailable")
+        api = ApiGateway(settings, tmp_path / "api-2.stderr")
+        assert api.port == port
+        for run_id in run_ids:
+            assert wait_run_state(cluster, run_id) == "succeeded", worker.text()
+        # a third Run after the restart: a waiting claim through the new gateway takes it
+        trigger = publish_task(cluster, "chaos-after", {"command": py_job(MARK_JOB, str(marks), "0"),
+                                                        "timeout_ms": 60_000})
+        run_ids.append(admit(cluster, trigger))
+        assert wait_run_state(cluster, run_ids[-1]) == "succeeded"
+        for run_id in run_ids:
+            (attempt,) = attempts(cluster, run_id)
+            assert attempt["state"] == "succeeded"
+        assert len(list(marks.glob("*.start"))) == 3
+        assert list(marks.glob("*.again.*")) == []
+        events = cluster.sql("SELECT run_id::text, count(*) FROM qinglong.run_events WHERE event_type = 'run.finished' "
+                             "GROUP BY run_id")
+        assert sorted(events) == sorted((r, 1) for r in run_ids)
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+    finally:
+        if worker is not None:
+            worker.stop()
+        api.stop()
