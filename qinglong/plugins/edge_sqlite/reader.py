@@ -71,11 +71,13 @@ class SqliteReader:
         rows = await self._named_rows(query("list_projects"), (), listing_bound(limit))
         return [record_from_row(ProjectRecord, row, active=bool(row["active"])) for row in rows]
 
-    async def list_triggers(self, project_id: str | None = None,
-                            limit: int | None = None) -> Sequence[TriggerHead]:
-        """Trigger heads, optionally of one project, by project and id."""
+    async def list_triggers(self, project_id: str | None = None, limit: int | None = None,
+                            kind: str | None = None) -> Sequence[TriggerHead]:
+        """Trigger heads, optionally of one project and of one kind, by project and id."""
         bound = listing_bound(limit)
-        if project_id is None:
+        if kind is not None:
+            rows = await self._named_rows(query("list_triggers_of_kind"), (kind, project_id), bound)
+        elif project_id is None:
             rows = await self._named_rows(query("list_triggers"), (), bound)
         else:
             rows = await self._named_rows(query("list_triggers_of_project"), (project_id,), bound)
