@@ -22,9 +22,16 @@ from qinglong.contracts.records import (
 )
 from qinglong.contracts.store import listing_bound, schedule_cursor
 
-from .publisher import head_from_row
 from .queries import query
 from .store import SqliteStore, named_one, named_rows
+
+def head_from_row(row: sqlite3.Row) -> TriggerHead:
+    """A :class:`TriggerHead` from a ``trigger_by_id``-shaped row, read by column name."""
+    return TriggerHead(row["project_id"], row["trigger_id"], row["task_id"],
+                       row["trigger_revision"], row["kind"], json.loads(row["spec_json"]),
+                       MisfirePolicy(row["misfire_policy"]), row["misfire_grace_ms"],
+                       bool(row["enabled"]), row["content_digest"], row["jitter_ms"])
+
 
 def _schedule_view(row: sqlite3.Row) -> ScheduleView:
     return record_from_row(ScheduleView, row, spec=json.loads(row["spec_json"]),
