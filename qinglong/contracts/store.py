@@ -48,13 +48,16 @@ class SchedulerLimits:
     """Bounds of one scheduler round, from the settings after the profile's caps were applied.
 
     ``page_size`` bounds the SQLite scan; ``claim_budget`` bounds the cluster claim; ``lease_ms`` is
-    the cluster claim lease; ``cadence_ms`` the pause between round starts.
+    the cluster claim lease; ``cadence_ms`` the pause between round starts. ``max_queued``
+    (``[execution] max_queued``): the bound on a task's waiting Runs that a store whose Runs are
+    started elsewhere writes on each Run it admits (None: no bound).
     """
 
     page_size: int
     claim_budget: int
     lease_ms: int
     cadence_ms: int
+    max_queued: int | None = None
 
 
 @dataclass(frozen=True)

@@ -308,7 +308,8 @@ class EdgeContainer:
         self.backend_settings = _Once(lambda: backend_settings(self.backend_spec(), loaded))
         self.limits = _Once(lambda: SchedulerLimits(
             page_size=settings.scheduler.page_size, claim_budget=settings.scheduler.claim_budget,
-            lease_ms=settings.scheduler.lease_ms, cadence_ms=settings.scheduler.cadence_ms))
+            lease_ms=settings.scheduler.lease_ms, cadence_ms=settings.scheduler.cadence_ms,
+            max_queued=settings.execution.max_queued))
         self.owner_strategy = lambda: single_owner
         self.owner = _Once(lambda: resolve_owner(self.owner_strategy(), loaded))
         self.clock_ms = lambda: wall_clock_ms
@@ -335,6 +336,7 @@ class EdgeContainer:
             dispatcher_factory=self.dispatcher_factory(),
             admission_factory=self.http_admission(),
         ))
+
 
 def build_container(loaded: LoadedSettings) -> Any:
     """The profile's container with its configuration loaded from the validated settings

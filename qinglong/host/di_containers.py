@@ -51,6 +51,7 @@ class HostContainer(containers.DeclarativeContainer):
         claim_budget=config.scheduler.claim_budget,
         lease_ms=config.scheduler.lease_ms,
         cadence_ms=config.scheduler.cadence_ms,
+        max_queued=config.execution.max_queued,
     )
     owner_strategy = providers.Object(single_owner)
     owner = providers.Singleton(resolve_owner, owner_strategy, loaded)

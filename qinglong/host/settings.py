@@ -98,7 +98,8 @@ class ExecutionSettings(BaseModel):
     orphan_drain_ms: int = Field(2_000, ge=0, le=600_000,
                                  description="how long a job's output is still read after the job exited")
     max_queued: int = Field(16, ge=1, le=100_000,
-                            description="Runs of one task waiting to start; an occurrence beyond is a recorded skip")
+                            description="Runs of one task waiting to start; an occurrence beyond is a recorded skip "
+                                        "(on the cluster the admitting replica writes it on each Run)")
     poll_ms: int = Field(1_000, ge=50, le=60_000, description="fallback wake-up of the dispatcher")
     log_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
                                       description="finished Attempts' logs are deleted after this")

@@ -24,6 +24,28 @@ def trigger_json(t: Any) -> dict[str, Any]:
             "content_digest": t.content_digest}
 
 
+def skip_json(s: Any) -> dict[str, Any]:
+    """A recorded misfire (:class:`~qinglong.contracts.records.SkipView`) as ``skips --json`` prints it."""
+    return {"project_id": s.project_id, "trigger_id": s.trigger_id, "trigger_revision": s.trigger_revision,
+            "policy": s.policy.value, "first_skipped_ms": s.first_skipped_ms, "last_skipped_ms": s.last_skipped_ms,
+            "count": s.count, "count_exact": s.count_exact, "recorded_at_ms": s.recorded_at_ms}
+
+
+def run_skip_json(s: Any) -> dict[str, Any]:
+    """A Run skipped before it started (``RunSkipView``) as ``skips --json`` prints it."""
+    return {"kind": "run", "run_id": s.run_id, "project_id": s.project_id, "task_id": s.task_id,
+            "trigger_id": s.trigger_id, "scheduled_for_ms": s.scheduled_for_ms, "reason": s.reason,
+            "recorded_at_ms": s.recorded_at_ms}
+
+
+def worker_json(w: Any) -> dict[str, Any]:
+    """A :class:`~qinglong.contracts.execution.WorkerView`."""
+    return {"worker_id": w.worker_id, "state": w.state, "labels": list(w.labels), "capacity": w.capacity,
+            "running": w.running, "free_slots": w.free_slots, "opened_at_ms": w.opened_at_ms,
+            "heartbeat_at_ms": w.heartbeat_at_ms, "lease_expires_at_ms": w.lease_expires_at_ms,
+            "closed_at_ms": w.closed_at_ms}
+
+
 def task_command(task: Any) -> list[str] | None:
     command = task.payload.get("command")
     return list(command) if isinstance(command, list) else None

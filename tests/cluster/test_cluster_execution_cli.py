@@ -228,3 +228,24 @@ def test_log_retention_prunes_shipped_logs_of_ended_attempts_and_logs_reports_th
         assert attempts_of(cluster, running)[0]["log_deleted_at_ms"] is None
     finally:
         worker.close()
+
+
+def test_skips_lists_a_cluster_run_its_task_skipped_and_runs_no_longer_does(cluster, tmp_path):
+    """On the cluster `skips` read only the triggers' misfires: a 'forbid' skip stayed a
+    cancelled Run, so `skips` showed 0 while 97 Runs were skipped."""
+    settings = write_settings(tmp_path / "cli.toml", cluster)
+    trigger = publish(cluster, "f", ["true"], concurrency="forbid")
+    first = admit(cluster, trigger, offset_ms=-3000)
+    second = admit(cluster, trigger, offset_ms=-1000)
+    worker = ProtocolWorker(cluster, "w-skip")
+    try:
+        (lease,) = worker.claim(4)
+        assert lease.run_id == first
+    finally:
+        worker.close()
+    skipped = [s for s in cli_json(settings, "skips") if s.get("kind") == "run"]
+    assert [(s["run_id"], s["task_id"], s["reason"]) for s in skipped] == [
+        (second, "f", f"skipped: concurrency 'forbid' and run {first} of this task is still running")]
+    text = cli(settings, "skips").stdout.decode()
+    assert "runs skipped before they started" in text and second in text
+    assert second not in {r["run_id"] for r in cli_json(settings, "runs")}

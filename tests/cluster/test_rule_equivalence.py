@@ -228,13 +228,16 @@ def overlap_cases(draw):
     roles = [draw(st.sampled_from(RUN_ROLES)) for _ in range(n)]
     # dispatch keys with ties, so the order falls to admitted_at_ms and then to run_id
     keys = [(draw(st.integers(0, 2)), draw(st.integers(0, 1))) for _ in range(n + 1)]
-    return ConcurrencyPolicy(mode, max_running), roles, keys
+    # the bound on waiting Runs, often below the Runs waiting ahead
+    max_queued = draw(st.one_of(st.none(), st.integers(1, 3)))
+    return ConcurrencyPolicy(mode, max_running), roles, keys, max_queued
 
 
 def test_sql_overlap_equals_the_contracts_overlap_decision(cluster):
     """The worker's claim decides a task's concurrency in SQL: if it drifted from the contract,
     a 'forbid' task could run twice at once on the cluster, a 'queue' task out of order, or a
-    'replace' cancel the wrong Run; and the reason an operator reads would differ by profile."""
+    'replace' cancel the wrong Run, a backlog grow past max_queued on one profile only; and the
+    reason an operator reads would differ by profile."""
     publish(cluster, "ov", {"command": ["true"]})
     made = admit(cluster, "ov", 6)
     runs = sorted(made)  # fixed ids; the example gives them keys and states
@@ -244,7 +247,7 @@ def test_sql_overlap_equals_the_contracts_overlap_decision(cluster):
         @settings(EXAMPLES, max_examples=120)
         @given(case=overlap_cases())
         def check(case):
-            policy, roles, keys = case
+            policy, roles, keys, max_queued = case
             now = conn.execute("SELECT qinglong._now_ms()").fetchone()[0]
             candidate, others = runs[0], runs[1:len(roles) + 1]
             conn.execute("BEGIN")
@@ -275,17 +278,17 @@ def test_sql_overlap_equals_the_contracts_overlap_decision(cluster):
                 expected = overlap_decision(
                     policy,
                     [ActiveRun(r[0], r[3][0], cancel_requested=r[2] == "active_cancelled") for r in active],
-                    sum(1 for r in rows[1:] if r[2] == "waiting_due" and r[3] < key))
+                    sum(1 for r in rows[1:] if r[2] == "waiting_due" and r[3] < key), max_queued=max_queued)
                 spec = json.dumps(spec_to_payload(ExecutionSpec(command=("true",), concurrency=policy)))
                 action, why = conn.execute(
-                    "SELECT action, reason FROM qinglong._overlap(%s::jsonb, 'p1', 'ov', %s, %s, %s, %s)",
-                    (spec, candidate[0], key[0], key[1], now)).fetchone()
+                    "SELECT action, reason FROM qinglong._overlap(%s::jsonb, 'p1', 'ov', %s, %s, %s, %s, %s)",
+                    (spec, candidate[0], key[0], key[1], now, max_queued)).fetchone()
                 cancelled = {str(r[0]) for r in conn.execute(
                     "SELECT a.run_id FROM qinglong.attempts a WHERE a.run_id = ANY (%s::uuid[]) "
                     "AND a.cancel_reason = 'replaced'", ([r[0] for r in rows],))}
             finally:
                 conn.execute("ROLLBACK")
-            assert (action, why or "") == (expected.action.value, expected.reason), (roles, keys)
+            assert (action, why or "") == (expected.action.value, expected.reason), (roles, keys, max_queued)
             assert cancelled == set(expected.cancel if expected.action is OverlapAction.REPLACE else ())
 
         check()

@@ -21,6 +21,14 @@ from dataclasses import dataclass, field
 import psycopg
 import pytest
 
+from qinglong.contracts.execution import (
+    ActiveRun,
+    ConcurrencyMode,
+    ConcurrencyPolicy,
+    OverlapAction,
+    overlap_decision,
+)
+
 from tests.support.cluster import arun, expire
 from tests.support.aio import closing
 
@@ -50,9 +58,11 @@ def publish(db, task_id: str, payload: dict, project: str = "p1") -> None:
     arun(body())
 
 
-def admit(db, task_id: str, n: int = 1, project: str = "p1") -> list[tuple[str, str]]:
+def admit(db, task_id: str, n: int = 1, project: str = "p1",
+          max_queued: int | None = None) -> list[tuple[str, str]]:
     """Admit ``n`` Runs of the task's head revision, due now, in dispatch order; returns
-    ``(run_id, attempt_id)`` of each. The rows are the ones admission writes."""
+    ``(run_id, attempt_id)`` of each. The rows are the ones admission writes (``max_queued``:
+    the replica's bound written on each)."""
     now = db.db_now_ms()
     rev, digest = db.sql(
         "SELECT t.task_revision, e.content_digest FROM qinglong.tasks t "
@@ -65,9 +75,9 @@ def admit(db, task_id: str, n: int = 1, project: str = "p1") -> list[tuple[str, 
         scheduled = now - 10_000 + next(_keys)  # due, and later admissions later in dispatch order
         db.sql("INSERT INTO qinglong.runs (run_id, project_id, trigger_id, trigger_revision, task_id, "
                "task_revision, executor, execution_digest, scheduled_for_ms, admitted_at_ms, "
-               "queued_at_ms, state, owned_by, idempotency_key, admitted_by) VALUES (%s, %s, 'tr', 1, "
-               "%s, %s, 'remote_worker', %s, %s, %s, %s, 'queued', 'runtime', %s, 'test')",
-               (run_id, project, task_id, rev, digest, scheduled, now, now, f"k{uuid.uuid4()}"))
+               "queued_at_ms, state, owned_by, idempotency_key, admitted_by, max_queued) VALUES (%s, %s, "
+               "'tr', 1, %s, %s, 'remote_worker', %s, %s, %s, %s, 'queued', 'runtime', %s, 'test', %s)",
+               (run_id, project, task_id, rev, digest, scheduled, now, now, f"k{uuid.uuid4()}", max_queued))
         db.sql("INSERT INTO qinglong.attempts (attempt_id, run_id, attempt_no, state, executor, "
                "created_at_ms) VALUES (%s, %s, 1, 'claimed', 'remote_worker', %s)", (attempt_id, run_id, now))
         db.sql("INSERT INTO qinglong.run_events (event_id, run_id, seq, event_type, at_ms) VALUES "
@@ -432,19 +442,118 @@ def test_an_unbounded_tasks_runs_are_claimed_in_parallel_while_a_bounded_task_is
     assert cluster.count("runs", "task_id = 'one' AND state = 'queued'") == 1
 
 
-def test_forbid_never_runs_two_and_skips_the_newcomer_with_the_reason(cluster):
+def run_skips(db, run_id: str | None = None) -> list[tuple]:
+    """The skip records (run id, reason), oldest first; of one Run when ``run_id``."""
+    return [(str(r), why) for r, why in db.sql(
+        "SELECT run_id, reason FROM qinglong.run_skips WHERE %s::uuid IS NULL OR run_id = %s::uuid "
+        "ORDER BY skip_seq", (run_id, run_id))]
+
+
+def gone(db, run_id: str) -> bool:
+    """No row of the Run is left (Run, Attempts, events)."""
+    return sum(db.count(t, "run_id = %s", (run_id,)) for t in ("runs", "attempts", "run_events")) == 0
+
+
+def test_forbid_never_runs_two_and_the_newcomer_becomes_a_skip_record_with_the_reason(cluster):
     """'forbid' must hold cluster-wide: two workers must never both start a Run of the task,
-    and a Run that would overlap ends cancelled saying why instead of waiting for ever."""
+    and a Run that would overlap is skipped saying why instead of waiting for ever. The skip is
+    a skip record, not a cancelled Run: kept as a Run, `skips` showed 0 while 97 Runs were
+    skipped. Its end is still announced (the outbox row any end writes)."""
     publish(cluster, "f", {"command": ["true"], "concurrency": "forbid"})
     (r1, _), (r2, _) = admit(cluster, "f", 2)
     w1, w2 = Worker(cluster, "w1"), Worker(cluster, "w2")
     (c,) = w1.claim(4)
     assert c.run_id == r1
     assert w2.claim(4) == []
-    state, reason, finished = run_row(cluster, r2)
-    assert (state, finished) == ("cancelled", True)
-    assert reason.startswith(f"skipped: concurrency 'forbid' and run {r1} of this task is still running")
-    assert events_of(cluster, r2)[-2:] == ["run.skipped", "run.finished"]
+    assert gone(cluster, r2)
+    ((_, reason),) = run_skips(cluster, r2)
+    assert reason == f"skipped: concurrency 'forbid' and run {r1} of this task is still running"
+    assert cluster.sql("SELECT kind, reason FROM qinglong.event_outbox WHERE run_id = %s", (r2,)) == [
+        ("run.cancelled", reason)]
+
+
+@pytest.mark.parametrize("mode", ["queue", "allow"])
+def test_a_tasks_waiting_runs_beyond_max_queued_become_skip_records_and_the_oldest_stay(cluster, mode):
+    """Without the bound a 'queue' or 'allow' backlog grew without limit (75 and 39 Runs waiting
+    and growing on a per-second trigger of 3 s jobs): the claim must go on past a task's first
+    waiting Run and skip those beyond the bound the admitting replica wrote on them, keeping the
+    oldest in order. Runs admitted without a bound still wait, as before."""
+    max_running = 1 if mode == "allow" else None
+    publish(cluster, "q", {"command": ["true"], "concurrency": {"mode": mode, "max_running": max_running}
+                           if max_running else mode})
+    runs = [r for r, _ in admit(cluster, "q", 6, max_queued=2)]
+    unbounded = [r for r, _ in admit(cluster, "q", 2)]
+    w = Worker(cluster, "w1")
+    (c,) = w.claim(4)
+    assert c.run_id == runs[0]
+    waiting = [r for (r,) in cluster.sql("SELECT run_id::text FROM qinglong.runs WHERE task_id = 'q' "
+                                         "AND state = 'queued' ORDER BY scheduled_for_ms")]
+    assert waiting == runs[1:3] + unbounded
+    expected = overlap_decision(ConcurrencyPolicy(ConcurrencyMode(mode), max_running), [ActiveRun(runs[0], 0)],
+                                2, max_queued=2)
+    assert expected.action is OverlapAction.SKIP
+    assert run_skips(cluster) == [(r, expected.reason) for r in runs[3:]]
+    assert all(gone(cluster, r) for r in runs[3:])
+    # the next claims find the same backlog: nothing more is skipped, nothing starts early
+    assert w.claim(4) == []
+    assert len(run_skips(cluster)) == 3
+    w.started(c)
+    w.complete(c)
+    assert [x.run_id for x in w.claim(4)] == [runs[1]]
+
+
+def test_a_worker_cannot_change_the_bound_the_replica_wrote_on_a_run(cluster):
+    """max_queued is written by the admitting replica: a worker able to raise it could let its
+    task's backlog grow without limit again (or lower it to skip other Runs)."""
+    publish(cluster, "q", {"command": ["true"], "concurrency": "queue"})
+    ((run_id, _),) = admit(cluster, "q", 1, max_queued=2)
+    with psycopg.connect(cluster.dsn(INGRESS), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE qinglong.runs SET max_queued = 100000 WHERE run_id = %s", (run_id,))
+    assert cluster.sql("SELECT max_queued FROM qinglong.runs WHERE run_id = %s", (run_id,)) == [(2,)]
+
+
+def test_a_skipped_runs_idempotency_key_admits_nothing_again_even_racing_the_skip(cluster):
+    """Once a skipped Run's row leaves, its key must stay taken: a sender's retried event (or any
+    second admission of the key) would otherwise run what was skipped. An insert that races the
+    skip waits for it and then finds the skip record, so it inserts nothing either."""
+    publish(cluster, "f", {"command": ["true"], "concurrency": "forbid"})
+    (r1, _), (r2, _) = admit(cluster, "f", 2)
+    (r3, _), = admit(cluster, "f", 1)
+    key2, key3 = (cluster.sql("SELECT idempotency_key FROM qinglong.runs WHERE run_id = %s", (r,))[0][0]
+                  for r in (r2, r3))
+    rev, digest = cluster.sql("SELECT task_revision, execution_digest FROM qinglong.runs WHERE run_id = %s",
+                              (r1,))[0]
+    insert = ("INSERT INTO qinglong.runs (run_id, project_id, trigger_id, trigger_revision, task_id, "
+              "task_revision, executor, execution_digest, scheduled_for_ms, admitted_at_ms, state, owned_by, "
+              "idempotency_key, admitted_by) VALUES (gen_random_uuid(), 'p1', 'tr', 1, 'f', %s, 'remote_worker', "
+              "%s, 0, 0, 'queued', 'runtime', %s, 'test') ON CONFLICT (idempotency_key) DO NOTHING RETURNING run_id")
+    w = Worker(cluster, "w1")
+    holder = psycopg.connect(cluster.dsn(INGRESS))  # the claim's transaction stays open
+    try:
+        rows = holder.execute("SELECT * FROM qinglong.worker_claim(%s, %s, %s, %s::bytea[])",
+                              (w.worker_id, w.session_id, w.generation, [os.urandom(32)] * 4)).fetchall()
+        assert [str(r[0]) for r in rows] == [r1]  # r2 and r3 skipped, not committed yet
+        racer = psycopg.connect(cluster.dsn(RUNTIME), autocommit=True)
+        pid = racer.info.backend_pid
+        result: list = []
+        thread = threading.Thread(target=lambda: result.append(racer.execute(insert, (rev, digest, key2)).fetchall()))
+        thread.start()
+        # the racing insert waits on the skipped Run's row lock (an event, not a delay)
+        deadline = time.monotonic() + 60
+        while cluster.sql("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)) != [("Lock",)]:
+            assert time.monotonic() < deadline and thread.is_alive(), "the insert did not wait for the skip"
+            time.sleep(0.01)
+        holder.commit()
+        thread.join(60)
+        racer.close()
+    finally:
+        holder.close()
+    assert result == [[]]
+    with psycopg.connect(cluster.dsn(RUNTIME), autocommit=True) as conn:
+        assert conn.execute(insert, (rev, digest, key3)).fetchall() == []
+    assert cluster.count("runs", "idempotency_key IN (%s, %s)", (key2, key3)) == 0
+    assert [r for r, _ in run_skips(cluster)] == [r2, r3]
 
 
 def test_forbid_and_queue_hold_under_concurrent_claims(cluster):

@@ -18,16 +18,20 @@ import pytest
 from qinglong.contracts.errors import NotFound, UserError
 from qinglong.contracts.execution import (
     RUN_TRANSITIONS,
+    ActiveRun,
     Actor,
     AttemptOutcome,
     AttemptState,
     CancelReason,
+    ConcurrencyMode,
+    ConcurrencyPolicy,
     IllegalTransition,
     ProcessHandle,
     Receipt,
     RetryAt,
     RunState,
     classify_outcome,
+    overlap_decision,
 )
 from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
 
@@ -652,11 +656,12 @@ async def operator_cancel(h, run_id: str) -> RunState:
     return await h.backend.run_control().request_cancel(run_id, CancelReason.OPERATOR)
 
 
-async def admitted_by_rounds(h) -> None:
-    """Queued Runs of two tasks admitted by real rounds (every backend admits scheduled Runs)."""
+async def admitted_by_rounds(h, **t1_spec) -> None:
+    """Queued Runs of two tasks admitted by real rounds (every backend admits scheduled Runs);
+    ``t1_spec``: more of the first task's spec."""
     await h.publisher.create_project("p1")
     for task_id in ("t1", "t2"):
-        await h.publisher.put_task("p1", task_id, {"command": ["true"]})
+        await h.publisher.put_task("p1", task_id, {"command": ["true"], **(t1_spec if task_id == "t1" else {})})
         await h.publisher.put_trigger(TriggerDefinition("p1", f"tr-{task_id}", task_id, "cron",
                                                         {"expression": "* * * * * *"},
                                                         MisfirePolicy.FIRE_ONCE, 60_000))
@@ -733,6 +738,60 @@ async def test_cancelling_a_queued_run_ends_it_and_its_attempt_at_once_wherever_
             {r.run_id for r in others}
         with pytest.raises(NotFound):
             await operator_cancel(h, str(uuid.uuid4()))
+    finally:
+        await h.stop()
+
+
+async def skip_by_forbid(h, first, later) -> str:
+    """Start ``first`` and have the store's own start path skip the ``later`` Runs of its
+    'forbid' task: the local dispatcher's store calls on SQLite, a worker's claim on PostgreSQL.
+    The reason."""
+    reason = overlap_decision(ConcurrencyPolicy(ConcurrencyMode.FORBID), [ActiveRun(first.run_id, 0)]).reason
+    if h.name == "sqlite":
+        await start(h, first.run_id)
+        for run in later:
+            attempt = await current(h, run.run_id)
+            assert await store(h).skip_run(run.run_id, attempt.attempt_id, reason, await h.now_ms())
+        return reason
+    import psycopg
+
+    def claim() -> list:
+        with psycopg.connect(h.dsn("qinglong_worker_ingress"), autocommit=True) as conn:
+            session, generation, _, _ = conn.execute(
+                "SELECT * FROM qinglong.worker_open_session('w1', '{}'::text[], 64, 30000)").fetchone()
+            return [r for (r,) in conn.execute(
+                "SELECT run_id::text FROM qinglong.worker_claim('w1', %s, %s, %s::bytea[])",
+                (session, generation, [os.urandom(32)] * 64)).fetchall()]
+
+    claimed = await asyncio.to_thread(claim)  # (t2's Runs start too: 'allow')
+    assert first.run_id in claimed and not {r.run_id for r in later} & set(claimed)
+    return reason
+
+
+async def test_a_run_skipped_before_it_started_is_a_skip_record_alike_wherever_runs_are_executed(
+        reading_harness):
+    """A 'forbid' skip kept as a cancelled Run hid it from `skips` (0 shown while 97 Runs were
+    skipped) on the cluster as on edge: on every store the skipped Run leaves the Runs and
+    becomes a skip record with its reason, which `skips` and the status figures read."""
+    h = reading_harness
+    await h.start()
+    try:
+        await admitted_by_rounds(h, concurrency="forbid")
+        reader = runs_reader(h)
+        first, *later = sorted((r for r in await reader.list_runs(task_id="t1", limit=100)),
+                               key=lambda r: (r.scheduled_for_ms, r.admitted_at_ms))
+        assert later
+        before = await h.now_ms()
+        reason = await skip_by_forbid(h, first, later)
+        after = await h.now_ms()
+        assert not {r.run_id for r in later} & {r.run_id for r in await reader.list_runs(limit=100)}
+        with pytest.raises(NotFound):
+            await reader.run_detail(later[0].run_id)
+        records = await reader.recent_run_skips()
+        assert [(k.run_id, k.project_id, k.task_id, k.trigger_id, k.scheduled_for_ms, k.reason) for k in records] \
+            == [(r.run_id, "p1", "t1", "tr-t1", r.scheduled_for_ms, reason) for r in reversed(later)], "newest first"
+        assert all(before <= k.recorded_at_ms <= after for k in records)
+        assert (await h.reader.store_stats()).skipped_recent == len(later)
     finally:
         await h.stop()
 

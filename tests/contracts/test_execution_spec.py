@@ -329,3 +329,31 @@ def test_shorthands_mean_what_the_cli_flags_say() -> None:
     assert spec.concurrency == ConcurrencyPolicy(ConcurrencyMode.FORBID)
     spec = parse_execution_spec(TASK, {"command": COMMAND, "retry": {"exit_codes": [3, 1, 3]}})
     assert spec.retry.exit_codes == (1, 3)
+
+
+_ENV_NAMES = st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True)
+_ENV = st.dictionaries(_ENV_NAMES, st.text(alphabet="#%&~", max_size=12), max_size=6)  # never in a message
+
+
+@given(current=_ENV, given_values=_ENV, data=st.data())
+def test_kept_env_values_come_from_the_head_and_nothing_else_leaks(current, given_values, data):
+    """An editor that keeps a value by name must get exactly the head's value, every given value
+    must stay as given, and no other value of the head may be carried over (a removed secret
+    would come back)."""
+    from qinglong.contracts.errors import UserError
+    from qinglong.contracts.execution import keep_env_values
+
+    keepable = sorted(set(current) - set(given_values))
+    kept = data.draw(st.lists(st.sampled_from(keepable), unique=True) if keepable else st.just([]))
+    merged = keep_env_values("t", {"command": ["true"], "env": given_values}, kept, {"env": current})
+    assert merged["env"] == {**given_values, **{name: current[name] for name in kept}}
+    assert merged["command"] == ["true"]
+    # a name not in the head, or kept and given at once, is refused without echoing a value
+    for bad_kept, given in ((["NOT_THERE_"], given_values), (list(current)[:1], current)):
+        if bad_kept and (bad_kept[0] not in current or bad_kept[0] in given):
+            try:
+                keep_env_values("t", {"env": given}, bad_kept, {"env": current})
+            except UserError as exc:
+                assert all(v not in str(exc) for v in current.values() if v)
+            else:
+                raise AssertionError("a bad keep_env was accepted")

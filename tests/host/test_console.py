@@ -212,6 +212,7 @@ def test_a_read_token_is_offered_no_changing_control_and_run_token_cancels(tmp_p
         browser.get(f"http://127.0.0.1:{plane.port}/#/tasks")
         _visible(browser, ".task-name", "the task list")
         assert browser.find_elements(By.CSS_SELECTOR, "button.run-now") == []
+        assert browser.find_elements(By.CSS_SELECTOR, "#new-task, .edit-task, .delete-task") == []
         browser.get(f"http://127.0.0.1:{plane.port}/#/run/{run_id}")
         _text_of(browser, "#run-state", "running", "the running Run's page")
         assert browser.execute_script("return document.querySelectorAll('#view button').length") == 0
@@ -308,3 +309,350 @@ def test_a_session_idle_too_long_is_gone_and_used_sessions_stay():
     third, _ = sessions.create("d3")
     fourth, _ = sessions.create("d4")
     assert len(sessions) == 2 and sessions.get(kept) is None  # bounded: the least recently used went
+
+
+def _type(element, text: str) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    element.send_keys(Keys.CONTROL, "a")
+    element.send_keys(Keys.DELETE)
+    element.send_keys(text)
+
+
+def _run_log(client: Client, project: str, task: str) -> str:
+    """Run the task through the API, wait for its end and answer its log."""
+    status, started, _ = client.request("POST", f"/api/v1/projects/{project}/tasks/{task}/runs")
+    assert status == 201, started
+    run_id = started["run_id"]
+    wait_until(lambda: client.request("GET", f"/api/v1/runs/{run_id}")[1]["state"] == "succeeded" or None,
+               f"the Run of {task} to succeed", timeout=60, every=0.1)
+    status, log, _ = client.request("GET", f"/api/v1/runs/{run_id}/log")
+    return log.decode() if isinstance(log, bytes) else str(log)
+
+
+def test_tasks_and_triggers_are_created_edited_toggled_and_deleted_in_the_console(tmp_path, browser):
+    """Without this a task or trigger can be made only from a shell; an edit that reads env values
+    back would put secrets in the page (or, written back masked, replace them with the mask); a
+    delete without a confirmation loses a task to one stray click; a cron typo is found only
+    when the trigger never fires."""
+    from selenium.webdriver.common.by import By
+
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    writer = make_token(settings, "writer", "write")
+    plane = Plane(settings)
+    client = Client(plane.port, writer)
+    port = plane.port
+    try:
+        _sign_in(browser, port, writer)
+        browser.get(f"http://127.0.0.1:{port}/#/tasks")
+        _visible(browser, "#new-task", "the new-task link").click()
+        _type(_visible(browser, "#t-task", "the task form"), "backup")
+        _type(browser.find_element(By.ID, "t-command"), "sh\n-c\necho \"$GREETING $TOKEN\"")
+        for name, value in (("GREETING", "hello-kept"), ("TOKEN", "first-secret")):
+            browser.find_element(By.ID, "env-add").click()
+            row = browser.find_elements(By.CSS_SELECTOR, "#env-list .env-row")[-1]
+            row.find_element(By.CSS_SELECTOR, ".env-name").send_keys(name)
+            row.find_element(By.CSS_SELECTOR, ".env-value").send_keys(value)
+        _type(browser.find_element(By.ID, "t-timeout"), "90")
+        _type(browser.find_element(By.ID, "t-attempts"), "2")
+        browser.find_element(By.ID, "t-labels").send_keys("linux")
+        _shot(browser, tmp_path, "task-form", 375)
+        browser.set_window_size(1280, 900)
+        browser.find_element(By.ID, "task-save").click()
+        _visible(browser, "button.run-now[data-task=backup]", "the new task in the list")
+        status, shown, _ = client.request("GET", "/api/v1/projects/ops/tasks/backup")
+        assert shown["execution"]["env"] == {"GREETING": "(set)", "TOKEN": "(set)"}
+        assert (shown["execution"]["timeout_ms"], shown["execution"]["retry"]["max_attempts"],
+                shown["execution"]["labels"]) == (90_000, 2, ["linux"])
+        assert _run_log(client, "ops", "backup").strip() == "hello-kept first-secret"
+
+        # edit: the form never holds a value; one is kept by name, one replaced
+        browser.get(f"http://127.0.0.1:{port}/#/tasks")
+        _visible(browser, "a.edit-task[data-task=backup]", "the task's edit link").click()
+        _visible(browser, "#env-list .env-row[data-kept=TOKEN]", "the task's env names")
+        assert "hello-kept" not in browser.page_source and "first-secret" not in browser.page_source
+        assert browser.execute_script(
+            "return Array.from(document.querySelectorAll('.env-value')).map(e => e.value).join('')") == ""
+        browser.find_element(By.CSS_SELECTOR, ".env-row[data-kept=TOKEN] .env-value").send_keys("second-secret")
+        _type(browser.find_element(By.ID, "t-timeout"), "120")
+        browser.find_element(By.ID, "task-save").click()
+        _visible(browser, "button.run-now[data-task=backup]", "the task list after the edit")
+        status, shown, _ = client.request("GET", "/api/v1/projects/ops/tasks/backup")
+        assert shown["task_revision"] == 2 and shown["execution"]["timeout_ms"] == 120_000
+        assert _run_log(client, "ops", "backup").strip() == "hello-kept second-secret"
+
+        # a trigger: the next five fire times follow the expression as it is typed
+        browser.get(f"http://127.0.0.1:{port}/#/triggers")
+        _visible(browser, "#new-trigger", "the new-trigger link").click()
+        _type(_visible(browser, "#g-trigger", "the trigger form"), "yearly")
+        expression = browser.find_element(By.ID, "g-expression")
+        _type(expression, "not a cron")
+        _text_of(browser, "#preview-error", "fields", "the preview to refuse a bad expression")
+        _type(expression, "0 0 1 1 *")
+        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#preview li")) == 5 or None,
+                   "five fire times previewed", timeout=60, every=0.1)
+        years = [li.text[:10] for li in browser.find_elements(By.CSS_SELECTOR, "#preview li")]
+        assert all(y.endswith("-01-01") for y in years) and len(set(years)) == 5, years
+        assert browser.find_element(By.ID, "preview-error").text == ""
+        _shot(browser, tmp_path, "trigger-form", 375)
+        browser.set_window_size(1280, 900)
+        browser.find_element(By.ID, "trigger-save").click()
+        _text_of(browser, ".trigger-state[data-trigger=yearly]", "enabled", "the new trigger, enabled")
+        assert client.request("GET", "/api/v1/projects/ops/triggers/yearly")[1]["spec"]["expression"] == "0 0 1 1 *"
+
+        # the task list: last outcome, success ratio and the next fire time
+        browser.get(f"http://127.0.0.1:{port}/#/tasks")
+        _text_of(browser, ".last-outcome", "succeeded", "the task's last outcome")
+        assert browser.find_element(By.CSS_SELECTOR, ".ratio").text == "2/2 (100 %)"
+        assert browser.find_element(By.CSS_SELECTOR, ".next-fire").text.endswith("-01-01 00:00:00")
+        _shot(browser, tmp_path, "tasks-list", 1280)
+
+        browser.get(f"http://127.0.0.1:{port}/#/triggers")
+        _visible(browser, "button.toggle[data-trigger=yearly]", "the disable button").click()
+        _text_of(browser, ".trigger-state[data-trigger=yearly]", "disabled", "the trigger disabled")
+        assert client.request("GET", "/api/v1/projects/ops/triggers/yearly")[1]["enabled"] is False
+        _visible(browser, "button.toggle[data-trigger=yearly]", "the enable button").click()
+        _text_of(browser, ".trigger-state[data-trigger=yearly]", "enabled", "the trigger enabled again")
+        _visible(browser, "a.edit-trigger", "the trigger's edit link").click()
+        _type(_visible(browser, "#g-expression", "the trigger's edit form"), "30 6 * * 1")
+        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#preview li")) == 5
+                   and "06:30:00" in browser.find_element(By.CSS_SELECTOR, "#preview li").text or None,
+                   "the edited expression previewed", timeout=60, every=0.1)
+        browser.find_element(By.ID, "trigger-save").click()
+        _text_of(browser, ".trigger-state[data-trigger=yearly]", "enabled", "the trigger list after the edit")
+        edited = client.request("GET", "/api/v1/projects/ops/triggers/yearly")[1]
+        assert (edited["spec"]["expression"], edited["trigger_revision"]) == ("30 6 * * 1", 4)  # disable, enable, edit
+
+        _visible(browser, "button.delete-trigger", "the trigger's delete button").click()
+        wait_until(lambda: _alert(browser), "the delete confirmation", timeout=30, every=0.05).accept()
+        wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, ".trigger-name") == [] or None,
+                   "the trigger gone from the list", timeout=60, every=0.1)
+        assert client.request("GET", "/api/v1/projects/ops/triggers")[1] == []
+
+        # a task's delete asks first: dismissed, nothing goes
+        browser.get(f"http://127.0.0.1:{port}/#/tasks")
+        _visible(browser, "button.delete-task[data-task=backup]", "the delete button").click()
+        wait_until(lambda: _alert(browser), "the delete confirmation", timeout=30, every=0.05).dismiss()
+        assert client.request("GET", "/api/v1/projects/ops/tasks/backup")[0] == 200
+        _visible(browser, "button.delete-task[data-task=backup]", "the delete button").click()
+        wait_until(lambda: _alert(browser), "the delete confirmation", timeout=30, every=0.05).accept()
+        wait_until(lambda: client.request("GET", "/api/v1/projects/ops/tasks/backup")[0] == 404 or None,
+                   "the task deleted", timeout=60, every=0.1)
+    finally:
+        client.close()
+        plane.stop()
+
+
+def _iso_ms(ms: int) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def test_a_running_log_is_followed_live_runs_filter_by_time_and_a_run_runs_again(tmp_path, browser):
+    """Without a followed log an operator watching a long job sees its output only by reloading;
+    a log followed and fetched again shows lines twice; without a time filter a failure of last
+    night is lost among today's Runs; without run-again a failed Run is retried only from the
+    task list."""
+    from selenium.webdriver.common.by import By
+
+    settings = api_settings(tmp_path)
+    go = tmp_path / "go"
+    cli(settings, "project", "create", "ops")
+    cli(settings, "task", "put", "ops", "slow", "--", "sh", "-c",
+        f"echo first; while [ ! -e '{go}' ]; do sleep 0.05; done; echo second")
+    runner = make_token(settings, "runner", "run")
+    plane = Plane(settings)
+    client = Client(plane.port, runner)
+    port = plane.port
+    try:
+        _sign_in(browser, port, runner)
+        browser.get(f"http://127.0.0.1:{port}/#/tasks")
+        _visible(browser, "button.run-now[data-task=slow]", "the run-now button").click()
+        _text_of(browser, "#log", "first", "the first line while the Run runs")
+        _text_of(browser, "#run-state", "running", "the page to show the Run running")
+        first_id = browser.find_element(By.CSS_SELECTOR, "#run-id").text
+        _shot(browser, tmp_path, "log-follow", 375)
+        browser.set_window_size(1280, 900)
+        go.touch()
+        _text_of(browser, "#run-state", "succeeded", "the Run to end")
+        _text_of(browser, "#log", "second", "the last line, as it came")
+        assert browser.find_element(By.CSS_SELECTOR, "#log").text == "first\nsecond"
+        # followed as one stream from the API (listed once it ended), not fetched again each second
+        streams = wait_until(lambda: browser.execute_script(
+            "return performance.getEntriesByType('resource').map(e => e.name).filter(n => n.indexOf('/log') > 0)"),
+            "the log stream's entry", timeout=60, every=0.1)
+        assert len(streams) == 1 and "follow=1" in streams[0], streams
+
+        _visible(browser, "#run-again", "the run-again button").click()
+        wait_until(lambda: (browser.find_elements(By.CSS_SELECTOR, "#run-id")
+                            and browser.find_element(By.CSS_SELECTOR, "#run-id").text not in ("", first_id)) or None,
+                   "the page of the new Run", timeout=60, every=0.1)
+        second_id = browser.find_element(By.CSS_SELECTOR, "#run-id").text
+        _text_of(browser, "#run-state", "succeeded", "the second Run to end")
+        assert browser.find_element(By.CSS_SELECTOR, "#log").text == "first\nsecond"
+
+        runs = {r["run_id"]: r for r in client.request("GET", "/api/v1/runs")[1]["runs"]}
+        assert set(runs) == {first_id, second_id}
+        boundary = runs[second_id]["scheduled_for_ms"]
+        assert runs[first_id]["scheduled_for_ms"] < boundary
+        for field, shown, hidden in (("#f-since", second_id, first_id), ("#f-until", first_id, second_id)):
+            browser.get(f"http://127.0.0.1:{port}/#/runs")
+            other = "#f-until" if field == "#f-since" else "#f-since"
+            _type(_visible(browser, other, "the runs filter"), "")
+            _type(browser.find_element(By.CSS_SELECTOR, field), _iso_ms(boundary))
+            browser.find_element(By.ID, "filter").click()
+            _visible(browser, f"a[href='#/run/{shown}']", f"the Run left by {field}")
+            assert browser.find_elements(By.CSS_SELECTOR, f"a[href='#/run/{hidden}']") == []
+        _type(browser.find_element(By.ID, "f-since"), "yesterday")
+        browser.find_element(By.ID, "filter").click()
+        _text_of(browser, "#filter-error", "UTC", "a bad time refused with what is expected")
+        status, body, _ = client.request("GET", "/api/v1/runs?since_ms=soon")
+        assert (status, body["error"]["field"]) == (422, "since_ms")
+    finally:
+        client.close()
+        plane.stop()
+
+
+def test_skips_the_audit_log_tokens_and_workers_views(tmp_path, browser):
+    """Without these views a skipped Run, who changed what, and which tokens exist are read only on
+    the host; a token's secret shown twice (or kept in the page) can be read off a screen later; a
+    revoke that does not take keeps a lost phone's token working; a read token offered the admin
+    views learns they exist."""
+    from selenium.webdriver.common.by import By
+
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    cli(settings, "task", "put", "ops", "single", "--concurrency", "forbid", "--", "sleep", "120")
+    cli(settings, "project", "create", "other")
+    admin = make_token(settings, "root", "admin")
+    reader = make_token(settings, "reader", "read")
+    outsider = make_token(settings, "outsider", "read", "other")
+    plane = Plane(settings)
+    client = Client(plane.port, admin)
+    port = plane.port
+    try:
+        first = client.request("POST", "/api/v1/projects/ops/tasks/single/runs")[1]["run_id"]
+        wait_until(lambda: client.request("GET", f"/api/v1/runs/{first}")[1]["state"] == "running" or None,
+                   "the first Run running", timeout=60, every=0.1, alive=plane.process)
+        second = client.request("POST", "/api/v1/projects/ops/tasks/single/runs")[1]["run_id"]
+        wait_until(lambda: client.request("GET", "/api/v1/skips")[1]["run_skips"] or None,
+                   "the second Run skipped", timeout=60, every=0.1, alive=plane.process)
+
+        # a token limited to another project sees none of these skips
+        assert client.request("GET", "/api/v1/skips", token=outsider)[1] == {"skips": [], "run_skips": []}
+
+        _sign_in(browser, port, reader)
+        assert [a.is_displayed() for a in browser.find_elements(By.CSS_SELECTOR, "#nav a.admin")] == [False, False]
+        browser.get(f"http://127.0.0.1:{port}/#/skips")
+        _visible(browser, f"a[href='#/run/{second}']", "the skipped Run in the skips view")
+        browser.get(f"http://127.0.0.1:{port}/#/workers")
+        _text_of(browser, "#no-workers", "no workers", "the edge profile's workers view")
+        _sign_out(browser)
+
+        _sign_in(browser, port, admin)
+        browser.get(f"http://127.0.0.1:{port}/#/skips")
+        _text_of(browser, ".skip-reason", "", "the skip's reason")
+        _shot(browser, tmp_path, "skips", 375)
+        browser.set_window_size(1280, 900)
+
+        browser.get(f"http://127.0.0.1:{port}/#/tokens")
+        _type(_visible(browser, "#k-name", "the token form"), "phone")
+        browser.find_element(By.CSS_SELECTOR, "#k-scope option[value=run]").click()
+        browser.find_element(By.ID, "k-projects").send_keys("ops")
+        browser.find_element(By.ID, "token-create").click()
+        secret = _visible(browser, "#new-secret", "the new secret, shown once").get_attribute("value")
+        assert secret.startswith("qlt_")
+        status, who, _ = Client(port).request("GET", "/api/v1/runs?project=ops", token=secret)
+        assert status == 200
+        _shot(browser, tmp_path, "tokens", 375)
+        browser.set_window_size(1280, 900)
+        browser.refresh()
+        _text_of(browser, ".token-state[data-token=phone]", "active", "the token listed")
+        assert secret not in browser.page_source
+        _visible(browser, "button.revoke[data-token=phone]", "the revoke button").click()
+        wait_until(lambda: _alert(browser), "the revoke confirmation", timeout=30, every=0.05).accept()
+        _text_of(browser, ".token-state[data-token=phone]", "revoked", "the token revoked")
+        assert Client(port).request("GET", "/api/v1/runs?project=ops", token=secret)[0] == 401
+        assert browser.find_elements(By.CSS_SELECTOR, "button.revoke[data-token=root]") == []  # not its own
+
+        browser.get(f"http://127.0.0.1:{port}/#/audit")
+        _text_of(browser, "#view table", "token.revoke", "the revoke in the audit log")
+        actions = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".audit-action")]
+        assert actions[:2] == ["token.revoke", "token.create"] and "task.run" in actions, actions
+        _shot(browser, tmp_path, "audit", 1280)
+        client.request("POST", f"/api/v1/runs/{first}/cancel")
+        wait_until(lambda: client.request("GET", f"/api/v1/runs/{first}")[1]["state"] == "cancelled" or None,
+                   "the long Run cancelled", timeout=60, every=0.1, alive=plane.process)
+    finally:
+        client.close()
+        plane.stop()
+
+
+def test_the_workers_view_shows_cluster_sessions_labels_and_free_slots(tmp_path, browser):
+    """Without it an operator whose queued Runs wait cannot see from the console which workers are
+    alive, what labels they offer and how many slots they have free; a slot taken by a claim
+    that still reads free sends them looking for a scheduler fault."""
+    import psycopg
+
+    from api_helpers import ApiProcessPlane
+    from tests.support import pg
+
+    server = pg.start_server("pg18")
+    try:
+        pg.create_roles(server)
+        name = "ql_console_workers"
+        pg.create_database(server, name)
+        dsns = {key: server.dsn(role, pg.ROLE_PASSWORDS[role], name) for key, role in (
+            ("runtime_dsn", "qinglong_runtime"), ("admin_dsn", "qinglong_admin"), ("owner_dsn", "qinglong_owner"))}
+        settings = tmp_path / "cluster.toml"
+        settings.write_text('profile = "cluster"\n[backend]\n' + "".join(f'{k} = "{v}"\n' for k, v in dsns.items())
+                            + '[http]\nlisten = "127.0.0.1:0"\n')
+        cli(settings, "db", "migrate")
+        cli(settings, "project", "create", "ops")
+        cli(settings, "task", "put", "ops", "gpu-job", "--label", "gpu", "--", "true")
+        cli(settings, "trigger", "add", "ops", "every-second", "--task", "gpu-job", "--cron", "* * * * * *")
+        reader = make_token(settings, "reader", "read")
+        worker = psycopg.connect(server.dsn("qinglong_worker_ingress", pg.ROLE_PASSWORDS["qinglong_worker_ingress"],
+                                            name), autocommit=True)
+        plane = ApiProcessPlane(settings)
+        try:
+            session, generation = worker.execute(
+                "SELECT session_id, generation FROM qinglong.worker_open_session('w1', '{gpu,zone=eu-1}', 3, 600000)"
+            ).fetchone()
+            w2_session, w2_generation = worker.execute(
+                "SELECT session_id, generation FROM qinglong.worker_open_session('w2', '{}', 2, 600000)").fetchone()
+            _sign_in(browser, plane.port, reader)
+            browser.get(f"http://127.0.0.1:{plane.port}/#/workers")
+            _text_of(browser, ".worker-state[data-worker=w1]", "live", "the live worker")
+            _text_of(browser, "#free-slots", "5 free slots", "the free slots of both workers")
+            assert "gpu, zone=eu-1" in browser.find_element(_by_css(), "#view table").text
+
+            # a claim takes a slot of w1; a closed session offers none
+            replica = Plane(settings)
+            try:
+                def claimed():
+                    return worker.execute(
+                        "SELECT attempt_id FROM qinglong.worker_claim('w1', %s, %s, %s::bytea[])",
+                        (session, generation, [b"t" * 32])).fetchall() or None
+                wait_until(claimed, "an admitted Run claimed by w1", timeout=60, every=0.1, alive=replica.process)
+            finally:
+                replica.stop()
+            worker.execute("SELECT qinglong.worker_close_session('w2', %s, %s)", (w2_session, w2_generation))
+            browser.refresh()
+            _text_of(browser, ".worker-state[data-worker=w2]", "closed", "the closed worker")
+            _text_of(browser, "#free-slots", "2 free slots", "w1's slots less its claim, none of w2's")
+            assert browser.find_element(_by_css(), ".worker-free[data-worker=w1]").text == "2"
+            _shot(browser, tmp_path, "workers", 375)
+        finally:
+            plane.stop()
+            worker.close()
+    finally:
+        server.destroy()
+
+
+def _by_css():
+    from selenium.webdriver.common.by import By
+
+    return By.CSS_SELECTOR

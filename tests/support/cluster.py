@@ -58,7 +58,7 @@ class ClusterDb:
         return ClusterPostgresSettings(**values)
 
     def backend(self, owner: str = "replica-a", *, claim_budget: int = 16, lease_ms: int = 30_000,
-                settings=None, sink=None, clock_ms=None):
+                settings=None, sink=None, clock_ms=None, max_queued: int | None = None):
         """A backend built through the plugin's own factory (not connected yet)."""
         from qinglong.contracts.store import BackendContext, SchedulerLimits
         from qinglong.plugins.cluster_postgres import qinglong_scheduler_backends
@@ -70,7 +70,7 @@ class ClusterDb:
         context = BackendContext(
             settings=settings or self.settings(),
             limits=SchedulerLimits(page_size=32, claim_budget=claim_budget, lease_ms=lease_ms,
-                                   cadence_ms=1000),
+                                   cadence_ms=1000, max_queued=max_queued),
             providers={"cron": CronProvider()},
             diagnostics=sink,
             clock_ms=clock_ms or (lambda: int(time.time() * 1000)),

@@ -9,7 +9,7 @@ from typing import Protocol, Sequence, runtime_checkable
 from ..errors import UserError
 from .outcomes import CancelReason
 from .states import AttemptState, RunState
-from .store import RunDetail, RunSummary
+from .store import RunDetail, RunSkipView, RunSummary
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +60,51 @@ class RunControl(Protocol):
         """Up to ``size`` stored log bytes from ``offset`` (fewer at the end; empty past it)."""
         ...
 
+    async def recent_run_skips(self, limit: int = 20) -> Sequence[RunSkipView]:
+        """The newest Runs skipped before they started (their task's overlap rules or its queue
+        bound), newest first: each left the Runs as a skip record with its reason."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """A worker id's current session as the operator sees it: ``state`` is ``live`` (open, its
+    lease running), ``expired`` (its lease ran out: fenced) or ``closed``; ``running`` its leased
+    Attempts; ``free_slots`` what a live session can still take (0 otherwise)."""
+
+    worker_id: str
+    state: str
+    labels: tuple[str, ...]
+    capacity: int
+    running: int
+    free_slots: int
+    opened_at_ms: int
+    heartbeat_at_ms: int
+    lease_expires_at_ms: int
+    closed_at_ms: int | None
+
+
+def worker_state(closed_at_ms: int | None, lease_expires_at_ms: int, now_ms: int) -> str:
+    """``closed``, ``expired`` (the lease ran out at or before ``now_ms``) or ``live``."""
+    if closed_at_ms is not None:
+        return "closed"
+    return "expired" if lease_expires_at_ms <= now_ms else "live"
+
+
+def free_slots(state: str, capacity: int, running: int) -> int:
+    """What a session can still take: its capacity less its leased Attempts, while live."""
+    return max(0, capacity - running) if state == "live" else 0
+
+
+@runtime_checkable
+class ListsWorkers(Protocol):
+    """A run control whose Runs are taken by workers lists their sessions (``backend.run_control()``
+    on the cluster)."""
+
+    async def list_workers(self, now_ms: int, limit: int = 200) -> Sequence[WorkerView]:
+        """Every worker id's current session, live ones first, then by worker id."""
+        ...
+
 
 def run_state_filter(state: "RunState | str | None") -> "RunState | None":
     """A listing's state filter: None, or a :class:`RunState`; anything else is a
@@ -78,4 +123,5 @@ def manual_idempotency_key(key: str) -> str:
     return f"ql3:manual:v1:{key}"
 
 
-__all__ = ["StoredLogState", "RunControl", "run_state_filter", "manual_idempotency_key"]
+__all__ = ["StoredLogState", "RunControl", "run_state_filter", "manual_idempotency_key", "WorkerView",
+           "ListsWorkers", "worker_state", "free_slots"]

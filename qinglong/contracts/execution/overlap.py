@@ -44,14 +44,16 @@ def overlap_decision(policy: ConcurrencyPolicy, active: Sequence[ActiveRun],
     other modes consider only what is active, since the dispatcher already visits in order).
     The global ``max_running`` is the dispatcher's, not the policy's: ``slot_free`` False makes a
     Run that could start wait. ``max_queued``: a Run that would wait behind that many waiting
-    Runs of its task is skipped instead (the task's backlog is bounded; the oldest stay).
+    Runs of its task is skipped instead (the task's backlog is bounded; the oldest stay). The
+    reason names at most ``max_queued`` waiting Runs, so a caller may stop counting there.
     """
     decision = _by_mode(policy, active, waiting_ahead)
     if decision.action is OverlapAction.START and not slot_free:
         decision = OverlapDecision(OverlapAction.WAIT)
     if (decision.action is OverlapAction.WAIT and max_queued is not None
             and waiting_ahead >= max_queued):
-        return OverlapDecision(OverlapAction.SKIP, reason("overlap_queue_full", waiting=waiting_ahead,
+        return OverlapDecision(OverlapAction.SKIP, reason("overlap_queue_full",
+                                                          waiting=min(waiting_ahead, max_queued),
                                                           max_queued=max_queued))
     return decision
 

@@ -321,6 +321,34 @@ def spec_to_payload(spec: ExecutionSpec) -> dict[str, Any]:
     return payload
 
 
+def keep_env_values(task_id: str, payload: Mapping[str, Any], kept: Sequence[str],
+                    current: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``payload`` with the env values named in ``kept`` taken from ``current`` (the task's head
+    payload): how an editor that never reads env values back leaves a value unchanged. A kept
+    name must be in the head's env and not be given a value too; no other value of ``current``
+    is carried over, and a refusal never echoes a value."""
+    merged = dict(payload)
+    if not kept:
+        return merged
+    env = merged.get("env", {})
+    if not isinstance(env, Mapping):
+        raise _refuse(task_id, "env", "a table of NAME = \"value\"", show=False)
+    old = current.get("env") if current is not None else None
+    old = old if isinstance(old, Mapping) else {}
+    env = dict(env)
+    for name in kept:
+        if not isinstance(name, str) or name not in old or not isinstance(old[name], str):
+            shown = name if isinstance(name, str) else type(name).__name__
+            raise UserError(f"task {task_id!r}: keep_env: {shown!r} is not a variable of the task's "
+                            "current revision (give its value instead)")
+        if name in env:
+            raise UserError(f"task {task_id!r}: keep_env: {name!r} is given a value too (keep it or "
+                            "replace it, not both)")
+        env[name] = old[name]
+    merged["env"] = env
+    return merged
+
+
 def masked_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
     """``payload`` with every env value replaced by a placeholder: what ``task show`` prints."""
     shown = dict(payload)
@@ -336,4 +364,4 @@ def masked_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
 
 __all__ = ["ConcurrencyMode", "ConcurrencyPolicy", "RetryPolicy", "ExecutionSpec", "ExecutionLimits",
            "CONTRACT_LIMITS", "EXECUTION_KEYS", "parse_execution_spec", "LABEL_PATTERN", "MAX_LABELS",
-           "parse_labels", "spec_to_payload", "masked_payload"]
+           "parse_labels", "spec_to_payload", "masked_payload", "keep_env_values"]

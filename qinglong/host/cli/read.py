@@ -12,7 +12,7 @@ from qinglong.contracts.hooks import masked_spec
 from qinglong.contracts.jitter import JitteredSchedule
 from qinglong.contracts.records import NO_MORE_OCCURRENCES_MS
 
-from .boot import container_of, execution_of, limited, on_backend
+from .boot import container_of, limited, on_backend, runs_of
 from .output import format_duration_ms, iso, now_ms, print_json, print_table, yes_no
 from .parsing import add_command, add_json_flag, positive_count
 
@@ -268,19 +268,16 @@ def cmd_skips(args: argparse.Namespace) -> int:
     container = container_of(args)
 
     async def go(backend: Any) -> tuple[Any, Any]:
-        store = execution_of(backend)
-        run_skips = await store.recent_run_skips(args.limit) if store is not None else []
+        store = runs_of(backend)  # the execution store, or the cluster's run control
+        skipped = getattr(store, "recent_run_skips", None)
+        run_skips = await skipped(args.limit) if skipped is not None else []
         return await backend.reader().recent_skips(args.limit), run_skips
 
     skips, run_skips = on_backend(container, go, read_only=True)
     if args.json:
-        print_json([{"project_id": s.project_id, "trigger_id": s.trigger_id, "trigger_revision": s.trigger_revision,
-                      "policy": s.policy.value, "first_skipped_ms": s.first_skipped_ms,
-                      "last_skipped_ms": s.last_skipped_ms, "count": s.count, "count_exact": s.count_exact,
-                      "recorded_at_ms": s.recorded_at_ms} for s in skips]
-                   + [{"kind": "run", "run_id": s.run_id, "project_id": s.project_id, "task_id": s.task_id,
-                       "trigger_id": s.trigger_id, "scheduled_for_ms": s.scheduled_for_ms, "reason": s.reason,
-                       "recorded_at_ms": s.recorded_at_ms} for s in run_skips])
+        from .. import views
+
+        print_json([views.skip_json(s) for s in skips] + [views.run_skip_json(s) for s in run_skips])
     else:
         print_table(["trigger", "rev", "policy", "first_skipped", "last_skipped", "count", "recorded_at"],
                      [[s.trigger_id, s.trigger_revision, s.policy.value, iso(s.first_skipped_ms),

@@ -253,13 +253,22 @@ class ApiService:
         return JSONResponse(views.task_show_json(task, self.limits))
 
     async def put_task(self, request: Request, principal: Principal) -> Response:
-        from qinglong.contracts.execution import EXECUTION_KEYS, parse_execution_spec, spec_to_payload
+        from qinglong.contracts.execution import (EXECUTION_KEYS, keep_env_values, parse_execution_spec,
+                                                  spec_to_payload)
 
         project_id, task_id = request.path_params["project"], request.path_params["task"]
         self._see(principal, project_id)
         check_identifier("task_id", task_id)
         body = await json_body(request)
         payload = _field(body, "payload", dict)
+        kept = _field(body, "keep_env", list, required=False, default=[])
+        if kept:
+            # env values are write-only: an editor keeps one by name, never by reading it back
+            try:
+                head = await self.backend.reader().task_head(project_id, task_id)
+            except NotFound:
+                head = None
+            payload = keep_env_values(task_id, payload, kept, head.payload if head is not None else None)
         check_json_value("the task payload", payload, MAX_PAYLOAD_BYTES)
         spec = parse_execution_spec(task_id, payload, self.limits)
         stated = {key: value for key, value in payload.items() if key not in EXECUTION_KEYS}
@@ -450,8 +459,17 @@ class ApiService:
             if not cursor.isdigit() or int(cursor) > MAX_DEPTH:
                 raise BodyError("cursor: expected the 'next' value of a previous page", "cursor")
             skip = int(cursor)
-        runs = list(await self._runs().list_runs(state=state_value, project_id=project, task_id=task,
-                                                 limit=skip + limit + 1))
+        since = _int_query(request, "since_ms", None, 0, 253_402_300_799_000)
+        until = _int_query(request, "until_ms", None, 0, 253_402_300_799_000)
+        if since is None and until is None:
+            runs = list(await self._runs().list_runs(state=state_value, project_id=project, task_id=task,
+                                                     limit=skip + limit + 1))
+        else:
+            # newest first by scheduled time: a window is a slice of the newest MAX_DEPTH Runs
+            runs = [r for r in await self._runs().list_runs(state=state_value, project_id=project, task_id=task,
+                                                            limit=MAX_DEPTH + MAX_LIMIT + 1)
+                    if (since is None or r.scheduled_for_ms >= since)
+                    and (until is None or r.scheduled_for_ms < until)]
         page = runs[skip:skip + limit]
         more = len(runs) > skip + limit and skip + limit <= MAX_DEPTH
         return JSONResponse({"runs": [views.run_summary_json(r) for r in page],
@@ -541,6 +559,28 @@ class ApiService:
         code = int(finding.verdict) if finding is not None else 4
         return JSONResponse(views.status_json(self.profile, not_ready, finding, code, self.grace_ms, None,
                                               now, before))
+
+    async def skips(self, request: Request, principal: Principal) -> Response:
+        """Recorded misfires and Runs skipped before they started (``skips --json``), newest first,
+        of the projects the token sees."""
+        limit = _int_query(request, "limit", 50, 1, MAX_LIMIT)
+        store = self._execution()
+        run_skips = await store.recent_run_skips(limit) if store is not None else []
+        skips = await self.backend.reader().recent_skips(limit)
+        return JSONResponse({"skips": [views.skip_json(s) for s in skips if principal.sees(s.project_id)],
+                             "run_skips": [views.run_skip_json(s) for s in run_skips if principal.sees(s.project_id)]})
+
+    async def workers(self, request: Request, principal: Principal) -> Response:
+        """The workers' sessions (the cluster); a profile that runs its Runs in this process has none."""
+        from qinglong.contracts.execution import ListsWorkers
+
+        limit = _int_query(request, "limit", 200, 1, MAX_LIMIT)
+        control = self.backend.run_control() if isinstance(self.backend, RemoteExecutionBackend) else None
+        if not isinstance(control, ListsWorkers):
+            return JSONResponse({"workers": None, "reason": f"the {self.profile} profile runs its Runs in this "
+                                 "process: it has no workers"})
+        listed = await control.list_workers(self.clock_ms(), limit)
+        return JSONResponse({"workers": [views.worker_json(w) for w in listed], "reason": None})
 
     async def list_tokens(self, request: Request, principal: Principal) -> Response:
         at = self.clock_ms()
@@ -656,7 +696,8 @@ class ApiService:
                 "GET": Method("read", self.list_tasks, "list a project's tasks")}, api=True),
             RouteSpec(p + "/projects/{project}/tasks/{task}", {
                 "GET": Method("read", self.show_task, "show a task (env values masked)"),
-                "PUT": Method("write", self.put_task, "create a task or publish a new revision", body=body),
+                "PUT": Method("write", self.put_task, "create a task or publish a new revision "
+                              "(keep_env: env names whose values stay as they are)", body=body),
                 "DELETE": Method("write", self.delete_task, "delete a task")}, api=True),
             RouteSpec(p + "/projects/{project}/tasks/{task}/runs", {
                 "POST": Method("run", self.run_task, "admit a manual Run (Idempotency-Key header)")}, api=True),
@@ -677,6 +718,8 @@ class ApiService:
             RouteSpec(f"{p}/runs", {
                 "GET": Method("read", self.list_runs, "list Runs, newest first",
                               query={"state": "a Run state", "project": "a project", "task": "a task",
+                                     "since_ms": "scheduled at or after (unix ms)",
+                                     "until_ms": "scheduled before (unix ms)",
                                      "limit": "1-1000, default 50", "cursor": "the previous page's next"})},
                       api=True),
             RouteSpec(p + "/runs/{run}", {
@@ -694,6 +737,12 @@ class ApiService:
                 "GET": Method("read", self.kind_next, "preview the fire times of a trigger spec of a kind",
                               query={"spec": "the trigger spec as a JSON object, as trigger add takes it",
                                      "count": "1-100", "after_ms": "from this instant"})}, api=True),
+            RouteSpec(f"{p}/skips", {
+                "GET": Method("read", self.skips, "recorded misfires and Runs skipped before they started",
+                              query={"limit": "1-1000, default 50"})}, api=True),
+            RouteSpec(f"{p}/workers", {
+                "GET": Method("read", self.workers, "the workers' sessions: state, labels, capacity, free slots",
+                              query={"limit": "1-1000, default 200"})}, api=True),
             RouteSpec(f"{p}/tokens", {
                 "GET": Method("admin", self.list_tokens, "list tokens (never a secret)"),
                 "POST": Method("admin", self.create_token, "make a token (its secret is answered once)",

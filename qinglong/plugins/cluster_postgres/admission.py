@@ -391,7 +391,7 @@ def _check_connection(conn: psycopg.AsyncConnection) -> None:
 
 
 async def commit_page(conn: psycopg.AsyncConnection, items: list[PageItem], *, retries: int = 10,
-                      backoff_ms: float = BACKOFF_BASE_MS) -> PageResult:
+                      backoff_ms: float = BACKOFF_BASE_MS, max_queued: int | None = None) -> PageResult:
     """Commit the decisions of ``items`` (distinct schedules) in one SERIALIZABLE transaction,
     one message (see the module docstring and ``sql/admission.sql``, ``admit_page``).
 
@@ -403,6 +403,9 @@ async def commit_page(conn: psycopg.AsyncConnection, items: list[PageItem], *, r
     (a constraint, a fault) rolls the whole page back; the page is split the same way until the
     failing row is alone, and only that row reports the error. A connection error propagates
     (the caller ends the round): nothing of the message in flight is reported.
+
+    ``max_queued`` is written on each Run admitted: the bound on its task's waiting Runs that a
+    worker's claim applies (this replica's ``[execution] max_queued``; None: no bound).
     """
     _check_connection(conn)
     if len({item.claimed.head.trigger_id for item in items}) != len(items):
@@ -410,7 +413,8 @@ async def commit_page(conn: psycopg.AsyncConnection, items: list[PageItem], *, r
     result = PageResult([None] * len(items))
     # each row's arguments and, per argument, the literal of every row: once for every attempt
     # (only the ids change)
-    params = [_params(item.claimed, item.decision, item.keep_claim) for item in items]
+    params = [{**_params(item.claimed, item.decision, item.keep_claim), "max_queued": max_queued}
+              for item in items]
     names = [name for name, _ in _prepared_statement()[1]]
     run_arg, attempt_arg = names.index("run_id"), names.index("attempt_id")
     # (the ids are given per attempt, below)
@@ -484,7 +488,7 @@ async def commit_page(conn: psycopg.AsyncConnection, items: list[PageItem], *, r
 async def commit_decision(conn: psycopg.AsyncConnection, claimed: ClaimedSchedule,
                           decision: Decision | None, *, retries: int = 10,
                           backoff_ms: float = BACKOFF_BASE_MS,
-                          keep_claim: bool = False) -> AdmissionResult:
+                          keep_claim: bool = False, max_queued: int | None = None) -> AdmissionResult:
     """Commit ``decision`` for ``claimed`` alone (a page of one row; None releases the claim).
 
     ``keep_claim`` (fire and initialize only): keep the claim when the new cursor is already due
@@ -497,7 +501,7 @@ async def commit_decision(conn: psycopg.AsyncConnection, claimed: ClaimedSchedul
     """
     _check_connection(conn)
     page = await commit_page(conn, [PageItem(claimed, decision, keep_claim)], retries=retries,
-                             backoff_ms=backoff_ms)
+                             backoff_ms=backoff_ms, max_queued=max_queued)
     [outcome] = page.outcomes
     if isinstance(outcome, BaseException):
         raise outcome

@@ -264,7 +264,8 @@ class ClusterPostgresBackend:
                                     lease_ms=limits.lease_ms, providers=self.context.providers,
                                     diagnostics=self.context.diagnostics,
                                     retries=self.settings.serialization_retries,
-                                    secrets=self.secrets, stats=stats)
+                                    secrets=self.secrets, stats=stats,
+                                    max_queued=limits.max_queued)
                                 self._claim_budget = next_budget(
                                     limits.claim_budget, budget, stats.claimed, stats.more_due)
                                 await self._record_round(conn)
@@ -331,7 +332,7 @@ class ClusterPostgresBackend:
         """Admission of event sources' occurrences (runtime role)."""
         from .events import ClusterOccurrences
 
-        return ClusterOccurrences(self._with_runtime)
+        return ClusterOccurrences(self._with_runtime, self.context.limits.max_queued)
 
     def outbox(self):
         """Events out (:class:`~qinglong.contracts.events.EventOutbox`), as the runtime role."""

@@ -73,7 +73,7 @@ class RoundStats(RoundTally):
 async def run_round(conn, *, owner: str, claim_budget: int, lease_ms: int,
                     providers: Mapping[str, TriggerProvider], diagnostics: DiagnosticSink,
                     retries: int, secrets: Secrets | None = None,
-                    stats: RoundStats | None = None) -> RoundStats:
+                    stats: RoundStats | None = None, max_queued: int | None = None) -> RoundStats:
     """Run one round on ``conn`` (autocommit) and return its counters.
 
     Errors of one occurrence are counted and reported to ``diagnostics``; an error of the
@@ -118,7 +118,7 @@ async def run_round(conn, *, owner: str, claim_budget: int, lease_ms: int,
             items.append(PageItem(claimed, decision, keep))
         if not items:
             break
-        page = await commit_page(conn, items, retries=retries)
+        page = await commit_page(conn, items, retries=retries, max_queued=max_queued)
         stats.serialization_retries += page.serialization_retries
         pending = []
         for item, outcome in zip(items, page.outcomes):

@@ -148,8 +148,10 @@ class ClusterOccurrences:
     """:class:`~qinglong.contracts.event_sources.OccurrenceAdmission` as the runtime role: one
     statement checks the trigger and admits (see ``occurrence_admit``)."""
 
-    def __init__(self, run: Callable[[Callable[[Any], Awaitable[Any]]], Awaitable[Any]]) -> None:
+    def __init__(self, run: Callable[[Callable[[Any], Awaitable[Any]]], Awaitable[Any]],
+                 max_queued: int | None = None) -> None:
         self._run = run
+        self._max_queued = max_queued  # written on each Run admitted (the claim's bound)
 
     async def admit_occurrence(self, kind: str, trigger_id: str, event_id: str,
                                payload: Mapping[str, Any] | None, now_ms: int) -> AdmitResult:
@@ -160,6 +162,7 @@ class ClusterOccurrences:
             async with conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(query("occurrence_admit"), {
                     "trigger_id": trigger_id, "kind": kind, "key": key, "now": now_ms,
+                    "max_queued": self._max_queued,
                     "run_id": str(uuid.uuid4()), "attempt_id": str(uuid.uuid4())})
                 return await cur.fetchone()
 

@@ -75,6 +75,7 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "attempts": frozenset({"SELECT", "INSERT"}),
         "run_events": frozenset({"SELECT", "INSERT"}),
         "schedule_skips": frozenset({"SELECT", "INSERT"}),
+        "run_skips": frozenset({"SELECT"}),
         "scheduler_replicas": frozenset(_ALL),
         "worker_sessions": frozenset({"SELECT"}),
         "attempt_logs": frozenset({"SELECT"}),
@@ -95,7 +96,8 @@ CONTROL_FUNCTIONS = ("expire_attempt", "request_cancel", "prune_attempt_logs", "
 INTERNAL_FUNCTIONS = ("_now_ms", "_event", "_utc", "_cancel_words", "_run_spec", "_spec_problem",
                       "_retry_decision", "_end_attempt", "_finish_attempt", "_requeue", "_session",
                       "_lease", "_overlap", "_reason", "_claim_routing", "_runs_routing",
-                      "_outbox_run_ended", "_outbox_skipped", "_chain_after_end")
+                      "_outbox_run_ended", "_outbox_skipped", "_chain_after_end", "_runs_key_kept",
+                      "_skip_run")
 
 #: ``{function name: role function allowed to EXECUTE it, or None (owner only)}``.
 EXPECTED_FUNCTIONS: dict[str, str | None] = {
@@ -134,7 +136,7 @@ EXPECTED_TABLES = frozenset({
     "trigger_schedules", "runs", "attempts", "run_events", "schedule_skips",
     "trigger_revision_marks", "scheduler_replicas", "worker_sessions", "attempt_logs",
     "event_outbox", "event_outbox_seq_seq", "event_deliveries",
-    "api_tokens", "audit_log", "audit_log_entry_id_seq",
+    "api_tokens", "audit_log", "audit_log_entry_id_seq", "run_skips", "run_skips_skip_seq_seq",
 })
 
 _CATALOG_SQL = """

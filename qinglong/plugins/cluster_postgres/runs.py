@@ -29,9 +29,13 @@ from qinglong.contracts.execution import (
     AttemptView,
     CancelReason,
     RunDetail,
+    RunSkipView,
     RunState,
     RunSummary,
     StoredLogState,
+    WorkerView,
+    free_slots,
+    worker_state,
 )
 from qinglong.contracts.store import listing_bound
 from qinglong.contracts.tokens import pending_audit
@@ -95,6 +99,23 @@ class ClusterRunControl:
         return [_summary(row, state=row["state"], finished_at_ms=row["finished_at_ms"],
                          reason=row["reason"], attempts=row["attempts"], exit_code=row["exit_code"],
                          duration_ms=row["duration_ms"]) for row in rows]
+
+    async def recent_run_skips(self, limit: int = 20) -> Sequence[RunSkipView]:
+        """The newest Runs skipped before they started, newest first (at most ``limit``)."""
+        rows = await self._rows("control_recent_run_skips", {"limit": listing_bound(limit)})
+        return [RunSkipView(row["run_id"], row["project_id"], row["task_id"], row["trigger_id"],
+                            row["scheduled_for_ms"], row["reason"], row["recorded_at_ms"]) for row in rows]
+
+    async def list_workers(self, now_ms: int, limit: int = 200) -> Sequence[WorkerView]:
+        """Every worker id's current session, live ones first (``ListsWorkers``)."""
+        rows = await self._rows("control_list_workers", {"now_ms": now_ms, "limit": listing_bound(limit)})
+        views = []
+        for r in rows:
+            state = worker_state(r["closed_at_ms"], r["lease_expires_at_ms"], now_ms)
+            views.append(WorkerView(r["worker_id"], state, tuple(r["labels"]), r["capacity"], r["running"],
+                                    free_slots(state, r["capacity"], r["running"]), r["opened_at_ms"],
+                                    r["heartbeat_at_ms"], r["lease_expires_at_ms"], r["closed_at_ms"]))
+        return views
 
     async def run_detail(self, run_id: str) -> RunDetail:
         """The Run and every Attempt (with the worker that held it); NotFound if unknown."""

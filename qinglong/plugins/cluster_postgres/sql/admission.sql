@@ -74,13 +74,13 @@ input AS MATERIALIZED (
                 %(idempotency_key)s::text[], %(policy)s::text[], %(skip_first_ms)s::bigint[],
                 %(skip_last_ms)s::bigint[], %(skip_count)s::bigint[], %(skip_count_exact)s::boolean[],
                 %(keep_claim)s::boolean[], %(run_id)s::uuid[], %(attempt_id)s::uuid[],
-                %(row_tid)s::tid[], %(jitter_ms)s::bigint[])
+                %(row_tid)s::tid[], %(jitter_ms)s::bigint[], %(max_queued)s::integer[])
          WITH ORDINALITY AS i (trigger_id, task_id, trigger_revision, trigger_digest, task_revision,
                                task_digest, state_version, expected_next_ms, owner, token,
                                claim_version, observed_at_ms, kind, next_fire_at_ms,
                                scheduled_for_ms, idempotency_key, policy, skip_first_ms,
                                skip_last_ms, skip_count, skip_count_exact, keep_claim, run_id,
-                               attempt_id, row_tid, jitter_ms, ord)
+                               attempt_id, row_tid, jitter_ms, max_queued, ord)
 ),
 checked AS MATERIALIZED (
     -- with the row's own arguments, so the UPDATE below joins this alone to the schedule row (a
@@ -145,10 +145,11 @@ run AS (
     INSERT INTO qinglong.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
                                task_revision, executor, execution_digest, scheduled_for_ms,
                                admitted_at_ms, queued_at_ms, state, owned_by, cancelled,
-                               idempotency_key, admitted_by, jitter_ms)
+                               idempotency_key, admitted_by, jitter_ms, max_queued)
     SELECT i.run_id, a.project_id, a.trigger_id, i.trigger_revision, i.task_id,
            i.task_revision, 'remote_worker', c.execution_digest, i.scheduled_for_ms,
-           a.now_ms, a.now_ms, 'queued', 'runtime', false, i.idempotency_key, i.owner, i.jitter_ms
+           a.now_ms, a.now_ms, 'queued', 'runtime', false, i.idempotency_key, i.owner, i.jitter_ms,
+           i.max_queued
     FROM advanced a
     JOIN input i ON i.ord = a.ord
     JOIN checked c ON c.ord = a.ord

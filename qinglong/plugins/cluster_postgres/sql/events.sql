@@ -119,7 +119,7 @@ WHERE r.run_id = %(run_id)s::uuid;
 -- One queued Run of a trigger for an event source's occurrence, in one statement (one snapshot):
 -- only while the trigger is of the kind, enabled, in an active project with a live task (its
 -- task head pinned); a second admission of the key inserts nothing. Returns the Run created,
--- the Run that held the key before, and whether the trigger admits at all.
+-- the Run that held the key before (or its skip record), and whether the trigger admits at all.
 WITH t AS (
     SELECT tr.trigger_id, tr.trigger_revision, tr.project_id, tr.task_id, k.task_revision,
            e.content_digest
@@ -136,10 +136,10 @@ run AS (
     INSERT INTO qinglong.runs (run_id, project_id, trigger_id, trigger_revision, task_id,
                                task_revision, executor, execution_digest, scheduled_for_ms,
                                admitted_at_ms, queued_at_ms, state, owned_by, cancelled,
-                               idempotency_key, admitted_by)
+                               idempotency_key, admitted_by, max_queued)
     SELECT %(run_id)s::uuid, t.project_id, t.trigger_id, t.trigger_revision, t.task_id,
            t.task_revision, 'remote_worker', t.content_digest, %(now)s, %(now)s, %(now)s,
-           'queued', 'runtime', false, %(key)s, 'event-source'
+           'queued', 'runtime', false, %(key)s, 'event-source', %(max_queued)s::integer
     FROM t
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING run_id, admitted_at_ms
@@ -157,7 +157,9 @@ events AS (
     RETURNING event_id
 )
 SELECT (SELECT r.run_id::text FROM run r) AS created,
-       (SELECT x.run_id::text FROM qinglong.runs x WHERE x.idempotency_key = %(key)s) AS existing,
+       coalesce((SELECT x.run_id::text FROM qinglong.runs x WHERE x.idempotency_key = %(key)s),
+                (SELECT k.run_id::text FROM qinglong.run_skips k WHERE k.idempotency_key = %(key)s))
+           AS existing,
        (SELECT count(*) FROM t) AS admits,
        (SELECT count(*) FROM attempt) + (SELECT count(*) FROM events) AS written;
 

@@ -129,3 +129,24 @@ SELECT qinglong.prune_attempt_logs(
 -- NULL for an unknown Run (and then no entry).
 SELECT qinglong.request_cancel_audited(%(run_id)s::uuid, %(reason)s::text, %(at)s, %(actor)s, %(token_id)s,
                                        %(source)s, %(detail)s) AS state
+
+-- name: control_recent_run_skips
+-- The newest Runs skipped before they started (qinglong._skip_run), newest first.
+SELECT k.run_id::text AS run_id, k.project_id, k.task_id, k.trigger_id, k.scheduled_for_ms,
+       k.reason, k.recorded_at_ms
+  FROM qinglong.run_skips k
+ ORDER BY k.skip_seq DESC
+ LIMIT %(limit)s::bigint
+
+-- name: control_list_workers
+-- Every worker id's current session (one row per worker id: a handful), live ones first, then by
+-- worker id, at most %(limit)s: its labels, capacity, clocks and its leased Attempts (dispatching
+-- or running under this session's generation, as stats.sql counts them).
+SELECT w.worker_id, w.labels, w.capacity, w.opened_at_ms, w.heartbeat_at_ms, w.lease_expires_at_ms,
+       w.closed_at_ms,
+       (SELECT count(*) FROM qinglong.attempts a
+        WHERE a.session_id = w.session_id AND a.session_generation = w.generation
+          AND a.state IN ('dispatching', 'running')) AS running
+FROM qinglong.worker_sessions w
+ORDER BY (w.closed_at_ms IS NULL AND w.lease_expires_at_ms > %(now_ms)s::bigint) DESC, w.worker_id
+LIMIT %(limit)s;

@@ -14,7 +14,7 @@ SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 -- read), the lag percentiles read runs_recent over the last %(lag_window_ms)s ms (a lag counted
 -- from the admitting replica's first round for what it caught up at its start: occurrences due
 -- while it did not run yet, admitted late as the misfire policy allowed), recent skips
--- schedule_skips_recent over %(recent_window_ms)s ms, running Runs the in-flight partial index;
+-- schedule_skips_recent and run_skips_recorded over %(recent_window_ms)s ms, running Runs the in-flight partial index;
 -- the totals are counts: schedules and those of enabled triggers of active projects in one scan
 -- of the trigger heads (each head has exactly one schedule row), Runs by state. Live replicas: a
 -- completed round within %(live_window_ms)s ms. Workers: one session row per worker id (a
@@ -118,7 +118,9 @@ SELECT %(now_ms)s::bigint AS now_ms,
        lag.p99 AS admission_lag_p99_ms,
        (SELECT coalesce(sum(k.skipped_count), 0)
         FROM qinglong.schedule_skips k
-        WHERE k.recorded_at_ms >= %(now_ms)s::bigint - %(recent_window_ms)s::bigint) AS skipped_recent,
+        WHERE k.recorded_at_ms >= %(now_ms)s::bigint - %(recent_window_ms)s::bigint)
+       + (SELECT count(*) FROM qinglong.run_skips k
+          WHERE k.recorded_at_ms >= %(now_ms)s::bigint - %(recent_window_ms)s::bigint) AS skipped_recent,
        (SELECT count(*) FROM qinglong.runs r
         WHERE r.state IN ('queued', 'dispatching', 'running') AND r.state = 'running') AS running,
        replicas.live AS live_schedulers,
