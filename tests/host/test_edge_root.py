@@ -18,18 +18,32 @@ def _loaded(tmp_path):
     return load_settings(settings)
 
 
-def test_edge_boot_never_imports_dependency_injector(tmp_path):
-    """dependency-injector's compiled containers cost a router 2.3 MiB of resident memory at
-    every ``qinglong run``; an edge boot (command line, settings, plugins, container, backend,
-    lifecycle) must not import any of it."""
+def _edge_boot_modules(tmp_path) -> list[str]:
+    """The modules an edge ``qinglong run`` has loaded once booted (command line, settings,
+    plugins, container, backend created, lifecycle), from a fresh interpreter."""
     settings = tmp_path / "s.toml"
     settings.write_text(f'[backend]\npath = "{tmp_path / "q.db"}"\n')
     code = ("import sys\n"
             "from qinglong.host.closure import boot_for_closure\n"
-            f"boot_for_closure('edge', {str(settings)!r})\n"
-            "print(sorted(m for m in sys.modules if m.startswith('dependency_injector.')))\n")
+            f"print(repr(sorted(boot_for_closure('edge', {str(settings)!r}))))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", out.stdout
+    return eval(out.stdout.strip().splitlines()[-1])  # a printed list of module names
+
+
+def test_edge_boot_never_imports_dependency_injector(tmp_path):
+    """dependency-injector's compiled containers cost a router 2.3 MiB of resident memory at
+    every ``qinglong run``; an edge boot must not import any of it."""
+    assert [m for m in _edge_boot_modules(tmp_path) if m.startswith("dependency_injector.")] == []
+
+
+def test_edge_boot_leaves_the_publisher_and_apply_contract_unimported(tmp_path):
+    """``qinglong run`` publishes nothing itself: importing the store's publisher (and the apply
+    contract it brings) and its tokens module at every start would hold them for nothing."""
+    modules = _edge_boot_modules(tmp_path)
+    assert "qinglong.plugins.edge_sqlite.backend" in modules
+    held = {"qinglong.plugins.edge_sqlite.publisher", "qinglong.plugins.edge_sqlite.tokens",
+            "qinglong.contracts.apply"} & set(modules)
+    assert held == set()
 
 
 def test_edge_root_offers_every_provider_of_the_declarative_root(tmp_path):
