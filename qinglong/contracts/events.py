@@ -23,8 +23,23 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 RUN_EVENT_STATES = ("succeeded", "failed", "timed_out", "cancelled", "lost")
 #: A trigger's occurrences skipped by its misfire policy (an operator-level event).
 TRIGGER_SKIPPED = "trigger.skipped"
+#: Operator events: a worker's session ended with Runs held (cluster).
+WORKER_LOST = "worker.lost"
+#: Queued Runs no live worker can take, for longer than a grace (cluster), and the end of that.
+QUEUE_STALLED = "queue.stalled"
+QUEUE_RESUMED = "queue.resumed"
+#: A scheduler without a completed round for a while, and its recovery.
+SCHEDULER_NOT_READY = "scheduler.not_ready"
+SCHEDULER_READY = "scheduler.ready"
+#: An episode's kind -> the kind of the event that ends it (written once per episode each).
+EPISODE_RECOVERY = {SCHEDULER_NOT_READY: SCHEDULER_READY, QUEUE_STALLED: QUEUE_RESUMED}
+#: The operator events; they go only to the channels that subscribe to them
+#: (``operator_events = true``), whatever a task or the default says.
+OPERATOR_KINDS = frozenset({WORKER_LOST, QUEUE_STALLED, QUEUE_RESUMED, SCHEDULER_NOT_READY,
+                            SCHEDULER_READY})
 #: Every event kind a store writes.
-EVENT_KINDS = tuple(f"run.{state}" for state in RUN_EVENT_STATES) + (TRIGGER_SKIPPED,)
+EVENT_KINDS = (tuple(f"run.{state}" for state in RUN_EVENT_STATES) + (TRIGGER_SKIPPED,)
+               + tuple(sorted(OPERATOR_KINDS)))
 #: The kinds that are a failure for ``notify = "on-failure"`` (a cancel is an operator's decision).
 FAILURE_KINDS = frozenset({"run.failed", "run.timed_out", "run.lost", TRIGGER_SKIPPED})
 
@@ -67,7 +82,7 @@ class OutboxEvent:
 
     def to_json(self) -> dict[str, Any]:
         """The event as its receivers read it (the ``seq`` is the store's, not a promise)."""
-        return {"event_id": self.event_id, "kind": self.kind, "project": self.project_id,
+        return {"event_id": self.event_id, "kind": self.kind, "project": self.project_id or None,
                 "task": self.task_id or None, "trigger": self.trigger_id or None,
                 "run": self.run_id, "state": self.state, "exit_code": self.exit_code,
                 "duration_ms": self.duration_ms, "reason": self.reason, "at_ms": self.at_ms,
@@ -112,12 +127,16 @@ def delivery_retry(policy: DeliveryPolicy, tries: int) -> int | None:
     return min(policy.backoff_cap_ms, policy.backoff_ms * (1 << min(tries - 1, 40)))
 
 
-def wants(event: OutboxEvent, default: NotifyPolicy, channels: Sequence[str]) -> tuple[str, ...]:
+def wants(event: OutboxEvent, default: NotifyPolicy, channels: Sequence[str],
+          operator_channels: Sequence[str] = ()) -> tuple[str, ...]:
     """The channels (of ``channels``, the configured ones, in order) an event goes to.
 
     A Run's task may say ``notify = {"when": "on-failure" | "always" | "never", "channels": [...]}``
     in its spec; what it leaves out is ``default`` and every configured channel. A trigger's event
-    goes to every channel unless the default is ``never``."""
+    goes to every channel unless the default is ``never``. An operator event
+    (:data:`OPERATOR_KINDS`) goes to the channels of ``operator_channels`` and no other."""
+    if event.kind in OPERATOR_KINDS:
+        return tuple(c for c in channels if c in operator_channels)
     notify = event.notify or {}
     try:
         policy = NotifyPolicy(notify.get("when", default.value))
@@ -150,6 +169,20 @@ def check_notify(task_id: str, value: Any) -> dict[str, Any]:
             or not all(isinstance(c, str) and 0 < len(c) <= 63 for c in channels)):
         raise UserError(f"task {task_id!r}: notify.channels: expected a list of channel names")
     return dict(value)
+
+
+def check_episode(key: str, kind: str, subject: str, reason: str,
+                  detail: Mapping[str, Any]) -> None:
+    """Refuse, with ``ValueError``, an operator episode a store would not keep: a kind that is
+    not a key of :data:`EPISODE_RECOVERY`, an empty or long key or subject, a long reason."""
+    if kind not in EPISODE_RECOVERY:
+        raise ValueError(f"operator episode: kind {kind!r} is not one of "
+                         f"{', '.join(sorted(EPISODE_RECOVERY))}")
+    if not 0 < len(key) <= 300 or not 0 < len(subject) <= 300 or len(reason) > 1000:
+        raise ValueError("operator episode: expected a key and a subject of 1 to 300 characters "
+                         "and a reason of at most 1000")
+    if not isinstance(detail, Mapping):
+        raise ValueError("operator episode: expected the detail as a mapping")
 
 
 @runtime_checkable
@@ -189,6 +222,14 @@ class EventOutbox(Protocol):
         ended (delivered or dead), with those deliveries; the number of events deleted."""
         ...
 
+    async def operator_episode(self, key: str, kind: str, *, active: bool, subject: str,
+                               reason: str, detail: Mapping[str, Any]) -> bool:
+        """Open (``active``) or close the episode ``key`` of an operator condition ``kind`` (a key
+        of :data:`EPISODE_RECOVERY`), in one transaction: the first opening writes a ``kind``
+        event, the first close after it the recovery event (its detail adds ``since_ms``, when the
+        episode opened); any other call writes nothing. Whether an event was written."""
+        ...
+
     async def run_context(self, run_id: str, max_log_bytes: int) -> "RunContext":
         """What a message about the Run shows beyond its event: the tail of its last Attempt's log
         and the values of its task's environment (to redact from that tail)."""
@@ -218,6 +259,8 @@ class Message:
         e = self.event
         if e.run_id is not None:
             return f"[qinglong] {e.project_id}/{e.task_id}: run {e.state}"
+        if e.kind in OPERATOR_KINDS:
+            return f"[qinglong] {e.kind}: {e.subject}"
         return f"[qinglong] {e.project_id}: trigger {e.trigger_id} skipped occurrences"
 
     def text(self) -> str:
@@ -287,7 +330,9 @@ class NotifierSpec:
 
 
 __all__ = ["RUN_EVENT_STATES", "TRIGGER_SKIPPED", "EVENT_KINDS", "FAILURE_KINDS", "NotifyPolicy",
+           "WORKER_LOST", "QUEUE_STALLED", "QUEUE_RESUMED", "SCHEDULER_NOT_READY",
+           "SCHEDULER_READY", "EPISODE_RECOVERY", "OPERATOR_KINDS",
            "DeliveryState", "OutboxEvent", "Delivery", "DeliveryPolicy", "delivery_retry", "wants",
-           "check_notify",
+           "check_notify", "check_episode",
            "EventOutbox", "RunContext", "Message", "REDACTED", "redact_values", "log_tail_lines",
            "DeliveryFailed", "Notifier", "NotifierSpec"]

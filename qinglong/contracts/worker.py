@@ -188,6 +188,21 @@ class ClaimedAttempt:
     lease: LeaseFence
     lease_expires_at_ms: int
     db_now_ms: int
+    #: What an event admitted the Run with (JSON text, at most
+    #: :data:`~qinglong.contracts.event_sources.MAX_OCCURRENCE_PAYLOAD_BYTES`), or None; the job
+    #: finds it in the file its environment names (``QINGLONG_EVENT_FILE``).
+    event_payload: str | None = None
+
+
+def bounded_event_payload(value: Any) -> str | None:
+    """A claim's event payload as the worker hands it to a job: text of at most
+    :data:`~qinglong.contracts.event_sources.MAX_OCCURRENCE_PAYLOAD_BYTES` bytes (what admission
+    accepts), else None (whatever path carried the claim, a job never gets an unbounded file)."""
+    from .event_sources import MAX_OCCURRENCE_PAYLOAD_BYTES
+
+    if not isinstance(value, str) or len(value.encode("utf-8", "replace")) > MAX_OCCURRENCE_PAYLOAD_BYTES:
+        return None
+    return value
 
 
 @dataclass(frozen=True, slots=True)

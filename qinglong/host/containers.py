@@ -180,9 +180,12 @@ def create_notifiers(host: PluginHost, loaded: LoadedSettings) -> dict[str, Any]
     specs = host.notifier_specs() if loaded.settings.notifications.channels else {}
     notifiers = {}
     for name, table in loaded.settings.notifications.channels.items():
-        options = {k: v for k, v in table.items() if k != "kind"}
+        options = {k: v for k, v in table.items() if k not in ("kind", "operator_events")}
         spec = specs.get(table["kind"])
         where = loaded.origin(("notifications", "channels", name))
+        if not isinstance(table.get("operator_events", False), bool):
+            raise SettingsError(f"{where}: channel {name!r}: operator_events: expected true or "
+                                "false")
         if spec is None:
             raise SettingsError(
                 f"{where}: channel {name!r}: kind {table['kind']!r} is not offered by any loaded "
@@ -212,7 +215,22 @@ def delivery_loop(host: PluginHost, loaded: LoadedSettings, backend: Any, sink: 
         default_notify=NotifyPolicy(section.default), poll_ms=section.poll_ms,
         batch=section.batch, lease_ms=section.lease_ms, send_timeout_ms=section.send_timeout_ms,
         concurrency=section.concurrency, log_lines=section.log_lines,
-        retention_ms=int(section.retention_days * 86_400_000))
+        retention_ms=int(section.retention_days * 86_400_000),
+        operator_channels=tuple(name for name, table in section.channels.items()
+                                if table.get("operator_events") is True))
+
+
+def scheduler_watch(loaded: LoadedSettings, backend: Any, sink: Any, clock_ms: Any,
+                    owner: str) -> Any:
+    """The watch that writes ``scheduler.not_ready`` and ``scheduler.ready`` when the backend
+    keeps an outbox."""
+    outbox = backend.outbox() if isinstance(backend, EventingBackend) else None
+    if outbox is None:
+        return None
+    from .events import SchedulerWatch
+
+    return SchedulerWatch(outbox, sink, clock_ms, owner,
+                          after_ms=loaded.settings.notifications.scheduler_not_ready_after_ms)
 
 
 def boot_id() -> str | None:
@@ -251,12 +269,15 @@ def event_sources(host: PluginHost, loaded: LoadedSettings, backend: Any, sink: 
 
 def components_factory(host: PluginHost, loaded: LoadedSettings, sink: Any, clock_ms: Any,
                        owner: str) -> Any:
-    """``context -> components``: the host's own stack components (the event delivery loop),
+    """``context -> components``: the host's own stack components (the event delivery loop, the
+    scheduler's watch),
     the event sources and the plugins' (hook ``qinglong_lifecycle_components``)."""
 
     def build(context: Any) -> list[Any]:
-        own = delivery_loop(host, loaded, context.backend, sink, clock_ms)
-        return (([own] if own is not None else [])
+        own = [c for c in (delivery_loop(host, loaded, context.backend, sink, clock_ms),
+                           scheduler_watch(loaded, context.backend, sink, clock_ms, owner))
+               if c is not None]
+        return (own
                 + event_sources(host, loaded, context.backend, sink, clock_ms, owner)
                 + list(host.lifecycle_components(context)))
 

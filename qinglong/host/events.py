@@ -34,6 +34,7 @@ from qinglong.contracts.events import (
     Message,
     Notifier,
     NotifyPolicy,
+    SCHEDULER_NOT_READY,
     delivery_retry,
     log_tail_lines,
     wants,
@@ -70,10 +71,12 @@ class DeliveryLoop:
                  default_notify: NotifyPolicy = NotifyPolicy.ON_FAILURE, poll_ms: int = 500,
                  batch: int = 100, lease_ms: int = 60_000, send_timeout_ms: int = 10_000,
                  concurrency: int = 8, log_lines: int = 20, log_bytes: int = 16_384,
-                 retention_ms: int = 7 * 86_400_000) -> None:
+                 retention_ms: int = 7 * 86_400_000,
+                 operator_channels: Sequence[str] = ()) -> None:
         self._outbox = outbox
         self._notifiers = dict(notifiers)
         self._channels = tuple(self._notifiers)
+        self._operator_channels = tuple(operator_channels)
         self._diagnostics = diagnostics
         self._clock_ms = clock_ms
         self._policy = policy
@@ -98,7 +101,7 @@ class DeliveryLoop:
         self.pruned = 0
 
     def choose(self, event) -> Sequence[str]:
-        return wants(event, self._default, self._channels)
+        return wants(event, self._default, self._channels, self._operator_channels)
 
     def wake(self, *_: object) -> None:
         """Start the next pass now (a Run just ended)."""
@@ -200,4 +203,128 @@ class DeliveryLoop:
             finally:
                 self._task = None
 
-__all__ = ["DeliveryLoop", "safe_error"]
+class SchedulerWatch:
+    """Writes ``scheduler.not_ready`` once when this process's scheduler has completed no round
+    for ``after_ms`` (rounds failing, the loop gone), and ``scheduler.ready`` once at its first
+    completed round after that, each through the outbox's episode (keyed by the scheduler's
+    owner), so a restart neither repeats nor loses one.
+
+    A store that cannot be reached cannot take the first event while it is down: the watch keeps
+    the episode's start and writes both once a round completes again. At start it closes an
+    episode a previous run of the same owner left open (that run stopped while not ready)."""
+
+    name = "scheduler-watch"
+    phase = ComponentPhase.STACK
+
+    def __init__(self, outbox: EventOutbox, diagnostics: DiagnosticSink,
+                 clock_ms: Callable[[], int], owner: str, *, after_ms: int,
+                 check_ms: int | None = None) -> None:
+        self._outbox = outbox
+        self._diagnostics = diagnostics
+        self._clock_ms = clock_ms
+        self._owner = owner
+        self._key = f"scheduler.not_ready/{owner}"
+        self._after_ms = after_ms
+        self._check_s = (check_ms if check_ms is not None else min(5_000, max(100, after_ms // 4))) / 1000
+        self._last_ok_ms: int | None = None
+        self._failures = 0
+        #: the start of an episode not written yet (the store may be what is down)
+        self._unwritten_since: int | None = None
+        #: an episode may be open in the store (at start: a previous run may have left one)
+        self._maybe_open = True
+        self._started_ms = clock_ms()
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        #: Events this watch wrote (tests read them).
+        self.written = 0
+
+    def observe_round(self, report: object, elapsed_ms: int) -> None:
+        """A round ended (``report`` None: it failed)."""
+        if report is None:
+            self._failures += 1
+            return
+        self._failures = 0
+        self._last_ok_ms = self._clock_ms()
+        if self._unwritten_since is not None or self._maybe_open:
+            self._wake.set()
+
+    def _detail(self, since_ms: int, now_ms: int) -> dict:
+        return {"owner": self._owner, "last_round_ms": self._last_ok_ms, "since_ms": since_ms,
+                "failed_rounds": self._failures, "after_ms": self._after_ms,
+                "checked_at_ms": now_ms}
+
+    async def check(self) -> None:
+        """One look: open the episode when the scheduler is not ready, close it when it is."""
+        now = self._clock_ms()
+        since = self._last_ok_ms if self._last_ok_ms is not None else self._started_ms
+        if now - since >= self._after_ms:
+            if self._unwritten_since is None:
+                self._unwritten_since = since
+            await self._open(now)
+            return
+        if self._unwritten_since is not None and self._last_ok_ms is not None:
+            await self._open(now)  # the store was down: the episode is written as it ends
+        if self._maybe_open and self._unwritten_since is None and self._last_ok_ms is not None:
+            if await self._outbox.operator_episode(
+                    self._key, SCHEDULER_NOT_READY, active=False, subject=f"scheduler/{self._owner}",
+                    reason=f"scheduler {self._owner}: rounds complete again",
+                    detail={"owner": self._owner, "last_round_ms": self._last_ok_ms}):
+                self.written += 1
+                self._diagnostics.emit(DiagnosticEvent(
+                    "info", "events.scheduler_ready", "the scheduler completes rounds again",
+                    {"owner": self._owner}))
+            self._maybe_open = False
+
+    async def _open(self, now: int) -> None:
+        since = self._unwritten_since
+        assert since is not None
+        if await self._outbox.operator_episode(
+                self._key, SCHEDULER_NOT_READY, active=True, subject=f"scheduler/{self._owner}",
+                reason=(f"scheduler {self._owner}: no completed round for "
+                        f"{(now - since) // 1000} s"),
+                detail=self._detail(since, now)):
+            self.written += 1
+            self._diagnostics.emit(DiagnosticEvent(
+                "warning", "events.scheduler_not_ready",
+                f"the scheduler has completed no round for {(now - since) // 1000} s",
+                {"owner": self._owner}))
+        self._unwritten_since = None
+        self._maybe_open = True
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.clear()
+            try:
+                await self.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the store may be down: look again at the next tick
+                self._diagnostics.emit(DiagnosticEvent(
+                    "warning", "events.scheduler_watch_failed",
+                    f"the scheduler watch could not write to the store: {exc.__class__.__name__}"))
+            waits = [asyncio.ensure_future(self._stopping.wait()),
+                     asyncio.ensure_future(self._wake.wait())]
+            try:
+                await asyncio.wait(waits, timeout=self._check_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+
+    async def start(self) -> None:
+        self._started_ms = self._clock_ms()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(),
+                                                                name="qinglong-scheduler-watch")
+
+    async def stop(self) -> None:
+        """Stop looking (a stop is orderly: it is no episode)."""
+        self._stopping.set()
+        if self._task is not None:
+            try:
+                await self._task
+            finally:
+                self._task = None
+
+
+__all__ = ["DeliveryLoop", "SchedulerWatch", "safe_error"]

@@ -310,6 +310,9 @@ class Lifecycle:
                 # a component that wants to hear of each Run end (the event delivery loop)
                 dispatcher.on_finished.extend(
                     c.on_run_finished for c in components if callable(getattr(c, "on_run_finished", None)))
+            # a component that watches the rounds (the scheduler's operator events)
+            self.loop.observers.extend(
+                c.observe_round for c in components if callable(getattr(c, "observe_round", None)))
             self.readiness.starting("opening the admission phase")
             for phase in (ComponentPhase.STACK, ComponentPhase.ADMISSION):
                 for component in components:

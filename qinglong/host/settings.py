@@ -230,6 +230,12 @@ class NotificationsSettings(BaseModel):
     log_lines: int = Field(20, ge=0, le=1_000, description="last log lines a message carries")
     retention_days: float = Field(7, gt=0, description="ended deliveries and their events are "
                                                        "deleted after this")
+    scheduler_not_ready_after_ms: int = Field(
+        60_000, ge=1_000, le=86_400_000,
+        description="a scheduler without a completed round this long is an operator event")
+    queue_stalled_after_ms: int = Field(
+        120_000, ge=1_000, le=86_400_000,
+        description="queued Runs no live worker can take this long are an operator event (cluster)")
 
     @field_validator("channels")
     @classmethod

@@ -36,6 +36,7 @@ from qinglong.contracts.execution import (
 )
 from qinglong.contracts.worker import (
     BadWorkerCall,
+    bounded_event_payload,
     ClaimedAttempt,
     CompletionResult,
     LeaseFenced,
@@ -233,7 +234,9 @@ class Jobs:
         d = core.deadlines
         fence_at = d.kill_at if d is not None and isinstance(executor, FencedExecutor) else None
         request = StartRequest(attempt.run_id, attempt.attempt_id, attempt.attempt_no, attempt.scheduled_for_ms,
-                               spec, job.attempt_dir, fence_deadline_mono=fence_at)
+                               spec, job.attempt_dir, fence_deadline_mono=fence_at,
+                               # an event's payload: the executor writes it 0600 beside the job
+                               event_payload=bounded_event_payload(attempt.event_payload))
         try:
             # the token beside the job: a restarted worker reports the outcome it finds with it
             write_lease(job.attempt_dir, attempt.run_id, attempt.attempt_no, spec.executor, attempt.lease)

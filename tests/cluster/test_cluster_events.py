@@ -19,7 +19,7 @@ from tests.support.aio import closing
 
 def outbox_rows(db) -> list[tuple]:
     return db.sql("SELECT kind, run_id::text, state, exit_code, duration_ms IS NOT NULL, "
-                  "notify_json FROM qinglong.event_outbox ORDER BY seq")
+                  "notify_json FROM qinglong.event_outbox WHERE kind LIKE 'run.%%' ORDER BY seq")
 
 
 def test_a_workers_completion_writes_one_event_with_exit_code_duration_and_notify(cluster):

@@ -307,3 +307,24 @@ def _one(port: int, method: str, path: str, token: str | None) -> int:
         return client.request(method, path, b"{}" if method in ("POST", "PUT", "PATCH") else None)[0]
     finally:
         client.close()
+
+
+def test_notifications_refuse_forged_filters_and_project_tokens_and_change_nothing(attacked):
+    """The deliveries list takes its filters from the query string: a state or cursor that
+    reached the store unchecked, a limit that read it all, or a project-limited token that saw
+    every project's deliveries would each be a hole; every refusal must leave the store as it
+    was."""
+    plane, settings, tokens, before = attacked
+    client = Client(plane.port, tokens["read"])
+    try:
+        for query in ("state=dead'%20OR%201=1--", "state=DEAD", "cursor=-1", "cursor=1e3",
+                      "cursor=99999999999", "limit=0", "limit=100000", "limit=x", "state=pending&state=x"):
+            status, body, _ = client.request("GET", f"/api/v1/notifications?{query}")
+            assert status == 422, (query, status, body)
+        assert client.request("GET", "/api/v1/notifications", token=tokens["web"])[0] == 403
+        assert client.request("GET", "/api/v1/notifications", token="")[0] == 401
+        assert client.request("DELETE", "/api/v1/notifications", token=tokens["write"])[0] == 405
+        assert client.request("GET", "/api/v1/notifications?limit=1000")[0] == 200
+    finally:
+        client.close()
+    _unchanged(settings, before)

@@ -27,3 +27,19 @@ def test_an_unknown_channel_kind_names_the_offered_ones_and_a_bad_option_hides_i
                                'url = "http://127.0.0.1:9/"\nsecret = 123456789\n')
     result = cli("--settings", str(settings), "run", "--for-seconds", "1")
     assert "key 'secret'" in result.stderr and "123456789" not in result.stderr
+
+
+def test_a_channels_operator_events_must_be_a_boolean_and_is_not_a_notifier_option(cli, tmp_path):
+    """``operator_events`` is the host's switch, not the notifier's: a string there would be read
+    as on by a careless check (paging a team that never asked), and handed to the notifier it
+    would be refused as an unknown option."""
+    settings = tmp_path / "s.toml"
+    base = (f'[backend]\npath = "{tmp_path / "q.db"}"\n[notifications.channels.hook]\n'
+            'kind = "webhook"\nurl = "http://127.0.0.1:9/"\nsecret = "0123456789abcdef"\n')
+    settings.write_text(base + 'operator_events = "yes"\n')
+    result = cli("--settings", str(settings), "run", "--for-seconds", "1")
+    assert result.returncode != 0
+    assert "channel 'hook': operator_events: expected true or false" in result.stderr
+    settings.write_text(base + "operator_events = true\n")
+    result = cli("--settings", str(settings), "run", "--for-seconds", "1")
+    assert result.returncode == 0, result.stderr

@@ -14,7 +14,9 @@ from .parsing import add_command, add_json_flag, positive_count
 
 
 def delivery_json(d: Any) -> dict:
-    return {"event_id": d.event.event_id, "kind": d.event.kind, "project_id": d.event.project_id,
+    """One delivery as ``--json`` and ``GET /api/v1/notifications`` show it."""
+    return {"event_id": d.event.event_id, "kind": d.event.kind, "subject": d.event.subject,
+            "reason": d.event.reason, "project_id": d.event.project_id or None,
             "task_id": d.event.task_id or None, "trigger_id": d.event.trigger_id or None,
             "run_id": d.event.run_id, "run_state": d.event.state, "at_ms": d.event.at_ms,
             "channel": d.channel, "state": d.state.value, "tries": d.tries,

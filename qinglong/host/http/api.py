@@ -607,6 +607,39 @@ class ApiService:
                                     actor_id=principal.token_id, source=principal.source)
         return JSONResponse({"name": record.name, "revoked": True})
 
+    async def list_notifications(self, request: Request, principal: Principal) -> Response:
+        """Deliveries of the events out, newest first: ``qinglong notifications`` over HTTP."""
+        from qinglong.contracts.capabilities import EventingBackend
+        from qinglong.contracts.events import DeliveryState
+
+        from ..cli.events import delivery_json
+
+        if principal.projects is not None:
+            # deliveries span every project and the operator's own events
+            raise _Forbidden("deliveries span every project: a token limited to projects cannot "
+                             "read them")
+        outbox = self.backend.outbox() if isinstance(self.backend, EventingBackend) else None
+        if outbox is None:
+            raise UserError(f"the {self.profile} profile's store keeps no events out")
+        state = request.query_params.get("state")
+        try:
+            state_value = DeliveryState(state) if state else None
+        except ValueError:
+            raise BodyError("state: expected one of "
+                            f"{', '.join(s.value for s in DeliveryState)}", "state") from None
+        limit = _int_query(request, "limit", 50, 1, MAX_LIMIT)
+        cursor = request.query_params.get("cursor")
+        skip = 0
+        if cursor is not None:
+            if not cursor.isdigit() or int(cursor) > MAX_DEPTH:
+                raise BodyError("cursor: expected the 'next' value of a previous page", "cursor")
+            skip = int(cursor)
+        found = list(await outbox.list_deliveries(state=state_value, limit=skip + limit + 1))
+        page = found[skip:skip + limit]
+        more = len(found) > skip + limit and skip + limit <= MAX_DEPTH
+        return JSONResponse({"deliveries": [delivery_json(d) for d in page],
+                             "next": str(skip + limit) if more else None})
+
     async def audit(self, request: Request, principal: Principal) -> Response:
         since = _int_query(request, "since_ms", None, 0, 2**62)
         limit = _int_query(request, "limit", 100, 1, MAX_LIMIT)
@@ -757,6 +790,13 @@ class ApiService:
                                responses={202: "a Run admitted", 401: "bad signature or timestamp",
                                           404: "no such hook", 409: "the trigger admits nothing now",
                                           413: "body too large", 429: "rate limited"})}, api=True),
+            RouteSpec(f"{p}/notifications", {
+                "GET": Method("read", self.list_notifications,
+                              "deliveries of the events out, newest first (a token limited to "
+                              "projects is refused: they span every project)",
+                              query={"state": "pending, delivered or dead",
+                                     "limit": "1-1000, default 50", "cursor": "the previous page's next"})},
+                      api=True),
             RouteSpec(f"{p}/audit", {
                 "GET": Method("admin", self.audit, "the audit log, newest first",
                               query={"since_ms": "entries at or after", "limit": "1-1000"})}, api=True),

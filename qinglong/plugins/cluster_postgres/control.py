@@ -1,6 +1,6 @@
 """The control plane's own work on the workers' Attempts, in every ``qinglong run`` replica.
 
-Two lifecycle components (``stack`` phase: they start after the scheduler and stop after it):
+Three lifecycle components (``stack`` phase: they start after the scheduler and stop after it):
 
 * :class:`ExpiryLoop` ends the workers' Attempts whose time ran out, about once a second, at most
   a page at a time: it reads the candidates (an expired lease, or a running Attempt whose deadline
@@ -15,8 +15,10 @@ Two lifecycle components (``stack`` phase: they start after the scheduler and st
 * :class:`LogRetention` calls ``qinglong.prune_attempt_logs`` at a slow cadence (a tenth of the
   retention, between 1 s and 5 min), deleting the shipped logs of Attempts that ended more than
   ``[execution] log_retention_days`` ago, in bounded batches; the Attempt keeps a tombstone.
+* :class:`StrandedRunsWatch` writes the ``queue.stalled`` operator event once per episode of queued
+  Runs no live worker can take, and ``queue.resumed`` when it ends.
 
-Neither ever raises out of its loop: an error is reported as a diagnostic (secret-free) and the
+None ever raises out of its loop: an error is reported as a diagnostic (secret-free) and the
 work is tried again at the next tick, so a database that goes away stops nothing. Each call is
 bounded on the client side as the scheduler's round is: a connection still waiting after the
 bound is severed and discarded, never handed back to the pool in an unknown state. ``stop`` lets
@@ -288,15 +290,45 @@ class LogRetention(_Periodic):
         return pruned >= self.batch
 
 
+class StrandedRunsWatch(_Periodic):
+    """Opens the ``queue.stalled`` episode (one outbox event) while queued Runs that waited past
+    the grace have no live worker able to take them, and closes it (``queue.resumed``) when none
+    is left, through ``qinglong.check_stranded_runs``. Every replica runs it; the episode's key
+    in the store makes each event once."""
+
+    name = "cluster_postgres.stranded_runs"
+    failure_code = "cluster_postgres.stranded_runs_failed"
+
+    def __init__(self, backend: Any, *, grace_ms: int, interval_s: float | None = None) -> None:
+        super().__init__(backend, interval_s if interval_s is not None
+                         else min(5.0, max(0.2, grace_ms / 4000)))
+        self.grace_ms = grace_ms
+        #: The count of the last check (read by tests and diagnostics).
+        self.stranded: int | None = None
+
+    async def tick(self) -> bool:
+        async def body(conn):
+            cur = await conn.execute(query("events_stranded_runs"), {"grace_ms": self.grace_ms})
+            return int((await cur.fetchone())[0])
+
+        self.stranded = await self._call(body)
+        return False
+
+
 def control_components(backend: Any, settings: Any) -> list[_Periodic]:
-    """The components of one replica: expiry, then log retention (``[execution]``'s
-    ``log_retention_days`` and ``prune_batch``)."""
+    """The components of one replica: expiry, log retention (``[execution]``'s
+    ``log_retention_days`` and ``prune_batch``), and the watch on Runs no worker can take
+    (``[notifications] queue_stalled_after_ms``)."""
     execution = getattr(settings, "execution", None)
     days = float(getattr(execution, "log_retention_days", 7.0))
     batch = int(getattr(execution, "prune_batch", 200))
+    notifications = getattr(settings, "notifications", None)
+    stalled_ms = int(getattr(notifications, "queue_stalled_after_ms", 120_000))
     return [ExpiryLoop(backend),
-            LogRetention(backend, retention_ms=max(1, int(days * 86_400_000)), batch=batch)]
+            LogRetention(backend, retention_ms=max(1, int(days * 86_400_000)), batch=batch),
+            StrandedRunsWatch(backend, grace_ms=stalled_ms)]
 
 
-__all__ = ["ExpiryDecision", "ExpiryLoop", "LogRetention", "control_components", "expire_page",
+__all__ = ["ExpiryDecision", "ExpiryLoop", "LogRetention", "StrandedRunsWatch",
+           "control_components", "expire_page",
            "expiry_decision", "retention_interval_s"]

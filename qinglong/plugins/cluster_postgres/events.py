@@ -16,7 +16,13 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 from psycopg.rows import dict_row
 
 from qinglong.contracts.event_sources import AdmitResult, occurrence_key, payload_json
-from qinglong.contracts.events import Delivery, DeliveryState, OutboxEvent, RunContext
+from qinglong.contracts.events import (
+    Delivery,
+    DeliveryState,
+    OutboxEvent,
+    RunContext,
+    check_episode,
+)
 from qinglong.contracts.store import listing_bound
 
 from .runs import ClusterRunControl, run_uuid
@@ -127,6 +133,20 @@ class ClusterEventOutbox:
 
         return await self._run(body)
 
+    async def operator_episode(self, key: str, kind: str, *, active: bool, subject: str,
+                               reason: str, detail: Mapping[str, Any]) -> bool:
+        check_episode(key, kind, subject, reason, detail)
+        rows = await self._rows("events_operator_episode", {
+            "key": key, "kind": kind, "active": active, "subject": subject, "reason": reason,
+            "detail": json.dumps(dict(detail))})
+        return bool(rows[0]["written"])
+
+    async def stranded_runs(self, grace_ms: int) -> int:
+        """Queued Runs no live worker can take that waited past ``grace_ms``; opens or closes the
+        ``queue.stalled`` episode accordingly (``qinglong.check_stranded_runs``)."""
+        rows = await self._rows("events_stranded_runs", {"grace_ms": int(grace_ms)})
+        return int(rows[0]["stranded"])
+
     async def run_context(self, run_id: str, max_log_bytes: int) -> RunContext:
         rows = await self._rows("events_run_context", {"run_id": run_uuid(run_id)})
         if not rows:
@@ -156,14 +176,15 @@ class ClusterOccurrences:
     async def admit_occurrence(self, kind: str, trigger_id: str, event_id: str,
                                payload: Mapping[str, Any] | None, now_ms: int) -> AdmitResult:
         key = occurrence_key(kind, trigger_id, event_id)
-        payload_json(payload)
+        payload_text = payload_json(payload)
 
         async def body(conn):
             async with conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(query("occurrence_admit"), {
                     "trigger_id": trigger_id, "kind": kind, "key": key, "now": now_ms,
                     "max_queued": self._max_queued,
-                    "run_id": str(uuid.uuid4()), "attempt_id": str(uuid.uuid4())})
+                    "run_id": str(uuid.uuid4()), "attempt_id": str(uuid.uuid4()),
+                    "payload": payload_text})
                 return await cur.fetchone()
 
         row = await self._run(body)

@@ -81,6 +81,8 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "attempt_logs": frozenset({"SELECT"}),
         "event_outbox": frozenset({"SELECT", "DELETE"}),  # UPDATE: a column, below
         "event_deliveries": frozenset(_ALL),
+        "operator_episodes": frozenset({"SELECT", "DELETE"}),
+        "run_event_payloads": frozenset({"SELECT", "INSERT"}),
     },
     "worker_ingress": {},
 }
@@ -91,13 +93,14 @@ WORKER_FUNCTIONS = ("worker_open_session", "worker_heartbeat", "worker_claim", "
                     "worker_close_session")
 #: The control plane's functions (EXECUTE for the runtime alone); ``request_cancel_audited`` also
 #: appends the API request's audit entry of the cancel it made, in the caller's transaction.
-CONTROL_FUNCTIONS = ("expire_attempt", "request_cancel", "prune_attempt_logs", "request_cancel_audited")
+CONTROL_FUNCTIONS = ("expire_attempt", "request_cancel", "prune_attempt_logs", "request_cancel_audited",
+                     "operator_episode", "check_stranded_runs")
 #: Helpers the functions above call; only the owner executes them.
 INTERNAL_FUNCTIONS = ("_now_ms", "_event", "_utc", "_cancel_words", "_run_spec", "_spec_problem",
                       "_retry_decision", "_end_attempt", "_finish_attempt", "_requeue", "_session",
                       "_lease", "_overlap", "_reason", "_claim_routing", "_runs_routing",
                       "_outbox_run_ended", "_outbox_skipped", "_chain_after_end", "_runs_key_kept",
-                      "_skip_run")
+                      "_skip_run", "_operator_event", "_outbox_worker_lost")
 
 #: ``{function name: role function allowed to EXECUTE it, or None (owner only)}``.
 EXPECTED_FUNCTIONS: dict[str, str | None] = {
@@ -135,7 +138,8 @@ EXPECTED_TABLES = frozenset({
     "schema_migrations", "projects", "tasks", "task_revisions", "execution_revisions", "triggers",
     "trigger_schedules", "runs", "attempts", "run_events", "schedule_skips",
     "trigger_revision_marks", "scheduler_replicas", "worker_sessions", "attempt_logs",
-    "event_outbox", "event_outbox_seq_seq", "event_deliveries",
+    "event_outbox", "event_outbox_seq_seq", "event_deliveries", "operator_episodes",
+    "run_event_payloads",
     "api_tokens", "audit_log", "audit_log_entry_id_seq", "run_skips", "run_skips_skip_seq_seq",
 })
 

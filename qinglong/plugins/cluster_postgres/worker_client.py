@@ -50,6 +50,7 @@ from qinglong.contracts.worker import (
     SessionFenced,
     StartedReply,
     StopOrder,
+    bounded_event_payload,
 )
 
 from .db import (
@@ -79,7 +80,8 @@ _SQL_HEARTBEAT = ("SELECT lease_expires_at_ms, db_now_ms, stop_attempt_ids::text
                   "qinglong.worker_heartbeat(%s::text, %s::uuid, %s::bigint, %s::uuid[])")
 _SQL_CLAIM = ("SELECT run_id::text, attempt_id::text, attempt_no, lease_version, token_index, "
               "lease_expires_at_ms, project_id, task_id, task_revision, scheduled_for_ms, payload_json, "
-              "db_now_ms FROM qinglong.worker_claim(%s::text, %s::uuid, %s::bigint, %s::bytea[])")
+              "db_now_ms, event_payload FROM qinglong.worker_claim(%s::text, %s::uuid, %s::bigint, "
+              "%s::bytea[])")
 _SQL_STARTED = ("SELECT deadline_ms, db_now_ms FROM qinglong.worker_started(%s::text, %s::uuid, %s::bigint, "
                 "%s::uuid, %s::bigint, %s::bytea)")
 _SQL_APPEND = ("SELECT qinglong.worker_append_log(%s::text, %s::uuid, %s::bigint, %s::uuid, %s::bigint, "
@@ -238,7 +240,7 @@ class PostgresWorkerProtocol:
                                 many=True)
         claimed = []
         for (run_id, attempt_id, attempt_no, lease_version, token_index, expires, project_id, task_id,
-             revision, scheduled_for, payload_json, now) in rows:
+             revision, scheduled_for, payload_json, now, event_payload) in rows:
             try:
                 payload = json.loads(payload_json) if payload_json else {}
             except ValueError:
@@ -248,7 +250,8 @@ class PostgresWorkerProtocol:
             token = tokens[int(token_index) - 1]
             claimed.append(ClaimedAttempt(
                 run_id, attempt_id, int(attempt_no), project_id, task_id, int(revision), int(scheduled_for),
-                payload, LeaseFence(attempt_id, int(lease_version), token), int(expires), int(now)))
+                payload, LeaseFence(attempt_id, int(lease_version), token), int(expires), int(now),
+                bounded_event_payload(event_payload)))
         return claimed
 
     async def started(self, fence: SessionFence, lease: LeaseFence) -> StartedReply:

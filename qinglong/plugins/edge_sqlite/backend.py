@@ -52,7 +52,7 @@ class EdgeSqliteBackend:
         self._publisher: SqlitePublisher | None = None
         self._reader = SqliteReader(self.store, context.clock_ms)
         self._execution = SqliteExecutionStore(self.store)
-        self._outbox = SqliteEventOutbox(self.store)
+        self._outbox = SqliteEventOutbox(self.store, context.clock_ms)
         self._may_create = True
         # Held (undecidable) schedules, remembered across this backend's rounds.
         self._held = HeldSchedules()

@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from typing import Callable, Sequence
+import uuid
+from typing import Any, Callable, Mapping, Sequence
 
 from qinglong.contracts.events import (
+    EPISODE_RECOVERY,
     Delivery,
     DeliveryState,
     OutboxEvent,
     RunContext,
+    check_episode,
 )
 from qinglong.contracts.store import listing_bound
 
@@ -63,8 +66,11 @@ def read_tail(path: str, max_bytes: int) -> tuple[bytes, bool]:
 class SqliteEventOutbox:
     """Implements :class:`qinglong.contracts.events.EventOutbox` on the backend's store."""
 
-    def __init__(self, store: SqliteStore) -> None:
+    def __init__(self, store: SqliteStore, clock_ms: Callable[[], int] | None = None) -> None:
+        import time
+
         self._store = store
+        self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
 
     async def route(self, choose: Callable[[OutboxEvent], Sequence[str]], now_ms: int,
                     limit: int) -> int:
@@ -145,6 +151,34 @@ class SqliteEventOutbox:
                 params = {"before": older_than_ms, "limit": bound}
                 conn.execute(query("events_prune_deliveries"), params)
                 return conn.execute(query("events_prune_events"), params).rowcount
+
+        return await self._store.call(work)
+
+    async def operator_episode(self, key: str, kind: str, *, active: bool, subject: str,
+                               reason: str, detail: Mapping[str, Any]) -> bool:
+        check_episode(key, kind, subject, reason, detail)
+        now_ms = self._clock_ms()
+
+        def work(conn: sqlite3.Connection) -> bool:
+            with transaction(conn):
+                if active:
+                    written = conn.execute(query("episode_open"), {
+                        "key": key, "kind": kind, "now": now_ms,
+                        "detail": json.dumps(dict(detail))}).rowcount
+                    event_kind, event_detail = kind, dict(detail)
+                else:
+                    row = conn.execute(query("episode_opened_at"),
+                                       {"key": key, "kind": kind}).fetchone()
+                    written = row is not None and conn.execute(
+                        query("episode_close"), {"key": key, "kind": kind}).rowcount
+                    event_kind = EPISODE_RECOVERY[kind]
+                    event_detail = {**dict(detail), "since_ms": row[0] if row else None}
+                if not written:
+                    return False
+                conn.execute(query("episode_event"), {
+                    "event_id": uuid.uuid4().hex, "kind": event_kind, "subject": subject,
+                    "reason": reason, "detail": json.dumps(event_detail), "now": now_ms})
+                return True
 
         return await self._store.call(work)
 

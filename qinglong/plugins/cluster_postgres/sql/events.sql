@@ -118,8 +118,9 @@ WHERE r.run_id = %(run_id)s::uuid;
 -- name: occurrence_admit
 -- One queued Run of a trigger for an event source's occurrence, in one statement (one snapshot):
 -- only while the trigger is of the kind, enabled, in an active project with a live task (its
--- task head pinned); a second admission of the key inserts nothing. Returns the Run created,
--- the Run that held the key before (or its skip record), and whether the trigger admits at all.
+-- task head pinned), with its payload (handed to the worker with each claim of the Run); a second
+-- admission of the key inserts nothing. Returns the Run created, the Run that held the key
+-- before (or its skip record), and whether the trigger admits at all.
 WITH t AS (
     SELECT tr.trigger_id, tr.trigger_revision, tr.project_id, tr.task_id, k.task_revision,
            e.content_digest
@@ -155,17 +156,24 @@ events AS (
     SELECT gen_random_uuid(), r.run_id, ev.seq, ev.event_type, r.admitted_at_ms
     FROM run r CROSS JOIN (VALUES (1, 'run.created'), (2, 'run.queued')) AS ev (seq, event_type)
     RETURNING event_id
+),
+payload AS (
+    INSERT INTO qinglong.run_event_payloads (run_id, payload_json)
+    SELECT r.run_id, %(payload)s::text FROM run r WHERE %(payload)s::text IS NOT NULL
+    RETURNING run_id
 )
 SELECT (SELECT r.run_id::text FROM run r) AS created,
        coalesce((SELECT x.run_id::text FROM qinglong.runs x WHERE x.idempotency_key = %(key)s),
                 (SELECT k.run_id::text FROM qinglong.run_skips k WHERE k.idempotency_key = %(key)s))
            AS existing,
        (SELECT count(*) FROM t) AS admits,
-       (SELECT count(*) FROM attempt) + (SELECT count(*) FROM events) AS written;
+       (SELECT count(*) FROM attempt) + (SELECT count(*) FROM events)
+           + (SELECT count(*) FROM payload) AS written;
 
 -- name: events_prune
 -- Ended deliveries of events older than %(before)s, then those events once no delivery is left
--- (a pending one keeps its event); a bounded batch, oldest first. The number of events deleted.
+-- (a pending one keeps its event); a bounded batch, oldest first; and the once-keys of lost
+-- workers' events as old. The number of events deleted.
 WITH old AS (
     SELECT o.seq FROM qinglong.event_outbox o
     WHERE o.at_ms < %(before)s AND o.routed_at_ms IS NOT NULL
@@ -184,5 +192,22 @@ events AS (
     DELETE FROM qinglong.event_outbox o USING old
     WHERE o.seq = old.seq AND old.seq NOT IN (SELECT event_seq FROM kept)
     RETURNING o.seq
+),
+lost AS (
+    -- the keys that made a lost worker's event once: its Attempts ended long ago
+    DELETE FROM qinglong.operator_episodes e
+    WHERE e.episode_key IN (SELECT x.episode_key FROM qinglong.operator_episodes x
+                            WHERE x.kind = 'worker.lost' AND x.opened_at_ms < %(before)s
+                            LIMIT %(limit)s)
+    RETURNING 1
 )
 SELECT count(*) AS deleted FROM events;
+
+-- name: events_operator_episode
+-- Open or close an operator episode (one event each time it changes; see the function).
+SELECT qinglong.operator_episode(%(key)s::text, %(kind)s::text, %(active)s::boolean,
+                                 %(subject)s::text, %(reason)s::text, %(detail)s::jsonb) AS written;
+
+-- name: events_stranded_runs
+-- Queued Runs no live worker can take past the grace; opens or closes queue.stalled.
+SELECT qinglong.check_stranded_runs(%(grace_ms)s::bigint) AS stranded;

@@ -93,3 +93,24 @@ DELETE FROM event_outbox
                 WHERE o.at_ms < :before AND o.routed_at_ms IS NOT NULL
                   AND NOT EXISTS (SELECT 1 FROM event_deliveries AS d WHERE d.event_seq = o.seq)
                 ORDER BY o.seq LIMIT :limit);
+
+-- name: episode_open
+-- Open an operator episode; nothing when it is open already (the caller then writes no event).
+INSERT INTO operator_episodes (episode_key, kind, opened_at_ms, detail_json)
+VALUES (:key, :kind, :now, :detail)
+ON CONFLICT (episode_key) DO NOTHING;
+
+-- name: episode_opened_at
+-- When an open episode opened.
+SELECT opened_at_ms FROM operator_episodes WHERE episode_key = :key AND kind = :kind;
+
+-- name: episode_close
+-- Close an operator episode.
+DELETE FROM operator_episodes WHERE episode_key = :key AND kind = :kind;
+
+-- name: episode_event
+-- An operator event (no project, task or Run), in the transaction that opened or closed its
+-- episode.
+INSERT INTO event_outbox (event_id, kind, subject, project_id, task_id, trigger_id, reason,
+                          detail_json, at_ms)
+VALUES (:event_id, :kind, :subject, '', '', '', :reason, :detail, :now);
