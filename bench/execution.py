@@ -486,7 +486,7 @@ def main() -> None:
     mem = results["memory"]
     results["targets"] = {
         "drain_ge_half_ceiling": (results["drain"]["completed_per_s"] or 0) >= ceiling["completed_per_s"] / 2,
-        "peak_rss_le_import_floor_plus_8mib": mem["peak_rss_mib"] <= results["floor_imports_peak_rss_mib"] + 8,
+        "peak_rss_le_import_floor_plus_6mib": mem["peak_rss_mib"] <= results["floor_imports_peak_rss_mib"] + 6,
     }
     out_path = ROOT / "bench" / "results" / ("execution-quick.json" if args.quick else "execution.json")
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -152,9 +152,11 @@ class Reader(Protocol):
         ``UserError`` on every backend)."""
         ...
 
-    async def list_triggers(self, project_id: str | None = None,
-                            limit: int | None = None) -> Sequence[TriggerHead]:
-        """Current trigger heads by project and id, optionally of one project, at most ``limit``."""
+    async def list_triggers(self, project_id: str | None = None, limit: int | None = None,
+                            kind: str | None = None) -> Sequence[TriggerHead]:
+        """Current trigger heads by project and id, optionally of one project and of one ``kind``
+        (filtered in the store, so a caller looking for a few triggers of a kind never holds every
+        head), at most ``limit``."""
         ...
 
     async def list_schedules(self, limit: int | None = None,

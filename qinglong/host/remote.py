@@ -195,13 +195,14 @@ class RemoteBackend:
     async def delete_task(self, project_id: str, task_id: str) -> None:
         self.client.call("DELETE", f"/projects/{_q(project_id)}/tasks/{_q(task_id)}")
 
-    async def list_triggers(self, project_id: str | None = None, limit: int | None = None) -> Sequence[TriggerHead]:
+    async def list_triggers(self, project_id: str | None = None, limit: int | None = None,
+                            kind: str | None = None) -> Sequence[TriggerHead]:
         if project_id is None:
             heads = [h for p in await self.list_projects()
                      for h in self.client.call("GET", f"/projects/{_q(p.project_id)}/triggers")]
         else:
             heads = self.client.call("GET", f"/projects/{_q(project_id)}/triggers")
-        return [_trigger(h) for h in heads][:limit]
+        return [_trigger(h) for h in heads if kind is None or h["kind"] == kind][:limit]
 
     async def put_trigger(self, definition: Any) -> TriggerHead:
         return _trigger(self.client.call(

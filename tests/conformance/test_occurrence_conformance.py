@@ -64,3 +64,23 @@ async def test_a_bad_event_id_or_payload_is_refused_writing_nothing(harness):
     with pytest.raises(UserError, match="payload"):
         await admit(harness, "boot", "e", payload={"blob": "x" * 70_000})
     assert await harness.reader.recent_runs(limit=10, trigger_id="boot") == []
+
+
+async def test_listing_triggers_of_a_kind_returns_only_that_kind_from_the_store(harness):
+    """The at_start source asks for the triggers of its kind at every start: were the filter not
+    the store's, a start would hold the head of every cron trigger (10,000 cost 11 MiB on edge)
+    and a source would see triggers of another kind."""
+    await ready(harness)
+    for trigger_id in ("a-cron", "c-cron"):
+        await harness.publisher.put_trigger(TriggerDefinition(
+            "p1", trigger_id, "t1", "cron", {"expression": "0 0 1 1 *"}, MisfirePolicy.FIRE_ONCE, 60_000))
+    await harness.publisher.put_trigger(at_start("b-boot"))
+    await harness.publisher.put_trigger(at_start("d-off", enabled=False))
+    reader = harness.reader
+    heads = await reader.list_triggers(kind="at_start")
+    assert [(h.trigger_id, h.kind, h.enabled) for h in heads] == [
+        ("b-boot", "at_start", True), ("d-off", "at_start", False)]
+    assert [h.trigger_id for h in await reader.list_triggers(kind="at_start", limit=1)] == ["b-boot"]
+    assert [h.trigger_id for h in await reader.list_triggers("p1", kind="cron")] == ["a-cron", "c-cron"]
+    assert await reader.list_triggers("other", kind="cron") == []
+    assert len(await reader.list_triggers()) == 4

@@ -57,10 +57,11 @@ class ClusterReader:
         rows = await self._fetch("list_projects", {"limit": listing_bound(limit)})
         return [record_from_row(ProjectRecord, row) for row in rows]
 
-    async def list_triggers(self, project_id: str | None = None,
-                            limit: int | None = None) -> Sequence[TriggerHead]:
-        """Current trigger heads, optionally of one project, at most ``limit`` (None: all)."""
-        rows = await self._fetch("list_triggers", {"project_id": project_id,
+    async def list_triggers(self, project_id: str | None = None, limit: int | None = None,
+                            kind: str | None = None) -> Sequence[TriggerHead]:
+        """Current trigger heads, optionally of one project and of one kind, at most ``limit``
+        (None: all)."""
+        rows = await self._fetch("list_triggers", {"project_id": project_id, "kind": kind,
                                                    "limit": listing_bound(limit)})
         return [record_from_row(TriggerHead, row, spec=row["spec_json"],
                                 misfire_policy=MisfirePolicy(row["misfire_policy"]))

@@ -12,7 +12,7 @@ commands otherwise never take the lock. A backend opened with ``create=False`` (
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from qinglong.contracts.diagnostics import DiagnosticEvent
 from qinglong.contracts.records import MigrationState, RecoveryReport, RoundReport
@@ -21,14 +21,16 @@ from qinglong.contracts.store import BackendContext
 from . import migrations
 from .events import SqliteEventOutbox
 from .execution import SqliteExecutionStore
-from .publisher import SqlitePublisher
 from .reader import SqliteReader
 from .recovery import recover_in_thread
 from .scheduler import BeforeCommit, run_round
 from .scheduler_holds import HeldSchedules
 from .settings import EdgeSqliteSettings
-from .tokens import SqliteTokens
 from .store import SqliteStore
+
+if TYPE_CHECKING:  # imported when first asked for: `qinglong run` publishes nothing itself
+    from .publisher import SqlitePublisher
+    from .tokens import SqliteTokens
 
 
 class EdgeSqliteBackend:
@@ -47,7 +49,7 @@ class EdgeSqliteBackend:
         self.auto_migrate = settings.auto_migrate
         self.store = SqliteStore(settings)
         self.migrations = migrations.load_migrations()
-        self._publisher = SqlitePublisher(self.store, context)
+        self._publisher: SqlitePublisher | None = None
         self._reader = SqliteReader(self.store, context.clock_ms)
         self._execution = SqliteExecutionStore(self.store)
         self._outbox = SqliteEventOutbox(self.store, context.clock_ms)
@@ -142,7 +144,11 @@ class EdgeSqliteBackend:
                                before_commit)
 
     def publisher(self) -> SqlitePublisher:
-        """The admin side."""
+        """The admin side (its module, and the apply contract it brings, imported on first use)."""
+        if self._publisher is None:
+            from .publisher import SqlitePublisher
+
+            self._publisher = SqlitePublisher(self.store, self.context)
         return self._publisher
 
     def reader(self) -> SqliteReader:
@@ -151,6 +157,8 @@ class EdgeSqliteBackend:
 
     def tokens(self) -> SqliteTokens:
         """The management API's tokens and the audit log, on this backend's connection."""
+        from .tokens import SqliteTokens
+
         return SqliteTokens(self.store)
 
     def execution(self) -> SqliteExecutionStore:

@@ -53,15 +53,8 @@ from qinglong.contracts.store import (
 )
 
 from .queries import query
+from .reader import head_from_row
 from .store import SqliteStore, named_one, named_rows, transaction
-
-
-def head_from_row(row: sqlite3.Row) -> TriggerHead:
-    """A :class:`TriggerHead` from a ``trigger_by_id``-shaped row, read by column name."""
-    return TriggerHead(row["project_id"], row["trigger_id"], row["task_id"],
-                       row["trigger_revision"], row["kind"], json.loads(row["spec_json"]),
-                       MisfirePolicy(row["misfire_policy"]), row["misfire_grace_ms"],
-                       bool(row["enabled"]), row["content_digest"], row["jitter_ms"])
 
 
 def _require_project(conn: sqlite3.Connection, project_id: str) -> sqlite3.Row:

@@ -22,9 +22,16 @@ from qinglong.contracts.records import (
 )
 from qinglong.contracts.store import listing_bound, schedule_cursor
 
-from .publisher import head_from_row
 from .queries import query
 from .store import SqliteStore, named_one, named_rows
+
+def head_from_row(row: sqlite3.Row) -> TriggerHead:
+    """A :class:`TriggerHead` from a ``trigger_by_id``-shaped row, read by column name."""
+    return TriggerHead(row["project_id"], row["trigger_id"], row["task_id"],
+                       row["trigger_revision"], row["kind"], json.loads(row["spec_json"]),
+                       MisfirePolicy(row["misfire_policy"]), row["misfire_grace_ms"],
+                       bool(row["enabled"]), row["content_digest"], row["jitter_ms"])
+
 
 def _schedule_view(row: sqlite3.Row) -> ScheduleView:
     return record_from_row(ScheduleView, row, spec=json.loads(row["spec_json"]),
@@ -71,11 +78,13 @@ class SqliteReader:
         rows = await self._named_rows(query("list_projects"), (), listing_bound(limit))
         return [record_from_row(ProjectRecord, row, active=bool(row["active"])) for row in rows]
 
-    async def list_triggers(self, project_id: str | None = None,
-                            limit: int | None = None) -> Sequence[TriggerHead]:
-        """Trigger heads, optionally of one project, by project and id."""
+    async def list_triggers(self, project_id: str | None = None, limit: int | None = None,
+                            kind: str | None = None) -> Sequence[TriggerHead]:
+        """Trigger heads, optionally of one project and of one kind, by project and id."""
         bound = listing_bound(limit)
-        if project_id is None:
+        if kind is not None:
+            rows = await self._named_rows(query("list_triggers_of_kind"), (kind, project_id), bound)
+        elif project_id is None:
             rows = await self._named_rows(query("list_triggers"), (), bound)
         else:
             rows = await self._named_rows(query("list_triggers_of_project"), (project_id,), bound)

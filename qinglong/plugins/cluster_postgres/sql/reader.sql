@@ -4,11 +4,13 @@ SELECT project_id, name, active FROM qinglong.projects WHERE deleted_at_ms IS NU
 LIMIT %(limit)s::bigint
 
 -- name: list_triggers
--- Current trigger heads, optionally of one project (NULL = all), at most %(limit)s (NULL = all).
+-- Current trigger heads, optionally of one project and of one kind (NULL = all), at most
+-- %(limit)s (NULL = all).
 SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfire_policy,
        misfire_grace_ms, enabled, content_digest, jitter_ms
 FROM qinglong.triggers
-WHERE %(project_id)s::text IS NULL OR project_id = %(project_id)s::text
+WHERE (%(project_id)s::text IS NULL OR project_id = %(project_id)s::text)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
 ORDER BY project_id, trigger_id
 LIMIT %(limit)s::bigint
 

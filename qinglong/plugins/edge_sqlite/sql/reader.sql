@@ -14,6 +14,12 @@ SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfi
        misfire_grace_ms, enabled, content_digest, jitter_ms
   FROM triggers WHERE project_id = ? ORDER BY trigger_id;
 
+-- name: list_triggers_of_kind
+-- Trigger heads of one kind (?1), optionally of one project (?2, NULL = all), by project and id.
+SELECT project_id, trigger_id, task_id, trigger_revision, kind, spec_json, misfire_policy,
+       misfire_grace_ms, enabled, content_digest, jitter_ms
+  FROM triggers WHERE kind = ?1 AND (?2 IS NULL OR project_id = ?2) ORDER BY project_id, trigger_id;
+
 -- name: list_schedules_uninitialized
 -- Schedules awaiting initialization (NULL cursor: first in the due order), by project and trigger,
 -- after the keyset (:after_project, :after_trigger), at most :limit. A range of the due index read
