@@ -1,12 +1,10 @@
-"""The composition root: one container per profile, built in ``main``.
+"""The composition root: one dependency-injector container per profile, built in ``main``.
 
 Nothing here runs at import time. ``build_container`` takes validated settings, picks the profile's
 container, and the providers load plugins (by entry point), collect trigger providers and the
 backend spec, validate the ``[backend]`` section with the backend's own model and create the
 backend without connecting. The containers reference no plugin module: what differs between
-profiles is wiring (the replica identity), never an import. Standalone and cluster are
-dependency-injector containers (:mod:`.di_containers`); edge wires the same providers in plain
-Python (:class:`EdgeContainer`), so a router never imports dependency-injector's compiled modules.
+profiles is wiring (the replica identity), never an import.
 """
 
 from __future__ import annotations
@@ -16,7 +14,10 @@ import os
 import socket
 import time
 import uuid
-from typing import Any, Callable
+from operator import methodcaller
+from typing import Any
+
+from dependency_injector import containers, providers
 
 from qinglong.contracts.capabilities import (
     AdmitsOccurrences,
@@ -298,82 +299,92 @@ def http_admission(loaded: LoadedSettings) -> Any:
     return admission_factory(loaded, __version__)
 
 
-class _Once:
-    """A provider as dependency-injector's ``Singleton`` is one: built on its first call, then kept."""
+class HostContainer(containers.DeclarativeContainer):
+    """Wiring shared by every profile."""
 
-    __slots__ = ("_build", "_value", "_built")
+    config = providers.Configuration(strict=True)
+    loaded = providers.Dependency(instance_of=LoadedSettings)
 
-    def __init__(self, build: Callable[[], Any]) -> None:
-        self._build = build
-        self._built = False
+    plugin_host = providers.Singleton(load_plugins, loaded)
+    trigger_providers = providers.Singleton(methodcaller("trigger_providers"), plugin_host)
+    diagnostics = providers.Singleton(diagnostics, plugin_host, loaded)
+    backend_spec = providers.Singleton(backend_spec, plugin_host, loaded)
+    backend_settings = providers.Singleton(backend_settings, backend_spec, loaded)
 
-    def __call__(self) -> Any:
-        if not self._built:
-            self._value = self._build()
-            self._built = True
-        return self._value
+    limits = providers.Singleton(
+        SchedulerLimits,
+        page_size=config.scheduler.page_size,
+        claim_budget=config.scheduler.claim_budget,
+        lease_ms=config.scheduler.lease_ms,
+        cadence_ms=config.scheduler.cadence_ms,
+        max_queued=config.execution.max_queued,
+    )
+    owner_strategy = providers.Object(single_owner)
+    owner = providers.Singleton(resolve_owner, owner_strategy, loaded)
+    clock_ms = providers.Object(wall_clock_ms)
+    backend_context = providers.Singleton(
+        BackendContext,
+        settings=backend_settings,
+        limits=limits,
+        providers=trigger_providers,
+        diagnostics=diagnostics,
+        clock_ms=clock_ms,
+        owner=owner,
+    )
+    backend = providers.Singleton(create_backend, backend_spec, backend_context, loaded)
+    dispatcher_factory = providers.Singleton(dispatcher_factory, plugin_host, loaded, backend_settings,
+                                             diagnostics, clock_ms)
+    http_admission = providers.Singleton(http_admission, loaded)
+    components_factory = providers.Singleton(components_factory, plugin_host, loaded, diagnostics,
+                                             clock_ms, owner)
 
-
-class EdgeContainer:
-    """``edge``: one process owns the SQLite file.
-
-    The providers of :class:`~qinglong.host.di_containers.HostContainer`, same names, same factory
-    functions and arguments, each built once on first call, written in plain Python: a router
-    does not pay the 2.3 MiB that importing dependency-injector's compiled containers costs
-    (``bench/edge.py``). A test compares the two wirings provider by provider."""
-
-    def __init__(self, loaded: LoadedSettings) -> None:
-        settings = loaded.settings
-        self.loaded = lambda: loaded
-        self.plugin_host = _Once(lambda: load_plugins(loaded))
-        self.trigger_providers = _Once(lambda: self.plugin_host().trigger_providers())
-        self.diagnostics = _Once(lambda: diagnostics(self.plugin_host(), loaded))
-        self.backend_spec = _Once(lambda: backend_spec(self.plugin_host(), loaded))
-        self.backend_settings = _Once(lambda: backend_settings(self.backend_spec(), loaded))
-        self.limits = _Once(lambda: SchedulerLimits(
-            page_size=settings.scheduler.page_size, claim_budget=settings.scheduler.claim_budget,
-            lease_ms=settings.scheduler.lease_ms, cadence_ms=settings.scheduler.cadence_ms,
-            max_queued=settings.execution.max_queued))
-        self.owner_strategy = lambda: single_owner
-        self.owner = _Once(lambda: resolve_owner(self.owner_strategy(), loaded))
-        self.clock_ms = lambda: wall_clock_ms
-        self.backend_context = _Once(lambda: BackendContext(
-            settings=self.backend_settings(), limits=self.limits(), providers=self.trigger_providers(),
-            diagnostics=self.diagnostics(), clock_ms=self.clock_ms(), owner=self.owner()))
-        self.backend = _Once(lambda: create_backend(self.backend_spec(), self.backend_context(), loaded))
-        self.dispatcher_factory = _Once(lambda: dispatcher_factory(
-            self.plugin_host(), loaded, self.backend_settings(), self.diagnostics(), self.clock_ms()))
-        self.http_admission = _Once(lambda: http_admission(loaded))
-        self.components_factory = _Once(lambda: components_factory(
-            self.plugin_host(), loaded, self.diagnostics(), self.clock_ms(), self.owner()))
-        self.lifecycle = _Once(lambda: Lifecycle(
-            profile=settings.profile,
-            settings=settings,
-            backend=self.backend(),
-            diagnostics=self.diagnostics(),
-            providers=self.trigger_providers(),
-            components_factory=self.components_factory(),
-            cadence_ms=settings.scheduler.cadence_ms,
-            start_step_timeout_ms=settings.lifecycle.start_step_timeout_ms,
-            start_wait_ms=settings.lifecycle.start_wait_ms,
-            stop_timeout_ms=settings.lifecycle.stop_timeout_ms,
-            dispatcher_factory=self.dispatcher_factory(),
-            admission_factory=self.http_admission(),
-        ))
+    lifecycle = providers.Singleton(
+        Lifecycle,
+        profile=config.profile,
+        settings=loaded.provided.settings,
+        backend=backend,
+        diagnostics=diagnostics,
+        providers=trigger_providers,
+        components_factory=components_factory,
+        cadence_ms=config.scheduler.cadence_ms,
+        start_step_timeout_ms=config.lifecycle.start_step_timeout_ms,
+        start_wait_ms=config.lifecycle.start_wait_ms,
+        stop_timeout_ms=config.lifecycle.stop_timeout_ms,
+        dispatcher_factory=dispatcher_factory,
+        admission_factory=http_admission,
+    )
 
 
-def build_container(loaded: LoadedSettings) -> Any:
-    """The profile's container with its configuration loaded from the validated settings
-    (dependency-injector is imported only for a profile whose root is one of its containers)."""
-    if loaded.profile.name == "edge":
-        return EdgeContainer(loaded)
-    from .di_containers import CONTAINERS
+@containers.copy(HostContainer)
+class EdgeContainer(HostContainer):
+    """``edge``: one process owns the SQLite file."""
 
+
+@containers.copy(HostContainer)
+class StandaloneContainer(HostContainer):
+    """``standalone``: the edge wiring with the standalone profile's bigger budgets."""
+
+
+@containers.copy(HostContainer)
+class ClusterContainer(HostContainer):
+    """``cluster``: many replicas share one PostgreSQL, so each start gets a distinct owner."""
+
+    owner_strategy = providers.Object(replica_owner)
+
+
+CONTAINERS: dict[str, type[HostContainer]] = {
+    "edge": EdgeContainer,
+    "standalone": StandaloneContainer,
+    "cluster": ClusterContainer,
+}
+
+
+def build_container(loaded: LoadedSettings) -> HostContainer:
+    """The profile's container with its configuration loaded from the validated settings."""
     cls = CONTAINERS.get(loaded.profile.name)
     if cls is None:
         raise SettingsError(
-            f"profile {loaded.profile.name!r} has no composition root; known: "
-            f"{', '.join(sorted(['edge', *CONTAINERS]))}"
+            f"profile {loaded.profile.name!r} has no composition root; known: {', '.join(sorted(CONTAINERS))}"
         )
     container = cls(loaded=loaded)
     container.config.from_pydantic(loaded.settings)
