@@ -48,23 +48,21 @@ sys.stdout.write("QINGLONG-MODULES " + json.dumps({"modules": sorted(modules), "
 
 
 #: ``check closure --profile worker``: the worker program speaking to the API tier's gateway
-#: (``pip install 'qinglong[worker]'``): no database driver, no HTTP server, no SQLite driver.
+#: (``pip install 'qinglong[worker]'``); what it must never load is the cluster profile's [worker].
 WORKER_CLOSURE = "worker"
-WORKER_FORBIDDEN_MODULES = ("psycopg", "psycopg_pool", "psycopg_binary", "aiosqlite", "uvicorn",
-                            "qinglong.host.http", "qinglong.plugins.cluster_postgres.db")
-WORKER_FORBIDDEN_DISTRIBUTIONS = ("psycopg", "psycopg-binary", "psycopg-c", "psycopg-pool")
 
 
 def worker_closure_profile() -> ProfileDefinition:
     """What ``check closure --profile worker`` checks: the cluster profile's worker, through the
-    gateway, with its own forbidden lists."""
+    gateway, with the forbidden lists of the cluster profile's [worker] table."""
     import dataclasses
 
     from .profiles import load_profile
 
-    return dataclasses.replace(load_profile("cluster"), name=WORKER_CLOSURE,
-                               forbidden_modules=WORKER_FORBIDDEN_MODULES,
-                               forbidden_distributions=WORKER_FORBIDDEN_DISTRIBUTIONS)
+    cluster = load_profile("cluster")
+    return dataclasses.replace(cluster, name=WORKER_CLOSURE,
+                               forbidden_modules=cluster.worker_forbidden_modules,
+                               forbidden_distributions=cluster.worker_forbidden_distributions)
 
 
 def boot_for_closure(profile: str, settings_path: str | None) -> list[str]:

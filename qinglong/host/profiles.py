@@ -30,6 +30,10 @@ class ProfileDefinition:
     forbidden_distributions: tuple[str, ...]
     defaults: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""
+    #: What the profile's remote worker program (``check closure --profile worker``) must never
+    #: import or install; empty where the profile has no remote worker.
+    worker_forbidden_modules: tuple[str, ...] = ()
+    worker_forbidden_distributions: tuple[str, ...] = ()
 
 
 def available_profiles() -> list[str]:
@@ -78,6 +82,11 @@ def load_profile(name: str) -> ProfileDefinition:
     unknown = set(meta) - set(_REQUIRED)
     if unknown:
         raise SettingsError(f"{source}: unknown [profile] keys: {', '.join(sorted(unknown))}")
+    worker = data.get("worker", {})
+    if not isinstance(worker, dict) or set(worker) - {"forbidden_modules", "forbidden_distributions"} \
+            or not all(isinstance(v, list) for v in worker.values()):
+        raise SettingsError(f"{source}: [worker] may hold only the lists forbidden_modules and "
+                            "forbidden_distributions")
     return ProfileDefinition(
         name=name,
         description=meta["description"],
@@ -93,4 +102,6 @@ def load_profile(name: str) -> ProfileDefinition:
         forbidden_distributions=tuple(meta["forbidden_distributions"]),
         defaults=data.get("defaults", {}),
         source=source,
+        worker_forbidden_modules=tuple(worker.get("forbidden_modules", ())),
+        worker_forbidden_distributions=tuple(worker.get("forbidden_distributions", ())),
     )
