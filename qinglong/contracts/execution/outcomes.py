@@ -44,6 +44,9 @@ class Receipt:
     dropped_bytes: int = 0
     #: What else the waiter saw, in words (processes the job left holding its output), or None.
     note: str | None = None
+    #: How much later than ``ended_at_ms`` the end may truly have been: a time read from a file's
+    #: modification stamp comes from the kernel's coarse clock, which lags by up to one tick.
+    ended_slack_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +71,10 @@ def classify_outcome(receipt: Receipt | None, cancel: CancelReason | str | None,
     neither, the Attempt is ``lost`` (never ``succeeded`` without a receipt).
 
     ``requested_at_ms``: when the cancel request was written, on the clock of the receipt's end
-    time. A job whose receipt says it ended before that was not ended by the request (its
-    signals follow the request): its own exit is its outcome."""
+    time. A job whose receipt proves it ended before that (even at the latest its clock allows)
+    was not ended by the request (its signals follow the request): its own exit is its outcome."""
     if (cancel is not None and receipt is not None and requested_at_ms is not None
-            and receipt.ended_at_ms < requested_at_ms):
+            and receipt.ended_at_ms + max(0, receipt.ended_slack_ms) < requested_at_ms):
         cancel = None
     if cancel is not None:
         # The request was durable before any signal, so it explains the end whatever the status:

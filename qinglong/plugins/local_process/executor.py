@@ -41,6 +41,19 @@ PID_WAIT_SECONDS = 5.0
 LOCK_RETRY_SECONDS = 0.05
 
 
+def _coarse_clock_slack_ms() -> int:
+    """One tick of the coarse clock that stamps file times (Linux's CLOCK_REALTIME_COARSE, id 5),
+    rounded up, plus a millisecond for the truncation of the stamp to milliseconds."""
+    try:
+        tick = time.clock_getres(getattr(time, "CLOCK_REALTIME_COARSE", 5))
+    except OSError:
+        tick = 0.01  # a kernel of 100 Hz, the coarsest Linux ships
+    return int(-(-tick * 1000 // 1)) + 1
+
+
+_COARSE_CLOCK_SLACK_MS = _coarse_clock_slack_ms()
+
+
 class LocalProcessExecutor:
     """Starts and watches the local processes of Attempts (one instance per ``qinglong run``)."""
 
@@ -294,7 +307,8 @@ class LocalProcessExecutor:
         except FileNotFoundError:
             pass
         note = _held_note(fields.get("held", ""), attempt_dir, self._context.orphan_drain_ms)
-        return Receipt(exit_code, signal, ended_ns // 1_000_000, log_bytes, max(dropped, 0), note)
+        return Receipt(exit_code, signal, ended_ns // 1_000_000, log_bytes, max(dropped, 0), note,
+                       ended_slack_ms=_COARSE_CLOCK_SLACK_MS)
 
     # --------------------------------------------------------------------------------- signal
 
