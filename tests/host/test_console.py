@@ -499,6 +499,10 @@ def test_a_running_log_is_followed_live_runs_filter_by_time_and_a_run_runs_again
         assert runs[first_id]["scheduled_for_ms"] < boundary
         for field, shown, hidden in (("#f-since", second_id, first_id), ("#f-until", first_id, second_id)):
             browser.get(f"http://127.0.0.1:{port}/#/runs")
+            # the unfiltered list drawn (both Runs): typing into the previous view's form, about
+            # to be replaced, would filter nothing
+            for run_id in (first_id, second_id):
+                _visible(browser, f"a[href='#/run/{run_id}']", "the unfiltered Runs")
             other = "#f-until" if field == "#f-since" else "#f-since"
             _type(_visible(browser, other, "the runs filter"), "")
             _type(browser.find_element(By.CSS_SELECTOR, field), _iso_ms(boundary))

@@ -27,7 +27,11 @@
   function secs(ms) { return ms == null ? "–" : (ms / 1000).toFixed(ms < 10000 ? 3 : 0) + " s"; }
   function dash(v) { return v == null ? "–" : String(v); }
 
+  // Each route() starts a new view; a read answered after the view changed would draw the old
+  // view over the new one, so it is dropped (it never settles).
+  var viewGeneration = 0;
   function api(method, path, body, headers) {
+    var generation = viewGeneration;
     var h = Object.assign({}, headers || {});
     if (method !== "GET" && who) h["X-CSRF-Token"] = who.csrf;
     if (body !== undefined) h["Content-Type"] = "application/json";
@@ -42,6 +46,7 @@
             var message = data && data.error ? data.error.message : ("HTTP " + r.status);
             throw new Error(message);
           }
+          if (method === "GET" && path !== "/console/session" && generation !== viewGeneration) return new Promise(function () {});
           return data;
         });
       });
@@ -688,6 +693,7 @@
   }
 
   function route() {
+    viewGeneration++;
     clearTimeout(timer);
     unfollow();
     if (!who) return;
