@@ -16,6 +16,7 @@ import pytest
 
 from api_helpers import Client, Plane, api_settings, cli, make_token
 from host_helpers import wait_until
+from http_helpers import child_env
 
 SHOTS = Path("/tmp/console-shots")
 XSS_LOG = "<script>window.__qinglong_xss = 1</script>"
@@ -656,3 +657,73 @@ def _by_css():
     from selenium.webdriver.common.by import By
 
     return By.CSS_SELECTOR
+
+
+def test_a_console_link_signs_a_browser_in_once_and_the_code_leaves_the_url(tmp_path, browser):
+    """Without it the host's operator must make, paste and then revoke a token to open the console;
+    a link that worked twice (or after its minutes) is a copied URL that opens the control plane;
+    a code left in the address bar or the history is read off the screen or the next visitor's
+    back button; a forged code that changed anything lets a guesser write to the store."""
+    import time
+
+    from selenium.webdriver.common.by import By
+
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    admin = make_token(settings, "root", "admin")
+    plane = Plane(settings)
+    client = Client(plane.port, admin)
+    port = plane.port
+    base = f"http://127.0.0.1:{port}"
+    try:
+        made = json.loads(cli(settings, "console", "link", "--url", base, "--json"))
+        url, code = made["url"], made["url"].split("code=", 1)[1]
+        assert url.startswith(f"{base}/console/link?code=qlc_") and made["scope"] == "admin"
+        stored = b"".join(p.read_bytes() for p in tmp_path.glob("q.db*") if p.is_file())
+        assert code.encode() not in stored, "the code is in the store"
+
+        browser.get(url)
+        _visible(browser, "#nav", "the console, signed in by the link")
+        assert browser.current_url == f"{base}/" and code not in browser.page_source
+        assert [a.is_displayed() for a in browser.find_elements(By.CSS_SELECTOR, "#nav a.admin")] == [True, True]
+        cookie = _session_cookie(browser)
+        assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
+        assert browser.execute_script("return document.cookie") == ""
+        history = browser.execute_script(
+            "return [location.href, history.length, performance.getEntriesByType('navigation')"
+            ".map(e => e.name).join(' ')]")
+        assert code not in json.dumps(history), history
+        _shot(browser, tmp_path, "link-signed-in", 375)
+        browser.set_window_size(1280, 900)
+        browser.back()  # the page before the link, never the link itself
+        assert code not in browser.current_url
+        browser.forward()
+        _visible(browser, "#nav", "the console again")
+        browser.get(f"{base}/#/audit")
+        signed_in = _text_of(browser, "#view table", "console.sign_in", "the sign-in in the audit log")
+        assert "console link" in signed_in.text and made["link_id"][:8] in signed_in.text
+        assert code not in signed_in.text
+        entries = client.request("GET", "/api/v1/audit")[1]
+        assert [(e["action"], e["object"], e["source"]) for e in entries[:2]] == [
+            ("console.sign_in", made["link_id"], "127.0.0.1"), ("console.link", made["link_id"], "local")]
+
+        # a second opening, an expired link and a forged one: a page saying so, nothing changed
+        expired = json.loads(cli(settings, "console", "link", "--url", base, "--json",
+                                 env=child_env(QINGLONG_API__CONSOLE_LINK_TTL_MS="1")))
+        wait_until(lambda: time.time_ns() // 1_000_000 > expired["expires_at_ms"] or None,
+                   "the one-millisecond link to expire", timeout=30, every=0.01)
+        before = client.request("GET", "/api/v1/audit")[1]
+        for opened, said in ((url, "used already"), (expired["url"], "expired"),
+                             (url[:-4] + "AAAA", "not valid"), (f"{base}/console/link", "not valid")):
+            browser.delete_all_cookies()
+            browser.get(opened)
+            _text_of(browser, "#link-refused", said, f"the refusal of {opened}")
+            assert [c for c in browser.get_cookies() if c["name"] == "qinglong_session"] == []
+            assert browser.execute_script("return document.querySelectorAll('script').length") == 0
+            status, _, _ = Client(port).request("GET", opened[len(base):])
+            assert status in (404, 410), (opened, status)
+        _shot(browser, tmp_path, "link-refused", 375)
+        assert client.request("GET", "/api/v1/audit")[1] == before
+    finally:
+        client.close()
+        plane.stop()

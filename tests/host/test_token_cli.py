@@ -68,3 +68,28 @@ def test_the_audit_log_is_pruned_with_the_runs_and_not_before(tmp_path):
             return [e.object for e in await tokens.list_audit()]
 
     assert asyncio.run(scenario()) == ["kept"]
+
+
+def test_console_link_prints_a_one_time_url_of_the_listener_and_stores_only_a_digest(tmp_path):
+    """A link whose code sat in the database file opens the console to anyone with a backup; one
+    printed for a port picked at start points nowhere; one made through a remote API would let a
+    token holder mint admin sessions."""
+    settings = write_settings(tmp_path, http='listen = "127.0.0.1:8089"', extra="[api]\nenabled = true\n")
+    assert _cli(settings, "project", "create", "ops").returncode == 0
+    made = _cli(settings, "console", "link")
+    assert made.returncode == 0, made.stderr
+    url = made.stdout.strip()
+    assert url.startswith("http://127.0.0.1:8089/console/link?code=qlc_") and "once" in made.stderr
+    code = url.split("code=", 1)[1]
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("q.db*") if p.is_file())
+    assert code.encode() not in stored
+    (entry,) = json.loads(_cli(settings, "audit", "--json").stdout)
+    assert (entry["action"], entry["actor"], entry["detail"]["scope"]) == ("console.link", "cli", "admin")
+    (tmp_path / "picked").mkdir()
+    picked = write_settings(tmp_path / "picked", extra="[api]\nenabled = true\n")
+    assert _cli(picked, "project", "create", "ops").returncode == 0
+    refused = _cli(picked, "console", "link")
+    assert refused.returncode == 3 and "--url" in refused.stderr
+    remote = run_cli(["--settings", str(settings), "--api", "http://127.0.0.1:8089", "console", "link"],
+                     cwd=tmp_path, env=child_env(QINGLONG_API_TOKEN="qlt_x"))
+    assert remote.returncode == 3 and "on the host" in remote.stderr
