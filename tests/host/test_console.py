@@ -727,3 +727,84 @@ def test_a_console_link_signs_a_browser_in_once_and_the_code_leaves_the_url(tmp_
     finally:
         client.close()
         plane.stop()
+
+
+def test_the_notifications_view_shows_every_delivery_and_filters_it_by_state(tmp_path, browser):
+    """Without it an operator learns that alerts stopped reaching the on-call channel only from
+    the host's shell; a view without the last error and the next try cannot tell a channel that
+    is down from one that is slow; one offered to a project-limited token shows a button that
+    only fails."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from selenium.webdriver.common.by import By
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (the standard library's name)
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    channels = ('[notifications]\ndefault = "always"\nmax_tries = 3\nbackoff_ms = 3600000\n'
+                'backoff_cap_ms = 3600000\npoll_ms = 50\n'
+                f'[notifications.channels.oncall]\nkind = "webhook"\nurl = "http://127.0.0.1:{receiver.server_port}/in"\n'
+                'secret = "channel-secret-0123456789"\n'
+                '[notifications.channels.down]\nkind = "webhook"\nurl = "http://127.0.0.1:9/x"\n'
+                'secret = "channel-secret-0123456789"\n')
+    settings = api_settings(tmp_path, extra=channels)
+    cli(settings, "project", "create", "ops")
+    for task in ("backup", "report"):  # two subjects: a channel holds a subject's next while one waits
+        cli(settings, "task", "put", "ops", task, "--", "true")
+        cli(settings, "task", "run", "ops", task)
+    reader = make_token(settings, "reader", "read")
+    outsider = make_token(settings, "outsider", "read", "ops")
+    plane = Plane(settings)
+    client = Client(plane.port, reader)
+    port = plane.port
+    try:
+        def settled():
+            listed = client.request("GET", "/api/v1/notifications")[1]["deliveries"]
+            states = sorted((d["channel"], d["state"], d["tries"]) for d in listed)
+            return listed if states == [("down", "pending", 1)] * 2 + [("oncall", "delivered", 1)] * 2 else None
+
+        listed = wait_until(settled, "two deliveries delivered and two waiting to be tried again", timeout=60,
+                            every=0.1, alive=plane.process)
+        _sign_in(browser, port, reader)
+        _visible(browser, "#nav-notifications", "the notifications link").click()
+        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, ".delivery-state")) == 4 or None,
+                   "every delivery listed", timeout=60, every=0.1)
+        for d in listed:
+            cells = browser.find_element(
+                By.CSS_SELECTOR, f".delivery-state[data-event='{d['event_id']}'][data-channel='{d['channel']}']"
+            ).find_element(By.XPATH, "./ancestor::tr").find_elements(By.TAG_NAME, "td")
+            text = [c.text for c in cells]
+            assert text[1:6] == ["run.succeeded", d["subject"], d["channel"], d["state"], "1"], text
+            if d["state"] == "pending":
+                assert d["last_error"] and text[6] == d["last_error"] and text[7] == _iso_ms(d["next_try_at_ms"])[:19]
+            else:
+                assert (text[6], text[7]) == ("–", "–") and text[8] != "–"
+        assert browser.find_elements(By.CSS_SELECTOR, "#view button:not(#n-filter)") == []  # read-only
+        _shot(browser, tmp_path, "notifications", 375)
+        browser.set_window_size(1280, 900)
+
+        for state, channel in (("pending", "down"), ("delivered", "oncall")):
+            browser.find_element(By.CSS_SELECTOR, f"#n-state option[value={state}]").click()
+            browser.find_element(By.ID, "n-filter").click()
+            wait_until(lambda: [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".delivery-channel")]
+                       == [channel, channel] or None, f"only the {state} deliveries", timeout=60, every=0.1)
+            assert {e.text for e in browser.find_elements(By.CSS_SELECTOR, ".delivery-state")} == {state}
+        browser.get(f"http://127.0.0.1:{port}/#/notifications?state=dead")
+        _text_of(browser, "#no-deliveries", "no deliveries dead", "no dead delivery")
+        _sign_out(browser)
+
+        _sign_in(browser, port, outsider)  # deliveries span every project: not offered
+        assert browser.find_element(By.ID, "nav-notifications").is_displayed() is False
+    finally:
+        client.close()
+        plane.stop()
+        receiver.shutdown()
