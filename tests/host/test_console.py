@@ -808,3 +808,78 @@ def test_the_notifications_view_shows_every_delivery_and_filters_it_by_state(tmp
         client.close()
         plane.stop()
         receiver.shutdown()
+
+
+def test_task_trigger_and_env_fields_holding_markup_are_shown_as_text_and_env_values_never(tmp_path, browser):
+    """A console that put a stored or echoed value into the page as markup hands the operator's
+    session (admin, on a link) to whoever can publish a task or type into a form someone else
+    reads; an env value in the page is a secret on a screen. Task and trigger ids are restricted
+    to identifiers, env names to letters, digits and _, so markup reaches the page through the
+    command, the working directory, a refusal that echoes a typed env name, and a trigger's kind
+    and expression echoed by the preview."""
+    from selenium.webdriver.common.by import By
+
+    marks = {name: f'<img src=x onerror="window.__qinglong_{name}=1"><script>window.__qinglong_{name}=2</script>'
+             for name in ("command", "workdir", "env", "kind", "expression", "description")}
+    marks["kind"] = '<img src=x onerror="window.__qinglong_kind=1">'  # a path segment: no "/"
+    secret = "env-value-never-in-the-page"
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    writer = make_token(settings, "writer", "write")
+    plane = Plane(settings)
+    client = Client(plane.port, writer)
+    port = plane.port
+
+    def nothing_ran():
+        flags = browser.execute_script(
+            "return [" + ",".join(f"typeof window.__qinglong_{n}" for n in marks) + ", typeof window.__qinglong_xss]")
+        assert set(flags) == {"undefined"}, flags
+        assert browser.find_elements(By.CSS_SELECTOR, "#view img, #view script, #view iframe") == []
+
+    try:
+        status, body, _ = client.request("PUT", "/api/v1/projects/ops/tasks/report", {"payload": {
+            "command": ["echo", marks["command"]], "working_dir": "/tmp/" + marks["workdir"],
+            "env": {"API_TOKEN": secret}, "description": marks["description"]}})
+        assert status in (200, 201), body
+        status, body, _ = client.request("PUT", "/api/v1/projects/ops/triggers/yearly", {
+            "task_id": "report", "kind": "cron", "spec": {"expression": "0 0 1 1 *"}})
+        assert status == 201, body
+
+        _sign_in(browser, port, writer)
+        browser.get(f"http://127.0.0.1:{port}/#/tasks")
+        listing = _text_of(browser, "#view table", marks["command"], "the command shown as text")
+        assert secret not in browser.page_source
+        nothing_ran()
+
+        _visible(browser, "a.edit-task[data-task=report]", "the task's edit link").click()
+        _visible(browser, "#env-list .env-row[data-kept=API_TOKEN]", "the env names")
+        assert browser.find_element(By.ID, "t-workdir").get_attribute("value") == "/tmp/" + marks["workdir"]
+        assert marks["command"] in browser.find_element(By.ID, "t-command").get_attribute("value")
+        assert secret not in browser.page_source
+        # an env name holding markup: the API refuses it and its message, echoing the name, is text
+        browser.find_element(By.ID, "env-add").click()
+        row = browser.find_elements(By.CSS_SELECTOR, "#env-list .env-row")[-1]
+        row.find_element(By.CSS_SELECTOR, ".env-name").send_keys(marks["env"])
+        row.find_element(By.CSS_SELECTOR, ".env-value").send_keys("x")
+        browser.find_element(By.ID, "task-save").click()
+        refusal = _text_of(browser, "#form-error", "variable names", "the env name refused")
+        assert "(got '<img src=" in refusal.text, refusal.text  # echoed shortened, as text
+        nothing_ran()
+        status, shown, _ = client.request("GET", "/api/v1/projects/ops/tasks/report")
+        assert shown["task_revision"] == 1 and shown["execution"]["env"] == {"API_TOKEN": "(set)"}
+
+        # a trigger's kind and expression, echoed by the preview's refusal, are text
+        browser.get(f"http://127.0.0.1:{port}/#/triggers")
+        _text_of(browser, ".trigger-state[data-trigger=yearly]", "enabled", "the trigger list")
+        _visible(browser, "#new-trigger", "the new-trigger link").click()
+        _type(_visible(browser, "#g-expression", "the trigger form"), marks["expression"])
+        _text_of(browser, "#preview-error", marks["expression"], "the expression echoed as text")
+        nothing_ran()
+        _type(browser.find_element(By.ID, "g-kind"), marks["kind"])
+        _text_of(browser, "#preview-error", marks["kind"], "the kind echoed as text")
+        nothing_ran()
+        _shot(browser, tmp_path, "markup-as-text", 375)
+        assert listing is not None
+    finally:
+        client.close()
+        plane.stop()
