@@ -883,3 +883,90 @@ def test_task_trigger_and_env_fields_holding_markup_are_shown_as_text_and_env_va
     finally:
         client.close()
         plane.stop()
+
+
+#: Every control of the drawn view without an accessible name or out of the tab order, every link
+#: without a target or a name, and every id used twice.
+UNLABELLED = """
+var bad = [], seen = {};
+document.querySelectorAll("input, select, textarea, button").forEach(function (c) {
+  if (c.type === "hidden" || c.closest("[hidden]")) return;
+  var named = c.getAttribute("aria-label") || c.getAttribute("aria-labelledby") || c.closest("label") ||
+      (c.id && document.querySelector("label[for='" + CSS.escape(c.id) + "']")) ||
+      (c.tagName === "BUTTON" && c.textContent.trim());
+  if (!named) bad.push("no label: " + c.outerHTML.slice(0, 100));
+  if (c.tabIndex < 0 || c.disabled) bad.push("not reachable: " + c.outerHTML.slice(0, 100));
+});
+document.querySelectorAll("a").forEach(function (a) {
+  if (a.closest("[hidden]")) return;
+  if (!a.getAttribute("href") || !(a.textContent.trim() || a.getAttribute("aria-label"))) bad.push("link: " + a.outerHTML.slice(0, 100));
+});
+document.querySelectorAll("[id]").forEach(function (e) { if (seen[e.id]) bad.push("id twice: " + e.id); seen[e.id] = 1; });
+return bad;
+"""
+
+
+def _tab_to(browser, css: str, what: str, most: int = 80):
+    """Press Tab until the focus is on ``css`` (the keyboard alone reaches it)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    for _ in range(most):
+        if browser.execute_script(f"return document.activeElement.matches({json.dumps(css)})"):
+            return browser.switch_to.active_element
+        ActionChains(browser).send_keys(Keys.TAB).perform()
+    raise AssertionError(f"{what} is not reached with Tab")
+
+
+def test_every_view_fits_a_phone_labels_every_control_and_works_from_the_keyboard(tmp_path, browser):
+    """docs/console.md promises a console usable on a 375 px phone, a label on every control and
+    every control reachable by keyboard: a view that scrolls sideways, an unlabelled field a screen
+    reader reads as "edit text", or a button only a mouse can press breaks that promise silently."""
+    from selenium.webdriver.common.keys import Keys
+
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    cli(settings, "task", "put", "ops", "hello", "--", "sh", "-c", "echo hi")
+    cli(settings, "trigger", "add", "ops", "nightly", "--task", "hello", "--cron", "0 3 * * *")
+    admin = make_token(settings, "root", "admin")
+    make_token(settings, "phone", "read")
+    plane = Plane(settings)
+    port = plane.port
+    try:
+        # the keyboard alone: type the token, Enter, Tab to Tasks, Enter, Tab to Run now, Enter
+        browser.get(f"http://127.0.0.1:{port}/")
+        _visible(browser, "#token", "the sign-in form")
+        assert browser.switch_to.active_element.get_attribute("id") == "token"
+        browser.switch_to.active_element.send_keys(admin, Keys.ENTER)
+        _visible(browser, "#nav", "the console after a keyboard sign-in")
+        _tab_to(browser, "#nav a[href='#/tasks']", "the Tasks link").send_keys(Keys.ENTER)
+        _visible(browser, "button.run-now[data-task=hello]", "the task list")
+        _tab_to(browser, "button.run-now[data-task=hello]", "the Run now button").send_keys(Keys.ENTER)
+        _text_of(browser, "#run-state", "succeeded", "the Run started from the keyboard")
+        run_page = browser.current_url.split("#", 1)[1]
+
+        views = {"overview": ("#/overview", "#verdict"), "tasks": ("#/tasks", "button.run-now"),
+                 "task-form": ("#/task?project=ops&task=hello", "#task-save"),
+                 "new-task": ("#/task", "#task-save"), "triggers": ("#/triggers", "button.toggle"),
+                 "trigger-form": ("#/trigger?project=ops&trigger=nightly", "#trigger-save"),
+                 "runs": ("#/runs", "#filter"), "run": ("#" + run_page, "#run-again"),
+                 "skips": ("#/skips", "#view h1"), "workers": ("#/workers", "#no-workers"),
+                 "notifications": ("#/notifications", "#n-filter"), "audit": ("#/audit", ".audit-action"),
+                 "tokens": ("#/tokens", "button.revoke")}
+        for name, (hash_, ready) in views.items():
+            browser.set_window_size(1280, 900)
+            browser.get(f"http://127.0.0.1:{port}/{hash_}")
+            _visible(browser, ready, f"the {name} view")
+            assert browser.execute_script(UNLABELLED) == [], name
+            _shot(browser, tmp_path, f"a11y-{name}", 375)  # nothing wider than the phone
+        # the task form's env rows: a label for each name and value, a named Remove
+        browser.set_window_size(1280, 900)
+        browser.get(f"http://127.0.0.1:{port}/#/task")
+        _visible(browser, "#env-add", "the add-variable button").click()
+        _visible(browser, "#env-list .env-row", "an env row")
+        assert browser.execute_script(UNLABELLED) == []
+        # nothing in any view needed what the policy forbids (inline script or style, another origin)
+        refused = [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]]
+        assert refused == [], refused
+    finally:
+        plane.stop()
