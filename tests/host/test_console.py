@@ -682,6 +682,8 @@ def test_a_console_link_signs_a_browser_in_once_and_the_code_leaves_the_url(tmp_
         stored = b"".join(p.read_bytes() for p in tmp_path.glob("q.db*") if p.is_file())
         assert code.encode() not in stored, "the code is in the store"
 
+        # a link preview's HEAD uses nothing up
+        assert Client(port).request("HEAD", url[len(base):])[0] == 405
         browser.get(url)
         _visible(browser, "#nav", "the console, signed in by the link")
         assert browser.current_url == f"{base}/" and code not in browser.page_source
