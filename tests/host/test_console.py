@@ -104,6 +104,17 @@ def _text_of(driver, css: str, expected: str, what: str):
     return wait_until(found, what, timeout=60, every=0.1)
 
 
+def _texts(driver, css: str) -> list[str] | None:
+    """The texts of the elements ``css`` selects; None while the view is being drawn again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
+    except StaleElementReferenceException:
+        return None
+
+
 def _alert(driver):
     from selenium.common.exceptions import NoAlertPresentException
 
@@ -797,9 +808,9 @@ def test_the_notifications_view_shows_every_delivery_and_filters_it_by_state(tmp
         for state, channel in (("pending", "down"), ("delivered", "oncall")):
             browser.find_element(By.CSS_SELECTOR, f"#n-state option[value={state}]").click()
             browser.find_element(By.ID, "n-filter").click()
-            wait_until(lambda: [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".delivery-channel")]
-                       == [channel, channel] or None, f"only the {state} deliveries", timeout=60, every=0.1)
-            assert {e.text for e in browser.find_elements(By.CSS_SELECTOR, ".delivery-state")} == {state}
+            wait_until(lambda: _texts(browser, ".delivery-channel") == [channel, channel] or None,
+                       f"only the {state} deliveries", timeout=60, every=0.1)
+            assert set(_texts(browser, ".delivery-state")) == {state}
         browser.get(f"http://127.0.0.1:{port}/#/notifications?state=dead")
         _text_of(browser, "#no-deliveries", "no deliveries dead", "no dead delivery")
         _sign_out(browser)
