@@ -983,3 +983,47 @@ def test_every_view_fits_a_phone_labels_every_control_and_works_from_the_keyboar
         assert refused == [], refused
     finally:
         plane.stop()
+
+
+def test_a_console_link_made_by_the_cli_signs_in_once_at_the_cluster_api(tmp_path):
+    """On the cluster the link is made by the CLI on one machine and opened at a `qinglong api`
+    process: a code kept anywhere but the shared store would never work there, and one not used
+    up in the store would work once per API replica."""
+    from api_helpers import ApiProcessPlane
+    from tests.support import pg
+
+    server = pg.start_server("pg18")
+    try:
+        pg.create_roles(server)
+        name = "ql_console_link"
+        pg.create_database(server, name)
+        dsns = {key: server.dsn(role, pg.ROLE_PASSWORDS[role], name) for key, role in (
+            ("runtime_dsn", "qinglong_runtime"), ("admin_dsn", "qinglong_admin"), ("owner_dsn", "qinglong_owner"))}
+        settings = tmp_path / "cluster.toml"
+        settings.write_text('profile = "cluster"\n[backend]\n' + "".join(f'{k} = "{v}"\n' for k, v in dsns.items())
+                            + '[http]\nlisten = "127.0.0.1:0"\n')
+        cli(settings, "db", "migrate")
+        plane = ApiProcessPlane(settings)
+        try:
+            base = f"http://127.0.0.1:{plane.port}"
+            made = json.loads(cli(settings, "console", "link", "--url", base, "--json"))
+            path = made["url"][len(base):]
+            answers = []
+            for _ in range(2):
+                conn = http.client.HTTPConnection("127.0.0.1", plane.port, timeout=60)
+                conn.request("GET", path)
+                response = conn.getresponse()
+                response.read()
+                answers.append((response.status, response.getheader("Location"), response.getheader("Set-Cookie")))
+                conn.close()
+            (status, location, cookie), again = answers
+            assert (status, location) == (303, "/") and "HttpOnly" in cookie and "SameSite=strict" in cookie
+            assert again == (410, None, None)
+            session = cookie.split(";", 1)[0]
+            status, who, _ = Client(plane.port).request("GET", "/console/session", headers={"Cookie": session})
+            assert status == 200 and who["scope"] == "admin" and who["projects"] is None
+            assert who["name"] == "console link " + made["link_id"][:8]
+        finally:
+            plane.stop()
+    finally:
+        server.destroy()
