@@ -93,3 +93,20 @@ def test_console_link_prints_a_one_time_url_of_the_listener_and_stores_only_a_di
     remote = run_cli(["--settings", str(settings), "--api", "http://127.0.0.1:8089", "console", "link"],
                      cwd=tmp_path, env=child_env(QINGLONG_API_TOKEN="qlt_x"))
     assert remote.returncode == 3 and "on the host" in remote.stderr
+
+
+def test_the_console_link_names_the_listener_as_a_browser_reaches_it():
+    """A link to 0.0.0.0 or an unbracketed IPv6 address opens nothing in a browser; plain http
+    to a TLS listener fails before the code is even sent."""
+    import socket
+    from types import SimpleNamespace
+
+    from qinglong.host.cli.tokens import console_base_url
+
+    def loaded(listen: str, cert: str | None = None):
+        return SimpleNamespace(settings=SimpleNamespace(http=SimpleNamespace(listen=listen),
+                                                        api=SimpleNamespace(tls_cert_file=cert)))
+
+    assert console_base_url(loaded("127.0.0.1:8080")) == "http://127.0.0.1:8080"
+    assert console_base_url(loaded("[::1]:8443", "/etc/q/cert.pem")) == "https://[::1]:8443"
+    assert console_base_url(loaded("0.0.0.0:8080")) == f"http://{socket.getfqdn()}:8080"
