@@ -719,6 +719,14 @@ def test_a_console_link_signs_a_browser_in_once_and_the_code_leaves_the_url(tmp_
         entries = client.request("GET", "/api/v1/audit")[1]
         assert [(e["action"], e["object"], e["source"]) for e in entries[:2]] == [
             ("console.sign_in", made["link_id"], "127.0.0.1"), ("console.link", made["link_id"], "local")]
+        # a change made in the link's session: the audit log names the link
+        browser.get(f"{base}/#/tokens")
+        _type(_visible(browser, "#k-name", "the token form"), "from-link")
+        browser.find_element(By.ID, "token-create").click()
+        _visible(browser, "#new-secret", "the new token's secret")
+        (made_token,) = [e for e in client.request("GET", "/api/v1/audit")[1] if e["action"] == "token.create"
+                         and e["object"] == "from-link"]
+        assert made_token["actor"] == "console link " + made["link_id"][:8] and made_token["token_id"] is None
 
         # a second opening, an expired link and a forged one: a page saying so, nothing changed
         expired = json.loads(cli(settings, "console", "link", "--url", base, "--json",
