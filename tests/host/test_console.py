@@ -821,6 +821,13 @@ def test_the_notifications_view_shows_every_delivery_and_filters_it_by_state(tmp
             assert set(_texts(browser, ".delivery-state")) == {state}
         browser.get(f"http://127.0.0.1:{port}/#/notifications?state=dead")
         _text_of(browser, "#no-deliveries", "no deliveries dead", "no dead delivery")
+        # a page further on (as "Older deliveries" links it): the rest, in the API's order
+        browser.get(f"http://127.0.0.1:{port}/#/notifications?cursor=2")
+        wait_until(lambda: _texts(browser, ".delivery-state") is not None
+                   and len(_texts(browser, ".delivery-state")) == 2 or None, "the second page", timeout=60, every=0.1)
+        assert [e.get_attribute("data-event") for e in browser.find_elements(By.CSS_SELECTOR, ".delivery-state")] == [
+            d["event_id"] for d in listed[2:]]
+        assert browser.find_elements(By.ID, "n-more") == []
         _sign_out(browser)
 
         _sign_in(browser, port, outsider)  # deliveries span every project: not offered
