@@ -28,7 +28,7 @@ def cmd_rotate(args: argparse.Namespace) -> int:
     finds nothing left to do."""
     from dependency_injector import providers
 
-    from qinglong.contracts.errors import UserError
+    from qinglong.contracts.errors import SecretsError, UserError
 
     from ..secrets import host_sealer
 
@@ -44,7 +44,11 @@ def cmd_rotate(args: argparse.Namespace) -> int:
             raise UserError(f"the {container.loaded().profile.name} profile's store does not seal secrets")
         return await reseal(sealer)
 
-    rewritten = on_backend(container, go, create=False)
+    try:
+        rewritten = on_backend(container, go, create=False)
+    except SecretsError as exc:
+        raise SecretsError(f"{exc} (give the key it was sealed with as --old-key-file; nothing was "
+                           "changed)") from None
     if args.json:
         print_json({"key_id": sealer.key_id, "rewritten": rewritten})
     else:
