@@ -151,16 +151,24 @@ class EdgeSqliteBackend:
         rewritten."""
         def work(conn) -> int:
             changed = 0
-            with transaction(conn):
-                for kind, project_id, task_id, revision, payload in self._secrets_rows(conn):
-                    if not payload_needs_sealing(sealer, payload):
-                        continue
-                    plain = opened_env_payload(sealer, project_id, task_id, payload)
-                    _, stored = sealed_env_payload(sealer, project_id, task_id, plain)
-                    conn.execute(query(f"secrets_update_{kind}"), {
-                        "payload": canonical_json(stored), "project_id": project_id, "task_id": task_id,
-                        "task_revision": revision})
-                    changed += 1
+            # the text replaced is zeroed in the file, not left in a page's free space
+            secure = conn.execute("PRAGMA secure_delete").fetchone()[0]
+            conn.execute("PRAGMA secure_delete = ON")
+            try:
+                with transaction(conn):
+                    for kind, project_id, task_id, revision, payload in self._secrets_rows(conn):
+                        if not payload_needs_sealing(sealer, payload):
+                            continue
+                        plain = opened_env_payload(sealer, project_id, task_id, payload)
+                        _, stored = sealed_env_payload(sealer, project_id, task_id, plain)
+                        conn.execute(query(f"secrets_update_{kind}"), {
+                            "payload": canonical_json(stored), "project_id": project_id, "task_id": task_id,
+                            "task_revision": revision})
+                        changed += 1
+            finally:
+                conn.execute(f"PRAGMA secure_delete = {int(secure)}")
+            if changed:  # nor in the write-ahead log's old frames
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             return changed
 
         return await self.store.call(work)
