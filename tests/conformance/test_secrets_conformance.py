@@ -72,6 +72,9 @@ async def test_env_values_are_stored_sealed_and_no_dump_shows_them(harness):
     await h.elapse(3000)
     report = await h.run_round()
     assert report.admitted >= 1  # a sealed payload is admitted like any other
+    run = (await h.reader.recent_runs(limit=1, trigger_id="tr1"))[0]
+    context = await h.backend.outbox().run_context(run.run_id, 1000)
+    assert set(context.env_values) == set(PAYLOAD["env"].values())  # what a log tail is redacted of
     data = dump(h)
     assert SECRET.encode() not in data and b"plain-but-sealed-too" not in data
     assert b"ql-sealed:v1:" in data

@@ -128,3 +128,10 @@ def test_without_a_sealer_a_sealed_value_is_refused_never_run():
 def test_a_key_of_the_wrong_size_is_refused():
     with pytest.raises(SecretsError, match="32 bytes"):
         sealer(b"short")
+
+
+def test_a_secrets_error_has_its_own_exit_code_and_http_status():
+    from qinglong.contracts.errors import ExitCode, exit_code_for, http_status_for
+
+    assert exit_code_for(SecretsError("x")) is ExitCode.SECRETS == 6
+    assert http_status_for(SecretsError("x")) == (503, "secrets_unavailable")
