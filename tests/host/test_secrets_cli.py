@@ -127,3 +127,25 @@ def test_values_in_clear_of_an_older_store_are_sealed_when_run_starts(ws):
     finally:
         plane.stop()
     assert SECRET.encode() not in file_bytes(ws)  # nor in a freed page
+
+
+def test_previous_key_files_open_old_values_while_new_ones_are_sealed_under_the_new_key(ws):
+    ws.ok("task", "put", "ops", "old", "--env", f"TOKEN={SECRET}", *JOB)
+    old = Path(str(ws.db) + ".key")
+    new = new_key(ws.root / "new.key")
+    plain = ws.settings.read_text()
+    ws.settings.write_text(plain + f'[secrets]\nkey_file = "{new}"\n')
+    code, _, err = ws.call("task", "put", "ops", "new", "--env", "A=b", *JOB)
+    assert code == 6 and "[secrets] key_file" in err  # the old values' key is not loaded
+    ws.settings.write_text(plain + f'[secrets]\nkey_file = "{new}"\nprevious_key_files = ["{old}"]\n')
+    ws.ok("task", "put", "ops", "new", "--env", "A=b", *JOB)
+    ids = {text.split("ql-sealed:v1:")[1].split(":")[0]: task
+           for task, text in ws.sql("SELECT task_id, payload_json FROM tasks")}
+    assert len(ids) == 2 and sorted(ids.values()) == ["new", "old"]  # one value under each key
+    plane = ControlPlane(ws)
+    try:
+        run_id = ws.admit("old")
+        assert ws.wait_ended(run_id, plane.process)["state"] == "succeeded"
+        assert ws.call("logs", run_id)[1] == SECRET.encode()
+    finally:
+        plane.stop()
