@@ -8,7 +8,8 @@ SQLite file with the sealer and without it, in process. A script run by hand, ne
   of each loop (``time.perf_counter``).
 * publish: ``--tasks`` ``put_task`` calls of distinct tasks, each with 8 env values, on a fresh
   file per variant (``sealed``: the host's AES-GCM sealer; ``clear``: none); calls per second and
-  the ratio, medians of 3 runs after a warm-up, the variants alternating; then one ``reseal_secrets`` (a rotation) of that store, timed.
+  the ratio, medians of 3 runs after a warm-up, the variants alternating; then one
+  ``reseal_secrets`` (a rotation) of the sealed store, timed.
 
 Results go to stdout and to ``bench/results/secrets.json`` (``secrets-quick.json`` with
 ``--quick``), with the load average before and after.

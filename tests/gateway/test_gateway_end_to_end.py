@@ -75,3 +75,28 @@ def test_a_worker_gets_a_sealed_env_value_in_clear_only_through_its_claim(cluste
         if worker is not None:
             worker.stop()
         api.stop()
+
+
+def test_an_api_without_the_key_of_the_stored_values_does_not_start(cluster, tmp_path):
+    """An API tier that cannot open the stored values would hand every worker a job it must
+    refuse; it stops at start instead, exit 6, naming the setting and the key ids only."""
+    import subprocess
+    import sys
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from qinglong.contracts.secrets import Sealer
+
+    from tests.gateway.helpers import child_env
+
+    publish_task(cluster, "sealed-nokey", {"command": py_job("print(1)"), "env": {"TOKEN": "t0ken-value"}},
+                 sealer=Sealer([os.urandom(32)], AESGCM))
+    settings = plane_settings(cluster, tmp_path)
+    for extra in ("", f'[secrets]\nkey_file = "{tmp_path / "other.key"}"\n'):
+        if extra:
+            (tmp_path / "other.key").write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
+        settings.write_text(settings.read_text() + extra)
+        done = subprocess.run([sys.executable, "-m", "qinglong", "--settings", str(settings), "api"],
+                              env=child_env(), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 6, done.stderr
+        assert "[secrets] key_file" in done.stderr and "t0ken-value" not in done.stderr

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from qinglong.contracts import worker_wire as wire
+from qinglong.contracts.diagnostics import DiagnosticEvent
 from qinglong.contracts.errors import SecretsError
 from qinglong.contracts.secrets import opened_env_payload
 from qinglong.contracts.worker import (
@@ -42,11 +43,12 @@ class GatewayService:
     """The ``/worker/v1`` routes over a :class:`~qinglong.contracts.worker.WorkerGateway`."""
 
     def __init__(self, gateway: Any, *, limiter: FailureLimiter, source_of: Callable[[Request], str],
-                 max_claim_wait_ms: int, sealer: Any = None) -> None:
+                 max_claim_wait_ms: int, sealer: Any = None, diagnostics: Any = None) -> None:
         self.gateway = gateway
         #: opens the claimed payloads' env values: a worker gets them in clear only here, over
         #: its authenticated claim
         self.sealer = sealer
+        self.diagnostics = diagnostics
         self.limiter = limiter
         self.source_of = source_of
         self.max_claim_wait_ms = max_claim_wait_ms
@@ -112,7 +114,11 @@ class GatewayService:
         worker's spec parser refuses it, so the Attempt ends without its job ever starting."""
         try:
             payload = opened_env_payload(self.sealer, claimed.project_id, claimed.task_id, claimed.payload)
-        except SecretsError:
+        except SecretsError as exc:  # its words name the task, variable and key id, never a value
+            if self.diagnostics is not None:
+                self.diagnostics.emit(DiagnosticEvent("error", "gateway.secrets_unopened", str(exc), {
+                    "attempt_id": claimed.attempt_id, "project_id": claimed.project_id,
+                    "task_id": claimed.task_id}))
             return claimed
         return dataclasses.replace(claimed, payload=payload)
 
