@@ -206,7 +206,8 @@ def schema_of(conn: sqlite3.Connection) -> dict[str, SchemaObject]:
 @lru_cache(maxsize=8)
 def expected_schema(known: tuple[Migration, ...]) -> dict[str, SchemaObject]:
     """The schema ``known`` makes: the migrations applied to a fresh in-memory database."""
-    conn = sqlite3.connect(":memory:", isolation_level=None)
+    # every statement runs once: keeping its prepared form would only hold memory
+    conn = sqlite3.connect(":memory:", isolation_level=None, cached_statements=0)
     try:
         for migration in known:
             _apply_one(conn, migration, 0)
