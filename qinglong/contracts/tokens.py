@@ -18,6 +18,10 @@ from .frozen import record
 #: In order: each scope allows everything the ones before it allow.
 SCOPES = ("read", "run", "write", "admin")
 SECRET_PREFIX = "qlt_"
+#: A console sign-in link's one-time code starts with this.
+LINK_CODE_PREFIX = "qlc_"
+#: What redeeming a console link can answer: signed in, or refused (and why).
+LINK_OUTCOMES = ("ok", "used", "expired", "unknown")
 #: Audit results.
 AUDIT_RESULTS = ("ok", "refused", "failed")
 
@@ -30,6 +34,11 @@ def scope_allows(held: str, needed: str) -> bool:
 def new_secret() -> str:
     """A fresh token secret (256 bits from the OS's CSPRNG)."""
     return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def new_link_code() -> str:
+    """A fresh console sign-in code (256 bits from the OS's CSPRNG), shown once in a URL."""
+    return LINK_CODE_PREFIX + secrets.token_urlsafe(32)
 
 
 def token_digest(secret: str) -> str:
@@ -101,6 +110,17 @@ class TokenStore(Protocol):
     async def record_audit(self, audit: AuditEntry) -> None: ...
 
     async def list_audit(self, since_ms: int | None = None, limit: int = 100) -> Sequence[AuditEntry]: ...
+
+    async def create_console_link(self, link_id: str, digest: str, created_at_ms: int, expires_at_ms: int,
+                                  audit: AuditEntry) -> None:
+        """Keep a console sign-in link: its code's digest (never the code), until ``expires_at_ms``."""
+        ...
+
+    async def redeem_console_link(self, digest: str, now_ms: int, audit: AuditEntry) -> tuple[str, str | None]:
+        """Use the link whose code hashes to ``digest`` once: ``("ok", link_id)`` and ``audit``
+        (its object the link's id) written in the same transaction; else ``("used" | "expired" | "unknown", None)`` and
+        nothing written. Two concurrent redemptions of one code: one ``ok``, one ``used``."""
+        ...
 
 
 class AuditScope:

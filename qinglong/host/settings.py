@@ -193,6 +193,8 @@ class ApiSettings(BaseModel):
                                        description="proxy addresses whose X-Forwarded-For is believed")
     failed_auth_burst: int = Field(20, ge=1, le=10_000, description="failed authentications per address before 429")
     failed_auth_per_second: float = Field(1.0, gt=0, le=1_000, description="refill of that allowance")
+    console_link_ttl_ms: int = Field(120_000, ge=1, le=3_600_000,
+                                     description="a `qinglong console link` URL works once, within this")
     gateway_dsn: SecretStr | None = Field(
         None, description="the worker gateway's store connection (the worker_ingress role; a secret): "
                           "set, /worker/v1 serves registered workers")

@@ -61,3 +61,22 @@ async def revoke_token(store: TokenStore, name: str, *, actor: str = "cli", acto
     at = now_ms()
     audit = AuditEntry(at, actor, actor_id, source, "token.revoke", name, "ok")
     return await store.revoke_token(name, at, audit)
+
+
+#: The principal a console link signs a browser in as: the host's operator, admin of every
+#: project (the name is no valid token name, so no token can pass for it).
+LINK_ACTOR = "console link"
+
+
+async def create_console_link(store: TokenStore, ttl_ms: int) -> tuple[str, str, int]:
+    """A one-time console sign-in code, its link id and its expiry (epoch ms): only the code's
+    digest is stored, with the audit entry ``console.link`` of the host's CLI."""
+    from qinglong.contracts.tokens import new_link_code
+
+    at = now_ms()
+    link_id = uuid.uuid4().hex
+    code = new_link_code()
+    audit = AuditEntry(at, "cli", None, "local", "console.link", link_id, "ok",
+                       {"expires_at_ms": at + ttl_ms, "scope": "admin"})
+    await store.create_console_link(link_id, token_digest(code), at, at + ttl_ms, audit)
+    return code, link_id, at + ttl_ms

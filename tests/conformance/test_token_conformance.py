@@ -61,3 +61,36 @@ async def test_a_change_writes_its_pending_audit_entry_in_its_own_transaction(ha
     entries = await store.list_audit()
     assert [(e.actor, e.source, e.action, e.object, e.at_ms) for e in entries] == [
         ("ops-bot", "10.0.0.7", "project.create", "p9", 1)]
+
+
+async def test_a_console_link_is_kept_as_a_digest_and_signs_in_once_before_it_expires(harness):
+    """A store that kept the code would let whoever reads a backup sign in as admin; a link
+    redeemed twice (or two browsers racing on it) gives a copied URL a second admin session; an
+    expired link that still worked outlives the minutes the operator meant; a refused redemption
+    that wrote anything lets a guesser fill the audit log."""
+    import asyncio
+
+    from qinglong.host.tokens import LINK_ACTOR, create_console_link
+
+    store = harness.backend.tokens()
+    code, link_id, expires = await create_console_link(store, 60_000)
+    assert code.startswith("qlc_") and len(code) >= 40
+    sign_in = AuditEntry(expires - 30_000, LINK_ACTOR, None, "10.0.0.9", "console.sign_in", "", "ok",
+                         {"scope": "admin"})
+    assert await store.redeem_console_link(code, expires - 30_000, sign_in) == ("unknown", None)  # not a key
+    assert await store.redeem_console_link(token_digest(code + "x"), expires - 30_000, sign_in) == ("unknown", None)
+    results = await asyncio.gather(*[store.redeem_console_link(token_digest(code), expires - 30_000, sign_in)
+                                     for _ in range(4)])
+    assert sorted(results) == sorted([("ok", link_id)] + [("used", None)] * 3), results
+    assert await store.redeem_console_link(token_digest(code), expires - 1, sign_in) == ("used", None)
+
+    late, late_id, late_expires = await create_console_link(store, 1)
+    assert await store.redeem_console_link(token_digest(late), late_expires, sign_in) == ("expired", None)
+    assert await store.redeem_console_link(token_digest(late), late_expires - 1, sign_in) == ("ok", late_id)
+
+    entries = [(e.actor, e.source, e.action, e.object, e.result) for e in await store.list_audit()]
+    assert sorted(entries) == sorted([("cli", "local", "console.link", link_id, "ok"),
+                                      (LINK_ACTOR, "10.0.0.9", "console.sign_in", link_id, "ok"),
+                                      ("cli", "local", "console.link", late_id, "ok"),
+                                      (LINK_ACTOR, "10.0.0.9", "console.sign_in", late_id, "ok")]), entries
+    assert all(code not in repr(e) and late not in repr(e) for e in await store.list_audit())

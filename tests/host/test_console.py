@@ -16,6 +16,7 @@ import pytest
 
 from api_helpers import Client, Plane, api_settings, cli, make_token
 from host_helpers import wait_until
+from http_helpers import child_env
 
 SHOTS = Path("/tmp/console-shots")
 XSS_LOG = "<script>window.__qinglong_xss = 1</script>"
@@ -101,6 +102,17 @@ def _text_of(driver, css: str, expected: str, what: str):
         except StaleElementReferenceException:
             return None
     return wait_until(found, what, timeout=60, every=0.1)
+
+
+def _texts(driver, css: str) -> list[str] | None:
+    """The texts of the elements ``css`` selects; None while the view is being drawn again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
+    except StaleElementReferenceException:
+        return None
 
 
 def _alert(driver):
@@ -499,6 +511,10 @@ def test_a_running_log_is_followed_live_runs_filter_by_time_and_a_run_runs_again
         assert runs[first_id]["scheduled_for_ms"] < boundary
         for field, shown, hidden in (("#f-since", second_id, first_id), ("#f-until", first_id, second_id)):
             browser.get(f"http://127.0.0.1:{port}/#/runs")
+            # the unfiltered list drawn (both Runs): typing into the previous view's form, about
+            # to be replaced, would filter nothing
+            for run_id in (first_id, second_id):
+                _visible(browser, f"a[href='#/run/{run_id}']", "the unfiltered Runs")
             other = "#f-until" if field == "#f-since" else "#f-since"
             _type(_visible(browser, other, "the runs filter"), "")
             _type(browser.find_element(By.CSS_SELECTOR, field), _iso_ms(boundary))
@@ -656,3 +672,377 @@ def _by_css():
     from selenium.webdriver.common.by import By
 
     return By.CSS_SELECTOR
+
+
+def test_a_console_link_signs_a_browser_in_once_and_the_code_leaves_the_url(tmp_path, browser):
+    """Without it the host's operator must make, paste and then revoke a token to open the console;
+    a link that worked twice (or after its minutes) is a copied URL that opens the control plane;
+    a code left in the address bar or the history is read off the screen or the next visitor's
+    back button; a forged code that changed anything lets a guesser write to the store."""
+    import time
+
+    from selenium.webdriver.common.by import By
+
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    admin = make_token(settings, "root", "admin")
+    plane = Plane(settings)
+    client = Client(plane.port, admin)
+    port = plane.port
+    base = f"http://127.0.0.1:{port}"
+    try:
+        made = json.loads(cli(settings, "console", "link", "--url", base, "--json"))
+        url, code = made["url"], made["url"].split("code=", 1)[1]
+        assert url.startswith(f"{base}/console/link?code=qlc_") and made["scope"] == "admin"
+        stored = b"".join(p.read_bytes() for p in tmp_path.glob("q.db*") if p.is_file())
+        assert code.encode() not in stored, "the code is in the store"
+
+        # a link preview's HEAD uses nothing up
+        assert Client(port).request("HEAD", url[len(base):])[0] == 405
+        browser.get(url)
+        _visible(browser, "#nav", "the console, signed in by the link")
+        assert browser.current_url == f"{base}/" and code not in browser.page_source
+        assert [a.is_displayed() for a in browser.find_elements(By.CSS_SELECTOR, "#nav a.admin")] == [True, True]
+        cookie = _session_cookie(browser)
+        assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
+        assert browser.execute_script("return document.cookie") == ""
+        history = browser.execute_script(
+            "return [location.href, history.length, performance.getEntriesByType('navigation')"
+            ".map(e => e.name).join(' ')]")
+        assert code not in json.dumps(history), history
+        _shot(browser, tmp_path, "link-signed-in", 375)
+        browser.set_window_size(1280, 900)
+        browser.back()  # the page before the link, never the link itself
+        assert code not in browser.current_url
+        browser.forward()
+        _visible(browser, "#nav", "the console again")
+        browser.get(f"{base}/#/audit")
+        signed_in = _text_of(browser, "#view table", "console.sign_in", "the sign-in in the audit log")
+        assert "console link" in signed_in.text and made["link_id"][:8] in signed_in.text
+        assert code not in signed_in.text
+        entries = client.request("GET", "/api/v1/audit")[1]
+        assert [(e["action"], e["object"], e["source"]) for e in entries[:2]] == [
+            ("console.sign_in", made["link_id"], "127.0.0.1"), ("console.link", made["link_id"], "local")]
+        # a change made in the link's session: the audit log names the link
+        browser.get(f"{base}/#/tokens")
+        _type(_visible(browser, "#k-name", "the token form"), "from-link")
+        browser.find_element(By.ID, "token-create").click()
+        _visible(browser, "#new-secret", "the new token's secret")
+        (made_token,) = [e for e in client.request("GET", "/api/v1/audit")[1] if e["action"] == "token.create"
+                         and e["object"] == "from-link"]
+        assert made_token["actor"] == "console link " + made["link_id"][:8] and made_token["token_id"] is None
+
+        # a second opening, an expired link and a forged one: a page saying so, nothing changed
+        expired = json.loads(cli(settings, "console", "link", "--url", base, "--json",
+                                 env=child_env(QINGLONG_API__CONSOLE_LINK_TTL_MS="1")))
+        wait_until(lambda: time.time_ns() // 1_000_000 > expired["expires_at_ms"] or None,
+                   "the one-millisecond link to expire", timeout=30, every=0.01)
+        before = client.request("GET", "/api/v1/audit")[1]
+        for opened, said in ((url, "used already"), (expired["url"], "expired"),
+                             (url[:-4] + "AAAA", "not valid"), (f"{base}/console/link", "not valid")):
+            browser.delete_all_cookies()
+            browser.get(opened)
+            _text_of(browser, "#link-refused", said, f"the refusal of {opened}")
+            assert [c for c in browser.get_cookies() if c["name"] == "qinglong_session"] == []
+            assert browser.execute_script("return document.querySelectorAll('script').length") == 0
+            status, _, _ = Client(port).request("GET", opened[len(base):])
+            assert status in (404, 410), (opened, status)
+        _shot(browser, tmp_path, "link-refused", 375)
+        assert client.request("GET", "/api/v1/audit")[1] == before
+    finally:
+        client.close()
+        plane.stop()
+
+
+def test_the_notifications_view_shows_every_delivery_and_filters_it_by_state(tmp_path, browser):
+    """Without it an operator learns that alerts stopped reaching the on-call channel only from
+    the host's shell; a view without the last error and the next try cannot tell a channel that
+    is down from one that is slow; one offered to a project-limited token shows a button that
+    only fails."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from selenium.webdriver.common.by import By
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (the standard library's name)
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    channels = ('[notifications]\ndefault = "always"\nmax_tries = 3\nbackoff_ms = 3600000\n'
+                'backoff_cap_ms = 3600000\npoll_ms = 50\n'
+                f'[notifications.channels.oncall]\nkind = "webhook"\nurl = "http://127.0.0.1:{receiver.server_port}/in"\n'
+                'secret = "channel-secret-0123456789"\n'
+                '[notifications.channels.down]\nkind = "webhook"\nurl = "http://127.0.0.1:9/x"\n'
+                'secret = "channel-secret-0123456789"\n')
+    settings = api_settings(tmp_path, extra=channels)
+    cli(settings, "project", "create", "ops")
+    for task in ("backup", "report"):  # two subjects: a channel holds a subject's next while one waits
+        cli(settings, "task", "put", "ops", task, "--", "true")
+        cli(settings, "task", "run", "ops", task)
+    reader = make_token(settings, "reader", "read")
+    outsider = make_token(settings, "outsider", "read", "ops")
+    plane = Plane(settings)
+    client = Client(plane.port, reader)
+    port = plane.port
+    try:
+        def settled():
+            listed = client.request("GET", "/api/v1/notifications")[1]["deliveries"]
+            states = sorted((d["channel"], d["state"], d["tries"]) for d in listed)
+            return listed if states == [("down", "pending", 1)] * 2 + [("oncall", "delivered", 1)] * 2 else None
+
+        listed = wait_until(settled, "two deliveries delivered and two waiting to be tried again", timeout=60,
+                            every=0.1, alive=plane.process)
+        _sign_in(browser, port, reader)
+        _visible(browser, "#nav-notifications", "the notifications link").click()
+        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, ".delivery-state")) == 4 or None,
+                   "every delivery listed", timeout=60, every=0.1)
+        for d in listed:
+            cells = browser.find_element(
+                By.CSS_SELECTOR, f".delivery-state[data-event='{d['event_id']}'][data-channel='{d['channel']}']"
+            ).find_element(By.XPATH, "./ancestor::tr").find_elements(By.TAG_NAME, "td")
+            text = [c.text for c in cells]
+            assert text[1:6] == ["run.succeeded", d["subject"], d["channel"], d["state"], "1"], text
+            if d["state"] == "pending":
+                assert d["last_error"] and text[6] == d["last_error"] and text[7] == _iso_ms(d["next_try_at_ms"])[:19]
+            else:
+                assert (text[6], text[7]) == ("–", "–") and text[8] != "–"
+        assert browser.find_elements(By.CSS_SELECTOR, "#view button:not(#n-filter)") == []  # read-only
+        _shot(browser, tmp_path, "notifications", 375)
+        browser.set_window_size(1280, 900)
+
+        for state, channel in (("pending", "down"), ("delivered", "oncall")):
+            browser.find_element(By.CSS_SELECTOR, f"#n-state option[value={state}]").click()
+            browser.find_element(By.ID, "n-filter").click()
+            wait_until(lambda: _texts(browser, ".delivery-channel") == [channel, channel] or None,
+                       f"only the {state} deliveries", timeout=60, every=0.1)
+            assert set(_texts(browser, ".delivery-state")) == {state}
+        browser.get(f"http://127.0.0.1:{port}/#/notifications?state=dead")
+        _text_of(browser, "#no-deliveries", "no deliveries dead", "no dead delivery")
+        # a page further on (as "Older deliveries" links it): the rest, in the API's order
+        browser.get(f"http://127.0.0.1:{port}/#/notifications?cursor=2")
+        wait_until(lambda: _texts(browser, ".delivery-state") is not None
+                   and len(_texts(browser, ".delivery-state")) == 2 or None, "the second page", timeout=60, every=0.1)
+        assert [e.get_attribute("data-event") for e in browser.find_elements(By.CSS_SELECTOR, ".delivery-state")] == [
+            d["event_id"] for d in listed[2:]]
+        assert browser.find_elements(By.ID, "n-more") == []
+        _sign_out(browser)
+
+        _sign_in(browser, port, outsider)  # deliveries span every project: not offered
+        assert browser.find_element(By.ID, "nav-notifications").is_displayed() is False
+    finally:
+        client.close()
+        plane.stop()
+        receiver.shutdown()
+
+
+def test_task_trigger_and_env_fields_holding_markup_are_shown_as_text_and_env_values_never(tmp_path, browser):
+    """A console that put a stored or echoed value into the page as markup hands the operator's
+    session (admin, on a link) to whoever can publish a task or type into a form someone else
+    reads; an env value in the page is a secret on a screen. Task and trigger ids are restricted
+    to identifiers, env names to letters, digits and _, so markup reaches the page through the
+    command, the working directory, a refusal that echoes a typed env name, and a trigger's kind
+    and expression echoed by the preview."""
+    from selenium.webdriver.common.by import By
+
+    marks = {name: f'<img src=x onerror="window.__qinglong_{name}=1"><script>window.__qinglong_{name}=2</script>'
+             for name in ("command", "workdir", "env", "kind", "expression", "description")}
+    marks["kind"] = '<img src=x onerror="window.__qinglong_kind=1">'  # a path segment: no "/"
+    secret = "env-value-never-in-the-page"
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    writer = make_token(settings, "writer", "write")
+    plane = Plane(settings)
+    client = Client(plane.port, writer)
+    port = plane.port
+
+    def nothing_ran():
+        flags = browser.execute_script(
+            "return [" + ",".join(f"typeof window.__qinglong_{n}" for n in marks) + ", typeof window.__qinglong_xss]")
+        assert set(flags) == {"undefined"}, flags
+        assert browser.find_elements(By.CSS_SELECTOR, "#view img, #view script, #view iframe") == []
+
+    try:
+        status, body, _ = client.request("PUT", "/api/v1/projects/ops/tasks/report", {"payload": {
+            "command": ["echo", marks["command"]], "working_dir": "/tmp/" + marks["workdir"],
+            "env": {"API_TOKEN": secret}, "description": marks["description"]}})
+        assert status in (200, 201), body
+        status, body, _ = client.request("PUT", "/api/v1/projects/ops/triggers/yearly", {
+            "task_id": "report", "kind": "cron", "spec": {"expression": "0 0 1 1 *"}})
+        assert status == 201, body
+
+        _sign_in(browser, port, writer)
+        browser.get(f"http://127.0.0.1:{port}/#/tasks")
+        listing = _text_of(browser, "#view table", marks["command"], "the command shown as text")
+        assert secret not in browser.page_source
+        nothing_ran()
+
+        _visible(browser, "a.edit-task[data-task=report]", "the task's edit link").click()
+        _visible(browser, "#env-list .env-row[data-kept=API_TOKEN]", "the env names")
+        assert browser.find_element(By.ID, "t-workdir").get_attribute("value") == "/tmp/" + marks["workdir"]
+        assert marks["command"] in browser.find_element(By.ID, "t-command").get_attribute("value")
+        assert secret not in browser.page_source
+        # an env name holding markup: the API refuses it and its message, echoing the name, is text
+        browser.find_element(By.ID, "env-add").click()
+        row = browser.find_elements(By.CSS_SELECTOR, "#env-list .env-row")[-1]
+        row.find_element(By.CSS_SELECTOR, ".env-name").send_keys(marks["env"])
+        row.find_element(By.CSS_SELECTOR, ".env-value").send_keys("x")
+        browser.find_element(By.ID, "task-save").click()
+        refusal = _text_of(browser, "#form-error", "variable names", "the env name refused")
+        assert "(got '<img src=" in refusal.text, refusal.text  # echoed shortened, as text
+        nothing_ran()
+        status, shown, _ = client.request("GET", "/api/v1/projects/ops/tasks/report")
+        assert shown["task_revision"] == 1 and shown["execution"]["env"] == {"API_TOKEN": "(set)"}
+
+        # a trigger's kind and expression, echoed by the preview's refusal, are text
+        browser.get(f"http://127.0.0.1:{port}/#/triggers")
+        _text_of(browser, ".trigger-state[data-trigger=yearly]", "enabled", "the trigger list")
+        _visible(browser, "#new-trigger", "the new-trigger link").click()
+        _type(_visible(browser, "#g-expression", "the trigger form"), marks["expression"])
+        _text_of(browser, "#preview-error", marks["expression"], "the expression echoed as text")
+        nothing_ran()
+        _type(browser.find_element(By.ID, "g-kind"), marks["kind"])
+        _text_of(browser, "#preview-error", marks["kind"], "the kind echoed as text")
+        nothing_ran()
+        _shot(browser, tmp_path, "markup-as-text", 375)
+        assert listing is not None
+    finally:
+        client.close()
+        plane.stop()
+
+
+#: Every control of the drawn view without an accessible name or out of the tab order, every link
+#: without a target or a name, and every id used twice.
+UNLABELLED = """
+var bad = [], seen = {};
+document.querySelectorAll("input, select, textarea, button").forEach(function (c) {
+  if (c.type === "hidden" || c.closest("[hidden]")) return;
+  var named = c.getAttribute("aria-label") || c.getAttribute("aria-labelledby") || c.closest("label") ||
+      (c.id && document.querySelector("label[for='" + CSS.escape(c.id) + "']")) ||
+      (c.tagName === "BUTTON" && c.textContent.trim());
+  if (!named) bad.push("no label: " + c.outerHTML.slice(0, 100));
+  if (c.tabIndex < 0 || c.disabled) bad.push("not reachable: " + c.outerHTML.slice(0, 100));
+});
+document.querySelectorAll("a").forEach(function (a) {
+  if (a.closest("[hidden]")) return;
+  if (!a.getAttribute("href") || !(a.textContent.trim() || a.getAttribute("aria-label"))) bad.push("link: " + a.outerHTML.slice(0, 100));
+});
+document.querySelectorAll("[id]").forEach(function (e) { if (seen[e.id]) bad.push("id twice: " + e.id); seen[e.id] = 1; });
+return bad;
+"""
+
+
+def _tab_to(browser, css: str, what: str, most: int = 80):
+    """Press Tab until the focus is on ``css`` (the keyboard alone reaches it)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    for _ in range(most):
+        if browser.execute_script(f"return document.activeElement.matches({json.dumps(css)})"):
+            return browser.switch_to.active_element
+        ActionChains(browser).send_keys(Keys.TAB).perform()
+    raise AssertionError(f"{what} is not reached with Tab")
+
+
+def test_every_view_fits_a_phone_labels_every_control_and_works_from_the_keyboard(tmp_path, browser):
+    """docs/console.md promises a console usable on a 375 px phone, a label on every control and
+    every control reachable by keyboard: a view that scrolls sideways, an unlabelled field a screen
+    reader reads as "edit text", or a button only a mouse can press breaks that promise silently."""
+    from selenium.webdriver.common.keys import Keys
+
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    cli(settings, "task", "put", "ops", "hello", "--", "sh", "-c", "echo hi")
+    cli(settings, "trigger", "add", "ops", "nightly", "--task", "hello", "--cron", "0 3 * * *")
+    admin = make_token(settings, "root", "admin")
+    make_token(settings, "phone", "read")
+    plane = Plane(settings)
+    port = plane.port
+    try:
+        # the keyboard alone: type the token, Enter, Tab to Tasks, Enter, Tab to Run now, Enter
+        browser.get(f"http://127.0.0.1:{port}/")
+        _visible(browser, "#token", "the sign-in form")
+        assert browser.switch_to.active_element.get_attribute("id") == "token"
+        browser.switch_to.active_element.send_keys(admin, Keys.ENTER)
+        _visible(browser, "#nav", "the console after a keyboard sign-in")
+        _tab_to(browser, "#nav a[href='#/tasks']", "the Tasks link").send_keys(Keys.ENTER)
+        _visible(browser, "button.run-now[data-task=hello]", "the task list")
+        _tab_to(browser, "button.run-now[data-task=hello]", "the Run now button").send_keys(Keys.ENTER)
+        _text_of(browser, "#run-state", "succeeded", "the Run started from the keyboard")
+        run_page = browser.current_url.split("#", 1)[1]
+
+        views = {"overview": ("#/overview", "#verdict"), "tasks": ("#/tasks", "button.run-now"),
+                 "task-form": ("#/task?project=ops&task=hello", "#task-save"),
+                 "new-task": ("#/task", "#task-save"), "triggers": ("#/triggers", "button.toggle"),
+                 "trigger-form": ("#/trigger?project=ops&trigger=nightly", "#trigger-save"),
+                 "runs": ("#/runs", "#filter"), "run": ("#" + run_page, "#run-again"),
+                 "skips": ("#/skips", "#view h1"), "workers": ("#/workers", "#no-workers"),
+                 "notifications": ("#/notifications", "#n-filter"), "audit": ("#/audit", ".audit-action"),
+                 "tokens": ("#/tokens", "button.revoke")}
+        for name, (hash_, ready) in views.items():
+            browser.set_window_size(1280, 900)
+            browser.get(f"http://127.0.0.1:{port}/{hash_}")
+            _visible(browser, ready, f"the {name} view")
+            assert browser.execute_script(UNLABELLED) == [], name
+            _shot(browser, tmp_path, f"a11y-{name}", 375)  # nothing wider than the phone
+        # the task form's env rows: a label for each name and value, a named Remove
+        browser.set_window_size(1280, 900)
+        browser.get(f"http://127.0.0.1:{port}/#/task")
+        _visible(browser, "#env-add", "the add-variable button").click()
+        _visible(browser, "#env-list .env-row", "an env row")
+        assert browser.execute_script(UNLABELLED) == []
+        # nothing in any view needed what the policy forbids (inline script or style, another origin)
+        refused = [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]]
+        assert refused == [], refused
+    finally:
+        plane.stop()
+
+
+def test_a_console_link_made_by_the_cli_signs_in_once_at_the_cluster_api(tmp_path):
+    """On the cluster the link is made by the CLI on one machine and opened at a `qinglong api`
+    process: a code kept anywhere but the shared store would never work there, and one not used
+    up in the store would work once per API replica."""
+    from api_helpers import ApiProcessPlane
+    from tests.support import pg
+
+    server = pg.start_server("pg18")
+    try:
+        pg.create_roles(server)
+        name = "ql_console_link"
+        pg.create_database(server, name)
+        dsns = {key: server.dsn(role, pg.ROLE_PASSWORDS[role], name) for key, role in (
+            ("runtime_dsn", "qinglong_runtime"), ("admin_dsn", "qinglong_admin"), ("owner_dsn", "qinglong_owner"))}
+        settings = tmp_path / "cluster.toml"
+        settings.write_text('profile = "cluster"\n[backend]\n' + "".join(f'{k} = "{v}"\n' for k, v in dsns.items())
+                            + '[http]\nlisten = "127.0.0.1:0"\n')
+        cli(settings, "db", "migrate")
+        plane = ApiProcessPlane(settings)
+        try:
+            base = f"http://127.0.0.1:{plane.port}"
+            made = json.loads(cli(settings, "console", "link", "--url", base, "--json"))
+            path = made["url"][len(base):]
+            answers = []
+            for _ in range(2):
+                conn = http.client.HTTPConnection("127.0.0.1", plane.port, timeout=60)
+                conn.request("GET", path)
+                response = conn.getresponse()
+                response.read()
+                answers.append((response.status, response.getheader("Location"), response.getheader("Set-Cookie")))
+                conn.close()
+            (status, location, cookie), again = answers
+            assert (status, location) == (303, "/") and "HttpOnly" in cookie and "SameSite=strict" in cookie
+            assert again == (410, None, None)
+            session = cookie.split(";", 1)[0]
+            status, who, _ = Client(plane.port).request("GET", "/console/session", headers={"Cookie": session})
+            assert status == 200 and who["scope"] == "admin" and who["projects"] is None
+            assert who["name"] == "console link " + made["link_id"][:8]
+        finally:
+            plane.stop()
+    finally:
+        server.destroy()

@@ -68,3 +68,45 @@ def test_the_audit_log_is_pruned_with_the_runs_and_not_before(tmp_path):
             return [e.object for e in await tokens.list_audit()]
 
     assert asyncio.run(scenario()) == ["kept"]
+
+
+def test_console_link_prints_a_one_time_url_of_the_listener_and_stores_only_a_digest(tmp_path):
+    """A link whose code sat in the database file opens the console to anyone with a backup; one
+    printed for a port picked at start points nowhere; one made through a remote API would let a
+    token holder mint admin sessions."""
+    settings = write_settings(tmp_path, http='listen = "127.0.0.1:8089"', extra="[api]\nenabled = true\n")
+    assert _cli(settings, "project", "create", "ops").returncode == 0
+    made = _cli(settings, "console", "link")
+    assert made.returncode == 0, made.stderr
+    url = made.stdout.strip()
+    assert url.startswith("http://127.0.0.1:8089/console/link?code=qlc_") and "once" in made.stderr
+    code = url.split("code=", 1)[1]
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("q.db*") if p.is_file())
+    assert code.encode() not in stored
+    (entry,) = json.loads(_cli(settings, "audit", "--json").stdout)
+    assert (entry["action"], entry["actor"], entry["detail"]["scope"]) == ("console.link", "cli", "admin")
+    (tmp_path / "picked").mkdir()
+    picked = write_settings(tmp_path / "picked", extra="[api]\nenabled = true\n")
+    assert _cli(picked, "project", "create", "ops").returncode == 0
+    refused = _cli(picked, "console", "link")
+    assert refused.returncode == 3 and "--url" in refused.stderr
+    remote = run_cli(["--settings", str(settings), "--api", "http://127.0.0.1:8089", "console", "link"],
+                     cwd=tmp_path, env=child_env(QINGLONG_API_TOKEN="qlt_x"))
+    assert remote.returncode == 3 and "on the host" in remote.stderr
+
+
+def test_the_console_link_names_the_listener_as_a_browser_reaches_it():
+    """A link to 0.0.0.0 or an unbracketed IPv6 address opens nothing in a browser; plain http
+    to a TLS listener fails before the code is even sent."""
+    import socket
+    from types import SimpleNamespace
+
+    from qinglong.host.cli.tokens import console_base_url
+
+    def loaded(listen: str, cert: str | None = None):
+        return SimpleNamespace(settings=SimpleNamespace(http=SimpleNamespace(listen=listen),
+                                                        api=SimpleNamespace(tls_cert_file=cert)))
+
+    assert console_base_url(loaded("127.0.0.1:8080")) == "http://127.0.0.1:8080"
+    assert console_base_url(loaded("[::1]:8443", "/etc/q/cert.pem")) == "https://[::1]:8443"
+    assert console_base_url(loaded("0.0.0.0:8080")) == f"http://{socket.getfqdn()}:8080"

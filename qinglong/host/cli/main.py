@@ -48,7 +48,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("read", ("schedules", "skips")),
     ("events", ("notifications",)),
     ("status", ("status",)),
-    ("tokens", ("token", "audit")),
+    ("tokens", ("token", "audit", "console")),
     ("api", ("api",)),
 )
 

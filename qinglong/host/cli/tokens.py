@@ -1,5 +1,6 @@
-"""``qinglong token create|list|revoke`` and ``qinglong audit``: the management API's credentials,
-made on the host (there is no endpoint that makes a first credential), and the audit log."""
+"""``qinglong token create|list|revoke``, ``qinglong audit`` and ``qinglong console link``: the
+management API's credentials and the console's one-time sign-in links, made on the host (there is
+no endpoint that makes a first credential), and the audit log."""
 
 from __future__ import annotations
 
@@ -74,8 +75,70 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def console_base_url(loaded: Any) -> str:
+    """Where the console of these settings answers: ``[http] listen`` (a wildcard address as this
+    host's name), https with the API's TLS files. Refused when the port is picked at start."""
+    import socket
+
+    from qinglong.contracts.errors import UserError
+
+    from ..settings import split_listen
+
+    listen = loaded.settings.http.listen
+    if not listen:
+        raise UserError("the console needs [http] listen and [api] enabled = true; "
+                        "or say where it answers: --url http://HOST:PORT")
+    host, port = split_listen(listen)
+    if port == 0:
+        raise UserError(f"[http] listen = {listen!r} picks its port at start: say where the console answers "
+                        "with --url http://HOST:PORT")
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    if ":" in host:
+        host = f"[{host}]"
+    scheme = "https" if loaded.settings.api.tls_cert_file else "http"
+    return f"{scheme}://{host}:{port}"
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    """``qinglong console link``: a one-time URL that signs a browser in as the host's admin."""
+    from qinglong.contracts.errors import UserError
+
+    from ..containers import build_container
+    from ..remote import api_target
+    from ..tokens import create_console_link, token_store_of
+    from .boot import settings_of
+
+    if api_target(args) is not None:
+        raise UserError("console link is made on the host, from its settings and store, never through --api")
+    loaded = settings_of(args)
+    if args.url:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(args.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+            raise UserError(f"--url: expected http://HOST:PORT or https://HOST:PORT, got {args.url!r}")
+        base = args.url.rstrip("/")
+    else:
+        base = console_base_url(loaded)
+    ttl_ms = loaded.settings.api.console_link_ttl_ms
+
+    async def create(backend: Any) -> Any:
+        return await create_console_link(token_store_of(backend), ttl_ms)
+
+    code, link_id, expires_at_ms = on_backend(build_container(loaded), create)
+    url = f"{base}/console/link?code={code}"
+    if args.json:
+        print_json({"url": url, "link_id": link_id, "expires_at_ms": expires_at_ms, "scope": "admin"})
+    else:
+        print(url)
+        sys.stderr.write(f"open it once, before {iso(expires_at_ms)}: it signs that browser in as this host's "
+                         "admin (every project) and works only once\n")
+    return 0
+
+
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    """Add ``token`` and ``audit``."""
+    """Add ``token``, ``audit`` and ``console``."""
     tok = add_command(sub, common, "token", "the management API's tokens (create prints the secret once)",
                       cmd_token)
     tok_sub = tok.add_subparsers(dest="token_command", metavar="SUBCOMMAND", required=True)
@@ -95,4 +158,11 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                     cmd_audit)
     p.add_argument("--since", metavar="DURATION", help="only entries of the last DURATION (1h, 7d)")
     p.add_argument("--limit", type=int, default=100, help="at most N entries, newest first (default 100)")
+    add_json_flag(p)
+    p = add_command(sub, common, "console", "the web console: a one-time sign-in link", cmd_console)
+    con_sub = p.add_subparsers(dest="console_command", metavar="SUBCOMMAND", required=True)
+    p = con_sub.add_parser("link", parents=[common],
+                           help="print a URL that signs a browser in once, as this host's admin "
+                                "(expires after [api] console_link_ttl_ms)")
+    p.add_argument("--url", metavar="BASE", help="where the console answers (default: from [http] listen)")
     add_json_flag(p)

@@ -30,8 +30,10 @@ TEXT = "text/plain; charset=utf-8"
 HTML = "text/html; charset=utf-8"
 #: The probes: an orchestrator's probe cannot send a token.
 PROBE_PATHS = frozenset({"/livez", "/readyz"})
-#: The web console's shell, its two assets (no data in any of them) and its sign-in.
-CONSOLE_PUBLIC_PATHS = frozenset({"/", "/console/app.js", "/console/app.css", "/console/session"})
+#: The web console's shell, its two assets (no data in any of them), its sign-in and its one-time
+#: link (``GET /console/link?code=``: the code is the credential, checked by its handler).
+CONSOLE_PUBLIC_PATHS = frozenset({"/", "/console/app.js", "/console/app.css", "/console/session",
+                                  "/console/link"})
 #: The only paths whose methods may answer without a token (the explicit public list).
 PUBLIC_PATHS = PROBE_PATHS | CONSOLE_PUBLIC_PATHS
 #: The one changing method served without a token: the console's sign-in, which takes a token in
@@ -171,6 +173,10 @@ class Guard:
             if len(presented) != 1 or not hmac.compare_digest(presented[0].encode(), session.csrf.encode()):
                 return error_response(403, "csrf", "a changing request made with the session cookie needs "
                                       "the session's CSRF token in X-CSRF-Token")
+        if session.principal is not None:  # signed in by a console link: the host's admin
+            from dataclasses import replace
+
+            return replace(session.principal, source=source)
         try:
             principal = await self.authenticator.by_digest(session.digest, source)
         except AuthFailure as failure:

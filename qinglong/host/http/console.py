@@ -7,6 +7,11 @@ cookie (Secure under TLS or behind a TLS-terminating proxy) and a CSRF token. Th
 the token's digest, never its secret: every request looks the token up again, so a revoked token
 fails at its next request. A changing request made with the cookie must carry the CSRF token in
 ``X-CSRF-Token`` (:class:`.app.Guard`). A session unused for ``idle_ms`` is gone.
+
+A one-time link made on the host (``qinglong console link``: ``GET /console/link?code=...``) is
+redeemed once in the store, with its audit entry, and signs the browser in as the host's admin (no
+token behind it); the answer is a redirect to ``/``, so the code does not stay in the address bar.
+A used, expired or unknown code answers a page saying so and changes nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from .app import CSRF_HEADER, PUBLIC, SESSION_COOKIE, Method, RouteSpec, error_response
 from .auth import AuthFailure, Principal, RateLimited
@@ -36,9 +41,10 @@ ASSETS = {"/console/app.js": ("app.js", "text/javascript; charset=utf-8"),
 
 @dataclass
 class Session:
-    digest: str
+    digest: str  # the token's digest; empty for a link's session
     csrf: str
     last_used_ms: int
+    principal: Principal | None = None  # a link's session: the host's admin, no token behind it
 
 
 class Sessions:
@@ -51,9 +57,9 @@ class Sessions:
         self.limit = limit
         self._sessions: dict[str, Session] = {}
 
-    def create(self, digest: str) -> tuple[str, Session]:
+    def create(self, digest: str, principal: Principal | None = None) -> tuple[str, Session]:
         session_id = secrets.token_urlsafe(32)
-        session = Session(digest, secrets.token_urlsafe(32), self.clock_ms())
+        session = Session(digest, secrets.token_urlsafe(32), self.clock_ms(), principal)
         self._sessions[session_id] = session
         while len(self._sessions) > self.limit:
             self._sessions.pop(next(iter(self._sessions)))
@@ -78,6 +84,29 @@ class Sessions:
         return len(self._sessions)
 
 
+#: What a refused link's page says, by the store's answer.
+LINK_REFUSALS = {
+    "used": (410, "This sign-in link was used already: each link works once."),
+    "expired": (410, "This sign-in link has expired."),
+    "unknown": (404, "This sign-in link is not valid."),
+}
+
+
+def _link_page(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    """A refused link's page: what happened and what to do, no script, nothing else."""
+    from html import escape
+
+    body = ("<!doctype html><html lang=en><head><meta charset=utf-8>"
+            "<meta name=viewport content='width=device-width, initial-scale=1'>"
+            "<title>Qinglong: sign-in link refused</title><link rel=stylesheet href='/console/app.css'></head>"
+            f"<body><main><h1>Sign-in link refused</h1><p id=link-refused>{escape(message)}</p>"
+            "<p>Make a new one on the host: <code>qinglong console link</code>, or "
+            "<a href='/'>sign in with a token</a>.</p></main></body></html>")
+    return HTMLResponse(body, status_code=status,
+                        headers={"Content-Security-Policy": CSP, "Referrer-Policy": "no-referrer",
+                                 "X-Frame-Options": "DENY", **(headers or {})})
+
+
 def _asset(name: str) -> bytes:
     return resources.files(__package__).joinpath("assets", name).read_bytes()
 
@@ -85,8 +114,12 @@ def _asset(name: str) -> bytes:
 class Console:
     """The console's routes; ``guard`` is the application's (its authenticator and sessions)."""
 
-    def __init__(self, guard: Any, *, secure: bool, sessions: Sessions | None = None) -> None:
+    def __init__(self, guard: Any, *, secure: bool, sessions: Sessions | None = None, links: Any = None,
+                 wall_ms: Callable[[], int] | None = None) -> None:
         self.guard = guard
+        #: the store's :class:`~qinglong.contracts.tokens.TokenStore` (console links), or None
+        self.links = links
+        self.wall_ms = wall_ms or (lambda: time.time_ns() // 1_000_000)
         self.sessions = sessions or Sessions()
         guard.sessions = self.sessions
         self.secure = secure
@@ -134,6 +167,38 @@ class Console:
                             path="/")
         return response
 
+    async def link(self, request: Request, principal: Any) -> Response:
+        """Redeem a one-time link: a session cookie (the host's admin) and a redirect to ``/``; a
+        used, expired or unknown code a page saying so, nothing changed."""
+        from qinglong.contracts.tokens import LINK_CODE_PREFIX, AuditEntry, token_digest
+
+        from ..tokens import LINK_ACTOR
+
+        if request.method != "GET":  # a HEAD (a link preview's probe) uses nothing up
+            return Response(status_code=405, headers={"Allow": "GET"})
+        source = self.guard.source_of(request)
+        limiter = self.guard.authenticator.limiter
+        try:
+            limiter.check(source)
+        except RateLimited as limited:
+            return _link_page(429, "Too many failed sign-ins from this address. Wait a moment and try again.",
+                              {"Retry-After": str(limited.retry_after_s)})
+        code = request.query_params.get("code", "")
+        outcome, link_id = "unknown", None
+        if self.links is not None and code.startswith(LINK_CODE_PREFIX) and len(code) <= 128:
+            now = self.wall_ms()
+            audit = AuditEntry(now, LINK_ACTOR, None, source, "console.sign_in", "", "ok", {"scope": "admin"})
+            outcome, link_id = await self.links.redeem_console_link(token_digest(code), now, audit)
+        if outcome != "ok" or link_id is None:
+            limiter.failed(source)
+            return _link_page(*LINK_REFUSALS[outcome])
+        found = Principal(f"{LINK_ACTOR} {link_id[:8]}", "admin", source=source)
+        session_id, _ = self.sessions.create("", principal=found)
+        response = RedirectResponse("/", status_code=303, headers={"Referrer-Policy": "no-referrer"})
+        response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="strict", secure=self.secure,
+                            path="/")
+        return response
+
     @staticmethod
     def _who(principal: Principal, csrf: str) -> dict[str, Any]:
         return {"name": principal.name, "scope": principal.scope, "csrf": csrf,
@@ -164,6 +229,8 @@ class Console:
             RouteSpec("/", {"GET": Method(PUBLIC, self.shell, "the web console")}),
             RouteSpec("/console/app.js", {"GET": Method(PUBLIC, self.asset, "the console's script")}),
             RouteSpec("/console/app.css", {"GET": Method(PUBLIC, self.asset, "the console's style")}),
+            RouteSpec("/console/link", {"GET": Method(PUBLIC, self.link, "a one-time sign-in link "
+                                                      "(qinglong console link): a session, then /")}),
             RouteSpec("/console/session", {
                 "POST": Method(PUBLIC, self.sign_in, "sign in with a token: a session cookie"),
                 "GET": Method("read", self.who, "the signed-in token's name and scope"),

@@ -197,7 +197,7 @@ class HttpSurface:
         if api is not None:
             from .console import Console
 
-            specs += Console(guard, secure=ssl_files is not None or bool(trusted)).routes()
+            specs += Console(guard, secure=ssl_files is not None or bool(trusted), links=api.tokens).routes()
         self.app = build_app(specs, guard, Limits(settings.max_body_bytes, settings.max_connections,
                                                      settings.max_header_bytes),
                              emitter(lifecycle.diagnostics))

@@ -57,7 +57,8 @@ class ApiProcess:
         guard = Guard(authenticator, trusted_proxies=tuple(settings.trusted_proxies) if settings.behind_proxy else ())
         from .console import Console
 
-        specs += Console(guard, secure=self.ssl_files is not None or settings.behind_proxy).routes()
+        specs += Console(guard, secure=self.ssl_files is not None or settings.behind_proxy,
+                         links=api.tokens).routes()
         self.gateway = gateway_service(loaded, worker_spec, guard)
         if self.gateway is not None:
             specs += self.gateway.routes()

@@ -63,6 +63,7 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "api_tokens": frozenset({"SELECT", "INSERT", "UPDATE"}),
         "audit_log": frozenset({"SELECT", "INSERT", "DELETE"}),
         "worker_registrations": frozenset({"SELECT", "INSERT", "UPDATE"}),
+        "console_links": frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"}),
     },
     "runtime": {
         "schema_migrations": frozenset({"SELECT"}),
@@ -150,7 +151,7 @@ EXPECTED_TABLES = frozenset({
     "event_outbox", "event_outbox_seq_seq", "event_deliveries", "operator_episodes",
     "run_event_payloads",
     "api_tokens", "audit_log", "audit_log_entry_id_seq", "run_skips", "run_skips_skip_seq_seq",
-    "worker_registrations",
+    "worker_registrations", "console_links",
 })
 
 _CATALOG_SQL = """

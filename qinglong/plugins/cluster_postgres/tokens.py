@@ -4,6 +4,7 @@ change (:func:`write_pending_audit`) before they commit."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from psycopg.rows import dict_row
@@ -13,6 +14,9 @@ from qinglong.contracts.errors import AlreadyExists, NotFound
 from qinglong.contracts.tokens import AuditEntry, TokenRecord, pending_audit
 
 from .sql import query
+
+#: An expired console link is kept this long (then pruned as new links are made).
+LINK_KEPT_MS = 86_400_000
 
 
 def _token(row: Mapping[str, Any]) -> TokenRecord:
@@ -98,5 +102,33 @@ class ClusterTokens:
                 await cur.execute(query("list_audit"), {"since": since_ms or 0, "limit": limit})
                 return [AuditEntry(r["at_ms"], r["actor"], r["token_id"], r["source"], r["action"], r["object"],
                                    r["result"], dict(r["detail"]), r["entry_id"]) for r in await cur.fetchall()]
+
+        return await self._run(body)
+
+    async def create_console_link(self, link_id: str, digest: str, created_at_ms: int, expires_at_ms: int,
+                                  audit: AuditEntry) -> None:
+        async def body(conn: Any) -> None:
+            async with conn.cursor() as cur:
+                # links expired a day ago are told apart from forged ones no longer
+                await cur.execute(query("prune_console_links"), {"before": created_at_ms - LINK_KEPT_MS})
+                await cur.execute(query("insert_console_link"), {
+                    "link_id": link_id, "digest": digest, "created": created_at_ms, "expires": expires_at_ms})
+            await insert_audit(conn, audit)
+
+        await self._run(body)
+
+    async def redeem_console_link(self, digest: str, now_ms: int, audit: AuditEntry) -> tuple[str, str | None]:
+        async def body(conn: Any) -> tuple[str, str | None]:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query("use_console_link"), {"digest": digest, "now": now_ms})
+                row = await cur.fetchone()
+                if row is not None:
+                    await insert_audit(conn, replace(audit, object=row["link_id"]))
+                    return "ok", row["link_id"]
+                await cur.execute(query("console_link_by_digest"), {"digest": digest})
+                found = await cur.fetchone()
+            if found is None:
+                return "unknown", None
+            return ("used" if found["used_at_ms"] is not None else "expired"), None
 
         return await self._run(body)

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import replace
 from typing import Sequence
 
 from qinglong.contracts.errors import AlreadyExists, NotFound
 from qinglong.contracts.tokens import AuditEntry, TokenRecord
+
+#: An expired console link is kept this long (then pruned as new links are made).
+LINK_KEPT_MS = 86_400_000
 
 from .queries import query
 from .store import SqliteStore, named_one, named_rows, transaction
@@ -85,5 +89,31 @@ class SqliteTokens:
             return [AuditEntry(r["at_ms"], r["actor"], r["token_id"], r["source"], r["action"], r["object"],
                                r["result"], json.loads(r["detail_json"]), r["entry_id"])
                     for r in named_rows(conn, query("list_audit"), (since_ms or 0, limit))]
+
+        return await self._store.call(body)
+
+    async def create_console_link(self, link_id: str, digest: str, created_at_ms: int, expires_at_ms: int,
+                                  audit: AuditEntry) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            with transaction(conn):
+                # links expired a day ago are told apart from forged ones no longer
+                conn.execute(query("prune_console_links"), {"before": created_at_ms - LINK_KEPT_MS})
+                conn.execute(query("insert_console_link"), {"link_id": link_id, "digest": digest,
+                                                            "created": created_at_ms, "expires": expires_at_ms})
+                insert_audit(conn, audit)
+
+        await self._store.call(body)
+
+    async def redeem_console_link(self, digest: str, now_ms: int, audit: AuditEntry) -> tuple[str, str | None]:
+        def body(conn: sqlite3.Connection) -> tuple[str, str | None]:
+            with transaction(conn):
+                row = named_one(conn, query("use_console_link"), {"digest": digest, "now": now_ms})
+                if row is not None:
+                    insert_audit(conn, replace(audit, object=row["link_id"]))
+                    return "ok", row["link_id"]
+                found = named_one(conn, query("console_link_by_digest"), (digest,))
+            if found is None:
+                return "unknown", None
+            return ("used" if found["used_at_ms"] is not None else "expired"), None
 
         return await self._store.call(body)

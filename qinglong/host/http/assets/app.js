@@ -27,7 +27,11 @@
   function secs(ms) { return ms == null ? "–" : (ms / 1000).toFixed(ms < 10000 ? 3 : 0) + " s"; }
   function dash(v) { return v == null ? "–" : String(v); }
 
+  // Each route() starts a new view; a read answered after the view changed would draw the old
+  // view over the new one, so it is dropped (it never settles).
+  var viewGeneration = 0;
   function api(method, path, body, headers) {
+    var generation = viewGeneration;
     var h = Object.assign({}, headers || {});
     if (method !== "GET" && who) h["X-CSRF-Token"] = who.csrf;
     if (body !== undefined) h["Content-Type"] = "application/json";
@@ -42,6 +46,7 @@
             var message = data && data.error ? data.error.message : ("HTTP " + r.status);
             throw new Error(message);
           }
+          if (method === "GET" && path !== "/console/session" && generation !== viewGeneration) return new Promise(function () {});
           return data;
         });
       });
@@ -626,6 +631,51 @@
     }, failed);
   }
 
+  function notifications(params) {
+    var query = new URLSearchParams(params);
+    var state = el("select", { id: "n-state", name: "state" });
+    ["", "pending", "delivered", "dead"].forEach(function (v) {
+      var o = el("option", { value: v, text: v || "any" });
+      if (v === (query.get("state") || "")) o.selected = true;
+      state.appendChild(o);
+    });
+    var form = el("form", { "class": "filters" },
+                  el("div", null, el("label", { "for": "n-state", text: "State" }), state),
+                  el("button", { type: "submit", id: "n-filter", text: "Filter" }));
+    form.addEventListener("submit", function (e) {
+      e.preventDefault();
+      location.hash = "#/notifications" + (state.value ? "?state=" + enc(state.value) : "");
+    });
+    var q = new URLSearchParams();
+    ["state", "cursor"].forEach(function (k) { if (query.get(k)) q.set(k, query.get(k)); });
+    q.set("limit", "100");
+    api("GET", "/api/v1/notifications?" + q.toString()).then(function (page) {
+      var rows = page.deliveries.map(function (d) {
+        var about = d.run_id ? el("a", { href: "#/run/" + enc(d.run_id), text: d.subject || d.run_id }) : dash(d.subject);
+        return [when(d.at_ms), el("span", { "class": "delivery-event", text: d.kind }), about,
+                el("span", { "class": "delivery-channel", text: d.channel }),
+                el("span", { "class": "delivery-state " + (d.state === "dead" ? "bad" : d.state === "delivered" ? "clear" : ""),
+                             "data-event": d.event_id, "data-channel": d.channel, text: d.state }),
+                String(d.tries), el("span", { "class": "delivery-error", text: d.last_error || "–" }),
+                when(d.next_try_at_ms), when(d.delivered_at_ms)];
+      });
+      var more = null;
+      if (page.next) {
+        var next = new URLSearchParams();
+        if (query.get("state")) next.set("state", query.get("state"));
+        next.set("cursor", page.next);
+        more = el("p", null, el("a", { id: "n-more", href: "#/notifications?" + next.toString(), text: "Older deliveries" }));
+      }
+      show(el("h1", { text: "Notifications" }),
+           el("p", { "class": "muted", text: "Deliveries of the events out to the [notifications] channels, newest first (read-only)." }),
+           form,
+           rows.length ? table(["event at (UTC)", "event", "about", "channel", "state", "tries", "last error",
+                                "next try (UTC)", "delivered (UTC)"], rows)
+                       : el("p", { "class": "muted", id: "no-deliveries", text: "no deliveries" + (query.get("state") ? " " + query.get("state") : "") }),
+           more);
+    }, failed);
+  }
+
   function audit() {
     api("GET", "/api/v1/audit?limit=200").then(function (entries) {
       var rows = entries.map(function (e) {
@@ -688,6 +738,7 @@
   }
 
   function route() {
+    viewGeneration++;
     clearTimeout(timer);
     unfollow();
     if (!who) return;
@@ -702,6 +753,7 @@
     if (path === "#/trigger") return triggerForm(params);
     if (path === "#/skips") return skips();
     if (path === "#/workers") return workers();
+    if (path === "#/notifications" && who.projects === null) return notifications(params);
     if (path === "#/audit" && may("admin")) return audit();
     if (path === "#/tokens" && may("admin")) return tokens();
     if (path === "#/runs") return runs(params);
@@ -715,6 +767,8 @@
     $("signout").hidden = false;
     $("who").textContent = me.name + " (" + me.scope + ")";
     Array.prototype.forEach.call(document.querySelectorAll("#nav .admin"), function (a) { a.hidden = !may("admin"); });
+    // deliveries span every project: a token limited to some is not offered them
+    $("nav-notifications").hidden = me.projects !== null;
     route();
   }
   function signedOut(message) {

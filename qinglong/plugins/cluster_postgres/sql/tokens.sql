@@ -30,3 +30,22 @@ VALUES (%(at)s, %(actor)s, %(token_id)s, %(source)s, %(action)s, %(object)s, %(r
 -- Audit entries at or after a time, newest first.
 SELECT entry_id, at_ms, actor, token_id, source, action, object, result, detail
   FROM qinglong.audit_log WHERE at_ms >= %(since)s ORDER BY at_ms DESC, entry_id DESC LIMIT %(limit)s
+
+-- name: insert_console_link
+-- A console sign-in link: its code's digest, never the code.
+INSERT INTO qinglong.console_links (link_id, digest, created_at_ms, expires_at_ms)
+VALUES (%(link_id)s, %(digest)s, %(created)s, %(expires)s)
+
+-- name: use_console_link
+-- Use a link once, before it expires: the link's id, or no row.
+UPDATE qinglong.console_links SET used_at_ms = %(now)s
+ WHERE digest = %(digest)s AND used_at_ms IS NULL AND expires_at_ms > %(now)s
+RETURNING link_id
+
+-- name: console_link_by_digest
+-- Why a link could not be used (used or expired); no row: no such link.
+SELECT link_id, expires_at_ms, used_at_ms FROM qinglong.console_links WHERE digest = %(digest)s
+
+-- name: prune_console_links
+-- Links expired before a time (used or not): nothing can redeem them any more.
+DELETE FROM qinglong.console_links WHERE expires_at_ms < %(before)s

@@ -36,3 +36,22 @@ SELECT entry_id, at_ms, actor, token_id, source, action, object, result, detail_
 -- Audit entries older than the Runs' retention, oldest first, a bounded batch at a time.
 DELETE FROM audit_log WHERE entry_id IN (
     SELECT entry_id FROM audit_log WHERE at_ms < :before ORDER BY entry_id LIMIT :limit);
+
+-- name: insert_console_link
+-- A console sign-in link: its code's digest, never the code.
+INSERT INTO console_links (link_id, digest, created_at_ms, expires_at_ms)
+VALUES (:link_id, :digest, :created, :expires);
+
+-- name: use_console_link
+-- Use a link once, before it expires: the link's id, or no row.
+UPDATE console_links SET used_at_ms = :now
+ WHERE digest = :digest AND used_at_ms IS NULL AND expires_at_ms > :now
+RETURNING link_id;
+
+-- name: console_link_by_digest
+-- Why a link could not be used (used or expired); no row: no such link.
+SELECT link_id, expires_at_ms, used_at_ms FROM console_links WHERE digest = ?;
+
+-- name: prune_console_links
+-- Links expired before a time (used or not): nothing can redeem them any more.
+DELETE FROM console_links WHERE expires_at_ms < :before;
