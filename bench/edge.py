@@ -8,9 +8,12 @@ under ``bench/results/venv-edge`` unless ``--python`` names an interpreter), bec
 environment carries packages an edge install does not (dependency-injector imports werkzeug and
 yaml when they are installed, which alone costs several MiB).
 
-* floors: peak RSS of ``python3 -c pass``, of a process that only imports pluggy, croniter,
-  aiosqlite, pydantic_settings and dependency_injector (the package, which imports nothing), and of
-  one that also imports ``dependency_injector.containers`` (what a composition root needs);
+* floors, each a child of this same script (so the harness's own imports count on both sides):
+  the bare child, one that also imports pluggy, croniter, aiosqlite, pydantic_settings and
+  dependency_injector (the package, which imports nothing), and one that also imports
+  ``dependency_injector.containers``, and one that also declares and builds a one-provider
+  container: the edge's real floor, since its composition root is a dependency-injector
+  container;
 * ceiling: the admission transaction shape (read one due row by index, compare-and-set the
   schedule, insert Run, Attempt and two events, commit) with stdlib sqlite3 in a tight loop;
 * drain: N triggers, half of them due, drained by the real host (settings file, plugins loaded by
@@ -19,6 +22,10 @@ yaml when they are installed, which alone costs several MiB).
   at 1,000 and 100,000 triggers to show memory does not grow with the table;
 * steady: M triggers firing every second, the host's loop at a 1 s cadence; lag (admitted - due)
   p50/p99.
+
+Every peak is the child's own ``VmHWM`` (``/proc/self/status``), read as it ends. Not ``wait4``'s
+``ru_maxrss``: a child started by ``vfork`` and ``exec`` is charged the parent's resident size at
+the spawn, so a parent bigger than the child would have been measured instead of it.
 
 Results go to stdout and to ``bench/results/edge.json``. Uses only the stdlib and the project.
 """
@@ -42,6 +49,17 @@ if not CHILD:  # the parent prepares databases from the checkout; children impor
 
 FLOOR_IMPORTS = "import pluggy, croniter, aiosqlite, pydantic_settings, dependency_injector"
 FLOOR_CONTAINER_IMPORTS = FLOOR_IMPORTS + ".containers"
+#: The least a dependency-injector root costs: its first container class (declaring one touches
+#: another ~0.5 MiB of the compiled providers module) with a configuration and a singleton.
+FLOOR_DI_ROOT = FLOOR_CONTAINER_IMPORTS + """
+from dependency_injector import containers, providers
+class Root(containers.DeclarativeContainer):
+    config = providers.Configuration(strict=True)
+    value = providers.Singleton(dict, size=config.size)
+root = Root()
+root.config.from_dict({"size": 1})
+root.value()
+"""
 PYTHON = sys.executable
 ZONES = ["UTC", "Europe/Berlin", "Asia/Shanghai", "America/New_York", "Europe/London",
          "Asia/Tokyo", "America/Chicago", "Australia/Brisbane"]
@@ -51,20 +69,22 @@ MiB = 1024 * 1024
 JOB = ["sleep", "1"]
 
 
-def _peak_rss_of(argv: list[str], env: dict | None = None) -> tuple[int, str]:
-    """Run ``argv``; return its own peak RSS (bytes, from wait4) and its stdout."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
-    out = proc.stdout.read().decode()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv[:4]} failed with {proc.returncode}")
-    return usage.ru_maxrss * 1024, out
-
-
 def _child(mode: str, *args: str) -> tuple[int, dict]:
-    peak, out = _peak_rss_of([PYTHON, __file__, "--child", mode, *args])
-    return peak, json.loads(out.strip().splitlines()[-1])
+    """Run one child; return its own peak RSS (bytes, its ``VmHWM``) and its result."""
+    proc = subprocess.run([PYTHON, __file__, "--child", mode, *args], stdout=subprocess.PIPE)
+    if proc.returncode != 0:
+        raise SystemExit(f"child {mode} failed with {proc.returncode}")
+    result = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    return result.pop("peak_rss_bytes"), result
+
+
+def _own_peak_rss() -> int:
+    """This process's peak resident size since its ``exec`` (bytes)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise SystemExit("no VmHWM in /proc/self/status")
 
 
 def _current_rss() -> int:
@@ -135,8 +155,10 @@ def _insert(conn, batch, now_ms, grace_ms) -> None:
 
 # ---------------------------------------------------------------- child processes
 
-def child_floor() -> dict:
-    exec(FLOOR_IMPORTS)
+def child_floor(imports: str) -> dict:
+    """Only ``imports`` (``none``: the bare child)."""
+    if imports != "none":
+        exec(imports, {})
     return {}
 
 
@@ -285,10 +307,11 @@ def main() -> None:
 
     if args.child:
         mode, *rest = args.child
-        result = {"floor": lambda: child_floor(),
+        result = {"floor": lambda: child_floor(rest[0]),
                   "ceiling": lambda: child_ceiling(rest[0], int(rest[1]), rest[2]),
                   "drain": lambda: child_drain(rest[0], int(rest[1]), rest[2], int(rest[3])),
                   "steady": lambda: child_steady(rest[0], int(rest[1]), float(rest[2]), rest[3])}[mode]()
+        result["peak_rss_bytes"] = _own_peak_rss()
         print(json.dumps(result))
         return
 
@@ -299,12 +322,14 @@ def main() -> None:
     results: dict = {"python": sys.version.split()[0], "interpreter": PYTHON, "sqlite": sqlite3.sqlite_version,
                      "cache_kib": args.cache_kib or "profile default",
                      "synchronous": args.synchronous, "page_size": args.page_size}
-    bare, _ = _peak_rss_of([PYTHON, "-c", "pass"])
-    floor, _ = _peak_rss_of([PYTHON, "-c", FLOOR_IMPORTS])
-    floor_containers, _ = _peak_rss_of([PYTHON, "-c", FLOOR_CONTAINER_IMPORTS])
+    bare, _ = _child("floor", "none")
+    floor, _ = _child("floor", FLOOR_IMPORTS)
+    floor_containers, _ = _child("floor", FLOOR_CONTAINER_IMPORTS)
+    floor_di_root, _ = _child("floor", FLOOR_DI_ROOT)
     results["floor_bare_python_peak_rss_mib"] = round(bare / MiB, 1)
     results["floor_imports_peak_rss_mib"] = round(floor / MiB, 1)
     results["floor_imports_with_di_containers_peak_rss_mib"] = round(floor_containers / MiB, 1)
+    results["floor_di_root_peak_rss_mib"] = round(floor_di_root / MiB, 1)
 
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
@@ -349,6 +374,9 @@ def main() -> None:
     by_scale = {m["triggers"]: m["peak_rss_mib"] for m in results["memory_scales"]}
     results["targets"] = {
         "peak_rss_le_import_floor_plus_6mib": drain["peak_rss_mib"] <= results["floor_imports_peak_rss_mib"] + 6,
+        # the floor a dependency-injector composition root cannot go below
+        "peak_rss_le_di_root_floor_plus_6mib":
+            drain["peak_rss_mib"] <= results["floor_di_root_peak_rss_mib"] + 6,
         "admissions_ge_half_ceiling": drain["admissions_per_s"] >= ceiling["tps"] / 2,
         "steady_lag_p99_lt_1500ms": (results["steady"]["lag_p99_ms"] or 0) < 1500,
     }

@@ -19,9 +19,10 @@ inside the transaction, or refuses naming the task and the variable when there i
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Iterable, Mapping
 
+from .frozen import record
 from .errors import UserError
 from .records import (
     MisfirePolicy,
@@ -71,7 +72,7 @@ class ObjectKind(str, enum.Enum):
     TRIGGER = "trigger"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DesiredProject:
     """One project as a file declares it.
 
@@ -87,7 +88,7 @@ class DesiredProject:
     triggers: Mapping[str, TriggerDefinition] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProjectState:
     """What a store holds for one project: its name, its task heads and its trigger heads.
 
@@ -107,7 +108,7 @@ class ProjectState:
         return cls(project_id, False)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Change:
     """One object's line in a plan. ``fields`` names what differs (never a value); ``revision``
     is the stored revision the change starts from (None for a create or a project)."""
@@ -125,7 +126,7 @@ class Change:
                 "id": self.object_id, "fields": list(self.fields), "revision": self.revision}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProjectPlan:
     """The plan of one project, in the order it is applied: the project, trigger deletions, task
     creations and updates, trigger creations and updates, task deletions, the project's deletion.

@@ -22,8 +22,9 @@ command of the host, or of another loaded plugin, is refused naming both.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
+
+from .frozen import record
 
 #: A command's name: lower-case words joined by single dashes (``cron``, ``show-config``).
 COMMAND_NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
@@ -33,7 +34,7 @@ OPTION_FLAG = re.compile(r"^--[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 POSITIONAL_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class CliArgument:
     """One argument of a plugin command.
 
@@ -62,7 +63,7 @@ class CliArgument:
         return self.name.lstrip("-").replace("-", "_")
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class CliCommand:
     """A command (``cron``) or, with ``subcommands``, a group of commands (``cron next``).
 
@@ -141,7 +142,7 @@ def parse_duration_ms(flag: str, text: str) -> int:
     return parsed[0] * _DURATION_UNITS[parsed[1]]
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class CliContext:
     """What a plugin command's handler receives: its arguments and the host's ways of printing.
 

@@ -8,8 +8,10 @@ passes through :func:`redact` before a sink sees it, as a second line of defence
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Mapping, Protocol, runtime_checkable
+
+from .frozen import record
 
 Scalar = str | int | float | bool | None
 
@@ -48,7 +50,7 @@ class RoundEvent:
     written and the occurrence is decided again (against the new task revision)."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DiagnosticEvent:
     """One diagnostic: ``code`` is stable (``scheduler.round_failed``), ``message`` is for people."""
 

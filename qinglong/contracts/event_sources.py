@@ -16,8 +16,9 @@ transaction that ends the upstream Run (:mod:`.chain`), under the same key shape
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+from .frozen import record
 
 AT_START_KIND = "at_start"
 #: The longest event id a source may give.
@@ -60,7 +61,7 @@ def payload_json(payload: Mapping[str, Any] | None) -> str | None:
     return text
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AdmitResult:
     """What one admission did: ``run_id`` of the Run of this key (new or earlier) and whether
     this call created it; None and the reason when the trigger admits nothing."""
@@ -80,7 +81,7 @@ class OccurrenceAdmission(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class EventSourceContext:
     """What ``qinglong_event_sources`` receives.
 

@@ -16,8 +16,10 @@ behind it.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+from .frozen import record
 
 #: The Run states an event is written for (every terminal state), as event kinds ``run.<state>``.
 RUN_EVENT_STATES = ("succeeded", "failed", "timed_out", "cancelled", "lost")
@@ -58,7 +60,7 @@ class DeliveryState(str, enum.Enum):
     DEAD = "dead"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class OutboxEvent:
     """One event as its store wrote it. ``subject`` orders deliveries (``<project>/<task>`` for a
     Run's events, ``<project>/trigger/<trigger>`` for a trigger's); ``notify`` is what the task's
@@ -89,7 +91,7 @@ class OutboxEvent:
                 **({"detail": dict(self.detail)} if self.detail else {})}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Delivery:
     """One event on one channel."""
 
@@ -103,7 +105,7 @@ class Delivery:
     created_at_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeliveryPolicy:
     """How often and how patiently a delivery is tried."""
 
@@ -236,7 +238,7 @@ class EventOutbox(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RunContext:
     log_tail: bytes = b""
     #: The tail does not start at the log's start (its first line is partial).
@@ -244,7 +246,7 @@ class RunContext:
     env_values: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Message:
     """What a notifier sends: the event, and for a Run the last lines of its log (the task's env
     values already redacted)."""
@@ -318,7 +320,7 @@ class Notifier(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class NotifierSpec:
     """A kind of channel a plugin offers (hook ``qinglong_notifiers``): ``create(name, options)``
     builds a :class:`Notifier` from one ``[notifications.channels.<name>]`` table, raising

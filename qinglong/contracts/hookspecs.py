@@ -35,10 +35,11 @@ names a command the host does not know itself, or asks for the top-level ``--hel
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import pluggy
+
+from .frozen import record
 
 if TYPE_CHECKING:  # types only; nothing here is imported at run time
     from .cli import CliCommand
@@ -104,7 +105,7 @@ class Settings(Protocol):
     backend: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class HostContext:
     """What ``qinglong_lifecycle_components`` receives: the running profile's pieces."""
 

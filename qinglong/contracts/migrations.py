@@ -19,9 +19,9 @@ migrations after the newest applied one are an older database, which migrating f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
+from .frozen import record
 from .records import MigrationState
 
 
@@ -59,7 +59,7 @@ def migration_states(shipped: Sequence[MigrationIdentity],
     return states
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MigrationVerdict:
     """What a list of :class:`MigrationState` means for starting and for migrating."""
 

@@ -10,8 +10,10 @@ types and labels are fixed here, once, for the HTTP surface, the alert rules and
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+from .frozen import record
 
 #: How long a store-derived read may take, and how long its result is served from cache, so a
 #: scrape storm costs the database at most one read a second.
@@ -44,7 +46,7 @@ FAILING_TASKS_SHOWN = 20
 FAILURE_STREAK_PERIODS = 3
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TaskOutcomes:
     """The outcome figures of one task, from its ended Runs (cancelled ones count in none):
 
@@ -96,7 +98,7 @@ def task_outcomes(row: Mapping[str, object]) -> TaskOutcomes:
         succeeded_in_window=int(row["succeeded_in_window"]), ended_in_window=int(row["ended_in_window"]))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StoreStats:
     """One consistent reading of a store, at store time ``now_ms``.
 
@@ -179,7 +181,7 @@ class MetricType(str, enum.Enum):
     INFO = "info"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MetricSpec:
     """A metric's fixed name (without a counter's ``_total`` suffix for prometheus_client, which
     adds it), type, help text and label names (low cardinality only: never a project, trigger or
@@ -252,7 +254,7 @@ class Verdict(enum.IntEnum):
     FAILING = 30      # tasks whose last Run failed (whatever else the reasons say)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StatusFinding:
     verdict: Verdict
     reasons: tuple[str, ...]

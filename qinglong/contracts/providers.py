@@ -7,8 +7,9 @@ parties add kinds (``interval`` in ``examples/interval-trigger``) the same way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+
+from .frozen import record
 
 
 @runtime_checkable
@@ -75,7 +76,7 @@ def fire_times(schedule: Any, spec: Mapping[str, Any], after_ms: int, count: int
     return times
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class TriggerCliOption:
     """One command-line option a trigger kind adds to ``qinglong trigger add`` and ``update``.
 
@@ -95,7 +96,7 @@ class TriggerCliOption:
         return self.flag.lstrip("-").replace("-", "_")
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class TriggerCliOptions:
     """How operators write a trigger of one kind on the command line, instead of ``--spec JSON``.
 

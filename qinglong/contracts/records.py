@@ -13,6 +13,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .frozen import record
+
 #: Cursor value of a trigger that will never fire again (its provider has no next occurrence).
 #: Stores keep it as an ordinary BIGINT so the due scan never selects it.
 NO_MORE_OCCURRENCES_MS = 2**63 - 1
@@ -72,7 +74,7 @@ def trigger_content_digest(
     return content_digest(content)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TriggerDefinition:
     """What an operator publishes: a trigger before it gets a revision.
 
@@ -91,7 +93,7 @@ class TriggerDefinition:
     jitter_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TriggerHead:
     """The current revision of a trigger, as stored."""
 
@@ -109,7 +111,7 @@ class TriggerHead:
     jitter_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ScheduleCursor:
     """A trigger's schedule cursor. ``next_fire_at_ms`` None means awaiting initialization.
 
@@ -126,7 +128,7 @@ class ScheduleCursor:
     published_at_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ClaimFence:
     """The four-part lease fence of a cluster claim. All four must still match to commit."""
 
@@ -146,7 +148,7 @@ class DecisionKind(str, enum.Enum):
     MISFIRE_FIRE_ONCE = "misfire_fire_once"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SkippedOccurrences:
     """Occurrences a decision deliberately did not admit (misfire), for operators to see.
 
@@ -159,7 +161,7 @@ class SkippedOccurrences:
     count_exact: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Decision:
     """What to do with one due schedule, computed outside any database lock.
 
@@ -189,7 +191,7 @@ class Decision:
         return self.kind is not DecisionKind.NOT_DUE
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Admission:
     """A Run admitted for one occurrence, with the identifiers allocated at admit time."""
 
@@ -203,7 +205,7 @@ class Admission:
     admitted_at_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProjectRecord:
     """A project: the unit that owns tasks and triggers. Inactive projects never fire."""
 
@@ -212,7 +214,7 @@ class ProjectRecord:
     active: bool
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TaskRecord:
     """A task revision: what a Run will execute, with the digest that pins it."""
 
@@ -223,7 +225,7 @@ class TaskRecord:
     content_digest: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RunView:
     """A Run as the reader shows it. ``lag_ms`` is admitted minus scheduled."""
 
@@ -244,7 +246,7 @@ class RunView:
         return self.admitted_at_ms - self.scheduled_for_ms
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ScheduleView:
     """A trigger's schedule as the reader shows it."""
 
@@ -270,7 +272,7 @@ class ScheduleView:
         return max(0, now_ms - self.next_fire_at_ms)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SchedulerStatus:
     """Whether a scheduler is working this store, as a reader can tell.
 
@@ -286,7 +288,7 @@ class SchedulerStatus:
     replicas: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SkipView:
     """A recorded misfire: what a decision did not admit, and why."""
 
@@ -301,7 +303,7 @@ class SkipView:
     recorded_at_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RoundReport:
     """What one scheduler round did. Counters only; safe to log. Every field means the same on
     every backend (the conformance suite holds them to it):
@@ -399,7 +401,7 @@ class RoundTally:
             setattr(self, name, getattr(self, name) + getattr(report, name))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MigrationState:
     """One migration as seen by ``db status``: applied, pending, or drifted (checksum differs)."""
 
@@ -409,7 +411,7 @@ class MigrationState:
     status: str  # "applied" | "pending" | "drifted" | "unknown"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RecoveryReport:
     """What startup recovery found: pristine queued work is left alone, anything else reported."""
 

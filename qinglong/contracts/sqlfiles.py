@@ -28,11 +28,11 @@ can never carry a placeholder into the driver.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Mapping
 
+from .frozen import record
 from .errors import PackagingError
 
 _MARKER = re.compile(r"^--\s*(name|fragment):(.*)$")
@@ -40,7 +40,7 @@ _INCLUDE = re.compile(r"\{\{([a-z_][a-z0-9_]*)\}\}")
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SqlBlock:
     """One named block: where it came from, what it does, and its statement."""
 

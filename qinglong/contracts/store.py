@@ -7,9 +7,9 @@ these protocols only, so the CLI's publish and read commands are the same in eve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
+from .frozen import record
 from .diagnostics import DiagnosticSink
 from .errors import TriggerSpecError, UnknownTriggerKind, UserError
 from .jitter import MAX_JITTER_MS
@@ -43,7 +43,7 @@ MAX_COMMAND_BYTES = 4 * 1024
 MAX_JSON_DEPTH = 32
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SchedulerLimits:
     """Bounds of one scheduler round, from the settings after the profile's caps were applied.
 
@@ -60,7 +60,7 @@ class SchedulerLimits:
     max_queued: int | None = None
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class BackendContext:
     """Everything a backend's factory receives from the host. Built by the composition root.
 
@@ -238,7 +238,7 @@ class SchedulerBackend(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SchedulerBackendSpec:
     """What a scheduler plugin offers through ``qinglong_scheduler_backends``.
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import field
 from contextvars import ContextVar
 from typing import Any, Protocol, Sequence, runtime_checkable
+
+from .frozen import record
 
 #: In order: each scope allows everything the ones before it allow.
 SCOPES = ("read", "run", "write", "admin")
@@ -45,7 +47,7 @@ def token_digest(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class TokenRecord:
     """A token as stored (never its secret)."""
 
@@ -71,7 +73,7 @@ class TokenRecord:
                 "revoked_at_ms": self.revoked_at_ms, "state": self.state(now_ms)}
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class AuditEntry:
     """One change, recorded with it: who (token name and id, or the host's CLI), from where, what,
     on which object, and how it ended. Never a secret or an env value."""

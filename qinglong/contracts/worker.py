@@ -49,9 +49,10 @@ from __future__ import annotations
 import enum
 import hashlib
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
+from .frozen import record
 from .errors import QinglongError
 from .execution import LABEL_PATTERN as _LABEL_PATTERN
 from .execution import MAX_LABELS as _MAX_LABELS
@@ -143,14 +144,14 @@ class BadWorkerCall(QinglongError):
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SessionFence:
     worker_id: str
     session_id: str
     generation: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Session:
     """An open session: its fence, its lease, and the store's clock when it was opened."""
 
@@ -162,7 +163,7 @@ class Session:
     db_now_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LeaseFence:
     """What names one claim of one Attempt. ``token`` is the raw secret (the store keeps only
     its SHA-256): never log it."""
@@ -172,7 +173,7 @@ class LeaseFence:
     token: bytes = field(repr=False)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ClaimedAttempt:
     """An Attempt leased to this session, with what it runs (its task revision's payload, parsed
     by the worker with :func:`~qinglong.contracts.execution.parse_execution_spec`)."""
@@ -205,7 +206,7 @@ def bounded_event_payload(value: Any) -> str | None:
     return value
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StopOrder:
     """A heartbeat's order to stop one of the Attempts the worker said it runs: a durable cancel
     request (``reason`` operator, timeout or replaced), or ``lease_lost`` when the Attempt is no
@@ -218,14 +219,14 @@ class StopOrder:
 LEASE_LOST = "lease_lost"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HeartbeatReply:
     lease_expires_at_ms: int
     db_now_ms: int
     stop: tuple[StopOrder, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StartedReply:
     """``deadline_ms``: when the Attempt's timeout expires, in the store's clock."""
 
@@ -239,7 +240,7 @@ class CompletionResult(str, enum.Enum):
     LOG_INCOMPLETE = "log_incomplete"  # ship the missing log bytes first, then complete again
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CompletionReply:
     result: CompletionResult
     #: the Run's state after (a terminal state, or retry_wait when Attempt N+1 was created)
@@ -312,7 +313,7 @@ class WorkerProtocol(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class WorkerProtocolSpec:
     """What a plugin offers through ``qinglong_worker_protocols``: the store a worker talks to.
     ``create(dsn, application_name)`` returns a connected :class:`WorkerProtocol` (awaitable)."""
@@ -343,7 +344,7 @@ def worker_token_digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class WorkerRegistration:
     """A registered worker: what its token may do. ``projects`` empty: every project."""
 
@@ -427,7 +428,7 @@ def token_digest(token: bytes) -> bytes:
     return hashlib.sha256(token).digest()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class FenceDeadlines:
     """Monotonic instants (seconds) derived from the start of the last successful heartbeat.
 

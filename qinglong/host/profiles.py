@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import field
 from importlib import resources
 from typing import Any, Mapping
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.errors import SettingsError
 
 PROFILE_PACKAGE = "qinglong.profiles"
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class ProfileDefinition:
     """One profile: what it loads, what it must never load, and its defaults."""
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.diagnostics import redact
 from qinglong.contracts.errors import SettingsError
 
@@ -352,7 +352,7 @@ _LAYERS: contextvars.ContextVar[tuple[tuple[str, Mapping[str, Any]], ...]] = con
 )
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class LoadedSettings:
     """Settings with what they were built from: the profile and where each layer came from."""
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import re
 import socket
-from dataclasses import dataclass
 from typing import Any
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.errors import SettingsError
 from qinglong.contracts.worker import (
     LABEL_PATTERN,
@@ -21,7 +21,7 @@ from qinglong.contracts.worker import (
 DEFAULT_LOG_DIR = "qinglong-worker-logs"
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class WorkerConfig:
     """The ``[worker]`` values, validated (the DSN stays in the settings: it is a secret)."""
 

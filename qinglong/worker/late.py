@@ -19,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.errors import StoreUnavailable
 from qinglong.contracts.execution import AttemptOutcome, AttemptState, Executor, ProcessState, classify_outcome
 from qinglong.contracts.worker import BadWorkerCall, CompletionResult, LeaseFence, LeaseFenced
@@ -40,7 +40,7 @@ LATE_RETRY_S = 1.0
 LATE_TRIES = 30
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StoredLease:
     """What ``worker-lease`` holds."""
 

@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
+from ..frozen import record
 from ..errors import UserError
 from .outcomes import CancelReason
 from .states import AttemptState, RunState
 from .store import RunDetail, RunSkipView, RunSummary
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StoredLogState:
     """Where an Attempt's log stored in the store stands, read in one snapshot with the
     Attempt's state: a follower that read ``stored_bytes`` bytes of an Attempt already ended
@@ -66,7 +66,7 @@ class RunControl(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class WorkerView:
     """A worker id's current session as the operator sees it: ``state`` is ``live`` (open, its
     lease running), ``expired`` (its lease ran out: fenced) or ``closed``; ``running`` its leased

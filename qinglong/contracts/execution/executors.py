@@ -4,14 +4,14 @@ process of an Attempt, and the environment a job starts with."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, runtime_checkable
 
+from ..frozen import record
 from .outcomes import Receipt
 from .spec import ExecutionSpec
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProcessHandle:
     """A durable name of a started process that cannot be confused with a later one reusing its
     pid: the boot it ran in, its pid (the leader of its own session and process group) and its
@@ -30,7 +30,7 @@ class ProcessHandle:
         return cls(str(value["boot_id"]), int(value["pid"]), int(value["pgid"]), int(value["start_ticks"]))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StartRequest:
     """What the dispatcher asks an executor to start."""
 
@@ -118,7 +118,7 @@ class FencedExecutor(Executor, Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ExecutorSpec:
     """What a plugin offers through ``qinglong_executors``: a name and a factory taking the
     :class:`ExecutorContext`."""
@@ -128,7 +128,7 @@ class ExecutorSpec:
     description: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ExecutorContext:
     """What an executor's factory receives."""
 

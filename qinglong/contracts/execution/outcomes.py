@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import enum
 import random
-from dataclasses import dataclass
 
+from ..frozen import record
 from ..reasons import reason
 from .spec import RetryPolicy
 from .states import AttemptState, RunState
@@ -29,7 +29,7 @@ def cancel_words(cancel: "CancelReason | str") -> str:
     return reason("cancel_" + CancelReason(cancel).value)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Receipt:
     """What the process's waiter wrote when the process ended: proof of its outcome.
 
@@ -49,7 +49,7 @@ class Receipt:
     ended_slack_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AttemptOutcome:
     """How an Attempt ended, as recorded exactly once."""
 
@@ -101,7 +101,7 @@ def _from_receipt(state: AttemptState, receipt: Receipt | None, reason: str | No
                           receipt.log_bytes, receipt.dropped_bytes, reason)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RetryAt:
     """Create Attempt ``attempt_no`` (not before ``at_ms``)."""
 
@@ -109,7 +109,7 @@ class RetryAt:
     at_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Stop:
     """No further Attempt; the Run ends in ``state``."""
 

@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Sequence
 
+from ..frozen import record
 from ..reasons import reason
 from .spec import ConcurrencyMode, ConcurrencyPolicy
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ActiveRun:
     """A Run of the same task that holds a process (dispatching or running)."""
 
@@ -27,7 +27,7 @@ class OverlapAction(str, enum.Enum):
     REPLACE = "replace"  # request cancel of ``cancel`` and wait until they are gone
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class OverlapDecision:
     action: OverlapAction
     reason: str = ""

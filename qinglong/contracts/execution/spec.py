@@ -9,9 +9,10 @@ of its digest.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Mapping, Sequence
 
+from ..frozen import record
 from ..errors import UserError
 from ..secrets import SEALED_PREFIX
 
@@ -25,14 +26,14 @@ class ConcurrencyMode(str, enum.Enum):
     QUEUE = "queue"      # wait until none is active; one at a time, in scheduled order
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ConcurrencyPolicy:
     mode: ConcurrencyMode = ConcurrencyMode.ALLOW
     #: ``allow`` only: most Runs of this task active at once (None: only the global limit).
     max_running: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RetryPolicy:
     """When an ended Attempt gets a successor.
 
@@ -54,7 +55,7 @@ class RetryPolicy:
 _DEFAULT_RETRY = RetryPolicy()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ExecutionSpec:
     """What one Attempt runs. ``command`` is an argv: a shell only if the user writes ``sh -c``."""
 
@@ -72,7 +73,7 @@ class ExecutionSpec:
     labels: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ExecutionLimits:
     """A profile's defaults and caps for execution specs (from ``[execution]`` and the profile)."""
 

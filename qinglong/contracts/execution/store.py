@@ -4,16 +4,16 @@ it reads and returns."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
+from ..frozen import record
 from .executors import ProcessHandle
 from .outcomes import AttemptOutcome, CancelReason, RetryAt
 from .spec import ExecutionSpec
 from .states import Actor, AttemptState, RunState
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DispatchCandidate:
     """A Run whose current Attempt is ``claimed`` and due (``not_before_ms`` passed), in dispatch
     order: scheduled time, then admission time, then run id."""
@@ -33,7 +33,7 @@ class DispatchCandidate:
     spec_error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ActiveAttempt:
     """An Attempt holding (or maybe holding) a process: dispatching or running."""
 
@@ -54,7 +54,7 @@ class ActiveAttempt:
     spec: ExecutionSpec | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class FinishResult:
     """What recording an outcome did: the Run's state after, and the next Attempt if one was
     created. ``recorded`` is False when the Attempt had already ended (nothing changed)."""
@@ -64,7 +64,7 @@ class FinishResult:
     next_attempt: RetryAt | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AttemptView:
     attempt_id: str
     attempt_no: int
@@ -88,7 +88,7 @@ class AttemptView:
     worker_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RunSummary:
     run_id: str
     project_id: str
@@ -104,7 +104,7 @@ class RunSummary:
     reason: str | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RunDetail:
     run: RunSummary
     idempotency_key: str
@@ -114,7 +114,7 @@ class RunDetail:
     jitter_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RunSkipView:
     """A Run skipped before it started (its task's overlap rules), kept as a skip record."""
 
@@ -127,7 +127,7 @@ class RunSkipView:
     recorded_at_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PruneReport:
     runs: int = 0
     attempts: int = 0

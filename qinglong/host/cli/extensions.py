@@ -13,10 +13,10 @@ import argparse
 import asyncio
 import functools
 import inspect
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.cli import CliArgument, CliCommand, CliContext
 from qinglong.contracts.errors import PluginLoadError
 from qinglong.contracts.hookspecs import plugin_settings
@@ -24,7 +24,7 @@ from qinglong.contracts.hookspecs import plugin_settings
 from .output import iso, now_ms, print_json, print_table
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class PluginCommands:
     """The commands the loaded plugins declared, by name, with the plugin each came from."""
 

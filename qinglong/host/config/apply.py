@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.apply import (
     DesiredProject,
     PlanRefused,
@@ -23,7 +24,7 @@ from qinglong.contracts.apply import (
 )
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class ApplyOptions:
     """``prune``: delete what the desired state does not name; ``dry_run``: write nothing;
     ``projects``: only these project ids (None: every project)."""

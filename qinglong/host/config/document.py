@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.apply import FORMAT_VERSION, STORED, DesiredProject, ObjectKind, PlanRefused
 from qinglong.contracts.errors import UserError
 from qinglong.contracts.execution import EXECUTION_KEYS, ExecutionLimits, parse_execution_spec, spec_to_payload
@@ -64,7 +65,7 @@ class ConfigError(UserError):
         super().__init__(f"{source}:{line}: {key}: {problem}")
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class EnvSources:
     """Where env values come from: the environment, files, a secrets directory, inline."""
 

@@ -34,6 +34,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
 from qinglong.contracts.execution import (
     ActiveAttempt,
@@ -74,7 +75,7 @@ RETENTION_FIRST_S = 5.0
 RETENTION_PERIOD_S = 60.0
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class DispatcherConfig:
     """The ``[execution]`` values the dispatcher works with, and the log directory."""
 

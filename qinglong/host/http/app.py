@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Awaitable, Callable, Mapping
 
 from starlette.applications import Starlette
@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from qinglong.contracts.errors import SecretsError, UserError
+from qinglong.contracts.frozen import record
 
 from .auth import SCOPES, AuthFailure, Authenticator, Principal, RateLimited
 
@@ -66,7 +67,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD"})
 Handler = Callable[[Request, "Principal | None"], Awaitable[Response]]
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class Method:
     """One method of a route: what it needs, what answers it, and what the API document says."""
 
@@ -80,7 +81,7 @@ class Method:
     responses: Mapping[int, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class RouteSpec:
     path: str
     methods: Mapping[str, Method]
@@ -288,7 +289,7 @@ def build_app(specs: list[RouteSpec], guard: Guard, limits: "Limits",
     return Bounded(app, limits)  # type: ignore[return-value]
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class Limits:
     max_body_bytes: int
     max_in_flight: int

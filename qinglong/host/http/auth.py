@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import hmac
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.tokens import SCOPES, TokenRecord, scope_allows, token_digest
 
 __all__ = ["SCOPES", "AuthFailure", "Authenticator", "FailureLimiter", "Principal", "RateLimited"]
@@ -24,7 +24,7 @@ class RateLimited(Exception):
         self.retry_after_s = retry_after_s
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class Principal:
     name: str
     scope: str

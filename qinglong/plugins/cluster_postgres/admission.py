@@ -63,6 +63,7 @@ from psycopg import AsyncClientCursor, pq
 from psycopg.adapt import Transformer
 from psycopg import errors as pg_errors
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.errors import FenceLost
 from qinglong.contracts.idempotency import idempotency_key
 from qinglong.contracts.records import Admission, Decision, DecisionKind, ScheduleCursor, page_id_base
@@ -222,7 +223,7 @@ async def _send_admission(conn: psycopg.AsyncConnection, columns: list[list[str]
     return dict(zip(names, await cur.fetchone()))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AdmissionResult:
     """What one commit did. ``admission`` is set when a Run was created."""
 
@@ -346,7 +347,7 @@ BACKOFF_CAP_MS = 50.0
 PAGE_RETRIES = 2
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PageItem:
     """One row of a page: a claim, its decision (None releases the claim), and whether a fire or
     an initialization may keep the claim (see the module docstring)."""

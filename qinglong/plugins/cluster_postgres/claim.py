@@ -12,11 +12,11 @@ racing the statement leaves the row unclaimed until the next round, see ``sql/cl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from psycopg.rows import dict_row
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.records import ClaimFence, MisfirePolicy, ScheduleCursor, TriggerHead
 
 from .sql import query
@@ -25,7 +25,7 @@ from .sql import query
 CLAIM_BUDGET_HARD_CAP = 256
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ClaimedSchedule:
     """One schedule this replica now holds, with everything the decision and admission need.
 

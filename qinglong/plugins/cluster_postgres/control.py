@@ -31,9 +31,9 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.errors import QinglongError
 from qinglong.contracts.execution import (
     AttemptOutcome,
@@ -191,7 +191,7 @@ class ExpiryLoop(_Periodic):
         return read >= self.page and bool(rows)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ExpiryDecision:
     """What the control plane decided for one expired Attempt (``qinglong.expire_attempt``'s
     arguments): the action, the Attempt's reason, and a successor (its number and delay) or the

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Mapping, Sequence
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.errors import PackagingError, SchemaNotReady
 from qinglong.contracts.migrations import label, migration_states, verdict
 from qinglong.contracts.records import MigrationState
@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.schema_migrations (
 """
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Migration:
     """One shipped migration file."""
 
@@ -59,7 +59,7 @@ class Migration:
         return _PLACEHOLDER.sub(lambda m: role_identifiers[m[1]], self.text)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AppliedMigration:
     """One row of ``schema_migrations``."""
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.chain import AFTER_KIND, check_no_cycle
 from qinglong.contracts.apply import (
     Change,
@@ -333,7 +333,7 @@ class _RollBack(Exception):
         self.plan = plan
 
 
-@dataclass(frozen=True)
+@record(slots=False)
 class _CheckedTask:
     """A task payload checked before any transaction: the payload and execution spec as stored
     (env values sealed) and the digests of both in clear."""

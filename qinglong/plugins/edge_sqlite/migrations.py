@@ -20,11 +20,11 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import time
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+from qinglong.contracts.frozen import record
 from qinglong.contracts.errors import NotOurDatabase, PackagingError, SchemaCorrupt, SchemaNotReady
 from qinglong.contracts.migrations import label, migration_states, verdict
 from qinglong.contracts.records import MigrationState
@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 """
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Migration:
     """One migration file: ``version`` from its number, ``name`` from the rest of its file name."""
 
@@ -126,7 +126,7 @@ def migration_status(conn: sqlite3.Connection, known: Sequence[Migration],
     return migration_states(known, [_LedgerRow(*row) for row in _applied(conn)])
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _LedgerRow:
     version: int
     name: str
@@ -206,7 +206,8 @@ def schema_of(conn: sqlite3.Connection) -> dict[str, SchemaObject]:
 @lru_cache(maxsize=8)
 def expected_schema(known: tuple[Migration, ...]) -> dict[str, SchemaObject]:
     """The schema ``known`` makes: the migrations applied to a fresh in-memory database."""
-    conn = sqlite3.connect(":memory:", isolation_level=None)
+    # every statement runs once: keeping its prepared form would only hold memory
+    conn = sqlite3.connect(":memory:", isolation_level=None, cached_statements=0)
     try:
         for migration in known:
             _apply_one(conn, migration, 0)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from qinglong.contracts.errors import NotFound
-from qinglong.contracts.observe import StoreStats
 from qinglong.contracts.records import (
     MisfirePolicy,
     ProjectRecord,
@@ -24,6 +23,10 @@ from qinglong.contracts.store import listing_bound, schedule_cursor
 
 from .queries import query
 from .store import SqliteStore, named_one, named_rows
+
+if TYPE_CHECKING:  # the observation contract is imported with the stats, when first asked for
+    from qinglong.contracts.observe import StoreStats
+
 
 def head_from_row(row: sqlite3.Row) -> TriggerHead:
     """A :class:`TriggerHead` from a ``trigger_by_id``-shaped row, read by column name."""

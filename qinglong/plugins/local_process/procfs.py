@@ -7,7 +7,8 @@ leader cannot be taken over by a new process before the last member is gone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from qinglong.contracts.frozen import record
+
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
@@ -18,7 +19,7 @@ def boot_id() -> str:
         return f.read().strip()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProcStat:
     """The fields of ``/proc/<pid>/stat`` we use."""
 
@@ -59,7 +60,7 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Holder:
     """A process with a file open for writing."""
 
