@@ -2,7 +2,7 @@
 rule of ``qinglong/contracts/secrets.py``), and publishing a task with 8 env values on an edge
 SQLite file with the sealer and without it, in process. A script run by hand, never a test.
 
-    python bench/secrets.py [--quick] [--values 20000] [--tasks 500]
+    python bench/sealing.py [--quick] [--values 20000] [--tasks 500]
 
 * seal/open: ``--values`` values of 64 characters, each with its own associated data; the rate
   of each loop (``time.perf_counter``).
