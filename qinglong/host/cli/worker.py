@@ -79,6 +79,8 @@ async def serve(connect: Any, executors: Any, config: Any, diagnostics: Any) -> 
 
     from qinglong.worker import Worker
 
+    from ..assembly import release_freed_memory
+
     try:
         protocol = await connect()
     except StoreAuthFailed:
@@ -87,6 +89,7 @@ async def serve(connect: Any, executors: Any, config: Any, diagnostics: Any) -> 
         diagnostics.emit(DiagnosticEvent("warning", "worker.store_unavailable",
                                          f"the store is unavailable at start; retrying: {exc}"))
         protocol = None
+    release_freed_memory()  # the boot's garbage, before the worker idles for hours
     worker = Worker(connect, executors, config, diagnostics, protocol=protocol)
     with two_stage_signals(diagnostics, "worker.stop_requested",
                            "draining (send it again to kill the jobs and exit at once)", worker.request_stop,
