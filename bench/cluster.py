@@ -262,7 +262,7 @@ def reseed(dsns: dict) -> None:
     # the workers' log chunks hang on the Attempts (a schema with workers has the table)
     logs = sql(su, "SELECT to_regclass('qinglong.attempt_logs') IS NOT NULL")[0][0]
     sql(su, "TRUNCATE qinglong.run_events, qinglong.attempts, qinglong.runs, qinglong.schedule_skips"
-            + (", qinglong.attempt_logs" if logs else ""))
+            + (", qinglong.attempt_logs" if logs else "") + " CASCADE")  # and what hangs on Runs (payloads)
     sql(su, "UPDATE qinglong.trigger_schedules SET "
             "next_fire_at_ms = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1000, "
             "claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL")

@@ -13,6 +13,12 @@ import signal
 import warnings
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# No property test depends on the machine's speed: a loaded CI machine may take longer than
+# hypothesis's default 200 ms deadline for one example without anything being wrong.
+settings.register_profile("qinglong", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("qinglong")
 
 pytest_plugins = ["tests.support.markers", "tests.support.aio", "tests.support.postgres"]
 

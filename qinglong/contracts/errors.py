@@ -31,6 +31,9 @@ class ExitCode(enum.IntEnum):
     UNAVAILABLE = 5
     """The store cannot be used right now: unreachable, read-only, full, or locked by another process."""
 
+    SECRETS = 6
+    """The secrets key is missing, unreadable, or not the key the store's sealed values need."""
+
     INTERRUPTED = 130
     """A second SIGINT/SIGTERM forced the exit before the orderly stop finished."""
 
@@ -136,6 +139,11 @@ class StoreMissing(UserError):
     publishing create one."""
 
 
+class SecretsError(QinglongError):
+    """The secrets key is missing or unreadable, or a sealed value does not open with the keys
+    loaded. The message names the setting or key id, never a value or a key."""
+
+
 class FenceLost(QinglongError):
     """A compare-and-set or claim fence no longer matches: someone else owns the occurrence now.
 
@@ -166,6 +174,7 @@ def outage(exc: BaseException) -> bool:
 #: The one table from error type to exit code. Most specific first; :func:`exit_code_for` walks
 #: it in order, so a subclass listed before its base wins.
 EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
+    (SecretsError, ExitCode.SECRETS),
     (StoreMissing, ExitCode.USER_ERROR),
     (UserError, ExitCode.USER_ERROR),
     (SchemaNotReady, ExitCode.CHECK_FAILED),
@@ -188,6 +197,7 @@ def exit_code_for(exc: BaseException) -> ExitCode:
 #: shape is ``{"error": {"code", "message", "field"}}``), beside :data:`EXIT_CODES`. Most specific
 #: first, like it; authentication (401), scope (403) and rate limiting (429) are the HTTP layer's.
 HTTP_STATUSES: tuple[tuple[type[BaseException], int, str], ...] = (
+    (SecretsError, 503, "secrets_unavailable"),
     (NotFound, 404, "unknown"),
     (AlreadyExists, 409, "conflict"),
     (StoreMissing, 503, "unavailable"),

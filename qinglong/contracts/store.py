@@ -75,6 +75,10 @@ class BackendContext:
     diagnostics: DiagnosticSink
     clock_ms: Callable[[], int]
     owner: str
+    #: seals and opens task env values at rest (:mod:`qinglong.contracts.secrets`); the host
+    #: always gives one. None (a store built by hand, in a plugin's own tests) stores values as
+    #: given and refuses to run a sealed one.
+    sealer: Any = None
 
 
 @runtime_checkable

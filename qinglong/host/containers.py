@@ -32,6 +32,7 @@ from qinglong.contracts.store import BackendContext, SchedulerBackendSpec, Sched
 from .assembly import DISTRIBUTION, check_profile_extra, create_executors, diagnostics, extra_hint, load_plugins
 from .lifecycle import Lifecycle
 from .plugins import PluginHost
+from .secrets import host_sealer
 from .settings import LoadedSettings, validate_section
 
 
@@ -273,6 +274,7 @@ class HostContainer(containers.DeclarativeContainer):
     owner_strategy = providers.Object(single_owner)
     owner = providers.Singleton(resolve_owner, owner_strategy, loaded)
     clock_ms = providers.Object(wall_clock_ms)
+    sealer = providers.Singleton(host_sealer, loaded, backend_settings)
     backend_context = providers.Singleton(
         BackendContext,
         settings=backend_settings,
@@ -281,6 +283,7 @@ class HostContainer(containers.DeclarativeContainer):
         diagnostics=diagnostics,
         clock_ms=clock_ms,
         owner=owner,
+        sealer=sealer,
     )
     backend = providers.Singleton(create_backend, backend_spec, backend_context, loaded)
     dispatcher_factory = providers.Singleton(dispatcher_factory, plugin_host, loaded, backend_settings,

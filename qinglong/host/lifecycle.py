@@ -261,6 +261,9 @@ class Lifecycle:
         self.readiness.starting("checking schema readiness")
         await self._bounded("schema_readiness", self.backend.check_readiness())
         self._note("schema_ready")
+        check_secrets = getattr(self.backend, "check_secrets", None)
+        if check_secrets is not None:  # every stored sealed value's key is loaded, or no start
+            await self._bounded("secrets", check_secrets())
         self.readiness.starting("startup recovery")
         return await self._bounded("startup_recovery", self.backend.recover())
 

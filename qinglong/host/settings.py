@@ -155,6 +155,20 @@ class WorkerSettings(BaseModel):
                                       description="local Attempt directories are deleted after this")
 
 
+class SecretsSettings(BaseModel):
+    """``[secrets]``: the key task env values are sealed under at rest (AES-GCM, 32 bytes written
+    as base64 on one line). The variable ``key_env`` names is read first, then ``key_file``; edge
+    and standalone default to ``<database>.key``, created on first use."""
+
+    model_config = ConfigDict(extra="forbid")
+    key_file: str | None = Field(None, min_length=1,
+                                 description="the secrets key file; default (edge, standalone): <database>.key")
+    key_env: str = Field("QINGLONG_SECRETS_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                         description="environment variable holding the key, read before key_file")
+    previous_key_files: list[str] = Field(default_factory=list,
+                                          description="older keys that still open values during a rotation")
+
+
 class HttpSettings(BaseModel):
     """``[http]``: the read-only HTTP surface of ``qinglong run`` (probes, metrics, status page).
     Off while ``listen`` is empty; a listen address that is not loopback needs a bearer token."""
@@ -307,6 +321,7 @@ class QinglongSettings(BaseSettings):
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    secrets: SecretsSettings = Field(default_factory=SecretsSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     notifications: NotificationsSettings = Field(default_factory=NotificationsSettings)
@@ -484,6 +499,7 @@ class _FileLayer(BaseModel):
     lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    secrets: SecretsSettings = Field(default_factory=SecretsSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     notifications: NotificationsSettings = Field(default_factory=NotificationsSettings)

@@ -63,7 +63,7 @@ def task_show_json(task: Any, limits: Any) -> dict[str, Any]:
 
     problem = None
     try:
-        spec = parse_execution_spec(task.task_id, task.payload, limits)
+        spec = parse_execution_spec(task.task_id, task.payload, limits, allow_sealed=True)
     except UserError as exc:
         spec, problem = None, str(exc)
     return {"project_id": task.project_id, "task_id": task.task_id,

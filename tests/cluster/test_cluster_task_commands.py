@@ -5,6 +5,8 @@ the sequence is many CLI processes, so it runs once."""
 
 from __future__ import annotations
 
+import base64
+import os
 from pathlib import Path
 
 from tests.host.test_task_project_commands import cli_runner, exercise_task_and_project_commands
@@ -23,10 +25,13 @@ def test_task_list_and_deletes_on_the_cluster_store(tmp_path: Path):
             return server.dsn(role, ROLE_PASSWORDS[role], "qinglong")
 
         settings = tmp_path / "cluster.toml"
+        key = tmp_path / "secrets.key"  # a cluster has no default key: env values need one
+        key.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
         settings.write_text('profile = "cluster"\n[backend]\n'
                             f'runtime_dsn = "{dsn("qinglong_runtime")}"\n'
                             f'admin_dsn = "{dsn("qinglong_admin")}"\n'
-                            f'owner_dsn = "{dsn("qinglong_owner")}"\n')
+                            f'owner_dsn = "{dsn("qinglong_owner")}"\n'
+                            f'[secrets]\nkey_file = "{key}"\n')
         cli = cli_runner(tmp_path, settings)
         cli("db", "migrate")
         exercise_task_and_project_commands(cli)

@@ -41,6 +41,8 @@ _db_counter = itertools.count(1)
 
 class SqliteHarness(Harness):
     leased = False
+    #: the sealer backends created from now on are given (None: values stored as given)
+    sealer = None
 
     def __init__(self, path: Path) -> None:
         self.name = "sqlite"
@@ -52,7 +54,8 @@ class SqliteHarness(Harness):
 
         return create_backend(BackendContext(
             settings=EdgeSqliteSettings(path=str(path or self.path)), limits=LIMITS,
-            providers=found, diagnostics=sink, clock_ms=self.clock, owner="conformance"))
+            providers=found, diagnostics=sink, clock_ms=self.clock, owner="conformance",
+            sealer=self.sealer))
 
     def missing_store_backend(self):
         return self.create_backend(CollectingSink(), providers(), self.path.parent / "missing.db")
@@ -94,6 +97,8 @@ class SqliteHarness(Harness):
 
 class PostgresHarness(Harness):
     leased = True
+    #: the sealer backends created from now on are given (None: values stored as given)
+    sealer = None
 
     def __init__(self, server, dbname: str) -> None:
         self.name = server.label
@@ -119,7 +124,8 @@ class PostgresHarness(Harness):
         spec = qinglong_scheduler_backends()[0]
         return spec.create(BackendContext(
             settings=self.settings(dbname), limits=LIMITS, providers=found, diagnostics=sink,
-            clock_ms=lambda: int(time.time() * 1000), owner=f"conformance-{id(sink)}"))
+            clock_ms=lambda: int(time.time() * 1000), owner=f"conformance-{id(sink)}",
+            sealer=self.sealer))
 
     def missing_store_backend(self):
         """A database that exists (a server's store is created by its operator) but has no

@@ -56,7 +56,8 @@ SECRET_FILES = {"runtime_dsn": "host=postgres dbname=qinglong user=qinglong_runt
                 "worker_dsn": "host=postgres dbname=qinglong user=qinglong_worker_ingress password=wk-secret",
                 "admin_dsn": "host=postgres dbname=qinglong user=qinglong_admin password=ad-secret",
                 "api_tls.crt": "-----BEGIN CERTIFICATE-----\nstand-in\n-----END CERTIFICATE-----\n",
-                "api_tls.key": "-----BEGIN PRIVATE KEY-----\nstand-in\n-----END PRIVATE KEY-----\n"}
+                "api_tls.key": "-----BEGIN PRIVATE KEY-----\nstand-in\n-----END PRIVATE KEY-----\n",
+                "secrets_key": "q6hZzvQTJvOnBw0mnD0mF1ck8hdyYnFvOQGBXdBAqT4="}
 
 
 def _kustomization() -> dict:
@@ -369,6 +370,15 @@ def test_env_and_secret_names_resolve_to_real_settings_keys(tmp_path):
                if item.get("valueFrom", {}).get("secretKeyRef", {}).get("key") == "admin_dsn"
                or item["name"] == "QINGLONG_BACKEND__ADMIN_DSN"}
     assert holders == {("qinglong-api", "qinglong")}
+    # the secrets key: the replicas and the API pods, which seal and open env values, alone
+    key_holders = {(name, c["name"]) for (kind, name) in WORKLOADS
+                   for c in _workload(docs, kind, name)["spec"]["template"]["spec"].get("initContainers", [])
+                   + _workload(docs, kind, name)["spec"]["template"]["spec"]["containers"]
+                   for item in c["env"]
+                   if item.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == "qinglong-secrets"}
+    assert key_holders == {("qinglong", "qinglong"), ("qinglong-api", "qinglong")}
+    assert QinglongSettings.model_fields["secrets"].annotation.model_fields["key_env"].default == \
+        "QINGLONG_SECRETS_KEY"
 
 
 def test_the_replicas_wait_for_the_schema_in_an_init_container_bounded_by_the_jobs_deadline():

@@ -134,14 +134,14 @@ class WorkerHttp:
 
 
 def write_gateway_worker_settings(path: Path, *, url: str, token: str, worker_id: str, log_dir: Path,
-                                  max_running: int = 2, **worker: object) -> Path:
+                                  max_running: int = 2, level: str = "info", **worker: object) -> Path:
     """A worker's settings with ``[worker] url`` and its token in a 0600 file beside them."""
     token_file = path.with_suffix(".token")
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
     values = dict(SHORT_TIMING, max_running=max_running, drain_timeout_ms=60_000, claim_wait_ms=5_000)
     values.update(worker)
-    lines = ['profile = "cluster"', '[diagnostics]\nlevel = "info"\nformat = "json"', "[worker]",
+    lines = ['profile = "cluster"', f'[diagnostics]\nlevel = "{level}"\nformat = "json"', "[worker]",
              f'worker_id = "{worker_id}"', f'log_dir = "{log_dir}"', f'url = "{url}"',
              f'token_file = "{token_file}"']
     lines += [f"{key} = {json.dumps(value) if isinstance(value, str) else value}" for key, value in values.items()]

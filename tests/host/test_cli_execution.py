@@ -162,7 +162,9 @@ def test_task_put_states_every_execution_value_and_show_prints_them_with_env_val
     (stored,) = ws.sql("SELECT payload_json FROM tasks WHERE task_id = 'backup'")
     payload = json.loads(stored[0])
     assert set(EXECUTION_KEYS) <= set(payload) and payload["owner"] == "ops-team"
-    assert payload["env"] == {"TOKEN": SECRET, "MODE": "full"}  # stored for the job, never shown
+    # stored sealed for the job, never shown
+    assert set(payload["env"]) == {"TOKEN", "MODE"} and SECRET not in stored[0]
+    assert all(value.startswith("ql-sealed:v1:") for value in payload["env"].values())
 
     shown = ws.json("task", "show", "ops", "backup")
     assert shown["task_revision"] == 1 and shown["content_digest"].startswith(digest_prefix)

@@ -104,12 +104,13 @@ def test_profile_extra_installs_nothing_forbidden_and_its_closure_holds(venvs, p
     installed = venv.distributions(tmp_path)
     assert "qinglong" in installed
     if profile == "worker":
-        assert not (FORBIDDEN_ON_EDGE | {"aiosqlite", "starlette", "uvicorn"}) & set(installed), installed
+        assert not (FORBIDDEN_ON_EDGE | {"aiosqlite", "starlette", "uvicorn", "cryptography"}) & set(installed), \
+            installed
     elif profile in ("edge", "standalone"):
         assert not FORBIDDEN_ON_EDGE & set(installed), installed
-        assert "aiosqlite" in installed
+        assert {"aiosqlite", "cryptography"} <= set(installed)
     else:
-        assert {"psycopg", "psycopg-binary", "psycopg-pool"} <= set(installed)
+        assert {"psycopg", "psycopg-binary", "psycopg-pool", "cryptography"} <= set(installed)
     result = venv.run("qinglong", "check", "closure", "--profile", profile, "--installed", "--json",
                       cwd=tmp_path, check=False)
     report = json.loads(result.stdout)

@@ -13,7 +13,8 @@ import pytest
 
 from qinglong.host.profiles import available_profiles, load_profile
 from qinglong.host.settings import (
-    ApiSettings, DiagnosticsSettings, ExecutionSettings, HttpSettings, LifecycleSettings, SchedulerSettings, load_settings,
+    ApiSettings, DiagnosticsSettings, ExecutionSettings, HttpSettings, LifecycleSettings, SchedulerSettings,
+    SecretsSettings, load_settings,
 )
 from qinglong.plugins.cluster_postgres.settings import ClusterPostgresSettings
 from qinglong.plugins.edge_sqlite.settings import EdgeSqliteSettings
@@ -21,7 +22,7 @@ from qinglong.plugins.edge_sqlite.settings import EdgeSqliteSettings
 ROOT = Path(__file__).resolve().parents[2]
 SECTION_MODELS = {"scheduler": SchedulerSettings, "lifecycle": LifecycleSettings,
                   "execution": ExecutionSettings, "http": HttpSettings, "api": ApiSettings,
-                  "diagnostics": DiagnosticsSettings}
+                  "diagnostics": DiagnosticsSettings, "secrets": SecretsSettings}
 BACKEND_MODELS = {"edge_sqlite": EdgeSqliteSettings, "cluster_postgres": ClusterPostgresSettings}
 PROFILES = ("edge", "standalone", "cluster")
 #: Where each documented table lives and which profiles it shows.

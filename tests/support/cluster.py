@@ -58,7 +58,7 @@ class ClusterDb:
         return ClusterPostgresSettings(**values)
 
     def backend(self, owner: str = "replica-a", *, claim_budget: int = 16, lease_ms: int = 30_000,
-                settings=None, sink=None, clock_ms=None, max_queued: int | None = None):
+                settings=None, sink=None, clock_ms=None, max_queued: int | None = None, sealer=None):
         """A backend built through the plugin's own factory (not connected yet)."""
         from qinglong.contracts.store import BackendContext, SchedulerLimits
         from qinglong.plugins.cluster_postgres import qinglong_scheduler_backends
@@ -75,6 +75,7 @@ class ClusterDb:
             diagnostics=sink,
             clock_ms=clock_ms or (lambda: int(time.time() * 1000)),
             owner=owner,
+            sealer=sealer,
         )
         return spec.create(context)
 

@@ -124,7 +124,8 @@ def start_worker(db: ClusterDb, tmp_path: Path, name: str, **settings) -> Worker
     return WorkerProcess(path, tmp_path / f"{name}.stderr")
 
 
-def publish_task(db: ClusterDb, task_id: str, payload: dict, *, trigger_id: str | None = None) -> str:
+def publish_task(db: ClusterDb, task_id: str, payload: dict, *, trigger_id: str | None = None,
+                 sealer=None) -> str:
     """Put task ``task_id`` (``payload`` holds its execution spec) and a yearly cron trigger on it,
     through the real publisher; the trigger id."""
     from qinglong.contracts.errors import AlreadyExists
@@ -133,7 +134,7 @@ def publish_task(db: ClusterDb, task_id: str, payload: dict, *, trigger_id: str 
     trigger_id = trigger_id or f"tr-{task_id}"
 
     async def body():
-        backend = db.backend("publisher")
+        backend = db.backend("publisher", sealer=sealer)
         try:
             pub = backend.publisher()
             try:

@@ -173,3 +173,29 @@ def test_a_run_that_cannot_start_ends_failed_with_the_reason_and_is_never_retrie
         worker.signal(signal.SIGTERM)
         worker.wait()
         worker.stop()
+
+
+def test_a_worker_on_the_direct_path_gets_sealed_env_values_and_never_runs_them(cluster, tmp_path):
+    """A worker that claims straight from the database holds no key: it receives the sealed text,
+    and spawning the job with it would run it with garbage in place of a credential. It ends the
+    Attempt failed, never started, naming the variable and the gateway."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from qinglong.contracts.secrets import Sealer
+
+    sealed = admit(cluster, publish_task(cluster, "sealed-direct", {
+        "command": py_job("import os; print(os.environ['TOKEN'])"), "env": {"TOKEN": "not-for-this-worker"},
+        "retry": {"max_attempts": 3, "initial_backoff_ms": 100, "jitter": 0}},
+        sealer=Sealer([os.urandom(32)], AESGCM)))
+    worker = start_worker(cluster, tmp_path, "w-direct-sealed")
+    try:
+        assert wait_run_state(cluster, sealed) == "failed"
+        (a,) = attempts(cluster, sealed)
+        assert a["state"] == "failed" and a["exit_code"] is None
+        assert "env.TOKEN" in a["reason"] and "gateway" in a["reason"]
+        assert "not-for-this-worker" not in a["reason"] and "not-for-this-worker" not in worker.text()
+        assert worker.events("worker.job_started") == []
+    finally:
+        worker.signal(signal.SIGTERM)
+        worker.wait()
+        worker.stop()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..errors import UserError
+from ..secrets import SEALED_PREFIX
 
 
 class ConcurrencyMode(str, enum.Enum):
@@ -143,11 +144,14 @@ def _table(task_id: str, key: str, value: Any, allowed: Sequence[str]) -> Mappin
 
 
 def parse_execution_spec(task_id: str, payload: Mapping[str, Any],
-                         limits: ExecutionLimits = CONTRACT_LIMITS) -> ExecutionSpec | None:
+                         limits: ExecutionLimits = CONTRACT_LIMITS, *,
+                         allow_sealed: bool = False) -> ExecutionSpec | None:
     """The execution spec of a task payload, or None when the payload names no ``command``.
 
     Every key is checked and a refusal names it (``task 't': timeout_ms: expected ...``); an env
-    value is never echoed (it may be a secret). Defaults come from ``limits``; caps too.
+    value is never echoed (it may be a secret). Defaults come from ``limits``; caps too. A sealed
+    env value (:mod:`qinglong.contracts.secrets`) is refused unless ``allow_sealed`` (a spec read
+    to be shown, never to be run).
     """
     from ..events import check_notify
     from ..store import check_command
@@ -190,6 +194,9 @@ def parse_execution_spec(task_id: str, payload: Mapping[str, Any],
         if not _is_unicode(value):
             raise UserError(f"task {task_id!r}: env.{name}: the value is not valid Unicode (a lone "
                             "surrogate: undecodable bytes or a \\ud800-\\udfff escape)")
+        if value.startswith(SEALED_PREFIX) and not allow_sealed:
+            raise UserError(f"task {task_id!r}: env.{name}: the value is sealed and was not opened (a job "
+                            "gets it in clear only from the control plane: claim through the API tier's gateway)")
         env[name] = value
 
     working_dir = payload.get("working_dir")

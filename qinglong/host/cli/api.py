@@ -24,6 +24,9 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     async def serve() -> int:
         async with opened_backend(container, create=False) as backend:
+            check_secrets = getattr(backend, "check_secrets", None)
+            if check_secrets is not None:  # every stored sealed value's key is loaded, or no start
+                await check_secrets()
             specs = container.plugin_host().worker_protocol_specs()
             process = ApiProcess(loaded, backend, container.trigger_providers(), diagnostics, __version__,
                                  worker_spec=specs.get(loaded.profile.backend))

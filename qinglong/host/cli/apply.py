@@ -122,6 +122,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .boot import on_backend
 
     states = on_backend(container, go, read_only=True)
+    if args.with_secrets and hasattr(container, "sealer"):
+        from qinglong.contracts.secrets import opened_state
+
+        # asked for in clear (a file of mode 0600): opened here, with the keys of this host
+        sealer = container.sealer()
+        states = [opened_state(sealer, state) for state in states]
     text = export_projects(states, with_secrets=args.with_secrets)
     if args.output:
         fd = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if args.with_secrets else 0o644)

@@ -60,6 +60,9 @@ async def opened_backend(container: Any, *, readiness: bool = True, create: bool
             if isinstance(backend, MigratesAtStart) and backend.auto_migrate:
                 await backend.migrate()
             await backend.check_readiness()
+            check_secrets = getattr(backend, "check_secrets", None)
+            if create and check_secrets is not None:  # publishing never mixes in another key
+                await check_secrets()
         yield backend
     finally:
         await backend.close()

@@ -49,6 +49,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("events", ("notifications",)),
     ("status", ("status",)),
     ("tokens", ("token", "audit", "console")),
+    ("secrets", ("secrets",)),
     ("api", ("api",)),
 )
 

@@ -325,7 +325,7 @@ def cmd_task_show(args: argparse.Namespace) -> int:
     task = on_backend(container, go, read_only=True)
     problem = None
     try:
-        spec = parse_execution_spec(task.task_id, task.payload, limits)
+        spec = parse_execution_spec(task.task_id, task.payload, limits, allow_sealed=True)
     except UserError as exc:
         spec, problem = None, str(exc)
     other = {k: v for k, v in task.payload.items() if k not in EXECUTION_KEYS}

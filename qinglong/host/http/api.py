@@ -270,7 +270,8 @@ class ApiService:
                 head = None
             payload = keep_env_values(task_id, payload, kept, head.payload if head is not None else None)
         check_json_value("the task payload", payload, MAX_PAYLOAD_BYTES)
-        spec = parse_execution_spec(task_id, payload, self.limits)
+        # a kept value is the head's, still sealed: the publisher opens it for this variable only
+        spec = parse_execution_spec(task_id, payload, self.limits, allow_sealed=True)
         stated = {key: value for key, value in payload.items() if key not in EXECUTION_KEYS}
         stated.update(spec_to_payload(spec))
         check_json_value("the task payload", stated, MAX_PAYLOAD_BYTES)

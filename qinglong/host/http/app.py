@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from qinglong.contracts.errors import UserError
+from qinglong.contracts.errors import SecretsError, UserError
 
 from .auth import SCOPES, AuthFailure, Authenticator, Principal, RateLimited
 
@@ -242,7 +242,7 @@ async def _run(declared: Method, request: Request, principal: Principal | None,
         return await declared.handler(request, principal)
     except asyncio.CancelledError:
         raise
-    except UserError as exc:
+    except (UserError, SecretsError) as exc:  # SecretsError: 503, its message names the setting
         from .errors import response_for
 
         return response_for(exc)

@@ -13,6 +13,7 @@ holds the request and wakes it on the store's notification, so idle workers cost
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any, Awaitable, Callable
 
@@ -20,6 +21,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from qinglong.contracts import worker_wire as wire
+from qinglong.contracts.diagnostics import DiagnosticEvent
+from qinglong.contracts.errors import SecretsError
+from qinglong.contracts.secrets import opened_env_payload
 from qinglong.contracts.worker import (
     MAX_SESSION_CAPACITY,
     WORKER_TOKEN_PREFIX,
@@ -39,8 +43,12 @@ class GatewayService:
     """The ``/worker/v1`` routes over a :class:`~qinglong.contracts.worker.WorkerGateway`."""
 
     def __init__(self, gateway: Any, *, limiter: FailureLimiter, source_of: Callable[[Request], str],
-                 max_claim_wait_ms: int) -> None:
+                 max_claim_wait_ms: int, sealer: Any = None, diagnostics: Any = None) -> None:
         self.gateway = gateway
+        #: opens the claimed payloads' env values: a worker gets them in clear only here, over
+        #: its authenticated claim
+        self.sealer = sealer
+        self.diagnostics = diagnostics
         self.limiter = limiter
         self.source_of = source_of
         self.max_claim_wait_ms = max_claim_wait_ms
@@ -101,6 +109,19 @@ class GatewayService:
         reply = await self.gateway.heartbeat(wire.fence_of(body, worker.worker_id), running)
         return wire.heartbeat_json(reply)
 
+    def _opened(self, claimed: Any) -> Any:
+        """``claimed`` with its env values in clear. One that does not open stays sealed: the
+        worker's spec parser refuses it, so the Attempt ends without its job ever starting."""
+        try:
+            payload = opened_env_payload(self.sealer, claimed.project_id, claimed.task_id, claimed.payload)
+        except SecretsError as exc:  # its words name the task, variable and key id, never a value
+            if self.diagnostics is not None:
+                self.diagnostics.emit(DiagnosticEvent("error", "gateway.secrets_unopened", str(exc), {
+                    "attempt_id": claimed.attempt_id, "project_id": claimed.project_id,
+                    "task_id": claimed.task_id}))
+            return claimed
+        return dataclasses.replace(claimed, payload=payload)
+
     async def claim(self, worker: WorkerRegistration, body: dict) -> Any:
         fence = wire.fence_of(body, worker.worker_id)
         tokens = [wire.unb64(t, "tokens") for t in wire.field(body, "tokens", list)]
@@ -114,7 +135,7 @@ class GatewayService:
             claimed = await self.gateway.claim(fence, tokens) if tokens else []
             remaining = deadline - loop.time()
             if claimed or woken is None or remaining <= 0:
-                return {"claimed": [wire.claimed_json(c) for c in claimed]}
+                return {"claimed": [wire.claimed_json(self._opened(c)) for c in claimed]}
             self.waits += 1
             try:
                 await asyncio.wait_for(woken.wait(), remaining)

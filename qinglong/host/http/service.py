@@ -59,7 +59,7 @@ class ApiProcess:
 
         specs += Console(guard, secure=self.ssl_files is not None or settings.behind_proxy,
                          links=api.tokens).routes()
-        self.gateway = gateway_service(loaded, worker_spec, guard)
+        self.gateway = gateway_service(loaded, worker_spec, guard, backend, diagnostics)
         if self.gateway is not None:
             specs += self.gateway.routes()
         http = loaded.settings.http
@@ -121,7 +121,8 @@ class ApiProcess:
                 pass
 
 
-def gateway_service(loaded: LoadedSettings, worker_spec: Any, guard: Any) -> Any:
+def gateway_service(loaded: LoadedSettings, worker_spec: Any, guard: Any, backend: Any = None,
+                    diagnostics: Any = None) -> Any:
     """The ``/worker/v1`` routes when ``[api] gateway_dsn`` is set (refused, naming the key, on a
     store that offers no gateway), else None."""
     api = loaded.settings.api
@@ -135,8 +136,12 @@ def gateway_service(loaded: LoadedSettings, worker_spec: Any, guard: Any) -> Any
                             "profile)")
     from .gateway import GatewayService
 
+    from ..secrets import host_sealer
+
+    sealer = getattr(getattr(backend, "context", None), "sealer", None) or host_sealer(loaded, None)
     service = GatewayService(None, limiter=guard.authenticator.limiter, source_of=guard.source_of,
-                             max_claim_wait_ms=api.gateway_claim_wait_ms)
+                             max_claim_wait_ms=api.gateway_claim_wait_ms, sealer=sealer,
+                             diagnostics=diagnostics)
     dsn = api.gateway_dsn.get_secret_value()
 
     async def open_() -> None:

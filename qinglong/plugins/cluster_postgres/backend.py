@@ -31,6 +31,7 @@ from psycopg_pool import PoolTimeout
 from qinglong.contracts.diagnostics import DiagnosticEvent, RoundEvent
 from qinglong.contracts.errors import QinglongError, SchemaNotReady, SettingsError
 from qinglong.contracts.records import MigrationState, RecoveryReport, RoundReport
+from qinglong.contracts.secrets import check_keys_loaded
 from qinglong.contracts.store import BackendContext
 
 from . import migrations, recovery, roles
@@ -42,6 +43,7 @@ from .db import (
 from .publisher import ClusterPublisher
 from .reader import ClusterReader
 from .settings import ClusterPostgresSettings
+from .sql import query
 
 
 #: How long past its bound a round may take to end after its connection was severed.
@@ -185,6 +187,62 @@ class ClusterPostgresBackend:
         finally:
             await conn.close()
 
+    async def check_secrets(self) -> None:
+        """At start: refuse (:class:`~qinglong.contracts.errors.SecretsError`) when a stored env
+        value is sealed under a key that is not loaded (read as the runtime role). Values still in
+        clear are sealed by ``qinglong secrets rotate``, not here: revisions are the owner's to
+        rewrite."""
+        async def body(conn):
+            cur = await conn.execute(query("secrets_key_ids"))
+            return {row[0] for row in await cur.fetchall()}
+
+        try:
+            key_ids = await self._with_runtime(body)
+        except psycopg.Error as exc:
+            raise SchemaNotReady(f"secrets check failed: {describe_error(exc, self.secrets)}") from None
+        check_keys_loaded(self.context.sealer, key_ids, "the cluster store")
+
+    async def reseal_secrets(self, sealer) -> int:
+        """Seal every stored env value (task and execution revisions) under ``sealer``'s current
+        key, as the owner role (``owner_dsn``), in one transaction that holds off publishing:
+        values in clear and values under another loaded key; values under the current key are
+        left as they are, so running it again (after an interruption) finishes the job. Returns
+        the rows rewritten."""
+        import json
+
+        from psycopg.rows import dict_row
+
+        from qinglong.contracts.records import canonical_json
+        from qinglong.contracts.secrets import opened_env_payload, payload_needs_sealing, sealed_env_payload
+
+        dsn = self.settings.require_dsn("owner_dsn", "to rotate the secrets key")
+        conn = await connect(dsn, statement_timeout_ms=0, application_name=self._app_name("secrets"),
+                             secrets=self.secrets)
+        changed = 0
+        try:
+            async with conn.transaction():
+                await conn.execute(query("secrets_lock_revisions"))
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(query("secrets_task_payloads"))
+                    rows = await cur.fetchall()
+                for row in rows:
+                    value = json.loads(row["text"])
+                    holder = value if row["kind"] == "task" else value["execution"]
+                    if not payload_needs_sealing(sealer, holder):
+                        continue
+                    plain = opened_env_payload(sealer, row["project_id"], row["task_id"], holder)
+                    _, sealed = sealed_env_payload(sealer, row["project_id"], row["task_id"], plain)
+                    stored = sealed if row["kind"] == "task" else {**value, "execution": sealed}
+                    await conn.execute(query(f"secrets_update_{row['kind']}"), {
+                        "text": canonical_json(stored), "project_id": row["project_id"],
+                        "task_id": row["task_id"], "task_revision": row["task_revision"]})
+                    changed += 1
+        except psycopg.Error as exc:
+            raise SchemaNotReady(f"secrets rotation failed: {describe_error(exc, self.secrets)}") from None
+        finally:
+            await conn.close()
+        return changed
+
     async def migration_status(self) -> Sequence[MigrationState]:
         """Every known or applied migration with its status (read as the runtime role)."""
         return await self._with_runtime(migrations.status)
@@ -308,7 +366,8 @@ class ClusterPostgresBackend:
     def publisher(self) -> ClusterPublisher:
         """The admin side (admin role); refuses a 'skip' grace the cadence and lease cannot meet."""
         return ClusterPublisher(self.admin_pool, self.context.providers,
-                                self.settings.serialization_retries, self.context.limits)
+                                self.settings.serialization_retries, self.context.limits,
+                                sealer=self.context.sealer)
 
     def reader(self) -> ClusterReader:
         """The read side (runtime role)."""
@@ -344,7 +403,7 @@ class ClusterPostgresBackend:
         """Events out (:class:`~qinglong.contracts.events.EventOutbox`), as the runtime role."""
         from .events import ClusterEventOutbox
 
-        return ClusterEventOutbox(self._with_runtime)
+        return ClusterEventOutbox(self._with_runtime, sealer=self.context.sealer)
 
     async def close(self) -> None:
         """Give back the claims this replica still holds (once it ran a round), then close both

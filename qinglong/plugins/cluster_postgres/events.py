@@ -15,6 +15,8 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from psycopg.rows import dict_row
 
+from qinglong.contracts.errors import SecretsError
+from qinglong.contracts.secrets import opened_env_payload
 from qinglong.contracts.event_sources import AdmitResult, occurrence_key, payload_json
 from qinglong.contracts.events import (
     Delivery,
@@ -56,8 +58,10 @@ class ClusterEventOutbox:
     """``run(body)`` runs ``body(conn)`` on a runtime connection (autocommit: a body that writes
     more than one statement opens its own transaction)."""
 
-    def __init__(self, run: Callable[[Callable[[Any], Awaitable[Any]]], Awaitable[Any]]) -> None:
+    def __init__(self, run: Callable[[Callable[[Any], Awaitable[Any]]], Awaitable[Any]], *,
+                 sealer: Any = None) -> None:
         self._run = run
+        self._sealer = sealer
 
     async def _rows(self, name: str, params: dict) -> list[dict]:
         async def body(conn):
@@ -153,7 +157,12 @@ class ClusterEventOutbox:
             return RunContext()
         row = rows[0]
         payload = _mapping(row["payload_json"]) or {}
-        env = payload.get("env")
+        if isinstance(payload, dict):
+            try:  # the values to redact are the values in clear
+                payload = opened_env_payload(self._sealer, row["project_id"], row["task_id"], payload)
+            except SecretsError:
+                payload = {}
+        env = payload.get("env") if isinstance(payload, dict) else None
         values = tuple(v for v in env.values() if isinstance(v, str)) if isinstance(env, dict) else ()
         tail, cut = b"", False
         if row["attempt_id"] is not None and row["stored_bytes"] and max_log_bytes > 0:

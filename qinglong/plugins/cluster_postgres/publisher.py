@@ -54,6 +54,7 @@ from qinglong.contracts.records import (
     content_digest,
     trigger_content_digest,
 )
+from qinglong.contracts.secrets import opened_state, sealed_env_payload
 from qinglong.contracts.store import (
     SchedulerLimits,
     check_enabled,
@@ -134,8 +135,9 @@ class ClusterPublisher:
     """:class:`~qinglong.contracts.store.Publisher` on PostgreSQL (admin role)."""
 
     def __init__(self, pool_factory: Callable[[], Awaitable[Any]], providers: Mapping[str, Any],
-                 retries: int = 5, limits: SchedulerLimits | None = None) -> None:
+                 retries: int = 5, limits: SchedulerLimits | None = None, sealer: Any = None) -> None:
         self._pool_factory = pool_factory
+        self._sealer = sealer
         self._providers = providers
         self._retries = retries
         self._limits = limits
@@ -176,7 +178,7 @@ class ClusterPublisher:
         its pinned ``remote_worker`` execution revision in the same transaction."""
         check_identifier("project_id", project_id)
         check_identifier("task_id", task_id)
-        checked = _checked_task(task_id, payload)
+        checked = _checked_task(self._sealer, project_id, task_id, payload)
         return await self._transaction(lambda conn: _put_task_in(conn, project_id, task_id, checked))
 
     async def delete_task(self, project_id: str, task_id: str) -> None:
@@ -201,9 +203,10 @@ class ClusterPublisher:
     async def _planned(self, desired: DesiredProject | None, project_id: str, prune: bool,
                        dry_run: bool) -> ProjectPlan:
         async def body(conn):
-            current = await _project_state_in(conn, project_id, lock=True)
+            current = opened_state(self._sealer, await _project_state_in(conn, project_id, lock=True))
             plan = plan_project(desired, current, prune=prune)
-            checked = {task_id: _checked_task(task_id, payload) for task_id, payload in plan.tasks.items()}
+            checked = {task_id: _checked_task(self._sealer, project_id, task_id, payload)
+                       for task_id, payload in plan.tasks.items()}
             for change in plan.changes:
                 if change.action is ChangeAction.UNCHANGED:
                     continue
@@ -332,18 +335,25 @@ class _RollBack(Exception):
 
 @dataclass(frozen=True)
 class _CheckedTask:
-    """A task payload checked before any transaction: canonical JSON, digest, execution spec."""
+    """A task payload checked before any transaction: the payload and execution spec as stored
+    (env values sealed) and the digests of both in clear."""
 
     payload: Mapping[str, Any]
     payload_json: str
     digest: str
     execution: dict[str, Any] | None
+    stored_execution: dict[str, Any] | None
 
 
-def _checked_task(task_id: str, payload: Mapping[str, Any]) -> _CheckedTask:
-    payload_json = check_task_payload(task_id, payload)
-    return _CheckedTask(dict(payload), payload_json, content_digest(payload),
-                        normalised_execution(task_id, payload))
+def _checked_task(sealer: Any, project_id: str, task_id: str, payload: Mapping[str, Any]) -> _CheckedTask:
+    if not isinstance(payload, Mapping):
+        check_task_payload(task_id, payload)  # the contract's refusal
+    plain, stored = sealed_env_payload(sealer, project_id, task_id, payload)
+    check_task_payload(task_id, plain)
+    execution = normalised_execution(task_id, plain)
+    stored_execution = (None if execution is None
+                        else sealed_env_payload(sealer, project_id, task_id, execution)[1])
+    return _CheckedTask(stored, canonical_json(stored), content_digest(plain), execution, stored_execution)
 
 
 async def _put_task_in(conn, project_id: str, task_id: str, task: _CheckedTask) -> TaskRecord:
@@ -358,9 +368,11 @@ async def _put_task_in(conn, project_id: str, task_id: str, task: _CheckedTask) 
     await conn.execute(query("upsert_task_head"), {**keys, "content_digest": task.digest})
     await conn.execute(query("insert_task_revision"),
                        {**keys, "payload_json": task.payload_json, "content_digest": task.digest})
+    # the digest is of the spec in clear; the text stored has its env values sealed
     spec = execution_spec(project_id, task_id, revision, task.digest, task.execution)
+    stored = execution_spec(project_id, task_id, revision, task.digest, task.stored_execution)
     await conn.execute(query("insert_execution_revision"),
-                       {**keys, "spec_json": canonical_json(spec), "content_digest": content_digest(spec)})
+                       {**keys, "spec_json": canonical_json(stored), "content_digest": content_digest(spec)})
     return TaskRecord(project_id, task_id, revision, task.payload, task.digest)
 
 

@@ -12,10 +12,19 @@ commands otherwise never take the lock. A backend opened with ``create=False`` (
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+import json
+from typing import TYPE_CHECKING, Any, Sequence
 
 from qinglong.contracts.diagnostics import DiagnosticEvent
-from qinglong.contracts.records import MigrationState, RecoveryReport, RoundReport
+from qinglong.contracts.records import MigrationState, RecoveryReport, RoundReport, canonical_json
+from qinglong.contracts.secrets import (
+    check_keys_loaded,
+    is_sealed,
+    key_ids_in,
+    opened_env_payload,
+    payload_needs_sealing,
+    sealed_env_payload,
+)
 from qinglong.contracts.store import BackendContext
 
 from . import migrations
@@ -26,7 +35,8 @@ from .recovery import recover_in_thread
 from .scheduler import BeforeCommit, run_round
 from .scheduler_holds import HeldSchedules
 from .settings import EdgeSqliteSettings
-from .store import SqliteStore
+from .queries import query
+from .store import SqliteStore, named_rows, transaction
 
 if TYPE_CHECKING:  # imported when first asked for: `qinglong run` publishes nothing itself
     from .publisher import SqlitePublisher
@@ -51,8 +61,8 @@ class EdgeSqliteBackend:
         self.migrations = migrations.load_migrations()
         self._publisher: SqlitePublisher | None = None
         self._reader = SqliteReader(self.store, context.clock_ms)
-        self._execution = SqliteExecutionStore(self.store)
-        self._outbox = SqliteEventOutbox(self.store, context.clock_ms)
+        self._execution = SqliteExecutionStore(self.store, sealer=context.sealer)
+        self._outbox = SqliteEventOutbox(self.store, context.clock_ms, sealer=context.sealer)
         self._may_create = True
         # Held (undecidable) schedules, remembered across this backend's rounds.
         self._held = HeldSchedules()
@@ -113,6 +123,55 @@ class EdgeSqliteBackend:
         """Raise :class:`~qinglong.contracts.errors.SchemaNotReady` unless every migration is applied
         exactly as shipped and the live schema is exactly what they make."""
         await self.store.call(migrations.check_ready, self.migrations, self.store.path)
+
+    async def check_secrets(self) -> None:
+        """At start: refuse (:class:`~qinglong.contracts.errors.SecretsError`) when a stored env
+        value is sealed under a key that is not loaded; then seal, in one transaction, any value
+        still in clear (a store written before values were sealed), unless opened to read."""
+        sealer = self.context.sealer
+        rows = await self.store.call(self._secrets_rows)
+        check_keys_loaded(sealer, key_ids_in(payload for *_, payload in rows), f"the store {self.store.path}")
+        if sealer is not None and self._may_create and any(
+                any(not is_sealed(v) for v in payload["env"].values() if isinstance(v, str))
+                for *_, payload in rows):
+            await self.reseal_secrets(sealer)
+
+    @staticmethod
+    def _secrets_rows(conn) -> list[tuple[str, str, str, int, dict]]:
+        rows = []
+        for row in named_rows(conn, query("secrets_task_payloads")):
+            payload = json.loads(row["payload_json"])
+            rows.append((row["kind"], row["project_id"], row["task_id"], row["task_revision"], payload))
+        return rows
+
+    async def reseal_secrets(self, sealer: Any) -> int:
+        """Seal every stored env value under ``sealer``'s current key, in one transaction: values
+        in clear and values under another loaded key; values under the current key are left as
+        they are, so running it again (after an interruption) finishes the job. Returns the rows
+        rewritten."""
+        def work(conn) -> int:
+            changed = 0
+            # the text replaced is zeroed in the file, not left in a page's free space
+            secure = conn.execute("PRAGMA secure_delete").fetchone()[0]
+            conn.execute("PRAGMA secure_delete = ON")
+            try:
+                with transaction(conn):
+                    for kind, project_id, task_id, revision, payload in self._secrets_rows(conn):
+                        if not payload_needs_sealing(sealer, payload):
+                            continue
+                        plain = opened_env_payload(sealer, project_id, task_id, payload)
+                        _, stored = sealed_env_payload(sealer, project_id, task_id, plain)
+                        conn.execute(query(f"secrets_update_{kind}"), {
+                            "payload": canonical_json(stored), "project_id": project_id, "task_id": task_id,
+                            "task_revision": revision})
+                        changed += 1
+            finally:
+                conn.execute(f"PRAGMA secure_delete = {int(secure)}")
+            if changed:  # nor in the write-ahead log's old frames
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            return changed
+
+        return await self.store.call(work)
 
     async def recover(self) -> RecoveryReport:
         """Start as the file's scheduler: take the owner lock

@@ -21,6 +21,8 @@ from qinglong.contracts.events import (
     RunContext,
     check_episode,
 )
+from qinglong.contracts.errors import SecretsError
+from qinglong.contracts.secrets import opened_env_payload
 from qinglong.contracts.store import listing_bound
 
 from .queries import query
@@ -66,10 +68,12 @@ def read_tail(path: str, max_bytes: int) -> tuple[bytes, bool]:
 class SqliteEventOutbox:
     """Implements :class:`qinglong.contracts.events.EventOutbox` on the backend's store."""
 
-    def __init__(self, store: SqliteStore, clock_ms: Callable[[], int] | None = None) -> None:
+    def __init__(self, store: SqliteStore, clock_ms: Callable[[], int] | None = None, *,
+                 sealer: Any = None) -> None:
         import time
 
         self._store = store
+        self._sealer = sealer
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
 
     async def route(self, choose: Callable[[OutboxEvent], Sequence[str]], now_ms: int,
@@ -187,7 +191,12 @@ class SqliteEventOutbox:
         if row is None:
             return RunContext()
         payload = _json(row["payload_json"]) or {}
-        env = payload.get("env")
+        if isinstance(payload, dict):
+            try:  # the values to redact are the values in clear
+                payload = opened_env_payload(self._sealer, row["project_id"], row["task_id"], payload)
+            except SecretsError:
+                payload = {}
+        env = payload.get("env") if isinstance(payload, dict) else None
         values = tuple(v for v in env.values() if isinstance(v, str)) if isinstance(env, dict) else ()
         tail, cut = b"", False
         if row["attempt_dir"] and max_log_bytes > 0:

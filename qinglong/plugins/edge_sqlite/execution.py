@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 
 from qinglong.contracts.chain import chain_fires, chain_idempotency_key
 from qinglong.contracts.event_sources import AdmitResult, occurrence_key, payload_json
-from qinglong.contracts.errors import NotFound, UserError, project_not_found, task_not_found
+from qinglong.contracts.errors import NotFound, SecretsError, UserError, project_not_found, task_not_found
 from qinglong.contracts.execution import (
     run_state_filter,
     CONTRACT_LIMITS,
@@ -65,6 +65,7 @@ from qinglong.contracts.execution import (
 )
 from qinglong.contracts.reasons import reason as reason_words
 from qinglong.contracts.records import canonical_json
+from qinglong.contracts.secrets import opened_env_payload
 from qinglong.contracts.store import listing_bound
 
 from .queries import query
@@ -101,8 +102,9 @@ class SqliteExecutionStore:
     not have)."""
 
     def __init__(self, store: SqliteStore, limits: ExecutionLimits = CONTRACT_LIMITS,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, *, sealer: Any = None) -> None:
         self._store = store
+        self._sealer = sealer
         self._limits = limits
         self._rng = rng or random.Random()
         self._specs: dict[tuple, tuple[ExecutionSpec | None, str | None]] = {}
@@ -122,7 +124,12 @@ class SqliteExecutionStore:
                            "the run recorded")
         else:
             try:
-                spec = parse_execution_spec(task_id, json.loads(payload_json), self._limits)
+                payload = json.loads(payload_json)
+                if isinstance(payload, dict):  # env values in clear, for the job only
+                    payload = opened_env_payload(self._sealer, project_id, task_id, payload)
+                spec = parse_execution_spec(task_id, payload, self._limits)
+            except SecretsError as exc:
+                found = (None, f"env values cannot be opened: {exc}")
             except UserError as exc:
                 found = (None, f"invalid execution spec: {exc}")
             else:

@@ -52,6 +52,8 @@ from qinglong.contracts.store import (
     validate_definition,
 )
 
+from qinglong.contracts.secrets import opened_state, sealed_env_payload
+
 from .queries import query
 from .reader import head_from_row
 from .store import SqliteStore, named_one, named_rows, transaction
@@ -68,6 +70,17 @@ def _live_task_head(conn: sqlite3.Connection, project_id: str, task_id: str) -> 
     """The task's head row unless the task does not exist or was deleted."""
     row = named_one(conn, query("task_head"), (project_id, task_id))
     return row if row is not None and row["deleted_at_ms"] is None else None
+
+
+def checked_task_payload(sealer: Any, project_id: str, task_id: str,
+                         payload: Mapping[str, Any]) -> tuple[str, str]:
+    """``(stored JSON, digest)`` of a payload to publish: checked and digested in clear, stored
+    with its env values sealed (:func:`~qinglong.contracts.secrets.sealed_env_payload`)."""
+    if not isinstance(payload, Mapping):
+        check_task_payload(task_id, payload)  # the contract's refusal
+    plain, stored = sealed_env_payload(sealer, project_id, task_id, payload)
+    plain_json = check_task_payload(task_id, plain)
+    return canonical_json(stored), content_digest(json.loads(plain_json))
 
 
 def put_task_in(conn: sqlite3.Connection, project_id: str, task_id: str, payload_json: str,
@@ -119,15 +132,15 @@ class _RollBack(Exception):
 
 
 def apply_plan_in(conn: sqlite3.Connection, desired: DesiredProject | None, project_id: str,
-                  prune: bool, now_ms: int) -> ProjectPlan:
+                  prune: bool, now_ms: int, sealer: Any = None) -> ProjectPlan:
     """Read the project, plan it and write the plan, inside the caller's transaction."""
-    current = project_state_in(conn, project_id)
+    current = opened_state(sealer, project_state_in(conn, project_id))
     plan = plan_project(desired, current, prune=prune)
     for change in plan.changes:
         if change.action is ChangeAction.UNCHANGED:
             continue
         try:
-            _apply_change(conn, change, plan, desired, now_ms)
+            _apply_change(conn, change, plan, desired, now_ms, sealer)
         except PlanRefused:
             raise
         except UserError as exc:
@@ -138,7 +151,7 @@ def apply_plan_in(conn: sqlite3.Connection, desired: DesiredProject | None, proj
 
 
 def _apply_change(conn: sqlite3.Connection, change: Change, plan: ProjectPlan,
-                  desired: DesiredProject | None, now_ms: int) -> None:
+                  desired: DesiredProject | None, now_ms: int, sealer: Any = None) -> None:
     project_id = plan.project_id
     if change.kind is ObjectKind.PROJECT:
         if change.action is ChangeAction.DELETE:
@@ -157,9 +170,9 @@ def _apply_change(conn: sqlite3.Connection, change: Change, plan: ProjectPlan,
         if change.action is ChangeAction.DELETE:
             delete_task_in(conn, project_id, change.object_id, now_ms)
             return
-        payload_json = check_task_payload(change.object_id, plan.tasks[change.object_id])
-        put_task_in(conn, project_id, change.object_id, payload_json,
-                    content_digest(json.loads(payload_json)), now_ms)
+        stored_json, digest = checked_task_payload(sealer, project_id, change.object_id,
+                                                   plan.tasks[change.object_id])
+        put_task_in(conn, project_id, change.object_id, stored_json, digest, now_ms)
     else:
         if change.action is ChangeAction.DELETE:
             _existing_head(conn, project_id, change.object_id)
@@ -286,10 +299,9 @@ class SqlitePublisher:
         """Create a task or publish a new revision when its payload changed."""
         check_identifier("project_id", project_id)
         check_identifier("task_id", task_id)
-        payload_json = check_task_payload(task_id, payload)
-        digest = content_digest(json.loads(payload_json))
+        stored_json, digest = checked_task_payload(self._context.sealer, project_id, task_id, payload)
         now = self._context.clock_ms()
-        return await self._in_transaction(put_task_in, project_id, task_id, payload_json, digest, now)
+        return await self._in_transaction(put_task_in, project_id, task_id, stored_json, digest, now)
 
     async def delete_task(self, project_id: str, task_id: str) -> None:
         """Mark a task deleted (its revisions and Runs stay); refused while a trigger runs it."""
@@ -322,7 +334,7 @@ class SqlitePublisher:
         now = self._context.clock_ms()
 
         def work(conn: sqlite3.Connection) -> ProjectPlan:
-            plan = apply_plan_in(conn, desired, project_id, prune, now)
+            plan = apply_plan_in(conn, desired, project_id, prune, now, self._context.sealer)
             if dry_run:
                 raise _RollBack(plan)
             return plan

@@ -95,12 +95,16 @@ checked AS MATERIALIZED (
             AND t.enabled) AS trigger_ok,
            coalesce(k.task_revision = i.task_revision AND k.content_digest = i.task_digest
                     AND tr.content_digest = k.content_digest
-                    AND tr.content_digest
-                        = 'sha256:' || encode(sha256(convert_to(tr.payload_json, 'UTF8')), 'hex'),
+                    -- digests are of the payload in clear: a text with sealed env values is
+                    -- checked by their AEAD tags when the gateway opens them instead
+                    AND (tr.content_digest
+                         = 'sha256:' || encode(sha256(convert_to(tr.payload_json, 'UTF8')), 'hex')
+                         OR strpos(tr.payload_json, '"ql-sealed:v1:') > 0),
                     false) AS task_ok,
            (k.task_revision <> i.task_revision) AS task_moved,
            (tr.task_revision IS NOT NULL) AS task_revision_found,
-           coalesce(e.content_digest = 'sha256:' || encode(sha256(convert_to(e.spec_json, 'UTF8')), 'hex'),
+           coalesce(e.content_digest = 'sha256:' || encode(sha256(convert_to(e.spec_json, 'UTF8')), 'hex')
+                    OR strpos(e.spec_json, '"ql-sealed:v1:') > 0,
                     false) AS execution_ok,
            e.content_digest AS execution_digest,
            (i.keep_claim AND i.kind IN ('fire', 'initialize')

@@ -107,7 +107,7 @@ LIMIT %(limit)s;
 SELECT a.attempt_id::text AS attempt_id,
        (SELECT coalesce(max(l.offset_bytes + octet_length(l.data)), 0)
           FROM qinglong.attempt_logs l WHERE l.attempt_id = a.attempt_id) AS stored_bytes,
-       v.payload_json
+       v.payload_json, r.project_id, r.task_id
 FROM qinglong.runs r
 LEFT JOIN LATERAL (SELECT x.attempt_id FROM qinglong.attempts x WHERE x.run_id = r.run_id
                    ORDER BY x.attempt_no DESC LIMIT 1) a ON true

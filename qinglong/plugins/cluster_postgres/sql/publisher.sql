@@ -163,3 +163,38 @@ WHERE project_id = %(project_id)s AND task_id = %(task_id)s AND deleted_at_ms IS
 SELECT trigger_id, spec_json ->> 'task' AS upstream, task_id
 FROM qinglong.triggers
 WHERE project_id = %(project_id)s AND kind = 'after'
+
+-- name: secrets_key_ids
+-- The key ids the stored sealed env values name (task and execution revisions): the start check.
+SELECT DISTINCT s.m[1] AS key_id
+FROM (SELECT regexp_matches(payload_json, '"ql-sealed:v1:([A-Za-z0-9]+):', 'g') AS m
+        FROM qinglong.task_revisions
+      UNION ALL
+      SELECT regexp_matches(spec_json, '"ql-sealed:v1:([A-Za-z0-9]+):', 'g')
+        FROM qinglong.execution_revisions) s;
+
+-- name: secrets_lock_revisions
+-- A rotation holds off publishing (which inserts revisions) until it commits.
+LOCK TABLE qinglong.task_revisions, qinglong.execution_revisions IN SHARE ROW EXCLUSIVE MODE;
+
+-- name: secrets_task_payloads
+-- Every task revision whose payload has an env table, and every execution revision whose spec
+-- has one: what a rotation seals again.
+SELECT 'task' AS kind, project_id, task_id, task_revision, payload_json AS text
+  FROM qinglong.task_revisions
+ WHERE jsonb_typeof(payload_json::jsonb -> 'env') = 'object'
+UNION ALL
+SELECT 'execution' AS kind, project_id, task_id, task_revision, spec_json AS text
+  FROM qinglong.execution_revisions
+ WHERE jsonb_typeof(spec_json::jsonb -> 'execution' -> 'env') = 'object';
+
+-- name: secrets_update_task
+-- A task revision's payload with its env values sealed again (its digest is of the values in clear).
+UPDATE qinglong.task_revisions SET payload_json = %(text)s
+ WHERE project_id = %(project_id)s AND task_id = %(task_id)s AND task_revision = %(task_revision)s;
+
+-- name: secrets_update_execution
+-- An execution revision's spec with its env values sealed again.
+UPDATE qinglong.execution_revisions SET spec_json = %(text)s
+ WHERE project_id = %(project_id)s AND task_id = %(task_id)s AND task_revision = %(task_revision)s
+   AND executor = 'remote_worker';

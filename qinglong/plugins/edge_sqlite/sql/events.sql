@@ -69,7 +69,7 @@ SELECT * FROM event_outbox ORDER BY seq DESC LIMIT :limit;
 
 -- name: events_run_context
 -- A Run's last Attempt's directory and its task revision's payload (the env to redact).
-SELECT a.attempt_dir, v.payload_json
+SELECT a.attempt_dir, v.payload_json, r.project_id, r.task_id
   FROM runs AS r
   LEFT JOIN attempts AS a
     ON a.run_id = r.run_id

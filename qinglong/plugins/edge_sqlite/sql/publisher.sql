@@ -114,3 +114,22 @@ SELECT trigger_id FROM triggers WHERE project_id = ? AND task_id = ? ORDER BY tr
 -- Mark a task deleted; its head and every revision stay for the Runs that pinned them.
 UPDATE tasks SET deleted_at_ms = :now
  WHERE project_id = :project_id AND task_id = :task_id AND deleted_at_ms IS NULL;
+
+-- name: secrets_task_payloads
+-- Every stored task payload that has an env table (heads and revisions): what the secrets check
+-- reads and a rotation seals again.
+SELECT 'head' AS kind, project_id, task_id, task_revision, payload_json FROM tasks
+ WHERE json_valid(payload_json) AND json_type(payload_json, '$.env') = 'object'
+UNION ALL
+SELECT 'revision' AS kind, project_id, task_id, task_revision, payload_json FROM task_revisions
+ WHERE json_valid(payload_json) AND json_type(payload_json, '$.env') = 'object';
+
+-- name: secrets_update_head
+-- A task head's payload with its env values sealed again (the digest is of the values in clear).
+UPDATE tasks SET payload_json = :payload
+ WHERE project_id = :project_id AND task_id = :task_id AND task_revision = :task_revision;
+
+-- name: secrets_update_revision
+-- A task revision's payload with its env values sealed again.
+UPDATE task_revisions SET payload_json = :payload
+ WHERE project_id = :project_id AND task_id = :task_id AND task_revision = :task_revision;
