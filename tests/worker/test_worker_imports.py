@@ -18,7 +18,7 @@ HEAVY = (
     "qinglong.host.waiting", "qinglong.host.execution", "qinglong.host.http", "qinglong.host.remote",
     "qinglong.host.views", "qinglong.host.events", "qinglong.host.closure",
     "qinglong.contracts.store", "qinglong.contracts.records", "qinglong.contracts.observe",
-    "qinglong.contracts.apply", "qinglong.contracts.decision",
+    "qinglong.contracts.apply", "qinglong.contracts.decision", "qinglong.contracts.events",
     "qinglong.host.cli.run", "qinglong.host.cli.publish", "qinglong.host.cli.apply",
     "qinglong.host.cli.runs", "qinglong.host.cli.read", "qinglong.host.cli.api",
     "qinglong.host.cli.tokens", "qinglong.host.cli.status", "qinglong.host.cli.db",
