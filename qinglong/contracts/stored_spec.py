@@ -10,6 +10,8 @@ default lives in SQL, so every key the worker functions read must be there with 
 
 from __future__ import annotations
 
+import json
+from decimal import Decimal
 from typing import Any
 
 from .execution import RetryPolicy
@@ -82,6 +84,32 @@ def stored_retry_policy(spec: Any) -> tuple[RetryPolicy, bool]:
                        on_timeout=retry["on_timeout"]), spec["idempotent"]
 
 
+def _jsonb_text(value: Any) -> str:
+    """A decoded JSON value as PostgreSQL's jsonb prints it: numbers as numeric does (no
+    exponent, no negative zero), ``", "`` and ``": "`` between items, object keys shortest first."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        number = Decimal(json.dumps(value))
+        return format(abs(number) if number == 0 else number, "f")
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_jsonb_text(v) for v in value) + "]"
+    keys = sorted(value, key=lambda k: (len(k.encode()), k.encode()))
+    return "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {_jsonb_text(value[k])}" for k in keys) + "}"
+
+
+def _element_text(value: Any) -> str | None:
+    """An array element as ``jsonb_array_elements_text`` gives it: a string as itself, null as
+    NULL, anything else as its jsonb text."""
+    if value is None or isinstance(value, str):
+        return value
+    return _jsonb_text(value)
+
+
 def stored_claim_routing(spec: Any) -> tuple[frozenset[str | None], bool]:
     """``(required labels, start gated)`` of a stored spec: the two fields a cluster Run carries
     so a worker's claim seeks it through an index (``qinglong._claim_routing`` in SQL, held equal
@@ -89,7 +117,8 @@ def stored_claim_routing(spec: Any) -> tuple[frozenset[str | None], bool]:
     then fails it through :func:`stored_spec_problem`. Labels are a set, as the claim compares
     them by containment; a JSON null element stands as None, as SQL keeps it as NULL."""
     labels = _get(spec, "labels")
-    required = frozenset(labels) if _json_type(labels) == "array" else frozenset()
+    required = frozenset(_element_text(label) for label in labels) if _json_type(labels) == "array" \
+        else frozenset()
     concurrency = _get(spec, "concurrency")
     free = (_json_type(spec) == "object" and _get(concurrency, "mode") == "allow"
             and _json_type(_get(concurrency, "max_running")) != "number")

@@ -165,9 +165,11 @@ def test_sql_spec_problem_equals_the_contracts_stored_spec_problem(cluster):
 
 
 #: A ``labels`` value as a damaged or hand-written revision may hold it: strings (repeated, in any
-#: order) and JSON nulls in an array, or a value of another JSON type.
+#: order), JSON nulls or any other JSON value in an array, or a value of another JSON type.
 LABEL_VALUES = st.one_of(
     st.lists(st.one_of(st.sampled_from(["gpu", "arm", "eu-1", "GPU", "x.y"]), st.none()), max_size=5),
+    # elements of any JSON type: SQL reads each as its jsonb text ([false] needs label 'false')
+    st.lists(JSON_VALUES, min_size=1, max_size=3),
     JSON_VALUES.filter(lambda v: not isinstance(v, list)))
 
 

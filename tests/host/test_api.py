@@ -11,7 +11,7 @@ from qinglong.contracts.jitter import JitteredSchedule
 from qinglong.contracts.providers import fire_times
 from qinglong.plugins.cron.provider import CronProvider
 
-from api_helpers import Client, Plane, api_settings, cli, make_token
+from api_helpers import API_HTTP, Client, Plane, api_settings, cli, make_token
 from host_helpers import wait_until
 
 
@@ -214,3 +214,39 @@ def test_qinglong_api_serves_the_api_with_probes_and_refuses_plain_http_off_loop
     refused = subprocess.run([sys.executable, "-m", "qinglong", "--settings", str(public), "api"], env=child_env(),
                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 3 and "TLS" in refused.stderr and "key 'http.listen'" in refused.stderr
+
+
+def test_a_run_admitted_or_cancelled_through_the_api_wakes_the_dispatcher(tmp_path):
+    """A Run admitted through the API, or a cancel requested there, must not wait for the
+    dispatcher's fallback poll (a minute here): the job would start, or go on running after its
+    cancel, that long. Each wait below is bounded well inside that minute."""
+    settings = tmp_path / "settings.toml"
+    settings.write_text(
+        f'profile = "edge"\n[backend]\npath = "{tmp_path / "q.db"}"\n'
+        "[execution]\npoll_ms = 60000\nkill_grace_ms = 1000\n[api]\nenabled = true\n"
+        f"[http]\n{API_HTTP}\n")
+    cli(settings, "project", "create", "ops")
+    write = make_token(settings, "deployer", "write")
+    plane = Plane(settings)
+    client = Client(plane.port, write)
+    try:
+        status, body, _ = client.request("PUT", "/api/v1/projects/ops/tasks/hold",
+                                         {"payload": {"command": ["sleep", "600"]}})
+        assert status == 200, body
+        status, made, _ = client.request("POST", "/api/v1/projects/ops/tasks/hold/runs")
+        assert status == 201, made
+        run_id = made["run_id"]
+
+        def in_state(state: str):
+            def check():
+                _, run, _ = client.request("GET", f"/api/v1/runs/{run_id}")
+                return run if run["state"] == state else None
+            return check
+
+        wait_until(in_state("running"), "the Run started", timeout=30, every=0.1, alive=plane.process)
+        status, cancelled, _ = client.request("POST", f"/api/v1/runs/{run_id}/cancel")
+        assert status == 200, cancelled
+        wait_until(in_state("cancelled"), "the Run cancelled", timeout=30, every=0.1, alive=plane.process)
+    finally:
+        client.close()
+        plane.stop()

@@ -136,6 +136,9 @@ class ApiService:
         self.tokens = token_store_of(backend)
         #: per trigger: the minute (unix minutes) and the deliveries accepted in it
         self._hook_counts: dict[str, tuple[int, int]] = {}
+        #: Called after a Run was admitted or a cancel requested here (the local dispatcher's
+        #: wake-up: it starts or signals at once instead of at its next poll). Must not raise.
+        self.on_runs_changed: Callable[[], None] = lambda: None
 
     async def lookup_token(self, digest: str) -> Any:
         return await self.tokens.token_by_digest(digest)
@@ -307,6 +310,8 @@ class ApiService:
         run_id, created = await self._audited(
             principal, request, "task.run", f"{project_id}/{task_id}",
             lambda: store.admit_manual_run(project_id, task_id, key, self.clock_ms()), {"idempotency_key": key})
+        if created:
+            self.on_runs_changed()
         return JSONResponse(views.manual_run_json(run_id, created, key), status_code=201 if created else 200)
 
     # ------------------------------------------------------------------ triggers
@@ -494,6 +499,8 @@ class ApiService:
             return await store.request_cancel(run_id, CancelReason.OPERATOR, self.clock_ms(), Actor.OPERATOR)
 
         after = await self._audited(principal, request, "run.cancel", run_id, change)
+        if store is not None:
+            self.on_runs_changed()
         return JSONResponse(views.cancel_json(run_id, before, after))
 
     async def run_log(self, request: Request, principal: Principal) -> Response:

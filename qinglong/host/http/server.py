@@ -155,6 +155,12 @@ class HttpSurface:
     name = "http"
     phase = ComponentPhase.ADMISSION
 
+    def _wake_dispatcher(self) -> None:
+        """A Run admitted or cancelled through the API is started or signalled at once."""
+        dispatcher = getattr(self._lifecycle, "dispatcher", None)
+        if dispatcher is not None:
+            dispatcher.wake()
+
     def __init__(self, lifecycle: Any, settings: HttpSettings, token: bytes | None, profile: str,
                  version: str, *, required: bool = True, api: Any = None, api_settings: Any = None,
                  ssl_files: tuple[str, str] | None = None) -> None:
@@ -186,6 +192,7 @@ class HttpSurface:
         if api is not None:
             specs += api.routes()
             lookup = api.lookup_token
+            api.on_runs_changed = self._wake_dispatcher
         limiter = None
         trusted: tuple[str, ...] = ()
         if api_settings is not None:
