@@ -29,7 +29,7 @@ from qinglong.contracts.errors import PluginLoadError, SettingsError
 from qinglong.contracts.execution import ExecutorContext, minimal_environment
 from qinglong.contracts.store import BackendContext, SchedulerBackendSpec, SchedulerLimits
 
-from .assembly import DISTRIBUTION, check_profile_extra, create_executors, diagnostics, extra_hint, load_plugins
+from .assembly import create_executors, diagnostics, extra_hint, load_plugins
 from .lifecycle import Lifecycle
 from .plugins import PluginHost
 from .secrets import host_sealer
