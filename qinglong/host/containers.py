@@ -29,9 +29,9 @@ from qinglong.contracts.errors import PluginLoadError, SettingsError
 from qinglong.contracts.execution import ExecutorContext, minimal_environment
 from qinglong.contracts.store import BackendContext, SchedulerBackendSpec, SchedulerLimits
 
-from .diagnostics import FanoutSink, StderrSink
+from .assembly import create_executors, diagnostics, extra_hint, load_plugins
 from .lifecycle import Lifecycle
-from .plugins import PluginHost, missing_extra_requirements
+from .plugins import PluginHost
 from .secrets import host_sealer
 from .settings import LoadedSettings, validate_section
 
@@ -39,36 +39,6 @@ from .settings import LoadedSettings, validate_section
 def wall_clock_ms() -> int:
     """The process clock in epoch milliseconds (edge and standalone decide with it)."""
     return time.time_ns() // 1_000_000
-
-
-DISTRIBUTION = "qinglong"
-
-
-def extra_hint(profile_extra: str) -> str:
-    """The install command that brings a profile's extra."""
-    return f"pip install '{DISTRIBUTION}[{profile_extra}]'"
-
-
-def check_profile_extra(loaded: LoadedSettings) -> None:
-    """Refuse, before importing any plugin, a profile whose extra is not installed."""
-    missing = missing_extra_requirements(DISTRIBUTION, loaded.profile.extra)
-    if missing:
-        raise PluginLoadError(
-            f"the {loaded.profile.name} profile needs {', '.join(missing)}, which "
-            f"{'is' if len(missing) == 1 else 'are'} not installed: {extra_hint(loaded.profile.extra)}"
-        )
-
-
-def load_plugins(loaded: LoadedSettings, *, check_extra: bool = True) -> PluginHost:
-    """Load the profile's plugins, then the ones the settings enable, then check hook names.
-    ``check_extra`` False: a worker speaking to the API tier's gateway needs none of the
-    profile's store packages (``qinglong[worker]``)."""
-    if check_extra:
-        check_profile_extra(loaded)
-    host = PluginHost()
-    host.load(loaded.profile.plugins, required_by=f"the {loaded.profile.name} profile")
-    host.load(loaded.settings.plugins.enable, required_by=loaded.origin(("plugins", "enable")))
-    return host
 
 
 def backend_spec(host: PluginHost, loaded: LoadedSettings) -> SchedulerBackendSpec:
@@ -86,12 +56,6 @@ def backend_spec(host: PluginHost, loaded: LoadedSettings) -> SchedulerBackendSp
 def backend_settings(spec: SchedulerBackendSpec, loaded: LoadedSettings) -> Any:
     """The ``[backend]`` section validated by the backend's own settings model."""
     return validate_section(loaded, "backend", spec.settings_model, loaded.settings.backend)
-
-
-def diagnostics(host: PluginHost, loaded: LoadedSettings) -> FanoutSink:
-    """The host's stderr sink plus every plugin's sink, behind redaction."""
-    own = StderrSink(loaded.settings.diagnostics.level, loaded.settings.diagnostics.format)
-    return FanoutSink([own, *host.diagnostic_sinks(loaded.settings)], fallback=own)
 
 
 def single_owner(loaded: LoadedSettings) -> str:
@@ -142,19 +106,6 @@ def executor_context(loaded: LoadedSettings, backend_settings: Any) -> ExecutorC
         orphan_drain_ms=loaded.settings.execution.orphan_drain_ms,
         orphans=loaded.settings.execution.orphans,
     )
-
-
-def create_executors(host: PluginHost, context: ExecutorContext) -> dict[str, Any]:
-    """Every loaded plugin's executors, created (by name); a failing factory is a PluginLoadError
-    naming the executor."""
-    executors = {}
-    for name, spec in host.executor_specs().items():
-        try:
-            executors[name] = spec.create(context)
-        except Exception as exc:
-            raise PluginLoadError(
-                f"executor {name!r} could not be created: {exc.__class__.__name__}: {exc}") from exc
-    return executors
 
 
 def dispatcher_factory(host: PluginHost, loaded: LoadedSettings, backend_settings: Any,

@@ -13,7 +13,7 @@ import inspect
 import re
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import pluggy
 
@@ -28,7 +28,9 @@ from qinglong.contracts.hookspecs import (
     QinglongHookSpecs,
 )
 from qinglong.contracts.providers import TriggerCliOptions, TriggerProvider
-from qinglong.contracts.store import SchedulerBackendSpec
+
+if TYPE_CHECKING:
+    from qinglong.contracts.store import SchedulerBackendSpec
 
 #: While the host calls a hook: (plugin name, item) for every item an implementation returned.
 _PRODUCED: contextvars.ContextVar[list[tuple[str, Any]] | None] = contextvars.ContextVar(
@@ -392,6 +394,8 @@ class PluginHost:
 
     def backend_specs(self) -> dict[str, SchedulerBackendSpec]:
         """Scheduler backends by name; two of one name are refused, naming both plugins."""
+        from qinglong.contracts.store import SchedulerBackendSpec
+
         return self._unique(
             "qinglong_scheduler_backends", "a SchedulerBackendSpec",
             lambda spec: isinstance(spec, SchedulerBackendSpec), lambda spec: spec.name,

@@ -7,21 +7,26 @@ from typing import Any, Sequence
 
 from qinglong.contracts.cli import number_and_unit as _number_and_unit
 from qinglong.contracts.cli import parse_duration_ms
-from qinglong.contracts.store import MAX_LISTING_ROWS
 
-#: Upper bound of ``--limit`` and ``--count``: the readers' own bound, so a listing the CLI
-#: accepts is never cut short behind the user's back.
-MAX_LISTING = MAX_LISTING_ROWS
+
+def _max_listing() -> int:
+    """Upper bound of ``--limit`` and ``--count``: the readers' own bound, so a listing the CLI
+    accepts is never cut short behind the user's back. Imported when a count is parsed: a
+    command that parses none (``qinglong worker``) does not load the store's contracts."""
+    from qinglong.contracts.store import MAX_LISTING_ROWS
+
+    return MAX_LISTING_ROWS
 
 
 def positive_count(text: str) -> int:
-    """An argparse type: a whole number from 1 to :data:`MAX_LISTING` (a usage error otherwise)."""
+    """An argparse type: a whole number from 1 to :func:`_max_listing` (a usage error otherwise)."""
     try:
         value = int(text, 10)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if not 1 <= value <= MAX_LISTING:
-        raise argparse.ArgumentTypeError(f"expected a number from 1 to {MAX_LISTING}, got {value}")
+    bound = _max_listing()
+    if not 1 <= value <= bound:
+        raise argparse.ArgumentTypeError(f"expected a number from 1 to {bound}, got {value}")
     return value
 
 

@@ -21,7 +21,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     whose extra is missing is a fact about this installation (exit 0); a plugin the settings name
     that is unknown or broken is a mistake to fix (the listing is printed, then exit 3).
     """
-    from ..containers import check_profile_extra
+    from ..assembly import check_profile_extra
     from ..plugins import PluginHost
 
     host = PluginHost()

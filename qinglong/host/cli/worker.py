@@ -23,41 +23,42 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from qinglong.contracts.errors import UserError
     from qinglong.contracts.execution import ExecutorContext, minimal_environment
 
-    from ..containers import build_container, create_executors, load_plugins
-    from ..containers import diagnostics as make_diagnostics
     from qinglong.worker import worker_config
 
     loaded = settings_of(args)
     config = worker_config(loaded.settings.worker)
-    if config.url is not None:  # no store package needed: qinglong[worker]
-        host = load_plugins(loaded, check_extra=False)
-        diagnostics = make_diagnostics(host, loaded)
-    else:
-        container = build_container(loaded)
-        host = container.plugin_host()
-        diagnostics = container.diagnostics()
-    if config.url is not None:
-        # the gateway's path: nothing of the store is loaded (no driver, no credential)
-        from qinglong.worker import read_token_file
-
-        read_token_file(config.token_file)  # a missing or readable token file: exit 3 before anything runs
-        spec = None
-        dsn = ""
-    else:
-        dsn = loaded.settings.worker.dsn.get_secret_value()
-        protocols = host.worker_protocol_specs()
-        spec = protocols.get(loaded.profile.backend)
-    if spec is None and config.url is None:
-        raise UserError(f"`qinglong worker` needs a profile whose store offers a worker protocol; the "
-                        f"{loaded.profile.name} profile's backend {loaded.profile.backend!r} offers none "
-                        f"(worker protocols of the loaded plugins: {', '.join(sorted(protocols)) or 'none'}); "
-                        "use the cluster profile")
     home = config.run_as[3] if config.run_as is not None else os.environ.get("HOME")
     context = ExecutorContext(log_dir=config.log_dir, base_env=minimal_environment(home),
                               kill_grace_ms=config.kill_grace_ms, orphan_drain_ms=config.orphan_drain_ms,
                               orphans=config.orphans,
                               run_as=(config.run_as[1], config.run_as[2]) if config.run_as is not None else None)
-    executors = create_executors(host, context)
+    if config.url is not None:
+        # the gateway's path: nothing of the store is loaded (no driver, no credential, no store
+        # contracts), nor the control plane's containers: qinglong[worker]
+        from ..assembly import GatewayWorkerContainer
+        from qinglong.worker import read_token_file
+
+        worker_container = GatewayWorkerContainer(loaded=loaded, executor_context=context)
+        diagnostics = worker_container.diagnostics()
+        read_token_file(config.token_file)  # a missing or readable token file: exit 3 before anything runs
+        spec = None
+        dsn = ""
+        executors = worker_container.executors()
+    else:
+        from ..containers import build_container, create_executors
+
+        container = build_container(loaded)
+        host = container.plugin_host()
+        diagnostics = container.diagnostics()
+        dsn = loaded.settings.worker.dsn.get_secret_value()
+        protocols = host.worker_protocol_specs()
+        spec = protocols.get(loaded.profile.backend)
+        if spec is None:
+            raise UserError(f"`qinglong worker` needs a profile whose store offers a worker protocol; the "
+                            f"{loaded.profile.name} profile's backend {loaded.profile.backend!r} offers none "
+                            f"(worker protocols of the loaded plugins: {', '.join(sorted(protocols)) or 'none'}); "
+                            "use the cluster profile")
+        executors = create_executors(host, context)
 
     async def connect() -> Any:
         if config.url is not None:
@@ -78,6 +79,8 @@ async def serve(connect: Any, executors: Any, config: Any, diagnostics: Any) -> 
 
     from qinglong.worker import Worker
 
+    from ..assembly import release_freed_memory
+
     try:
         protocol = await connect()
     except StoreAuthFailed:
@@ -86,6 +89,7 @@ async def serve(connect: Any, executors: Any, config: Any, diagnostics: Any) -> 
         diagnostics.emit(DiagnosticEvent("warning", "worker.store_unavailable",
                                          f"the store is unavailable at start; retrying: {exc}"))
         protocol = None
+    release_freed_memory()  # the boot's garbage, before the worker idles for hours
     worker = Worker(connect, executors, config, diagnostics, protocol=protocol)
     with two_stage_signals(diagnostics, "worker.stop_requested",
                            "draining (send it again to kill the jobs and exit at once)", worker.request_stop,
@@ -176,7 +180,7 @@ def boot_worker_for_closure(settings_path: str | None) -> list[str]:
     from qinglong.contracts.execution import ExecutorContext, minimal_environment
 
     from .main import build_parser, command_groups_for
-    from ..containers import create_executors, diagnostics, load_plugins
+    from ..assembly import GatewayWorkerContainer
     from ..settings import load_settings
 
     build_parser(groups=command_groups_for(["worker"]))
@@ -190,10 +194,10 @@ def boot_worker_for_closure(settings_path: str | None) -> list[str]:
         from qinglong.worker import HttpWorkerProtocol, Worker, worker_config  # noqa: F401
 
         config = worker_config(loaded.settings.worker)
-        host = load_plugins(loaded, check_extra=False)
-        diagnostics(host, loaded)
-        create_executors(host, ExecutorContext(log_dir=config.log_dir, base_env=minimal_environment(None),
-                                               kill_grace_ms=config.kill_grace_ms))
+        container = GatewayWorkerContainer(loaded=loaded, executor_context=ExecutorContext(
+            log_dir=config.log_dir, base_env=minimal_environment(None), kill_grace_ms=config.kill_grace_ms))
+        container.diagnostics()
+        container.executors()
     import sys
 
     return list(sys.modules)

@@ -15,10 +15,14 @@ factory. The package holds one module per concept:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from qinglong.contracts.hookspecs import hookimpl
-from qinglong.contracts.store import BackendContext, SchedulerBackend, SchedulerBackendSpec
 
 from .settings import ClusterPostgresSettings
+
+if TYPE_CHECKING:  # a worker loads this plugin without the store's contracts
+    from qinglong.contracts.store import BackendContext, SchedulerBackend
 
 BACKEND_NAME = "cluster_postgres"
 
@@ -33,6 +37,8 @@ def create_backend(context: BackendContext) -> SchedulerBackend:
 @hookimpl
 def qinglong_scheduler_backends():
     """Offer the ``cluster_postgres`` scheduler backend."""
+    from qinglong.contracts.store import SchedulerBackendSpec
+
     return [
         SchedulerBackendSpec(
             name=BACKEND_NAME,

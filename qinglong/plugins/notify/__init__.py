@@ -9,7 +9,6 @@ appears in an error, a log line or a delivery's recorded error.
 
 from __future__ import annotations
 
-from qinglong.contracts.events import NotifierSpec
 from qinglong.contracts.hookspecs import hookimpl
 
 
@@ -27,6 +26,9 @@ def _email(name, options):
 
 @hookimpl
 def qinglong_notifiers():
-    """Offer the ``webhook`` and ``email`` channel kinds."""
+    """Offer the ``webhook`` and ``email`` channel kinds (the events contracts are read here, not
+    at plugin load: a worker loads this plugin and never asks for notifiers)."""
+    from qinglong.contracts.events import NotifierSpec
+
     return [NotifierSpec("webhook", _webhook, "a JSON POST signed with HMAC-SHA256"),
             NotifierSpec("email", _email, "a plain-text mail over SMTP with STARTTLS")]
