@@ -164,6 +164,19 @@ def _open_given(sealer: SealerLike, value: str, aad: bytes, task_id: str, name: 
                         "not open (give the value itself, or keep the current one)") from None
 
 
+def env_values_to_redact(sealer: SealerLike | None, project_id: str, task_id: str, payload: Any) -> tuple[str, ...]:
+    """The env values in clear of a stored task ``payload``: what a message quoting the job's log
+    must redact. Values that do not open (no key, a wrong one) give none, never their sealed text."""
+    if not isinstance(payload, Mapping):
+        return ()
+    try:
+        payload = opened_env_payload(sealer, project_id, task_id, payload)
+    except SecretsError:
+        return ()
+    env = payload.get("env")
+    return tuple(v for v in env.values() if isinstance(v, str)) if isinstance(env, Mapping) else ()
+
+
 def opened_env_payload(sealer: SealerLike | None, project_id: str, task_id: str,
                        payload: Mapping[str, Any]) -> dict[str, Any]:
     """``payload`` with every sealed env value opened: what a job runs with. A value that does

@@ -15,8 +15,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from psycopg.rows import dict_row
 
-from qinglong.contracts.errors import SecretsError
-from qinglong.contracts.secrets import opened_env_payload
+from qinglong.contracts.secrets import env_values_to_redact
 from qinglong.contracts.event_sources import AdmitResult, occurrence_key, payload_json
 from qinglong.contracts.events import (
     Delivery,
@@ -156,14 +155,8 @@ class ClusterEventOutbox:
         if not rows:
             return RunContext()
         row = rows[0]
-        payload = _mapping(row["payload_json"]) or {}
-        if isinstance(payload, dict):
-            try:  # the values to redact are the values in clear
-                payload = opened_env_payload(self._sealer, row["project_id"], row["task_id"], payload)
-            except SecretsError:
-                payload = {}
-        env = payload.get("env") if isinstance(payload, dict) else None
-        values = tuple(v for v in env.values() if isinstance(v, str)) if isinstance(env, dict) else ()
+        values = env_values_to_redact(self._sealer, row["project_id"], row["task_id"],
+                                      _mapping(row["payload_json"]))
         tail, cut = b"", False
         if row["attempt_id"] is not None and row["stored_bytes"] and max_log_bytes > 0:
             start = max(0, row["stored_bytes"] - max_log_bytes)

@@ -21,8 +21,7 @@ from qinglong.contracts.events import (
     RunContext,
     check_episode,
 )
-from qinglong.contracts.errors import SecretsError
-from qinglong.contracts.secrets import opened_env_payload
+from qinglong.contracts.secrets import env_values_to_redact
 from qinglong.contracts.store import listing_bound
 
 from .queries import query
@@ -190,14 +189,8 @@ class SqliteEventOutbox:
         row = await self._store.call(named_one, query("events_run_context"), {"run_id": run_id})
         if row is None:
             return RunContext()
-        payload = _json(row["payload_json"]) or {}
-        if isinstance(payload, dict):
-            try:  # the values to redact are the values in clear
-                payload = opened_env_payload(self._sealer, row["project_id"], row["task_id"], payload)
-            except SecretsError:
-                payload = {}
-        env = payload.get("env") if isinstance(payload, dict) else None
-        values = tuple(v for v in env.values() if isinstance(v, str)) if isinstance(env, dict) else ()
+        values = env_values_to_redact(self._sealer, row["project_id"], row["task_id"],
+                                      _json(row["payload_json"]))
         tail, cut = b"", False
         if row["attempt_dir"] and max_log_bytes > 0:
             tail, cut = read_tail(os.path.join(row["attempt_dir"], "log"), max_log_bytes)
