@@ -606,6 +606,22 @@ def test_skips_the_audit_log_tokens_and_workers_views(tmp_path, browser):
         plane.stop()
 
 
+def _cluster_settings(server, name: str, tmp_path):
+    """A migrated database ``name`` on ``server`` with the three roles, and a cluster settings file
+    for it with the HTTP surface on a free port."""
+    from tests.support import pg
+
+    pg.create_roles(server)
+    pg.create_database(server, name)
+    dsns = {key: server.dsn(role, pg.ROLE_PASSWORDS[role], name) for key, role in (
+        ("runtime_dsn", "qinglong_runtime"), ("admin_dsn", "qinglong_admin"), ("owner_dsn", "qinglong_owner"))}
+    settings = tmp_path / "cluster.toml"
+    settings.write_text('profile = "cluster"\n[backend]\n' + "".join(f'{k} = "{v}"\n' for k, v in dsns.items())
+                        + '[http]\nlisten = "127.0.0.1:0"\n')
+    cli(settings, "db", "migrate")
+    return settings
+
+
 def test_the_workers_view_shows_cluster_sessions_labels_and_free_slots(tmp_path, browser):
     """Without it an operator whose queued Runs wait cannot see from the console which workers are
     alive, what labels they offer and how many slots they have free; a slot taken by a claim
@@ -617,15 +633,8 @@ def test_the_workers_view_shows_cluster_sessions_labels_and_free_slots(tmp_path,
 
     server = pg.start_server("pg18")
     try:
-        pg.create_roles(server)
         name = "ql_console_workers"
-        pg.create_database(server, name)
-        dsns = {key: server.dsn(role, pg.ROLE_PASSWORDS[role], name) for key, role in (
-            ("runtime_dsn", "qinglong_runtime"), ("admin_dsn", "qinglong_admin"), ("owner_dsn", "qinglong_owner"))}
-        settings = tmp_path / "cluster.toml"
-        settings.write_text('profile = "cluster"\n[backend]\n' + "".join(f'{k} = "{v}"\n' for k, v in dsns.items())
-                            + '[http]\nlisten = "127.0.0.1:0"\n')
-        cli(settings, "db", "migrate")
+        settings = _cluster_settings(server, name, tmp_path)
         cli(settings, "project", "create", "ops")
         cli(settings, "task", "put", "ops", "gpu-job", "--label", "gpu", "--", "true")
         cli(settings, "trigger", "add", "ops", "every-second", "--task", "gpu-job", "--cron", "* * * * * *")
@@ -1013,15 +1022,7 @@ def test_a_console_link_made_by_the_cli_signs_in_once_at_the_cluster_api(tmp_pat
 
     server = pg.start_server("pg18")
     try:
-        pg.create_roles(server)
-        name = "ql_console_link"
-        pg.create_database(server, name)
-        dsns = {key: server.dsn(role, pg.ROLE_PASSWORDS[role], name) for key, role in (
-            ("runtime_dsn", "qinglong_runtime"), ("admin_dsn", "qinglong_admin"), ("owner_dsn", "qinglong_owner"))}
-        settings = tmp_path / "cluster.toml"
-        settings.write_text('profile = "cluster"\n[backend]\n' + "".join(f'{k} = "{v}"\n' for k, v in dsns.items())
-                            + '[http]\nlisten = "127.0.0.1:0"\n')
-        cli(settings, "db", "migrate")
+        settings = _cluster_settings(server, "ql_console_link", tmp_path)
         plane = ApiProcessPlane(settings)
         try:
             base = f"http://127.0.0.1:{plane.port}"
