@@ -5,9 +5,9 @@ TERM: one fresh lease token per free slot; each claimed Attempt becomes a :class
 with a task of its own.
 
 A job's task: parse the spec (a refusal ends the Attempt ``failed``, never started), call
-``started`` *before* spawning and spawn only if it was accepted and the self-fence's TERM is still
-ahead, watch the process (shipping its log about every second), then ship the rest of the log
-and ``complete`` (repeated after a lost reply; after ``log_incomplete`` the missing bytes are
+``started`` *before* spawning (the lease file is written and synced meanwhile, off the event loop)
+and spawn only if it was accepted and the self-fence's TERM is still ahead, watch the process
+(shipping its log about every second), then ship the rest of the log and ``complete`` (repeated after a lost reply; after ``log_incomplete`` the missing bytes are
 shipped first). ``LeaseFenced`` at any step stops the job if it is alive and forgets it.
 
 Secrets: tokens and env values never reach a diagnostic; messages name runs and attempts.
@@ -58,6 +58,19 @@ SHIP_S = 1.0
 MAX_REASON_CHARS = 1000
 #: Tries of a call the store called malformed before the job is given up (a bug, reported).
 MAX_BAD_CALLS = 3
+
+
+async def _outcome_of(work: "asyncio.Future[None]") -> OSError | None:
+    """Wait for ``work`` (a thread's, which runs on even when its waiter is cancelled): None when
+    it succeeded, the OSError it raised otherwise."""
+    try:
+        await asyncio.shield(work)
+    except OSError as exc:
+        return exc
+    except asyncio.CancelledError:
+        await asyncio.wait({work})  # the file is never written behind a cancelled job's back
+        raise
+    return None
 
 
 class Jobs:
@@ -229,12 +242,19 @@ class Jobs:
             core.forget(job)
             return False
         called_at = [0.0]
+        # the lease file (written and synced off the loop) while the started call travels: both
+        # are done before the spawn, and a lease beside a job that never started reports nothing
+        lease_written = asyncio.ensure_future(asyncio.to_thread(
+            write_lease, job.attempt_dir, attempt.run_id, attempt.attempt_no, spec.executor, attempt.lease))
 
         async def started():
             called_at[0] = core.mono()
             return await protocol.started(job.fence, attempt.lease)
 
-        reply = await self._retrying(job, started)
+        try:
+            reply = await self._retrying(job, started)
+        finally:
+            lease_error = await _outcome_of(lease_written)
         if reply is None:
             return False
         # the deadline in the store's clock, moved onto ours from the call's start (never later)
@@ -256,11 +276,10 @@ class Jobs:
                                spec, job.attempt_dir, fence_deadline_mono=fence_at,
                                # an event's payload: the executor writes it 0600 beside the job
                                event_payload=bounded_event_payload(attempt.event_payload))
-        try:
-            # the token beside the job: a restarted worker reports the outcome it finds with it
-            write_lease(job.attempt_dir, attempt.run_id, attempt.attempt_no, spec.executor, attempt.lease)
-        except OSError as exc:
-            await self._finish(job, self._failure(f"cannot write the attempt's lease file: {exc}"), started=False)
+        if lease_error is not None:
+            # the token beside the job is how a restarted worker reports the outcome it finds
+            await self._finish(job, self._failure(f"cannot write the attempt's lease file: {lease_error}"),
+                               started=False)
             return False
         try:
             await core.supervisor.spawn(job, executor, request)
