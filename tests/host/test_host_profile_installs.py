@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,15 +82,30 @@ def make_venv(root: Path, requirement: str) -> Venv:
     return venv
 
 
+#: Build output and caches the copy leaves out.
+_NOT_SOURCE = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
+                                     ".hypothesis", "results", "venv*", ".venv")
+
+
 @pytest.fixture(scope="module")
-def venvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Venv]:
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the tree to build from. pip builds a local directory in place, rewriting its
+    ``*.egg-info``; the checkout's copy is on the suite's ``sys.path`` (``pythonpath = ["."]``), so
+    a build there would, for a moment, leave every other test seeing no plugin installed."""
+    root = tmp_path_factory.mktemp("source") / "qinglong"
+    shutil.copytree(REPO, root, ignore=_NOT_SOURCE, symlinks=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def venvs(tmp_path_factory: pytest.TempPathFactory, source: Path) -> dict[str, Venv]:
     """One virtualenv per profile, built lazily."""
     built: dict[str, Venv] = {}
 
     class Lazy(dict):
         def __missing__(self, profile: str) -> Venv:
             root = tmp_path_factory.mktemp(f"venv-{profile}")
-            built[profile] = make_venv(root / "venv", f"{REPO}[{profile}]")
+            built[profile] = make_venv(root / "venv", f"{source}[{profile}]")
             self[profile] = built[profile]
             return built[profile]
 
@@ -133,11 +149,11 @@ def test_installed_wheel_runs_the_main_job(venvs, tmp_path):
     assert (tmp_path / "qinglong.db").exists()
 
 
-def test_third_party_interval_plugin_is_discovered_validated_listed_and_runs(venvs, tmp_path):
+def test_third_party_interval_plugin_is_discovered_validated_listed_and_runs(venvs, source, tmp_path):
     """A real third-party distribution, installed by pip next to Qinglong, extends the trigger kinds."""
     venv = venvs["edge"]
     venv.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             str(REPO / "examples" / "interval-trigger"), cwd=tmp_path)
+             str(source / "examples" / "interval-trigger"), cwd=tmp_path)
     settings = tmp_path / "qinglong.toml"
     settings.write_text('[plugins]\nenable = ["interval"]\n')
     env = {"QINGLONG_SETTINGS": str(settings)}
@@ -174,14 +190,15 @@ def test_third_party_interval_plugin_is_discovered_validated_listed_and_runs(ven
     assert closure.returncode == 0, closure.stdout + closure.stderr
 
 
-def test_third_party_nice_executor_and_the_plugin_authors_kit_work_from_installed_wheels(venvs, tmp_path):
+def test_third_party_nice_executor_and_the_plugin_authors_kit_work_from_installed_wheels(venvs, source,
+                                                                                         tmp_path):
     """A second kind of third-party plugin, an executor, installed by pip: its entry point loads,
     ``task put --executor nice`` is accepted and ``qinglong run`` runs the job through it. The
     wheel must also carry ``qinglong.testing`` (importable without pytest) and the cron plugin's
     ``cron next``, or plugin authors would get a kit and a command that exist only in the tree."""
     venv = venvs["edge"]
     venv.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             str(REPO / "examples" / "nice-executor"), cwd=tmp_path)
+             str(source / "examples" / "nice-executor"), cwd=tmp_path)
     kit = venv.run("python", "-c", "import sys, qinglong.testing, qinglong.testing.provider_laws, "
                    "qinglong.testing.conformance.harness; print('pytest' in sys.modules, "
                    "'hypothesis' in sys.modules)", cwd=tmp_path)
