@@ -189,6 +189,12 @@ def test_complete_and_claim_is_one_transaction_whose_refusal_claims_nothing(clus
             with pytest.raises(LeaseFenced):
                 await protocol.complete_and_claim(session.fence, wrong, done, [new_lease_token()])
             assert cluster.sql("SELECT state FROM qinglong.runs WHERE run_id = %s", (second,))[0][0] == "queued"
+            # a refused claim undoes the completion made before it in the same transaction
+            with pytest.raises(BadWorkerCall):
+                await protocol.complete_and_claim(session.fence, held.lease, done,
+                                                  [new_lease_token() for _ in range(257)])
+            assert cluster.sql("SELECT state FROM qinglong.attempts WHERE attempt_id = %s",
+                               (held.attempt_id,))[0][0] == "running"
             # capacity 1, held: only the completion in the same transaction frees the slot
             tokens = [new_lease_token()]
             reply, claimed = await protocol.complete_and_claim(session.fence, held.lease, done, tokens)

@@ -372,10 +372,11 @@ class PostgresWorkerProtocol:
             self.calls += 1
             try:
                 with sever_after(conn, CALL_TIMEOUT_S) as severance:
+                    # the statements before the pipeline's one Sync are one implicit transaction:
+                    # committed together at the Sync, or undone together by an error in either
                     async with conn.pipeline():
-                        async with conn.transaction():
-                            done = await conn.execute(_SQL_COMPLETE, params, prepare=True)
-                            more = await conn.execute(_SQL_CLAIM, (*_session(fence), token_list), prepare=True)
+                        done = await conn.execute(_SQL_COMPLETE, params, prepare=True)
+                        more = await conn.execute(_SQL_CLAIM, (*_session(fence), token_list), prepare=True)
                     row = await done.fetchone()
                     rows = await more.fetchall()
             except asyncio.CancelledError:
