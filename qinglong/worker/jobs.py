@@ -2,13 +2,16 @@
 
 The **claim loop** runs while there are free slots, a session and time before the self-fence's
 TERM: one fresh lease token per free slot; each claimed Attempt becomes a :class:`~.core.WorkerJob`
-with a task of its own.
+with a task of its own. It claims again the moment a job ends, or when the protocol hears that an
+Attempt became claimable (``claim_waiter``), else after ``poll_ms``.
 
 A job's task: parse the spec (a refusal ends the Attempt ``failed``, never started), call
-``started`` *before* spawning and spawn only if it was accepted and the self-fence's TERM is still
-ahead, watch the process (shipping its log about every second), then ship the rest of the log
-and ``complete`` (repeated after a lost reply; after ``log_incomplete`` the missing bytes are
-shipped first). ``LeaseFenced`` at any step stops the job if it is alive and forgets it.
+``started`` *before* spawning (the lease file is written and synced meanwhile, off the event loop)
+and spawn only if it was accepted and the self-fence's TERM is still ahead, watch the process
+(shipping its log about every second), then ship the rest of the log and ``complete`` (repeated
+after a lost reply; after ``log_incomplete`` the missing bytes are shipped first; its first try
+also claims for the slot it frees where the protocol offers ``complete_and_claim``).
+``LeaseFenced`` at any step stops the job if it is alive and forgets it.
 
 Secrets: tokens and env values never reach a diagnostic; messages name runs and attempts.
 """
@@ -60,6 +63,19 @@ MAX_REASON_CHARS = 1000
 MAX_BAD_CALLS = 3
 
 
+async def _outcome_of(work: "asyncio.Future[None]") -> OSError | None:
+    """Wait for ``work`` (a thread's, which runs on even when its waiter is cancelled): None when
+    it succeeded, the OSError it raised otherwise."""
+    try:
+        await asyncio.shield(work)
+    except OSError as exc:
+        return exc
+    except asyncio.CancelledError:
+        await asyncio.wait({work})  # the file is never written behind a cancelled job's back
+        raise
+    return None
+
+
 class Jobs:
     """The claim loop and every job's task (see the module docstring)."""
 
@@ -106,13 +122,18 @@ class Jobs:
         return max(0, min(core.config.claim_wait_ms, room_ms))
 
     async def claim_loop(self) -> None:
-        """Claim up to the free slots while claiming is allowed; woken by a job's end."""
+        """Claim up to the free slots while claiming is allowed; woken by a job's end, or by the
+        protocol when an Attempt becomes claimable."""
         core = self._core
         while not core.closing and not core.draining:
             core.wake.clear()
             more = False
             free = core.config.max_running - len(core.jobs)
             session = core.session
+            # a protocol that hears when an Attempt becomes claimable wakes an idle wait at once
+            # (taken before the claim, so a notification in between is not missed)
+            waiter = getattr(core.protocol, "claim_waiter", None)
+            claimable = waiter() if waiter is not None else None
             if free > 0 and self._may_claim() and core.protocol is not None and session is not None:
                 waited = False
                 try:
@@ -134,10 +155,19 @@ class Jobs:
                 more = (bool(claimed) and len(claimed) == free) or (waited and not claimed)
             if more:
                 continue
-            try:
-                await asyncio.wait_for(core.wake.wait(), core.config.poll_ms / 1000)
-            except asyncio.TimeoutError:
-                pass
+            await self._idle(claimable if free > 0 else None)
+
+    async def _idle(self, claimable: asyncio.Event | None) -> None:
+        """Until a job ends (``wake``), an Attempt becomes claimable, or the poll interval passed."""
+        core = self._core
+        waits = [asyncio.ensure_future(core.wake.wait())]
+        if claimable is not None:
+            waits.append(asyncio.ensure_future(claimable.wait()))
+        try:
+            await asyncio.wait(waits, timeout=core.config.poll_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
 
     def _adopt_claim(self, attempt: ClaimedAttempt, fence: SessionFence) -> None:
         core = self._core
@@ -229,12 +259,19 @@ class Jobs:
             core.forget(job)
             return False
         called_at = [0.0]
+        # the lease file (written and synced off the loop) while the started call travels: both
+        # are done before the spawn, and a lease beside a job that never started reports nothing
+        lease_written = asyncio.ensure_future(asyncio.to_thread(
+            write_lease, job.attempt_dir, attempt.run_id, attempt.attempt_no, spec.executor, attempt.lease))
 
         async def started():
             called_at[0] = core.mono()
             return await protocol.started(job.fence, attempt.lease)
 
-        reply = await self._retrying(job, started)
+        try:
+            reply = await self._retrying(job, started)
+        finally:
+            lease_error = await _outcome_of(lease_written)
         if reply is None:
             return False
         # the deadline in the store's clock, moved onto ours from the call's start (never later)
@@ -256,11 +293,10 @@ class Jobs:
                                spec, job.attempt_dir, fence_deadline_mono=fence_at,
                                # an event's payload: the executor writes it 0600 beside the job
                                event_payload=bounded_event_payload(attempt.event_payload))
-        try:
-            # the token beside the job: a restarted worker reports the outcome it finds with it
-            write_lease(job.attempt_dir, attempt.run_id, attempt.attempt_no, spec.executor, attempt.lease)
-        except OSError as exc:
-            await self._finish(job, self._failure(f"cannot write the attempt's lease file: {exc}"), started=False)
+        if lease_error is not None:
+            # the token beside the job is how a restarted worker reports the outcome it finds
+            await self._finish(job, self._failure(f"cannot write the attempt's lease file: {lease_error}"),
+                               started=False)
             return False
         try:
             await core.supervisor.spawn(job, executor, request)
@@ -373,6 +409,33 @@ class Jobs:
             return "refused"
         return "retry"
 
+    def _completing(self, job: WorkerJob, final: AttemptOutcome, started: bool, missing: int, *,
+                    first: bool) -> Callable[[], Awaitable[Any]]:
+        """The ``complete`` call of a job. Its first try, when the protocol can and claiming is
+        allowed, also claims for the slot the job frees (and the others free now), in the same
+        round trip; a repeat (a lost reply) completes only, so no claim is ever made twice."""
+        core = self._core
+        protocol = core.protocol
+        assert protocol is not None
+        combined = getattr(protocol, "complete_and_claim", None)
+        tries = [0]
+
+        async def call() -> Any:
+            tries[0] += 1
+            free = core.config.max_running - len(core.jobs) + 1
+            if (combined is not None and first and tries[0] == 1 and free > 0 and self._may_claim()
+                    and core.session is not None and core.session.fence == job.fence):
+                reply, claimed = await combined(job.fence, job.claimed.lease, final,
+                                                [new_lease_token() for _ in range(free)], started=started,
+                                                log_missing_bytes=missing)
+                for attempt in claimed:
+                    self._adopt_claim(attempt, job.fence)
+                return reply
+            return await protocol.complete(job.fence, job.claimed.lease, final, started=started,
+                                           log_missing_bytes=missing)
+
+        return call
+
     async def _finish(self, job: WorkerJob, outcome: AttemptOutcome, *, started: bool) -> None:
         """Ship the whole log, then complete; repeated until the store answers (or the job is no
         longer ours). ``log_incomplete`` ships the missing bytes from what the store holds."""
@@ -383,6 +446,7 @@ class Jobs:
         if outcome.reason is not None and len(outcome.reason) > MAX_REASON_CHARS:
             outcome = dataclasses.replace(outcome, reason=outcome.reason[:MAX_REASON_CHARS])
         refusals = 0
+        first = True  # the first complete call may claim for the freed slot too
         while core.holds(job):
             shipped = await self._ship(job, final=True) if started and not job.log_refused else "ok"
             if shipped == "retry":
@@ -396,9 +460,8 @@ class Jobs:
             missing = max(0, (outcome.log_bytes or log_size(job.attempt_dir)) - job.shipped) \
                 if started and job.log_refused else 0
             final = dataclasses.replace(outcome, log_bytes=job.shipped if started else 0)
-            reply = await self._retrying(job, lambda: protocol.complete(job.fence, job.claimed.lease, final,
-                                                                        started=started,
-                                                                        log_missing_bytes=missing))
+            reply = await self._retrying(job, self._completing(job, final, started, missing, first=first))
+            first = False
             if reply is None:
                 break
             if reply.result is CompletionResult.LOG_INCOMPLETE:

@@ -137,3 +137,74 @@ def test_an_unreachable_store_and_a_malformed_dsn_are_refused_without_the_passwo
         assert "[worker] dsn" in str(err.value) and PASSWORD not in str(err.value)
 
     asyncio.run(unreachable())
+
+
+def test_an_idle_worker_connection_is_woken_when_an_attempt_becomes_claimable(cluster):
+    """Without the notification an idle worker would claim a Run admitted after its last claim
+    only at its next poll (up to a minute later); a notification left unread on the idle socket
+    would never wake it."""
+    trigger = publish_task(cluster, "woken", {"command": py_job("print(1)")})
+
+    async def body():
+        protocol = await connect_worker_protocol(worker_dsn(cluster), "qinglong worker w-woken")
+        try:
+            session = await protocol.open_session("w-woken", [], 2, 5000)
+            assert await protocol.claim(session.fence, [new_lease_token()]) == []
+            # idle: nothing is in flight on the connection when the Run is admitted
+            waiter = protocol.claim_waiter()
+            assert not waiter.is_set()
+            run_id = await asyncio.to_thread(admit, cluster, trigger)
+            await asyncio.wait_for(waiter.wait(), 90)
+            (claimed,) = await protocol.claim(session.fence, [new_lease_token()])
+            assert claimed.run_id == run_id
+            # the next waiter is woken by the next notification, whichever path reads it
+            waiter = protocol.claim_waiter()
+            second = await asyncio.to_thread(admit, cluster, trigger)
+            await protocol.heartbeat(session.fence, [claimed.attempt_id])
+            await asyncio.wait_for(waiter.wait(), 90)
+            (again,) = await protocol.claim(session.fence, [new_lease_token()])
+            assert again.run_id == second
+        finally:
+            await protocol.close()
+
+    asyncio.run(body())
+
+
+def test_complete_and_claim_is_one_transaction_whose_refusal_claims_nothing(cluster):
+    """The slot a completion frees is claimed in the same round trip; if a refused completion
+    still claimed, the worker (which takes the call as refused) would never run what it holds,
+    and if the claim did not see the completion, a full worker could never claim that way."""
+    first = admit(cluster, publish_task(cluster, "pair-a", {"command": py_job("print(1)")}))
+    second = admit(cluster, publish_task(cluster, "pair-b", {"command": py_job("print(2)")}))
+
+    async def body():
+        protocol = await connect_worker_protocol(worker_dsn(cluster), "qinglong worker w-pair")
+        try:
+            session = await protocol.open_session("w-pair", [], 1, 5000)
+            (held,) = await protocol.claim(session.fence, [new_lease_token()])
+            assert held.run_id == first
+            await protocol.started(session.fence, held.lease)
+            done = AttemptOutcome(AttemptState.SUCCEEDED, exit_code=0, log_bytes=0)
+            wrong = LeaseFence(held.lease.attempt_id, held.lease.lease_version, new_lease_token())
+            with pytest.raises(LeaseFenced):
+                await protocol.complete_and_claim(session.fence, wrong, done, [new_lease_token()])
+            assert cluster.sql("SELECT state FROM qinglong.runs WHERE run_id = %s", (second,))[0][0] == "queued"
+            # a refused claim undoes the completion made before it in the same transaction
+            with pytest.raises(BadWorkerCall):
+                await protocol.complete_and_claim(session.fence, held.lease, done,
+                                                  [new_lease_token() for _ in range(257)])
+            assert cluster.sql("SELECT state FROM qinglong.attempts WHERE attempt_id = %s",
+                               (held.attempt_id,))[0][0] == "running"
+            # capacity 1, held: only the completion in the same transaction frees the slot
+            tokens = [new_lease_token()]
+            reply, claimed = await protocol.complete_and_claim(session.fence, held.lease, done, tokens)
+            assert reply.result is CompletionResult.ACCEPTED and reply.run_state is RunState.SUCCEEDED
+            (next_one,) = claimed
+            assert next_one.run_id == second and next_one.lease.token == tokens[0]
+            # a repeat (a lost reply) is answered as complete answers it; the slot is taken now
+            again, more = await protocol.complete_and_claim(session.fence, held.lease, done, [new_lease_token()])
+            assert again.result is CompletionResult.ALREADY_DONE and list(more) == []
+        finally:
+            await protocol.close()
+
+    asyncio.run(body())

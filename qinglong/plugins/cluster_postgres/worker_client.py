@@ -7,6 +7,15 @@ plugin (:func:`.db.session_options`: the pinned ``search_path``, a statement tim
 ``application_name`` and the TCP keepalive defaults. Calls are serialised on it: the runtime's
 heartbeat, claim and log shipping may overlap, and one connection answers one statement at a time.
 
+A job's completion may also claim for the slot it frees (``complete_and_claim``): both
+statements in one transaction, pipelined, so one round trip and one commit serve both; a repeat
+after a lost reply is a plain ``complete``.
+
+A worker's connection also listens on channel ``qinglong_claimable`` (the store notifies it when
+an Attempt becomes claimable), so an idle worker claims at once instead of at its next poll:
+:meth:`PostgresWorkerProtocol.claim_waiter`. Between calls the connection's socket is watched for
+the notification; during a call the driver hands it over itself.
+
 Refusals come back as the functions' SQLSTATEs and are raised as the contract's types:
 ``QL001`` :class:`~qinglong.contracts.worker.SessionFenced`, ``QL002``
 :class:`~qinglong.contracts.worker.LeaseFenced`, ``QL003``
@@ -69,6 +78,9 @@ CONNECT_TIMEOUT_S = 5
 AUTH_BACKOFF_S = 1.0
 AUTH_BACKOFF_MAX_S = 30.0
 
+#: The channel the store notifies when an Attempt becomes claimable.
+CLAIMABLE_CHANNEL = "qinglong_claimable"
+
 #: SQLSTATEs that mean the store is not there as this worker expects (not migrated, no grant).
 _NOT_READY = {"42883": "a worker function is missing (is the database migrated?)",
               "42501": "the role may not execute the worker functions (is the DSN the worker_ingress role's?)",
@@ -106,7 +118,9 @@ def _worker_dsn(dsn: str) -> None:
 class PostgresWorkerProtocol:
     """:class:`~qinglong.contracts.worker.WorkerProtocol` on one PostgreSQL connection."""
 
-    def __init__(self, dsn: str, application_name: str) -> None:
+    def __init__(self, dsn: str, application_name: str, *, listen: bool = False) -> None:
+        """``listen``: the connection listens for claimable Attempts (:meth:`claim_waiter`; a
+        worker's own connection, not a gateway's pooled ones)."""
         _worker_dsn(dsn)
         self._dsn = dsn
         self._application_name = application_name[:63]
@@ -121,6 +135,11 @@ class PostgresWorkerProtocol:
         self._auth_error: StoreAuthFailed | None = None
         #: statements sent (a cheap figure for the diagnostics)
         self.calls = 0
+        self._listen = listen
+        self._claimable = asyncio.Event()
+        #: the socket watched between calls (its file descriptor), or None
+        self._watched: int | None = None
+        self._draining = False
 
     # ------------------------------------------------------------------------------ connection
 
@@ -160,10 +179,87 @@ class PostgresWorkerProtocol:
                                    f"{describe_error(exc, self._secrets)}") from None
         self._auth_error = None
         self._auth_backoff_s = AUTH_BACKOFF_S
+        if self._listen:
+            try:
+                with sever_after(conn, CALL_TIMEOUT_S):
+                    await conn.execute(f"LISTEN {CLAIMABLE_CHANNEL}")
+            except psycopg.Error as exc:
+                conn.pgconn.finish()
+                raise StoreUnreachable(f"cannot listen on PostgreSQL ({self._target}): "
+                                       f"{describe_error(exc, self._secrets)}") from None
+            conn.add_notify_handler(lambda _notify: self._wake())
+            self._wake()  # what became claimable while nothing listened is looked for now
         self._conn = conn
         return conn
 
+    # ------------------------------------------------------------------------ claimable Attempts
+
+    def claim_waiter(self) -> asyncio.Event:
+        """An event set at the next notification that an Attempt became claimable (take it before
+        the claim that found nothing, so a notification in between is not missed). Without
+        ``listen`` it is never set."""
+        if self._listen and not self._closed:
+            self._watch()
+        return self._claimable
+
+    def _wake(self) -> None:
+        woken, self._claimable = self._claimable, asyncio.Event()
+        woken.set()
+
+    def _watch(self) -> None:
+        """Between calls: watch the idle connection's socket for a notification."""
+        conn = self._conn
+        if (self._watched is not None or self._draining or conn is None or conn.closed
+                or self._lock.locked()):
+            return
+        try:
+            fd = conn.fileno()
+            asyncio.get_running_loop().add_reader(fd, self._readable)
+        except Exception:
+            return
+        self._watched = fd
+
+    def _unwatch(self) -> None:
+        fd, self._watched = self._watched, None
+        if fd is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(fd)
+            except Exception:
+                pass
+
+    def _readable(self) -> None:
+        self._unwatch()
+        if not self._draining:
+            self._draining = True
+            asyncio.get_running_loop().create_task(self._drain_notifies())
+
+    async def _drain_notifies(self) -> None:
+        """Read what arrived on the idle connection; a notification wakes the waiting claim. A
+        connection that broke is dropped (the next call connects again; the claim is woken to
+        find out)."""
+        try:
+            async with self._lock:
+                conn = self._conn
+                if conn is None or conn.closed:
+                    return
+                pgconn = conn.pgconn
+                try:
+                    pgconn.consume_input()
+                except psycopg.Error:
+                    self._drop()
+                    self._wake()
+                    return
+                woken = False
+                while pgconn.notifies() is not None:
+                    woken = True
+                if woken:
+                    self._wake()
+        finally:
+            self._draining = False
+        self._watch()
+
     def _drop(self) -> None:
+        self._unwatch()
         conn, self._conn = self._conn, None
         if conn is not None and not conn.closed:
             try:
@@ -176,6 +272,7 @@ class PostgresWorkerProtocol:
         """Run one statement; its rows (``many``) or its first row. Refusals and failures raised
         as the contract's types (see the module docstring)."""
         async with self._lock:
+            self._unwatch()  # the driver reads the socket during the call
             conn = await self._connection()
             self.calls += 1
             try:
@@ -188,7 +285,9 @@ class PostgresWorkerProtocol:
                 raise
             except psycopg.Error as exc:
                 raise self._translate(name, exc, severance.severed) from None
-            return rows if many else (rows[0] if rows else None)
+        if self._listen:
+            self._watch()
+        return rows if many else (rows[0] if rows else None)
 
     def _translate(self, name: str, exc: psycopg.Error, severed: bool) -> Exception:
         sqlstate = getattr(exc, "sqlstate", None)
@@ -238,21 +337,7 @@ class PostgresWorkerProtocol:
             return []
         rows = await self._call("worker_claim", _SQL_CLAIM, (*_session(fence), [bytes(t) for t in tokens]),
                                 many=True)
-        claimed = []
-        for (run_id, attempt_id, attempt_no, lease_version, token_index, expires, project_id, task_id,
-             revision, scheduled_for, payload_json, now, event_payload) in rows:
-            try:
-                payload = json.loads(payload_json) if payload_json else {}
-            except ValueError:
-                payload = {"command": None}  # refused by the spec parser, naming the key
-            if not isinstance(payload, dict):
-                payload = {"command": None}
-            token = tokens[int(token_index) - 1]
-            claimed.append(ClaimedAttempt(
-                run_id, attempt_id, int(attempt_no), project_id, task_id, int(revision), int(scheduled_for),
-                payload, LeaseFence(attempt_id, int(lease_version), token), int(expires), int(now),
-                bounded_event_payload(event_payload)))
-        return claimed
+        return _claimed(rows, tokens)
 
     async def started(self, fence: SessionFence, lease: LeaseFence) -> StartedReply:
         row = await self._call("worker_started", _SQL_STARTED, (*_session(fence), *_lease(lease)))
@@ -269,19 +354,45 @@ class PostgresWorkerProtocol:
             *_session(fence), *_lease(lease), outcome.state.value, outcome.exit_code, outcome.signal,
             int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason, bool(started),
             int(log_missing_bytes)))
-        result, run_state, stored, next_no, next_at = row
-        return CompletionReply(CompletionResult(result), RunState(run_state), int(stored or 0),
-                               None if next_no is None else int(next_no),
-                               None if next_at is None else int(next_at))
+        return _completion(row)
+
+    async def complete_and_claim(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome,
+                                 tokens: Sequence[bytes], *, started: bool = True,
+                                 log_missing_bytes: int = 0) -> tuple[CompletionReply, Sequence[ClaimedAttempt]]:
+        """``complete``, then ``claim`` with ``tokens`` for the slot it frees, in ONE transaction
+        sent at once: one round trip and one commit instead of two. A refusal of either undoes
+        both and is raised as ``complete`` raises it."""
+        params = (*_session(fence), *_lease(lease), outcome.state.value, outcome.exit_code, outcome.signal,
+                  int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason, bool(started),
+                  int(log_missing_bytes))
+        token_list = [bytes(t) for t in tokens]
+        async with self._lock:
+            self._unwatch()
+            conn = await self._connection()
+            self.calls += 1
+            try:
+                with sever_after(conn, CALL_TIMEOUT_S) as severance:
+                    # the statements before the pipeline's one Sync are one implicit transaction:
+                    # committed together at the Sync, or undone together by an error in either
+                    async with conn.pipeline():
+                        done = await conn.execute(_SQL_COMPLETE, params, prepare=True)
+                        more = await conn.execute(_SQL_CLAIM, (*_session(fence), token_list), prepare=True)
+                    row = await done.fetchone()
+                    rows = await more.fetchall()
+            except asyncio.CancelledError:
+                self._drop()
+                raise
+            except psycopg.Error as exc:
+                raise self._translate("worker_complete", exc, severance.severed) from None
+        if self._listen:
+            self._watch()
+        return _completion(row), _claimed(rows, tokens)
 
     async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
         row = await self._call("worker_complete_late", _SQL_COMPLETE_LATE, (
             worker_id, *_lease(lease), outcome.state.value, outcome.exit_code, outcome.signal,
             int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason))
-        result, run_state, stored, next_no, next_at = row
-        return CompletionReply(CompletionResult(result), RunState(run_state), int(stored or 0),
-                               None if next_no is None else int(next_no),
-                               None if next_at is None else int(next_at))
+        return _completion(row)
 
     async def close_session(self, fence: SessionFence) -> None:
         await self._call("worker_close_session", _SQL_CLOSE, _session(fence))
@@ -289,12 +400,38 @@ class PostgresWorkerProtocol:
     async def close(self) -> None:
         async with self._lock:
             self._closed = True
+            self._unwatch()
             conn, self._conn = self._conn, None
         if conn is not None and not conn.closed:
             try:
                 await asyncio.wait_for(conn.close(), 2.0)
             except Exception:
                 conn.pgconn.finish()
+
+
+def _completion(row: Sequence[Any]) -> CompletionReply:
+    result, run_state, stored, next_no, next_at = row
+    return CompletionReply(CompletionResult(result), RunState(run_state), int(stored or 0),
+                           None if next_no is None else int(next_no),
+                           None if next_at is None else int(next_at))
+
+
+def _claimed(rows: Sequence[Sequence[Any]], tokens: Sequence[bytes]) -> list[ClaimedAttempt]:
+    claimed = []
+    for (run_id, attempt_id, attempt_no, lease_version, token_index, expires, project_id, task_id,
+         revision, scheduled_for, payload_json, now, event_payload) in rows:
+        try:
+            payload = json.loads(payload_json) if payload_json else {}
+        except ValueError:
+            payload = {"command": None}  # refused by the spec parser, naming the key
+        if not isinstance(payload, dict):
+            payload = {"command": None}
+        token = tokens[int(token_index) - 1]
+        claimed.append(ClaimedAttempt(
+            run_id, attempt_id, int(attempt_no), project_id, task_id, int(revision), int(scheduled_for),
+            payload, LeaseFence(attempt_id, int(lease_version), token), int(expires), int(now),
+            bounded_event_payload(event_payload)))
+    return claimed
 
 
 def _session_reason(detail: str) -> str:
@@ -316,6 +453,6 @@ async def connect_worker_protocol(dsn: str, application_name: str) -> PostgresWo
     """A connected :class:`PostgresWorkerProtocol` (``dsn``: the worker_ingress role's). A DSN
     libpq cannot parse is a SettingsError naming ``[worker] dsn``; an unreachable server is
     StoreUnavailable naming where it connects, never the password."""
-    protocol = PostgresWorkerProtocol(dsn, application_name)
+    protocol = PostgresWorkerProtocol(dsn, application_name, listen=True)
     await protocol.connect()
     return protocol
