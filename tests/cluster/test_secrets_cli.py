@@ -29,7 +29,9 @@ def _cli(settings: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[s
 
 def _settings(tmp_path: Path, backend: dict[str, str], extra: str = "") -> Path:
     path = tmp_path / "cluster.toml"
-    lines = ['profile = "cluster"', "[backend]", "pool_timeout_ms = 1000"]
+    # `run` tries the store for start_wait_ms before it gives up: long enough for a few of its
+    # warnings (they must not leak either), not the default minute per command
+    lines = ['profile = "cluster"', "[lifecycle]", "start_wait_ms = 3000", "[backend]", "pool_timeout_ms = 1000"]
     # JSON strings are TOML basic strings: the value reaches the backend exactly as given
     lines += [f"{key} = {json.dumps(value)}" for key, value in backend.items()]
     path.write_text("\n".join(lines) + "\n" + extra)
