@@ -186,6 +186,10 @@ def test_allow_runs_a_due_run_beside_the_one_still_running(tmp_path, marks):
             second = await h.admit("long")
             await h.until_state(second, "running")
             assert await h.state(first) == "running"
+            # `running` is recorded at the spawn; both jobs must have begun before either may end,
+            # or a slow second start would read as no overlap
+            await until(lambda: len([line for line in _lines(tmp_path) if line.startswith("start")]) == 2,
+                        "both jobs to begin")
             (tmp_path / "GO").touch()
             for run in (first, second):
                 assert state_of((await h.until_ended(run)).run.state) == "succeeded"
