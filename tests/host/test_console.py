@@ -498,10 +498,10 @@ def test_a_running_log_is_followed_live_runs_filter_by_time_and_a_run_runs_again
         assert len(streams) == 1 and "follow=1" in streams[0], streams
 
         _visible(browser, "#run-again", "the run-again button").click()
-        wait_until(lambda: (browser.find_elements(By.CSS_SELECTOR, "#run-id")
-                            and browser.find_element(By.CSS_SELECTOR, "#run-id").text not in ("", first_id)) or None,
-                   "the page of the new Run", timeout=60, every=0.1)
-        second_id = browser.find_element(By.CSS_SELECTOR, "#run-id").text
+        # the page is drawn again while it loads: read the id only from a page that held still
+        second_id = wait_until(lambda: next((t for t in (_texts(browser, "#run-id") or [])
+                                             if t not in ("", first_id)), None),
+                               "the page of the new Run", timeout=60, every=0.1)
         _text_of(browser, "#run-state", "succeeded", "the second Run to end")
         assert browser.find_element(By.CSS_SELECTOR, "#log").text == "first\nsecond"
 
