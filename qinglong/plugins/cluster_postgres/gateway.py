@@ -29,9 +29,9 @@ from qinglong.contracts.worker import (
 
 from .db import session_options, tcp_defaults
 from .roles import GATEWAY_FUNCTIONS, WORKER_FUNCTIONS
-from .worker_client import CONNECT_TIMEOUT_S, STATEMENT_TIMEOUT_MS, PostgresWorkerProtocol
+from .worker_client import CLAIMABLE_CHANNEL, CONNECT_TIMEOUT_S, STATEMENT_TIMEOUT_MS, PostgresWorkerProtocol
 
-CHANNEL = "qinglong_claimable"
+CHANNEL = CLAIMABLE_CHANNEL
 #: The most connections a gateway pool may hold.
 MAX_POOL_SIZE = 64
 #: After the listener connection failed, the next try waits this long, seconds.

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import psycopg
 
@@ -271,14 +271,23 @@ class PostgresWorkerProtocol:
     async def _call(self, name: str, sql: str, params: Sequence[Any], *, many: bool = False) -> Any:
         """Run one statement; its rows (``many``) or its first row. Refusals and failures raised
         as the contract's types (see the module docstring)."""
+        async def send(conn: psycopg.AsyncConnection) -> list[Any]:
+            cur = await conn.execute(sql, params, prepare=True)
+            return await cur.fetchall()
+
+        rows = await self._exchange(name, send)
+        return rows if many else (rows[0] if rows else None)
+
+    async def _exchange(self, name: str, send: Callable[[psycopg.AsyncConnection], Awaitable[Any]]) -> Any:
+        """``send`` on the connection, alone and bounded; what it returns. Refusals and failures
+        are raised as the contract's types (``name`` says which call)."""
         async with self._lock:
             self._unwatch()  # the driver reads the socket during the call
             conn = await self._connection()
             self.calls += 1
             try:
                 with sever_after(conn, CALL_TIMEOUT_S) as severance:
-                    cur = await conn.execute(sql, params, prepare=True)
-                    rows = await cur.fetchall()
+                    result = await send(conn)
             except asyncio.CancelledError:
                 # the caller gave up: whatever was in flight is abandoned with the connection
                 self._drop()
@@ -287,7 +296,7 @@ class PostgresWorkerProtocol:
                 raise self._translate(name, exc, severance.severed) from None
         if self._listen:
             self._watch()
-        return rows if many else (rows[0] if rows else None)
+        return result
 
     def _translate(self, name: str, exc: psycopg.Error, severed: bool) -> Exception:
         sqlstate = getattr(exc, "sqlstate", None)
@@ -350,10 +359,8 @@ class PostgresWorkerProtocol:
 
     async def complete(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, *,
                        started: bool = True, log_missing_bytes: int = 0) -> CompletionReply:
-        row = await self._call("worker_complete", _SQL_COMPLETE, (
-            *_session(fence), *_lease(lease), outcome.state.value, outcome.exit_code, outcome.signal,
-            int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason, bool(started),
-            int(log_missing_bytes)))
+        row = await self._call("worker_complete", _SQL_COMPLETE,
+                               _completion_params(fence, lease, outcome, started, log_missing_bytes))
         return _completion(row)
 
     async def complete_and_claim(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome,
@@ -362,30 +369,18 @@ class PostgresWorkerProtocol:
         """``complete``, then ``claim`` with ``tokens`` for the slot it frees, in ONE transaction
         sent at once: one round trip and one commit instead of two. A refusal of either undoes
         both and is raised as ``complete`` raises it."""
-        params = (*_session(fence), *_lease(lease), outcome.state.value, outcome.exit_code, outcome.signal,
-                  int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason, bool(started),
-                  int(log_missing_bytes))
+        params = _completion_params(fence, lease, outcome, started, log_missing_bytes)
         token_list = [bytes(t) for t in tokens]
-        async with self._lock:
-            self._unwatch()
-            conn = await self._connection()
-            self.calls += 1
-            try:
-                with sever_after(conn, CALL_TIMEOUT_S) as severance:
-                    # the statements before the pipeline's one Sync are one implicit transaction:
-                    # committed together at the Sync, or undone together by an error in either
-                    async with conn.pipeline():
-                        done = await conn.execute(_SQL_COMPLETE, params, prepare=True)
-                        more = await conn.execute(_SQL_CLAIM, (*_session(fence), token_list), prepare=True)
-                    row = await done.fetchone()
-                    rows = await more.fetchall()
-            except asyncio.CancelledError:
-                self._drop()
-                raise
-            except psycopg.Error as exc:
-                raise self._translate("worker_complete", exc, severance.severed) from None
-        if self._listen:
-            self._watch()
+
+        async def send(conn: psycopg.AsyncConnection) -> tuple[Any, list[Any]]:
+            # the statements before the pipeline's one Sync are one implicit transaction:
+            # committed together at the Sync, or undone together by an error in either
+            async with conn.pipeline():
+                done = await conn.execute(_SQL_COMPLETE, params, prepare=True)
+                more = await conn.execute(_SQL_CLAIM, (*_session(fence), token_list), prepare=True)
+            return await done.fetchone(), await more.fetchall()
+
+        row, rows = await self._exchange("worker_complete", send)
         return _completion(row), _claimed(rows, tokens)
 
     async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
@@ -407,6 +402,14 @@ class PostgresWorkerProtocol:
                 await asyncio.wait_for(conn.close(), 2.0)
             except Exception:
                 conn.pgconn.finish()
+
+
+def _completion_params(fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, started: bool,
+                       log_missing_bytes: int) -> tuple[Any, ...]:
+    """``worker_complete``'s arguments."""
+    return (*_session(fence), *_lease(lease), outcome.state.value, outcome.exit_code, outcome.signal,
+            int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason, bool(started),
+            int(log_missing_bytes))
 
 
 def _completion(row: Sequence[Any]) -> CompletionReply:
