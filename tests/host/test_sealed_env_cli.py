@@ -38,6 +38,17 @@ def start_run(ws: Workspace, env: dict[str, str] | None = None) -> subprocess.Co
                           timeout=120)
 
 
+def run_log(ws: Workspace, task: str) -> bytes:
+    """A Run of ``task`` through a started ``qinglong run``, which must succeed: its log."""
+    plane = ControlPlane(ws)
+    try:
+        run_id = ws.admit(task)
+        assert ws.wait_ended(run_id, plane.process)["state"] == "succeeded"
+        return ws.call("logs", run_id)[1]
+    finally:
+        plane.stop()
+
+
 def new_key(path: Path) -> Path:
     path.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
     return path
@@ -47,13 +58,7 @@ def test_a_local_job_gets_its_sealed_env_value_and_the_file_never_holds_it(ws):
     ws.ok("task", "put", "ops", "job", "--env", f"TOKEN={SECRET}", *JOB)
     key = Path(str(ws.db) + ".key")
     assert stat.S_IMODE(key.stat().st_mode) == 0o600  # made on first use, beside the database
-    plane = ControlPlane(ws)
-    try:
-        run_id = ws.admit("job")
-        assert ws.wait_ended(run_id, plane.process)["state"] == "succeeded"
-        assert ws.call("logs", run_id)[1] == SECRET.encode()
-    finally:
-        plane.stop()
+    assert run_log(ws, "job") == SECRET.encode()
     assert SECRET.encode() not in file_bytes(ws)
     assert SECRET not in ws.ok("task", "show", "ops", "job") + ws.ok("task", "show", "ops", "job", "--json")
 
@@ -99,13 +104,7 @@ def test_rotate_reseals_under_the_new_key_once_and_needs_the_old_one(ws):
     assert first["rewritten"] == 3  # two revisions and the head
     assert ws.json("secrets", "rotate", "--old-key-file", str(old))["rewritten"] == 0
     old.unlink()  # the old key is no longer needed by anything
-    plane = ControlPlane(ws)
-    try:
-        run_id = ws.admit("job")
-        assert ws.wait_ended(run_id, plane.process)["state"] == "succeeded"
-        assert ws.call("logs", run_id)[1] == f"{SECRET}-2".encode()
-    finally:
-        plane.stop()
+    assert run_log(ws, "job") == f"{SECRET}-2".encode()
     assert SECRET.encode() not in file_bytes(ws)
 
 
@@ -142,10 +141,4 @@ def test_previous_key_files_open_old_values_while_new_ones_are_sealed_under_the_
     ids = {text.split("ql-sealed:v1:")[1].split(":")[0]: task
            for task, text in ws.sql("SELECT task_id, payload_json FROM tasks")}
     assert len(ids) == 2 and sorted(ids.values()) == ["new", "old"]  # one value under each key
-    plane = ControlPlane(ws)
-    try:
-        run_id = ws.admit("old")
-        assert ws.wait_ended(run_id, plane.process)["state"] == "succeeded"
-        assert ws.call("logs", run_id)[1] == SECRET.encode()
-    finally:
-        plane.stop()
+    assert run_log(ws, "old") == SECRET.encode()
