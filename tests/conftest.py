@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("qinglong", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("qinglong")
 
-pytest_plugins = ["tests.support.markers", "tests.support.aio", "tests.support.postgres"]
+pytest_plugins = ["tests.support.markers", "tests.support.aio", "tests.support.postgres",
+                  "tests.support.gateway"]
 
 
 def _processes_naming(path: str) -> list[tuple[int, int]]:
