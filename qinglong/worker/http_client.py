@@ -7,7 +7,8 @@ claimable) and one for everything else (heartbeats must never queue behind a wai
 Each call runs in a thread with a bound on the socket; a connection that fails is dropped and the
 call raises :class:`~qinglong.contracts.errors.StoreUnavailable` (the worker retries it as it
 retries a store); the next call connects again. The token is sent only in the Authorization
-header and never appears in an error; a 401 re-reads the token file once (a rotated token).
+header and never appears in an error; a 401 re-reads the token file once (a rotated token), and a
+token still refused is not sent again before a pause that doubles at each refusal.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ from qinglong.contracts.worker import (
 
 #: Bound on one call's socket operations, seconds (a claim adds the time it may wait).
 CALL_TIMEOUT_S = 8.0
+#: After a refused token, the next try waits this long, doubling up to the maximum, seconds: a
+#: wrong token is not hammered against the gateway (and its log) while an operator fixes it.
+AUTH_BACKOFF_S = 1.0
+AUTH_BACKOFF_MAX_S = 30.0
 #: Log bytes per request: a chunk of the protocol is cut to fit the API's body limit (base64).
 HTTP_LOG_CHUNK_BYTES = 64 * 1024
 
@@ -134,6 +139,10 @@ class HttpWorkerProtocol:
         self._base = parts.path.rstrip("/")
         self._token_file = token_file
         self._token = read_token_file(token_file)
+        #: after a refused token: the refusal, when the next try may be made, and the pause after it
+        self._auth_error: StoreAuthFailed | None = None
+        self._auth_retry_at = 0.0
+        self._auth_backoff_s = AUTH_BACKOFF_S
         self._agent = application_name
         self._ssl: ssl.SSLContext | None = None
         if self._scheme == "https":
@@ -153,6 +162,9 @@ class HttpWorkerProtocol:
 
     async def _call(self, name: str, body: dict[str, Any], *, link: _Link | None = None,
                     wait_s: float = 0.0) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._auth_error is not None and loop.time() < self._auth_retry_at:
+            raise self._auth_error  # pausing after a refused token
         payload = json.dumps(body, separators=(",", ":")).encode()
         link = link or self._control
         path = self._base + wire.PATHS[name]
@@ -170,11 +182,17 @@ class HttpWorkerProtocol:
             answer = json.loads(data) if data else {}
         except ValueError:
             answer = {}
+        if status == 401:
+            self._auth_error = StoreAuthFailed(
+                f"{self.target} refused the worker's token ({name}): it is unknown or revoked; check "
+                "[worker] token_file (`qinglong worker rotate` prints a new one)")
+            self._auth_retry_at = loop.time() + self._auth_backoff_s
+            self._auth_backoff_s = min(AUTH_BACKOFF_MAX_S, self._auth_backoff_s * 2)
+            raise self._auth_error
+        self._auth_error = None
+        self._auth_backoff_s = AUTH_BACKOFF_S
         if status == 200:
             return answer
-        if status == 401:
-            raise StoreAuthFailed(f"{self.target} refused the worker's token ({name}): it is unknown or revoked; "
-                                  "check [worker] token_file (`qinglong worker rotate` prints a new one)")
         if status == 429:
             raise StoreUnavailable(f"{self.target}: too many failed authentications from this address")
         raise wire.refusal_of(status, answer)

@@ -150,6 +150,12 @@ class Jobs:
                 except (StoreUnavailable, BadWorkerCall) as exc:
                     core.store_down(exc)
                     claimed = []
+                if claimed and (core.draining or core.closing or core.stop.is_set()):
+                    # a claim that waited at the gateway across the stop: nothing it took is
+                    # started; closing the session puts each back in the queue at once
+                    core.emit("info", "worker.claim_left", f"{len(claimed)} attempt(s) claimed while stopping "
+                              "are left to the session's close", attempts=len(claimed))
+                    break
                 for attempt in claimed:
                     self._adopt_claim(attempt, session.fence)
                 more = (bool(claimed) and len(claimed) == free) or (waited and not claimed)

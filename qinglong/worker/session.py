@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Awaitable, Callable
 
-from qinglong.contracts.errors import QinglongError, StoreUnavailable, UserError
+from qinglong.contracts.errors import QinglongError, StoreAuthFailed, StoreUnavailable, UserError
 from qinglong.contracts.execution import CancelReason
 from qinglong.contracts.worker import (
     LEASE_LOST,
@@ -110,6 +110,13 @@ class Sessions:
         try:
             session = await protocol.open_session(config.worker_id, config.labels, config.max_running,
                                                   config.session_lease_ms)
+        except StoreAuthFailed as exc:
+            core.store_down(exc)
+            if core.stats.sessions == 0 and core.fatal is None:
+                # refused before it ever held a session: a wrong token, not an outage (exit 5)
+                core.fatal = exc
+                core.request_stop()
+            return False
         except StoreUnavailable as exc:
             core.store_down(exc)
             return False
