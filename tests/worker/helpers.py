@@ -1,6 +1,6 @@
 """Shared pieces of the worker tests: settings files, ``qinglong worker`` processes with their
-diagnostics, tasks published through the real publisher and Runs admitted through the real
-admission path (a cron trigger whose cursor is put just behind the database clock: one Run).
+diagnostics (started on the gateway: :mod:`tests.support.gateway`), tasks published through the
+real publisher and Runs admitted through the real admission path (a cron trigger whose cursor is put just behind the database clock: one Run).
 
 Nothing here sleeps a fixed time before asserting: :func:`wait_until` polls a condition within a
 generous overall bound (a hang fails, a slow machine only waits longer).
@@ -38,7 +38,8 @@ def wait_until(condition, what: str, timeout_s: float = PATIENCE_S, interval_s: 
     return proc_helpers.wait_until(condition, what, timeout=max(timeout_s, PATIENCE_S), interval=interval_s)
 
 def worker_dsn(db: ClusterDb, host: str | None = None, port: int | None = None) -> str:
-    """The worker_ingress role's DSN on ``db`` (through ``host:port``, a proxy, when given)."""
+    """The gateway's role's DSN on ``db`` (through ``host:port``, a proxy, when given): what
+    ``[api] gateway_dsn`` holds; no worker holds a database credential."""
     password = ROLE_PASSWORDS["qinglong_worker_ingress"]
     if host is None:
         return db.dsn("qinglong_worker_ingress")
@@ -46,18 +47,23 @@ def worker_dsn(db: ClusterDb, host: str | None = None, port: int | None = None) 
             f"dbname={db.dbname} connect_timeout=2")
 
 
-def write_worker_settings(path: Path, dsn: str | None, *, worker_id: str, log_dir: Path,
-                          labels: tuple[str, ...] = (), max_running: int = 2, level: str = "info",
-                          **worker: object) -> Path:
-    """A ``profile = "cluster"`` settings file with a ``[worker]`` section (private: it holds a DSN)."""
+def write_worker_settings(path: Path, *, worker_id: str, log_dir: Path, url: str | None = None,
+                          token_file: Path | None = None, labels: tuple[str, ...] = (), max_running: int = 2,
+                          level: str = "info", extra: str = "", **worker: object) -> Path:
+    """A ``profile = "cluster"`` settings file with a ``[worker]`` section (``extra``: raw lines
+    appended to it)."""
     values = dict(SHORT_TIMING, max_running=max_running, drain_timeout_ms=60_000)
     values.update(worker)
     lines = ['profile = "cluster"', f'[diagnostics]\nlevel = "{level}"\nformat = "json"', "[worker]",
              f'worker_id = "{worker_id}"', f'log_dir = "{log_dir}"',
              "labels = [" + ", ".join(f'"{label}"' for label in labels) + "]"]
-    if dsn is not None:
-        lines.append(f'dsn = "{dsn}"')
+    if url is not None:
+        lines.append(f'url = "{url}"')
+    if token_file is not None:
+        lines.append(f'token_file = "{token_file}"')
     lines += [f"{key} = {value}" for key, value in values.items()]
+    if extra:
+        lines.append(extra)
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o600)
     return path
@@ -116,12 +122,11 @@ class WorkerProcess:
         self._stderr.close()
 
 
-def start_worker(db: ClusterDb, tmp_path: Path, name: str, **settings) -> WorkerProcess:
-    """A ``qinglong worker`` whose id is ``name``, with its settings, log folder and stderr file
-    under ``tmp_path`` (``settings`` as :func:`write_worker_settings` takes them)."""
-    path = write_worker_settings(tmp_path / f"{name}.toml", worker_dsn(db), worker_id=name,
-                                 log_dir=tmp_path / f"{name}-logs", **settings)
-    return WorkerProcess(path, tmp_path / f"{name}.stderr")
+def start_worker(gateway, tmp_path: Path, name: str, **settings) -> WorkerProcess:
+    """A ``qinglong worker`` whose id is ``name``, registered on ``gateway`` (a
+    :class:`tests.support.gateway.GatewayPlane`) with its labels and ``max_running`` as capacity,
+    speaking to it with its token; settings, log folder and stderr file under ``tmp_path``."""
+    return gateway.start_worker(tmp_path, name, **settings)
 
 
 def publish_task(db: ClusterDb, task_id: str, payload: dict, *, trigger_id: str | None = None,

@@ -24,14 +24,14 @@ def _session_closed(cluster, worker_id: str) -> bool:
     return bool(rows) and rows[0][0] is not None
 
 
-def test_sigterm_lets_the_running_job_finish_reports_it_claims_nothing_more_and_closes_the_session(cluster, tmp_path):
+def test_sigterm_lets_the_running_job_finish_reports_it_claims_nothing_more_and_closes_the_session(cluster, tmp_path, worker_gateway):
     """Without the drain a deploy's SIGTERM would kill every running job (or leave it running with
     no session fencing it); a worker that kept claiming while draining would start Runs it is
     about to abandon; an unclosed session would hold its Runs until the lease expires."""
     mark, release = tmp_path / "job.pid", tmp_path / "release"
     trigger = publish_task(cluster, "gated", {"command": py_job(GATED_JOB, str(mark), str(release))})
     run_id = admit(cluster, trigger)
-    worker = start_worker(cluster, tmp_path, "w-drain", level="debug")
+    worker = start_worker(worker_gateway, tmp_path, "w-drain", level="debug")
     try:
         wait_until(mark.exists, "the job to start")
         assert run_state(cluster, run_id) == "running"
@@ -63,14 +63,14 @@ def test_sigterm_lets_the_running_job_finish_reports_it_claims_nothing_more_and_
         worker.stop()
 
 
-def test_the_drain_timeout_stops_the_job_and_reports_it_cancelled(cluster, tmp_path):
+def test_the_drain_timeout_stops_the_job_and_reports_it_cancelled(cluster, tmp_path, worker_gateway):
     """A job that outlives the drain timeout must be stopped (TERM to its group) and reported
     cancelled before the worker exits; otherwise it would run on with no session fencing it, or
     its Run would end lost and maybe run twice."""
     mark, release = tmp_path / "job.pid", tmp_path / "release"
     trigger = publish_task(cluster, "stuck", {"command": py_job(GATED_JOB, str(mark), str(release))})
     run_id = admit(cluster, trigger)
-    worker = start_worker(cluster, tmp_path, "w-stuck", drain_timeout_ms=500)
+    worker = start_worker(worker_gateway, tmp_path, "w-stuck", drain_timeout_ms=500)
     try:
         wait_until(mark.exists, "the job to start")
         pid, pgid = map(int, mark.read_text().split())
@@ -88,13 +88,13 @@ def test_the_drain_timeout_stops_the_job_and_reports_it_cancelled(cluster, tmp_p
         worker.stop()
 
 
-def test_a_second_signal_kills_the_jobs_before_the_worker_exits(cluster, tmp_path):
+def test_a_second_signal_kills_the_jobs_before_the_worker_exits(cluster, tmp_path, worker_gateway):
     """A forced exit that left its job running would leave a process that no session fences: once
     the lease expired another worker could run the same Run beside it."""
     mark, release = tmp_path / "job.pid", tmp_path / "release"
     trigger = publish_task(cluster, "forced", {"command": py_job(GATED_JOB, str(mark), str(release))})
     admit(cluster, trigger)
-    worker = start_worker(cluster, tmp_path, "w-forced")
+    worker = start_worker(worker_gateway, tmp_path, "w-forced")
     try:
         wait_until(mark.exists, "the job to start")
         pid, pgid = map(int, mark.read_text().split())

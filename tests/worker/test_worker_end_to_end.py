@@ -1,5 +1,6 @@
 """A ``qinglong worker`` process runs the cluster's Runs: real PostgreSQL, Runs admitted by the
-replicas' own round from cron triggers, real jobs in their own process groups."""
+replicas' own round from cron triggers, workers registered on a real gateway and speaking to it,
+real jobs in their own process groups."""
 
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ from tests.worker.helpers import (
     run_state,
     stored_log,
     wait_run_state,
-    worker_dsn,
-    write_worker_settings,
     WorkerProcess,
 )
+from tests.support.gateway import write_gateway_worker_settings
 
 #: The job: a line naming what it saw in its environment, then 300,000 bytes of every byte value
 #: (binary, not UTF-8, more than one 256 KiB chunk), then exit 7.
@@ -34,7 +34,7 @@ BINARY_JOB = (
 BINARY_BYTES = bytes(range(256)) * 1171 + bytes(range(224))
 
 
-def test_a_cron_run_is_executed_by_a_worker_with_its_exit_code_and_every_log_byte_stored(cluster, tmp_path):
+def test_a_cron_run_is_executed_by_a_worker_with_its_exit_code_and_every_log_byte_stored(cluster, tmp_path, worker_gateway):
     """Without the worker a cluster Run would stay queued forever; without chunked, offset-checked
     shipping a log over one chunk (or one holding bytes that are not UTF-8) would land cut or
     altered; without the job environment the job could not tell which Run it is."""
@@ -43,7 +43,7 @@ def test_a_cron_run_is_executed_by_a_worker_with_its_exit_code_and_every_log_byt
                                                "timeout_ms": 60_000})
     run_id = admit(cluster, trigger)
     assert run_state(cluster, run_id) == "queued"
-    worker = start_worker(cluster, tmp_path, "w-e2e")
+    worker = start_worker(worker_gateway, tmp_path, "w-e2e")
     try:
         assert wait_run_state(cluster, run_id) == "failed"  # exit 7, no retry by default
         (attempt,) = attempts(cluster, run_id)
@@ -68,7 +68,7 @@ def test_a_cron_run_is_executed_by_a_worker_with_its_exit_code_and_every_log_byt
         worker.stop()
 
 
-def test_a_failing_job_is_retried_exactly_as_its_policy_says(cluster, tmp_path):
+def test_a_failing_job_is_retried_exactly_as_its_policy_says(cluster, tmp_path, worker_gateway):
     """Without the store's retry decision on completion a failing Run would run once (or forever);
     the worker must report each Attempt so that exactly max_attempts run, then the Run fails."""
     trigger = publish_task(cluster, "flaky", {
@@ -76,7 +76,7 @@ def test_a_failing_job_is_retried_exactly_as_its_policy_says(cluster, tmp_path):
         "retry": {"max_attempts": 3, "initial_backoff_ms": 100, "max_backoff_ms": 200, "jitter": 0,
                   "exit_codes": [3]}})
     run_id = admit(cluster, trigger)
-    worker = start_worker(cluster, tmp_path, "w-retry")
+    worker = start_worker(worker_gateway, tmp_path, "w-retry")
     try:
         assert wait_run_state(cluster, run_id) == "failed"
         rows = attempts(cluster, run_id)
@@ -90,12 +90,12 @@ def test_a_failing_job_is_retried_exactly_as_its_policy_says(cluster, tmp_path):
         worker.stop()
 
 
-def test_a_task_with_labels_runs_only_on_the_worker_that_offers_them(cluster, tmp_path):
+def test_a_task_with_labels_runs_only_on_the_worker_that_offers_them(cluster, tmp_path, worker_gateway):
     """Ignoring labels would run a GPU task on a machine without one; a worker without the label
     must leave the Run queued even while it claims other Runs, and the labelled worker takes it."""
     gpu = admit(cluster, publish_task(cluster, "needs-gpu", {"command": py_job("print('gpu')"), "labels": ["gpu"]}))
     plain = admit(cluster, publish_task(cluster, "plain", {"command": py_job("print('plain')")}))
-    plain_worker = start_worker(cluster, tmp_path, "w-plain", labels=("cpu",))
+    plain_worker = start_worker(worker_gateway, tmp_path, "w-plain", labels=("cpu",))
     gpu_worker = None
     try:
         assert wait_run_state(cluster, plain) == "succeeded"
@@ -103,7 +103,7 @@ def test_a_task_with_labels_runs_only_on_the_worker_that_offers_them(cluster, tm
         assert run_state(cluster, gpu) == "queued"
         claims = len(plain_worker.events("worker.claimed"))
         assert claims == 1
-        gpu_worker = start_worker(cluster, tmp_path, "w-gpu", labels=("gpu", "cpu"))
+        gpu_worker = start_worker(worker_gateway, tmp_path, "w-gpu", labels=("gpu", "cpu"))
         assert wait_run_state(cluster, gpu) == "succeeded"
         (attempt,) = attempts(cluster, gpu)
         assert os.path.isdir(tmp_path / "w-gpu-logs" / attempt["attempt_id"])
@@ -118,16 +118,17 @@ def test_a_task_with_labels_runs_only_on_the_worker_that_offers_them(cluster, tm
 
 
 def test_a_second_worker_with_the_same_id_replaces_the_first_which_stops_instead_of_fencing_it_back(
-        cluster, tmp_path):
+        cluster, tmp_path, worker_gateway):
     """Two live processes with one worker id would otherwise fence each other in turn forever (each
     reopening a session on the other's refusal), and neither could keep a job running; the older
     one must stop its jobs and exit, naming the cause, while the newer one keeps its session."""
-    first = start_worker(cluster, tmp_path, "w-twin")
+    token = worker_gateway.register("w-twin")
+    first = start_worker(worker_gateway, tmp_path, "w-twin", token=token)
     second = None
     try:
         first.wait_event("worker.session_opened")
-        settings = write_worker_settings(tmp_path / "twin2.toml", worker_dsn(cluster), worker_id="w-twin",
-                                         log_dir=tmp_path / "twin2-logs")
+        settings = write_gateway_worker_settings(tmp_path / "twin2.toml", url=worker_gateway.url, token=token,
+                                                 worker_id="w-twin", log_dir=tmp_path / "twin2-logs")
         second = WorkerProcess(settings, tmp_path / "twin2.stderr")
         second.wait_event("worker.session_opened")
         assert first.wait() == 3
@@ -148,7 +149,7 @@ def test_a_second_worker_with_the_same_id_replaces_the_first_which_stops_instead
             second.stop()
 
 
-def test_a_run_that_cannot_start_ends_failed_with_the_reason_and_is_never_retried(cluster, tmp_path):
+def test_a_run_that_cannot_start_ends_failed_with_the_reason_and_is_never_retried(cluster, tmp_path, worker_gateway):
     """A missing program or an executor this worker does not have must end the Run failed, saying
     why, without a retry (nothing ran); left claimed it would block its task forever, retried it
     would fail the same way max_attempts times."""
@@ -158,7 +159,7 @@ def test_a_run_that_cannot_start_ends_failed_with_the_reason_and_is_never_retrie
     unknown = admit(cluster, publish_task(cluster, "unknown-executor",
                                           {"command": py_job("print(1)"), "executor": "acme_gpu_pool",
                                            "retry": retry}))
-    worker = start_worker(cluster, tmp_path, "w-nostart")
+    worker = start_worker(worker_gateway, tmp_path, "w-nostart")
     try:
         assert wait_run_state(cluster, missing) == "failed"
         assert wait_run_state(cluster, unknown) == "failed"
@@ -169,32 +170,6 @@ def test_a_run_that_cannot_start_ends_failed_with_the_reason_and_is_never_retrie
         assert b["state"] == "failed" and "acme_gpu_pool" in b["reason"] and "local_process" in b["reason"]
         assert worker.events("worker.job_started") == []  # nothing was spawned
         assert len(worker.events("worker.start_failed")) == 1
-    finally:
-        worker.signal(signal.SIGTERM)
-        worker.wait()
-        worker.stop()
-
-
-def test_a_worker_on_the_direct_path_gets_sealed_env_values_and_never_runs_them(cluster, tmp_path):
-    """A worker that claims straight from the database holds no key: it receives the sealed text,
-    and spawning the job with it would run it with garbage in place of a credential. It ends the
-    Attempt failed, never started, naming the variable and the gateway."""
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-    from qinglong.contracts.secrets import Sealer
-
-    sealed = admit(cluster, publish_task(cluster, "sealed-direct", {
-        "command": py_job("import os; print(os.environ['TOKEN'])"), "env": {"TOKEN": "not-for-this-worker"},
-        "retry": {"max_attempts": 3, "initial_backoff_ms": 100, "jitter": 0}},
-        sealer=Sealer([os.urandom(32)], AESGCM)))
-    worker = start_worker(cluster, tmp_path, "w-direct-sealed")
-    try:
-        assert wait_run_state(cluster, sealed) == "failed"
-        (a,) = attempts(cluster, sealed)
-        assert a["state"] == "failed" and a["exit_code"] is None
-        assert "env.TOKEN" in a["reason"] and "gateway" in a["reason"]
-        assert "not-for-this-worker" not in a["reason"] and "not-for-this-worker" not in worker.text()
-        assert worker.events("worker.job_started") == []
     finally:
         worker.signal(signal.SIGTERM)
         worker.wait()

@@ -63,7 +63,7 @@ def publisher_with_hooks(db):
     return qinglong_scheduler_backends()[0].create(context)
 
 
-def test_a_hook_body_reaches_the_job_of_a_cluster_worker_as_a_private_file(cluster, tmp_path):
+def test_a_hook_body_reaches_the_job_of_a_cluster_worker_as_a_private_file(cluster, tmp_path, worker_gateway):
     """Without the payload in the claim, a webhook-started job on the cluster would run blind
     (the deploy would not know which ref was pushed); written world-readable, another local
     user could read a body that may carry tokens."""
@@ -83,7 +83,7 @@ def test_a_hook_body_reaches_the_job_of_a_cluster_worker_as_a_private_file(clust
     payload = {"body": '{"ref": "main"}', "content_type": "application/json",
                "delivery": "push-1"}
     run_id = admit_event(cluster, "deploy-hook", "push-1", payload)
-    worker = start_worker(cluster, tmp_path, "w-hook")
+    worker = start_worker(worker_gateway, tmp_path, "w-hook")
     try:
         assert wait_run_state(cluster, run_id) == "succeeded"
         (attempt,) = attempts(cluster, run_id)

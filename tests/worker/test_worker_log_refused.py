@@ -25,7 +25,7 @@ CREATE TRIGGER refuse_log BEFORE INSERT ON qinglong.attempt_logs
 """
 
 
-def test_a_finished_job_completes_at_once_when_the_database_refuses_its_log(cluster, tmp_path):
+def test_a_finished_job_completes_at_once_when_the_database_refuses_its_log(cluster, tmp_path, worker_gateway):
     """The job prints and exits 0 while every log append is refused. If completion waited on the
     log, the Run would stay running (its lease renewed) until the task's timeout, blocking
     forbid/queue for as long; if the worker took the refusal for an unavailable store, its
@@ -33,8 +33,9 @@ def test_a_finished_job_completes_at_once_when_the_database_refuses_its_log(clus
     the bytes the store holds (none) and the tail it never got counted as missing, said once."""
     trigger = publish_task(cluster, "chatty", {"command": py_job("print('x' * 5000)"), "timeout_ms": 3_600_000})
     run_id = admit(cluster, trigger)
+    token = worker_gateway.register("w-full")  # the CLI refuses a catalog with the test's trigger
     cluster.sql(FULL_DISK)
-    worker = start_worker(cluster, tmp_path, "w-full", **SHORT_TIMING)
+    worker = start_worker(worker_gateway, tmp_path, "w-full", token=token, **SHORT_TIMING)
     try:
         assert wait_run_state(cluster, run_id) == "succeeded"
         (attempt,) = attempts(cluster, run_id)

@@ -12,7 +12,7 @@ from tests.support.procs import process_alive, wait_until
 from tests.worker.helpers import admit, attempts, publish_task, start_worker, wait_run_state
 
 
-def test_a_worker_records_exit_0_of_a_job_beside_its_setsid_daemon_without_waiting_its_timeout(cluster, tmp_path):
+def test_a_worker_records_exit_0_of_a_job_beside_its_setsid_daemon_without_waiting_its_timeout(cluster, tmp_path, worker_gateway):
     """Without the drain the worker's Run stays `running` (its lease renewed) until the task's
     timeout, ends `timed_out` with no exit code, and the helper in its group lives on."""
     program = tmp_path / "mydaemon"
@@ -22,7 +22,7 @@ def test_a_worker_records_exit_0_of_a_job_beside_its_setsid_daemon_without_waiti
                            f"sleep 300 & echo $! > {helper}; exit 0"]
     trigger = publish_task(cluster, "leaves", {"command": command, "timeout_ms": 3_600_000})
     run_id = admit(cluster, trigger)
-    worker = start_worker(cluster, tmp_path, "w-orphans", orphan_drain_ms=300)
+    worker = start_worker(worker_gateway, tmp_path, "w-orphans", orphan_drain_ms=300)
     try:
         assert wait_run_state(cluster, run_id) == "succeeded"
         (attempt,) = attempts(cluster, run_id)

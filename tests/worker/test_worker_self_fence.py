@@ -1,4 +1,4 @@
-"""Self-fencing: a worker whose link to the store is cut stops its job (TERM, then KILL to the
+"""Self-fencing: a worker whose link to the gateway (and so to the store) is cut stops its job (TERM, then KILL to the
 process group) before its session lease can expire in the store's time, measured on the
 machine's monotonic clock from the start of its last successful heartbeat; then it opens a new
 session (a new generation) once the store answers again, and the abandoned Attempt is never
@@ -24,10 +24,8 @@ from tests.worker.helpers import (
     publish_task,
     run_state,
     wait_until,
-    worker_dsn,
-    write_worker_settings,
-    WorkerProcess,
 )
+from tests.support.gateway import start_gateway_worker
 
 #: Ignores TERM (only KILL stops it), writes its pid and group, then its monotonic time every
 #: 10 ms: the last line written is its last moment alive as far as it can tell.
@@ -50,7 +48,7 @@ ONE_SERVER = pytest.mark.parametrize("pg_server", ["pg18"], indirect=True)
 
 
 @ONE_SERVER
-def test_a_partitioned_worker_kills_its_job_before_its_session_lease_can_expire(cluster, tmp_path):
+def test_a_partitioned_worker_kills_its_job_before_its_session_lease_can_expire(cluster, tmp_path, worker_gateway):
     """Without self-fencing the job would run on while the store, its lease expired, hands the Run
     to another worker: two executions of one Run at once. The job ignores TERM, so only the KILL
     at the schedule's kill point stops it; its last own timestamp must lie before the last
@@ -59,11 +57,10 @@ def test_a_partitioned_worker_kills_its_job_before_its_session_lease_can_expire(
     trigger = publish_task(cluster, "stubborn", {"command": py_job(STUBBORN_JOB, str(mark), str(stamps)),
                                                  "timeout_ms": 600_000})
     run_id = admit(cluster, trigger)
-    server = cluster.server
-    with FaultProxy((server.host, server.port), name="worker-link") as proxy:
-        settings = write_worker_settings(tmp_path / "w.toml", worker_dsn(cluster, proxy.host, proxy.port),
-                                         worker_id="w-fence", log_dir=tmp_path / "logs", level="debug")
-        worker = WorkerProcess(settings, tmp_path / "w.stderr")
+    with FaultProxy(("127.0.0.1", worker_gateway.api.port), name="worker-link") as proxy:
+        token = worker_gateway.register("w-fence")
+        worker = start_gateway_worker(f"http://{proxy.host}:{proxy.port}", token, tmp_path, "w-fence",
+                                      level="debug")
         try:
             wait_until(mark.exists, "the job to start")
             pid, pgid = map(int, mark.read_text().split())
@@ -105,14 +102,12 @@ def test_a_partitioned_worker_kills_its_job_before_its_session_lease_can_expire(
             worker.stop()
 
 
-def _stubborn_worker(cluster, tmp_path, name: str):
+def _stubborn_worker(cluster, worker_gateway, tmp_path, name: str):
     mark, stamps = tmp_path / f"{name}.pid", tmp_path / f"{name}.stamps"
     trigger = publish_task(cluster, f"stubborn-{name}", {"command": py_job(STUBBORN_JOB, str(mark), str(stamps)),
                                                           "timeout_ms": 600_000})
     run_id = admit(cluster, trigger)
-    settings = write_worker_settings(tmp_path / f"{name}.toml", worker_dsn(cluster), worker_id=name,
-                                     log_dir=tmp_path / f"{name}-logs", level="debug")
-    worker = WorkerProcess(settings, tmp_path / f"{name}.stderr")
+    worker = worker_gateway.start_worker(tmp_path, name, level="debug")
     wait_until(mark.exists, "the job to start")
     beats = len(worker.events("worker.heartbeat"))
     worker.wait_event("worker.heartbeat", beats + 1)
@@ -125,11 +120,11 @@ def _fence_of(worker) -> float:
     return last_heartbeat + (SHORT_TIMING["session_lease_ms"] - SHORT_TIMING["self_fence_margin_ms"]) / 1000
 
 
-def test_a_killed_workers_job_is_stopped_by_its_fence_keeper(cluster, tmp_path):
+def test_a_killed_workers_job_is_stopped_by_its_fence_keeper(cluster, tmp_path, worker_gateway):
     """A worker killed -9 runs no watchdog, and its job, detached in its own process group, would
     run on after the lease expired, beside the worker that takes the Run over. Its fence keeper
     (a process of its own) sees the worker gone and stops the job, which ignores TERM, by KILL."""
-    worker, run_id, pgid, stamps = _stubborn_worker(cluster, tmp_path, "w-killed")
+    worker, run_id, pgid, stamps = _stubborn_worker(cluster, worker_gateway, tmp_path, "w-killed")
     try:
         keeper = keeper_pid(worker.proc.pid)
         assert keeper is not None
@@ -145,11 +140,11 @@ def test_a_killed_workers_job_is_stopped_by_its_fence_keeper(cluster, tmp_path):
 
 
 @ONE_SERVER
-def test_a_frozen_workers_job_is_stopped_before_its_lease_could_expire(cluster, tmp_path):
+def test_a_frozen_workers_job_is_stopped_before_its_lease_could_expire(cluster, tmp_path, worker_gateway):
     """A worker frozen by SIGSTOP (or a stalled machine) neither heartbeats nor fences; without
     the keeper acting on the last schedule it was given, the job would outlive the lease. After
     the worker is continued it finds its fence passed, opens a new session and drains cleanly."""
-    worker, run_id, pgid, stamps = _stubborn_worker(cluster, tmp_path, "w-frozen")
+    worker, run_id, pgid, stamps = _stubborn_worker(cluster, worker_gateway, tmp_path, "w-frozen")
     try:
         worker.signal(signal.SIGSTOP)
         wait_until(lambda: not group_alive(pgid), "the frozen worker's job to be gone")
@@ -167,11 +162,11 @@ def test_a_frozen_workers_job_is_stopped_before_its_lease_could_expire(cluster, 
 
 
 @ONE_SERVER
-def test_a_dead_fence_keeper_is_started_again_with_the_jobs_it_guards(cluster, tmp_path):
+def test_a_dead_fence_keeper_is_started_again_with_the_jobs_it_guards(cluster, tmp_path, worker_gateway):
     """A keeper that died (killed by an operator's broad kill, say) would leave the next kill -9
     of the worker with nothing to stop its job; the worker starts it again with every order
     resent, and the new keeper stops the job when the worker dies."""
-    worker, run_id, pgid, stamps = _stubborn_worker(cluster, tmp_path, "w-keeper")
+    worker, run_id, pgid, stamps = _stubborn_worker(cluster, worker_gateway, tmp_path, "w-keeper")
     try:
         first = keeper_pid(worker.proc.pid)
         os.kill(first, signal.SIGKILL)
@@ -188,12 +183,12 @@ def test_a_dead_fence_keeper_is_started_again_with_the_jobs_it_guards(cluster, t
 
 
 @ONE_SERVER
-def test_a_job_whose_worker_and_keeper_are_both_killed_is_stopped_by_its_executors_fence(cluster, tmp_path):
+def test_a_job_whose_worker_and_keeper_are_both_killed_is_stopped_by_its_executors_fence(cluster, tmp_path, worker_gateway):
     """With the worker and its keeper both killed -9 (a `pkill -9` of both), no process of the
     worker is left to stop the job; the executor's own fence, moved to each heartbeat's KILL
     point, must end it before the last heartbeat's start + lease - margin, or it would run beside
     the worker that takes the Run over."""
-    worker, run_id, pgid, stamps = _stubborn_worker(cluster, tmp_path, "w-both")
+    worker, run_id, pgid, stamps = _stubborn_worker(cluster, worker_gateway, tmp_path, "w-both")
     try:
         keeper = keeper_pid(worker.proc.pid)
         os.kill(keeper, signal.SIGKILL)

@@ -21,13 +21,13 @@ from tests.worker.helpers import (
 )
 
 
-def test_a_cancel_request_stops_the_running_job_and_it_ends_cancelled(cluster, tmp_path):
+def test_a_cancel_request_stops_the_running_job_and_it_ends_cancelled(cluster, tmp_path, worker_gateway):
     """`qinglong runs cancel` only writes a durable request; if the worker did not act on the
     heartbeat's stop order the job would run on and end as if nobody had asked. Its log shipped
     while it ran is what `logs --follow` shows from any machine."""
     mark, release = tmp_path / "job.pid", tmp_path / "release"
     run_id = admit(cluster, publish_task(cluster, "cancel-me", {"command": py_job(GATED_JOB, str(mark), str(release))}))
-    worker = start_worker(cluster, tmp_path, "w-cancel")
+    worker = start_worker(worker_gateway, tmp_path, "w-cancel")
     try:
         wait_until(mark.exists, "the job to start")
         _, pgid = map(int, mark.read_text().split())
@@ -51,13 +51,13 @@ def test_a_cancel_request_stops_the_running_job_and_it_ends_cancelled(cluster, t
         worker.stop()
 
 
-def test_the_tasks_timeout_is_enforced_by_the_worker_and_the_attempt_ends_timed_out(cluster, tmp_path):
+def test_the_tasks_timeout_is_enforced_by_the_worker_and_the_attempt_ends_timed_out(cluster, tmp_path, worker_gateway):
     """A job past its timeout must be stopped by the worker that runs it; the control plane's
     double check only ends the Attempt a session lease later and cannot signal the process."""
     mark, release = tmp_path / "job.pid", tmp_path / "release"
     run_id = admit(cluster, publish_task(cluster, "slow", {"command": py_job(GATED_JOB, str(mark), str(release)),
                                                            "timeout_ms": 1000}))
-    worker = start_worker(cluster, tmp_path, "w-timeout")
+    worker = start_worker(worker_gateway, tmp_path, "w-timeout")
     try:
         wait_until(mark.exists, "the job to start")
         _, pgid = map(int, mark.read_text().split())
