@@ -209,11 +209,12 @@ class QinglongHookSpecs:
 
     @hookspec
     def qinglong_worker_protocols(self) -> Iterable["WorkerProtocolSpec"]:
-        """Return the stores a ``qinglong worker`` can talk to through the worker protocol.
+        """Return the stores the API tier's worker gateway can serve workers from.
 
-        Called once by ``qinglong worker`` at start, before it connects. The worker uses the
-        protocol named by the profile's backend (``[profile] backend``) and connects with
-        ``[worker] dsn``.
+        Called once by ``qinglong api`` (and ``qinglong run`` with the API on) at start, when
+        ``[api] gateway_dsn`` is set. The gateway uses the spec named by the profile's backend
+        (``[profile] backend``) and opens its pool with ``create_gateway(gateway_dsn,
+        application_name, pool_size)``; workers speak only to the gateway.
 
         :returns: An iterable of :class:`~qinglong.contracts.worker.WorkerProtocolSpec`; each name
             must be unique across the loaded plugins.

@@ -315,15 +315,13 @@ class WorkerProtocol(Protocol):
 
 @record
 class WorkerProtocolSpec:
-    """What a plugin offers through ``qinglong_worker_protocols``: the store a worker talks to.
-    ``create(dsn, application_name)`` returns a connected :class:`WorkerProtocol` (awaitable)."""
+    """What a plugin offers through ``qinglong_worker_protocols``: the store side of the worker
+    gateway. ``create_gateway(dsn, application_name, pool_size)`` returns a :class:`WorkerGateway`
+    (awaitable), the API tier's shared pool; workers speak only to the gateway, never to a store."""
 
     name: str
-    create: Any  # Callable[[str, str], Awaitable[WorkerProtocol]]
+    create_gateway: Any  # Callable[[str, str, int], Awaitable[WorkerGateway]]
     description: str = ""
-    #: ``create_gateway(dsn, application_name, pool_size)``: a :class:`WorkerGateway` (awaitable),
-    #: the API tier's shared pool; None when the store offers no gateway
-    create_gateway: Any = None
 
 
 # --------------------------------------------------------------------------------------------

@@ -415,9 +415,9 @@ class PluginHost:
         from qinglong.contracts.worker import WorkerProtocolSpec
 
         return self._unique(
-            "qinglong_worker_protocols", "a WorkerProtocolSpec (name, create)",
+            "qinglong_worker_protocols", "a WorkerProtocolSpec (name, create_gateway)",
             lambda spec: (isinstance(spec, WorkerProtocolSpec) and isinstance(spec.name, str)
-                          and bool(spec.name) and callable(spec.create)),
+                          and bool(spec.name) and callable(spec.create_gateway)),
             lambda spec: spec.name,
             "two plugins provide worker protocol {key}: {first} and {second}; disable one of them")
 

@@ -116,7 +116,8 @@ class ExecutionSettings(BaseModel):
 
 class WorkerSettings(BaseModel):
     """``[worker]``: a ``qinglong worker`` process of the cluster profile, which pulls Runs from
-    the store through the worker protocol and runs them with the executor plugins.
+    the API tier's worker gateway (``url``, with its registered token) and runs them with the
+    executor plugins; it holds no database credential.
     ``max_running`` is capped by the profile; the timing must let a worker miss one heartbeat and
     still stop its jobs inside its session lease (checked at start, in words)."""
 
@@ -131,8 +132,6 @@ class WorkerSettings(BaseModel):
                                description="how long a claim may wait at the gateway for a Run")
     run_as: str | None = Field(None, min_length=1, description="the OS user jobs run as (the worker itself "
                                                              "runs as root to drop to it); default: the worker's user")
-    dsn: SecretStr | None = Field(None, description="direct path, off by default: the worker_ingress role's "
-                                                    "connection (a secret)")
     worker_id: str | None = Field(None, min_length=1, max_length=200,
                                   description="this worker's id; default: the host name")
     labels: list[str] = Field(default_factory=list, description="what this worker offers to tasks' labels")
@@ -571,6 +570,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, *, profile: str | 
     if file is not None:
         layers.append((f"settings file {file}", user))
     frozen_layers = tuple(layers)
+    _refuse_retired(frozen_layers)
     for label, data in frozen_layers:
         problem = strict_file_errors(_FileLayer, data, label)
         if problem:
@@ -589,6 +589,24 @@ def load_settings(path: str | os.PathLike[str] | None = None, *, profile: str | 
     loaded = LoadedSettings(settings, definition, file, frozen_layers)
     _check_caps(loaded)
     return loaded
+
+
+#: Keys that were settings once, with what replaces each (refused in words, not as unknown).
+RETIRED_KEYS = {
+    ("worker", "dsn"): "a worker holds no database credential; use [worker] url and token_file from "
+                       "`qinglong worker register`",
+}
+
+
+def _refuse_retired(layers: tuple[tuple[str, Mapping[str, Any]], ...]) -> None:
+    for loc, instead in RETIRED_KEYS.items():
+        key = ".".join(loc)
+        for label, data in layers:
+            if _lookup(data, loc):
+                raise SettingsError(f"invalid settings: {label}: key '{key}' is no longer a setting: {instead}")
+        if env_name(loc) in os.environ:
+            raise SettingsError(f"invalid settings: environment variable {env_name(loc)}: key '{key}' is no "
+                                f"longer a setting: {instead}")
 
 
 def _check_caps(loaded: LoadedSettings) -> None:

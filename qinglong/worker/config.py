@@ -23,7 +23,7 @@ DEFAULT_LOG_DIR = "qinglong-worker-logs"
 
 @record(slots=False)
 class WorkerConfig:
-    """The ``[worker]`` values, validated (the DSN stays in the settings: it is a secret)."""
+    """The ``[worker]`` values, validated."""
 
     worker_id: str
     labels: tuple[str, ...]
@@ -38,9 +38,9 @@ class WorkerConfig:
     log_retention_days: float
     orphans: str = "kill"
     orphan_drain_ms: int = 2_000
-    #: the gateway's address (None: the direct path, ``[worker] dsn``)
-    url: str | None = None
-    token_file: str | None = None
+    #: the gateway's address and the file holding this worker's token
+    url: str = ""
+    token_file: str = ""
     ca_file: str | None = None
     claim_wait_ms: int = 0
     #: ``(user, uid, gid, home)`` jobs run as, or None
@@ -53,9 +53,9 @@ class WorkerConfig:
 
 
 def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
-    """``[worker]`` checked: the timing can hold the fence, ``max_running`` fits a session, ``dsn``
-    is set, labels and the worker id are well formed. A refusal is a :class:`SettingsError`
-    naming the key and what was expected. ``worker`` is the settings section, read by attribute
+    """``[worker]`` checked: the timing can hold the fence, ``max_running`` fits a session, ``url``
+    and ``token_file`` are set, labels and the worker id are well formed. A refusal is a
+    :class:`SettingsError` naming the key and what was expected. ``worker`` is the settings section, read by attribute
     (this package never imports the host, whose settings model defines it)."""
     problem = check_worker_timing(worker.session_lease_ms, worker.heartbeat_ms, worker.self_fence_margin_ms,
                                   worker.kill_grace_ms)
@@ -64,18 +64,13 @@ def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
     if worker.max_running > MAX_SESSION_CAPACITY:
         raise SettingsError(f"[worker] max_running: expected at most {MAX_SESSION_CAPACITY} "
                             f"(the most Attempts one session holds), got {worker.max_running}")
-    dsn = worker.dsn.get_secret_value() if worker.dsn is not None else ""
     url = getattr(worker, "url", None)
-    if url and dsn.strip():
-        raise SettingsError("[worker] url and [worker] dsn: set one, not both (url: the API tier's gateway; "
-                            "dsn: the direct path to the database)")
-    if url and not getattr(worker, "token_file", None):
+    if not url:
+        raise SettingsError("[worker] url is required: the API tier's address, with [worker] token_file (the "
+                            "token `qinglong worker register` printed, mode 0600)")
+    if not getattr(worker, "token_file", None):
         raise SettingsError("[worker] token_file is required with [worker] url: the file holding the token "
                             "`qinglong worker register` printed (mode 0600)")
-    if not url and not dsn.strip():
-        raise SettingsError("[worker] url is required: the API tier's address, with [worker] token_file "
-                            "(or, on the direct path, [worker] dsn: the worker_ingress role's connection "
-                            "string, also as QINGLONG_WORKER__DSN)")
     worker_id = worker.worker_id or hostname or socket.gethostname()
     if (not worker_id or len(worker_id) > MAX_WORKER_ID_CHARS
             or any(ord(ch) < 32 or ord(ch) == 127 for ch in worker_id)):
@@ -118,9 +113,9 @@ def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
         log_retention_days=worker.log_retention_days,
         orphans=worker.orphans,
         orphan_drain_ms=worker.orphan_drain_ms,
-        url=url or None,
-        token_file=os.path.abspath(worker.token_file) if url else None,
+        url=url,
+        token_file=os.path.abspath(worker.token_file),
         ca_file=getattr(worker, "ca_file", None),
-        claim_wait_ms=getattr(worker, "claim_wait_ms", 0) if url else 0,
+        claim_wait_ms=getattr(worker, "claim_wait_ms", 0),
         run_as=run_as,
     )

@@ -33,9 +33,9 @@ async def end_current(h, run_id: str, result: AttemptOutcome) -> None:
 
         await store.record_finished(attempt.attempt_id, result, await h.now_ms(), Actor.COMPLETION)
         return
-    from qinglong.plugins.cluster_postgres.worker_client import connect_worker_protocol
+    from qinglong.plugins.cluster_postgres.worker_client import PostgresWorkerProtocol
 
-    protocol = await connect_worker_protocol(h.dsn("qinglong_worker_ingress"), "conformance worker")
+    protocol = PostgresWorkerProtocol(h.dsn("qinglong_worker_ingress"), "conformance worker")
     try:
         session = await protocol.open_session(f"w-{run_id[:8]}", [], 256, 600_000)
         # claims come in dispatch order: a test ends its Runs oldest first

@@ -874,7 +874,7 @@ class Worker:
             from qinglong.plugins.cluster_postgres import qinglong_worker_protocols
 
             (spec,) = qinglong_worker_protocols()
-            self.protocol = await spec.create(self.h.dsn("qinglong_worker_ingress"), "conformance")
+            self.protocol = await spec.create_gateway(self.h.dsn("qinglong_worker_ingress"), "conformance", 1)
             self.fence = (await self.protocol.open_session("conformance", [], 4, 30_000)).fence
         return self.protocol
 

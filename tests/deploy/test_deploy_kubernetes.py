@@ -53,8 +53,10 @@ WORKLOADS = {("Deployment", "qinglong"): "scheduler", ("Deployment", "qinglong-w
 SECRET_FILES = {"runtime_dsn": "host=postgres dbname=qinglong user=qinglong_runtime password=rt-secret",
                 "owner_dsn": "host=postgres dbname=qinglong user=qinglong_owner password=ow-secret",
                 "http_token": TOKEN,
-                "worker_dsn": "host=postgres dbname=qinglong user=qinglong_worker_ingress password=wk-secret",
+                "worker_token": "qlw_stand-in-worker-token",
+                "api_ca.crt": "-----BEGIN CERTIFICATE-----\nstand-in CA\n-----END CERTIFICATE-----\n",
                 "admin_dsn": "host=postgres dbname=qinglong user=qinglong_admin password=ad-secret",
+                "gateway_dsn": "host=postgres dbname=qinglong user=qinglong_worker_ingress password=wk-secret",
                 "api_tls.crt": "-----BEGIN CERTIFICATE-----\nstand-in\n-----END CERTIFICATE-----\n",
                 "api_tls.key": "-----BEGIN PRIVATE KEY-----\nstand-in\n-----END PRIVATE KEY-----\n",
                 "secrets_key": "q6hZzvQTJvOnBw0mnD0mF1ck8hdyYnFvOQGBXdBAqT4="}
@@ -261,7 +263,9 @@ def test_deployment_runs_the_cluster_profile_as_non_root_on_a_read_only_root():
         if kind == "Deployment":
             deployment = _workload(docs, kind, name)
             assert pdbs[component]["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
-            assert deployment["spec"]["replicas"] > pdbs[component]["spec"]["maxUnavailable"]
+            # a worker Deployment is one registration, one pod: its budget never blocks a drain
+            assert deployment["spec"]["replicas"] > pdbs[component]["spec"]["maxUnavailable"] or (
+                component == "worker" and deployment["spec"]["replicas"] == 1)
 
 
 def _http_get(container: dict, name: str, scheme: str = "HTTP") -> tuple[str, int]:
@@ -336,7 +340,8 @@ def test_env_and_secret_names_resolve_to_real_settings_keys(tmp_path):
     secrets = _secret_values(docs)
     # the admin DSN is in the API's own Secret, mounted by the API pods alone
     assert {key for name, key in secrets if name == "qinglong-dsn"} == {"runtime_dsn", "owner_dsn"}
-    assert {key for name, key in secrets if name == "qinglong-api"} == {"admin_dsn", "tls.crt", "tls.key"}
+    assert {key for name, key in secrets if name == "qinglong-api"} == {"admin_dsn", "gateway_dsn", "tls.crt",
+                                                                        "tls.key"}
     assert {key for key in ClusterPostgresSettings.model_fields if key.endswith("_dsn")} >= {"runtime_dsn",
                                                                                               "owner_dsn"}
     assert {key for name, key in secrets if name == "qinglong-http"} == {"token"}
@@ -406,8 +411,9 @@ def test_the_replicas_wait_for_the_schema_in_an_init_container_bounded_by_the_jo
 
 def test_worker_env_resolves_to_worker_settings_and_its_drain_fits_the_grace_period(tmp_path):
     """A worker pod killed before its drain ends loses its jobs' outcomes (they end `lost` a
-    lease later) at every rollout; an env name that matches no key would start workers without
-    their DSN, and two pods sharing a worker id would fence each other in turn."""
+    lease later) at every rollout; a settings file or mount that does not match would start a
+    worker without its gateway, its token or the CA it checks the gateway with; and a worker
+    pod holding a database credential is what the gateway exists to end."""
     docs = _documents(_manifest_files())
     secrets = _secret_values(docs)
     container = _container(docs, "Deployment", "qinglong-worker")
@@ -419,8 +425,15 @@ def test_worker_env_resolves_to_worker_settings_and_its_drain_fits_the_grace_per
     loaded = _load_as_container(env, tmp_path, container["command"])
     worker = loaded.settings.worker
     assert loaded.settings.profile == "cluster"
-    assert worker.dsn.get_secret_value() == secrets[("qinglong-worker", "dsn")]
-    assert worker.worker_id == env["QINGLONG_WORKER__WORKER_ID"]
+    assert worker.url.startswith("https://") and worker.worker_id == env["QINGLONG_WORKER__WORKER_ID"]
+    assert not any("DSN" in name for name in env_items), sorted(env_items)
+    # the init container copies the Secret's token onto the writable volume, where token_file is
+    (init,) = _workload(docs, "Deployment", "qinglong-worker")["spec"]["template"]["spec"]["initContainers"]
+    shown = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert init["command"][:3] == ["qinglong", "worker", "install-token"]
+    assert init["command"][3] == f"{shown['credential']}/token"
+    assert Path(worker.token_file).parent == Path(shown["work"])
+    assert Path(worker.ca_file).parent == Path(shown["credential"])
     assert loaded.settings.http.token is None
     backend = ClusterPostgresSettings.model_validate(loaded.settings.backend)
     assert all(getattr(backend, key) is None for key in ClusterPostgresSettings.model_fields if key.endswith("_dsn"))
@@ -509,7 +522,7 @@ def replica(postgres, tmp_path_factory):
     for key in ("runtime_dsn", "owner_dsn"):
         user = f"qinglong_{key.removesuffix('_dsn')}"
         secrets[("qinglong-dsn", key)] = postgres.dsn(user, ROLE_PASSWORDS[user], "qinglong")
-    secrets[("qinglong-worker", "dsn")] = postgres.dsn(
+    secrets[("qinglong-api", "gateway_dsn")] = postgres.dsn(
         "qinglong_worker_ingress", ROLE_PASSWORDS["qinglong_worker_ingress"], "qinglong")
     for name in ("qinglong.toml", "worker.toml"):
         (tmp_path / name).write_text(_settings_text(name))
@@ -634,9 +647,10 @@ def _settings_worker_dir(container: dict) -> str:
 
 def test_a_worker_started_as_its_container_runs_the_runs_the_replica_admits(replica):
     """Without a worker Deployment every Run the replicas admit stays queued forever; a worker
-    whose command or env does not work (a DSN key it does not read, a settings file it cannot
-    find) leaves them queued just the same. Its SIGTERM (the kubelet's stop) must drain and exit 0
-    within the pod's grace period."""
+    whose command or env does not work (a token file it does not find, a gateway address or CA
+    it cannot use) leaves them queued just the same. It reaches the store only through the API
+    pod's gateway, with its registered token. Its SIGTERM (the kubelet's stop) must drain and exit
+    0 within the pod's grace period."""
     from tests.support.pg import ROLE_PASSWORDS
 
     admin = replica.tmp_path / "admin.toml"
@@ -654,7 +668,7 @@ def test_a_worker_started_as_its_container_runs_the_runs_the_replica_admits(repl
 
     cli("project", "create", "k8s")
     cli("task", "put", "k8s", "hello", "--", "/bin/sh", "-c", "echo hello from the worker")
-    cli("trigger", "add", "k8s", "every-second", "--task", "hello", "--cron", "* * * * * *")
+    token = cli("worker", "register", "qinglong-worker-test-pod", "--capacity", "2").stdout.strip()
     container = _container(replica.docs, "Deployment", "qinglong-worker")
     env = replica.process_env(container)
     env["QINGLONG_WORKER__WORKER_ID"] = "qinglong-worker-test-pod"  # the pod's name (fieldRef)
@@ -663,11 +677,20 @@ def test_a_worker_started_as_its_container_runs_the_runs_the_replica_admits(repl
     env["QINGLONG_WORKER__LOG_DIR"] = str(log_dir)  # the emptyDir, elsewhere here
     assert Path(env["HOME"]) == Path(_settings_worker_dir(container))
     env["HOME"] = str(replica.tmp_path)  # ... and the jobs' HOME on it
+    token_file = replica.tmp_path / "worker.token"  # what the init container writes, elsewhere here
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    env["QINGLONG_WORKER__TOKEN_FILE"] = str(token_file)
+    api = ApiPod(replica)
+    env["QINGLONG_WORKER__URL"] = f"https://127.0.0.1:{api.port}"  # the Service, elsewhere here
+    env["QINGLONG_WORKER__CA_FILE"] = str(api.tls / "tls.crt")  # the Secret's ca.crt
     stderr = replica.tmp_path / "worker.stderr"
-    with open(stderr, "w") as err:
-        worker = subprocess.Popen(container["command"], env=env, cwd=replica.tmp_path, stdout=subprocess.DEVNULL,
-                                  stderr=err)
+    worker = None
     try:
+        cli("trigger", "add", "k8s", "every-second", "--task", "hello", "--cron", "* * * * * *")
+        with open(stderr, "w") as err:
+            worker = subprocess.Popen(container["command"], env=env, cwd=replica.tmp_path,
+                                      stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + 120
         while True:
             runs = [r for r in json.loads(cli("runs", "--json").stdout)
@@ -683,49 +706,67 @@ def test_a_worker_started_as_its_container_runs_the_runs_the_replica_admits(repl
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=pod["terminationGracePeriodSeconds"]) == 0, stderr.read_text()
     finally:
-        if worker.poll() is None:
+        if worker is not None and worker.poll() is None:
             worker.kill()
             worker.wait()
         cli("trigger", "disable", "k8s", "every-second")
+        api.kill()
     logged = stderr.read_text()
-    assert ROLE_PASSWORDS["qinglong_worker_ingress"] not in logged
+    assert token not in logged and ROLE_PASSWORDS["qinglong_worker_ingress"] not in logged
 
 
-def test_an_api_pod_started_as_its_container_serves_https_probes_and_holds_the_admin_dsn(replica):
-    """An API container whose command, env or mounted TLS files do not work never becomes ready
-    (no remote management at all); its probes must answer over HTTPS without a token while the
-    API refuses a request without one, and its SIGTERM (the kubelet's stop) must exit 0 within
-    the pod's grace period without the admin password reaching its log."""
-    import ssl
+class ApiPod:
+    """``qinglong api`` started as the API container is (its command and env, the TLS files of its
+    Secret elsewhere here), with the gateway on; until stopped."""
 
-    from tests.support.pg import ROLE_PASSWORDS, free_port
+    def __init__(self, replica) -> None:
+        import ssl
 
-    docs = replica.docs
-    container = _container(docs, "Deployment", "qinglong-api")
-    secrets = dict(replica.secrets)
-    secrets[("qinglong-api", "admin_dsn")] = replica.postgres.dsn(
-        "qinglong_admin", ROLE_PASSWORDS["qinglong_admin"], "qinglong")
-    (replica.tmp_path / "api.toml").write_text(_settings_text("api.toml"))
-    tls = replica.tmp_path / "tls"
-    tls.mkdir()
-    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                           "/CN=127.0.0.1", "-keyout", str(tls / "tls.key"), "-out", str(tls / "tls.crt")],
-                          capture_output=True, text=True, timeout=120)
-    assert made.returncode == 0, made.stderr
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
-    env.update(_env(container, secrets))
-    env["QINGLONG_SETTINGS"] = str(replica.tmp_path / "api.toml")
-    port = free_port()
-    env["QINGLONG_HTTP__LISTEN"] = f"0.0.0.0:{port}"
-    env["QINGLONG_API__TLS_CERT_FILE"] = str(tls / "tls.crt")  # the Secret's mount, elsewhere here
-    env["QINGLONG_API__TLS_KEY_FILE"] = str(tls / "tls.key")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    unverified = ssl.create_default_context()
-    unverified.check_hostname = False
-    unverified.verify_mode = ssl.CERT_NONE  # as the kubelet's HTTPS probes
+        from tests.support.pg import ROLE_PASSWORDS, free_port
 
-    def get(path: str) -> tuple[int, str]:
-        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=unverified)
+        self.replica = replica
+        self.container = _container(replica.docs, "Deployment", "qinglong-api")
+        secrets = dict(replica.secrets)
+        secrets[("qinglong-api", "admin_dsn")] = replica.postgres.dsn(
+            "qinglong_admin", ROLE_PASSWORDS["qinglong_admin"], "qinglong")
+        (replica.tmp_path / "api.toml").write_text(_settings_text("api.toml"))
+        self.tls = tls = replica.tmp_path / "tls"
+        if not tls.exists():
+            tls.mkdir()
+            made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                                   "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                                   "-keyout", str(tls / "tls.key"), "-out", str(tls / "tls.crt")],
+                                  capture_output=True, text=True, timeout=120)
+            assert made.returncode == 0, made.stderr
+        env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
+        env.update(_env(self.container, secrets))
+        env["QINGLONG_SETTINGS"] = str(replica.tmp_path / "api.toml")
+        self.port = free_port()
+        env["QINGLONG_HTTP__LISTEN"] = f"0.0.0.0:{self.port}"
+        env["QINGLONG_API__TLS_CERT_FILE"] = str(tls / "tls.crt")  # the Secret's mount, elsewhere here
+        env["QINGLONG_API__TLS_KEY_FILE"] = str(tls / "tls.key")
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        self.unverified = ssl.create_default_context()
+        self.unverified.check_hostname = False
+        self.unverified.verify_mode = ssl.CERT_NONE  # as the kubelet's HTTPS probes
+        self.stderr = replica.tmp_path / "api.stderr"
+        with open(self.stderr, "w") as err:
+            self.process = subprocess.Popen(self.container["command"], env=env, cwd=replica.tmp_path,
+                                            stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                ready = self.get(_http_get(self.container, "readinessProbe", "HTTPS")[0])
+            except OSError as exc:
+                ready = (0, str(exc))
+            if ready[0] == 200:
+                break
+            assert self.process.poll() is None, f"the API exited ({self.process.returncode}): {self.stderr.read_text()}"
+            assert time.monotonic() < deadline, f"not ready within 60 s: {ready}"
+            time.sleep(0.2)
+
+    def get(self, path: str) -> tuple[int, str]:
+        conn = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=30, context=self.unverified)
         try:
             conn.request("GET", path, headers={"User-Agent": "kube-probe/1.32", "Connection": "close"})
             answer = conn.getresponse()
@@ -733,30 +774,32 @@ def test_an_api_pod_started_as_its_container_serves_https_probes_and_holds_the_a
         finally:
             conn.close()
 
-    stderr = replica.tmp_path / "api.stderr"
-    with open(stderr, "w") as err:
-        process = subprocess.Popen(container["command"], env=env, cwd=replica.tmp_path, stdout=subprocess.DEVNULL,
-                                   stderr=err)
+    def stop(self) -> int:
+        """SIGTERM (the kubelet's stop); its exit status within the pod's grace period."""
+        pod = _workload(self.replica.docs, "Deployment", "qinglong-api")["spec"]["template"]["spec"]
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=pod["terminationGracePeriodSeconds"])
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def test_an_api_pod_started_as_its_container_serves_https_probes_and_holds_the_admin_dsn(replica):
+    """An API container whose command, env or mounted TLS files do not work never becomes ready
+    (no remote management at all); its probes must answer over HTTPS without a token while the
+    API refuses a request without one, and its SIGTERM (the kubelet's stop) must exit 0 within
+    the pod's grace period without the admin or the gateway's password reaching its log."""
+    from tests.support.pg import ROLE_PASSWORDS
+
+    api = ApiPod(replica)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                ready = get(_http_get(container, "readinessProbe", "HTTPS")[0])
-            except OSError as exc:
-                ready = (0, str(exc))
-            if ready[0] == 200:
-                break
-            assert process.poll() is None, f"the API exited ({process.returncode}): {stderr.read_text()}"
-            assert time.monotonic() < deadline, f"not ready within 60 s: {ready}"
-            time.sleep(0.2)
-        assert get(_http_get(container, "livenessProbe", "HTTPS")[0])[0] == 200
-        assert get("/api/v1/projects")[0] == 401
-        process.send_signal(signal.SIGTERM)
-        pod = _workload(docs, "Deployment", "qinglong-api")["spec"]["template"]["spec"]
-        assert process.wait(timeout=pod["terminationGracePeriodSeconds"]) == 0, stderr.read_text()
+        assert api.get(_http_get(api.container, "livenessProbe", "HTTPS")[0])[0] == 200
+        assert api.get("/api/v1/projects")[0] == 401
+        assert api.stop() == 0, api.stderr.read_text()
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    logged = stderr.read_text()
+        api.kill()
+    logged = api.stderr.read_text()
     assert ROLE_PASSWORDS["qinglong_admin"] not in logged and TOKEN not in logged
+    assert ROLE_PASSWORDS["qinglong_worker_ingress"] not in logged

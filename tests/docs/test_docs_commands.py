@@ -188,6 +188,25 @@ class Sandbox:
         return problems
 
 
+class WorkerSandbox(Sandbox):
+    """A cluster page's sandbox whose `qinglong worker` holds a token of its own: registered
+    (`qinglong worker register docs-worker`) and written to its token file just before it starts,
+    as an operator does on a worker machine (the page's own example worker may be revoked)."""
+
+    def __init__(self, root: Path, settings: Path, token_file: Path) -> None:
+        super().__init__(root, settings)
+        self.token_file = token_file
+
+    def start(self, command: Command, ready: str) -> None:
+        if ready == READY_LINE["worker"] and not self.token_file.exists():
+            done = subprocess.run(["qinglong", "worker", "register", "docs-worker"], env=self.env, cwd=self.root,
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            self.token_file.write_text(done.stdout)
+            self.token_file.chmod(0o600)
+        super().start(command, ready)
+
+
 #: What a long-running command writes once it is up.
 READY_LINE = {"run": "scheduler_started", "worker": "worker.session_opened"}
 
@@ -246,7 +265,7 @@ def test_every_command_of_the_page_runs_on_the_edge_profile(page, tmp_path):
 def test_every_command_of_the_cluster_page_runs_against_postgresql(page, tmp_path):
     """The cluster page's commands (migrate, wait, a replica, a worker) with a settings file as
     the page shows it, on a fresh database of the suite's PostgreSQL with its four roles."""
-    from tests.support.pg import ROLE_PASSWORDS, create_database, create_roles, start_server
+    from tests.support.pg import ROLE_PASSWORDS, create_database, create_roles, free_port, start_server
 
     server = start_server("pg18")
     try:
@@ -257,12 +276,16 @@ def test_every_command_of_the_cluster_page_runs_against_postgresql(page, tmp_pat
             return server.dsn(role, ROLE_PASSWORDS[role], "qinglong")
 
         settings = tmp_path / "qinglong.toml"
+        port = free_port()
+        token_file = tmp_path / "worker.token"
+        # the replica serves the gateway; the worker speaks to it with a token of its own
         settings.write_text(
-            'profile = "cluster"\n[http]\nlisten = "127.0.0.1:0"\n[backend]\n'
+            f'profile = "cluster"\n[http]\nlisten = "127.0.0.1:{port}"\n[backend]\n'
             f'runtime_dsn = "{dsn("qinglong_runtime")}"\nadmin_dsn = "{dsn("qinglong_admin")}"\n'
             f'owner_dsn = "{dsn("qinglong_owner")}"\n'
-            f'[worker]\ndsn = "{dsn("qinglong_worker_ingress")}"\nworker_id = "docs-worker"\n')
-        problems = run_page(shell_commands(REPO / "docs" / page), Sandbox(tmp_path, settings))
+            f'[api]\nenabled = true\ngateway_dsn = "{dsn("qinglong_worker_ingress")}"\n'
+            f'[worker]\nurl = "http://127.0.0.1:{port}"\ntoken_file = "{token_file}"\nworker_id = "docs-worker"\n')
+        problems = run_page(shell_commands(REPO / "docs" / page), WorkerSandbox(tmp_path, settings, token_file))
     finally:
         server.destroy()
     assert not problems, "\n\n".join(problems)

@@ -240,14 +240,14 @@ from qinglong.contracts.worker import WorkerProtocolSpec
 CONNECTED = []
 
 
-async def connect(dsn, application_name):
-    CONNECTED.append((dsn, application_name))
-    return "a connected protocol"
+async def connect(dsn, application_name, pool_size):
+    CONNECTED.append((dsn, application_name, pool_size))
+    return "a gateway pool"
 
 
 @hookimpl
 def qinglong_worker_protocols():
-    yield WorkerProtocolSpec(name="acme_gateway", create=connect, description="an HTTP gateway")
+    yield WorkerProtocolSpec(name="acme_gateway", create_gateway=connect, description="another store's gateway")
 '''
 
 RIVAL_WORKER_PROTOCOL_PLUGIN = '''
@@ -257,7 +257,7 @@ from qinglong.contracts.worker import WorkerProtocolSpec
 
 @hookimpl
 def qinglong_worker_protocols():
-    return [WorkerProtocolSpec(name="acme_gateway", create=lambda dsn, name: None)]
+    return [WorkerProtocolSpec(name="acme_gateway", create_gateway=lambda dsn, name, size: None)]
 '''
 
 BAD_WORKER_PROTOCOL_PLUGIN = '''
@@ -283,9 +283,9 @@ def _add_worker_protocol_plugins(site, monkeypatch):
 
 
 def test_hook_qinglong_worker_protocols_offers_a_third_party_protocol_by_name(site, monkeypatch):
-    """A worker picks its store's protocol by name: a protocol offered by a third party (an HTTP
-    gateway, say) must be found under its name and connected through its own factory, and the
-    cluster profile's own store must offer one, or `qinglong worker` has nothing to talk to."""
+    """The gateway picks its store's side by name: one offered by a third party's store must be
+    found under its name and opened through its own factory, and the cluster profile's own store
+    must offer one, or the gateway has nothing to serve workers from."""
     import asyncio
 
     _add_worker_protocol_plugins(site, monkeypatch)
@@ -293,8 +293,8 @@ def test_hook_qinglong_worker_protocols_offers_a_third_party_protocol_by_name(si
     host.load(["gateway", "cluster_postgres"])
     specs = host.worker_protocol_specs()
     assert sorted(specs) == ["acme_gateway", "cluster_postgres"]
-    assert asyncio.run(specs["acme_gateway"].create("dsn-value", "qinglong worker w1")) == "a connected protocol"
-    assert importlib.import_module("acme_gateway").CONNECTED == [("dsn-value", "qinglong worker w1")]
+    assert asyncio.run(specs["acme_gateway"].create_gateway("dsn-value", "qinglong gateway", 2)) == "a gateway pool"
+    assert importlib.import_module("acme_gateway").CONNECTED == [("dsn-value", "qinglong gateway", 2)]
 
 
 def test_hook_qinglong_worker_protocols_refuses_two_plugins_offering_one_name(site, monkeypatch):

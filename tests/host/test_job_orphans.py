@@ -96,6 +96,7 @@ def test_the_worker_takes_its_orphans_policy_from_its_own_section():
     from qinglong.host.settings import WorkerSettings
     from qinglong.worker import worker_config
 
-    config = worker_config(WorkerSettings(dsn="postgresql://w@h/db", orphans="leave", orphan_drain_ms=750),
+    config = worker_config(WorkerSettings(url="http://h:1", token_file="w.token", orphans="leave",
+                                          orphan_drain_ms=750),
                            hostname="w1")
     assert (config.orphans, config.orphan_drain_ms) == ("leave", 750)

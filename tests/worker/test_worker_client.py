@@ -1,4 +1,5 @@
-"""The PostgreSQL worker client against the real store functions: each refusal arrives as the
+"""The gateway's store side (``PostgresWorkerProtocol``, the worker protocol on one connection as
+the gateway's role, and the gateway's claim wake-up) against the real store functions: each refusal arrives as the
 contract's type, a repeated call is answered as the protocol says, an unreachable or silent
 store is StoreUnavailable within a bound, and no secret reaches a message."""
 
@@ -23,12 +24,20 @@ from qinglong.contracts.worker import (
 )
 from qinglong.worker.logship import ship_log
 from qinglong.plugins.cluster_postgres import worker_client
-from qinglong.plugins.cluster_postgres.worker_client import connect_worker_protocol
+from qinglong.plugins.cluster_postgres.gateway import create_worker_gateway
+from qinglong.plugins.cluster_postgres.worker_client import PostgresWorkerProtocol
 from devtools.fault_proxy import BOTH, FaultProxy
 from tests.support.pg import ROLE_PASSWORDS
 from tests.worker.helpers import admit, publish_task, py_job, stored_log, worker_dsn
 
 PASSWORD = ROLE_PASSWORDS["qinglong_worker_ingress"]
+
+
+async def connect_worker_protocol(dsn: str, application_name: str) -> PostgresWorkerProtocol:
+    """One connected store-side protocol, as each member of the gateway's pool is."""
+    protocol = PostgresWorkerProtocol(dsn, application_name)
+    await protocol.connect()
+    return protocol
 
 
 def test_every_call_maps_its_refusal_and_repeats_idempotently(cluster, tmp_path):
@@ -134,38 +143,39 @@ def test_an_unreachable_store_and_a_malformed_dsn_are_refused_without_the_passwo
         assert PASSWORD not in str(err.value) and "port=1" in str(err.value)
         with pytest.raises(SettingsError) as err:
             await connect_worker_protocol(f"host=127.0.0.1 password='{PASSWORD}", "qinglong worker w")
-        assert "[worker] dsn" in str(err.value) and PASSWORD not in str(err.value)
+        assert "[api] gateway_dsn" in str(err.value) and PASSWORD not in str(err.value)
 
     asyncio.run(unreachable())
 
 
-def test_an_idle_worker_connection_is_woken_when_an_attempt_becomes_claimable(cluster):
-    """Without the notification an idle worker would claim a Run admitted after its last claim
-    only at its next poll (up to a minute later); a notification left unread on the idle socket
-    would never wake it."""
+def test_a_waiting_claim_at_the_gateway_is_woken_when_an_attempt_becomes_claimable(cluster):
+    """Without the notification a claim waiting at the gateway would find a Run admitted after
+    its last claim only at its next poll (up to a minute later); a listener that read only the
+    first notification would never wake the next waiting claim."""
     trigger = publish_task(cluster, "woken", {"command": py_job("print(1)")})
 
     async def body():
-        protocol = await connect_worker_protocol(worker_dsn(cluster), "qinglong worker w-woken")
+        gateway = await create_worker_gateway(worker_dsn(cluster), "qinglong gateway w-woken", 1)
         try:
-            session = await protocol.open_session("w-woken", [], 2, 5000)
-            assert await protocol.claim(session.fence, [new_lease_token()]) == []
-            # idle: nothing is in flight on the connection when the Run is admitted
-            waiter = protocol.claim_waiter()
+            session = await gateway.open_session("w-woken", [], 2, 5000)
+            # the listener's start wakes the first waiter (what was admitted before it listened)
+            await asyncio.wait_for(gateway.waiter().wait(), 90)
+            waiter = gateway.waiter()
+            assert await gateway.claim(session.fence, [new_lease_token()]) == []
             assert not waiter.is_set()
             run_id = await asyncio.to_thread(admit, cluster, trigger)
             await asyncio.wait_for(waiter.wait(), 90)
-            (claimed,) = await protocol.claim(session.fence, [new_lease_token()])
+            (claimed,) = await gateway.claim(session.fence, [new_lease_token()])
             assert claimed.run_id == run_id
-            # the next waiter is woken by the next notification, whichever path reads it
-            waiter = protocol.claim_waiter()
+            # the next waiter is woken by the next notification
+            waiter = gateway.waiter()
             second = await asyncio.to_thread(admit, cluster, trigger)
-            await protocol.heartbeat(session.fence, [claimed.attempt_id])
+            await gateway.heartbeat(session.fence, [claimed.attempt_id])
             await asyncio.wait_for(waiter.wait(), 90)
-            (again,) = await protocol.claim(session.fence, [new_lease_token()])
+            (again,) = await gateway.claim(session.fence, [new_lease_token()])
             assert again.run_id == second
         finally:
-            await protocol.close()
+            await gateway.close()
 
     asyncio.run(body())
 

@@ -1,4 +1,4 @@
-"""``[worker]`` refused key by key before anything connects, and the local retention of Attempt
+"""``[worker]`` refused key by key before anything connects (a database login among them), and the local retention of Attempt
 directories (no database needed)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from qinglong.contracts.errors import SettingsError
 from qinglong.host.settings import WorkerSettings
 from qinglong.worker import worker_config
 from qinglong.worker.retention import sweep_attempt_dirs
-from tests.worker.helpers import WorkerProcess, write_worker_settings
+from tests.worker.helpers import WorkerProcess, wait_until, write_worker_settings
 
-GOOD = dict(dsn="host=127.0.0.1 user=w", session_lease_ms=5000, heartbeat_ms=1000, self_fence_margin_ms=1000,
+GOOD = dict(url="http://127.0.0.1:1", token_file="w.token", session_lease_ms=5000, heartbeat_ms=1000, self_fence_margin_ms=1000,
             kill_grace_ms=500)
 
 
@@ -29,7 +29,7 @@ def _config(**overrides):
 def test_the_short_test_timing_and_the_defaults_are_accepted():
     """The defaults must hold the fence out of the box, and the tests' short leases must too."""
     assert _config().session_lease_ms == 5000
-    defaults = worker_config(WorkerSettings(dsn="host=x"), hostname="host-a")
+    defaults = worker_config(WorkerSettings(url="http://x", token_file="t"), hostname="host-a")
     assert (defaults.worker_id, defaults.session_lease_ms, defaults.heartbeat_ms) == ("host-a", 45_000, 10_000)
     assert defaults.application_name == "qinglong worker host-a"
     assert os.path.isabs(defaults.log_dir)
@@ -38,8 +38,8 @@ def test_the_short_test_timing_and_the_defaults_are_accepted():
 @pytest.mark.parametrize("overrides, words", [
     (dict(heartbeat_ms=3000), "[worker] timing: session_lease_ms 5000 is too short for heartbeat_ms 3000"),
     (dict(kill_grace_ms=4000), "kill_grace_ms 4000"),
-    (dict(dsn=None), "[worker] url is required"),
-    (dict(dsn="  "), "[worker] url is required"),
+    (dict(url=None), "[worker] url is required"),
+    (dict(token_file=None), "[worker] token_file is required"),
     (dict(labels=["gpu", "bad label"]), "[worker] labels: 'bad label' is not a label"),
     (dict(labels=[f"l{i}" for i in range(33)]), "[worker] labels: expected at most 32"),
     (dict(worker_id="a\tb"), "[worker] worker_id"),
@@ -59,35 +59,88 @@ def _worker_cli(tmp_path, body: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-def test_qinglong_worker_refuses_bad_timing_a_missing_dsn_and_a_profile_without_workers(tmp_path):
+def test_qinglong_worker_refuses_bad_timing_a_missing_url_and_too_many_jobs(tmp_path):
     """The process must refuse before connecting or claiming, with exit 3 and the key's name."""
-    bad_timing = _worker_cli(tmp_path, 'profile = "cluster"\n[worker]\ndsn = "host=x"\nheartbeat_ms = 30000\n')
+    gateway = 'url = "http://127.0.0.1:1"\ntoken_file = "w.token"\n'
+    bad_timing = _worker_cli(tmp_path, f'profile = "cluster"\n[worker]\n{gateway}heartbeat_ms = 30000\n')
     assert bad_timing.returncode == 3
     assert "[worker] timing" in bad_timing.stderr and "heartbeat_ms 30000" in bad_timing.stderr
-    no_dsn = _worker_cli(tmp_path, 'profile = "cluster"\n[worker]\n')
-    assert no_dsn.returncode == 3 and "[worker] url is required" in no_dsn.stderr
-    edge = _worker_cli(tmp_path, f'profile = "edge"\n[backend]\npath = "{tmp_path / "q.db"}"\n'
-                                 '[worker]\ndsn = "host=x"\n')
-    assert edge.returncode == 3 and "offers none" in edge.stderr and "worker protocol" in edge.stderr
-    too_many = _worker_cli(tmp_path, 'profile = "cluster"\n[worker]\ndsn = "host=x"\nmax_running = 257\n')
+    no_url = _worker_cli(tmp_path, 'profile = "cluster"\n[worker]\n')
+    assert no_url.returncode == 3 and "[worker] url is required" in no_url.stderr
+    too_many = _worker_cli(tmp_path, f'profile = "cluster"\n[worker]\n{gateway}max_running = 257\n')
     assert too_many.returncode == 3 and "max_running" in too_many.stderr
 
 
-def test_a_worker_that_cannot_reach_its_store_keeps_trying_and_never_prints_its_password(tmp_path):
-    """A worker started before its database must wait for it rather than exit; and the DSN's
-    password must never reach its diagnostics."""
-    secret = "worker-Sekrit-99"
-    settings = write_worker_settings(tmp_path / "w.toml", f"host=127.0.0.1 port=1 user=w password={secret}",
+def test_a_database_login_in_worker_settings_is_refused_naming_the_file_the_key_and_the_way(tmp_path, monkeypatch):
+    """A worker host must hold no database credential: a ``[worker] dsn`` left from an older
+    deployment must stop the worker (and every other command reading the file) at once, saying
+    where it is and what replaces it, never as an unknown key nor silently ignored; the value
+    itself (a password) is never repeated."""
+    secret = "old-Sekrit-42"
+    body = f'profile = "cluster"\n[worker]\ndsn = "host=x user=w password={secret}"\n'
+    done = _worker_cli(tmp_path, body)
+    assert done.returncode == 3, done.stderr
+    assert str(tmp_path / "s.toml") in done.stderr and "worker.dsn" in done.stderr
+    assert "use [worker] url and token_file from `qinglong worker register`" in done.stderr
+    assert secret not in done.stderr
+    from qinglong.host.settings import load_settings
+
+    with pytest.raises(SettingsError) as err:
+        load_settings(tmp_path / "s.toml")
+    assert "worker.dsn" in str(err.value) and "qinglong worker register" in str(err.value)
+    (tmp_path / "ok.toml").write_text('profile = "cluster"\n')
+    monkeypatch.setenv("QINGLONG_WORKER__DSN", f"host=x password={secret}")
+    with pytest.raises(SettingsError) as err:
+        load_settings(tmp_path / "ok.toml")
+    assert "QINGLONG_WORKER__DSN" in str(err.value) and secret not in str(err.value)
+
+
+def test_a_worker_that_cannot_reach_its_gateway_keeps_trying_and_never_prints_its_token(tmp_path):
+    """A worker started before its API tier must wait for it rather than exit, and reach it once
+    it listens; and its token must never reach its diagnostics."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    secret = "qlw_worker-Sekrit-99"
+    token_file = tmp_path / "w.token"
+    token_file.write_text(secret + "\n")
+    token_file.chmod(0o600)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = write_worker_settings(tmp_path / "w.toml", url=f"http://127.0.0.1:{port}", token_file=token_file,
                                      worker_id="w-away", log_dir=tmp_path / "logs")
+    seen: list[tuple[str, str]] = []
+
+    class Unready(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append((self.path, self.headers.get("Authorization", "")))
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
     worker = WorkerProcess(settings, tmp_path / "w.stderr")
+    server = None
     try:
-        worker.wait_event("worker.store_unavailable", 2)
+        worker.wait_event("worker.store_unavailable")
         assert worker.proc.poll() is None
+        server = ThreadingHTTPServer(("127.0.0.1", port), Unready)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        wait_until(lambda: seen, "the worker to try its gateway again once it listens")
+        assert seen[0][0].startswith("/worker/v1/") and seen[0][1] == f"Bearer {secret}"
         worker.signal(signal.SIGTERM)
         assert worker.wait() == 0
         assert secret not in worker.text()
         assert worker.events("worker.stopped")
     finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         worker.stop()
 
 
@@ -106,3 +159,27 @@ def test_retention_deletes_only_old_attempt_directories_no_job_holds(tmp_path):
     assert sweep_attempt_dirs(str(tmp_path), 7, {held}) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([held, fresh, "not-an-attempt"])
     assert sweep_attempt_dirs(str(tmp_path / "missing"), 7, set()) == 0
+
+
+def test_install_token_copies_a_mounted_token_to_a_private_token_file(tmp_path):
+    """A Secret mounted by Kubernetes is root's and group-readable: the worker refuses it as its
+    token file, so the pod's init container installs it as the worker's own 0600 file; a source
+    holding no token must not become one (nor be printed)."""
+    from qinglong.worker import read_token_file
+
+    source = tmp_path / "secret-token"
+    source.write_text("qlw_mounted-Token-1")
+    source.chmod(0o644)
+    target = tmp_path / "work" / "token"
+    target.parent.mkdir()
+    settings = tmp_path / "w.toml"
+    settings.write_text(f'profile = "cluster"\n[worker]\nurl = "http://127.0.0.1:1"\ntoken_file = "{target}"\n')
+    done = subprocess.run([sys.executable, "-m", "qinglong", "worker", "install-token", str(source), "--settings",
+                           str(settings)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert oct(target.stat().st_mode & 0o777) == "0o600" and read_token_file(str(target)) == "qlw_mounted-Token-1"
+    source.write_text("host=db password=Sekrit")
+    refused = subprocess.run([sys.executable, "-m", "qinglong", "worker", "install-token", str(source),
+                              "--settings", str(settings)], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "holds no worker token" in refused.stderr
+    assert "Sekrit" not in refused.stderr and read_token_file(str(target)) == "qlw_mounted-Token-1"

@@ -19,8 +19,7 @@ from .signals import two_stage_signals
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    """Check ``[worker]``, load the plugins, connect, and serve until a signal."""
-    from qinglong.contracts.errors import UserError
+    """Check ``[worker]``, load the executors, connect to the gateway, and serve until a signal."""
     from qinglong.contracts.execution import ExecutorContext, minimal_environment
 
     from qinglong.worker import worker_config
@@ -32,41 +31,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
                               kill_grace_ms=config.kill_grace_ms, orphan_drain_ms=config.orphan_drain_ms,
                               orphans=config.orphans,
                               run_as=(config.run_as[1], config.run_as[2]) if config.run_as is not None else None)
-    if config.url is not None:
-        # the gateway's path: nothing of the store is loaded (no driver, no credential, no store
-        # contracts), nor the control plane's containers: qinglong[worker]
-        from ..assembly import GatewayWorkerContainer
-        from qinglong.worker import read_token_file
+    # nothing of the store is loaded (no driver, no credential, no store contracts), nor the
+    # control plane's containers: qinglong[worker]
+    from ..assembly import GatewayWorkerContainer
+    from qinglong.worker import read_token_file
 
-        worker_container = GatewayWorkerContainer(loaded=loaded, executor_context=context)
-        diagnostics = worker_container.diagnostics()
-        read_token_file(config.token_file)  # a missing or readable token file: exit 3 before anything runs
-        spec = None
-        dsn = ""
-        executors = worker_container.executors()
-    else:
-        from ..containers import build_container, create_executors
-
-        container = build_container(loaded)
-        host = container.plugin_host()
-        diagnostics = container.diagnostics()
-        dsn = loaded.settings.worker.dsn.get_secret_value()
-        protocols = host.worker_protocol_specs()
-        spec = protocols.get(loaded.profile.backend)
-        if spec is None:
-            raise UserError(f"`qinglong worker` needs a profile whose store offers a worker protocol; the "
-                            f"{loaded.profile.name} profile's backend {loaded.profile.backend!r} offers none "
-                            f"(worker protocols of the loaded plugins: {', '.join(sorted(protocols)) or 'none'}); "
-                            "use the cluster profile")
-        executors = create_executors(host, context)
+    worker_container = GatewayWorkerContainer(loaded=loaded, executor_context=context)
+    diagnostics = worker_container.diagnostics()
+    read_token_file(config.token_file)  # a missing or readable token file: exit 3 before anything runs
+    executors = worker_container.executors()
 
     async def connect() -> Any:
-        if config.url is not None:
-            from qinglong.worker import connect_http_protocol
+        from qinglong.worker import connect_http_protocol
 
-            return await connect_http_protocol(config.url, config.token_file, config.application_name,
-                                               config.ca_file)
-        return await spec.create(dsn, config.application_name)
+        return await connect_http_protocol(config.url, config.token_file, config.application_name,
+                                           config.ca_file)
 
     return asyncio.run(serve(connect, executors, config, diagnostics))
 
@@ -95,6 +74,38 @@ async def serve(connect: Any, executors: Any, config: Any, diagnostics: Any) -> 
                            "draining (send it again to kill the jobs and exit at once)", worker.request_stop,
                            lambda: f"{worker.kill_all()} job(s) killed, exiting at once"):
         return await worker.run()
+
+
+def cmd_worker_install_token(args: argparse.Namespace) -> int:
+    """``qinglong worker install-token SOURCE``: copy a token from a file this user may only read
+    (a mounted Secret, owned by root) to ``[worker] token_file``, mode 0600, this user's own."""
+    import tempfile
+
+    from qinglong.contracts.errors import SettingsError, UserError
+    from qinglong.contracts.worker import WORKER_TOKEN_PREFIX
+
+    loaded = settings_of(args)
+    target = loaded.settings.worker.token_file
+    if not target:
+        raise SettingsError("[worker] token_file is required: where the token is installed")
+    try:
+        with open(args.source, encoding="utf-8") as f:
+            token = f.read(1024).strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"worker install-token: cannot read {args.source}: {exc.__class__.__name__}") from None
+    if not token.startswith(WORKER_TOKEN_PREFIX) or len(token) > 512 or any(c.isspace() for c in token):
+        raise UserError(f"worker install-token: {args.source} holds no worker token (one line starting with "
+                        f"{WORKER_TOKEN_PREFIX}, as `qinglong worker register` prints it)")
+    folder = os.path.dirname(os.path.abspath(target))
+    fd, temporary = tempfile.mkstemp(dir=folder, prefix=".token-")
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (token + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, target)
+    return 0
 
 
 def cmd_worker_admin(args: argparse.Namespace) -> int:
@@ -211,7 +222,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = add_command(sub, common, "worker",
                     "run the cluster's Runs on this machine until SIGTERM/SIGINT (drains; a second signal "
                     "kills the jobs and exits); or manage registered workers", cmd_worker)
-    actions = p.add_subparsers(dest="worker_action", metavar="{register,list,revoke,rotate}")
+    actions = p.add_subparsers(dest="worker_action", metavar="{register,list,revoke,rotate,install-token}")
     reg = add_command(actions, common, "register", "register a worker: prints its token once (admin)",
                       cmd_worker_admin)
     reg.add_argument("name", help="the worker's id")
@@ -227,3 +238,6 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     rot = add_command(actions, common, "rotate", "give a worker a new token (printed once); the old one stops "
                       "working", cmd_worker_admin)
     rot.add_argument("name")
+    ins = add_command(actions, common, "install-token", "copy this worker's token from SOURCE (a mounted "
+                      "Secret) to [worker] token_file, mode 0600, this user's", cmd_worker_install_token)
+    ins.add_argument("source", help="the file holding the token")

@@ -49,13 +49,6 @@ def qinglong_scheduler_backends():
     ]
 
 
-async def create_worker_protocol(dsn: str, application_name: str):
-    """Connect a worker to the store as the ``worker_ingress`` role (``worker_client``)."""
-    from .worker_client import connect_worker_protocol
-
-    return await connect_worker_protocol(dsn, application_name)
-
-
 async def create_worker_gateway(dsn: str, application_name: str, pool_size: int):
     """The API tier's gateway: the worker protocol on a small pool as the gateway's role."""
     from .gateway import create_worker_gateway as create
@@ -65,15 +58,14 @@ async def create_worker_gateway(dsn: str, application_name: str, pool_size: int)
 
 @hookimpl
 def qinglong_worker_protocols():
-    """Offer the worker protocol of this store: SECURITY DEFINER functions, nothing else."""
+    """Offer the worker gateway of this store: SECURITY DEFINER functions, nothing else."""
     from qinglong.contracts.worker import WorkerProtocolSpec
 
     return [
         WorkerProtocolSpec(
             name=BACKEND_NAME,
-            create=create_worker_protocol,
             create_gateway=create_worker_gateway,
-            description="PostgreSQL functions executed as the worker_ingress role (no table privilege)",
+            description="PostgreSQL functions executed as the gateway's worker_ingress role (no table privilege)",
         )
     ]
 

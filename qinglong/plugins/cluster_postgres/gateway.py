@@ -194,12 +194,9 @@ class PostgresWorkerGateway:
 async def create_worker_gateway(dsn: str, application_name: str, pool_size: int) -> PostgresWorkerGateway:
     """A gateway pool (connections open on first use; an unreachable store is StoreUnavailable
     at the call that needs it)."""
-    from .worker_client import _worker_dsn
+    from .worker_client import _gateway_dsn
 
-    try:
-        _worker_dsn(dsn)
-    except Exception as exc:
-        raise type(exc)(str(exc).replace("[worker] dsn", "[api] gateway_dsn")) from None
+    _gateway_dsn(dsn)
     return PostgresWorkerGateway(dsn, application_name, pool_size)
 
 

@@ -1,20 +1,15 @@
-"""The worker protocol over PostgreSQL: each of the eight calls is one statement calling one of
-the store's SECURITY DEFINER functions (``qinglong.worker_*``), as the ``worker_ingress`` role.
+"""The worker protocol over PostgreSQL, the gateway's store side: each of the eight calls is one
+statement calling one of the store's SECURITY DEFINER functions (``qinglong.worker_*``), as the
+gateway's role (``worker_ingress``). No worker program uses it: workers speak to the gateway.
 
-A worker holds ONE autocommit connection (a worker's traffic is a heartbeat every few seconds and
-a few calls per job), opened with the same session options as every other session of this
-plugin (:func:`.db.session_options`: the pinned ``search_path``, a statement timeout), its
-``application_name`` and the TCP keepalive defaults. Calls are serialised on it: the runtime's
-heartbeat, claim and log shipping may overlap, and one connection answers one statement at a time.
+Each member of the gateway's pool (:mod:`.gateway`) is ONE autocommit connection, opened with
+the same session options as every other session of this plugin (:func:`.db.session_options`:
+the pinned ``search_path``, a statement timeout), its ``application_name`` and the TCP keepalive
+defaults. Calls are serialised on it: one connection answers one statement at a time.
 
 A job's completion may also claim for the slot it frees (``complete_and_claim``): both
 statements in one transaction, pipelined, so one round trip and one commit serve both; a repeat
 after a lost reply is a plain ``complete``.
-
-A worker's connection also listens on channel ``qinglong_claimable`` (the store notifies it when
-an Attempt becomes claimable), so an idle worker claims at once instead of at its next poll:
-:meth:`PostgresWorkerProtocol.claim_waiter`. Between calls the connection's socket is watched for
-the notification; during a call the driver hands it over itself.
 
 Refusals come back as the functions' SQLSTATEs and are raised as the contract's types:
 ``QL001`` :class:`~qinglong.contracts.worker.SessionFenced`, ``QL002``
@@ -24,8 +19,8 @@ does not answer within :data:`CALL_TIMEOUT_S` is dropped and the call raises
 :class:`~qinglong.contracts.errors.StoreUnavailable`; the next call connects again. A call whose
 reply was lost may be repeated as it was (the protocol makes every call after claim idempotent).
 
-Secrets: lease tokens travel only as bytea parameters, never in SQL text or any message; the DSN
-and its password are masked in every error (:class:`.db.Secrets`).
+Secrets: lease tokens travel only as bytea parameters, never in SQL text or any message; the
+gateway's DSN and its password are masked in every error (:class:`.db.Secrets`).
 """
 
 from __future__ import annotations
@@ -107,21 +102,19 @@ _SQL_COMPLETE_LATE = ("SELECT result, run_state, log_bytes_stored, next_attempt_
 _SQL_CLOSE = "SELECT qinglong.worker_close_session(%s::text, %s::uuid, %s::bigint)"
 
 
-def _worker_dsn(dsn: str) -> None:
-    """:func:`.db.check_dsn` for ``[worker] dsn`` (its message names the worker's key)."""
+def _gateway_dsn(dsn: str) -> None:
+    """:func:`.db.check_dsn` for ``[api] gateway_dsn`` (its message names that key)."""
     try:
         check_dsn("dsn", dsn)
     except SettingsError as exc:
-        raise SettingsError(str(exc).replace("[backend] dsn", "[worker] dsn", 1)) from None
+        raise SettingsError(str(exc).replace("[backend] dsn", "[api] gateway_dsn", 1)) from None
 
 
 class PostgresWorkerProtocol:
     """:class:`~qinglong.contracts.worker.WorkerProtocol` on one PostgreSQL connection."""
 
-    def __init__(self, dsn: str, application_name: str, *, listen: bool = False) -> None:
-        """``listen``: the connection listens for claimable Attempts (:meth:`claim_waiter`; a
-        worker's own connection, not a gateway's pooled ones)."""
-        _worker_dsn(dsn)
+    def __init__(self, dsn: str, application_name: str) -> None:
+        _gateway_dsn(dsn)
         self._dsn = dsn
         self._application_name = application_name[:63]
         self._secrets = Secrets([dsn])
@@ -135,11 +128,6 @@ class PostgresWorkerProtocol:
         self._auth_error: StoreAuthFailed | None = None
         #: statements sent (a cheap figure for the diagnostics)
         self.calls = 0
-        self._listen = listen
-        self._claimable = asyncio.Event()
-        #: the socket watched between calls (its file descriptor), or None
-        self._watched: int | None = None
-        self._draining = False
 
     # ------------------------------------------------------------------------------ connection
 
@@ -150,7 +138,7 @@ class PostgresWorkerProtocol:
 
     async def _connection(self) -> psycopg.AsyncConnection:
         if self._closed:
-            raise StoreUnavailable("the worker's store connection was closed")
+            raise StoreUnavailable("the gateway's store connection was closed")
         if self._conn is not None and not self._conn.closed:
             return self._conn
         self._conn = None
@@ -169,8 +157,8 @@ class PostgresWorkerProtocol:
         except psycopg.Error as exc:
             if auth_refused(exc):
                 self._auth_error = StoreAuthFailed(
-                    f"PostgreSQL ({self._target}) refused the worker's login: "
-                    f"{describe_error(exc, self._secrets)}; check [worker] dsn (its user and password) "
+                    f"PostgreSQL ({self._target}) refused the gateway's login: "
+                    f"{describe_error(exc, self._secrets)}; check [api] gateway_dsn (its user and password) "
                     "and the server's access rules")
                 self._auth_retry_at = loop.time() + self._auth_backoff_s
                 self._auth_backoff_s = min(AUTH_BACKOFF_MAX_S, self._auth_backoff_s * 2)
@@ -179,87 +167,10 @@ class PostgresWorkerProtocol:
                                    f"{describe_error(exc, self._secrets)}") from None
         self._auth_error = None
         self._auth_backoff_s = AUTH_BACKOFF_S
-        if self._listen:
-            try:
-                with sever_after(conn, CALL_TIMEOUT_S):
-                    await conn.execute(f"LISTEN {CLAIMABLE_CHANNEL}")
-            except psycopg.Error as exc:
-                conn.pgconn.finish()
-                raise StoreUnreachable(f"cannot listen on PostgreSQL ({self._target}): "
-                                       f"{describe_error(exc, self._secrets)}") from None
-            conn.add_notify_handler(lambda _notify: self._wake())
-            self._wake()  # what became claimable while nothing listened is looked for now
         self._conn = conn
         return conn
 
-    # ------------------------------------------------------------------------ claimable Attempts
-
-    def claim_waiter(self) -> asyncio.Event:
-        """An event set at the next notification that an Attempt became claimable (take it before
-        the claim that found nothing, so a notification in between is not missed). Without
-        ``listen`` it is never set."""
-        if self._listen and not self._closed:
-            self._watch()
-        return self._claimable
-
-    def _wake(self) -> None:
-        woken, self._claimable = self._claimable, asyncio.Event()
-        woken.set()
-
-    def _watch(self) -> None:
-        """Between calls: watch the idle connection's socket for a notification."""
-        conn = self._conn
-        if (self._watched is not None or self._draining or conn is None or conn.closed
-                or self._lock.locked()):
-            return
-        try:
-            fd = conn.fileno()
-            asyncio.get_running_loop().add_reader(fd, self._readable)
-        except Exception:
-            return
-        self._watched = fd
-
-    def _unwatch(self) -> None:
-        fd, self._watched = self._watched, None
-        if fd is not None:
-            try:
-                asyncio.get_running_loop().remove_reader(fd)
-            except Exception:
-                pass
-
-    def _readable(self) -> None:
-        self._unwatch()
-        if not self._draining:
-            self._draining = True
-            asyncio.get_running_loop().create_task(self._drain_notifies())
-
-    async def _drain_notifies(self) -> None:
-        """Read what arrived on the idle connection; a notification wakes the waiting claim. A
-        connection that broke is dropped (the next call connects again; the claim is woken to
-        find out)."""
-        try:
-            async with self._lock:
-                conn = self._conn
-                if conn is None or conn.closed:
-                    return
-                pgconn = conn.pgconn
-                try:
-                    pgconn.consume_input()
-                except psycopg.Error:
-                    self._drop()
-                    self._wake()
-                    return
-                woken = False
-                while pgconn.notifies() is not None:
-                    woken = True
-                if woken:
-                    self._wake()
-        finally:
-            self._draining = False
-        self._watch()
-
     def _drop(self) -> None:
-        self._unwatch()
         conn, self._conn = self._conn, None
         if conn is not None and not conn.closed:
             try:
@@ -282,7 +193,6 @@ class PostgresWorkerProtocol:
         """``send`` on the connection, alone and bounded; what it returns. Refusals and failures
         are raised as the contract's types (``name`` says which call)."""
         async with self._lock:
-            self._unwatch()  # the driver reads the socket during the call
             conn = await self._connection()
             self.calls += 1
             try:
@@ -294,8 +204,6 @@ class PostgresWorkerProtocol:
                 raise
             except psycopg.Error as exc:
                 raise self._translate(name, exc, severance.severed) from None
-        if self._listen:
-            self._watch()
         return result
 
     def _translate(self, name: str, exc: psycopg.Error, severed: bool) -> Exception:
@@ -395,7 +303,6 @@ class PostgresWorkerProtocol:
     async def close(self) -> None:
         async with self._lock:
             self._closed = True
-            self._unwatch()
             conn, self._conn = self._conn, None
         if conn is not None and not conn.closed:
             try:
@@ -450,12 +357,3 @@ def _session(fence: SessionFence) -> tuple[str, str, int]:
 
 def _lease(lease: LeaseFence) -> tuple[str, int, bytes]:
     return lease.attempt_id, int(lease.lease_version), bytes(lease.token)
-
-
-async def connect_worker_protocol(dsn: str, application_name: str) -> PostgresWorkerProtocol:
-    """A connected :class:`PostgresWorkerProtocol` (``dsn``: the worker_ingress role's). A DSN
-    libpq cannot parse is a SettingsError naming ``[worker] dsn``; an unreachable server is
-    StoreUnavailable naming where it connects, never the password."""
-    protocol = PostgresWorkerProtocol(dsn, application_name, listen=True)
-    await protocol.connect()
-    return protocol
