@@ -6,8 +6,9 @@ and every-few-seconds cron triggers (half ``fire_once`` with a 60 s grace, half 
 retry), ``flaky`` (exits 3 at times; retried on failure, not idempotent, so a lost Attempt is never
 retried), ``idem`` (idempotent, retried on failure and when lost), ``slow`` (up to 1.5 s, no
 retry) and ``long`` (2-6 s, idempotent: cut-off and killed workers hold these mid-job). It runs ``--replicas`` real ``qinglong run`` processes (profile ``cluster``: admission and
-the expiry of Run leases) and ``--workers`` real ``qinglong worker`` processes, each reaching
-PostgreSQL through its own fault proxy (``devtools/fault_proxy.py``). For ``--minutes`` it
+the expiry of Run leases) and ``--workers`` real ``qinglong worker`` processes, registered, each
+reaching the gateway (one ``qinglong api``) through its own fault proxy
+(``devtools/fault_proxy.py``). For ``--minutes`` it
 injects, at random, on a replica or a worker: ``kill -9`` (restarted after a pause), latency and
 jitter, a reset of every connection, a one-way or two-way partition (a worker's longer than its
 session lease, so it must fence itself), a connection that hangs after an admission or a
@@ -206,17 +207,27 @@ class Replica:
         return self.proc.returncode if self.proc else None
 
 
-def make_worker(index: int, server, workdir: Path, args) -> WorkerProcess:
-    """One ``qinglong worker`` behind its own proxy, with short leases (the chaos needs many
-    expiries in a few minutes; ``check_worker_timing`` accepts them)."""
+def start_gateway(server, workdir: Path):
+    """The workers' gateway: ``qinglong api`` with ``[api] gateway_dsn``, reaching PostgreSQL
+    directly (the faults are between each worker and it)."""
+    folder = workdir / "gateway"
+    folder.mkdir(parents=True, exist_ok=True)
+    dsns = {role: dsn(server, role) for role in ("qinglong_runtime", "qinglong_admin", "qinglong_owner")}
+    return cluster_workers.GatewayProcess(folder, dsns, dsn(server, "qinglong_worker_ingress")).start()
+
+
+def make_worker(index: int, server, gateway, workdir: Path, args) -> WorkerProcess:
+    """One registered ``qinglong worker`` reaching the gateway through its own proxy, with short
+    leases (the chaos needs many expiries in a few minutes; ``check_worker_timing`` accepts them)."""
     worker_id = f"chaos-w{index}"
-    proxy = FaultProxy(("127.0.0.1", server.port), name=worker_id).start()
+    proxy = FaultProxy(("127.0.0.1", gateway.port), name=worker_id).start()
+    (token,) = cluster_workers.register_workers(server.superuser_dsn(DBNAME), [worker_id],
+                                                capacity=args.worker_slots).values()
     settings = cluster_workers.write_worker_settings(
-        workdir / f"{worker_id}.toml",
-        cluster_workers.worker_dsn("127.0.0.1", proxy.port, DBNAME, ROLE_PASSWORDS["qinglong_worker_ingress"]),
+        workdir / f"{worker_id}.toml", f"http://127.0.0.1:{proxy.port}", token,
         worker_id, log_dir=workdir / f"{worker_id}-logs", max_running=args.worker_slots,
         session_lease_ms=args.session_lease_ms, heartbeat_ms=args.heartbeat_ms,
-        self_fence_margin_ms=1000, kill_grace_ms=500, poll_ms=200, drain_timeout_ms=10_000)
+        self_fence_margin_ms=1000, kill_grace_ms=500, poll_ms=200, claim_wait_ms=1_000, drain_timeout_ms=10_000)
     return WorkerProcess(worker_id, settings, workdir / f"{worker_id}.log", proxy=proxy)
 
 
@@ -486,11 +497,13 @@ def main(argv: list[str] | None = None) -> int:
     server = start_server("pg18")
     replicas: list[Replica] = []
     workers: list[WorkerProcess] = []
+    gateway = None
     started = time.monotonic()
     try:
         first = prepare(server, args.triggers, args.lease_ms, args.cadence_ms, payloads)
         replicas = [Replica(i, server, workdir, args.lease_ms, args.cadence_ms) for i in range(args.replicas)]
-        workers = [make_worker(i, server, workdir, args) for i in range(args.workers)]
+        gateway = start_gateway(server, workdir)
+        workers = [make_worker(i, server, gateway, workdir, args) for i in range(args.workers)]
         for process in replicas + workers:
             process.start()
         time.sleep(4.5)
@@ -565,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
                 process.proxy.close()
         for worker in workers:
             worker.leftover_jobs()
+        if gateway is not None:
+            gateway.kill9()
         server.destroy()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

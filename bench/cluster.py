@@ -419,22 +419,38 @@ def steady_state(server, replicas: int, triggers: int, seconds: float, workdir: 
 WORKER_INGRESS = "qinglong_worker_ingress"
 #: every worker process this run started: a part that fails leaves none running (see main)
 STARTED_WORKERS: list = []
+#: the gateway (``qinglong api``) of each database that has workers, by database name
+STARTED_GATEWAYS: dict = {}
 TERMINAL_SQL = "('succeeded', 'failed', 'timed_out', 'cancelled', 'lost')"
+
+
+def _gateway(dsns: dict, server, workdir: Path):
+    """The ``qinglong api`` gateway of the database (started at its first worker), with the
+    worker_ingress role's DSN; every worker of the database speaks to it."""
+    import cluster_workers
+    from devtools.pg import ROLE_PASSWORDS
+
+    found = STARTED_GATEWAYS.get(dsns["dbname"])
+    if found is None:
+        folder = workdir / f"gateway-{dsns['dbname']}"
+        folder.mkdir(parents=True, exist_ok=True)
+        ingress = cluster_workers.worker_dsn(server.host, server.port, dsns["dbname"], ROLE_PASSWORDS[WORKER_INGRESS])
+        found = STARTED_GATEWAYS[dsns["dbname"]] = cluster_workers.GatewayProcess(folder, dsns, ingress).start()
+    return found
 
 
 def _worker(dsns: dict, server, workdir: Path, worker_id: str, *, max_running: int, poll_ms: int,
             drain_timeout_ms: int = 60_000):
     """A ``qinglong worker`` (product defaults for the session lease, heartbeat, margin and kill
-    grace) reaching PostgreSQL directly as the worker_ingress role."""
+    grace) registered with capacity ``max_running`` and speaking to the database's gateway."""
     import cluster_workers
-    from devtools.pg import ROLE_PASSWORDS
 
+    gateway = _gateway(dsns, server, workdir)
+    (token,) = cluster_workers.register_workers(dsns["superuser"], [worker_id], capacity=max_running).values()
     settings = cluster_workers.write_worker_settings(
-        workdir / f"{worker_id}.toml",
-        cluster_workers.worker_dsn(server.host, server.port, dsns["dbname"], ROLE_PASSWORDS[WORKER_INGRESS]),
-        worker_id, log_dir=workdir / f"{worker_id}-logs", max_running=max_running,
-        session_lease_ms=45_000, heartbeat_ms=10_000, self_fence_margin_ms=5_000, kill_grace_ms=10_000,
-        poll_ms=poll_ms, drain_timeout_ms=drain_timeout_ms, level="warning")
+        workdir / f"{worker_id}.toml", gateway.url, token, worker_id, log_dir=workdir / f"{worker_id}-logs",
+        max_running=max_running, session_lease_ms=45_000, heartbeat_ms=10_000, self_fence_margin_ms=5_000,
+        kill_grace_ms=10_000, poll_ms=poll_ms, drain_timeout_ms=drain_timeout_ms, level="warning")
     worker = cluster_workers.WorkerProcess(worker_id, settings, workdir / f"{worker_id}.log")
     STARTED_WORKERS.append(worker)
     return worker
@@ -829,6 +845,8 @@ def main() -> None:
         for worker in STARTED_WORKERS:
             worker.kill9()
             worker.leftover_jobs()
+        for gateway in STARTED_GATEWAYS.values():
+            gateway.kill9()
         server.destroy()
 
     # a run of some parts keeps the other parts' figures already in the results file

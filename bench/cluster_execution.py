@@ -388,6 +388,8 @@ def main() -> None:
         for worker in bench_cluster.STARTED_WORKERS:
             worker.kill9()
             worker.leftover_jobs()
+        for gateway in bench_cluster.STARTED_GATEWAYS.values():
+            gateway.kill9()
         server.destroy()
     output["load_1m_end"] = load()
     if bursts:

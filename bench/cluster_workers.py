@@ -3,8 +3,10 @@ execution audit. Imported by ``bench/cluster.py`` and ``bench/chaos.py`` (stdlib
 project's contracts only).
 
 * :class:`WorkerProcess`: one real ``qinglong worker --settings FILE`` (profile ``cluster``, a
-  ``[worker]`` section with the ``worker_ingress`` DSN), optionally behind its own fault proxy;
-  restartable after ``kill -9`` (the same worker id: the new session fences the old one).
+  ``[worker]`` section with the gateway's url and the worker's token file), optionally behind its
+  own fault proxy; restartable after ``kill -9`` (the same worker id: the new session fences the
+  old one).
+* :class:`GatewayProcess`: ``qinglong api`` with the worker gateway on; :func:`register_workers`.
 * The marker job (:func:`write_marker_job`, :func:`marker_command`): a stdlib Python script a task
   runs. It records its start (``RUN.ATTEMPT.start``, created ``O_EXCL``: a second start of the same
   Attempt cannot overwrite it and leaves ``RUN.ATTEMPT.again.PID`` instead), overwrites
@@ -37,25 +39,29 @@ TICK_MS = 50
 # --------------------------------------------------------------------------------- processes
 
 
-def write_worker_settings(path: Path, dsn: str, worker_id: str, *, log_dir: Path, max_running: int = 4,
-                          session_lease_ms: int = 5000, heartbeat_ms: int = 1000,
+def write_worker_settings(path: Path, url: str, token: str, worker_id: str, *, log_dir: Path,
+                          max_running: int = 4, session_lease_ms: int = 5000, heartbeat_ms: int = 1000,
                           self_fence_margin_ms: int = 1000, kill_grace_ms: int = 500, poll_ms: int = 200,
-                          drain_timeout_ms: int = 10_000, labels: tuple[str, ...] = (),
+                          claim_wait_ms: int = 20_000, drain_timeout_ms: int = 10_000,
                           level: str = "info") -> Path:
-    """A ``profile = "cluster"`` settings file for ``qinglong worker`` (private: the DSN is a secret)."""
-    label_list = ", ".join(f'"{label}"' for label in labels)
+    """A ``profile = "cluster"`` settings file for ``qinglong worker`` speaking to the gateway at
+    ``url``, its token in a 0600 file beside it (labels and capacity: its registration's)."""
+    token_file = path.with_suffix(".token")
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
     path.write_text(
         'profile = "cluster"\n'
         "[worker]\n"
-        f'dsn = "{dsn}"\n'
+        f'url = "{url}"\n'
+        f'token_file = "{token_file}"\n'
         f'worker_id = "{worker_id}"\n'
-        f"labels = [{label_list}]\n"
         f"max_running = {max_running}\n"
         f"session_lease_ms = {session_lease_ms}\n"
         f"heartbeat_ms = {heartbeat_ms}\n"
         f"self_fence_margin_ms = {self_fence_margin_ms}\n"
         f"kill_grace_ms = {kill_grace_ms}\n"
         f"poll_ms = {poll_ms}\n"
+        f"claim_wait_ms = {claim_wait_ms}\n"
         f'log_dir = "{log_dir}"\n'
         f"drain_timeout_ms = {drain_timeout_ms}\n"
         f'[diagnostics]\nlevel = "{level}"\nformat = "json"\n')
@@ -64,6 +70,7 @@ def write_worker_settings(path: Path, dsn: str, worker_id: str, *, log_dir: Path
 
 
 def worker_dsn(host: str, port: int, dbname: str, password: str, connect_timeout: int = 3) -> str:
+    """The worker_ingress role's DSN: what the gateway (``[api] gateway_dsn``) logs in with."""
     return (f"host={host} port={port} user={WORKER_INGRESS} password={password} dbname={dbname} "
             f"connect_timeout={connect_timeout}")
 
@@ -423,18 +430,12 @@ def audit_execution(superuser_dsn: str, marks: Path | None, payloads: dict[str, 
 def write_gateway_worker_settings(path: Path, url: str, token: str, worker_id: str, *, log_dir: Path,
                                   max_running: int = 4, poll_ms: int = 1000, claim_wait_ms: int = 20_000,
                                   level: str = "warning") -> Path:
-    """A ``qinglong worker`` speaking to the API tier's gateway (``[worker] url``), its token in a
-    0600 file beside the settings; product defaults for the lease, heartbeat, margin and grace."""
-    token_file = path.with_suffix(".token")
-    token_file.write_text(token + "\n")
-    token_file.chmod(0o600)
-    path.write_text(
-        'profile = "cluster"\n[worker]\n'
-        f'url = "{url}"\ntoken_file = "{token_file}"\nworker_id = "{worker_id}"\n'
-        f"max_running = {max_running}\npoll_ms = {poll_ms}\nclaim_wait_ms = {claim_wait_ms}\n"
-        f'log_dir = "{log_dir}"\n[diagnostics]\nlevel = "{level}"\nformat = "json"\n')
-    path.chmod(0o600)
-    return path
+    """:func:`write_worker_settings` with the product defaults for the lease, heartbeat, margin and
+    grace."""
+    return write_worker_settings(path, url, token, worker_id, log_dir=log_dir, max_running=max_running,
+                                 session_lease_ms=45_000, heartbeat_ms=10_000, self_fence_margin_ms=5_000,
+                                 kill_grace_ms=10_000, poll_ms=poll_ms, claim_wait_ms=claim_wait_ms,
+                                 drain_timeout_ms=60_000, level=level)
 
 
 def register_workers(superuser_dsn: str, names: list[str], *, capacity: int = 8) -> dict[str, str]:

@@ -1,19 +1,23 @@
-"""Workers through the API tier's gateway beside the direct path it replaces (PostgreSQL 18).
+"""Workers through the API tier's gateway beside the ceiling of the same work (PostgreSQL 18).
 
 * latency: ``--latency-triggers`` cron triggers spread over the minute (``S * * * * *``) admitted by
   one ``qinglong run`` replica for ``--latency-seconds``; 2 and 20 workers (``max_running`` 4) take
-  them, either straight from PostgreSQL (``[worker] dsn``, polling every ``poll_ms`` = 1000, the
-  product default) or through one ``qinglong api`` gateway (``[worker] url``, a claim waits at the
-  gateway and wakes on the admission's notification). Admitted-to-started = the Attempt's
+  them through one ``qinglong api`` gateway (``[worker] url``, a claim waits at the gateway and
+  wakes on the admission's notification). Beside them, the ceiling: as many clients in this
+  process calling the worker functions through the gateway's own store side
+  (``PostgresWorkerGateway``: its pool of ``PostgresWorkerProtocol`` on the gateway's role, its
+  listener waking the claims), claiming, starting and completing each Attempt at once (no HTTP,
+  no process, no job). Admitted-to-started = the Attempt's
   ``started_at_ms`` (the worker's ``started`` call, just before its spawn) - the Run's
   ``admitted_at_ms``, both the database's clock; p50 and p99 after ``--warm-s``.
-* throughput: a backlog of ``--backlog`` queued no-op Runs (``true``), drained by 2 and 20 workers
-  on each path: Runs completed per second (first claim to last completion, database clock).
+* throughput: a backlog of ``--backlog`` queued no-op Runs (``true``), drained by 2 and 20 workers,
+  and by the ceiling's clients: Runs completed per second (first claim to last completion,
+  database clock).
 * idle: ``--idle-workers`` simulated workers (threads, each its own registration, session and
   kept-alive connection) long-polling ``claim`` at one gateway with a pool of 4: the gateway
   role's database connections (``pg_stat_activity``) while they wait, and the claims served.
-* memory: one real gateway worker idle (VmRSS, VmHWM; its fence keeper beside it) and a direct
-  worker idle, beside the edge import floor (peak RSS of a process importing what the edge host
+* memory: one real gateway worker idle (VmRSS, VmHWM; its fence keeper beside it), beside the
+  edge import floor (peak RSS of a process importing what the edge host
   imports before its container: ``bench/edge.py``'s floor). Target: gateway worker < floor + 4 MiB.
 
 Results go to stdout and to ``bench/results/gateway.json``.
@@ -22,6 +26,7 @@ Results go to stdout and to ``bench/results/gateway.json``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import http.client
 import json
@@ -55,28 +60,94 @@ def _ingress_dsn(server, dbname: str) -> str:
     return cluster_workers.worker_dsn(server.host, server.port, dbname, ROLE_PASSWORDS[WORKER_INGRESS])
 
 
-def _workers(path: str, server, dsns: dict, workdir: Path, prefix: str, n: int, *, max_running: int,
-             gateway=None) -> list:
+def _workers(server, dsns: dict, workdir: Path, prefix: str, n: int, *, max_running: int, gateway) -> list:
+    names = [f"{prefix}{i}" for i in range(n)]
+    tokens = cluster_workers.register_workers(dsns["superuser"], names, capacity=max_running)
     pool = []
-    if path == "gateway":
-        tokens = cluster_workers.register_workers(dsns["superuser"], [f"{prefix}{i}" for i in range(n)],
-                                                  capacity=max_running)
-    for i in range(n):
-        worker_id = f"{prefix}{i}"
-        if path == "gateway":
-            settings = cluster_workers.write_gateway_worker_settings(
-                workdir / f"{worker_id}.toml", gateway.url, tokens[worker_id], worker_id,
-                log_dir=workdir / f"{worker_id}-logs", max_running=max_running)
-        else:
-            settings = cluster_workers.write_worker_settings(
-                workdir / f"{worker_id}.toml", _ingress_dsn(server, dsns["dbname"]), worker_id,
-                log_dir=workdir / f"{worker_id}-logs", max_running=max_running, session_lease_ms=45_000,
-                heartbeat_ms=10_000, self_fence_margin_ms=5_000, kill_grace_ms=10_000, poll_ms=1000,
-                level="warning")
+    for worker_id in names:
+        settings = cluster_workers.write_gateway_worker_settings(
+            workdir / f"{worker_id}.toml", gateway.url, tokens[worker_id], worker_id,
+            log_dir=workdir / f"{worker_id}-logs", max_running=max_running)
         worker = cluster_workers.WorkerProcess(worker_id, settings, workdir / f"{worker_id}.log")
         STARTED.append(worker)
         pool.append(worker)
     return pool
+
+
+class Ceiling:
+    """``n`` clients in this process, each its own session of ``max_running`` slots, calling the
+    worker functions through the gateway's store side (pool of 4, its listener): claim (waiting
+    on the listener when nothing is claimable), then started and complete at once. Until
+    :meth:`stop`."""
+
+    def __init__(self, server, dsns: dict, n: int, max_running: int) -> None:
+        self.dsn = _ingress_dsn(server, dsns["dbname"])
+        self.n, self.max_running = n, max_running
+        self.done = threading.Event()
+        self.sessions = 0
+        self.errors: list[str] = []
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._body()), daemon=True)
+
+    def start(self) -> "Ceiling":
+        self.thread.start()
+        return self
+
+    async def _body(self) -> None:
+        from qinglong.contracts.execution import AttemptOutcome, AttemptState
+        from qinglong.contracts.worker import new_lease_token
+        from qinglong.plugins.cluster_postgres.gateway import create_worker_gateway
+
+        gateway = await create_worker_gateway(self.dsn, "bench ceiling", 4)
+
+        async def client(i: int) -> None:
+            fence = (await gateway.open_session(f"ceiling{i}", [], self.max_running, 600_000)).fence
+            self.sessions += 1
+            while not self.done.is_set():
+                waiter = gateway.waiter()
+                claimed = await gateway.claim(fence, [new_lease_token() for _ in range(self.max_running)])
+                if not claimed:
+                    try:
+                        await asyncio.wait_for(waiter.wait(), 1.0)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                for attempt in claimed:
+                    await gateway.started(fence, attempt.lease)
+                    await gateway.complete(fence, attempt.lease, AttemptOutcome(
+                        AttemptState.SUCCEEDED, exit_code=0, signal=None, ended_at_ms=None, log_bytes=0))
+            await gateway.close_session(fence)
+
+        try:
+            await asyncio.gather(*(client(i) for i in range(self.n)))
+        except Exception as exc:  # reported by the part
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            await gateway.close()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=60)
+        if self.errors:
+            raise SystemExit(f"the ceiling's clients failed: {self.errors[0]}")
+
+
+def _pool(path: str, server, dsns: dict, workdir: Path, prefix: str, n: int, *, max_running: int):
+    """The gateway and its started workers, or the ceiling's clients: (gateway or None, pool)."""
+    if path == "ceiling":
+        return None, [Ceiling(server, dsns, n, max_running).start()]
+    gateway = cluster_workers.GatewayProcess(workdir, dsns, _ingress_dsn(server, dsns["dbname"])).start()
+    return gateway, [w.start() for w in _workers(server, dsns, workdir, prefix, n, max_running=max_running,
+                                                 gateway=gateway)]
+
+
+def _stop(gateway, pool) -> None:
+    for w in pool:
+        w.stop() if isinstance(w, Ceiling) else w.stop(timeout=90)
+    if gateway is not None:
+        gateway.stop()
 
 
 def _db(server, name: str) -> dict:
@@ -91,13 +162,11 @@ def latency(server, workdir: Path, path: str, n: int, *, triggers: int, seconds:
     name = f"bench_gwlat_{path}_{n}"
     dsns = _db(server, name)
     publish(dsns, triggers, lambda i: f"{i % 60} * * * * *", payload={"command": ["true"]})
-    gateway = cluster_workers.GatewayProcess(workdir, dsns, _ingress_dsn(server, name)).start() \
-        if path == "gateway" else None
-    pool = [w.start() for w in _workers(path, server, dsns, workdir, f"lat-{path}-{n}-", n, max_running=4,
-                                        gateway=gateway)]
+    gateway, pool = _pool(path, server, dsns, workdir, f"lat-{path}-{n}-", n, max_running=4)
     su = dsns["superuser"]
+    watched = [w for w in pool if not isinstance(w, Ceiling)]
     _wait("every worker's session open", lambda: sql(su, "SELECT count(*) FROM qinglong.worker_sessions "
-                                                        "WHERE closed_at_ms IS NULL")[0][0] >= n, 120, pool)
+                                                        "WHERE closed_at_ms IS NULL")[0][0] >= n, 120, watched)
     log = open(workdir / f"lat-{path}-{n}-replica.log", "w")
     started_ms = time.time() * 1000
     replica = subprocess.Popen([sys.executable, "-m", "qinglong", "run", "--settings",
@@ -106,11 +175,8 @@ def latency(server, workdir: Path, path: str, n: int, *, triggers: int, seconds:
     if replica.wait(timeout=seconds + 60) != 0:
         raise SystemExit(f"the latency replica failed; see {workdir}")
     _wait("every Run admitted finished", lambda: sql(
-        su, f"SELECT count(*) FROM qinglong.runs WHERE state NOT IN {TERMINAL_SQL}")[0][0] == 0, 120, pool)
-    for w in pool:
-        w.stop(timeout=90)
-    if gateway is not None:
-        gateway.stop()
+        su, f"SELECT count(*) FROM qinglong.runs WHERE state NOT IN {TERMINAL_SQL}")[0][0] == 0, 120, watched)
+    _stop(gateway, pool)
     rows = sql(su, "SELECT a.started_at_ms - r.admitted_at_ms FROM qinglong.runs r JOIN qinglong.attempts a "
                    "USING (run_id) WHERE r.scheduled_for_ms >= %s AND a.started_at_ms IS NOT NULL",
                (started_ms + warm_s * 1000,))
@@ -128,18 +194,12 @@ def throughput(server, workdir: Path, path: str, n: int, *, backlog: int) -> dic
     publish(dsns, backlog, lambda i: YEARLY, grace_ms=DRAIN_GRACE_MS, payload={"command": ["true"]})
     reseed(dsns)
     drain_with_replicas(dsns, 2, backlog, 16)
-    gateway = cluster_workers.GatewayProcess(workdir, dsns, _ingress_dsn(server, name)).start() \
-        if path == "gateway" else None
     su = dsns["superuser"]
-    pool = _workers(path, server, dsns, workdir, f"tp-{path}-{n}-", n, max_running=4, gateway=gateway)
-    for w in pool:
-        w.start()
+    gateway, pool = _pool(path, server, dsns, workdir, f"tp-{path}-{n}-", n, max_running=4)
+    watched = [w for w in pool if not isinstance(w, Ceiling)]
     _wait(f"{backlog} Runs finished", lambda: sql(
-        su, f"SELECT count(*) FROM qinglong.runs WHERE state IN {TERMINAL_SQL}")[0][0] >= backlog, 1800, pool)
-    for w in pool:
-        w.stop(timeout=90)
-    if gateway is not None:
-        gateway.stop()
+        su, f"SELECT count(*) FROM qinglong.runs WHERE state IN {TERMINAL_SQL}")[0][0] >= backlog, 1800, watched)
+    _stop(gateway, pool)
     done, span = _completion_span(su)
     return {"path": path, "workers": n, "backlog": backlog, "succeeded": done,
             "completed_per_s": round(done / span, 1) if span else None}
@@ -219,12 +279,11 @@ def memory(server, workdir: Path, *, idle_s: float) -> dict:
     floor = _floor_bytes()
     out: dict = {"edge_floor_peak_rss_mib": round(floor / 2**20, 1), "idle_s": idle_s,
                  "target_mib": round(floor / 2**20 + TARGET_ABOVE_FLOOR_MIB, 1)}
-    for path in ("gateway", "direct"):
+    for path in ("gateway",):
         name = f"bench_gwmem_{path}"
         dsns = _db(server, name)
-        gateway = cluster_workers.GatewayProcess(workdir, dsns, _ingress_dsn(server, name)).start() \
-            if path == "gateway" else None
-        (worker,) = _workers(path, server, dsns, workdir, f"mem-{path}-", 1, max_running=4, gateway=gateway)
+        gateway = cluster_workers.GatewayProcess(workdir, dsns, _ingress_dsn(server, name)).start()
+        (worker,) = _workers(server, dsns, workdir, f"mem-{path}-", 1, max_running=4, gateway=gateway)
         worker.start()
         su = dsns["superuser"]
         _wait("the session open", lambda: sql(su, "SELECT count(*) FROM qinglong.worker_sessions")[0][0] > 0,
@@ -235,8 +294,7 @@ def memory(server, workdir: Path, *, idle_s: float) -> dict:
                      "worker_hwm_mib": round(_status_kib(worker.pid, "VmHWM") / 1024, 1),
                      "keeper_rss_mib": round(sum(_status_kib(k, "VmRSS") for k in keepers) / 1024, 1)}
         worker.stop(timeout=60)
-        if gateway is not None:
-            gateway.stop()
+        gateway.stop()
     out["gateway_worker_above_floor_mib"] = round(out["gateway"]["worker_rss_mib"] - out["edge_floor_peak_rss_mib"], 1)
     return out
 
@@ -262,7 +320,7 @@ def main() -> None:
         if "latency" in parts:
             results["latency"] = []
             for n in counts:
-                for path in ("direct", "gateway"):
+                for path in ("ceiling", "gateway"):
                     row = latency(server, workdir, path, n, triggers=args.latency_triggers,
                                   seconds=args.latency_seconds, warm_s=args.warm_s)
                     print("latency   ", json.dumps(row), flush=True)
@@ -270,7 +328,7 @@ def main() -> None:
         if "throughput" in parts:
             results["throughput"] = []
             for n in counts:
-                for path in ("direct", "gateway"):
+                for path in ("ceiling", "gateway"):
                     row = throughput(server, workdir, path, n, backlog=args.backlog)
                     print("throughput", json.dumps(row), flush=True)
                     results["throughput"].append(row)
