@@ -23,7 +23,7 @@ fresh server with every migration applied. Any difference fails closed and is na
   and each ACL that mentions them, wherever it is.
 
 Every grant is listed with its grant option and grantor. Role names are written as
-``{{owner}}``, ``{{admin}}``, ``{{runtime}}``, ``{{worker_ingress}}`` so the fingerprint does not
+``{{owner}}``, ``{{admin}}``, ``{{runtime}}``, ``{{gateway}}`` so the fingerprint does not
 depend on the configured names; other roles appear by name (they are drift). Facts that differ
 between PostgreSQL 15 and 18 without meaning anything (18 records NOT NULL as constraints, 17
 added the MAINTAIN privilege, which only the owner holds) are left out or normalised: the same
@@ -47,7 +47,7 @@ from typing import Iterable, Mapping, Sequence
 from .migrations import SCHEMA
 
 #: The role functions, as they appear in the fingerprint.
-ROLE_FUNCTIONS = ("owner", "admin", "runtime", "worker_ingress")
+ROLE_FUNCTIONS = ("owner", "admin", "runtime", "gateway")
 
 # The queries run on a session whose search_path is pinned to pg_catalog (db.py), and every
 # comparison in them is between exactly matching types, so no operator is resolved outside
