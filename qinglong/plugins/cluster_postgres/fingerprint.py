@@ -7,7 +7,8 @@ fresh server with every migration applied. Any difference fails closed and is na
 
 * the database: its owner and ACL (a CREATE or TEMPORARY for anyone, a CONNECT for PUBLIC);
 * our four roles: their attributes, and role memberships both ways (our role a member of another,
-  another role a member of ours);
+  another role a member of ours); the gateway's role is written ``login=any`` (the bootstrap
+  creates it NOLOGIN, an operator gives it LOGIN where a gateway runs: both are right);
 * our schema: owner and ACL; every relation (kind, owner, persistence, row-level security flags)
   and its ACL; every column (position, type, NOT NULL, default, identity, generated, collation)
   and its ACL; constraints (with UNIQUE on ``runs.idempotency_key``), indexes (definition,
@@ -277,8 +278,17 @@ def _value(name: str, value, placeholders: Mapping[str, str]) -> str:
     return " ".join(str(value).split())  # one line: definitions may span lines
 
 
+#: ``{role function: column}`` of a role's attribute that may be either value.
+_EITHER = {"gateway": "login"}
+
+
 def _line(section: str, columns: Sequence[str], row: Sequence, placeholders: Mapping[str, str]) -> str:
-    return section + " " + " ".join(f"{c}={_value(c, v, placeholders)}" for c, v in zip(columns, row))
+    values = [_value(c, v, placeholders) for c, v in zip(columns, row)]
+    if section == "role":
+        either = _EITHER.get(values[columns.index("name_role")].strip("{}"))
+        if either in columns:
+            values[columns.index(either)] = "any"
+    return section + " " + " ".join(f"{c}={v}" for c, v in zip(columns, values))
 
 
 async def collect(conn, roles: Mapping[str, str]) -> list[str]:

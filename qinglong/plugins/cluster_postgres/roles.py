@@ -36,7 +36,9 @@ whole catalog fingerprint (``fingerprint.py``), which catches every structural d
 
 Creating the roles is a superuser's job (outside the migration stream, because roles are
 cluster-wide); :func:`bootstrap_statements` says what to run, and docs/cluster.md shows exactly
-that (a test holds the two equal).
+that (a test holds the two equal). The gateway's role is created NOLOGIN, without a password: an
+operator gives it LOGIN (:func:`gateway_login_statement`) only where a gateway runs, restricted to
+the gateway hosts in ``pg_hba.conf``; the fingerprint accepts that one attribute either way.
 """
 
 from __future__ import annotations
@@ -465,20 +467,29 @@ async def privilege_problems(conn, roles: Mapping[str, str]) -> list[str]:
     return problems
 
 
-def bootstrap_statements(roles: Mapping[str, str], database: str) -> list[str]:
-    """What a superuser runs once to create the roles and the database (passwords elided)."""
+def _ident(name: str) -> str:
     from psycopg import sql  # only the CLI helper needs quoting
 
-    def ident(name: str) -> str:
-        return sql.Identifier(name).as_string(None)
+    return sql.Identifier(name).as_string(None)
 
+
+def bootstrap_statements(roles: Mapping[str, str], database: str) -> list[str]:
+    """What a superuser runs once to create the roles and the database (passwords elided). The
+    gateway's role is NOLOGIN, bounded and without a password (see :func:`gateway_login_statement`)."""
+    ident = _ident
     lines = []
     for function, name in roles.items():
-        # the gateway's role: its connections are bounded whatever calls it (readiness checks it)
-        limit = f" CONNECTION LIMIT {GATEWAY_CONNECTION_LIMIT}" if function == "gateway" else ""
+        if function == "gateway":
+            # its connections are bounded whatever calls it (readiness checks it); it logs in only
+            # where an operator allows it
+            lines.append(
+                f"CREATE ROLE {ident(name)} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
+                f"NOREPLICATION NOBYPASSRLS CONNECTION LIMIT {GATEWAY_CONNECTION_LIMIT};  -- {function}"
+            )
+            continue
         lines.append(
             f"CREATE ROLE {ident(name)} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
-            f"NOREPLICATION NOBYPASSRLS{limit} PASSWORD '...';  -- {function}"
+            f"NOREPLICATION NOBYPASSRLS PASSWORD '...';  -- {function}"
         )
     lines.append(f"CREATE DATABASE {ident(database)} OWNER {ident(roles['owner'])};")
     lines.append(f"REVOKE ALL ON DATABASE {ident(database)} FROM PUBLIC;")
@@ -489,3 +500,9 @@ def bootstrap_statements(roles: Mapping[str, str], database: str) -> list[str]:
     lines.append(f"\\connect {ident(database)}")
     lines.append("REVOKE CREATE ON SCHEMA public FROM PUBLIC;")
     return lines
+
+
+def gateway_login_statement(roles: Mapping[str, str]) -> str:
+    """What an operator runs where a worker gateway runs, to let its role log in (password
+    elided); ``pg_hba.conf`` should admit that role from the gateway hosts alone."""
+    return f"ALTER ROLE {_ident(roles['gateway'])} LOGIN PASSWORD '...';"
