@@ -213,7 +213,7 @@ def start_gateway(server, workdir: Path):
     folder = workdir / "gateway"
     folder.mkdir(parents=True, exist_ok=True)
     dsns = {role: dsn(server, role) for role in ("qinglong_runtime", "qinglong_admin", "qinglong_owner")}
-    return cluster_workers.GatewayProcess(folder, dsns, dsn(server, "qinglong_worker_ingress")).start()
+    return cluster_workers.GatewayProcess(folder, dsns, dsn(server, "qinglong_gateway")).start()
 
 
 def make_worker(index: int, server, gateway, workdir: Path, args) -> WorkerProcess:

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-WORKER_INGRESS = "qinglong_worker_ingress"
+GATEWAY_ROLE = "qinglong_gateway"
 TERMINAL = ("succeeded", "failed", "timed_out", "cancelled", "lost")
 ACTIVE_ATTEMPT = ("dispatching", "running")
 #: The marker job's tick period: a killed job ran at most this much past its last tick.
@@ -70,8 +70,8 @@ def write_worker_settings(path: Path, url: str, token: str, worker_id: str, *, l
 
 
 def worker_dsn(host: str, port: int, dbname: str, password: str, connect_timeout: int = 3) -> str:
-    """The worker_ingress role's DSN: what the gateway (``[api] gateway_dsn``) logs in with."""
-    return (f"host={host} port={port} user={WORKER_INGRESS} password={password} dbname={dbname} "
+    """The gateway role's DSN: what the gateway (``[api] gateway_dsn``) logs in with."""
+    return (f"host={host} port={port} user={GATEWAY_ROLE} password={password} dbname={dbname} "
             f"connect_timeout={connect_timeout}")
 
 
@@ -459,7 +459,7 @@ def register_workers(superuser_dsn: str, names: list[str], *, capacity: int = 8)
 
 
 class GatewayProcess:
-    """``qinglong api`` with the worker gateway on (``[api] gateway_dsn``: the worker_ingress
+    """``qinglong api`` with the worker gateway on (``[api] gateway_dsn``: the gateway
     role's DSN), on a free port read from its ``http.listening`` line."""
 
     def __init__(self, workdir: Path, dsns: dict, gateway_dsn: str, *, pool_size: int = 4,

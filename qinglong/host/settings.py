@@ -209,7 +209,7 @@ class ApiSettings(BaseModel):
     console_link_ttl_ms: int = Field(120_000, ge=1, le=3_600_000,
                                      description="a `qinglong console link` URL works once, within this")
     gateway_dsn: SecretStr | None = Field(
-        None, description="the worker gateway's store connection (the worker_ingress role; a secret): "
+        None, description="the worker gateway's store connection (the gateway role; a secret): "
                           "set, /worker/v1 serves registered workers")
     gateway_pool_size: int = Field(4, ge=1, le=64, description="the gateway's database connections, "
                                                                "whatever the number of workers")
@@ -473,7 +473,11 @@ def format_validation_error(
     for err in exc.errors():
         loc = prefix + tuple(err["loc"])
         key = ".".join(str(p) for p in loc)
-        if err["type"] == "extra_forbidden":
+        renamed = _renamed_key(model, tuple(err["loc"])) if model else None
+        if err["type"] == "extra_forbidden" and renamed:
+            new_key = ".".join(str(p) for p in loc[:-1] + (renamed,))
+            problem = f"this key was renamed; use '{new_key}' instead"
+        elif err["type"] == "extra_forbidden":
             allowed = _allowed_keys(model, tuple(err["loc"])[:-1]) if model else []
             hint = f"; expected one of: {', '.join(allowed)}" if allowed else ""
             problem = f"unknown key{hint}"
@@ -534,6 +538,19 @@ def strict_file_errors(
         if parts:
             return "invalid settings: " + "; ".join(parts) + "."
     return None
+
+
+def _renamed_key(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """The key that replaced the retired key at ``loc``, when its model names one in its
+    ``RENAMED_KEYS`` class attribute (``{old key: new key}``)."""
+    current: Any = model
+    for part in loc[:-1]:
+        fields = getattr(current, "model_fields", None)
+        if not fields or part not in fields:
+            return None
+        current = fields[part].annotation
+    renamed = getattr(current, "RENAMED_KEYS", None)
+    return renamed.get(loc[-1]) if isinstance(renamed, dict) and loc else None
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

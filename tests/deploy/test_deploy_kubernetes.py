@@ -56,7 +56,7 @@ SECRET_FILES = {"runtime_dsn": "host=postgres dbname=qinglong user=qinglong_runt
                 "worker_token": "qlw_stand-in-worker-token",
                 "api_ca.crt": "-----BEGIN CERTIFICATE-----\nstand-in CA\n-----END CERTIFICATE-----\n",
                 "admin_dsn": "host=postgres dbname=qinglong user=qinglong_admin password=ad-secret",
-                "gateway_dsn": "host=postgres dbname=qinglong user=qinglong_worker_ingress password=wk-secret",
+                "gateway_dsn": "host=postgres dbname=qinglong user=qinglong_gateway password=wk-secret",
                 "api_tls.crt": "-----BEGIN CERTIFICATE-----\nstand-in\n-----END CERTIFICATE-----\n",
                 "api_tls.key": "-----BEGIN PRIVATE KEY-----\nstand-in\n-----END PRIVATE KEY-----\n",
                 "secrets_key": "q6hZzvQTJvOnBw0mnD0mF1ck8hdyYnFvOQGBXdBAqT4="}
@@ -523,7 +523,7 @@ def replica(postgres, tmp_path_factory):
         user = f"qinglong_{key.removesuffix('_dsn')}"
         secrets[("qinglong-dsn", key)] = postgres.dsn(user, ROLE_PASSWORDS[user], "qinglong")
     secrets[("qinglong-api", "gateway_dsn")] = postgres.dsn(
-        "qinglong_worker_ingress", ROLE_PASSWORDS["qinglong_worker_ingress"], "qinglong")
+        "qinglong_gateway", ROLE_PASSWORDS["qinglong_gateway"], "qinglong")
     for name in ("qinglong.toml", "worker.toml"):
         (tmp_path / name).write_text(_settings_text(name))
     port = free_port()
@@ -712,7 +712,7 @@ def test_a_worker_started_as_its_container_runs_the_runs_the_replica_admits(repl
         cli("trigger", "disable", "k8s", "every-second")
         api.kill()
     logged = stderr.read_text()
-    assert token not in logged and ROLE_PASSWORDS["qinglong_worker_ingress"] not in logged
+    assert token not in logged and ROLE_PASSWORDS["qinglong_gateway"] not in logged
 
 
 class ApiPod:
@@ -802,4 +802,4 @@ def test_an_api_pod_started_as_its_container_serves_https_probes_and_holds_the_a
         api.kill()
     logged = api.stderr.read_text()
     assert ROLE_PASSWORDS["qinglong_admin"] not in logged and TOKEN not in logged
-    assert ROLE_PASSWORDS["qinglong_worker_ingress"] not in logged
+    assert ROLE_PASSWORDS["qinglong_gateway"] not in logged

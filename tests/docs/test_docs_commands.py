@@ -283,7 +283,7 @@ def test_every_command_of_the_cluster_page_runs_against_postgresql(page, tmp_pat
             f'profile = "cluster"\n[http]\nlisten = "127.0.0.1:{port}"\n[backend]\n'
             f'runtime_dsn = "{dsn("qinglong_runtime")}"\nadmin_dsn = "{dsn("qinglong_admin")}"\n'
             f'owner_dsn = "{dsn("qinglong_owner")}"\n'
-            f'[api]\nenabled = true\ngateway_dsn = "{dsn("qinglong_worker_ingress")}"\n'
+            f'[api]\nenabled = true\ngateway_dsn = "{dsn("qinglong_gateway")}"\n'
             f'[worker]\nurl = "http://127.0.0.1:{port}"\ntoken_file = "{token_file}"\nworker_id = "docs-worker"\n')
         problems = run_page(shell_commands(REPO / "docs" / page), WorkerSandbox(tmp_path, settings, token_file))
     finally:

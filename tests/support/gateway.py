@@ -28,10 +28,10 @@ from tests.worker.helpers import SHORT_TIMING, WorkerProcess, wait_until
 
 def gateway_role_dsn(db: ClusterDb, host: str | None = None, port: int | None = None) -> str:
     """The gateway's role's DSN on ``db`` (through ``host:port``, a proxy, when given)."""
-    password = ROLE_PASSWORDS["qinglong_worker_ingress"]
+    password = ROLE_PASSWORDS["qinglong_gateway"]
     if host is None:
-        return db.dsn("qinglong_worker_ingress")
-    return (f"host={host} port={port} user=qinglong_worker_ingress password={password} "
+        return db.dsn("qinglong_gateway")
+    return (f"host={host} port={port} user=qinglong_gateway password={password} "
             f"dbname={db.dbname} connect_timeout=2")
 
 

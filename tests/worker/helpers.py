@@ -40,10 +40,10 @@ def wait_until(condition, what: str, timeout_s: float = PATIENCE_S, interval_s: 
 def worker_dsn(db: ClusterDb, host: str | None = None, port: int | None = None) -> str:
     """The gateway's role's DSN on ``db`` (through ``host:port``, a proxy, when given): what
     ``[api] gateway_dsn`` holds; no worker holds a database credential."""
-    password = ROLE_PASSWORDS["qinglong_worker_ingress"]
+    password = ROLE_PASSWORDS["qinglong_gateway"]
     if host is None:
-        return db.dsn("qinglong_worker_ingress")
-    return (f"host={host} port={port} user=qinglong_worker_ingress password={password} "
+        return db.dsn("qinglong_gateway")
+    return (f"host={host} port={port} user=qinglong_gateway password={password} "
             f"dbname={db.dbname} connect_timeout=2")
 
 

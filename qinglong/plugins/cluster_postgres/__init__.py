@@ -65,7 +65,7 @@ def qinglong_worker_protocols():
         WorkerProtocolSpec(
             name=BACKEND_NAME,
             create_gateway=create_worker_gateway,
-            description="PostgreSQL functions executed as the gateway's worker_ingress role (no table privilege)",
+            description="PostgreSQL functions executed as the gateway role (no table privilege)",
         )
     ]
 

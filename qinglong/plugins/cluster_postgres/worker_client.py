@@ -1,6 +1,6 @@
 """The worker protocol over PostgreSQL, the gateway's store side: each of the eight calls is one
 statement calling one of the store's SECURITY DEFINER functions (``qinglong.worker_*``), as the
-gateway's role (``worker_ingress``). No worker program uses it: workers speak to the gateway.
+gateway role. No worker program uses it: workers speak to the gateway.
 
 Each member of the gateway's pool (:mod:`.gateway`) is ONE autocommit connection, opened with
 the same session options as every other session of this plugin (:func:`.db.session_options`:
@@ -78,7 +78,7 @@ CLAIMABLE_CHANNEL = "qinglong_claimable"
 
 #: SQLSTATEs that mean the store is not there as this worker expects (not migrated, no grant).
 _NOT_READY = {"42883": "a worker function is missing (is the database migrated?)",
-              "42501": "the role may not execute the worker functions (is the DSN the worker_ingress role's?)",
+              "42501": "the role may not execute the worker functions (is the DSN the gateway role's?)",
               "3F000": "the qinglong schema is missing (is the database migrated?)"}
 
 _SQL_OPEN = ("SELECT session_id::text, generation, lease_expires_at_ms, db_now_ms FROM "
