@@ -189,16 +189,28 @@ class Sandbox:
 
 
 class WorkerSandbox(Sandbox):
-    """A cluster page's sandbox whose `qinglong worker` holds a token of its own: registered
-    (`qinglong worker register docs-worker`) and written to its token file just before it starts,
-    as an operator does on a worker machine (the page's own example worker may be revoked)."""
+    """A cluster page's sandbox whose `qinglong worker` speaks to the API tier (a `qinglong api`
+    started with the same settings on ``api_port``, as workers.md deploys it) with a token of its
+    own: registered (`qinglong worker register docs-worker`) and written to its token file just
+    before it starts, as an operator does on a worker machine (the page's own example worker may
+    be revoked)."""
 
-    def __init__(self, root: Path, settings: Path, token_file: Path) -> None:
+    def __init__(self, root: Path, settings: Path, token_file: Path, api_port: int) -> None:
         super().__init__(root, settings)
         self.token_file = token_file
+        self.api_port = api_port
 
     def start(self, command: Command, ready: str) -> None:
         if ready == READY_LINE["worker"] and not self.token_file.exists():
+            replica_listen = self.env.get("QINGLONG_HTTP__LISTEN")
+            self.env["QINGLONG_HTTP__LISTEN"] = f"127.0.0.1:{self.api_port}"
+            try:
+                super().start(Command(command.page, command.line, "qinglong api"), "http.listening")
+            finally:
+                if replica_listen is None:
+                    del self.env["QINGLONG_HTTP__LISTEN"]
+                else:
+                    self.env["QINGLONG_HTTP__LISTEN"] = replica_listen
             done = subprocess.run(["qinglong", "worker", "register", "docs-worker"], env=self.env, cwd=self.root,
                                   capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, done.stderr
@@ -276,16 +288,16 @@ def test_every_command_of_the_cluster_page_runs_against_postgresql(page, tmp_pat
             return server.dsn(role, ROLE_PASSWORDS[role], "qinglong")
 
         settings = tmp_path / "qinglong.toml"
-        port = free_port()
+        port, api_port = free_port(), free_port()
         token_file = tmp_path / "worker.token"
-        # the replica serves the gateway; the worker speaks to it with a token of its own
+        # the API tier serves the gateway; the worker speaks to it with a token of its own
         settings.write_text(
             f'profile = "cluster"\n[http]\nlisten = "127.0.0.1:{port}"\n[backend]\n'
             f'runtime_dsn = "{dsn("qinglong_runtime")}"\nadmin_dsn = "{dsn("qinglong_admin")}"\n'
             f'owner_dsn = "{dsn("qinglong_owner")}"\n'
             f'[api]\nenabled = true\ngateway_dsn = "{dsn("qinglong_gateway")}"\n'
-            f'[worker]\nurl = "http://127.0.0.1:{port}"\ntoken_file = "{token_file}"\nworker_id = "docs-worker"\n')
-        problems = run_page(shell_commands(REPO / "docs" / page), WorkerSandbox(tmp_path, settings, token_file))
+            f'[worker]\nurl = "http://127.0.0.1:{api_port}"\ntoken_file = "{token_file}"\nworker_id = "docs-worker"\n')
+        problems = run_page(shell_commands(REPO / "docs" / page), WorkerSandbox(tmp_path, settings, token_file, api_port))
     finally:
         server.destroy()
     assert not problems, "\n\n".join(problems)
