@@ -5,7 +5,7 @@
 #   deploy/systemd/install.sh                              # qinglong.service: standalone (or edge)
 #   QINGLONG_EXTRAS=cluster deploy/systemd/install.sh      # a worker machine: qinglong-worker.service
 #
-# Then edit /etc/qinglong/qinglong.toml (or worker.toml: its [worker] dsn) and start the unit:
+# Then edit /etc/qinglong/qinglong.toml (or worker.toml: its [worker] url and token_file) and start the unit:
 #   systemctl enable --now qinglong         # or qinglong-worker
 set -eu
 
