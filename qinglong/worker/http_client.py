@@ -183,6 +183,8 @@ class HttpWorkerProtocol:
         except ValueError:
             answer = {}
         if status == 401:
+            if self._auth_error is not None and loop.time() < self._auth_retry_at:
+                raise self._auth_error  # sent before the pause began: the same refusal
             self._auth_error = StoreAuthFailed(
                 f"{self.target} refused the worker's token ({name}): it is unknown or revoked; check "
                 "[worker] token_file (`qinglong worker rotate` prints a new one)")
