@@ -157,7 +157,8 @@ def cron_next(context: CliContext) -> int:
                             "trigger": "/".join(trigger) if trigger is not None else None,
                             "fire_times": rows})
         return 0
-    print(f"{provider.describe(spec)}, after {context.utc(after_ms)}:")
+    # out before the table is computed: a reader that leaves (``| head -1``) ends us at once
+    print(f"{provider.describe(spec)}, after {context.utc(after_ms)}:", flush=True)
     if not jitter_ms:
         context.print_table(["#", "local", "utc"],
                             [[i, local(ms), context.utc(ms)] for i, ms in enumerate(fire_times, start=1)])
