@@ -105,6 +105,8 @@ class ExecutionSettings(BaseModel):
                                       description="finished Attempts' logs are deleted after this")
     run_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
                                       description="finished Runs are pruned after this")
+    skip_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+                                       description="skip records are deleted after this (kept at least an hour)")
     min_free_bytes: int = Field(64 * 1024 * 1024, ge=0,
                                 description="below this free space on the log filesystem, oldest logs go first")
     min_free_fraction: float = Field(
