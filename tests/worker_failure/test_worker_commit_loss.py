@@ -124,8 +124,8 @@ def test_lost_reply_of_a_committed_started_is_repeated_and_the_job_spawns_once(c
     before the answer, or twice, the Attempt would start twice (a duplicate start marker).
 
     The rule is armed on the Attempt's id before the worker starts: the first bytes sent carrying
-    it are ``started``'s (the claim's reply carries it the other way); on the worker's side the
-    request's path says so too."""
+    it are ``started``'s (the claim's reply carries it the other way); on the worker's side its
+    body names the lease too."""
     c = cluster
     c.publish_task("lossy", hold_s=0.2, exit_code=EXIT_CODE)
     c.start_replica("replica-1")
@@ -133,7 +133,7 @@ def test_lost_reply_of_a_committed_started_is_repeated_and_the_job_spawns_once(c
     (run_id,) = c.wait_runs(1)
     (attempt,) = c.attempts(run_id)
     w = c.add_worker("w", start=False)
-    also = (b"/started",) if side == "http" else ()
+    also = (b'"lease"',) if side == "http" else ()  # the request's body (a heartbeat has no lease)
     rule = _lossy_proxy(c, w, side).arm(TO_SERVER, attempt["attempt_id"].encode(), "swallow_replies", also=also)
     w.start()
     wait_until(rule.fired.is_set, "the worker's started call")

@@ -106,6 +106,9 @@ def test_a_restarted_worker_reports_the_outcome_its_killed_process_left_on_disk(
     wait_until(lambda: f"{run_id}.{first['attempt_id']}" in c.watcher.gone_at, "the job to end")
     w.process.kill9()
     w.restart()
+    # the expiry may end the Attempt lost before the new process reports: wait for its report
+    wait_until(lambda: {"worker.completed_late", "worker.late_scan_failed"} & set(w.process.codes()),
+               "the restarted worker to report the outcome it found")
     states = c.wait_all_terminal()
     (attempt,) = c.attempts(run_id)
     found, dups = executions(c.markers, c.watcher)

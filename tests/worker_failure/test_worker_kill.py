@@ -180,16 +180,20 @@ def test_killed_workers_idempotent_run_is_retried_once_elsewhere_and_never_overl
     assert not pairs, f"the killed worker's job overlapped Attempt 2: {pairs}"
 
 
-def _replay(address: tuple[str, int], request: bytes) -> tuple[int, bytes]:
-    """Send one raw HTTP request (bytes as a worker sent them) and read its status and body."""
+def _replay(address: tuple[str, int], token: str, chunk: bytes) -> tuple[int, bytes]:
+    """``started`` again, with the body a worker sent in ``chunk`` (the request's tail: headers
+    and body may travel in separate chunks) and its token; the status and body of the answer."""
     import http.client
-    import socket
 
-    with socket.create_connection(address, timeout=30) as sock:
-        sock.sendall(request)
-        response = http.client.HTTPResponse(sock)
-        response.begin()
+    body = chunk.split(b"\r\n\r\n", 1)[1] if chunk.startswith(b"POST ") else chunk
+    conn = http.client.HTTPConnection(*address, timeout=30)
+    try:
+        conn.request("POST", "/worker/v1/started", body=body, headers={
+            "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        response = conn.getresponse()
         return response.status, response.read()
+    finally:
+        conn.close()
 
 
 def test_killed_worker_that_never_started_its_attempt_gives_it_back_and_its_late_started_is_refused(cluster):
@@ -198,8 +202,8 @@ def test_killed_worker_that_never_started_its_attempt_gives_it_back_and_its_late
     Attempt never ran, so after the lease it must go back to the queue (not end lost) and run
     once on worker B: if expiry took it for lost, a Run that never ran would end without running;
     if it were handed on before the lease expired, A's delayed start could still land. Then A's
-    held ``started`` is delivered, late (its bytes as A sent them, on the connection a late TCP
-    segment would open): if the store accepted it, B's running Attempt would be taken back by a
+    held ``started`` is delivered, late (its body and token as A sent them, on a new connection:
+    its own died with it): if the store accepted it, B's running Attempt would be taken back by a
     dead worker's fence."""
     from devtools.fault_proxy import TO_SERVER
 
@@ -210,7 +214,8 @@ def test_killed_worker_that_never_started_its_attempt_gives_it_back_and_its_late
     (run_id,) = c.wait_runs(1)
     (attempt,) = c.attempts(run_id)
     a = c.add_worker("wa", start=False)
-    rule = a.proxy.arm(TO_SERVER, attempt["attempt_id"].encode(), "hold", also=(b"/started",))
+    # started's body: the first request naming the Attempt with a lease (a heartbeat has none)
+    rule = a.proxy.arm(TO_SERVER, attempt["attempt_id"].encode(), "hold", also=(b'"lease"',))
     a.start()
     wait_until(rule.fired.is_set, "worker wa's started call")
     held = c.attempts(run_id)[0]
@@ -220,10 +225,10 @@ def test_killed_worker_that_never_started_its_attempt_gives_it_back_and_its_late
     taken = c.attempts(run_id)[0]
     log = c.db.server.logfile
     log_mark = log.stat().st_size
-    assert rule.chunk.startswith(b"POST ") and b"\r\n\r\n" in rule.chunk, rule.chunk[:80]
     rule.connection.close(rst=True)  # its own connection died with the worker
     a.proxy.heal()
-    status, body = _replay((a.proxy.host, a.proxy.port), rule.chunk)  # the dead worker's started, now
+    # the dead worker's started, now
+    status, body = _replay((a.proxy.host, a.proxy.port), c.register("wa"), rule.chunk)
 
     def refused_in_server_log():
         with log.open("rb") as fh:
