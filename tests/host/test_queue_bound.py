@@ -84,10 +84,10 @@ def test_status_and_skips_show_each_tasks_queue_and_the_skipped_runs(tmp_path, c
             await h.until_state(other, "running")
             backlog = [await h.admit("slow") for _ in range(4)]
             forbidden = await h.admit("one")
-            await _bounded(h, backlog, 2, 2)
-            return [forbidden]
+            waiting = await _bounded(h, backlog, 2, 2)
+            return [first, other, *waiting], [forbidden]
 
-    forbidden = asyncio.run(body())
+    started, forbidden = asyncio.run(body())
     capsys.readouterr()
     main(["status", "--once", "--json", "--settings", str(settings)])  # exit code: the verdict
     out = capsys.readouterr().out
@@ -95,4 +95,13 @@ def test_status_and_skips_show_each_tasks_queue_and_the_skipped_runs(tmp_path, c
     assert main(["skips", "--settings", str(settings)]) == 0
     out = capsys.readouterr().out
     assert out.count("max_queued = 2") == 2 and forbidden[0] in out and "forbid" in out, out
-    (tmp_path / "GO").touch()
+
+    async def finish() -> None:
+        # a restarted plane adopts the two jobs still waiting, lets them and the queue end: no job
+        # outlives the test
+        async with running(settings) as h:
+            (tmp_path / "GO").touch()
+            for run in started:
+                assert state_of((await h.until_ended(run)).run.state) == "succeeded"
+
+    asyncio.run(finish())

@@ -434,8 +434,8 @@ class Cluster:
 
     def ingress_dsn(self, host: str, port: int | str, connect_timeout: int = 3) -> str:
         """The gateway's role on this database through ``host:port`` (comma lists: several hosts)."""
-        return (f"host={host} port={port} user=qinglong_worker_ingress "
-                f"password={ROLE_PASSWORDS['qinglong_worker_ingress']} dbname={self.db.dbname} "
+        return (f"host={host} port={port} user=qinglong_gateway "
+                f"password={ROLE_PASSWORDS['qinglong_gateway']} dbname={self.db.dbname} "
                 f"connect_timeout={connect_timeout}")
 
     @property
