@@ -299,8 +299,6 @@ class Gateway:
         return [e.get("code", "") for e in self.diagnostics()]
 
 
-
-
 class Cluster:
     """A migrated database, the marker directory, and the processes a test starts. The gateway
     starts with the first worker (or :meth:`start_gateway`, to give it a DSN of the test's)."""
