@@ -2,8 +2,8 @@
 
 The **claim loop** runs while there are free slots, a session and time before the self-fence's
 TERM: one fresh lease token per free slot; each claimed Attempt becomes a :class:`~.core.WorkerJob`
-with a task of its own. It claims again the moment a job ends, or when the protocol hears that an
-Attempt became claimable (``claim_waiter``), else after ``poll_ms``.
+with a task of its own. It claims again the moment a job ends; a claim waits at the gateway for an Attempt to
+become claimable, and after an empty answer the loop rests ``poll_ms`` or until a job ends.
 
 A job's task: parse the spec (a refusal ends the Attempt ``failed``, never started), call
 ``started`` *before* spawning (the lease file is written and synced meanwhile, off the event loop)
@@ -122,18 +122,13 @@ class Jobs:
         return max(0, min(core.config.claim_wait_ms, room_ms))
 
     async def claim_loop(self) -> None:
-        """Claim up to the free slots while claiming is allowed; woken by a job's end, or by the
-        protocol when an Attempt becomes claimable."""
+        """Claim up to the free slots while claiming is allowed; woken by a job's end."""
         core = self._core
         while not core.closing and not core.draining:
             core.wake.clear()
             more = False
             free = core.config.max_running - len(core.jobs)
             session = core.session
-            # a protocol that hears when an Attempt becomes claimable wakes an idle wait at once
-            # (taken before the claim, so a notification in between is not missed)
-            waiter = getattr(core.protocol, "claim_waiter", None)
-            claimable = waiter() if waiter is not None else None
             if free > 0 and self._may_claim() and core.protocol is not None and session is not None:
                 waited = False
                 try:
@@ -161,19 +156,15 @@ class Jobs:
                 more = (bool(claimed) and len(claimed) == free) or (waited and not claimed)
             if more:
                 continue
-            await self._idle(claimable if free > 0 else None)
+            await self._idle()
 
-    async def _idle(self, claimable: asyncio.Event | None) -> None:
-        """Until a job ends (``wake``), an Attempt becomes claimable, or the poll interval passed."""
+    async def _idle(self) -> None:
+        """Until a job ends (``wake``) or the poll interval passed."""
         core = self._core
-        waits = [asyncio.ensure_future(core.wake.wait())]
-        if claimable is not None:
-            waits.append(asyncio.ensure_future(claimable.wait()))
         try:
-            await asyncio.wait(waits, timeout=core.config.poll_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiting in waits:
-                waiting.cancel()
+            await asyncio.wait_for(core.wake.wait(), core.config.poll_ms / 1000)
+        except asyncio.TimeoutError:
+            pass
 
     def _adopt_claim(self, attempt: ClaimedAttempt, fence: SessionFence) -> None:
         core = self._core

@@ -123,11 +123,13 @@ def test_a_restarted_worker_reports_the_outcome_its_killed_process_left_on_disk(
 # ------------------------------------------------------------------------------- client API
 
 
-def _protocol(dsn: str, name: str):
-    from qinglong.plugins.cluster_postgres import qinglong_worker_protocols
+async def _protocol(dsn: str, name: str):
+    """The gateway's store side on its own connection (what the gateway calls for a worker)."""
+    from qinglong.plugins.cluster_postgres.worker_client import PostgresWorkerProtocol
 
-    (spec,) = qinglong_worker_protocols()
-    return spec.create(dsn, name)
+    protocol = PostgresWorkerProtocol(dsn, name)
+    await protocol.connect()
+    return protocol
 
 
 def _outcome(state=AttemptState.SUCCEEDED, exit_code=0) -> AttemptOutcome:
