@@ -14,6 +14,7 @@ from dataclasses import field
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from .frozen import record
+from .windows import RECENT_WINDOW_MS
 
 #: How long a store-derived read may take, and how long its result is served from cache, so a
 #: scrape storm costs the database at most one read a second.
@@ -22,7 +23,6 @@ STATS_CACHE_MS = 1_000
 
 #: The window of the admission-lag percentiles and the skip/lost counts of ``qinglong status``.
 LAG_WINDOW_MS = 5 * 60_000
-RECENT_WINDOW_MS = 60 * 60_000
 #: The deepest per-task queues a stats reading carries (bounded, whatever the task count).
 QUEUED_TASKS_SHOWN = 20
 

@@ -9,7 +9,7 @@ from typing import Protocol, runtime_checkable
 
 from ..errors import UserError
 from ..frozen import record
-from ..observe import RECENT_WINDOW_MS
+from ..windows import RECENT_WINDOW_MS
 
 #: The most records of each kind one prune call deletes.
 MAX_SKIP_PRUNE_BATCH = 10_000
