@@ -136,7 +136,6 @@ class WorkerSettings(BaseModel):
                                                              "runs as root to drop to it); default: the worker's user")
     worker_id: str | None = Field(None, min_length=1, max_length=200,
                                   description="this worker's id; default: the host name")
-    labels: list[str] = Field(default_factory=list, description="what this worker offers to tasks' labels")
     max_running: int = Field(2, ge=1, description="jobs running at once on this worker")
     session_lease_ms: int = Field(45_000, ge=5_000, le=600_000,
                                   description="session lease, in the store's clock")
@@ -622,6 +621,8 @@ def load_settings(path: str | os.PathLike[str] | None = None, *, profile: str | 
 RETIRED_KEYS = {
     ("worker", "dsn"): "a worker holds no database credential; use [worker] url and token_file from "
                        "`qinglong worker register`",
+    ("worker", "labels"): "a worker's labels are bound to its registration: `qinglong worker register NAME "
+                          "--label L` (or register it again)",
 }
 
 

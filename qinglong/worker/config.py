@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import os
-import re
 import socket
 from typing import Any
 
 from qinglong.contracts.frozen import record
 from qinglong.contracts.errors import SettingsError
 from qinglong.contracts.worker import (
-    LABEL_PATTERN,
-    MAX_LABELS,
     MAX_SESSION_CAPACITY,
     MAX_WORKER_ID_CHARS,
     check_worker_timing,
@@ -26,7 +23,6 @@ class WorkerConfig:
     """The ``[worker]`` values, validated."""
 
     worker_id: str
-    labels: tuple[str, ...]
     max_running: int
     session_lease_ms: int
     heartbeat_ms: int
@@ -54,7 +50,7 @@ class WorkerConfig:
 
 def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
     """``[worker]`` checked: the timing can hold the fence, ``max_running`` fits a session, ``url``
-    and ``token_file`` are set, labels and the worker id are well formed. A refusal is a
+    and ``token_file`` are set, the worker id is well formed (its labels are its registration's). A refusal is a
     :class:`SettingsError` naming the key and what was expected. ``worker`` is the settings section, read by attribute
     (this package never imports the host, whose settings model defines it)."""
     problem = check_worker_timing(worker.session_lease_ms, worker.heartbeat_ms, worker.self_fence_margin_ms,
@@ -76,13 +72,6 @@ def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
             or any(ord(ch) < 32 or ord(ch) == 127 for ch in worker_id)):
         raise SettingsError(f"[worker] worker_id: expected 1-{MAX_WORKER_ID_CHARS} characters without "
                             "control characters")
-    labels = list(worker.labels)
-    if len(labels) > MAX_LABELS:
-        raise SettingsError(f"[worker] labels: expected at most {MAX_LABELS} labels, got {len(labels)}")
-    for label in labels:
-        if not re.match(LABEL_PATTERN, label):
-            raise SettingsError(f"[worker] labels: {label!r} is not a label (1-64 characters of letters, "
-                                "digits and _ . : = / -)")
     run_as = None
     if getattr(worker, "run_as", None):
         import pwd
@@ -101,7 +90,6 @@ def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
         run_as = (entry.pw_name, entry.pw_uid, entry.pw_gid, home)
     return WorkerConfig(
         worker_id=worker_id,
-        labels=tuple(sorted(set(labels))),
         max_running=worker.max_running,
         session_lease_ms=worker.session_lease_ms,
         heartbeat_ms=worker.heartbeat_ms,

@@ -95,7 +95,7 @@ class Worker:
             loop.create_task(self._guard(self._jobs.report_found), name="qinglong-worker-late")]
         core.emit("info", "worker.starting", f"worker {config.worker_id} starting",
                   worker_id=config.worker_id, max_running=config.max_running,
-                  labels=",".join(config.labels), log_dir=config.log_dir)
+                  log_dir=config.log_dir)
         try:
             await core.stop.wait()
             await drain(core)

@@ -108,7 +108,8 @@ class Sessions:
         config = core.config
         started = core.mono()
         try:
-            session = await protocol.open_session(config.worker_id, config.labels, config.max_running,
+            # the gateway binds the labels (and the id and capacity) to the token's registration
+            session = await protocol.open_session(config.worker_id, (), config.max_running,
                                                   config.session_lease_ms)
         except StoreAuthFailed as exc:
             core.store_down(exc)

@@ -48,15 +48,14 @@ def worker_dsn(db: ClusterDb, host: str | None = None, port: int | None = None) 
 
 
 def write_worker_settings(path: Path, *, worker_id: str, log_dir: Path, url: str | None = None,
-                          token_file: Path | None = None, labels: tuple[str, ...] = (), max_running: int = 2,
+                          token_file: Path | None = None, max_running: int = 2,
                           level: str = "info", extra: str = "", **worker: object) -> Path:
     """A ``profile = "cluster"`` settings file with a ``[worker]`` section (``extra``: raw lines
     appended to it)."""
     values = dict(SHORT_TIMING, max_running=max_running, drain_timeout_ms=60_000)
     values.update(worker)
     lines = ['profile = "cluster"', f'[diagnostics]\nlevel = "{level}"\nformat = "json"', "[worker]",
-             f'worker_id = "{worker_id}"', f'log_dir = "{log_dir}"',
-             "labels = [" + ", ".join(f'"{label}"' for label in labels) + "]"]
+             f'worker_id = "{worker_id}"', f'log_dir = "{log_dir}"']
     if url is not None:
         lines.append(f'url = "{url}"')
     if token_file is not None:

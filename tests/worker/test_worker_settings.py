@@ -40,8 +40,6 @@ def test_the_short_test_timing_and_the_defaults_are_accepted():
     (dict(kill_grace_ms=4000), "kill_grace_ms 4000"),
     (dict(url=None), "[worker] url is required"),
     (dict(token_file=None), "[worker] token_file is required"),
-    (dict(labels=["gpu", "bad label"]), "[worker] labels: 'bad label' is not a label"),
-    (dict(labels=[f"l{i}" for i in range(33)]), "[worker] labels: expected at most 32"),
     (dict(worker_id="a\tb"), "[worker] worker_id"),
 ])
 def test_a_setting_that_cannot_hold_the_fence_or_is_malformed_is_refused_naming_the_key(overrides, words):
@@ -93,6 +91,17 @@ def test_a_database_login_in_worker_settings_is_refused_naming_the_file_the_key_
     with pytest.raises(SettingsError) as err:
         load_settings(tmp_path / "ok.toml")
     assert "QINGLONG_WORKER__DSN" in str(err.value) and secret not in str(err.value)
+
+
+@pytest.mark.parametrize("value", ['["gpu"]', "[]"])
+def test_labels_in_worker_settings_are_refused_naming_the_registration(tmp_path, value):
+    """A worker's labels are its registration's: a ``[worker] labels`` left in a file would make the
+    operator believe this worker offers (or no longer offers) a label the gateway never sees, so a
+    task would wait, or run where they meant it not to."""
+    done = _worker_cli(tmp_path, f'profile = "cluster"\n[worker]\nlabels = {value}\n')
+    assert done.returncode == 3, done.stderr
+    assert str(tmp_path / "s.toml") in done.stderr and "worker.labels" in done.stderr
+    assert "qinglong worker register NAME --label L" in done.stderr
 
 
 def test_a_worker_that_cannot_reach_its_gateway_keeps_trying_and_never_prints_its_token(tmp_path):

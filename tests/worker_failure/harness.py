@@ -172,7 +172,7 @@ class Process:
 
 
 def write_worker_settings(path: Path, *, url: str, token: str, worker_id: str, log_dir: Path,
-                          labels: tuple[str, ...] = (), max_running: int = 2,
+                          max_running: int = 2,
                           session_lease_ms: int = SESSION_LEASE_MS, heartbeat_ms: int = HEARTBEAT_MS,
                           self_fence_margin_ms: int = SELF_FENCE_MARGIN_MS,
                           kill_grace_ms: int = KILL_GRACE_MS, poll_ms: int = POLL_MS,
@@ -189,7 +189,6 @@ def write_worker_settings(path: Path, *, url: str, token: str, worker_id: str, l
         f"url = {json.dumps(url)}\n"
         f"token_file = {json.dumps(str(token_file))}\n"
         f"worker_id = {json.dumps(worker_id)}\n"
-        f"labels = {json.dumps(list(labels))}\n"
         f"max_running = {max_running}\n"
         f"session_lease_ms = {session_lease_ms}\nheartbeat_ms = {heartbeat_ms}\n"
         f"self_fence_margin_ms = {self_fence_margin_ms}\nkill_grace_ms = {kill_grace_ms}\n"
@@ -501,7 +500,7 @@ class Cluster:
         log_dir = self.tmp / f"{name}-logs"
         log_dir.mkdir(exist_ok=True)
         path = write_worker_settings(self.tmp / f"{name}.toml", url=url, token=token, worker_id=worker_id,
-                                     log_dir=log_dir, labels=labels, max_running=max_running, **settings)
+                                     log_dir=log_dir, max_running=max_running, **settings)
         worker = WorkerProcess(name, worker_id, path, self.tmp / f"{name}.log", fault,
                                prefix=list(prefix or []))
         self.workers[name] = worker
