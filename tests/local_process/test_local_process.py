@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -125,14 +126,17 @@ def test_echo_is_logged_and_its_receipt_says_exit_0_with_private_files(executor,
     assert receipt.dropped_bytes == 0 and receipt.log_bytes == len(b"hello world\n")
     attempt = Path(req.attempt_dir)
     assert (attempt / "log").read_bytes() == b"hello world\n"
-    # the job's own end (the wrapper's ``exited``), not the receipt written after the drain
-    assert abs(receipt.ended_at_ms - (attempt / "exited").stat().st_mtime_ns // 1_000_000) <= 1
+    # the job's own end (the status line appended to ``pid``), not the receipt written after the drain
+    assert (attempt / "pid").read_bytes() == b"%d\n0\n" % handle.pid
+    assert abs(receipt.ended_at_ms - (attempt / "pid").stat().st_mtime_ns // 1_000_000) <= 1
     assert receipt.ended_at_ms <= (attempt / "receipt").stat().st_mtime_ns // 1_000_000
     for directory in (attempt, attempt.parent, attempt.parent.parent):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
-    for name in ("log", "receipt", "pid", "lock"):
+    for name in ("log", "receipt", "pid"):
         assert stat.S_IMODE((attempt / name).stat().st_mode) == 0o600, name
-    assert int((attempt / "pid").read_text()) == handle.pid == handle.pgid
+    # the directory is the lock; the output went through a pipe: no other file
+    assert sorted(p.name for p in attempt.iterdir()) == ["log", "pid", "receipt"]
+    assert int((attempt / "pid").read_text().split()[0]) == handle.pid == handle.pgid
     assert not alive(handle.pid) and read_stat(handle.pid) is None, "the wrapper was left a zombie"
 
 
@@ -285,8 +289,8 @@ def test_the_job_holds_only_null_stdin_and_the_log_pipe_never_the_lock(executor,
         return fds
 
     fds = run(scenario())
-    fifo = str(Path(req.attempt_dir) / "out")
-    assert fds == {0: "/dev/null", 1: fifo, 2: fifo}
+    assert set(fds) == {0, 1, 2} and fds[0] == "/dev/null"
+    assert fds[1] == fds[2] and fds[1].startswith("pipe:["), fds
 
 
 # ------------------------------------------------------------------------------- signals
@@ -664,7 +668,7 @@ def test_a_pid_file_cut_short_means_never_started_and_the_attempt_still_starts(e
         assert executor.probe(req.attempt_dir, None) is ProcessState.NEVER_STARTED, cut_short
         assert executor.find_handle(req.attempt_dir) is None, cut_short
     handle = run(start_and_wait(executor, req))
-    assert (attempt / "pid").read_bytes() == b"%d\n" % handle.pid
+    assert (attempt / "pid").read_bytes() == b"%d\n6\n" % handle.pid
     assert executor.read_receipt(req.attempt_dir).exit_code == 6
     assert executor.probe(req.attempt_dir, handle) is ProcessState.ENDED
 
@@ -680,7 +684,7 @@ def test_a_receipt_cut_short_counts_as_none_and_an_earlier_wrappers_receipt_is_r
     run(start_and_wait(executor, req))
     path = Path(req.attempt_dir) / "receipt"
     whole = path.read_bytes()
-    assert whole == b"format=2\nstatus=137\ndropped=0\nheld=\nend\n"
+    assert re.fullmatch(rb"format=3\nstatus=137\nheld=\npipe=\d+\nend\n", whole), whole
     receipt = executor.read_receipt(req.attempt_dir)
     assert (receipt.exit_code, receipt.signal) == (None, signal.SIGKILL)
     assert receipt.log_bytes == (Path(req.attempt_dir) / "log").stat().st_size >= 3
