@@ -213,7 +213,7 @@ def make_worker(index: int, server, workdir: Path, args) -> WorkerProcess:
     proxy = FaultProxy(("127.0.0.1", server.port), name=worker_id).start()
     settings = cluster_workers.write_worker_settings(
         workdir / f"{worker_id}.toml",
-        cluster_workers.worker_dsn("127.0.0.1", proxy.port, DBNAME, ROLE_PASSWORDS["qinglong_worker_ingress"]),
+        cluster_workers.worker_dsn("127.0.0.1", proxy.port, DBNAME, ROLE_PASSWORDS["qinglong_gateway"]),
         worker_id, log_dir=workdir / f"{worker_id}-logs", max_running=args.worker_slots,
         session_lease_ms=args.session_lease_ms, heartbeat_ms=args.heartbeat_ms,
         self_fence_margin_ms=1000, kill_grace_ms=500, poll_ms=200, drain_timeout_ms=10_000)

@@ -52,7 +52,7 @@ session lease, heartbeat, margin and kill grace; ``--worker-slots`` is their ``m
   to last completion in the database clock, and the CPU each Run cost (the workers with their
   reaped children, i.e. every job's wrapper and the job, plus the server); ``--repeat`` drains
   per count, interleaved with pgbench, medians kept. Beside each, the ceiling: the same backlog admitted
-  again and drained by pgbench running the worker's own calls as the worker_ingress role
+  again and drained by pgbench running the worker's own calls as the gateway role
   (``WORKER_PGBENCH_SCRIPT``: a session per client, then per transaction ``worker_claim`` of one
   Attempt, ``worker_started``, ``worker_complete``, each its own autocommit statement) with as
   many clients as workers; ratio = workers / pgbench. (A worker claims up to its free slots per
@@ -416,7 +416,7 @@ def steady_state(server, replicas: int, triggers: int, seconds: float, workdir: 
 
 # --------------------------------------------------------------------------- workers
 
-WORKER_INGRESS = "qinglong_worker_ingress"
+GATEWAY_ROLE = "qinglong_gateway"
 #: every worker process this run started: a part that fails leaves none running (see main)
 STARTED_WORKERS: list = []
 TERMINAL_SQL = "('succeeded', 'failed', 'timed_out', 'cancelled', 'lost')"
@@ -425,13 +425,13 @@ TERMINAL_SQL = "('succeeded', 'failed', 'timed_out', 'cancelled', 'lost')"
 def _worker(dsns: dict, server, workdir: Path, worker_id: str, *, max_running: int, poll_ms: int,
             drain_timeout_ms: int = 60_000):
     """A ``qinglong worker`` (product defaults for the session lease, heartbeat, margin and kill
-    grace) reaching PostgreSQL directly as the worker_ingress role."""
+    grace) reaching PostgreSQL directly as the gateway role."""
     import cluster_workers
     from devtools.pg import ROLE_PASSWORDS
 
     settings = cluster_workers.write_worker_settings(
         workdir / f"{worker_id}.toml",
-        cluster_workers.worker_dsn(server.host, server.port, dsns["dbname"], ROLE_PASSWORDS[WORKER_INGRESS]),
+        cluster_workers.worker_dsn(server.host, server.port, dsns["dbname"], ROLE_PASSWORDS[GATEWAY_ROLE]),
         worker_id, log_dir=workdir / f"{worker_id}-logs", max_running=max_running,
         session_lease_ms=45_000, heartbeat_ms=10_000, self_fence_margin_ms=5_000, kill_grace_ms=10_000,
         poll_ms=poll_ms, drain_timeout_ms=drain_timeout_ms, level="warning")
@@ -620,7 +620,7 @@ def _cpu_s(pid: int, children: bool = True) -> float:
 
 def worker_pgbench(dsns: dict, server, workdir: Path, clients: int, backlog: int) -> dict:
     """The same backlog drained by pgbench running the worker's calls (``WORKER_PGBENCH_SCRIPT``)
-    as the worker_ingress role, ``clients`` connections: the ceiling of the worker's own SQL."""
+    as the gateway role, ``clients`` connections: the ceiling of the worker's own SQL."""
     from devtools.pg import ROLE_PASSWORDS
 
     reseed(dsns)
@@ -633,10 +633,10 @@ def worker_pgbench(dsns: dict, server, workdir: Path, clients: int, backlog: int
     # a claim can come back empty while others hold the rows it would take: the surplus keeps
     # every client going until the backlog is gone (then it finds nothing, which is cheap)
     per_client = 2 * math.ceil(backlog / clients) + 50
-    env = dict(os.environ, PGPASSWORD=ROLE_PASSWORDS[WORKER_INGRESS])
+    env = dict(os.environ, PGPASSWORD=ROLE_PASSWORDS[GATEWAY_ROLE])
     cmd = [str(pgbench_bin()), "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
            "-t", str(per_client), "-f", str(script), "-D", "gen=0",
-           "-h", server.host, "-p", str(server.port), "-U", WORKER_INGRESS, dsns["dbname"]]
+           "-h", server.host, "-p", str(server.port), "-U", GATEWAY_ROLE, dsns["dbname"]]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(workdir), timeout=900)
     if proc.returncode not in (0, 2):
         raise SystemExit(f"pgbench failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

@@ -3,7 +3,7 @@ execution audit. Imported by ``bench/cluster.py`` and ``bench/chaos.py`` (stdlib
 project's contracts only).
 
 * :class:`WorkerProcess`: one real ``qinglong worker --settings FILE`` (profile ``cluster``, a
-  ``[worker]`` section with the ``worker_ingress`` DSN), optionally behind its own fault proxy;
+  ``[worker]`` section with the gateway role's DSN), optionally behind its own fault proxy;
   restartable after ``kill -9`` (the same worker id: the new session fences the old one).
 * The marker job (:func:`write_marker_job`, :func:`marker_command`): a stdlib Python script a task
   runs. It records its start (``RUN.ATTEMPT.start``, created ``O_EXCL``: a second start of the same
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-WORKER_INGRESS = "qinglong_worker_ingress"
+GATEWAY_ROLE = "qinglong_gateway"
 TERMINAL = ("succeeded", "failed", "timed_out", "cancelled", "lost")
 ACTIVE_ATTEMPT = ("dispatching", "running")
 #: The marker job's tick period: a killed job ran at most this much past its last tick.
@@ -64,7 +64,7 @@ def write_worker_settings(path: Path, dsn: str, worker_id: str, *, log_dir: Path
 
 
 def worker_dsn(host: str, port: int, dbname: str, password: str, connect_timeout: int = 3) -> str:
-    return (f"host={host} port={port} user={WORKER_INGRESS} password={password} dbname={dbname} "
+    return (f"host={host} port={port} user={GATEWAY_ROLE} password={password} dbname={dbname} "
             f"connect_timeout={connect_timeout}")
 
 
@@ -458,7 +458,7 @@ def register_workers(superuser_dsn: str, names: list[str], *, capacity: int = 8)
 
 
 class GatewayProcess:
-    """``qinglong api`` with the worker gateway on (``[api] gateway_dsn``: the worker_ingress
+    """``qinglong api`` with the worker gateway on (``[api] gateway_dsn``: the gateway
     role's DSN), on a free port read from its ``http.listening`` line."""
 
     def __init__(self, workdir: Path, dsns: dict, gateway_dsn: str, *, pool_size: int = 4,

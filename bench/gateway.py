@@ -42,7 +42,7 @@ from cluster import (TERMINAL_SQL, YEARLY, DRAIN_GRACE_MS, _completion_span, _re
                      drain_with_replicas, make_db, percentile, publish, reseed, sql, start_database)
 
 RESULTS = ROOT / "bench" / "results" / "gateway.json"
-WORKER_INGRESS = "qinglong_worker_ingress"
+GATEWAY_ROLE = "qinglong_gateway"
 #: the edge floor: what bench/edge.py measures as the edge host's imports before its container
 EDGE_FLOOR_IMPORTS = "import pluggy, croniter, aiosqlite, pydantic_settings, dependency_injector.containers"
 TARGET_ABOVE_FLOOR_MIB = 4.0
@@ -52,7 +52,7 @@ STARTED: list = []
 def _ingress_dsn(server, dbname: str) -> str:
     from devtools.pg import ROLE_PASSWORDS
 
-    return cluster_workers.worker_dsn(server.host, server.port, dbname, ROLE_PASSWORDS[WORKER_INGRESS])
+    return cluster_workers.worker_dsn(server.host, server.port, dbname, ROLE_PASSWORDS[GATEWAY_ROLE])
 
 
 def _workers(path: str, server, dsns: dict, workdir: Path, prefix: str, n: int, *, max_running: int,
@@ -194,7 +194,7 @@ def idle_connections(server, workdir: Path, workers: int, *, hold_s: float) -> d
     samples = []
     end = time.monotonic() + hold_s
     while time.monotonic() < end:
-        samples.append(sql(su, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (WORKER_INGRESS,))[0][0])
+        samples.append(sql(su, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (GATEWAY_ROLE,))[0][0])
         time.sleep(0.5)
     stop.set()
     gateway.stop()

@@ -38,7 +38,7 @@ ROLE_PASSWORDS = {
     "qinglong_owner": "owner-secret-Pw1",
     "qinglong_admin": "admin-secret-Pw2",
     "qinglong_runtime": "runtime-secret-Pw3",
-    "qinglong_worker_ingress": "ingress-secret-Pw4",
+    "qinglong_gateway": "gateway-secret-Pw4",
 }
 
 
@@ -247,8 +247,14 @@ def start_server(label: str, *, fsync_off: bool = True, extra_conf: str = "") ->
     return server
 
 
+#: The worker gateway's role: the bootstrap creates it NOLOGIN, bounded, without a password.
+GATEWAY_ROLE = "qinglong_gateway"
+
+
 def create_roles(server: PgServer, passwords: dict[str, str] = ROLE_PASSWORDS) -> None:
-    """Create the four LOGIN, non-superuser roles (idempotent: passwords are reset)."""
+    """Create the four non-superuser roles (idempotent: passwords are reset). The gateway's role is
+    created as the bootstrap creates it (NOLOGIN, CONNECTION LIMIT 64), then given LOGIN and its
+    password by the operator's ALTER ROLE for gateway hosts, so test gateways can connect."""
     import psycopg
     from psycopg import sql
 
@@ -256,11 +262,16 @@ def create_roles(server: PgServer, passwords: dict[str, str] = ROLE_PASSWORDS) -
         for role, password in passwords.items():
             exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
             verb = "ALTER" if exists else "CREATE"
-            # the gateway's role is bounded, as the bootstrap creates it (roles.bootstrap_statements)
-            limit = " CONNECTION LIMIT 64" if role == "qinglong_worker_ingress" else ""
+            attributes = "NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION NOBYPASSRLS"
+            if role == GATEWAY_ROLE:
+                # roles.bootstrap_statements, then the step docs/cluster.md gives gateway hosts
+                conn.execute(sql.SQL(verb + " ROLE {} NOLOGIN " + attributes + " CONNECTION LIMIT 64")
+                             .format(sql.Identifier(role)))
+                conn.execute(sql.SQL("ALTER ROLE {} LOGIN PASSWORD {}").format(
+                    sql.Identifier(role), sql.Literal(password)))
+                continue
             conn.execute(
-                sql.SQL(verb + " ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
-                        "NOREPLICATION NOBYPASSRLS" + limit + " PASSWORD {}").format(
+                sql.SQL(verb + " ROLE {} LOGIN " + attributes + " PASSWORD {}").format(
                     sql.Identifier(role), sql.Literal(password)
                 )
             )
@@ -268,7 +279,7 @@ def create_roles(server: PgServer, passwords: dict[str, str] = ROLE_PASSWORDS) -
 
 def create_database(server: PgServer, dbname: str, owner: str = "qinglong_owner",
                     connect_roles: tuple[str, ...] = ("qinglong_admin", "qinglong_runtime",
-                                                      "qinglong_worker_ingress"),
+                                                      GATEWAY_ROLE),
                     template: str = "template0") -> None:
     """A fresh database owned by ``owner`` (a copy of ``template``); only the listed roles may
     connect."""

@@ -4,8 +4,7 @@ On the cluster profile an admitted Run waits, queued, for a worker: a ``qinglong
 on any machine. The worker talks to the store only through the eight calls of
 :class:`WorkerProtocol` (open session, heartbeat, claim, started, append log, complete, close
 session). The PostgreSQL backend implements them as SECURITY DEFINER functions that the
-``worker_ingress`` role may execute and nothing else; an HTTP gateway could implement the same
-protocol later without the worker changing.
+gateway role may execute and nothing else; the HTTP gateway serves the same protocol to workers.
 
 The promise is admission's: a Run runs at most once per Attempt, an Attempt is never started
 twice, a finished job's outcome is never lost or invented, and a partitioned worker cannot run a

@@ -131,7 +131,7 @@ class WorkerSettings(BaseModel):
                                description="how long a claim may wait at the gateway for a Run")
     run_as: str | None = Field(None, min_length=1, description="the OS user jobs run as (the worker itself "
                                                              "runs as root to drop to it); default: the worker's user")
-    dsn: SecretStr | None = Field(None, description="direct path, off by default: the worker_ingress role's "
+    dsn: SecretStr | None = Field(None, description="direct path, off by default: the gateway role's "
                                                     "connection (a secret)")
     worker_id: str | None = Field(None, min_length=1, max_length=200,
                                   description="this worker's id; default: the host name")
@@ -210,7 +210,7 @@ class ApiSettings(BaseModel):
     console_link_ttl_ms: int = Field(120_000, ge=1, le=3_600_000,
                                      description="a `qinglong console link` URL works once, within this")
     gateway_dsn: SecretStr | None = Field(
-        None, description="the worker gateway's store connection (the worker_ingress role; a secret): "
+        None, description="the worker gateway's store connection (the gateway role; a secret): "
                           "set, /worker/v1 serves registered workers")
     gateway_pool_size: int = Field(4, ge=1, le=64, description="the gateway's database connections, "
                                                                "whatever the number of workers")
@@ -474,7 +474,11 @@ def format_validation_error(
     for err in exc.errors():
         loc = prefix + tuple(err["loc"])
         key = ".".join(str(p) for p in loc)
-        if err["type"] == "extra_forbidden":
+        renamed = _renamed_key(model, tuple(err["loc"])) if model else None
+        if err["type"] == "extra_forbidden" and renamed:
+            new_key = ".".join(str(p) for p in loc[:-1] + (renamed,))
+            problem = f"this key was renamed; use '{new_key}' instead"
+        elif err["type"] == "extra_forbidden":
             allowed = _allowed_keys(model, tuple(err["loc"])[:-1]) if model else []
             hint = f"; expected one of: {', '.join(allowed)}" if allowed else ""
             problem = f"unknown key{hint}"
@@ -535,6 +539,19 @@ def strict_file_errors(
         if parts:
             return "invalid settings: " + "; ".join(parts) + "."
     return None
+
+
+def _renamed_key(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """The key that replaced the retired key at ``loc``, when its model names one in its
+    ``RENAMED_KEYS`` class attribute (``{old key: new key}``)."""
+    current: Any = model
+    for part in loc[:-1]:
+        fields = getattr(current, "model_fields", None)
+        if not fields or part not in fields:
+            return None
+        current = fields[part].annotation
+    renamed = getattr(current, "RENAMED_KEYS", None)
+    return renamed.get(loc[-1]) if isinstance(renamed, dict) and loc else None
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

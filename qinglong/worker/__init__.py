@@ -4,8 +4,8 @@ worker protocol (:mod:`qinglong.contracts.worker`), runs them with the executor 
 (:mod:`qinglong.supervisor`), ships their logs and reports their outcomes, and fences itself when
 it cannot renew its session.
 
-It has its own settings section (``[worker]``), database role (``worker_ingress``) and deploy
-unit, and imports only :mod:`qinglong.contracts` and :mod:`qinglong.supervisor`: it knows the
+It has its own settings section (``[worker]``), identity (a registered worker id and token) and
+deploy unit, and imports only :mod:`qinglong.contracts` and :mod:`qinglong.supervisor`: it knows the
 two contracts and the executors, never a store, and never the host. The store it talks to is the
 profile backend's worker protocol (hook ``qinglong_worker_protocols``), which the host's
 ``qinglong worker`` command builds and hands in; that command is the one place the host imports

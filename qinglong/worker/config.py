@@ -74,7 +74,7 @@ def worker_config(worker: Any, *, hostname: str | None = None) -> WorkerConfig:
                             "`qinglong worker register` printed (mode 0600)")
     if not url and not dsn.strip():
         raise SettingsError("[worker] url is required: the API tier's address, with [worker] token_file "
-                            "(or, on the direct path, [worker] dsn: the worker_ingress role's connection "
+                            "(or, on the direct path, [worker] dsn: the gateway role's connection "
                             "string, also as QINGLONG_WORKER__DSN)")
     worker_id = worker.worker_id or hostname or socket.gethostname()
     if (not worker_id or len(worker_id) > MAX_WORKER_ID_CHARS

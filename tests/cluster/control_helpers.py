@@ -1,6 +1,6 @@
 """Shared pieces of the control-plane tests: tasks and one-shot Runs published and admitted
 through the real publisher and coordinator, a worker speaking the real protocol (the store's
-functions, as the ``worker_ingress`` role) without the ``qinglong worker`` process, and
+functions, as the gateway role) without the ``qinglong worker`` process, and
 ``qinglong run`` replicas and CLI calls as subprocesses.
 
 Nothing here stands in for a real part: the Runs are admitted by a real round, the worker's calls
@@ -113,14 +113,14 @@ class Lease:
 
 class ProtocolWorker:
     """A worker session driven call by call through the store's worker functions, as the
-    ``worker_ingress`` role: the protocol a ``qinglong worker`` speaks, without its process (so a
+    gateway role: the protocol a ``qinglong worker`` speaks, without its process (so a
     test decides when a session goes silent)."""
 
     #: A test about expiry passes ``lease_ms=LEASE_MS``; every other one keeps its session for
     #: ten minutes, so a slow machine (each CLI call a new interpreter) cannot expire it midway.
     def __init__(self, db: ClusterDb, worker_id: str, *, lease_ms: int = 600_000, capacity: int = 4,
                  labels: tuple[str, ...] = ()) -> None:
-        self.conn = psycopg.connect(db.dsn("qinglong_worker_ingress"), autocommit=True)
+        self.conn = psycopg.connect(db.dsn("qinglong_gateway"), autocommit=True)
         self.worker_id = worker_id
         row = self.conn.execute(
             "SELECT session_id::text, generation FROM qinglong.worker_open_session(%s, %s::text[], %s, %s)",

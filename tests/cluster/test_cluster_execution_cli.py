@@ -1,7 +1,7 @@
 """The operator's commands on the cluster's Runs, from any machine with the runtime role:
 ``runs``, ``runs show``, ``runs cancel`` and ``logs`` as ``qinglong`` subprocesses, reading and
 cancelling what a worker did through the real protocol (the store's functions as
-``worker_ingress``, see ``control_helpers.ProtocolWorker``); log retention by a real
+the gateway role, see ``control_helpers.ProtocolWorker``); log retention by a real
 ``qinglong run``."""
 
 from __future__ import annotations

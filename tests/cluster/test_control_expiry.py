@@ -1,7 +1,7 @@
 """The control plane's expiry in ``qinglong run`` replicas: leases of vanished worker sessions, and
 the double check of timeouts a worker did not enforce.
 
-The worker here is the protocol itself (the store's functions as ``worker_ingress``, see
+The worker here is the protocol itself (the store's functions as the gateway role, see
 ``control_helpers.ProtocolWorker``), so a test decides exactly when a session goes silent; the
 control plane is real ``qinglong run`` processes, two of them where leaderless handling matters.
 """

@@ -39,20 +39,20 @@ def test_fingerprint_does_not_depend_on_role_names(pg_server, fresh_db):
     from tests.support.cluster import ClusterDb
 
     suffix = f"{os.getpid()}_{next(_roles)}"
-    names = {f: f"alt_{f}_{suffix}" for f in ("owner", "admin", "runtime", "worker_ingress")}
+    names = {f: f"alt_{f}_{suffix}" for f in ("owner", "admin", "runtime", "gateway")}
     passwords = {names[f]: ROLE_PASSWORDS[f"qinglong_{f}"] for f in names}
     create_roles(pg_server, passwords)
     dbname = f"ql_alt_{suffix}"
     try:
         create_database(pg_server, dbname, owner=names["owner"],
-                        connect_roles=(names["admin"], names["runtime"], names["worker_ingress"]))
+                        connect_roles=(names["admin"], names["runtime"], names["gateway"]))
         db = ClusterDb(pg_server, dbname)
         settings = db.settings(
             runtime_dsn=pg_server.dsn(names["runtime"], passwords[names["runtime"]], dbname),
             admin_dsn=pg_server.dsn(names["admin"], passwords[names["admin"]], dbname),
             owner_dsn=pg_server.dsn(names["owner"], passwords[names["owner"]], dbname),
             owner_role=names["owner"], admin_role=names["admin"], runtime_role=names["runtime"],
-            worker_ingress_role=names["worker_ingress"])
+            gateway_role=names["gateway"])
 
         async def body():
             backend = db.backend(settings=settings)
@@ -163,13 +163,13 @@ DRIFT = [
      ["catalog drift: unexpected relation name=schedule_skips kind=r owner_role={{owner}} persistence=u"]),
     ("default_privileges_for_the_owner",
      ["ALTER DEFAULT PRIVILEGES FOR ROLE qinglong_owner IN SCHEMA qinglong "
-      "GRANT SELECT ON TABLES TO qinglong_worker_ingress"],
+      "GRANT SELECT ON TABLES TO qinglong_gateway"],
      ["catalog drift: unexpected default-acl for_role={{owner}} schema=qinglong object_type=r "
-      "grantee_role={{worker_ingress}} privilege=SELECT"]),
+      "grantee_role={{gateway}} privilege=SELECT"]),
     ("grant_to_our_role_outside_our_schema",
-     ["CREATE TABLE public.loot (x int)", "GRANT SELECT ON public.loot TO qinglong_worker_ingress"],
+     ["CREATE TABLE public.loot (x int)", "GRANT SELECT ON public.loot TO qinglong_gateway"],
      ["catalog drift: unexpected depends-on-role dependency=a object=table public.loot "
-      "on_role={{worker_ingress}}"]),
+      "on_role={{gateway}}"]),
 ]
 
 

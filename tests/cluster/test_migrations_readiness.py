@@ -111,10 +111,10 @@ def test_readiness_fails_on_a_grant_added_by_hand(cluster):
 def test_readiness_fails_on_a_revoked_grant_column_grant_or_public_grant(cluster):
     """Missing privileges, column grants and PUBLIC grants are all drift, not just extra table grants."""
     cluster.sql("REVOKE INSERT ON qinglong.run_events FROM qinglong_runtime")
-    cluster.sql("GRANT SELECT (trigger_id) ON qinglong.trigger_schedules TO qinglong_worker_ingress")
+    cluster.sql("GRANT SELECT (trigger_id) ON qinglong.trigger_schedules TO qinglong_gateway")
     cluster.sql("GRANT SELECT ON qinglong.runs TO PUBLIC")
     _not_ready(cluster, "missing privilege: INSERT on table run_events for qinglong_runtime",
-               "on column trigger_schedules.trigger_id for qinglong_worker_ingress",
+               "on column trigger_schedules.trigger_id for qinglong_gateway",
                "SELECT on table runs for PUBLIC")
 
 
@@ -224,7 +224,7 @@ def test_start_steps_ride_out_connections_the_server_terminated(cluster):
     ("ALTER ROLE qinglong_runtime IN DATABASE {db} SET session_replication_role = replica",
      "role qinglong_runtime in database {db} sets session_replication_role=replica"),
     ("ALTER DATABASE {db} SET synchronous_commit = off", "database {db} sets synchronous_commit=off"),
-    ("ALTER ROLE qinglong_worker_ingress IN DATABASE {db} SET default_transaction_read_only = on",
+    ("ALTER ROLE qinglong_gateway IN DATABASE {db} SET default_transaction_read_only = on",
      "sets default_transaction_read_only=on"),
 ])
 def test_readiness_fails_on_a_role_or_database_setting_we_do_not_ship(cluster, statement, fragment):

@@ -8,7 +8,7 @@ import pytest
 from tests.support.cluster import seed
 
 OWNER, ADMIN, RUNTIME, INGRESS = ("qinglong_owner", "qinglong_admin", "qinglong_runtime",
-                                  "qinglong_worker_ingress")
+                                  "qinglong_gateway")
 
 SCHEDULE_UPDATE = "UPDATE qinglong.trigger_schedules SET updated_at_ms = updated_at_ms"
 SCHEDULE_INSERT = ("INSERT INTO qinglong.trigger_schedules (trigger_id, project_id, trigger_revision, "
@@ -106,7 +106,7 @@ def test_admin_publishes_and_resets_schedules_but_cannot_touch_runs(cluster):
         assert not _try(cluster, ADMIN, statement), statement
 
 
-def test_worker_ingress_has_no_privilege_on_scheduler_state(cluster):
+def test_gateway_role_has_no_privilege_on_scheduler_state(cluster):
     """A worker-facing credential that could read or move schedules could forge occurrences."""
     seed(cluster, 1)
     tables = ["schema_migrations", "projects", "tasks", "task_revisions", "execution_revisions",

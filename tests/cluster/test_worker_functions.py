@@ -1,6 +1,6 @@
 """The worker protocol's functions in PostgreSQL, called as the roles that call them for real.
 
-No worker process: each test logs in as ``worker_ingress`` (and as the runtime for the control
+No worker process: each test logs in as the gateway role (and as the runtime for the control
 plane's functions) and calls the functions the way ``qinglong worker`` and the replicas do. Runs
 are published through the real publisher and admitted by writing exactly the rows admission
 writes (a queued Run, its claimed Attempt and the two admission events). Where a test needs a
@@ -32,7 +32,7 @@ from qinglong.contracts.execution import (
 from tests.support.cluster import arun, expire
 from tests.support.aio import closing
 
-INGRESS, RUNTIME = "qinglong_worker_ingress", "qinglong_runtime"
+INGRESS, RUNTIME = "qinglong_gateway", "qinglong_runtime"
 _keys = itertools.count(1)
 
 
@@ -116,7 +116,7 @@ class Claimed:
 
 
 class Worker:
-    """One worker's calls, as the worker_ingress role, each its own autocommit transaction."""
+    """One worker's calls, as the gateway role, each its own autocommit transaction."""
 
     def __init__(self, db, worker_id: str, labels=(), capacity: int = 16, lease_ms: int = 30_000,
                  role: str = INGRESS) -> None:

@@ -1,4 +1,4 @@
-"""worker_ingress can execute the worker functions and nothing else; readiness names every
+"""The gateway role can execute the worker functions and nothing else; readiness names every
 difference of a function from what the migrations define."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _calls(db, names) -> dict[str, str]:
     return {name: f"SELECT qinglong.{name}({args})" for name, args in rows}
 
 
-def test_worker_ingress_executes_each_worker_function(cluster):
+def test_gateway_role_executes_each_worker_function(cluster):
     """If one of the seven calls were not executable by the worker's role, workers could not
     run, report or hand back their Runs."""
     publish(cluster, "t", CMD)
@@ -52,7 +52,7 @@ def test_worker_ingress_executes_each_worker_function(cluster):
     assert cluster.sql("SELECT state FROM qinglong.attempts WHERE attempt_id = %s", (b.attempt_id,)) == [("claimed",)]
 
 
-def test_worker_ingress_can_do_nothing_but_execute_the_worker_functions(cluster):
+def test_gateway_role_can_do_nothing_but_execute_the_worker_functions(cluster):
     """A stolen worker credential must not read tasks (their env may hold secrets), forge Runs or
     outcomes, call the control plane's functions or the helpers behind the fences, create objects
     or even temporary tables (where a planted operator could hide)."""
@@ -80,7 +80,7 @@ def test_worker_ingress_can_do_nothing_but_execute_the_worker_functions(cluster)
         assert _denied(cluster, INGRESS, statement) == "42501", statement
 
 
-def test_only_worker_ingress_executes_worker_functions_and_only_runtime_the_control_plane(cluster):
+def test_only_gateway_role_executes_worker_functions_and_only_runtime_the_control_plane(cluster):
     """The runtime (a replica) must not be able to act as a worker (claim, complete), nor admin
     as either: each credential reaches only its own side of the protocol."""
     worker_calls = _calls(cluster, WORKER_FUNCTIONS)
@@ -139,10 +139,10 @@ DRIFTS = {
     "execute granted to public": (lambda db: db.sql(f"GRANT EXECUTE ON FUNCTION {EXPIRE} TO PUBLIC",
                                                     role="qinglong_owner"),
                                   ["unexpected privilege: EXECUTE on function expire_attempt for PUBLIC"]),
-    "helper granted to a worker": (lambda db: db.sql(f"GRANT EXECUTE ON FUNCTION {FINISH} TO qinglong_worker_ingress",
+    "helper granted to a worker": (lambda db: db.sql(f"GRANT EXECUTE ON FUNCTION {FINISH} TO qinglong_gateway",
                                                      role="qinglong_owner"),
                                    ["unexpected privilege: EXECUTE on function _finish_attempt for "
-                                    "qinglong_worker_ingress"]),
+                                    "qinglong_gateway"]),
     "owner changed": (lambda db: db.sql(f"ALTER FUNCTION {CLAIM} OWNER TO qinglong_admin"),
                       ["function qinglong.worker_claim is owned by qinglong_admin, expected qinglong_owner"]),
     "function added": (lambda db: db.sql("CREATE FUNCTION qinglong.worker_extra() RETURNS int "

@@ -1,6 +1,6 @@
 """Ending Attempts on every backend, the way each really ends them: on SQLite the local
 dispatcher's calls on the execution store, on PostgreSQL a worker's calls through the worker
-protocol (the ``worker_ingress`` role). So the store figures about ends are checked on what each
+protocol (the gateway role). So the store figures about ends are checked on what each
 store really writes."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ async def end_current(h, run_id: str, result: AttemptOutcome) -> None:
         return
     from qinglong.plugins.cluster_postgres.worker_client import connect_worker_protocol
 
-    protocol = await connect_worker_protocol(h.dsn("qinglong_worker_ingress"), "conformance worker")
+    protocol = await connect_worker_protocol(h.dsn("qinglong_gateway"), "conformance worker")
     try:
         session = await protocol.open_session(f"w-{run_id[:8]}", [], 256, 600_000)
         # claims come in dispatch order: a test ends its Runs oldest first

@@ -756,7 +756,7 @@ async def skip_by_forbid(h, first, later) -> str:
     import psycopg
 
     def claim() -> list:
-        with psycopg.connect(h.dsn("qinglong_worker_ingress"), autocommit=True) as conn:
+        with psycopg.connect(h.dsn("qinglong_gateway"), autocommit=True) as conn:
             session, generation, _, _ = conn.execute(
                 "SELECT * FROM qinglong.worker_open_session('w1', '{}'::text[], 64, 30000)").fetchone()
             return [r for (r,) in conn.execute(
@@ -874,7 +874,7 @@ class Worker:
             from qinglong.plugins.cluster_postgres import qinglong_worker_protocols
 
             (spec,) = qinglong_worker_protocols()
-            self.protocol = await spec.create(self.h.dsn("qinglong_worker_ingress"), "conformance")
+            self.protocol = await spec.create(self.h.dsn("qinglong_gateway"), "conformance")
             self.fence = (await self.protocol.open_session("conformance", [], 4, 30_000)).fence
         return self.protocol
 

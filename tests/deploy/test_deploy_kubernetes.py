@@ -53,7 +53,7 @@ WORKLOADS = {("Deployment", "qinglong"): "scheduler", ("Deployment", "qinglong-w
 SECRET_FILES = {"runtime_dsn": "host=postgres dbname=qinglong user=qinglong_runtime password=rt-secret",
                 "owner_dsn": "host=postgres dbname=qinglong user=qinglong_owner password=ow-secret",
                 "http_token": TOKEN,
-                "worker_dsn": "host=postgres dbname=qinglong user=qinglong_worker_ingress password=wk-secret",
+                "worker_dsn": "host=postgres dbname=qinglong user=qinglong_gateway password=wk-secret",
                 "admin_dsn": "host=postgres dbname=qinglong user=qinglong_admin password=ad-secret",
                 "api_tls.crt": "-----BEGIN CERTIFICATE-----\nstand-in\n-----END CERTIFICATE-----\n",
                 "api_tls.key": "-----BEGIN PRIVATE KEY-----\nstand-in\n-----END PRIVATE KEY-----\n",
@@ -510,7 +510,7 @@ def replica(postgres, tmp_path_factory):
         user = f"qinglong_{key.removesuffix('_dsn')}"
         secrets[("qinglong-dsn", key)] = postgres.dsn(user, ROLE_PASSWORDS[user], "qinglong")
     secrets[("qinglong-worker", "dsn")] = postgres.dsn(
-        "qinglong_worker_ingress", ROLE_PASSWORDS["qinglong_worker_ingress"], "qinglong")
+        "qinglong_gateway", ROLE_PASSWORDS["qinglong_gateway"], "qinglong")
     for name in ("qinglong.toml", "worker.toml"):
         (tmp_path / name).write_text(_settings_text(name))
     port = free_port()
@@ -688,7 +688,7 @@ def test_a_worker_started_as_its_container_runs_the_runs_the_replica_admits(repl
             worker.wait()
         cli("trigger", "disable", "k8s", "every-second")
     logged = stderr.read_text()
-    assert ROLE_PASSWORDS["qinglong_worker_ingress"] not in logged
+    assert ROLE_PASSWORDS["qinglong_gateway"] not in logged
 
 
 def test_an_api_pod_started_as_its_container_serves_https_probes_and_holds_the_admin_dsn(replica):

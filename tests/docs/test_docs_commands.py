@@ -261,7 +261,7 @@ def test_every_command_of_the_cluster_page_runs_against_postgresql(page, tmp_pat
             'profile = "cluster"\n[http]\nlisten = "127.0.0.1:0"\n[backend]\n'
             f'runtime_dsn = "{dsn("qinglong_runtime")}"\nadmin_dsn = "{dsn("qinglong_admin")}"\n'
             f'owner_dsn = "{dsn("qinglong_owner")}"\n'
-            f'[worker]\ndsn = "{dsn("qinglong_worker_ingress")}"\nworker_id = "docs-worker"\n')
+            f'[worker]\ndsn = "{dsn("qinglong_gateway")}"\nworker_id = "docs-worker"\n')
         problems = run_page(shell_commands(REPO / "docs" / page), Sandbox(tmp_path, settings))
     finally:
         server.destroy()

@@ -215,12 +215,12 @@ def test_tokens_open_only_their_own_side_of_the_api(plane):
 
 
 def test_a_worker_holds_no_database_credential_and_cannot_exhaust_connections(plane, tmp_path):
-    """Before, every worker held the shared worker_ingress login: it could ALTER ROLE it (lock every
+    """Before, every worker held the shared worker login: it could ALTER ROLE it (lock every
     worker out), set role defaults, or open 197 of 200 connections. A worker now holds only its
     token, which PostgreSQL does not accept, and any number of waiting claims share the gateway's
     bounded pool."""
     server = plane.db.server
-    for user in ("qinglong_worker_ingress", "alice"):
+    for user in ("qinglong_gateway", "alice"):
         with pytest.raises(psycopg.OperationalError):
             psycopg.connect(server.dsn(user, plane.token_a, plane.db.dbname), connect_timeout=5).close()
     sessions = [plane.open(WorkerHttp(plane.api.port, plane.token_a))]
@@ -234,7 +234,7 @@ def test_a_worker_holds_no_database_credential_and_cannot_exhaust_connections(pl
             client.close()
 
     def gateway_connections() -> int:
-        return plane.db.sql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'qinglong_worker_ingress' "
+        return plane.db.sql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'qinglong_gateway' "
                             "AND datname = current_database()")[0][0]
 
     with concurrent.futures.ThreadPoolExecutor(40) as pool:

@@ -12,7 +12,7 @@ from tests.worker.helpers import admit, attempts, py_job, publish_task, stored_l
 
 
 def test_a_registered_worker_runs_a_run_through_the_gateway_without_a_database_credential(cluster, tmp_path):
-    """Without the gateway a worker host would need the database's worker_ingress password (which any
+    """Without the gateway a worker host would need a database password (which any
     job could read and use to impersonate every worker); through it the Run still runs once, its
     exit code and every log byte are stored, and the worker's settings name no DSN."""
     settings = plane_settings(cluster, tmp_path)

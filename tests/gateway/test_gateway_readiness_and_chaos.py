@@ -29,7 +29,7 @@ def test_readiness_fails_while_the_gateways_role_has_no_connection_limit(cluster
     holding its password) take every connection of the server, and nobody would be told."""
     settings = plane_settings(cluster, tmp_path)
     api = ApiGateway(settings, tmp_path / "api.stderr")
-    role = "qinglong_worker_ingress"
+    role = "qinglong_gateway"
     try:
         wait_until(lambda: readyz(api.port) == 200, "the API ready")
         cluster.sql(f"ALTER ROLE {role} CONNECTION LIMIT -1")

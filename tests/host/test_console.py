@@ -639,7 +639,7 @@ def test_the_workers_view_shows_cluster_sessions_labels_and_free_slots(tmp_path,
         cli(settings, "task", "put", "ops", "gpu-job", "--label", "gpu", "--", "true")
         cli(settings, "trigger", "add", "ops", "every-second", "--task", "gpu-job", "--cron", "* * * * * *")
         reader = make_token(settings, "reader", "read")
-        worker = psycopg.connect(server.dsn("qinglong_worker_ingress", pg.ROLE_PASSWORDS["qinglong_worker_ingress"],
+        worker = psycopg.connect(server.dsn("qinglong_gateway", pg.ROLE_PASSWORDS["qinglong_gateway"],
                                             name), autocommit=True)
         plane = ApiProcessPlane(settings)
         try:

@@ -114,8 +114,8 @@ def test_workers_appear_in_status_the_page_and_the_metrics_and_stranded_runs_are
         assert "workers" in screen.stdout and "0 live" in screen.stdout, screen.stdout
         assert "no live worker able to take them" in plane.get("/")[1]
 
-        worker = psycopg.connect(database.dsn("qinglong_worker_ingress",
-                                              pg.ROLE_PASSWORDS["qinglong_worker_ingress"], name),
+        worker = psycopg.connect(database.dsn("qinglong_gateway",
+                                              pg.ROLE_PASSWORDS["qinglong_gateway"], name),
                                  autocommit=True)
         try:
             session, generation = worker.execute(

@@ -38,11 +38,11 @@ def wait_until(condition, what: str, timeout_s: float = PATIENCE_S, interval_s: 
     return proc_helpers.wait_until(condition, what, timeout=max(timeout_s, PATIENCE_S), interval=interval_s)
 
 def worker_dsn(db: ClusterDb, host: str | None = None, port: int | None = None) -> str:
-    """The worker_ingress role's DSN on ``db`` (through ``host:port``, a proxy, when given)."""
-    password = ROLE_PASSWORDS["qinglong_worker_ingress"]
+    """The gateway role's DSN on ``db`` (through ``host:port``, a proxy, when given)."""
+    password = ROLE_PASSWORDS["qinglong_gateway"]
     if host is None:
-        return db.dsn("qinglong_worker_ingress")
-    return (f"host={host} port={port} user=qinglong_worker_ingress password={password} "
+        return db.dsn("qinglong_gateway")
+    return (f"host={host} port={port} user=qinglong_gateway password={password} "
             f"dbname={db.dbname} connect_timeout=2")
 
 

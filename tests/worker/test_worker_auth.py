@@ -23,14 +23,14 @@ def test_a_worker_with_a_wrong_password_exits_5_at_start_naming_the_login(cluste
     nothing and looking healthy to its supervisor (and exit 0 at the next stop); the operator
     would never learn what is wrong. It exits at once with 5, one paragraph naming the user and
     the database, never the password."""
-    dsn = cluster.dsn("qinglong_worker_ingress").replace(ROLE_PASSWORDS["qinglong_worker_ingress"], WRONG)
+    dsn = cluster.dsn("qinglong_gateway").replace(ROLE_PASSWORDS["qinglong_gateway"], WRONG)
     assert WRONG in dsn
     settings = write_worker_settings(tmp_path / "w.toml", dsn, worker_id="w-auth", log_dir=tmp_path / "logs")
     worker = WorkerProcess(settings, tmp_path / "w.stderr")
     try:
         assert worker.wait() == 5, worker.text()
         text = worker.text()
-        assert "refused the worker's login" in text and "qinglong_worker_ingress" in text, text
+        assert "refused the worker's login" in text and "qinglong_gateway" in text, text
         assert WRONG not in text
         assert not worker.events("worker.store_unavailable"), text
     finally:
@@ -43,7 +43,7 @@ def test_a_login_refused_after_the_start_is_an_error_tried_again_with_a_growing_
     if the worker tried again every half second, it would hammer the server and its log. It is
     reported as an error, with pauses growing between tries (fewer reports than tries at a fixed
     pace), and the worker goes on once the password is right again."""
-    role = "qinglong_worker_ingress"
+    role = "qinglong_gateway"
     worker = start_worker(cluster, tmp_path, "w-reauth")
     try:
         worker.wait_event("worker.session_opened")

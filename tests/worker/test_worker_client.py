@@ -28,7 +28,7 @@ from devtools.fault_proxy import BOTH, FaultProxy
 from tests.support.pg import ROLE_PASSWORDS
 from tests.worker.helpers import admit, publish_task, py_job, stored_log, worker_dsn
 
-PASSWORD = ROLE_PASSWORDS["qinglong_worker_ingress"]
+PASSWORD = ROLE_PASSWORDS["qinglong_gateway"]
 
 
 def test_every_call_maps_its_refusal_and_repeats_idempotently(cluster, tmp_path):
@@ -47,7 +47,7 @@ def test_every_call_maps_its_refusal_and_repeats_idempotently(cluster, tmp_path)
             session = await protocol.open_session("w-client", ["b", "a"], 2, 5000)
             assert session.fence.generation == 1 and session.labels == ("b", "a")
             names = cluster.sql("SELECT application_name FROM pg_stat_activity WHERE usename = "
-                                "'qinglong_worker_ingress'")
+                                "'qinglong_gateway'")
             assert ("qinglong worker w-client",) in names
             tokens = [new_lease_token(), new_lease_token()]
             (claimed,) = await protocol.claim(session.fence, tokens)

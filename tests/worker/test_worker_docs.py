@@ -45,9 +45,9 @@ def test_the_documented_timing_is_what_the_worker_computes():
 
 def test_worker_settings_come_from_the_environment_as_documented(monkeypatch):
     """The Kubernetes snippet sets the DSN and the worker id through the environment."""
-    monkeypatch.setenv("QINGLONG_WORKER__DSN", "host=db user=qinglong_worker_ingress")
+    monkeypatch.setenv("QINGLONG_WORKER__DSN", "host=db user=qinglong_gateway")
     monkeypatch.setenv("QINGLONG_WORKER__WORKER_ID", "pod-1")
     monkeypatch.setenv("QINGLONG_WORKER__MAX_RUNNING", "8")
     worker = load_settings(profile="cluster").settings.worker
     assert (worker.dsn.get_secret_value(), worker.worker_id, worker.max_running) == (
-        "host=db user=qinglong_worker_ingress", "pod-1", 8)
+        "host=db user=qinglong_gateway", "pod-1", 8)

@@ -354,8 +354,8 @@ class Cluster:
         return proc
 
     def ingress_dsn(self, host: str, port: int, connect_timeout: int = 3) -> str:
-        return (f"host={host} port={port} user=qinglong_worker_ingress "
-                f"password={ROLE_PASSWORDS['qinglong_worker_ingress']} dbname={self.db.dbname} "
+        return (f"host={host} port={port} user=qinglong_gateway "
+                f"password={ROLE_PASSWORDS['qinglong_gateway']} dbname={self.db.dbname} "
                 f"connect_timeout={connect_timeout}")
 
     def add_worker(self, name: str, *, worker_id: str | None = None, proxy: bool = True,
@@ -369,7 +369,7 @@ class Cluster:
                 fault = self.proxy(f"proxy-{name}")
                 dsn = self.ingress_dsn(fault.host, fault.port)
             else:
-                dsn = self.db.dsn("qinglong_worker_ingress")
+                dsn = self.db.dsn("qinglong_gateway")
         log_dir = self.tmp / f"{name}-logs"
         log_dir.mkdir(exist_ok=True)
         path = write_worker_settings(self.tmp / f"{name}.toml", dsn, worker_id=worker_id or name,

@@ -152,7 +152,7 @@ def test_through_the_client_a_replaced_sessions_completion_is_refused_and_an_acc
     c.start_replica("replica-1")  # admits, and expires the lapsed lease
     c.admit("api")
     (run_id,) = c.wait_runs(1)
-    dsn = c.db.dsn("qinglong_worker_ingress")
+    dsn = c.db.dsn("qinglong_gateway")
 
     async def body():
         one = await _protocol(dsn, "test session 1")
@@ -282,7 +282,7 @@ def test_a_late_completion_proven_by_the_token_is_recorded_while_no_other_attemp
     c.start_replica("replica-1")  # admits, and expires the lapsed lease
     c.admit("late", 2)
     run_ids = c.wait_runs(2)
-    dsn = c.db.dsn("qinglong_worker_ingress")
+    dsn = c.db.dsn("qinglong_gateway")
 
     async def body():
         proto = await _protocol(dsn, "late worker")

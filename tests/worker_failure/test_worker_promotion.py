@@ -42,7 +42,7 @@ LEASE = dict(session_lease_ms=20_000, heartbeat_ms=1000, self_fence_margin_ms=20
 def _quiet(db: ClusterDb) -> bool:
     """No statement of ours in flight on the server: what it committed is in its WAL now."""
     return db.sql("SELECT count(*) FROM pg_stat_activity WHERE usename IN "
-                  "('qinglong_runtime', 'qinglong_worker_ingress') "
+                  "('qinglong_runtime', 'qinglong_gateway') "
                   "AND state NOT IN ('idle')")[0][0] == 0
 
 

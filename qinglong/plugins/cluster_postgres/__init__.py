@@ -50,7 +50,7 @@ def qinglong_scheduler_backends():
 
 
 async def create_worker_protocol(dsn: str, application_name: str):
-    """Connect a worker to the store as the ``worker_ingress`` role (``worker_client``)."""
+    """Connect a worker to the store as the gateway role (``worker_client``)."""
     from .worker_client import connect_worker_protocol
 
     return await connect_worker_protocol(dsn, application_name)
@@ -73,7 +73,7 @@ def qinglong_worker_protocols():
             name=BACKEND_NAME,
             create=create_worker_protocol,
             create_gateway=create_worker_gateway,
-            description="PostgreSQL functions executed as the worker_ingress role (no table privilege)",
+            description="PostgreSQL functions executed as the gateway role (no table privilege)",
         )
     ]
 

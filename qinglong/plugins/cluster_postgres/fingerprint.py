@@ -7,7 +7,8 @@ fresh server with every migration applied. Any difference fails closed and is na
 
 * the database: its owner and ACL (a CREATE or TEMPORARY for anyone, a CONNECT for PUBLIC);
 * our four roles: their attributes, and role memberships both ways (our role a member of another,
-  another role a member of ours);
+  another role a member of ours); the gateway's role is written ``login=any`` (the bootstrap
+  creates it NOLOGIN, an operator gives it LOGIN where a gateway runs: both are right);
 * our schema: owner and ACL; every relation (kind, owner, persistence, row-level security flags)
   and its ACL; every column (position, type, NOT NULL, default, identity, generated, collation)
   and its ACL; constraints (with UNIQUE on ``runs.idempotency_key``), indexes (definition,
@@ -23,7 +24,7 @@ fresh server with every migration applied. Any difference fails closed and is na
   and each ACL that mentions them, wherever it is.
 
 Every grant is listed with its grant option and grantor. Role names are written as
-``{{owner}}``, ``{{admin}}``, ``{{runtime}}``, ``{{worker_ingress}}`` so the fingerprint does not
+``{{owner}}``, ``{{admin}}``, ``{{runtime}}``, ``{{gateway}}`` so the fingerprint does not
 depend on the configured names; other roles appear by name (they are drift). Facts that differ
 between PostgreSQL 15 and 18 without meaning anything (18 records NOT NULL as constraints, 17
 added the MAINTAIN privilege, which only the owner holds) are left out or normalised: the same
@@ -47,7 +48,7 @@ from typing import Iterable, Mapping, Sequence
 from .migrations import SCHEMA
 
 #: The role functions, as they appear in the fingerprint.
-ROLE_FUNCTIONS = ("owner", "admin", "runtime", "worker_ingress")
+ROLE_FUNCTIONS = ("owner", "admin", "runtime", "gateway")
 
 # The queries run on a session whose search_path is pinned to pg_catalog (db.py), and every
 # comparison in them is between exactly matching types, so no operator is resolved outside
@@ -277,8 +278,17 @@ def _value(name: str, value, placeholders: Mapping[str, str]) -> str:
     return " ".join(str(value).split())  # one line: definitions may span lines
 
 
+#: ``{role function: column}`` of a role's attribute that may be either value.
+_EITHER = {"gateway": "login"}
+
+
 def _line(section: str, columns: Sequence[str], row: Sequence, placeholders: Mapping[str, str]) -> str:
-    return section + " " + " ".join(f"{c}={_value(c, v, placeholders)}" for c, v in zip(columns, row))
+    values = [_value(c, v, placeholders) for c, v in zip(columns, row)]
+    if section == "role":
+        either = _EITHER.get(values[columns.index("name_role")].strip("{}"))
+        if either in columns:
+            values[columns.index(either)] = "any"
+    return section + " " + " ".join(f"{c}={v}" for c, v in zip(columns, values))
 
 
 async def collect(conn, roles: Mapping[str, str]) -> list[str]:

@@ -1,5 +1,5 @@
 """The worker gateway's side of the store: the worker protocol on a small bounded pool of
-connections as the gateway's role (``worker_ingress``: EXECUTE on the worker functions and
+connections as the gateway's role (``gateway_role``: EXECUTE on the worker functions and
 ``worker_identity``, no table privilege), shared by every worker the API tier serves, plus one
 listener connection waiting on channel ``qinglong_claimable`` to wake waiting claims.
 

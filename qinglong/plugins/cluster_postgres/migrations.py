@@ -2,8 +2,10 @@
 
 Files are ``migrations/NNNN_<name>.sql``. The first line of each is ``-- capability: N``: the schema
 capability the code can rely on once this migration is applied. Files may name the four roles as
-``{{owner}}``, ``{{admin}}``, ``{{runtime}}`` and ``{{worker_ingress}}``; they are replaced by the
-configured, quoted role names when applied. The checksum is the sha256 of the file as shipped
+``{{owner}}``, ``{{admin}}``, ``{{runtime}}`` and ``{{gateway}}``; they are replaced by the
+configured, quoted role names when applied. Files shipped before the gateway had its own role name
+it ``{{worker_ingress}}``: that legacy placeholder renders as the gateway role, so a fresh install
+grants straight to it. The checksum is the sha256 of the file as shipped
 (placeholders unreplaced), so it does not depend on the role names.
 
 Applying runs as the owner role, all pending migrations in ONE transaction, after locking the
@@ -29,7 +31,9 @@ from qinglong.contracts.records import MigrationState
 SCHEMA = "qinglong"
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _CAPABILITY = re.compile(r"^--\s*capability:\s*(\d+)\s*$")
-_PLACEHOLDER = re.compile(r"\{\{(owner|admin|runtime|worker_ingress)\}\}")
+_PLACEHOLDER = re.compile(r"\{\{(owner|admin|runtime|gateway|worker_ingress)\}\}")
+#: Placeholders of shipped (immutable) files that now name another role function.
+_LEGACY_PLACEHOLDERS = {"worker_ingress": "gateway"}
 
 BOOTSTRAP_SQL = f"""
 CREATE SCHEMA IF NOT EXISTS {SCHEMA};
@@ -56,7 +60,7 @@ class Migration:
 
     def render(self, role_identifiers: Mapping[str, str]) -> str:
         """The SQL with role placeholders replaced by already-quoted identifiers."""
-        return _PLACEHOLDER.sub(lambda m: role_identifiers[m[1]], self.text)
+        return _PLACEHOLDER.sub(lambda m: role_identifiers[_LEGACY_PLACEHOLDERS.get(m[1], m[1])], self.text)
 
 
 @record
@@ -147,7 +151,7 @@ async def status(conn) -> list[MigrationState]:
 async def apply_pending(conn, roles: Mapping[str, str]) -> list[MigrationState]:
     """Apply every pending migration in one transaction, as the connected (owner) role.
 
-    ``roles`` maps ``owner``/``admin``/``runtime``/``worker_ingress`` to role names. Raises
+    ``roles`` maps ``owner``/``admin``/``runtime``/``gateway`` to role names. Raises
     :class:`SchemaNotReady` when the recorded stream is drifted or contains unknown migrations:
     nothing is applied on top of a schema this code does not know.
     """

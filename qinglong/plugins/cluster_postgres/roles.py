@@ -5,8 +5,9 @@
 * ``runtime`` claims and advances schedules (SELECT, and UPDATE of the cursor and claim columns
   only: never the trigger, project or revision a schedule belongs to, never INSERT or DELETE),
   inserts Runs, Attempts, Events and skip records, and records its own rounds;
-* ``worker_ingress`` may use the schema and execute the worker functions
-  (``worker_open_session`` ... ``worker_close_session``): no privilege on any table at all;
+* ``gateway`` (the worker gateway's role) may use the schema and execute the worker functions
+  (``worker_open_session`` ... ``worker_close_session``) and the gateway's token lookup
+  (``worker_identity``): no privilege on any table at all;
 * the runtime also executes the control-plane functions (``expire_attempt``, ``request_cancel``,
   ``prune_attempt_logs``) and reads worker sessions and shipped logs; it changes Runs and
   Attempts after admission only through those functions.
@@ -35,7 +36,9 @@ whole catalog fingerprint (``fingerprint.py``), which catches every structural d
 
 Creating the roles is a superuser's job (outside the migration stream, because roles are
 cluster-wide); :func:`bootstrap_statements` says what to run, and docs/cluster.md shows exactly
-that (a test holds the two equal).
+that (a test holds the two equal). The gateway's role is created NOLOGIN, without a password: an
+operator gives it LOGIN (:func:`gateway_login_statement`) only where a gateway runs, restricted to
+the gateway hosts in ``pg_hba.conf``; the fingerprint accepts that one attribute either way.
 """
 
 from __future__ import annotations
@@ -86,17 +89,17 @@ EXPECTED_GRANTS: dict[str, dict[str, frozenset[str]]] = {
         "operator_episodes": frozenset({"SELECT", "DELETE"}),
         "run_event_payloads": frozenset({"SELECT", "INSERT"}),
     },
-    "worker_ingress": {},
+    "gateway": {},
 }
 
-#: The worker protocol's functions (EXECUTE for worker_ingress alone).
+#: The worker protocol's functions (EXECUTE for the gateway role alone).
 WORKER_FUNCTIONS = ("worker_open_session", "worker_heartbeat", "worker_claim", "worker_started",
                     "worker_append_log", "worker_complete", "worker_complete_late",
                     "worker_close_session")
-#: The worker_ingress (gateway) role's CONNECTION LIMIT in the bootstrap: the gateway processes'
+#: The gateway role's CONNECTION LIMIT in the bootstrap: the gateway processes'
 #: pools and listeners, with room; a role without a limit fails the gateway's readiness.
 GATEWAY_CONNECTION_LIMIT = 64
-#: The gateway's lookup of a worker token (EXECUTE for worker_ingress, the gateway's role).
+#: The gateway's lookup of a worker token (EXECUTE for the gateway role).
 GATEWAY_FUNCTIONS = ("worker_identity",)
 #: Registration functions (EXECUTE for the admin role).
 ADMIN_FUNCTIONS = ("worker_revoke",)
@@ -113,7 +116,7 @@ INTERNAL_FUNCTIONS = ("_now_ms", "_event", "_utc", "_cancel_words", "_run_spec",
 
 #: ``{function name: role function allowed to EXECUTE it, or None (owner only)}``.
 EXPECTED_FUNCTIONS: dict[str, str | None] = {
-    **{name: "worker_ingress" for name in WORKER_FUNCTIONS + GATEWAY_FUNCTIONS},
+    **{name: "gateway" for name in WORKER_FUNCTIONS + GATEWAY_FUNCTIONS},
     **{name: "admin" for name in ADMIN_FUNCTIONS},
     **{name: "runtime" for name in CONTROL_FUNCTIONS},
     **{name: None for name in INTERNAL_FUNCTIONS},
@@ -141,7 +144,7 @@ EXPECTED_COLUMN_GRANTS: dict[str, dict[str, dict[str, frozenset[str]]]] = {
 }
 
 #: Roles (by function) with USAGE on the schema.
-EXPECTED_SCHEMA_USAGE = frozenset({"admin", "runtime", "worker_ingress"})
+EXPECTED_SCHEMA_USAGE = frozenset({"admin", "runtime", "gateway"})
 
 #: Every relation (table, view, sequence, ...) the migrations create in the schema.
 EXPECTED_TABLES = frozenset({
@@ -464,27 +467,42 @@ async def privilege_problems(conn, roles: Mapping[str, str]) -> list[str]:
     return problems
 
 
-def bootstrap_statements(roles: Mapping[str, str], database: str) -> list[str]:
-    """What a superuser runs once to create the roles and the database (passwords elided)."""
+def _ident(name: str) -> str:
     from psycopg import sql  # only the CLI helper needs quoting
 
-    def ident(name: str) -> str:
-        return sql.Identifier(name).as_string(None)
+    return sql.Identifier(name).as_string(None)
 
+
+def bootstrap_statements(roles: Mapping[str, str], database: str) -> list[str]:
+    """What a superuser runs once to create the roles and the database (passwords elided). The
+    gateway's role is NOLOGIN, bounded and without a password (see :func:`gateway_login_statement`)."""
+    ident = _ident
     lines = []
     for function, name in roles.items():
-        # the gateway's role: its connections are bounded whatever calls it (readiness checks it)
-        limit = f" CONNECTION LIMIT {GATEWAY_CONNECTION_LIMIT}" if function == "worker_ingress" else ""
+        if function == "gateway":
+            # its connections are bounded whatever calls it (readiness checks it); it logs in only
+            # where an operator allows it
+            lines.append(
+                f"CREATE ROLE {ident(name)} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
+                f"NOREPLICATION NOBYPASSRLS CONNECTION LIMIT {GATEWAY_CONNECTION_LIMIT};  -- {function}"
+            )
+            continue
         lines.append(
             f"CREATE ROLE {ident(name)} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
-            f"NOREPLICATION NOBYPASSRLS{limit} PASSWORD '...';  -- {function}"
+            f"NOREPLICATION NOBYPASSRLS PASSWORD '...';  -- {function}"
         )
     lines.append(f"CREATE DATABASE {ident(database)} OWNER {ident(roles['owner'])};")
     lines.append(f"REVOKE ALL ON DATABASE {ident(database)} FROM PUBLIC;")
-    others = ", ".join(ident(roles[f]) for f in ("admin", "runtime", "worker_ingress"))
+    others = ", ".join(ident(roles[f]) for f in ("admin", "runtime", "gateway"))
     lines.append(f"GRANT CONNECT ON DATABASE {ident(database)} TO {others};")
     # readiness refuses a database whose public schema others can create in (the default before
     # PostgreSQL 15, kept by pg_upgrade and restores)
     lines.append(f"\\connect {ident(database)}")
     lines.append("REVOKE CREATE ON SCHEMA public FROM PUBLIC;")
     return lines
+
+
+def gateway_login_statement(roles: Mapping[str, str]) -> str:
+    """What an operator runs where a worker gateway runs, to let its role log in (password
+    elided); ``pg_hba.conf`` should admit that role from the gateway hosts alone."""
+    return f"ALTER ROLE {_ident(roles['gateway'])} LOGIN PASSWORD '...';"

@@ -8,6 +8,7 @@ validation error never shows a password.
 from __future__ import annotations
 
 import re
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -24,7 +25,8 @@ class ClusterPostgresSettings(BaseModel):
     * ``admin_dsn``: the admin role's connection; needed to publish projects, tasks and triggers.
     * ``owner_dsn``: the owner/migrator role's connection; needed only to apply migrations.
     * ``*_role``: the names of the four roles, as the migrations grant to them and readiness
-      verifies them.
+      verifies them; ``gateway_role`` is the worker gateway's (it replaced ``worker_ingress_role``,
+      which is refused by name, see :attr:`RENAMED_KEYS`).
     * ``pool_min_size`` / ``pool_max_size``: the runtime pool; ``pool_timeout_ms`` bounds how long a
       round waits for a connection (a down server fails the round, it does not hang it).
     * ``statement_timeout_ms``: server-side bound of every statement of the backend's sessions.
@@ -35,6 +37,8 @@ class ClusterPostgresSettings(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
+    #: Retired keys and the key that replaced each; the settings error names both.
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"worker_ingress_role": "gateway_role"}
 
     runtime_dsn: SecretStr | None = None
     admin_dsn: SecretStr | None = None
@@ -42,7 +46,7 @@ class ClusterPostgresSettings(BaseModel):
     owner_role: str = "qinglong_owner"
     admin_role: str = "qinglong_admin"
     runtime_role: str = "qinglong_runtime"
-    worker_ingress_role: str = "qinglong_worker_ingress"
+    gateway_role: str = "qinglong_gateway"
     pool_min_size: int = Field(default=1, ge=0, le=64)
     pool_max_size: int = Field(default=4, ge=1, le=256)
     pool_timeout_ms: int = Field(default=5000, ge=100, le=600_000)
@@ -50,7 +54,7 @@ class ClusterPostgresSettings(BaseModel):
     serialization_retries: int = Field(default=10, ge=0, le=100)
     auto_migrate: bool = False
 
-    @field_validator("owner_role", "admin_role", "runtime_role", "worker_ingress_role")
+    @field_validator("owner_role", "admin_role", "runtime_role", "gateway_role")
     @classmethod
     def _role_name(cls, value: str) -> str:
         if not _ROLE_NAME.match(value):
@@ -62,20 +66,20 @@ class ClusterPostgresSettings(BaseModel):
 
     @model_validator(mode="after")
     def _distinct_roles(self) -> "ClusterPostgresSettings":
-        names = [self.owner_role, self.admin_role, self.runtime_role, self.worker_ingress_role]
+        names = [self.owner_role, self.admin_role, self.runtime_role, self.gateway_role]
         if len(set(names)) != 4:
-            raise ValueError("owner_role, admin_role, runtime_role and worker_ingress_role must differ")
+            raise ValueError("owner_role, admin_role, runtime_role and gateway_role must differ")
         if self.pool_min_size > self.pool_max_size:
             raise ValueError("pool_min_size must not exceed pool_max_size")
         return self
 
     def roles(self) -> dict[str, str]:
-        """The four role names by function: ``owner``, ``admin``, ``runtime``, ``worker_ingress``."""
+        """The four role names by function: ``owner``, ``admin``, ``runtime``, ``gateway``."""
         return {
             "owner": self.owner_role,
             "admin": self.admin_role,
             "runtime": self.runtime_role,
-            "worker_ingress": self.worker_ingress_role,
+            "gateway": self.gateway_role,
         }
 
     def require_dsn(self, key: str, purpose: str) -> str:

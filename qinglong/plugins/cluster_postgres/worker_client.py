@@ -1,5 +1,5 @@
 """The worker protocol over PostgreSQL: each of the eight calls is one statement calling one of
-the store's SECURITY DEFINER functions (``qinglong.worker_*``), as the ``worker_ingress`` role.
+the store's SECURITY DEFINER functions (``qinglong.worker_*``), as the gateway role.
 
 A worker holds ONE autocommit connection (a worker's traffic is a heartbeat every few seconds and
 a few calls per job), opened with the same session options as every other session of this
@@ -83,7 +83,7 @@ CLAIMABLE_CHANNEL = "qinglong_claimable"
 
 #: SQLSTATEs that mean the store is not there as this worker expects (not migrated, no grant).
 _NOT_READY = {"42883": "a worker function is missing (is the database migrated?)",
-              "42501": "the role may not execute the worker functions (is the DSN the worker_ingress role's?)",
+              "42501": "the role may not execute the worker functions (is the DSN the gateway role's?)",
               "3F000": "the qinglong schema is missing (is the database migrated?)"}
 
 _SQL_OPEN = ("SELECT session_id::text, generation, lease_expires_at_ms, db_now_ms FROM "
@@ -453,7 +453,7 @@ def _lease(lease: LeaseFence) -> tuple[str, int, bytes]:
 
 
 async def connect_worker_protocol(dsn: str, application_name: str) -> PostgresWorkerProtocol:
-    """A connected :class:`PostgresWorkerProtocol` (``dsn``: the worker_ingress role's). A DSN
+    """A connected :class:`PostgresWorkerProtocol` (``dsn``: the gateway role's). A DSN
     libpq cannot parse is a SettingsError naming ``[worker] dsn``; an unreachable server is
     StoreUnavailable naming where it connects, never the password."""
     protocol = PostgresWorkerProtocol(dsn, application_name, listen=True)
