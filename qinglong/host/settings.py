@@ -105,6 +105,8 @@ class ExecutionSettings(BaseModel):
                                       description="finished Attempts' logs are deleted after this")
     run_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
                                       description="finished Runs are pruned after this")
+    skip_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+                                       description="skip records are deleted after this (kept at least an hour)")
     min_free_bytes: int = Field(64 * 1024 * 1024, ge=0,
                                 description="below this free space on the log filesystem, oldest logs go first")
     min_free_fraction: float = Field(
@@ -160,7 +162,8 @@ class SecretsSettings(BaseModel):
     as base64 on one line). The variable ``key_env`` names is read first, then ``key_file``; edge
     and standalone default to ``<database>.key``, created on first use."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Python's re for the one pattern: pydantic's Rust engine costs ~270 KiB resident to compile it.
+    model_config = ConfigDict(extra="forbid", regex_engine="python-re")
     key_file: str | None = Field(None, min_length=1,
                                  description="the secrets key file; default (edge, standalone): <database>.key")
     key_env: str = Field("QINGLONG_SECRETS_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
@@ -407,7 +410,8 @@ def origin_of(loc: tuple[str | int, ...], layers: tuple[tuple[str, Mapping[str, 
     return "the built-in defaults"
 
 
-import re  # noqa: E402  (the masking helpers below are the only users)
+import functools  # noqa: E402  (the masking helpers below are the only users)
+import re  # noqa: E402
 from urllib.parse import unquote  # noqa: E402
 
 #: Fragments of a key (percent-decoded, lower-cased, letters and digits only) that make its value
@@ -417,9 +421,14 @@ _SECRET_KEY_FRAGMENTS = tuple(sorted(set(_SECRET_HINTS) | {
 }))
 #: In a value under a key that is not secret: a secret-named parameter (``password=``,
 #: ``&pass%77ord=`` once decoded) or a URI's ``user:password@``.
-_EMBEDDED_SECRET = re.compile(
-    r"(?:" + "|".join(_SECRET_KEY_FRAGMENTS) + r")[a-z0-9_.-]*\s*=|[a-z][a-z0-9+.-]*://[^/@\s]*:[^@\s]*@",
-    re.I)
+_EMBEDDED_SECRET_PATTERN = (
+    r"(?:" + "|".join(_SECRET_KEY_FRAGMENTS) + r")[a-z0-9_.-]*\s*=|[a-z][a-z0-9+.-]*://[^/@\s]*:[^@\s]*@")
+
+
+@functools.cache
+def _embedded_secret() -> re.Pattern[str]:
+    # compiled at first use: only masking and error paths need it, and it costs ~200 KiB resident
+    return re.compile(_EMBEDDED_SECRET_PATTERN, re.I)
 
 
 def _decoded(text: str) -> str:
@@ -450,7 +459,8 @@ def is_secret_key(loc: tuple[str | int, ...]) -> bool:
 
 def _embeds_secret(value: str) -> bool:
     """True when a value (percent-decoded) carries a secret-named parameter or URI credentials."""
-    return bool(_EMBEDDED_SECRET.search(value) or _EMBEDDED_SECRET.search(_decoded(value)))
+    pattern = _embedded_secret()
+    return bool(pattern.search(value) or pattern.search(_decoded(value)))
 
 
 def _shown_input(value: Any) -> str:

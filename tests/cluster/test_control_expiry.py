@@ -229,12 +229,12 @@ def test_the_control_components_are_offered_for_this_backend_only(cluster):
     from types import SimpleNamespace
 
     from qinglong.plugins.cluster_postgres import qinglong_lifecycle_components
-    from qinglong.plugins.cluster_postgres.control import ExpiryLoop, LogRetention, StrandedRunsWatch
+    from qinglong.plugins.cluster_postgres.control import ExpiryLoop, LogRetention, SkipRetention, StrandedRunsWatch
 
     settings = SimpleNamespace(execution=SimpleNamespace(log_retention_days=2.0, prune_batch=50))
     ours = cluster.backend("components")
     found = qinglong_lifecycle_components(SimpleNamespace(backend=ours, settings=settings))
-    assert [type(c) for c in found] == [ExpiryLoop, LogRetention, StrandedRunsWatch]
+    assert [type(c) for c in found] == [ExpiryLoop, LogRetention, SkipRetention, StrandedRunsWatch]
     retention = found[1]
     assert (retention.retention_ms, retention.batch) == (2 * 86_400_000, 50)
     assert retention.interval_s == 300.0  # slow: a tenth of two days, capped at five minutes

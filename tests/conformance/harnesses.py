@@ -180,7 +180,8 @@ class PostgresHarness(Harness):
     async def elapse(self, ms: int) -> None:
         """Move every stored instant (each ``*_ms`` column but the durations: the grace, the
         jitter, a session's lease, an Attempt's timeout) back by
-        ``ms``, history included (Runs' occurrences and their idempotency keys, skip ranges), in
+        ``ms``, history included (Runs' and skipped Runs' occurrences and their idempotency keys,
+        skip ranges), in
         one transaction: the store then looks exactly as if ``ms`` had passed."""
         columns = self._sql(
             "SELECT table_name, column_name FROM information_schema.columns "
@@ -200,9 +201,10 @@ class PostgresHarness(Harness):
             statements.append(f"UPDATE qinglong.{table} SET {sets}")
         # the key ends in the occurrence (ql3:<kind>:v1:<trigger>:<revision>:<ms>); it is UNIQUE,
         # so park every key first, then write the shifted one
-        statements.append("UPDATE qinglong.runs SET idempotency_key = idempotency_key || ':moving'")
-        statements.append("UPDATE qinglong.runs SET idempotency_key = "
-                          "regexp_replace(idempotency_key, ':[0-9]+:moving$', ':' || scheduled_for_ms)")
+        for table in ("runs", "run_skips"):  # a skip record holds its Run's key
+            statements.append(f"UPDATE qinglong.{table} SET idempotency_key = idempotency_key || ':moving'")
+            statements.append(f"UPDATE qinglong.{table} SET idempotency_key = "
+                              "regexp_replace(idempotency_key, ':[0-9]+:moving$', ':' || scheduled_for_ms)")
         self._sql("BEGIN; " + "; ".join(statements) + "; COMMIT")
 
     def count(self, table: str, trigger_id: str | None = None) -> int:

@@ -26,12 +26,17 @@ from qinglong.contracts.execution import (
     ConcurrencyMode,
     ConcurrencyPolicy,
     IllegalTransition,
+    MAX_SKIP_PRUNE_BATCH,
+    MIN_SKIP_RETENTION_MS,
     ProcessHandle,
+    PrunesSkips,
     Receipt,
     RetryAt,
     RunState,
+    SkipPruneReport,
     classify_outcome,
     overlap_decision,
+    skip_cutoff_ms,
 )
 from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
 
@@ -62,6 +67,7 @@ def events_of(h, run_id: str) -> list[tuple[int, str]]:
 
 
 HANDLE = ProcessHandle("boot", 4242, 4242, 99)
+NOTHING = SkipPruneReport(0, 0)
 
 
 def store(h):
@@ -792,6 +798,54 @@ async def test_a_run_skipped_before_it_started_is_a_skip_record_alike_wherever_r
             == [(r.run_id, "p1", "t1", "tr-t1", r.scheduled_for_ms, reason) for r in reversed(later)], "newest first"
         assert all(before <= k.recorded_at_ms <= after for k in records)
         assert (await h.reader.store_stats()).skipped_recent == len(later)
+    finally:
+        await h.stop()
+
+
+async def test_skip_records_of_both_kinds_age_out_in_bounded_batches_and_the_last_hour_stays(
+        reading_harness):
+    """Skip records grew without bound (~86,000 a day for a per-second 'forbid' task that runs
+    long); deleting the last hour's would empty the recent-skips figures, and an unbounded delete
+    would hold the store's write lock over a round."""
+    h = reading_harness
+    await h.start()
+    try:
+        await admitted_by_rounds(h, concurrency="forbid")
+        reader = runs_reader(h)
+        assert isinstance(reader, PrunesSkips)
+        first, *later = sorted((r for r in await reader.list_runs(task_id="t1", limit=100)),
+                               key=lambda r: (r.scheduled_for_ms, r.admitted_at_ms))
+        await skip_by_forbid(h, first, later)
+        await h.elapse(2 * 60 * SECOND)  # past the triggers' grace: a fire_once misfire each
+        report = await h.run_round()
+        assert report.skipped == 2, (report, [e.message for e in h.sink.events])
+        old_runs, old_occurrences = len(later), h.count("skips")
+        assert old_runs >= 2 and old_occurrences == 2
+
+        async def records() -> tuple[int, int]:
+            return h.count("skips"), len(await reader.recent_run_skips(100))
+
+        # the shortest retention keeps the last hour
+        cut = skip_cutoff_ms(await h.now_ms(), 1)
+        assert await reader.prune_skips(cut, MAX_SKIP_PRUNE_BATCH) == NOTHING
+        assert await records() == (old_occurrences, old_runs)
+        for limit in (0, MAX_SKIP_PRUNE_BATCH + 1):
+            with pytest.raises(UserError):
+                await reader.prune_skips(cut, limit)
+
+        await h.elapse(MIN_SKIP_RETENTION_MS + 60 * SECOND)
+        assert (await h.run_round()).skipped == 2  # recent ones, which stay
+        recent = (await h.reader.store_stats()).skipped_recent
+        assert recent > 0
+        now = await h.now_ms()
+        assert await reader.prune_skips(skip_cutoff_ms(now, 2 * MIN_SKIP_RETENTION_MS), 100) == NOTHING
+        reports = [await reader.prune_skips(skip_cutoff_ms(now, 1), 1) for _ in range(old_runs + 1)]
+        assert all(r.occurrences <= 1 and r.runs <= 1 for r in reports), reports
+        assert sum(r.occurrences for r in reports) == old_occurrences
+        assert sum(r.runs for r in reports) == old_runs
+        assert reports[-1] == NOTHING
+        assert await records() == (2, 0)
+        assert (await h.reader.store_stats()).skipped_recent == recent
     finally:
         await h.stop()
 

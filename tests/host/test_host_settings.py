@@ -186,7 +186,8 @@ def test_environment_variables_are_text_and_are_still_parsed(monkeypatch):
     assert build_container(loaded).backend_settings().auto_migrate is False
 
 
-DURATION_KEYS = ("execution.log_retention_days", "execution.run_retention_days", "worker.log_retention_days")
+DURATION_KEYS = ("execution.log_retention_days", "execution.run_retention_days", "execution.skip_retention_days",
+                 "worker.log_retention_days")
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300", "36501"])
@@ -228,6 +229,7 @@ def test_the_longest_retention_allowed_runs_a_sweep_without_overflow(cli, tmp_pa
     path = tmp_path / "max.toml"
     path.write_text(f'[execution]\nlog_retention_days = {MAX_RETENTION_DAYS}\n'
                     f'run_retention_days = {MAX_RETENTION_DAYS}.0\n'
+                    f'skip_retention_days = {MAX_RETENTION_DAYS}\n'
                     f'[backend]\npath = "{tmp_path / "q.db"}"\n')
     result = cli("--settings", str(path), "run", "--for-seconds", "0.5")
     assert result.returncode == 0, result.stderr

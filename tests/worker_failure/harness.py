@@ -1,13 +1,20 @@
-"""The harness of the worker failure tests: real ``qinglong run`` replicas and ``qinglong worker``
-processes against a real PostgreSQL, each worker through its own fault proxy, a job that marks
-its start and end on the machine's monotonic clock, and the audits.
+"""The harness of the worker failure tests: real ``qinglong run`` replicas, a real ``qinglong api``
+serving the worker gateway, and ``qinglong worker`` processes that reach the store only through
+that gateway, each worker through its own fault proxy, a job that marks its start and end on the
+machine's monotonic clock, and the audits.
 
 * :class:`Cluster`: one migrated database, a task published through the real publisher, Runs
   admitted by real replicas (triggers whose cursor is put just behind the database clock: one
-  Run each), replicas and workers as subprocesses with their stderr kept for their diagnostics;
+  Run each), replicas, gateways and workers as subprocesses with their stderr kept for their
+  diagnostics;
+* :class:`Gateway`: one ``qinglong api`` with ``[api] gateway_dsn`` set, its link to the database
+  through its own :class:`SniffingProxy` (gateway<->database faults), started on the first
+  worker, killed and restarted by the test;
 * :class:`WorkerProcess`: one ``python -m qinglong worker --settings FILE`` (profile ``cluster``,
-  section ``[worker]``) with short leases, behind its own :class:`~devtools.fault_proxy.FaultProxy`
-  (or a namespace bridge), killed, stopped, continued and restarted by the test;
+  ``[worker] url`` and ``token_file``), registered with the real CLI (its labels, capacity =
+  ``max_running``), with short leases, behind its own proxy in front of the gateway's HTTP port
+  (worker<->gateway faults; a namespace bridge is such a proxy on the namespace's host address),
+  killed, stopped, continued and restarted by the test;
 * :class:`JobWatcher`: a thread that opens a pidfd on every job as soon as its start marker
   appears, so a job ended by KILL (no end marker) still has an upper bound on its end;
 * :func:`executions`, :func:`overlaps` and :func:`audit_runs`: what ran, whether two executions
@@ -22,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -40,6 +48,7 @@ from tests.failure.failure_helpers import (
     write_cluster_settings,
 )
 from devtools.fault_proxy import FaultProxy
+from tests.gateway.helpers import plane_settings, register
 from tests.support.pg import ROLE_PASSWORDS
 from tests.support import procs as proc_helpers
 
@@ -93,8 +102,14 @@ class SniffingProxy(FaultProxy):
             return self.seen.get((direction, pattern), 0)
 
 
-#: What every worker's proxy counts: the results of ``complete`` as the store answers them.
+#: What every proxy counts: the results of ``complete`` as the gateway (or the store, on the
+#: gateway's database link) answers them.
 WATCHED = (b"accepted", b"already_done", b"log_incomplete", b"worker_complete")
+
+#: A claim waits at the gateway this long for a Run to become claimable.
+CLAIM_WAIT_MS = 5000
+#: The gateway's pool of database connections (every worker of a test shares it).
+GATEWAY_POOL_SIZE = 4
 
 
 # ---------------------------------------------------------------------------------- processes
@@ -156,24 +171,29 @@ class Process:
         return [e.get("code", "") for e in self.diagnostics()]
 
 
-def write_worker_settings(path: Path, dsn: str, *, worker_id: str, log_dir: Path,
+def write_worker_settings(path: Path, *, url: str, token: str, worker_id: str, log_dir: Path,
                           labels: tuple[str, ...] = (), max_running: int = 2,
                           session_lease_ms: int = SESSION_LEASE_MS, heartbeat_ms: int = HEARTBEAT_MS,
                           self_fence_margin_ms: int = SELF_FENCE_MARGIN_MS,
                           kill_grace_ms: int = KILL_GRACE_MS, poll_ms: int = POLL_MS,
-                          drain_timeout_ms: int = 3000) -> Path:
-    """A ``profile = "cluster"`` settings file for ``qinglong worker`` (private: the DSN is a
-    secret)."""
+                          drain_timeout_ms: int = 3000, claim_wait_ms: int = CLAIM_WAIT_MS) -> Path:
+    """A ``profile = "cluster"`` settings file for ``qinglong worker`` reaching the gateway at
+    ``url``, its token in a 0600 file beside it (the identity, labels and capacity the gateway
+    uses are the registration's)."""
+    token_file = path.with_suffix(".token")
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
     path.write_text(
         'profile = "cluster"\n'
         "[worker]\n"
-        f"dsn = {json.dumps(dsn)}\n"
+        f"url = {json.dumps(url)}\n"
+        f"token_file = {json.dumps(str(token_file))}\n"
         f"worker_id = {json.dumps(worker_id)}\n"
         f"labels = {json.dumps(list(labels))}\n"
         f"max_running = {max_running}\n"
         f"session_lease_ms = {session_lease_ms}\nheartbeat_ms = {heartbeat_ms}\n"
         f"self_fence_margin_ms = {self_fence_margin_ms}\nkill_grace_ms = {kill_grace_ms}\n"
-        f"poll_ms = {poll_ms}\n"
+        f"poll_ms = {poll_ms}\nclaim_wait_ms = {claim_wait_ms}\n"
         f"log_dir = {json.dumps(str(log_dir))}\n"
         f"drain_timeout_ms = {drain_timeout_ms}\n"
         '[diagnostics]\nlevel = "info"\nformat = "json"\n'
@@ -188,8 +208,8 @@ def worker_command(settings: Path) -> list[str]:
 
 @dataclass
 class WorkerProcess:
-    """One worker: its id, its settings, its proxy (None: a direct or bridged DSN) and its
-    current process (replaced by :meth:`restart`)."""
+    """One worker: its id, its settings, its proxy in front of the gateway (None: the gateway's
+    own address) and its current process (replaced by :meth:`restart`)."""
 
     name: str
     worker_id: str
@@ -227,8 +247,61 @@ class WorkerProcess:
 # ---------------------------------------------------------------------------------- the cluster
 
 
+class Gateway:
+    """One ``qinglong api`` serving ``/worker/v1``: its settings, its process, its HTTP port (from
+    its ``listening on`` line) and the proxy its gateway pool reaches the database through."""
+
+    def __init__(self, name: str, settings: Path, log_dir: Path, db_proxies: list[FaultProxy]) -> None:
+        self.name = name
+        self.settings = settings
+        self.log_dir = log_dir
+        self.db_proxies = db_proxies
+        self.generations: list[Process] = []
+        self.process: Process | None = None
+        self.port: int | None = None
+
+    @property
+    def db_proxy(self) -> FaultProxy | None:
+        """The proxy of its database link (the first, with a multi-host DSN)."""
+        return self.db_proxies[0] if self.db_proxies else None
+
+    def start(self) -> "Gateway":
+        """A new process on a port of its own; returns once it listens."""
+        n = len(self.generations) + 1
+        log = self.log_dir / (f"{self.name}.log" if n == 1 else f"{self.name}.{n}.log")
+        self.process = Process(self.name if n == 1 else f"{self.name}#{n}",
+                               [sys.executable, "-m", "qinglong", "--settings", str(self.settings), "api"], log)
+        self.generations.append(self.process)
+        self.port = wait_until(self._listening, f"{self.name} to listen")
+        return self
+
+    def _listening(self) -> int | None:
+        if not self.process.alive():
+            raise AssertionError(f"{self.name} exited {self.process.popen.returncode}:\n{self.process.text()[-3000:]}")
+        found = re.search(r"listening on [^ \"]+:(\d+)", self.process.text())
+        return int(found.group(1)) if found else None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kill9(self) -> int:
+        return self.process.kill9()
+
+    def diagnostics(self) -> list[dict]:
+        return [e for proc in self.generations for e in proc.diagnostics()]
+
+    def codes(self) -> list[str]:
+        return [e.get("code", "") for e in self.diagnostics()]
+
+
 class Cluster:
-    """A migrated database, the marker directory, and the processes a test starts."""
+    """A migrated database, the marker directory, and the processes a test starts. The gateway
+    starts with the first worker (or :meth:`start_gateway`, to give it a DSN of the test's)."""
 
     def __init__(self, db: ClusterDb, tmp: Path) -> None:
         self.db = db
@@ -238,6 +311,8 @@ class Cluster:
         self.replicas: list[Process] = []
         self.workers: dict[str, WorkerProcess] = {}
         self.proxies: list[FaultProxy] = []
+        self._gateway: Gateway | None = None
+        self._tokens: dict[str, str] = {}  # worker id -> its token
         self.watcher = JobWatcher(self.markers)
         self.watcher.start()
         self._triggers = 0
@@ -336,9 +411,11 @@ class Cluster:
         (self.markers / "release").touch()
 
     # ---- processes --------------------------------------------------------------------------
-    def proxy(self, name: str) -> SniffingProxy:
-        proxy = SniffingProxy((self.db.server.host, self.db.server.port), name=name,
-                              watch=WATCHED).start()
+    def proxy(self, name: str, upstream: tuple[str, int] | None = None, *,
+              listen_host: str = "127.0.0.1") -> SniffingProxy:
+        """A proxy of the test's, to the database (or to ``upstream``), closed with the cluster."""
+        proxy = SniffingProxy(upstream or (self.db.server.host, self.db.server.port), name=name,
+                              listen_host=listen_host, watch=WATCHED).start()
         self.proxies.append(proxy)
         return proxy
 
@@ -353,28 +430,79 @@ class Cluster:
         self.replicas.append(proc)
         return proc
 
-    def ingress_dsn(self, host: str, port: int, connect_timeout: int = 3) -> str:
+    def ingress_dsn(self, host: str, port: int | str, connect_timeout: int = 3) -> str:
+        """The gateway's role on this database through ``host:port`` (comma lists: several hosts)."""
         return (f"host={host} port={port} user=qinglong_gateway "
                 f"password={ROLE_PASSWORDS['qinglong_gateway']} dbname={self.db.dbname} "
                 f"connect_timeout={connect_timeout}")
 
-    def add_worker(self, name: str, *, worker_id: str | None = None, proxy: bool = True,
-                   dsn: str | None = None, prefix: list[str] | None = None, start: bool = True,
-                   **settings) -> WorkerProcess:
-        """A worker ``name`` (its id defaults to the name) behind its own fault proxy, unless
-        ``dsn`` is given (a namespace bridge, say)."""
-        fault = None
+    @property
+    def store_dsn(self) -> str:
+        """The gateway's role on this database, directly (a test driving the store side itself)."""
+        return self.ingress_dsn(self.db.server.host, self.db.server.port)
+
+    # ---- the gateway ------------------------------------------------------------------------
+    def _settings(self) -> Path:
+        """The API tier's settings (also what ``qinglong worker register`` reads)."""
+        root = self.tmp / "api"
+        if not (root / "api.toml").exists():
+            root.mkdir(exist_ok=True)
+            plane_settings(self.db, root, pool_size=GATEWAY_POOL_SIZE, gateway_dsn=self.store_dsn)
+        return root / "api.toml"
+
+    def start_gateway(self, *, dsn: str | None = None, db_proxies: list[FaultProxy] | None = None) -> Gateway:
+        """``qinglong api`` with the gateway on; its pool reaches the database through a proxy of
+        its own (``gateway.db_proxy``), unless ``dsn`` (through ``db_proxies``) is given."""
+        assert self._gateway is None, "one gateway per cluster"
         if dsn is None:
-            if proxy:
-                fault = self.proxy(f"proxy-{name}")
-                dsn = self.ingress_dsn(fault.host, fault.port)
-            else:
-                dsn = self.db.dsn("qinglong_gateway")
+            db_proxies = [self.proxy("proxy-gateway-db")]
+            dsn = self.ingress_dsn(db_proxies[0].host, db_proxies[0].port)
+        settings = self._settings()
+        text = settings.read_text()
+        text = re.sub(r'gateway_dsn = ".*"', lambda _: f"gateway_dsn = {json.dumps(dsn)}", text)
+        settings.write_text(text)
+        self._gateway = Gateway("gateway", settings, self.tmp, list(db_proxies or [])).start()
+        return self._gateway
+
+    @property
+    def gateway(self) -> Gateway:
+        return self._gateway if self._gateway is not None else self.start_gateway()
+
+    def restart_gateway(self) -> Gateway:
+        """A new gateway process (the old one is left as it is: kill it first); every worker's
+        proxy now forwards to its port (a moved service address)."""
+        gateway = self.gateway.start()
+        for worker in self.workers.values():
+            if worker.proxy is not None and worker.proxy.upstream[1] != gateway.port:
+                worker.proxy.retarget(gateway.address)
+        return gateway
+
+    def register(self, worker_id: str, *, labels: tuple[str, ...] = (), capacity: int = 2) -> str:
+        """Register ``worker_id`` with the real CLI (once per cluster); its token."""
+        if worker_id not in self._tokens:
+            self._tokens[worker_id] = register(self._settings(), worker_id, labels=tuple(labels),
+                                               capacity=capacity)
+        return self._tokens[worker_id]
+
+    def add_worker(self, name: str, *, worker_id: str | None = None, proxy: bool = True,
+                   listen_host: str = "127.0.0.1", prefix: list[str] | None = None, start: bool = True,
+                   labels: tuple[str, ...] = (), max_running: int = 2, **settings) -> WorkerProcess:
+        """A worker ``name`` (its id defaults to the name), registered (its labels, capacity
+        ``max_running``), reaching the gateway through its own proxy listening on
+        ``listen_host`` (a namespace's host address: the bridge), or directly (``proxy`` False)."""
+        gateway = self.gateway
+        worker_id = worker_id or name
+        token = self.register(worker_id, labels=labels, capacity=max_running)
+        fault = None
+        url = gateway.url
+        if proxy:
+            fault = self.proxy(f"proxy-{name}", gateway.address, listen_host=listen_host)
+            url = f"http://{fault.host}:{fault.port}"
         log_dir = self.tmp / f"{name}-logs"
         log_dir.mkdir(exist_ok=True)
-        path = write_worker_settings(self.tmp / f"{name}.toml", dsn, worker_id=worker_id or name,
-                                     log_dir=log_dir, **settings)
-        worker = WorkerProcess(name, worker_id or name, path, self.tmp / f"{name}.log", fault,
+        path = write_worker_settings(self.tmp / f"{name}.toml", url=url, token=token, worker_id=worker_id,
+                                     log_dir=log_dir, labels=labels, max_running=max_running, **settings)
+        worker = WorkerProcess(name, worker_id, path, self.tmp / f"{name}.log", fault,
                                prefix=list(prefix or []))
         self.workers[name] = worker
         if start:
@@ -384,6 +512,9 @@ class Cluster:
     def tails(self, chars: int = 1500) -> dict[str, str]:
         """The end of every process's stderr, for a failure message."""
         out = {p.name: p.text()[-chars:] for p in self.replicas}
+        if self._gateway is not None:
+            for proc in self._gateway.generations:
+                out[proc.name] = proc.text()[-chars:]
         for w in self.workers.values():
             for i, proc in enumerate(w.generations):
                 out[f"{w.name}#{i + 1}"] = proc.text()[-chars:]
@@ -399,6 +530,9 @@ class Cluster:
         self.release_jobs()
         for worker in self.workers.values():
             for proc in worker.generations:
+                proc.close()
+        if self._gateway is not None:
+            for proc in self._gateway.generations:
                 proc.close()
         for proc in self.replicas:
             proc.close()

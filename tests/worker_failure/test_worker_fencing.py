@@ -3,8 +3,8 @@
 First with real processes: a worker frozen with SIGSTOP while its job runs, the same worker id
 started again (a new session: generation + 1), the frozen one continued after that; a frozen
 worker killed and restarted. Then through
-the worker client API directly, where the test holds the lease tokens and can replay a
-completion byte for byte.
+the store's side of the gateway directly (``PostgresWorkerProtocol`` as the gateway's role), where
+the test holds the lease tokens and can replay a completion byte for byte.
 """
 
 from __future__ import annotations
@@ -106,6 +106,9 @@ def test_a_restarted_worker_reports_the_outcome_its_killed_process_left_on_disk(
     wait_until(lambda: f"{run_id}.{first['attempt_id']}" in c.watcher.gone_at, "the job to end")
     w.process.kill9()
     w.restart()
+    # the expiry may end the Attempt lost before the new process reports: wait for its report
+    wait_until(lambda: {"worker.completed_late", "worker.late_scan_failed"} & set(w.process.codes()),
+               "the restarted worker to report the outcome it found")
     states = c.wait_all_terminal()
     (attempt,) = c.attempts(run_id)
     found, dups = executions(c.markers, c.watcher)
@@ -152,7 +155,7 @@ def test_through_the_client_a_replaced_sessions_completion_is_refused_and_an_acc
     c.start_replica("replica-1")  # admits, and expires the lapsed lease
     c.admit("api")
     (run_id,) = c.wait_runs(1)
-    dsn = c.db.dsn("qinglong_gateway")
+    dsn = c.store_dsn  # the store side of the gateway, as the gateway's role
 
     async def body():
         one = await _protocol(dsn, "test session 1")
@@ -282,7 +285,7 @@ def test_a_late_completion_proven_by_the_token_is_recorded_while_no_other_attemp
     c.start_replica("replica-1")  # admits, and expires the lapsed lease
     c.admit("late", 2)
     run_ids = c.wait_runs(2)
-    dsn = c.db.dsn("qinglong_gateway")
+    dsn = c.store_dsn  # the store side of the gateway, as the gateway's role
 
     async def body():
         proto = await _protocol(dsn, "late worker")

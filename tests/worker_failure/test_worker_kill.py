@@ -180,14 +180,31 @@ def test_killed_workers_idempotent_run_is_retried_once_elsewhere_and_never_overl
     assert not pairs, f"the killed worker's job overlapped Attempt 2: {pairs}"
 
 
+def _replay(address: tuple[str, int], token: str, chunk: bytes) -> tuple[int, bytes]:
+    """``started`` again, with the body a worker sent in ``chunk`` (the request's tail: headers
+    and body may travel in separate chunks) and its token; the status and body of the answer."""
+    import http.client
+
+    body = chunk.split(b"\r\n\r\n", 1)[1] if chunk.startswith(b"POST ") else chunk
+    conn = http.client.HTTPConnection(*address, timeout=30)
+    try:
+        conn.request("POST", "/worker/v1/started", body=body, headers={
+            "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
 def test_killed_worker_that_never_started_its_attempt_gives_it_back_and_its_late_started_is_refused(cluster):
     """Worker A claims the one Run of a task NOT idempotent, and its ``started`` call is held in
-    the network (its bytes wait in the proxy); A is killed -9. The Attempt never ran, so after
-    the lease it must go back to the queue (not end lost) and run once on worker B: if expiry took
-    it for lost, a Run that never ran would end without running; if it were handed on before the
-    lease expired, A's delayed start could still land. Then A's held ``started`` is delivered,
-    late: if the store accepted it, B's running Attempt would be taken back by a dead worker's
-    fence."""
+    the network (its bytes wait in the proxy in front of the gateway); A is killed -9. The
+    Attempt never ran, so after the lease it must go back to the queue (not end lost) and run
+    once on worker B: if expiry took it for lost, a Run that never ran would end without running;
+    if it were handed on before the lease expired, A's delayed start could still land. Then A's
+    held ``started`` is delivered, late (its body and token as A sent them, on a new connection:
+    its own died with it): if the store accepted it, B's running Attempt would be taken back by a
+    dead worker's fence."""
     from devtools.fault_proxy import TO_SERVER
 
     c = cluster
@@ -197,7 +214,8 @@ def test_killed_worker_that_never_started_its_attempt_gives_it_back_and_its_late
     (run_id,) = c.wait_runs(1)
     (attempt,) = c.attempts(run_id)
     a = c.add_worker("wa", start=False)
-    rule = a.proxy.arm(TO_SERVER, attempt["attempt_id"].encode(), "hold")
+    # started's body: the first request naming the Attempt with a lease (a heartbeat has none)
+    rule = a.proxy.arm(TO_SERVER, attempt["attempt_id"].encode(), "hold", also=(b'"lease"',))
     a.start()
     wait_until(rule.fired.is_set, "worker wa's started call")
     held = c.attempts(run_id)[0]
@@ -207,7 +225,10 @@ def test_killed_worker_that_never_started_its_attempt_gives_it_back_and_its_late
     taken = c.attempts(run_id)[0]
     log = c.db.server.logfile
     log_mark = log.stat().st_size
-    a.proxy.heal()  # the dead worker's started arrives now
+    rule.connection.close(rst=True)  # its own connection died with the worker
+    a.proxy.heal()
+    # the dead worker's started, now
+    status, body = _replay((a.proxy.host, a.proxy.port), c.register("wa"), rule.chunk)
 
     def refused_in_server_log():
         with log.open("rb") as fh:
@@ -223,9 +244,52 @@ def test_killed_worker_that_never_started_its_attempt_gives_it_back_and_its_late
             taken=(taken["state"], taken["lease_version"], taken.get("worker_id")),
             taken_ms_after_lease=(taken.get("dispatched_at_ms") or 0) - (held.get("lease_expires_at_ms") or 0),
             ended=(ended["state"], ended["lease_version"], ended.get("worker_id"), ended.get("exit_code")),
-            executions=len(found), run_state=states[run_id], late_started_refusal=refusal[0][-120:])
+            executions=len(found), run_state=states[run_id], late_started_reply=(status, body[:120]),
+            late_started_refusal=refusal[0][-120:])
     assert held["state"] == "dispatching" and held["worker_id"] == "wa", held
     assert taken["worker_id"] == "wb" and taken["lease_version"] == held["lease_version"] + 1, taken
     assert taken["dispatched_at_ms"] >= held["lease_expires_at_ms"], (held, taken)
+    assert status == 409 and b"fenced" in body, (status, body)
     assert ended["attempt_no"] == 1 and ended["state"] == "succeeded" and ended["worker_id"] == "wb", ended
     assert len(found) == 1 and not dups and states[run_id] == "succeeded", (found, dups)
+
+
+def test_gateway_killed_9_mid_run_starts_nothing_twice_and_records_each_outcome_once(cluster):
+    """The gateway (``qinglong api``) is killed -9 while two workers run jobs, and restarted on a
+    port of its own (each worker's proxy, the service address, follows it). Heartbeats, log
+    shipping and completions fail until it is back: if a worker retrying through the new gateway
+    could start an Attempt twice, lose an outcome or record one twice, the markers and the events
+    show it; if the sessions' leases did not outlast the restart, the Runs would end lost."""
+    c = cluster
+    lease = dict(session_lease_ms=20_000, heartbeat_ms=1000, self_fence_margin_ms=2000)
+    c.publish_task("held", retry=RETRY)
+    c.start_replica("replica-1")
+    for name in ("wa", "wb"):
+        c.add_worker(name, **lease)
+    c.admit("held", 4)
+    run_ids = c.wait_runs(4)
+    wait_until(lambda: len(started_keys(c.markers)) == 4, "four jobs to run")
+    old_port = c.gateway.port
+    killed = time.monotonic()
+    c.gateway.kill9()
+    c.release_jobs()  # the jobs end while no gateway answers: their completions wait
+    wait_until(lambda: len(c.watcher.gone_at) == 4, "the four jobs to end")
+    wait_until(lambda: all("worker.store_unavailable" in w.codes() for w in c.workers.values()),
+               "both workers to notice the gateway gone")
+    gateway = c.restart_gateway()
+    restarted_s = time.monotonic() - killed
+    c.admit("held", 1)  # one more after the restart: claimed through the new gateway
+    run_ids = c.wait_runs(5)
+    states = c.wait_all_terminal()
+    found, dups = executions(c.markers, c.watcher)
+    audit = audit_runs(c, max_attempts=1)
+    finished = c.rows("SELECT run_id::text, count(*) FROM qinglong.run_events "
+                      "WHERE event_type = 'run.finished' GROUP BY run_id")
+    figures("gateway_killed_9", runs=len(run_ids), executions=len(found), duplicate_starts=len(dups),
+            ports=(old_port, gateway.port), restart_s=round(restarted_s, 2), audit=audit.as_dict(),
+            worker_codes=sorted({code for w in c.workers.values() for code in w.codes()
+                                 if code.startswith("worker.store")}))
+    assert not dups and not overlaps(found), (dups, found)
+    assert len(found) == 5 and all(e.how == "done" for e in found), found
+    assert audit.by_state == {"succeeded": 5} and not audit.problems, audit.as_dict()
+    assert sorted(finished) == sorted((r, 1) for r in run_ids), finished

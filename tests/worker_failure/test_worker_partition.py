@@ -1,10 +1,11 @@
 """A real link cut under a running job: two workers, each in its own network namespace joined to
-the host by a veth pair, reach PostgreSQL through a pass-through proxy on the host end of their
-link (the harness of tests/failure/test_failure_netns.py). The test cuts the link of whichever
-worker runs the Run's current Attempt: the kernel drops its packets, it cannot renew its session,
-and it must stop its job (TERM, then KILL) before its lease can expire in the database's time;
-only then does expiry end the Attempt lost and the other worker run Attempt N+1. The marker job
-records every execution on the monotonic clock: no two may overlap, over every cut.
+the host by a veth pair, reach the worker gateway through a pass-through proxy on the host end of
+their link (the harness of tests/failure/test_failure_netns.py). The test cuts the link of
+whichever worker runs the Run's current Attempt to the gateway: the kernel drops its packets, it
+cannot renew its session, and it must stop its job (TERM, then KILL) before its lease can expire
+in the database's time; only then does expiry end the Attempt lost and the other worker run
+Attempt N+1. The marker job records every execution on the monotonic clock: no two may overlap,
+over every cut.
 
 Network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN; where the kernel refuses them the test
 says so in its skip reason, as the replica's netns test does.
@@ -18,7 +19,6 @@ import time
 import pytest
 
 from tests.failure.failure_helpers import env_full
-from devtools.fault_proxy import FaultProxy
 from tests.failure.test_failure_netns import VethNamespace, _namespaces_permitted
 from tests.worker_failure.harness import (
     audit_runs,
@@ -65,10 +65,10 @@ def test_worker_behind_a_cut_link_stops_its_job_before_the_run_moves_and_no_exec
             ns.destroy()  # a leftover of an interrupted run
             ns.create()
             spaces[name] = ns
-            bridges[name] = FaultProxy((c.db.server.host, c.db.server.port), listen_host=ns.host_ip,
-                                       name=f"bridge-{name}").start()
-            workers[name] = c.add_worker(name, dsn=c.ingress_dsn(ns.host_ip, bridges[name].port),
+            # the worker's proxy in front of the gateway listens on the link's host end: the bridge
+            workers[name] = c.add_worker(name, listen_host=ns.host_ip,
                                          prefix=["ip", "netns", "exec", ns.name])
+            bridges[name] = workers[name].proxy
         wait_until(lambda: {"wa", "wb"} <= set(c.sessions()), "both workers' sessions")
         c.admit("cut")
         (run_id,) = c.wait_runs(1)

@@ -13,7 +13,8 @@ profiles and the cluster's remote workers share it unchanged. One module per con
 * :mod:`.overlap` — :func:`overlap_decision`: may this Run start now, given what of its task runs;
 * :mod:`.executors` — the :class:`Executor` protocol plugins implement, and a job's environment;
 * :mod:`.store` — :class:`ExecutionStore`, the execution side of a local store;
-* :mod:`.control` — :class:`RunControl`, reading and controlling Runs executed elsewhere.
+* :mod:`.control` — :class:`RunControl`, reading and controlling Runs executed elsewhere;
+* :mod:`.skips` — how long skip records are kept (:func:`skip_cutoff_ms`).
 
 Every name stays importable from ``qinglong.contracts.execution``; new code may import the module
 that holds it. Times are integer epoch milliseconds; durations are milliseconds.
@@ -21,14 +22,15 @@ that holds it. Times are integer epoch milliseconds; durations are milliseconds.
 
 from __future__ import annotations
 
-from . import control, executors, outcomes, overlap, spec, states, store
+from . import control, executors, outcomes, overlap, skips, spec, states, store
 from .control import *  # noqa: F403
 from .executors import *  # noqa: F403
 from .outcomes import *  # noqa: F403
 from .overlap import *  # noqa: F403
+from .skips import *  # noqa: F403
 from .spec import *  # noqa: F403
 from .states import *  # noqa: F403
 from .store import *  # noqa: F403
 
 __all__ = [*states.__all__, *spec.__all__, *outcomes.__all__, *overlap.__all__, *executors.__all__,
-           *store.__all__, *control.__all__]
+           *store.__all__, *control.__all__, *skips.__all__]

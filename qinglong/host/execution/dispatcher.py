@@ -86,6 +86,7 @@ class DispatcherConfig:
     on_stop: str = "detach"
     log_retention_days: float = 7
     run_retention_days: float = 7
+    skip_retention_days: float = 7
     min_free_bytes: int = 64 * 1024 * 1024
     min_free_fraction: float = 0.1
     keep_logs_per_task: int = 3
@@ -101,6 +102,7 @@ class DispatcherConfig:
                    poll_ms=execution.poll_ms, on_stop=execution.on_stop,
                    log_retention_days=execution.log_retention_days,
                    run_retention_days=execution.run_retention_days,
+                   skip_retention_days=execution.skip_retention_days,
                    min_free_bytes=execution.min_free_bytes, min_free_fraction=execution.min_free_fraction,
                    keep_logs_per_task=execution.keep_logs_per_task, prune_batch=execution.prune_batch,
                    max_queued=execution.max_queued)
@@ -145,6 +147,7 @@ class Dispatcher:
         self._cancel_requested = False
         self.retention = Retention(store, config.log_dir, log_retention_days=config.log_retention_days,
                                    run_retention_days=config.run_retention_days,
+                                   skip_retention_days=config.skip_retention_days,
                                    min_free_bytes=config.min_free_bytes, prune_batch=config.prune_batch,
                                    diagnostics=diagnostics, keep_per_task=config.keep_logs_per_task,
                                    min_free_fraction=config.min_free_fraction)

@@ -12,7 +12,9 @@ a scheduler round or a dispatch pass):
   task, and only directories under the log directory (one elsewhere frees nothing here). The
   floor is ``min_free_bytes`` where it fits, else ``min_free_fraction`` of the filesystem's size
   (:func:`space_floor`): a router's 16 MiB ``/tmp`` does not lose every log at once;
-* finished Runs older than ``run_retention_days`` are pruned in batches of ``prune_batch``.
+* finished Runs older than ``run_retention_days`` are pruned in batches of ``prune_batch``;
+* skip records older than ``skip_retention_days`` (never younger than the status window:
+  :func:`~qinglong.contracts.execution.skip_cutoff_ms`) are deleted in batches of ``prune_batch``.
 
 A directory is deleted only when it is named by its Attempt's id (``<log_dir>/<attempt_id>``, the
 log directory of the time it ran): a store row can never make the sweep remove anything else.
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
-from qinglong.contracts.execution import ExecutionStore
+from qinglong.contracts.execution import ExecutionStore, PrunesSkips, skip_cutoff_ms
 
 DAY_MS = 86_400_000
 #: Logs deleted and prune batches run at most per sweep, so one sweep stays short.
@@ -44,6 +46,7 @@ class RetentionReport:
     runs_pruned: int = 0
     attempts_pruned: int = 0
     events_pruned: int = 0
+    skips_pruned: int = 0
 
 
 def space_floor(min_free_bytes: int, fs_size: int | None, fraction: float) -> int:
@@ -78,6 +81,7 @@ class Retention:
 
     def __init__(self, store: ExecutionStore, log_dir: str, *, log_retention_days: float,
                  run_retention_days: float, min_free_bytes: int, prune_batch: int,
+                 skip_retention_days: float = 7,
                  diagnostics: DiagnosticSink, free_bytes: Callable[[str], int | None] = free_bytes,
                  keep_per_task: int = 3, min_free_fraction: float = 0.1,
                  fs_size: Callable[[str], int | None] = fs_size_bytes) -> None:
@@ -91,6 +95,7 @@ class Retention:
         self._fs_size = fs_size
         self._log_ms = int(log_retention_days * DAY_MS)
         self._run_ms = int(run_retention_days * DAY_MS)
+        self._skip_ms = int(skip_retention_days * DAY_MS)
         self._min_free = min_free_bytes
         self._batch = prune_batch
         self._diagnostics = diagnostics
@@ -170,9 +175,17 @@ class Retention:
             if pruned.runs < self._batch:
                 break
             await asyncio.sleep(0)
-        if report.logs_deleted or report.logs_deleted_for_space or report.runs_pruned:
+        if isinstance(self._store, PrunesSkips):
+            skips_before = skip_cutoff_ms(now_ms, self._skip_ms)
+            for _ in range(MAX_PRUNE_BATCHES_PER_SWEEP):
+                skipped = await self._store.prune_skips(skips_before, self._batch)
+                report.skips_pruned += skipped.occurrences + skipped.runs
+                if max(skipped.occurrences, skipped.runs) < self._batch:
+                    break
+                await asyncio.sleep(0)
+        if report.logs_deleted or report.logs_deleted_for_space or report.runs_pruned or report.skips_pruned:
             self._diagnostics.emit(DiagnosticEvent(
-                "info", "execution.retention", "old logs deleted and finished runs pruned",
+                "info", "execution.retention", "old logs deleted, finished runs and skip records pruned",
                 {"logs_deleted": report.logs_deleted, "logs_deleted_for_space": report.logs_deleted_for_space,
-                 "runs_pruned": report.runs_pruned}))
+                 "runs_pruned": report.runs_pruned, "skips_pruned": report.skips_pruned}))
         return report

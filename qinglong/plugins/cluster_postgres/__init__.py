@@ -82,8 +82,8 @@ def qinglong_worker_protocols():
 @hookimpl
 def qinglong_lifecycle_components(context):
     """The control plane's work on the workers' Attempts, in every replica of this backend:
-    lease expiry and the timeout double check (``control.ExpiryLoop``), log retention
-    (``control.LogRetention``) and the watch on Runs no worker can take
+    lease expiry and the timeout double check (``control.ExpiryLoop``), log and skip retention
+    (``control.LogRetention``, ``control.SkipRetention``) and the watch on Runs no worker can take
     (``control.StrandedRunsWatch``). Nothing for another profile's backend."""
     if getattr(context.backend, "name", None) != BACKEND_NAME:
         return []

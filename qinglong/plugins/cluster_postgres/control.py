@@ -1,6 +1,6 @@
 """The control plane's own work on the workers' Attempts, in every ``qinglong run`` replica.
 
-Three lifecycle components (``stack`` phase: they start after the scheduler and stop after it):
+Four lifecycle components (``stack`` phase: they start after the scheduler and stop after it):
 
 * :class:`ExpiryLoop` ends the workers' Attempts whose time ran out, about once a second, at most
   a page at a time: it reads the candidates (an expired lease, or a running Attempt whose deadline
@@ -15,6 +15,9 @@ Three lifecycle components (``stack`` phase: they start after the scheduler and 
 * :class:`LogRetention` calls ``qinglong.prune_attempt_logs`` at a slow cadence (a tenth of the
   retention, between 1 s and 5 min), deleting the shipped logs of Attempts that ended more than
   ``[execution] log_retention_days`` ago, in bounded batches; the Attempt keeps a tombstone.
+* :class:`SkipRetention` calls ``qinglong.prune_skips`` at the same cadence, deleting skip
+  records older than ``[execution] skip_retention_days`` (never the last hour's), in bounded
+  batches.
 * :class:`StrandedRunsWatch` writes the ``queue.stalled`` operator event once per episode of queued
   Runs no live worker can take, and ``queue.resumed`` when it ends.
 
@@ -43,11 +46,13 @@ from qinglong.contracts.execution import (
     cancel_words,
     retry_decision,
 )
+from qinglong.contracts.execution.skips import MAX_SKIP_PRUNE_BATCH
 from qinglong.contracts.hookspecs import ComponentPhase
 from qinglong.contracts.reasons import reason
 from qinglong.contracts.stored_spec import MISSING, stored_retry_policy
 
 from .db import describe_error, sever_after
+from .runs import prune_skips_params
 from .sql import query
 
 #: Attempts one expiry call may handle (the function's ``p_limit``).
@@ -290,6 +295,36 @@ class LogRetention(_Periodic):
         return pruned >= self.batch
 
 
+class SkipRetention(_Periodic):
+    """Deletes skip records (skipped occurrences, Runs skipped before they started) recorded
+    longer ago than the retention, in database time."""
+
+    name = "cluster_postgres.skip_retention"
+    failure_code = "cluster_postgres.skip_retention_failed"
+
+    def __init__(self, backend: Any, *, retention_ms: int, batch: int,
+                 interval_s: float | None = None) -> None:
+        super().__init__(backend, interval_s if interval_s is not None else retention_interval_s(retention_ms))
+        self.retention_ms = retention_ms
+        self.batch = min(batch, MAX_SKIP_PRUNE_BATCH)
+        self.pruned = 0
+
+    async def tick(self) -> bool:
+        async def body(conn):
+            cur = await conn.execute(query("control_prune_skips"), prune_skips_params(
+                retention_ms=self.retention_ms, limit=self.batch))
+            return tuple(await cur.fetchone())
+
+        occurrences, runs = await self._call(body)
+        if occurrences or runs:
+            self.pruned += occurrences + runs
+            self.backend._emit("info", "cluster_postgres.skips_pruned",
+                               f"pruned skip records past the skip retention ({occurrences} skipped "
+                               f"occurrences, {runs} skipped runs)",
+                               occurrences=occurrences, runs=runs, retention_ms=self.retention_ms)
+        return max(occurrences, runs) >= self.batch
+
+
 class StrandedRunsWatch(_Periodic):
     """Opens the ``queue.stalled`` episode (one outbox event) while queued Runs that waited past
     the grace have no live worker able to take them, and closes it (``queue.resumed``) when none
@@ -316,19 +351,21 @@ class StrandedRunsWatch(_Periodic):
 
 
 def control_components(backend: Any, settings: Any) -> list[_Periodic]:
-    """The components of one replica: expiry, log retention (``[execution]``'s
-    ``log_retention_days`` and ``prune_batch``), and the watch on Runs no worker can take
+    """The components of one replica: expiry, log and skip retention (``[execution]``'s
+    ``log_retention_days``, ``skip_retention_days`` and ``prune_batch``), and the watch on Runs no worker can take
     (``[notifications] queue_stalled_after_ms``)."""
     execution = getattr(settings, "execution", None)
     days = float(getattr(execution, "log_retention_days", 7.0))
     batch = int(getattr(execution, "prune_batch", 200))
     notifications = getattr(settings, "notifications", None)
     stalled_ms = int(getattr(notifications, "queue_stalled_after_ms", 120_000))
+    skip_days = float(getattr(execution, "skip_retention_days", 7.0))
     return [ExpiryLoop(backend),
             LogRetention(backend, retention_ms=max(1, int(days * 86_400_000)), batch=batch),
+            SkipRetention(backend, retention_ms=max(1, int(skip_days * 86_400_000)), batch=batch),
             StrandedRunsWatch(backend, grace_ms=stalled_ms)]
 
 
-__all__ = ["ExpiryDecision", "ExpiryLoop", "LogRetention", "StrandedRunsWatch",
+__all__ = ["ExpiryDecision", "ExpiryLoop", "LogRetention", "SkipRetention", "StrandedRunsWatch",
            "control_components", "expire_page",
            "expiry_decision", "retention_interval_s"]

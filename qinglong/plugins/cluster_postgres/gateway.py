@@ -39,7 +39,14 @@ LISTEN_RETRY_S = 1.0
 
 _SQL_IDENTIFY = ("SELECT worker_id, labels, projects, capacity FROM qinglong.worker_identity(%s::bytea)")
 #: Role settings and who else may execute the worker functions (readiness of the gateway).
-_SQL_ROLE = "SELECT rolconnlimit, rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user"
+_SQL_ROLE = """
+SELECT r.rolconnlimit, r.rolsuper,
+       coalesce((SELECT pg_catalog.array_agg(g.rolname::text ORDER BY g.rolname) FROM pg_catalog.pg_auth_members m
+                 JOIN pg_catalog.pg_roles g ON g.oid = m.roleid WHERE m.member = r.oid), '{}'),
+       coalesce((SELECT pg_catalog.array_agg(g.rolname::text ORDER BY g.rolname) FROM pg_catalog.pg_auth_members m
+                 JOIN pg_catalog.pg_roles g ON g.oid = m.member WHERE m.roleid = r.oid), '{}')
+FROM pg_catalog.pg_roles r WHERE r.rolname = current_user
+"""
 _SQL_EXECUTORS = """
 SELECT DISTINCT p.proname, coalesce(g.rolname, 'PUBLIC')
 FROM pg_catalog.pg_proc p
@@ -96,9 +103,14 @@ class PostgresWorkerGateway:
     async def check(self) -> list[str]:
         async def body(member: PostgresWorkerProtocol) -> list[str]:
             problems: list[str] = []
-            limit, superuser = await member._call("gateway_role", _SQL_ROLE, ())
+            limit, superuser, member_of, members = await member._call("gateway_role", _SQL_ROLE, ())
             if superuser:
                 problems.append("the gateway's role is a superuser")
+            if member_of:
+                problems.append(f"the gateway's role is a member of {', '.join(member_of)}")
+            if members:
+                problems.append(f"the gateway's role has member(s) {', '.join(members)}, who could act "
+                                "with its privileges")
             if limit is None or int(limit) < 0:
                 problems.append("the gateway's role has no CONNECTION LIMIT (ALTER ROLE ... CONNECTION LIMIT n)")
             for name, grantee in await member._call("gateway_executors", _SQL_EXECUTORS,

@@ -9,7 +9,7 @@
   (``worker_open_session`` ... ``worker_close_session``) and the gateway's token lookup
   (``worker_identity``): no privilege on any table at all;
 * the runtime also executes the control-plane functions (``expire_attempt``, ``request_cancel``,
-  ``prune_attempt_logs``) and reads worker sessions and shipped logs; it changes Runs and
+  ``prune_attempt_logs``, ``prune_skips``) and reads worker sessions and shipped logs; it changes Runs and
   Attempts after admission only through those functions.
 
 The functions (``migrations/0005_workers.sql``, revised by ``0007_one_rule_source.sql``) are
@@ -106,7 +106,7 @@ ADMIN_FUNCTIONS = ("worker_revoke",)
 #: The control plane's functions (EXECUTE for the runtime alone); ``request_cancel_audited`` also
 #: appends the API request's audit entry of the cancel it made, in the caller's transaction.
 CONTROL_FUNCTIONS = ("expire_attempt", "request_cancel", "prune_attempt_logs", "request_cancel_audited",
-                     "operator_episode", "check_stranded_runs")
+                     "operator_episode", "check_stranded_runs", "prune_skips")
 #: Helpers the functions above call; only the owner executes them.
 INTERNAL_FUNCTIONS = ("_now_ms", "_event", "_utc", "_cancel_words", "_run_spec", "_spec_problem",
                       "_retry_decision", "_end_attempt", "_finish_attempt", "_requeue", "_session",

@@ -23,6 +23,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from qinglong.contracts.errors import NotFound
+from qinglong.contracts.execution.skips import MIN_SKIP_RETENTION_MS
 from qinglong.contracts.execution import (
     run_state_filter,
     AttemptState,
@@ -32,9 +33,11 @@ from qinglong.contracts.execution import (
     RunSkipView,
     RunState,
     RunSummary,
+    SkipPruneReport,
     StoredLogState,
     WorkerView,
     free_slots,
+    skip_prune_limit,
     worker_state,
 )
 from qinglong.contracts.store import listing_bound
@@ -68,6 +71,13 @@ def _summary(row: dict, *, state: str, finished_at_ms: Any, reason: Any, attempt
     return RunSummary(row["run_id"], row["project_id"], row["task_id"], row["trigger_id"],
                       row["scheduled_for_ms"], row["admitted_at_ms"], RunState(state), attempts,
                       exit_code, duration_ms, finished_at_ms, reason)
+
+
+def prune_skips_params(*, limit: int, before: int | None = None, retention_ms: int = 0) -> dict:
+    """``control_prune_skips``'s parameters: an explicit cutoff, or ``retention_ms`` ago in
+    database time (:func:`~qinglong.contracts.execution.skip_cutoff_ms`'s rule)."""
+    return {"before": before, "retention_ms": int(retention_ms), "min_retention_ms": MIN_SKIP_RETENTION_MS,
+            "limit": limit}
 
 
 class ClusterRunControl:
@@ -105,6 +115,13 @@ class ClusterRunControl:
         rows = await self._rows("control_recent_run_skips", {"limit": listing_bound(limit)})
         return [RunSkipView(row["run_id"], row["project_id"], row["task_id"], row["trigger_id"],
                             row["scheduled_for_ms"], row["reason"], row["recorded_at_ms"]) for row in rows]
+
+    async def prune_skips(self, older_than_ms: int, limit: int) -> SkipPruneReport:
+        """Delete up to ``limit`` old skip records of each kind through ``qinglong.prune_skips``
+        (``PrunesSkips``; the function keeps the last hour whatever it is given)."""
+        (row,) = await self._rows("control_prune_skips", prune_skips_params(
+            before=int(older_than_ms), limit=skip_prune_limit(limit)))
+        return SkipPruneReport(row["occurrences"], row["runs"])
 
     async def list_workers(self, now_ms: int, limit: int = 200) -> Sequence[WorkerView]:
         """Every worker id's current session, live ones first (``ListsWorkers``)."""

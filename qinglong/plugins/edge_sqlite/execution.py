@@ -55,6 +55,7 @@ from qinglong.contracts.execution import (
     RetryPolicy,
     RunDetail,
     RunSkipView,
+    SkipPruneReport,
     RunState,
     RunSummary,
     cancel_words,
@@ -62,6 +63,7 @@ from qinglong.contracts.execution import (
     manual_idempotency_key,
     parse_execution_spec,
     retry_decision,
+    skip_prune_limit,
 )
 from qinglong.contracts.reasons import reason as reason_words
 from qinglong.contracts.records import canonical_json
@@ -630,6 +632,20 @@ class SqliteExecutionStore:
                 # the audit log is kept as long as the Runs it speaks of
                 conn.execute(query("prune_audit"), {"before": older_than_ms, "limit": bound})
             return PruneReport(runs, attempts, events)
+
+        return await self._store.call(work)
+
+    async def prune_skips(self, older_than_ms: int, limit: int) -> SkipPruneReport:
+        """Delete up to ``limit`` skipped occurrences and as many skipped Runs recorded before
+        ``older_than_ms``, oldest first, in one short transaction (``PrunesSkips``)."""
+        bound = skip_prune_limit(limit)
+
+        def work(conn: sqlite3.Connection) -> SkipPruneReport:
+            params = {"before": int(older_than_ms), "limit": bound}
+            with transaction(conn):
+                occurrences = conn.execute(query("exec_prune_schedule_skips"), params).rowcount
+                runs = conn.execute(query("exec_prune_run_skips"), params).rowcount
+            return SkipPruneReport(occurrences, runs)
 
         return await self._store.call(work)
 

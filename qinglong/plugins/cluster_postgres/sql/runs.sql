@@ -124,6 +124,17 @@ SELECT qinglong.prune_attempt_logs(
            floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - %(retention_ms)s::bigint,
            %(limit)s::integer) AS pruned
 
+-- name: control_prune_skips
+-- Delete up to %(limit)s skip records of each kind recorded before %(before)s (the caller's
+-- skip_cutoff_ms), or before %(retention_ms)s ago in database time when %(before)s is NULL
+-- (qinglong.prune_skips keeps the last hour whatever it is given).
+SELECT p.occurrences, p.runs
+  FROM qinglong.prune_skips(
+           coalesce(%(before)s::bigint,
+                    floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+                    - greatest(%(retention_ms)s::bigint, %(min_retention_ms)s::bigint)),
+           %(limit)s::integer) AS p
+
 -- name: control_request_cancel_audited
 -- Cancel a Run and append the API request's audit entry in one transaction: its state after,
 -- NULL for an unknown Run (and then no entry).

@@ -283,3 +283,16 @@ SELECT run_id, project_id, task_id, trigger_id, scheduled_for_ms, reason, record
 -- A note on an Attempt still holding a process (what keeps it from being stopped).
 UPDATE attempts SET reason = :note
  WHERE attempt_id = :attempt_id AND state IN ('dispatching', 'running');
+
+-- name: exec_prune_schedule_skips
+-- Up to :limit skipped occurrences recorded before :before, oldest first (skip retention).
+DELETE FROM schedule_skips WHERE id IN (
+    SELECT id FROM schedule_skips INDEXED BY schedule_skips_by_recorded
+     WHERE recorded_at_ms < :before ORDER BY recorded_at_ms LIMIT :limit);
+
+-- name: exec_prune_run_skips
+-- Up to :limit Runs skipped before they started, recorded before :before, oldest first (a
+-- manual Run's key stays in manual_run_keys).
+DELETE FROM run_skips WHERE id IN (
+    SELECT id FROM run_skips INDEXED BY run_skips_by_recorded
+     WHERE recorded_at_ms < :before ORDER BY recorded_at_ms LIMIT :limit);
