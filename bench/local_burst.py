@@ -13,7 +13,9 @@ at one instant T (about 8 s after the runner starts, so start-up is over), with 
   at T (``misfire_grace_time=None``, so a late job is run, not dropped), each running the
   process with ``subprocess.run``: a scheduler that keeps nothing durable;
 * executor alone: the ``local_process`` executor (its shell wrapper) starting, waiting for and
-  reading the receipt of the same jobs with no store and no dispatcher: the floor under ours;
+  reading the receipt of the same jobs with no store and no dispatcher: the floor under ours
+  (``tree_cpu_s`` beside it: its CPU with that of every wrapper and job it reaped, and
+  ``entries``: the files and directories its Attempt directories hold at the end);
 * qinglong: a real ``qinglong run`` (settings file, plugins by entry point, the SQLite store, the
   dispatcher, the ``local_process`` executor and its shell wrapper) of the standalone profile
   (S = 16, its default; the HTTP surface on a free loopback port) and of the edge profile
@@ -27,9 +29,9 @@ utime + stime from ``/proc``, children excluded: what the control plane costs, n
 Beside them, admitted -> started p50/p99 of 1,000 Runs a minute spread over the seconds on the
 standalone profile (``bench/execution.py``'s latency run, ``--latency-seconds`` long).
 
-``--source DIR``: import qinglong from DIR. ``--before DIR``: also run ``qinglong run`` imported
-from DIR (an exported older revision), interleaved with the current one in every repeat, so before
-and after figures share the machine's load. Results go to stdout and to
+``--source DIR``: import qinglong from DIR. ``--before DIR``: also run ``qinglong run`` and the
+executor alone imported from DIR (an exported older revision), interleaved with the current ones in
+every repeat, so before and after figures share the machine's load. Results go to stdout and to
 ``bench/results/local_burst.json``.
 """
 
@@ -211,6 +213,7 @@ def child_executor(jobs: int, slots: int, at_s: float) -> dict:
     """The ``local_process`` executor alone (its shell wrapper; no store, no dispatcher): the
     floor under ``qinglong run``, between it and the bare loop."""
     import asyncio
+    import resource
     import uuid
 
     from qinglong.contracts.execution import ExecutionSpec, ExecutorContext, StartRequest, minimal_environment
@@ -234,12 +237,18 @@ def child_executor(jobs: int, slots: int, at_s: float) -> dict:
                 await executor.wait(request.attempt_dir, handle)
                 assert executor.read_receipt(request.attempt_dir) is not None
 
+        def tree_cpu() -> float:
+            own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
         tasks = [asyncio.ensure_future(one()) for _ in range(jobs)]
         await asyncio.sleep(max(0.0, at_s - time.time()))
-        cpu0 = time.process_time()
+        cpu0, tree0 = time.process_time(), tree_cpu()
         gate.set()
         await asyncio.gather(*tasks)
-        return {"wall_s": round(time.time() - at_s, 3), "cpu_s": round(time.process_time() - cpu0, 3)}
+        return {"wall_s": round(time.time() - at_s, 3), "cpu_s": round(time.process_time() - cpu0, 3),
+                "tree_cpu_s": round(tree_cpu() - tree0, 3),
+                "entries": sum(len(dirs) + len(files) for _, dirs, files in os.walk(log_dir))}
 
     try:
         return asyncio.run(run())
@@ -282,7 +291,7 @@ def main() -> None:
                              capture_output=True, text=True, check=True, env=env)
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    runners = ["bare", "apscheduler", "executor", "qinglong"] + (["qinglong-before"] if before else [])
+    runners = ["bare", "apscheduler", "executor", "qinglong"] + (["executor-before", "qinglong-before"] if before else [])
     cells = [("standalone", 16), ("edge", 2)]
     with tempfile.TemporaryDirectory(prefix="ql-bench-burst-") as tmp:
         root = Path(tmp)
@@ -294,15 +303,22 @@ def main() -> None:
                         from_dir = before if runner == "qinglong-before" else source
                         runs[runner].append(qinglong_burst(ex, root, f"{profile}-{runner}-{i}", profile,
                                                            args.jobs, slots, from_dir))
+                    elif runner == "executor-before":
+                        runs[runner].append(child("executor", slots, before))
                     else:
                         runs[runner].append(child(runner, slots, source))
             for runner in runners:
                 cell = {"slots": slots, "runs": runs[runner],
                         "wall_s": statistics.median(r["wall_s"] for r in runs[runner]),
                         "cpu_s": statistics.median(r["cpu_s"] for r in runs[runner])}
+                extra = ""
+                if runner.startswith("executor"):
+                    cell["tree_cpu_s"] = statistics.median(r["tree_cpu_s"] for r in runs[runner])
+                    cell["entries"] = runs[runner][-1]["entries"]
+                    extra = f"  tree cpu {cell['tree_cpu_s']:6.3f} s  entries {cell['entries']}"
                 results["cells"][f"{profile}/{runner}"] = cell
                 print(f"{profile:<10} {slots:>2} slots  {runner:<15} wall {cell['wall_s']:7.3f} s  "
-                      f"cpu {cell['cpu_s']:6.3f} s", flush=True)
+                      f"cpu {cell['cpu_s']:6.3f} s{extra}", flush=True)
         if args.latency_seconds > 0:
             results["latency_standalone_1000_per_minute"] = latency(ex, root, args.latency_seconds, source)
             lat = results["latency_standalone_1000_per_minute"]

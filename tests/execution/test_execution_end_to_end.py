@@ -90,7 +90,7 @@ def test_timeout_ends_timed_out_and_takes_the_whole_process_group(tmp_path: Path
             # the group is the wrapper's pid, kept in the Attempt's directory (read from there,
             # not from /proc: under load the timeout may have ended the job before we looked)
             attempt_dir = ws.cli_json("runs", "show", run["run_id"])["attempts"][0]["attempt_dir"]
-            groups[name] = int(Path(attempt_dir, "pid").read_text())
+            groups[name] = int(Path(attempt_dir, "pid").read_text().split()[0])
             wait_until(lambda: not group_members(groups[name]), f"{name}: its process group gone",
                        timeout=30)
             for p in ("shell", "child", "grandchild"):

@@ -196,13 +196,14 @@ def fill(path: Path, leave_free: int = 0) -> None:
 
 def wrapper_pid(attempt_dir: str) -> int:
     """The job wrapper's pid (its process group): written by the wrapper itself first thing, so
-    it may follow the running commit by a moment; polled for until whole (its newline ends it)."""
+    it may follow the running commit by a moment; polled for until its first line is whole (its
+    newline ends it; the job's status is appended as a second line when it ended)."""
     path = Path(attempt_dir, "pid")
     deadline = time.monotonic() + WAIT_S
     while True:
         text = path.read_text() if path.exists() else ""
-        if text.endswith("\n"):
-            return int(text)
+        if "\n" in text:
+            return int(text.split("\n", 1)[0])
         assert time.monotonic() < deadline, f"no whole pid file in {attempt_dir}"
         time.sleep(0.01)
 

@@ -471,7 +471,7 @@ def test_cancel_of_a_running_run_stops_its_process(ws, plane):
     assert detail["state"] == "cancelled", detail
     (attempt,) = detail["attempts"]
     assert attempt["cancel_reason"] == "operator" and attempt["signal"] == signal.SIGTERM, attempt
-    pgid = int((Path(attempt["attempt_dir"]) / "pid").read_text())
+    pgid = int((Path(attempt["attempt_dir"]) / "pid").read_text().split()[0])
 
     def group_gone() -> bool:
         try:

@@ -57,7 +57,7 @@ def test_a_job_exiting_0_beside_a_setsid_daemon_ends_succeeded_not_timed_out(tmp
             assert "'mydaemon'" in attempt.reason and "setsid" in attempt.reason, attempt.reason
             assert 'orphans = "kill"' in attempt.reason
             assert b"job output" in open(f"{attempt.attempt_dir}/log", "rb").read()
-            pgid = int(open(f"{attempt.attempt_dir}/pid").read())
+            pgid = int(open(f"{attempt.attempt_dir}/pid").read().split()[0])
             await until(lambda: not group_members(pgid), "the job's process group to be gone")
             helper = int((tmp_path / "helper.pid").read_text())
             assert not process_alive(helper), "the helper left in the job's group still runs"

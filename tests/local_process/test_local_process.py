@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -35,6 +36,7 @@ from qinglong.contracts.execution import (
 from qinglong.plugins.local_process import create_executor, qinglong_executors
 from qinglong.plugins.local_process.executor import LocalProcessExecutor
 from qinglong.plugins.local_process.procfs import group_members, read_stat
+from qinglong.plugins.local_process.wrapper import FENCE_NAP_CS, find_tools
 
 from tests.support import procs as proc_helpers
 
@@ -125,14 +127,17 @@ def test_echo_is_logged_and_its_receipt_says_exit_0_with_private_files(executor,
     assert receipt.dropped_bytes == 0 and receipt.log_bytes == len(b"hello world\n")
     attempt = Path(req.attempt_dir)
     assert (attempt / "log").read_bytes() == b"hello world\n"
-    # the job's own end (the wrapper's ``exited``), not the receipt written after the drain
-    assert abs(receipt.ended_at_ms - (attempt / "exited").stat().st_mtime_ns // 1_000_000) <= 1
+    # the job's own end (the status line appended to ``pid``), not the receipt written after the drain
+    assert (attempt / "pid").read_bytes() == b"%d\n0\n" % handle.pid
+    assert abs(receipt.ended_at_ms - (attempt / "pid").stat().st_mtime_ns // 1_000_000) <= 1
     assert receipt.ended_at_ms <= (attempt / "receipt").stat().st_mtime_ns // 1_000_000
     for directory in (attempt, attempt.parent, attempt.parent.parent):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
-    for name in ("log", "receipt", "pid", "lock"):
+    for name in ("log", "receipt", "pid"):
         assert stat.S_IMODE((attempt / name).stat().st_mode) == 0o600, name
-    assert int((attempt / "pid").read_text()) == handle.pid == handle.pgid
+    # the directory is the lock; the output went through a pipe: no other file
+    assert sorted(p.name for p in attempt.iterdir()) == ["log", "pid", "receipt"]
+    assert int((attempt / "pid").read_text().split()[0]) == handle.pid == handle.pgid
     assert not alive(handle.pid) and read_stat(handle.pid) is None, "the wrapper was left a zombie"
 
 
@@ -285,8 +290,8 @@ def test_the_job_holds_only_null_stdin_and_the_log_pipe_never_the_lock(executor,
         return fds
 
     fds = run(scenario())
-    fifo = str(Path(req.attempt_dir) / "out")
-    assert fds == {0: "/dev/null", 1: fifo, 2: fifo}
+    assert set(fds) == {0, 1, 2} and fds[0] == "/dev/null"
+    assert fds[1] == fds[2] and fds[1].startswith("pipe:["), fds
 
 
 # ------------------------------------------------------------------------------- signals
@@ -664,7 +669,7 @@ def test_a_pid_file_cut_short_means_never_started_and_the_attempt_still_starts(e
         assert executor.probe(req.attempt_dir, None) is ProcessState.NEVER_STARTED, cut_short
         assert executor.find_handle(req.attempt_dir) is None, cut_short
     handle = run(start_and_wait(executor, req))
-    assert (attempt / "pid").read_bytes() == b"%d\n" % handle.pid
+    assert (attempt / "pid").read_bytes() == b"%d\n6\n" % handle.pid
     assert executor.read_receipt(req.attempt_dir).exit_code == 6
     assert executor.probe(req.attempt_dir, handle) is ProcessState.ENDED
 
@@ -680,7 +685,7 @@ def test_a_receipt_cut_short_counts_as_none_and_an_earlier_wrappers_receipt_is_r
     run(start_and_wait(executor, req))
     path = Path(req.attempt_dir) / "receipt"
     whole = path.read_bytes()
-    assert whole == b"format=2\nstatus=137\ndropped=0\nheld=\nend\n"
+    assert re.fullmatch(rb"format=3\nstatus=137\nheld=\npipe=\d+\nend\n", whole), whole
     receipt = executor.read_receipt(req.attempt_dir)
     assert (receipt.exit_code, receipt.signal) == (None, signal.SIGKILL)
     assert receipt.log_bytes == (Path(req.attempt_dir) / "log").stat().st_size >= 3
@@ -715,7 +720,7 @@ def counting_executor(kind: str, tmp_path: Path, log_dir: Path, started, *,
             continue
         quiet = " 2>/dev/null" if tool == "dd" and not report else ""
         script = tools_dir / f"counted-{tool}"
-        script.write_text(f"#!/bin/sh\necho {tool} >> {starts}\nexec {real} \"$@\"{quiet}\n")
+        script.write_text(f"#!/bin/sh\necho {tool} \"$@\" >> {starts}\nexec {real} \"$@\"{quiet}\n")
         script.chmod(0o700)
         tools[tool] = str(script)
     executor = tracked(LocalProcessExecutor(
@@ -724,9 +729,15 @@ def counting_executor(kind: str, tmp_path: Path, log_dir: Path, started, *,
 
 
 def helper_starts(starts: Path) -> list[str]:
-    found = starts.read_text().split() if starts.exists() else []
+    """The helpers started since the last look, by name."""
+    return sorted(line.split()[0] for line in helper_lines(starts))
+
+
+def helper_lines(starts: Path) -> list[str]:
+    """The helpers started since the last look, each with its arguments."""
+    found = starts.read_text().splitlines() if starts.exists() else []
     starts.unlink(missing_ok=True)
-    return sorted(found)
+    return [line for line in found if line.strip()]
 
 
 @pytest.mark.parametrize("kind", ["dash_and_gnu_tools", pytest.param("busybox", marks=NO_BUSYBOX)])
@@ -860,3 +871,103 @@ def test_a_wrapper_whose_helpers_die_of_a_signal_still_ends_and_writes_its_recei
     receipt = any_executor.read_receipt(req.attempt_dir)
     assert receipt is not None and receipt.exit_code == 5
     wait_until(lambda: group_members(handle.pgid) == [], "the group to be gone")
+
+
+@pytest.mark.parametrize("kind", ["dash_and_gnu_tools", pytest.param("busybox", marks=NO_BUSYBOX)])
+def test_the_fence_watcher_sleeps_until_the_fence_not_once_a_second(kind, tmp_path, log_dir, started):
+    """A cluster worker pays every process its jobs' watchers start: one ``sleep`` a second per
+    running job is a process start a second per slot, for the job's whole life. The watcher
+    sleeps until its fence (renewed here: still one long sleep, then its USR1 at the job's end)."""
+    executor, starts = counting_executor(kind, tmp_path, log_dir, started)
+    go = tmp_path / "go"
+    began = time.monotonic()
+    req = replace(request(log_dir, ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; exit 3"]),
+                  fence_deadline_mono=began + 60)
+    handle = run(executor.start(req))
+    executor.renew_fence(req.attempt_dir, began + 90)
+    wait_until(lambda: time.monotonic() > began + 3.5, "the job to run over three seconds")
+    assert executor.probe(req.attempt_dir, handle) is ProcessState.ALIVE
+    go.touch()
+    run(executor.wait(req.attempt_dir, handle))
+    assert executor.read_receipt(req.attempt_dir).exit_code == 3
+    # the drain's short naps (<= 0.2 s, only when the reader is slow to end) are not the watcher's
+    naps = [line for line in helper_lines(starts) if line.startswith("sleep ") and float(line.split()[1]) > 0.2]
+    assert naps == [f"sleep {FENCE_NAP_CS // 100}.00"], naps
+
+
+def test_a_receipt_counts_up_to_its_end_line_with_the_readers_dropped_line_before_it(executor, log_dir):
+    """The log reader writes its dropped count into the receipt before the wrapper's block: every
+    prefix of the whole must still read as no receipt (a half-written one would record a wrong
+    outcome), and a line a reader still running under orphans = leave appends after ``end``
+    must not turn a whole receipt into none (the Run's outcome lost)."""
+    req = request(log_dir, ["sh", "-c", "head -c 5000 /dev/zero; exit 2"], log_limit_bytes=1000)
+    run(start_and_wait(executor, req))
+    path = Path(req.attempt_dir) / "receipt"
+    whole = path.read_bytes()
+    assert re.fullmatch(rb"dropped=4000\nformat=3\nstatus=2\nheld=\npipe=\d+\nend\n", whole), whole
+    receipt = executor.read_receipt(req.attempt_dir)
+    assert (receipt.exit_code, receipt.log_bytes, receipt.dropped_bytes) == (2, 1000, 4000)
+    for length in range(len(whole)):
+        path.write_bytes(whole[:length])
+        assert executor.read_receipt(req.attempt_dir) is None, whole[:length]
+    path.write_bytes(whole + b"dropped=9999\n")
+    assert executor.read_receipt(req.attempt_dir).dropped_bytes == 4000
+
+
+FORMAT_2_WRAPPER = (Path(__file__).parent / "wrapper_format2.sh").read_text()
+
+
+def start_a_format_2_wrapper(attempt: Path, argv: list[str], log_limit: int) -> subprocess.Popen:
+    """What the previous executor did: a ``lock`` file held across the spawn, the ``out`` FIFO,
+    and the previous wrapper's text."""
+    tools = find_tools()
+    script = FORMAT_2_WRAPPER
+    for name in ("dd", "wc", "sleep"):
+        script = script.replace(f"@{name.upper()}@", tools[name])
+    attempt.mkdir(parents=True, mode=0o700)
+    os.mkfifo(attempt / "out", 0o600)
+    lock = os.open(attempt / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        import fcntl
+
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return subprocess.Popen([tools["sh"], "-c", script, "qinglong-job", str(attempt), str(log_limit),
+                                 "2000", "kill", "--", *argv], stdin=lock, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        os.close(lock)
+
+
+def test_a_job_started_by_the_previous_wrapper_is_adopted_and_read_after_an_upgrade(
+        executor, log_dir, tmp_path, started):
+    """An upgrade restarts the control plane while jobs of the previous wrapper run: if the new
+    executor did not see their lock, it would report them ended (their Runs lost or started a
+    second time); if it could not read their directory, their outcome, end time and dropped
+    count would be lost."""
+    go = tmp_path / "go"
+    attempt = log_dir / "old"
+    proc = start_a_format_2_wrapper(attempt, ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done; "
+                                                          "head -c 3000 /dev/zero; exit 4"], 1000)
+    handle = wait_until(lambda: executor.find_handle(str(attempt)), "the previous wrapper's pid file")
+    started.append((executor, handle))
+    assert handle.pid == proc.pid
+    assert executor.probe(str(attempt), None) is ProcessState.ALIVE
+    assert executor.read_receipt(str(attempt)) is None
+    with pytest.raises(StartError):
+        run(executor.start(StartRequest("run-1", "old", 1, 0, ExecutionSpec(("true",)), str(attempt))))
+
+    async def adopt():
+        waiting = asyncio.ensure_future(executor.wait(str(attempt), handle))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        go.touch()
+        await waiting
+
+    run(adopt())
+    proc.wait(TIMEOUT)
+    assert executor.probe(str(attempt), handle) is ProcessState.ENDED
+    assert (attempt / "receipt").read_text().startswith("format=2\n")
+    receipt = executor.read_receipt(str(attempt))
+    assert (receipt.exit_code, receipt.signal, receipt.log_bytes, receipt.dropped_bytes) == (4, None, 1000, 2000)
+    assert receipt.ended_at_ms == (attempt / "exited").stat().st_mtime_ns // 1_000_000
+    assert executor.find_handle(str(attempt)) is None

@@ -28,8 +28,8 @@ from qinglong.contracts.execution import (
 )
 
 from . import procfs
-from .wrapper import (EXITED, FENCE, FIFO, LOCK, LOG, PID, RECEIPT, WrapperToolMissing, find_tools,
-                      wrapper_argv, wrapper_script)
+from .wrapper import (FENCE, LEGACY_EXITED, LEGACY_FIFO, LEGACY_LOCK, LOG, PID, RECEIPT, WrapperToolMissing,
+                      find_tools, wrapper_argv, wrapper_script)
 
 #: How often :meth:`LocalProcessExecutor.wait` looks at the lock when it cannot be told of the
 #: wrapper's exit (a kernel without pidfd), and how often it re-checks even when it can.
@@ -109,28 +109,19 @@ class LocalProcessExecutor:
             env[EVENT_FILE_ENV] = _write_event_file(attempt_dir, request.event_payload)
         if request.fence_deadline_mono is not None:
             self.renew_fence(attempt_dir, request.fence_deadline_mono)
-        lock_fd = _open_lock(os.path.join(attempt_dir, LOCK))
+        lock_fd = _open_lock(attempt_dir)
+        read_end = write_end = -1
         try:
             _take_lock(lock_fd, attempt_dir)
             _refuse_a_second_start(attempt_dir)  # checked again under the lock
-            fifo = os.path.join(attempt_dir, FIFO)
-            try:
-                os.unlink(fifo)
-            except FileNotFoundError:
-                pass
-            try:
-                os.mkfifo(fifo, 0o600)
-            except OSError as exc:
-                raise StartError(f"cannot create the output FIFO {fifo!r}: {exc.strerror or exc} "
-                                 "(the log directory must be on a filesystem with FIFOs and "
-                                 "locks, e.g. ext4 or tmpfs; not vfat)") from None
+            read_end, write_end = os.pipe()  # the job's output: no file to create
             argv = wrapper_argv(self._tools, self._script, attempt_dir, spec.log_limit_bytes,
-                                [*self._drop, program, *spec.command[1:]], drain_ms=self._context.orphan_drain_ms,
-                                orphans=self._context.orphans)
+                                [*self._drop, program, *spec.command[1:]],
+                                pipe_inode=os.fstat(read_end).st_ino,
+                                drain_ms=self._context.orphan_drain_ms, orphans=self._context.orphans)
             try:
-                proc = subprocess.Popen(argv, stdin=lock_fd, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, cwd=cwd, env=env,
-                                        start_new_session=True, close_fds=True)
+                proc = subprocess.Popen(argv, stdin=lock_fd, stdout=write_end, stderr=read_end,
+                                        cwd=cwd, env=env, start_new_session=True, close_fds=True)
             except OSError as exc:
                 raise StartError(f"could not start {spec.command[0]!r}: "
                                  f"{exc.strerror or exc}") from None
@@ -138,6 +129,9 @@ class LocalProcessExecutor:
             # the wrapper holds the lock now (its stdin, then fd 9); ours is closed only after
             # the spawn, so the lock was never free between the check and the start
             os.close(lock_fd)
+            for fd in (read_end, write_end):
+                if fd >= 0:
+                    os.close(fd)
         self._children[proc.pid] = proc
         stat = procfs.read_stat(proc.pid)  # our unreaped child: readable even if it exited
         # None only if something else in this process reaped our child (a waitpid(-1)): it has
@@ -280,9 +274,9 @@ class LocalProcessExecutor:
                 text = f.read(4096).decode("ascii", "replace")
         except FileNotFoundError:
             return None
-        if not _receipt_complete(text):
+        fields = _receipt_fields(text)
+        if fields is None:
             return None
-        fields = _parse_fields(text)
         try:
             status = int(fields["status"])
         except (KeyError, ValueError):
@@ -301,12 +295,8 @@ class LocalProcessExecutor:
             log_bytes = os.stat(os.path.join(attempt_dir, LOG)).st_size
         except FileNotFoundError:
             log_bytes = 0
-        ended_ns = stat.st_mtime_ns
-        try:  # the job's own end, before the drain (a wrapper of this version writes it)
-            ended_ns = min(ended_ns, os.stat(os.path.join(attempt_dir, EXITED)).st_mtime_ns)
-        except FileNotFoundError:
-            pass
-        note = _held_note(fields.get("held", ""), attempt_dir, self._context.orphan_drain_ms)
+        ended_ns = min(stat.st_mtime_ns, _job_ended_ns(attempt_dir, fields.get("format")) or stat.st_mtime_ns)
+        note = _held_note(fields, attempt_dir, self._context.orphan_drain_ms)
         return Receipt(exit_code, signal, ended_ns // 1_000_000, log_bytes, max(dropped, 0), note,
                        ended_slack_ms=_COARSE_CLOCK_SLACK_MS)
 
@@ -356,16 +346,43 @@ def _why_no_start(attempt_dir: str, status: int) -> str:
 
 
 
-def _held_note(held: str, attempt_dir: str, drain_ms: int) -> str | None:
+def _job_ended_ns(attempt_dir: str, receipt_format: str | None) -> int | None:
+    """When the job's own process ended, before the drain: the mtime of the pid file once the
+    status line is appended to it (``format=3``), or of ``exited`` (``format=2``); None for a
+    wrapper that recorded neither."""
+    if receipt_format == "2":
+        try:
+            return os.stat(os.path.join(attempt_dir, LEGACY_EXITED)).st_mtime_ns
+        except FileNotFoundError:
+            return None
+    try:
+        with open(os.path.join(attempt_dir, PID), "rb") as f:
+            stat = os.fstat(f.fileno())
+            text = f.read(128)
+    except FileNotFoundError:
+        return None
+    if text.count(b"\n") < 2:
+        return None
+    return stat.st_mtime_ns
+
+
+def _held_note(fields: Mapping[str, str], attempt_dir: str, drain_ms: int) -> str | None:
     """In words, what held the job's output after the job itself exited (the receipt's ``held``),
     naming the processes that still hold it; None when the output ended with the job."""
+    held = fields.get("held", "")
     if held not in ("term", "killed", "left"):
         return None
     if held == "term":
         return ("after the job exited, processes it left in its process group held its output; "
                 "they were sent TERM")
     pgid = _read_pid(attempt_dir)
-    writers = procfs.writers_of(os.path.join(os.path.abspath(attempt_dir), FIFO))
+    pipe = fields.get("pipe", "")
+    if pipe.isdigit():
+        writers = procfs.writers_of(f"pipe:[{pipe}]")
+    elif fields.get("format") == "2":
+        writers = procfs.writers_of(os.path.join(os.path.abspath(attempt_dir), LEGACY_FIFO))
+    else:
+        writers = []
     if held == "killed":
         note = (f"after the job exited, its output was still held {drain_ms} ms later: its process "
                 "group was killed (orphans = \"kill\")")
@@ -454,11 +471,12 @@ def _refuse_a_second_start(attempt_dir: str) -> None:
                      f"({name} exists): not starting the job twice")
 
 
-def _open_lock(path: str) -> int:
+def _open_lock(attempt_dir: str) -> int:
+    """A descriptor of the Attempt directory, whose flock is the Attempt's lock."""
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        return os.open(attempt_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
-        raise StartError(f"cannot open {path!r}: {exc.strerror or exc}") from None
+        raise StartError(f"cannot open {attempt_dir!r}: {exc.strerror or exc}") from None
 
 
 def _take_lock(fd: int, attempt_dir: str) -> None:
@@ -466,20 +484,33 @@ def _take_lock(fd: int, attempt_dir: str) -> None:
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
+            if not _lock_held(attempt_dir, legacy_only=True):
+                return
+            fcntl.flock(fd, fcntl.LOCK_UN)  # a wrapper of the previous format holds ``lock``
         except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise StartError(f"the attempt directory {attempt_dir!r} is in use by a live "
-                                 "process: not starting the job twice") from None
-            time.sleep(0.005)
+            pass
+        except OSError as exc:
+            raise StartError(f"cannot lock the attempt directory {attempt_dir!r}: {exc.strerror or exc} "
+                             "(the log directory must be on a filesystem with locks, e.g. ext4 or "
+                             "tmpfs)") from None
+        if time.monotonic() > deadline:
+            raise StartError(f"the attempt directory {attempt_dir!r} is in use by a live "
+                             "process: not starting the job twice") from None
+        time.sleep(0.005)
 
 
-def _lock_held(attempt_dir: str) -> bool:
-    """Whether a wrapper (or a start in progress) holds the Attempt's lock."""
+def _lock_held(attempt_dir: str, *, legacy_only: bool = False) -> bool:
+    """Whether a wrapper (or a start in progress) holds the Attempt's lock: the directory's, or
+    the ``lock`` file of a wrapper of the previous format where there is one."""
     try:
-        fd = os.open(os.path.join(attempt_dir, LOCK), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return False
+        fd = os.open(os.path.join(attempt_dir, LEGACY_LOCK), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except (FileNotFoundError, NotADirectoryError):
+        if legacy_only:
+            return False
+        try:
+            fd = os.open(attempt_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -491,37 +522,44 @@ def _lock_held(attempt_dir: str) -> bool:
 
 def _read_pid(attempt_dir: str) -> int | None:
     """The pid the wrapper wrote, or None: no pid file, or one it has not finished writing (the
-    wrapper writes it in place, the line's newline last: empty or without it means "not yet")."""
+    wrapper writes it in place, the line's newline last: empty or without it means "not yet").
+    A second line (the job's status, appended when it ended) is not the pid's."""
     try:
         with open(os.path.join(attempt_dir, PID), "rb") as f:
             text = f.read(64)
     except FileNotFoundError:
         return None
-    if not text.endswith(b"\n"):
+    line, newline, _ = text.partition(b"\n")
+    if not newline:
         return None
     try:
-        pid = int(text.strip())
+        pid = int(line.strip())
     except ValueError:
         return None
     return pid if pid > 1 else None
 
 
-def _receipt_complete(text: str) -> bool:
-    """Whether a receipt was written to its end. The wrapper writes it in place (no rename): one
-    that begins with ``format=`` counts only with its last line ``end``, so a wrapper killed while
-    writing it leaves no receipt, as one killed before. A receipt without ``format=`` was written
-    by an earlier wrapper (tmp + rename, so always whole): a job that outlived an upgrade."""
-    if text.startswith("format="):
-        return text.endswith("\nend\n")
-    return text.startswith("status=")
-
-
-def _parse_fields(text: str) -> Mapping[str, str]:
+def _receipt_fields(text: str) -> Mapping[str, str] | None:
+    """The receipt's fields, or None when it was not written to its end. The wrapper writes it in
+    place (no rename): it counts only up to a whole line ``end`` and with a ``format=`` line
+    before it, so a wrapper killed while writing it leaves no receipt, as one killed before;
+    what follows ``end`` (a log reader's late line) is not read. A receipt that begins with
+    ``status=`` was written by an earlier wrapper (tmp + rename, so always whole): a job that
+    outlived an upgrade."""
+    lines = text.split("\n")
+    if text.startswith("status="):
+        body = lines
+    elif "end" in lines[:-1]:
+        body = lines[:lines.index("end")]
+    else:
+        return None
     fields = {}
-    for line in text.splitlines():
+    for line in body:
         key, sep, value = line.partition("=")
         if sep:
-            fields[key.strip()] = value.strip()
+            fields.setdefault(key.strip(), value.strip())
+    if "status" not in fields or ("format" not in fields and not text.startswith("status=")):
+        return None
     return fields
 
 
