@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from typing import Any, Mapping
 
-from qinglong.contracts.errors import AlreadyExists, ExitCode
+from qinglong.contracts.errors import AlreadyExists, ExitCode, SettingsError
 from qinglong.contracts.records import TriggerDefinition
 
 from .boot import container_of, on_backend
@@ -17,8 +17,21 @@ from .signals import run_lifecycle
 def cmd_run(args: argparse.Namespace) -> int:
     """Start the profile's lifecycle and run until SIGTERM/SIGINT (or ``--for-seconds``)."""
     container = container_of(args)
+    refuse_gateway_setting(container.loaded())
     lifecycle = container.lifecycle()
     return asyncio.run(run_lifecycle(lifecycle, container.diagnostics(), args.for_seconds))
+
+
+def refuse_gateway_setting(loaded: Any) -> None:
+    """``[api] gateway_dsn`` on a profile whose store has no worker gateway is refused, as
+    ``qinglong api`` refuses it, rather than read and ignored (its workers would wait forever).
+    A profile with remote workers (its ``[worker]`` table) may set it: ``qinglong api`` and
+    ``qinglong run`` may share one file there."""
+    if loaded.settings.api.gateway_dsn is None or loaded.profile.worker_forbidden_modules:
+        return
+    raise SettingsError(f"invalid settings: {loaded.origin(('api', 'gateway_dsn'))}: key 'api.gateway_dsn': "
+                        f"the {loaded.profile.name} profile's store offers no worker gateway (use the cluster "
+                        "profile)")
 
 
 #: The longest ``run --for-seconds`` (a year) and ``demo --seconds`` (an hour) accepted.
