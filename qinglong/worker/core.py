@@ -95,7 +95,8 @@ class WorkerCore:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     stats: WorkerStats = field(default_factory=WorkerStats)
-    #: the refused login last reported (each new refusal is reported once)
+    #: the refused login last reported: each new refusal is reported once (the client raises the
+    #: same one until its pause ends, whatever answers meanwhile)
     _auth_reported: BaseException | None = None
 
     def __post_init__(self) -> None:
@@ -155,6 +156,5 @@ class WorkerCore:
         if self.store_down_since is not None:
             down = self.mono() - self.store_down_since
             self.store_down_since = None
-            self._auth_reported = None
             self.emit("info", "worker.store_available", f"the store answers again after {down:.1f} s",
                       down_ms=int(down * 1000))

@@ -142,6 +142,7 @@ class HttpWorkerProtocol:
         #: after a refused token: the refusal, when the next try may be made, and the pause after it
         self._auth_error: StoreAuthFailed | None = None
         self._auth_retry_at = 0.0
+        self._auth_failed_at = 0.0
         self._auth_backoff_s = AUTH_BACKOFF_S
         self._agent = application_name
         self._ssl: ssl.SSLContext | None = None
@@ -170,6 +171,7 @@ class HttpWorkerProtocol:
         path = self._base + wire.PATHS[name]
         for reread in (False, True):
             self.calls += 1
+            sent_at = loop.time()
             status, data = await asyncio.to_thread(link.post, path, payload, CALL_TIMEOUT_S + wait_s)
             if status == 401 and not reread:
                 try:
@@ -188,11 +190,15 @@ class HttpWorkerProtocol:
             self._auth_error = StoreAuthFailed(
                 f"{self.target} refused the worker's token ({name}): it is unknown or revoked; check "
                 "[worker] token_file (`qinglong worker rotate` prints a new one)")
-            self._auth_retry_at = loop.time() + self._auth_backoff_s
+            self._auth_failed_at = loop.time()
+            self._auth_retry_at = self._auth_failed_at + self._auth_backoff_s
             self._auth_backoff_s = min(AUTH_BACKOFF_MAX_S, self._auth_backoff_s * 2)
             raise self._auth_error
-        self._auth_error = None
-        self._auth_backoff_s = AUTH_BACKOFF_S
+        if self._auth_error is None or sent_at >= self._auth_failed_at:
+            # an answer to a request sent before the refusal (a long-polled claim) proves nothing
+            # about the token now: the refusal and its growing pause stand
+            self._auth_error = None
+            self._auth_backoff_s = AUTH_BACKOFF_S
         if status == 200:
             return answer
         if status == 429:
