@@ -121,13 +121,18 @@ class WorkerCore:
         """The job is ours to act on: not forgotten, and claimed under the current session."""
         return not job.forgotten and self.session is not None and self.session.fence == job.fence
 
-    def forget(self, job: WorkerJob, *, kill_now: bool = False, kill_at: float | None = None) -> None:
+    def forget(self, job: WorkerJob, *, kill_now: bool = False, kill_at: float | None = None,
+               since_mono: float | None = None) -> None:
         """The job is no longer ours: TERM its group now, KILL now or at ``kill_at`` (the
-        watchdog sends it); its outcome is never reported."""
+        watchdog sends it); its outcome is never reported. ``since_mono``: the job stopped
+        being ours earlier than now (the self-fence's TERM point, when the keeper and the
+        executor's fence may already have signalled it): an end after then is not its own."""
         if job.forgotten:
             return
         job.forgotten = True
-        job.forgotten_wall_ms = wall_clock_ms()
+        now_ms = wall_clock_ms()
+        behind_ms = 0 if since_mono is None else max(0, int((self.mono() - since_mono) * 1000))
+        job.forgotten_wall_ms = now_ms - behind_ms
         self.stats.forgotten += 1
         job.kill_at = self.mono() if kill_now or kill_at is None else kill_at
         if job.handle is not None:

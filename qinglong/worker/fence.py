@@ -185,6 +185,16 @@ class SelfFence:
                               jobs=len(alive))
             await asyncio.sleep(WATCHDOG_S)
 
+    def due(self) -> bool:
+        """The self-fence's TERM point has passed and the session is still held (a worker that
+        was frozen, before its watchdog ran): fence now, before anything acts on the session."""
+        core = self._core
+        d = core.deadlines
+        if core.session is None or d is None or core.mono() < d.term_at:
+            return False
+        self.self_fence(d)
+        return True
+
     def self_fence(self, d: FenceDeadlines) -> None:
         """No heartbeat succeeded in time: abandon the session, TERM every job, KILL at kill_at."""
         core = self._core
@@ -202,4 +212,4 @@ class SelfFence:
                   last_heartbeat_started_mono=core.last_heartbeat_mono,
                   term_at_mono=d.term_at, kill_at_mono=d.kill_at, fenced_at_mono=d.fenced_at)
         for job in jobs:
-            core.forget(job, kill_at=d.kill_at)
+            core.forget(job, kill_at=d.kill_at, since_mono=d.term_at)

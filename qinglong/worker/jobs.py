@@ -51,6 +51,7 @@ from qinglong.contracts.worker import (
 from qinglong.supervisor import NO_COMMAND, missing_executor, start_failure, wall_clock_ms
 
 from .core import RETRY_S, WorkerCore, WorkerJob
+from .fence import SelfFence
 from .late import mark_reported, report_found, report_late, write_lease
 from .logship import log_size, ship_log
 from .session import Sessions
@@ -79,9 +80,11 @@ async def _outcome_of(work: "asyncio.Future[None]") -> OSError | None:
 class Jobs:
     """The claim loop and every job's task (see the module docstring)."""
 
-    def __init__(self, core: WorkerCore, sessions: Sessions, executors: Mapping[str, Executor]) -> None:
+    def __init__(self, core: WorkerCore, sessions: Sessions, fence: SelfFence,
+                 executors: Mapping[str, Executor]) -> None:
         self._core = core
         self._sessions = sessions
+        self._fence = fence
         self._executors = dict(executors)
 
     async def report_found(self) -> None:
@@ -334,6 +337,9 @@ class Jobs:
 
         await core.supervisor.wait_for_exit(job, every_s=min(SHIP_S, core.config.heartbeat_ms / 1000),
                                             meanwhile=ship_while_held)
+        # woken past the TERM point (frozen): the keeper or the executor's fence may be what
+        # ended the job, so the session is abandoned first and only the job's own end reported
+        self._fence.due()
         if job.forgotten:
             outcome = self._own_end(job)
             if outcome is not None:
@@ -364,7 +370,10 @@ class Jobs:
             receipt = job.executor.read_receipt(job.attempt_dir)
         except Exception:
             return None
-        if receipt is None or receipt.ended_at_ms > job.forgotten_wall_ms:
+        # a signal may be the fence's own; an end within the clock's slack of the forget may be
+        # an exit the forget's TERM caused (a job that traps it)
+        if (receipt is None or receipt.exit_code is None
+                or receipt.ended_at_ms + max(0, receipt.ended_slack_ms) >= job.forgotten_wall_ms):
             return None
         return classify_outcome(receipt, job.cancel)
 

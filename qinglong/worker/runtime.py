@@ -46,7 +46,7 @@ class Worker:
         self._core = WorkerCore(config, diagnostics, mono=clock, protocol=protocol)
         self._fence = SelfFence(self._core)
         self._sessions = Sessions(self._core, self._fence, connect)
-        self._jobs = Jobs(self._core, self._sessions, executors)
+        self._jobs = Jobs(self._core, self._sessions, self._fence, executors)
         self._loops: list[asyncio.Task[None]] = []
 
     # ---------------------------------------------------------------------------------- control

@@ -74,8 +74,8 @@ class Sessions:
                 continue
             due = (core.last_heartbeat_mono or core.mono()) + core.config.heartbeat_ms / 1000
             await asyncio.sleep(max(0.0, due - core.mono()))
-            if core.session is None or core.closing:
-                continue
+            if core.session is None or core.closing or self._fence.due():
+                continue  # past the TERM point (woken from a freeze): fenced, never renewed
             if not await self._heartbeat(protocol, core.session):
                 # the store did not answer: try again soon, the self-fence runs on its own clock
                 await asyncio.sleep(min(RETRY_S, core.config.heartbeat_ms / 1000))
@@ -157,8 +157,10 @@ class Sessions:
             core.stats.failed_heartbeats += 1
             core.store_down(exc)
             return False
-        if core.session is not session:
-            return True  # self-fenced while the call was out: the reply renews nothing of ours
+        if core.session is not session or self._fence.due():
+            # self-fenced while the call was out, or its TERM point passed meanwhile (the keeper
+            # acts on it): the reply renews nothing of ours
+            return True
         core.store_up()
         core.stats.heartbeats += 1
         self._set_deadlines(started)

@@ -120,6 +120,44 @@ def test_a_restarted_worker_reports_the_outcome_its_killed_process_left_on_disk(
     assert "worker.completed_late" in w.codes() and len(found) == 1 and not dups
 
 
+def test_a_frozen_workers_job_stopped_by_its_fence_is_never_recorded_as_the_jobs_own_failure(cluster):
+    """Worker 'w' is frozen (SIGSTOP) while its job runs (a task that is not idempotent). Its
+    fence keeper stops the job at the self-fence's TERM point (the marker job exits 143: died of
+    TERM), the lease runs out and the replica ends the Run ``lost``; then the worker is continued.
+    The TERM was the fence's own, so the receipt says nothing about the job: if the woken worker
+    reported it (in time or late, as the token allows while nothing else started), the Run would
+    be recorded ``failed`` by signal 15 with no reason, a failure of the job invented by the
+    fence, and the lease expiry's true account (lost, and why) would be overwritten."""
+    c = cluster
+    c.publish_task("once", hold_s=60)
+    c.start_replica("replica-1")
+    w = c.add_worker("w")
+    c.admit("once")
+    (run_id,) = c.wait_runs(1)
+    first = wait_until(lambda: next((a for a in c.attempts(run_id) if a["state"] == "running"
+                                     and f"{run_id}.{a['attempt_id']}" in started_keys(c.markers)), None),
+                       "the job to run")
+    w.process.signal(signal.SIGSTOP)
+    key = f"{run_id}.{first['attempt_id']}"
+    wait_until(lambda: key in c.watcher.gone_at, "the fence keeper to stop the frozen worker's job")
+    wait_until(lambda: c.run_states()[run_id] == "lost", "the lease's expiry to end the Run lost")
+    w.process.signal(signal.SIGCONT)
+    # the woken worker's word on that job: forgotten (not its to report), or reported late
+    wait_until(lambda: {"worker.job_forgotten", "worker.completed_late", "worker.late_refused"}
+               & set(w.codes()), "the woken worker to settle its stopped job")
+    (attempt,) = c.attempts(run_id)
+    found, dups = executions(c.markers, c.watcher)
+    figures("fence_stopped_job_not_reported", attempt=(attempt["state"], attempt.get("exit_code"),
+                                                        attempt.get("signal"), attempt.get("reason")),
+            run_state=c.run_states()[run_id], codes=[code for code in w.codes()
+                                                      if "late" in code or "fence" in code or "forgot" in code])
+    assert [e.how for e in found] == ["term"], found
+    assert attempt["state"] == "lost" and attempt["reason"], attempt
+    assert attempt["completed_late_at_ms"] is None, attempt
+    assert "worker.self_fenced" in w.codes() and "worker.completed_late" not in w.codes()
+    assert c.run_states()[run_id] == "lost" and not dups
+
+
 # ------------------------------------------------------------------------------- client API
 
 
