@@ -1,15 +1,18 @@
 """``POST /worker/v1/complete_and_claim``: a job's completion and the claim for the slot it frees in
 one request and one store transaction, through a real ``qinglong api`` over TCP on real
-PostgreSQL, with real registered workers."""
+PostgreSQL, with real registered workers; and a real ``qinglong worker`` that ends each job with it
+(its requests counted by a proxy in front of the gateway)."""
 
 from __future__ import annotations
 
 import base64
 
+from devtools.fault_proxy import TO_SERVER
 from qinglong.contracts.worker import new_lease_token
-from tests.gateway.helpers import ApiGateway, WorkerHttp, plane_settings, register
+from tests.gateway.helpers import ApiGateway, GatewayPlane, WorkerHttp, plane_settings, register, start_gateway_worker
 from tests.gateway.test_gateway_attacks import dump
-from tests.worker.helpers import admit, publish_task, py_job, run_state
+from tests.worker.helpers import admit, publish_task, py_job, run_state, wait_run_state, wait_until
+from tests.worker_failure.harness import SniffingProxy
 
 LEASE_MS = 30_000
 SUCCEEDED = {"state": "succeeded", "exit_code": 0, "signal": None, "log_bytes": 0, "log_dropped_bytes": 0,
@@ -167,3 +170,36 @@ def test_a_refused_completion_claims_nothing_and_a_claim_keeps_to_the_registrati
     finally:
         w.close()
 
+
+def test_a_worker_ends_each_job_with_one_request_that_also_claims_the_next(cluster, tmp_path):
+    """A worker that completed, then claimed, would send two requests (two store transactions,
+    two round trips during which the slot idles) per job; counted in front of the gateway, each
+    job's end must be one ``complete_and_claim`` and the queue must be drained without a claim
+    per job."""
+    jobs = 8
+    runs = [admit(cluster, publish_task(cluster, f"one-by-one-{n}", {"command": py_job("pass")}))
+            for n in range(jobs)]
+    plane = GatewayPlane(cluster, tmp_path / "plane")
+    proxy = SniffingProxy(("127.0.0.1", plane.api.port), name="count-requests", watch=(
+        b"POST /worker/v1/claim ", b"POST /worker/v1/complete ", b"POST /worker/v1/complete_and_claim ")).start()
+    worker = None
+    try:
+        token = plane.register("w-one", capacity=1)
+        worker = start_gateway_worker(f"http://127.0.0.1:{proxy.port}", token, tmp_path, "w-one", max_running=1)
+        for run_id in runs:
+            assert wait_run_state(cluster, run_id) == "succeeded"
+
+        def requests(call: str) -> int:
+            return proxy.count(TO_SERVER, f"POST /worker/v1/{call} ".encode())
+
+        wait_until(lambda: requests("complete_and_claim") >= jobs, "every job's end to reach the gateway")
+        assert requests("complete_and_claim") == jobs and requests("complete") == 0
+        # the first claim, the one waiting after the last job, and any that waited out their time:
+        # never one per job
+        assert requests("claim") <= 3, requests("claim")
+        assert "worker.bad_call" not in worker.text() and "worker.store_unavailable" not in worker.text()
+    finally:
+        if worker is not None:
+            worker.stop()
+        proxy.close()
+        plane.stop()
