@@ -203,3 +203,53 @@ def test_a_worker_ends_each_job_with_one_request_that_also_claims_the_next(clust
             worker.stop()
         proxy.close()
         plane.stop()
+
+
+def test_a_connection_the_gateway_closed_while_idle_does_not_cost_the_combined_call(cluster, tmp_path):
+    """A job that prints nothing for longer than the gateway's keep-alive finds its connection
+    closed when it ends. The combined call is never resent once it may have reached the gateway
+    (its claim is not idempotent), so a connection found closed must be replaced before it is
+    sent: otherwise every such job's end would fail, wait, and fall back to two requests."""
+    import asyncio
+
+    from qinglong.contracts.execution import AttemptOutcome, AttemptState
+    from qinglong.contracts.worker import CompletionResult
+    from qinglong.worker.http_client import HttpWorkerProtocol
+    from tests.gateway.helpers import write_gateway_worker_settings
+
+    first, second = queued(cluster, "idle-1", "idle-2")
+    settings = plane_settings(cluster, tmp_path)
+    # the gateway closes a kept-alive connection idle for a second
+    settings.write_text(settings.read_text().replace("request_timeout_ms = 60000", "request_timeout_ms = 1000"))
+    token = register(settings, "w-idle", capacity=1)
+    api = ApiGateway(settings, tmp_path / "api.stderr")
+    write_gateway_worker_settings(tmp_path / "w-idle.toml", url=api.url, token=token, worker_id="w-idle",
+                                  log_dir=tmp_path / "logs")
+
+    async def body() -> None:
+        protocol = HttpWorkerProtocol(api.url, str(tmp_path / "w-idle.token"), "qinglong worker w-idle")
+        try:
+            session = await protocol.open_session("w-idle", (), 1, LEASE_MS)
+            (held,) = await protocol.claim(session.fence, [new_lease_token()])
+            assert held.run_id == first
+            await protocol.started(session.fence, held.lease)
+            link = protocol._control
+            deadline = asyncio.get_running_loop().time() + 30
+            while not link._dropped():  # the gateway's keep-alive ran out and it closed the link
+                assert asyncio.get_running_loop().time() < deadline, "the gateway never closed the idle link"
+                await asyncio.sleep(0.05)
+            calls = protocol.calls
+            done = AttemptOutcome(AttemptState.SUCCEEDED, exit_code=0, log_bytes=0)
+            reply, claimed = await protocol.complete_and_claim(session.fence, held.lease, done,
+                                                               [new_lease_token()])
+            assert reply.result is CompletionResult.ACCEPTED
+            assert [c.run_id for c in claimed] == [second]
+            assert protocol.calls == calls + 1
+        finally:
+            await protocol.close()
+
+    try:
+        asyncio.run(body())
+        assert run_state(cluster, first) == "succeeded" and attempt_of(cluster, second) == ("dispatching", "w-idle")
+    finally:
+        api.stop()
