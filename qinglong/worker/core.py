@@ -117,6 +117,13 @@ class WorkerCore:
         self.stop.set()
         self.wake.set()
 
+    def slots(self) -> int:
+        """How many jobs this worker may hold: ``max_running``, bounded by the capacity the
+        session was opened with (the registration's; the gateway refuses a claim beyond it)."""
+        session = self.session
+        cap = self.config.max_running
+        return min(cap, session.capacity) if session is not None and session.capacity > 0 else cap
+
     def holds(self, job: WorkerJob) -> bool:
         """The job is ours to act on: not forgotten, and claimed under the current session."""
         return not job.forgotten and self.session is not None and self.session.fence == job.fence

@@ -130,7 +130,7 @@ class Jobs:
         while not core.closing and not core.draining:
             core.wake.clear()
             more = False
-            free = core.config.max_running - len(core.jobs)
+            free = core.slots() - len(core.jobs)
             session = core.session
             if free > 0 and self._may_claim() and core.protocol is not None and session is not None:
                 waited = False
@@ -428,7 +428,7 @@ class Jobs:
 
         async def call() -> Any:
             tries[0] += 1
-            free = core.config.max_running - len(core.jobs) + 1
+            free = core.slots() - len(core.jobs) + 1
             if (combined is not None and first and tries[0] == 1 and free > 0 and self._may_claim()
                     and core.session is not None and core.session.fence == job.fence):
                 reply, claimed = await combined(job.fence, job.claimed.lease, final,

@@ -125,6 +125,11 @@ class Sessions:
         core.session = session
         self._set_deadlines(started)
         core.stats.sessions += 1
+        if 0 < session.capacity < config.max_running and core.stats.sessions == 1:
+            core.emit("warning", "worker.capacity_bound",
+                      f"worker {config.worker_id} is registered for {session.capacity} job(s) at once; "
+                      f"[worker] max_running = {config.max_running} is bounded to that",
+                      capacity=session.capacity, max_running=config.max_running)
         core.emit("info", "worker.session_opened",
                   f"session of worker {config.worker_id} opened (generation {session.fence.generation})",
                   worker_id=config.worker_id, generation=session.fence.generation,

@@ -174,3 +174,27 @@ def test_a_run_that_cannot_start_ends_failed_with_the_reason_and_is_never_retrie
         worker.signal(signal.SIGTERM)
         worker.wait()
         worker.stop()
+
+
+def test_a_worker_set_to_run_more_than_its_registration_allows_runs_at_its_registered_capacity(
+        cluster, tmp_path, worker_gateway):
+    """A worker registered for 1 job at once but configured with `max_running = 3` asked the
+    gateway for 3 claims, was refused each time as malformed, and never ran anything: every
+    Run stayed queued behind a worker that looked alive. It must run them all, one at a time
+    (the registration is the bound), and say once why it runs fewer than it was told."""
+    token = worker_gateway.register("w-cap", capacity=1)
+    runs = [admit(cluster, publish_task(cluster, f"cap-{i}", {"command": py_job("print('ok')")}))
+            for i in range(3)]
+    worker = start_worker(worker_gateway, tmp_path, "w-cap", token=token, max_running=3)
+    try:
+        assert [wait_run_state(cluster, run_id) for run_id in runs] == ["succeeded"] * 3
+        spans = sorted(cluster.sql("SELECT started_at_ms, finished_at_ms FROM qinglong.attempts "
+                                   "WHERE run_id::text = ANY(%s)", (runs,)))
+        assert len(spans) == 3 and all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+        codes = [e["code"] for e in worker.events()]
+        assert codes.count("worker.capacity_bound") == 1
+        assert "worker.bad_call" not in codes and "worker.store_unavailable" not in codes, codes
+    finally:
+        worker.signal(signal.SIGTERM)
+        worker.wait()
+        worker.stop()
