@@ -10,7 +10,9 @@ PostgreSQL ships it, ``fsync = on``; ``--fsync-off`` is the labelled variant the
 
 * burst (``--jobs``): N triggers due at one instant T (copies of one published trigger, cursors
   set to T), 2 ``qinglong run`` replicas and 2 ``qinglong worker`` processes of 2 slots each
-  (product defaults otherwise: poll 1 s, heartbeat 10 s), started about 10 s before T. The job is
+  (product defaults otherwise: poll 1 s, heartbeat 10 s), started about 10 s before T; each
+  job's end is one request to the gateway that also claims the next (``complete_and_claim``),
+  so ``--where`` shows about two gateway requests per job (``worker_identity``). The job is
   ``sh -c 'echo "$QINGLONG_RUN_ID" >> FILE'``; executions are counted from FILE (duplicates:
   lines beyond one per Run; missing: Runs without a line). Reported: seconds from T to the last
   outcome (the last Attempt's ``finished_at_ms``, database clock), the server's CPU seconds from

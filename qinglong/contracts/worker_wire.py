@@ -36,8 +36,8 @@ from .worker import (
 
 PREFIX = "/worker/v1"
 PATHS = {name: f"{PREFIX}/{name}" for name in (
-    "open_session", "heartbeat", "claim", "started", "append_log", "complete", "complete_late",
-    "close_session")}
+    "open_session", "heartbeat", "claim", "started", "append_log", "complete", "complete_and_claim",
+    "complete_late", "close_session")}
 #: The longest a claim may wait for a Run to become claimable, ms (the gateway bounds it lower).
 MAX_CLAIM_WAIT_MS = 60_000
 
@@ -170,6 +170,12 @@ def completion_of(data: Mapping[str, Any]) -> CompletionReply:
     return CompletionReply(CompletionResult(field(data, "result", str)), RunState(field(data, "run_state", str)),
                            field(data, "log_bytes_stored", int), field(data, "next_attempt_no", int, optional=True),
                            field(data, "next_not_before_ms", int, optional=True))
+
+
+def completion_and_claims_of(data: Mapping[str, Any]) -> tuple[CompletionReply, list[ClaimedAttempt]]:
+    """``complete_and_claim``'s answer: ``{"completion": ..., "claimed": [...]}``."""
+    return (completion_of(field(data, "completion", dict)),
+            [claimed_of(item) for item in field(data, "claimed", list)])
 
 
 # ------------------------------------------------------------------------------ refusals

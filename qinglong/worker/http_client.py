@@ -6,9 +6,12 @@ Two kept-alive connections: one for claims (a claim may wait at the gateway unti
 claimable) and one for everything else (heartbeats must never queue behind a waiting claim).
 Each call runs in a thread with a bound on the socket; a connection that fails is dropped and the
 call raises :class:`~qinglong.contracts.errors.StoreUnavailable` (the worker retries it as it
-retries a store); the next call connects again. The token is sent only in the Authorization
-header and never appears in an error; a 401 re-reads the token file once (a rotated token), and a
-token still refused is not sent again before a pause that doubles at each refusal.
+retries a store); the next call connects again. A kept-alive connection the gateway closed
+while idle is tried once more on a new one, but for ``complete_and_claim``, whose claim must
+never be made twice: a connection found closed is replaced before it is sent, and a failure
+after is raised (the worker repeats the completion alone). The token is sent only in the
+Authorization header and never appears in an error; a 401 re-reads the token file once (a rotated
+token), and a token still refused is not sent again before a pause that doubles at each refusal.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import http.client
 import json
 import os
+import select
 import ssl
 import stat
 import threading
@@ -91,8 +95,26 @@ class _Link:
             except Exception:
                 pass
 
-    def post(self, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+    def _dropped(self) -> bool:
+        """Whether the kept-alive connection was closed by the gateway while idle (its socket
+        reads the end, or anything, before a request was sent)."""
+        sock = self._conn.sock if self._conn is not None else None
+        if sock is None:
+            return False
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
+    def post(self, path: str, body: bytes, timeout_s: float, *, resend: bool = True) -> tuple[int, bytes]:
+        """One request and its answer. A kept-alive connection that fails is tried once more on a
+        new one when ``resend`` (the call may be repeated as it was); otherwise a connection that
+        was closed while idle is replaced before sending, and a failure once the request may have
+        reached the gateway is raised, never sent again."""
         with self._lock:
+            if not resend and self._dropped():
+                self.drop()
             for attempt in (0, 1):
                 fresh = self._conn is None
                 if fresh:
@@ -108,7 +130,7 @@ class _Link:
                 except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
                     # a kept-alive connection the server closed while idle: once more on a new one
                     self.drop()
-                    if fresh or attempt:
+                    if fresh or attempt or not resend:
                         raise StoreUnavailable(f"{self._client.target}: the gateway closed the connection "
                                                f"({type(exc).__name__})") from None
                     continue
@@ -162,7 +184,7 @@ class HttpWorkerProtocol:
                 "Content-Length": str(length), "User-Agent": self._agent[:100]}
 
     async def _call(self, name: str, body: dict[str, Any], *, link: _Link | None = None,
-                    wait_s: float = 0.0) -> Any:
+                    wait_s: float = 0.0, resend: bool = True) -> Any:
         loop = asyncio.get_running_loop()
         if self._auth_error is not None and loop.time() < self._auth_retry_at:
             raise self._auth_error  # pausing after a refused token
@@ -172,7 +194,8 @@ class HttpWorkerProtocol:
         for reread in (False, True):
             self.calls += 1
             sent_at = loop.time()
-            status, data = await asyncio.to_thread(link.post, path, payload, CALL_TIMEOUT_S + wait_s)
+            status, data = await asyncio.to_thread(link.post, path, payload, CALL_TIMEOUT_S + wait_s,
+                                                   resend=resend)
             if status == 401 and not reread:
                 try:
                     self._token = read_token_file(self._token_file)  # rotated meanwhile?
@@ -239,6 +262,21 @@ class HttpWorkerProtocol:
         return wire.completion_of(await self._call("complete", {
             **wire.fence_json(fence), "lease": wire.lease_json(lease), "outcome": wire.outcome_json(outcome),
             "started": bool(started), "log_missing_bytes": int(log_missing_bytes)}))
+
+    async def complete_and_claim(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome,
+                                 tokens: Sequence[bytes], *, started: bool = True,
+                                 log_missing_bytes: int = 0) -> tuple[CompletionReply, list[ClaimedAttempt]]:
+        """``complete``, and a claim with ``tokens`` for the slot it frees, in one request and one
+        store transaction (a refusal of either changes nothing and is raised as ``complete``
+        raises it). The claim does not wait. Never sent twice: its claim is not idempotent (a
+        second one would lease other Attempts with the same tokens), so a failure after sending
+        raises StoreUnavailable and the caller repeats the completion alone; what the lost answer
+        claimed goes back to the queue when its lease, which no heartbeat renews, runs out."""
+        answer = await self._call("complete_and_claim", {
+            **wire.fence_json(fence), "lease": wire.lease_json(lease), "outcome": wire.outcome_json(outcome),
+            "started": bool(started), "log_missing_bytes": int(log_missing_bytes),
+            "tokens": [wire.b64(t) for t in tokens]}, resend=False)
+        return wire.completion_and_claims_of(answer)
 
     async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
         return wire.completion_of(await self._call("complete_late", {"lease": wire.lease_json(lease),

@@ -25,10 +25,16 @@ def daemon(tmp_path):
     yield program, pids
     if pids.exists():
         for line in pids.read_text().split():
-            try:
-                os.kill(int(line), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill_and_wait(int(line))
+
+
+def _kill_and_wait(pid: int) -> None:
+    """KILL ``pid`` and wait until it is gone: the suite's leak guard looks right after."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    asyncio.run(until(lambda: not process_alive(pid), f"process {pid} to be gone after KILL"))
 
 
 def _job(program, pids, tmp_path) -> list[str]:
@@ -86,6 +92,7 @@ def test_with_orphans_leave_the_helpers_keep_running_and_the_outcome_is_recorded
                 assert process_alive(helper), "leave killed the helper the job left"
             finally:
                 os.kill(helper, signal.SIGKILL)
+                await until(lambda: not process_alive(helper), "the helper to be gone after KILL")
 
     asyncio.run(body())
 

@@ -129,9 +129,9 @@ def start_worker(gateway, tmp_path: Path, name: str, **settings) -> WorkerProces
 
 
 def publish_task(db: ClusterDb, task_id: str, payload: dict, *, trigger_id: str | None = None,
-                 sealer=None) -> str:
-    """Put task ``task_id`` (``payload`` holds its execution spec) and a yearly cron trigger on it,
-    through the real publisher; the trigger id."""
+                 sealer=None, project: str = PROJECT) -> str:
+    """Put task ``task_id`` of ``project`` (``payload`` holds its execution spec) and a yearly
+    cron trigger on it, through the real publisher; the trigger id."""
     from qinglong.contracts.errors import AlreadyExists
     from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
 
@@ -142,11 +142,11 @@ def publish_task(db: ClusterDb, task_id: str, payload: dict, *, trigger_id: str 
         try:
             pub = backend.publisher()
             try:
-                await pub.create_project(PROJECT)
+                await pub.create_project(project)
             except AlreadyExists:
                 pass
-            await pub.put_task(PROJECT, task_id, payload)
-            await pub.put_trigger(TriggerDefinition(PROJECT, trigger_id, task_id, "cron", {"expression": "0 0 1 1 *"},
+            await pub.put_task(project, task_id, payload)
+            await pub.put_trigger(TriggerDefinition(project, trigger_id, task_id, "cron", {"expression": "0 0 1 1 *"},
                                                     misfire_policy=MisfirePolicy("fire_once"),
                                                     misfire_grace_ms=3_600_000))
         finally:

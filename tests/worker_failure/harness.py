@@ -103,8 +103,12 @@ class SniffingProxy(FaultProxy):
 
 
 #: What every proxy counts: the results of ``complete`` as the gateway (or the store, on the
-#: gateway's database link) answers them.
-WATCHED = (b"accepted", b"already_done", b"log_incomplete", b"worker_complete")
+#: gateway's database link) answers them, and the worker's completion requests (a plain one, or
+#: one that also claims).
+COMPLETE_REQUEST = b"POST /worker/v1/complete "
+COMPLETE_AND_CLAIM_REQUEST = b"POST /worker/v1/complete_and_claim "
+WATCHED = (b"accepted", b"already_done", b"log_incomplete", b"worker_complete", COMPLETE_REQUEST,
+           COMPLETE_AND_CLAIM_REQUEST)
 
 #: A claim waits at the gateway this long for a Run to become claimable.
 CLAIM_WAIT_MS = 5000

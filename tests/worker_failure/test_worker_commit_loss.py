@@ -23,6 +23,8 @@ import pytest
 
 from devtools.fault_proxy import TO_CLIENT, TO_SERVER
 from tests.worker_failure.harness import (
+    COMPLETE_AND_CLAIM_REQUEST,
+    COMPLETE_REQUEST,
     audit_runs,
     executions,
     HEARTBEAT_MS,
@@ -187,3 +189,57 @@ def test_lost_reply_of_a_committed_claim_leaves_no_attempt_held_by_a_live_sessio
     assert len(found) == 1 and not dups, (found, dups)
     (ended,) = c.attempts(run_id)
     assert ended["state"] == "failed" and ended["exit_code"] == EXIT_CODE and states[run_id] == "failed"
+
+
+@pytest.mark.parametrize("wf_server", ["pg18"], indirect=True)
+@pytest.mark.parametrize("side", SIDES)
+def test_lost_reply_of_a_committed_completion_that_claimed_is_repeated_alone(cluster, side):
+    """A job's end completes its Attempt and claims the next queued one in one request and one
+    transaction; both commit and the answer is lost. If the worker sent the combined request
+    again, it would claim a second time (more Attempts leased to nobody who knows); if it gave
+    its own Attempt up, it would never learn that its outcome stands; if the Attempt the lost
+    answer claimed stayed leased while the session lives, its Run would never run. The worker
+    must repeat the completion alone (answered ``already_done``), and the claimed Attempt must
+    run out its lease, go back to the queue and run once."""
+    c = cluster
+    c.publish_task("lossy", hold_s=60, exit_code=EXIT_CODE)
+    c.start_replica("replica-1")
+    w = c.add_worker("w", max_running=1)
+    proxy = w.proxy
+    c.admit("lossy")
+    (first,) = c.wait_runs(1)
+    wait_until(lambda: c.attempts(first)[0]["state"] == "running", "the first job to start")
+    c.admit("lossy")  # queued behind it: the worker's only slot is taken
+    second = [r for r in c.wait_runs(2) if r != first][0]
+    rule = _lossy_proxy(c, w, side).arm(TO_CLIENT, b"accepted", "swallow_replies")
+    c.release_jobs()
+    wait_until(rule.fired.is_set, "the worker's complete_and_claim call")
+    committed = wait_until(lambda: (lambda a: a if a["state"] not in ("dispatching", "running") else None)(
+        c.attempts(first)[0]), "the completion to commit")
+    leased = wait_until(lambda: (lambda a: a if a["state"] == "dispatching" else None)(c.attempts(second)[0]),
+                        "the claim made with it to commit")
+    assert "worker.completed" not in w.codes(), "the rule must have held the combined call's reply"
+    assert proxy.count(TO_SERVER, COMPLETE_AND_CLAIM_REQUEST) == 1
+    plain_before = proxy.count(TO_SERVER, COMPLETE_REQUEST)
+    replies_before = proxy.count(TO_CLIENT, b"already_done")
+    rule.connection.close(rst=True)
+    wait_until(lambda: proxy.count(TO_CLIENT, b"already_done") > replies_before,
+               "the worker to repeat its completion and be answered already_done")
+    # repeated alone: a plain complete, the combined request never sent again
+    assert proxy.count(TO_SERVER, COMPLETE_REQUEST) > plain_before
+    assert proxy.count(TO_SERVER, COMPLETE_AND_CLAIM_REQUEST) == 1
+    assert c.attempts(first) == [committed]
+    states = c.wait_all_terminal()
+    found, dups = executions(c.markers, c.watcher)
+    events = [e[1] for e in _events(c, second)]
+    audit = audit_runs(c, max_attempts=1)
+    figures(f"complete_and_claim_reply_lost_{side}", run_states=states, executions=len(found),
+            duplicate_starts=len(dups), requeued=events.count("run.requeued"),
+            lease_version=[leased["lease_version"], c.attempts(second)[0]["lease_version"]],
+            combined_requests=proxy.count(TO_SERVER, COMPLETE_AND_CLAIM_REQUEST),
+            plain_complete_requests=proxy.count(TO_SERVER, COMPLETE_REQUEST))
+    assert "run.requeued" in events, events  # the lost claim's lease ran out and was given back
+    assert sorted(e.run_id for e in found) == sorted([first, second]) and not dups, (found, dups)
+    assert all(e.how == "done" for e in found), found
+    assert not exit_codes_recorded(c, found, EXIT_CODE) and not audit.problems, audit.problems
+    assert states == {first: "failed", second: "failed"}, states

@@ -8,6 +8,8 @@ body, so a worker can open sessions only for itself, is offered only Runs its re
 allows, and can name no other worker's session (the store checks every fence under the
 authenticated id). A claim may wait (``wait_ms``) until a Run becomes claimable: the gateway
 holds the request and wakes it on the store's notification, so idle workers cost no queries.
+A job's end may claim for the slot it frees in the same request (``complete_and_claim``): one
+round trip and one store transaction instead of two; that claim never waits.
 """
 
 from __future__ import annotations
@@ -122,11 +124,18 @@ class GatewayService:
             return claimed
         return dataclasses.replace(claimed, payload=payload)
 
-    async def claim(self, worker: WorkerRegistration, body: dict) -> Any:
-        fence = wire.fence_of(body, worker.worker_id)
+    @staticmethod
+    def _lease_tokens(worker: WorkerRegistration, body: dict) -> list[bytes]:
+        """The request's fresh lease tokens, no more than the registration's capacity (the store
+        bounds the claim by the session's free slots as well)."""
         tokens = [wire.unb64(t, "tokens") for t in wire.field(body, "tokens", list)]
         if len(tokens) > worker.capacity:
             raise wire.WireError(f"tokens: at most the registered capacity, {worker.capacity}")
+        return tokens
+
+    async def claim(self, worker: WorkerRegistration, body: dict) -> Any:
+        fence = wire.fence_of(body, worker.worker_id)
+        tokens = self._lease_tokens(worker, body)
         wait_ms = min(self.max_claim_wait_ms, max(0, wire.field(body, "wait_ms", int, optional=True) or 0))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
@@ -151,12 +160,32 @@ class GatewayService:
                                                wire.field(body, "offset", int), wire.unb64(body.get("data"), "data"))
         return {"stored": stored}
 
+    @staticmethod
+    def _completion(worker: WorkerRegistration, body: dict) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``complete``'s arguments and keywords from the request, under the token's worker id."""
+        return ((wire.fence_of(body, worker.worker_id), wire.lease_of(body), wire.outcome_of(body)),
+                {"started": bool(wire.field(body, "started", bool)),
+                 "log_missing_bytes": wire.field(body, "log_missing_bytes", int)})
+
     async def complete(self, worker: WorkerRegistration, body: dict) -> Any:
-        reply = await self.gateway.complete(
-            wire.fence_of(body, worker.worker_id), wire.lease_of(body), wire.outcome_of(body),
-            started=bool(wire.field(body, "started", bool)),
-            log_missing_bytes=wire.field(body, "log_missing_bytes", int))
-        return wire.completion_json(reply)
+        args, keywords = self._completion(worker, body)
+        return wire.completion_json(await self.gateway.complete(*args, **keywords))
+
+    async def complete_and_claim(self, worker: WorkerRegistration, body: dict) -> Any:
+        """``complete``, and a claim with ``tokens`` for the slot it frees, in one store
+        transaction: a refusal of either changes nothing. The claim never waits: it answers at
+        once with what is claimable (the worker's own claim loop is what waits)."""
+        args, keywords = self._completion(worker, body)
+        tokens = self._lease_tokens(worker, body)  # refused before the store is asked anything
+        combined = getattr(self.gateway, "complete_and_claim", None)
+        if tokens and combined is not None:
+            reply, claimed = await combined(*args, tokens, **keywords)
+        else:
+            # a store that cannot do both in one transaction completes alone; the worker's claim
+            # loop, woken by the job's end, claims for the freed slot as it would anyway
+            reply, claimed = await self.gateway.complete(*args, **keywords), []
+        return {"completion": wire.completion_json(reply),
+                "claimed": [wire.claimed_json(self._opened(c)) for c in claimed]}
 
     async def complete_late(self, worker: WorkerRegistration, body: dict) -> Any:
         reply = await self.gateway.complete_late(worker.worker_id, wire.lease_of(body), wire.outcome_of(body))
@@ -171,7 +200,8 @@ class GatewayService:
     def routes(self) -> list[RouteSpec]:
         calls = {"open_session": self.open_session, "heartbeat": self.heartbeat, "claim": self.claim,
                  "started": self.started, "append_log": self.append_log, "complete": self.complete,
-                 "complete_late": self.complete_late, "close_session": self.close_session}
+                 "complete_and_claim": self.complete_and_claim, "complete_late": self.complete_late,
+                 "close_session": self.close_session}
         return [RouteSpec(wire.PATHS[name], {"POST": Method(WORKER, self._handler(call), f"worker protocol: {name}")})
                 for name, call in calls.items()]
 

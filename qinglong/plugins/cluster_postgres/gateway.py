@@ -184,6 +184,14 @@ class PostgresWorkerGateway:
         return await self._with(lambda m: m.complete(fence, lease, outcome, started=started,
                                                      log_missing_bytes=log_missing_bytes))
 
+    async def complete_and_claim(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome,
+                                 tokens: Sequence[bytes], *, started: bool = True,
+                                 log_missing_bytes: int = 0) -> tuple[CompletionReply, Sequence[ClaimedAttempt]]:
+        """``complete`` and ``claim`` in one transaction on one member (see
+        :meth:`.worker_client.PostgresWorkerProtocol.complete_and_claim`)."""
+        return await self._with(lambda m: m.complete_and_claim(fence, lease, outcome, tokens, started=started,
+                                                               log_missing_bytes=log_missing_bytes))
+
     async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
         return await self._with(lambda m: m.complete_late(worker_id, lease, outcome))
 
