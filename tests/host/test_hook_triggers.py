@@ -5,6 +5,7 @@ row of every table, the audit log included) as it was."""
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import time
 
@@ -54,10 +55,15 @@ def _hook_runs(db):
         conn.close()
 
 
-@pytest.fixture
-def hooked(tmp_path):
-    settings = api_settings(tmp_path, http='listen = "127.0.0.1:0"\nrequest_timeout_ms = 20000\n'
-                            'max_body_bytes = 65536')
+HOOK_HTTP = 'listen = "127.0.0.1:0"\nrequest_timeout_ms = 20000\nmax_body_bytes = 65536'
+
+
+@pytest.fixture(scope="module")
+def published_store(tmp_path_factory):
+    """The store every test starts from, published once through the real CLI (ten commands):
+    each test gets its own copy, so what one test admits or refuses never reaches another."""
+    root = tmp_path_factory.mktemp("published")
+    settings = api_settings(root, http=HOOK_HTTP)
     env = child_env(HOOK_SECRET=SECRET, OTHER_SECRET=OTHER)
     cli(settings, "project", "create", "ops")
     cli(settings, "project", "create", "web")
@@ -69,6 +75,14 @@ def hooked(tmp_path):
     cli(settings, "trigger", "disable", "ops", "gh-off")
     cli(settings, "trigger", "add", "web", "web-hook", "--task", "job", "--hook-secret-env", "OTHER_SECRET", env=env)
     cli(settings, "trigger", "add", "ops", "clock", "--task", "job", "--cron", "0 0 1 1 *")
+    return root
+
+
+@pytest.fixture
+def hooked(published_store, tmp_path):
+    shutil.copytree(published_store, tmp_path, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("settings.toml"))
+    settings = api_settings(tmp_path, http=HOOK_HTTP)
     plane = Plane(settings)
     try:
         yield plane, settings

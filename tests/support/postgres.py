@@ -25,13 +25,26 @@ def fresh_name(prefix: str = "ql") -> str:
     return f"{prefix}_{os.getpid()}_{next(_db_counter)}"
 
 
+@pytest.fixture(scope="session")
+def _pg_servers():
+    """The servers this test process started, by build: kept here rather than in ``pg_server``
+    itself, because pytest tears a parametrized session fixture down whenever the next test
+    wants its other param, which with the suite's ordering (each file's pg18 tests, then its
+    pg15 ones) initialized, migrated and deleted both servers again for every file."""
+    servers: dict[str, tuple] = {}
+    yield servers
+    for server, _template in servers.values():
+        server.destroy()
+
+
 @pytest.fixture(scope="session", params=["pg18", "pg15"])
-def pg_server(request):
+def pg_server(request, _pg_servers):
     """A running server of each build, with the four roles; stopped at the end of the session."""
-    server = start_server(request.param)
-    request.addfinalizer(server.destroy)
-    create_roles(server)
-    return server
+    if request.param not in _pg_servers:
+        server = start_server(request.param)
+        _pg_servers[request.param] = (server, None)
+        create_roles(server)
+    return _pg_servers[request.param][0]
 
 
 @pytest.fixture
@@ -45,12 +58,15 @@ def fresh_db(pg_server):
 
 
 @pytest.fixture(scope="session")
-def migrated_template(pg_server):
+def migrated_template(pg_server, _pg_servers):
     """A database migrated once per server, copied for each test (CREATE DATABASE ... TEMPLATE):
     every test still starts from a freshly migrated schema, without paying for the migration."""
     name = "ql_migrated_template"
-    create_database(pg_server, name)
-    migrate(ClusterDb(pg_server, name))
+    server, template = _pg_servers[pg_server.label]
+    if template is None:
+        create_database(pg_server, name)
+        migrate(ClusterDb(pg_server, name))
+        _pg_servers[pg_server.label] = (server, name)
     return name
 
 

@@ -18,15 +18,27 @@ from tests.worker_failure.harness import Cluster
 _counter = itertools.count(1)
 
 
+@pytest.fixture(scope="session")
+def _wf_servers():
+    """The servers of this test process by build, kept for the session: pytest tears the
+    parametrized ``wf_server`` down each time the next test wants the other build, which (each
+    file's pg18 tests run before its pg15 ones) started both servers again for every file."""
+    servers: dict = {}
+    yield servers
+    for server in servers.values():
+        server.destroy()
+
+
 @pytest.fixture(scope="session", params=["pg18", "pg15"])
-def wf_server(request):
+def wf_server(request, _wf_servers):
     """A running server of each build with the four roles and a migrated template database."""
-    server = start_server(request.param)
-    request.addfinalizer(server.destroy)
-    create_roles(server)
-    create_database(server, "ql_wf_template")
-    migrate(ClusterDb(server, "ql_wf_template"))
-    return server
+    if request.param not in _wf_servers:
+        server = start_server(request.param)
+        _wf_servers[request.param] = server
+        create_roles(server)
+        create_database(server, "ql_wf_template")
+        migrate(ClusterDb(server, "ql_wf_template"))
+    return _wf_servers[request.param]
 
 
 @pytest.fixture
