@@ -42,6 +42,20 @@ RETRY = {"max_attempts": 2, "initial_backoff_ms": 0, "jitter": 0}
 STEADY_SESSION = {"session_lease_ms": 20_000, "heartbeat_ms": 4000, "self_fence_margin_ms": 4000}
 
 
+def _one_job_running_on_w(c):
+    """Task ``once`` (not idempotent), one replica, worker 'w', one Run whose job runs on 'w':
+    the worker, the Run's id and its running Attempt."""
+    c.publish_task("once", hold_s=60)
+    c.start_replica("replica-1")
+    w = c.add_worker("w")
+    c.admit("once")
+    (run_id,) = c.wait_runs(1)
+    first = wait_until(lambda: next((a for a in c.attempts(run_id) if a["state"] == "running"
+                                     and f"{run_id}.{a['attempt_id']}" in started_keys(c.markers)), None),
+                       "the job to run")
+    return w, run_id, first
+
+
 def test_a_frozen_workers_finished_job_is_recorded_once_after_its_id_opened_a_new_session(cluster):
     """Worker 'w' runs a job, is frozen (SIGSTOP), its id is started again (new generation), the
     job ends while the old process is frozen, and the old process is continued. The job ran to
@@ -93,14 +107,7 @@ def test_a_restarted_worker_reports_the_outcome_its_killed_process_left_on_disk(
     on its disk, a job that ran to its end would stay recorded lost. The restarted worker reports
     it with the token written beside the job, and the Run succeeds, late."""
     c = cluster
-    c.publish_task("once", hold_s=60)
-    c.start_replica("replica-1")
-    w = c.add_worker("w")
-    c.admit("once")
-    (run_id,) = c.wait_runs(1)
-    first = wait_until(lambda: next((a for a in c.attempts(run_id) if a["state"] == "running"
-                                     and f"{run_id}.{a['attempt_id']}" in started_keys(c.markers)), None),
-                       "the job to run")
+    w, run_id, first = _one_job_running_on_w(c)
     w.process.signal(signal.SIGSTOP)
     c.release_jobs()
     wait_until(lambda: f"{run_id}.{first['attempt_id']}" in c.watcher.gone_at, "the job to end")
@@ -129,14 +136,7 @@ def test_a_frozen_workers_job_stopped_by_its_fence_is_never_recorded_as_the_jobs
     be recorded ``failed`` by signal 15 with no reason, a failure of the job invented by the
     fence, and the lease expiry's true account (lost, and why) would be overwritten."""
     c = cluster
-    c.publish_task("once", hold_s=60)
-    c.start_replica("replica-1")
-    w = c.add_worker("w")
-    c.admit("once")
-    (run_id,) = c.wait_runs(1)
-    first = wait_until(lambda: next((a for a in c.attempts(run_id) if a["state"] == "running"
-                                     and f"{run_id}.{a['attempt_id']}" in started_keys(c.markers)), None),
-                       "the job to run")
+    w, run_id, first = _one_job_running_on_w(c)
     w.process.signal(signal.SIGSTOP)
     key = f"{run_id}.{first['attempt_id']}"
     wait_until(lambda: key in c.watcher.gone_at, "the fence keeper to stop the frozen worker's job")
