@@ -4,6 +4,7 @@ admission (no delivery lost, none run twice)."""
 
 from __future__ import annotations
 
+import http.client
 import sqlite3
 import threading
 import time
@@ -28,7 +29,7 @@ def _send(port: int, delivery: str) -> tuple[int, dict] | None:
     try:
         status, parsed, _ = client.request("POST", "/api/v1/hooks/ops/gh", body, headers=headers)
         return status, parsed
-    except OSError:
+    except (OSError, http.client.HTTPException):  # killed before or while answering
         return None
     finally:
         client.close()
