@@ -145,6 +145,13 @@ class _Link:
         raise StoreUnavailable(f"{self._client.target}: no answer")  # not reached
 
 
+def _completion_body(fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, started: bool,
+                     log_missing_bytes: int) -> dict[str, Any]:
+    """What ``complete`` sends (``complete_and_claim`` adds its tokens)."""
+    return {**wire.fence_json(fence), "lease": wire.lease_json(lease), "outcome": wire.outcome_json(outcome),
+            "started": bool(started), "log_missing_bytes": int(log_missing_bytes)}
+
+
 class HttpWorkerProtocol:
     """:class:`~qinglong.contracts.worker.WorkerProtocol` over HTTP(S) to the gateway."""
 
@@ -259,9 +266,8 @@ class HttpWorkerProtocol:
 
     async def complete(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, *,
                        started: bool = True, log_missing_bytes: int = 0) -> CompletionReply:
-        return wire.completion_of(await self._call("complete", {
-            **wire.fence_json(fence), "lease": wire.lease_json(lease), "outcome": wire.outcome_json(outcome),
-            "started": bool(started), "log_missing_bytes": int(log_missing_bytes)}))
+        return wire.completion_of(await self._call("complete", _completion_body(
+            fence, lease, outcome, started, log_missing_bytes)))
 
     async def complete_and_claim(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome,
                                  tokens: Sequence[bytes], *, started: bool = True,
@@ -273,8 +279,7 @@ class HttpWorkerProtocol:
         raises StoreUnavailable and the caller repeats the completion alone; what the lost answer
         claimed goes back to the queue when its lease, which no heartbeat renews, runs out."""
         answer = await self._call("complete_and_claim", {
-            **wire.fence_json(fence), "lease": wire.lease_json(lease), "outcome": wire.outcome_json(outcome),
-            "started": bool(started), "log_missing_bytes": int(log_missing_bytes),
+            **_completion_body(fence, lease, outcome, started, log_missing_bytes),
             "tokens": [wire.b64(t) for t in tokens]}, resend=False)
         return wire.completion_and_claims_of(answer)
 
