@@ -9,7 +9,8 @@ import base64
 
 from devtools.fault_proxy import TO_SERVER
 from qinglong.contracts.worker import new_lease_token
-from tests.gateway.helpers import ApiGateway, GatewayPlane, WorkerHttp, plane_settings, register, start_gateway_worker
+from tests.gateway.helpers import (ApiGateway, GatewayPlane, WorkerHttp, cli, plane_settings, register,
+                                   start_gateway_worker)
 from tests.gateway.test_gateway_attacks import dump
 from tests.worker.helpers import admit, publish_task, py_job, run_state, wait_run_state, wait_until
 from tests.worker_failure.harness import SniffingProxy
@@ -37,7 +38,7 @@ class Workers:
 
     def __init__(self, cluster, tmp_path) -> None:
         self.db = cluster
-        settings = plane_settings(cluster, tmp_path)
+        self.settings = settings = plane_settings(cluster, tmp_path)
         secrets = {"alice": register(settings, "alice", labels=("linux",), projects=("wp",), capacity=2),
                    "bob": register(settings, "bob", projects=("wp",), capacity=1)}
         self.api = ApiGateway(settings, tmp_path / "api.stderr")
@@ -61,10 +62,10 @@ class Workers:
         assert status == 200, answer
 
     def complete_and_claim(self, name: str, lease: dict, lease_tokens: list[str], *,
-                           session: dict | None = None) -> tuple[int, dict]:
+                           session: dict | None = None, token: str | None = None) -> tuple[int, dict]:
         return self.clients[name].call("complete_and_claim", {
             **fence(session or self.sessions[name]), "lease": lease, "outcome": SUCCEEDED, "started": True,
-            "log_missing_bytes": 0, "tokens": lease_tokens})
+            "log_missing_bytes": 0, "tokens": lease_tokens}, token=token)
 
     def close(self) -> None:
         for client in self.clients.values():
@@ -137,7 +138,14 @@ def test_a_refused_completion_claims_nothing_and_a_claim_keeps_to_the_registrati
         w.started("bob", bob_holds)
         gpu, linux = queued(cluster, "gpu-only", labels=("gpu",)) + queued(cluster, "linux-only", labels=("linux",))
         (elsewhere,) = queued(cluster, "elsewhere", project="other")
+        admin = cli(w.settings, "token", "create", "ops", "--scope", "admin").stdout.strip()
         snapshot = dump(cluster)
+        # an operator's token, even an admin's, and a made-up one are no worker's: bob's own call
+        # carried by either must not end his Attempt or lease anything
+        for other in (admin, "qlw_" + "x" * 40):
+            status, answer = w.complete_and_claim("bob", bob_holds["lease"], tokens(1), token=other)
+            assert (status, answer["error"]["code"]) == (401, "unauthorized"), answer
+        assert dump(cluster) == snapshot
         refused = [
             # alice's session and lease, bob's token: the store checks the fence under bob's id
             (dict(lease=alice_holds["lease"], lease_tokens=tokens(1), session=w.sessions["alice"]),
