@@ -104,15 +104,11 @@ def _text_of(driver, css: str, expected: str, what: str):
     return wait_until(found, what, timeout=60, every=0.1)
 
 
-def _texts(driver, css: str) -> list[str] | None:
-    """The texts of the elements ``css`` selects; None while the view is being drawn again."""
-    from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.common.by import By
-
-    try:
-        return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
-    except StaleElementReferenceException:
-        return None
+def _texts(driver, css: str) -> list[str]:
+    """The texts of the elements ``css`` selects, read in one script so that a view drawn again
+    between two reads cannot leave a stale element behind."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.innerText.trim())", css)
 
 
 def _alert(driver):
@@ -402,9 +398,9 @@ def test_tasks_and_triggers_are_created_edited_toggled_and_deleted_in_the_consol
         _type(expression, "not a cron")
         _text_of(browser, "#preview-error", "fields", "the preview to refuse a bad expression")
         _type(expression, "0 0 1 1 *")
-        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#preview li")) == 5 or None,
-                   "five fire times previewed", timeout=60, every=0.1)
-        years = [li.text[:10] for li in browser.find_elements(By.CSS_SELECTOR, "#preview li")]
+        previewed = wait_until(lambda: (lambda t: t if len(t) == 5 else None)(_texts(browser, "#preview li")),
+                               "five fire times previewed", timeout=60, every=0.1)
+        years = [text[:10] for text in previewed]
         assert all(y.endswith("-01-01") for y in years) and len(set(years)) == 5, years
         assert browser.find_element(By.ID, "preview-error").text == ""
         _shot(browser, tmp_path, "trigger-form", 375)
@@ -428,8 +424,7 @@ def test_tasks_and_triggers_are_created_edited_toggled_and_deleted_in_the_consol
         _text_of(browser, ".trigger-state[data-trigger=yearly]", "enabled", "the trigger enabled again")
         _visible(browser, "a.edit-trigger", "the trigger's edit link").click()
         _type(_visible(browser, "#g-expression", "the trigger's edit form"), "30 6 * * 1")
-        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#preview li")) == 5
-                   and "06:30:00" in browser.find_element(By.CSS_SELECTOR, "#preview li").text or None,
+        wait_until(lambda: (lambda t: len(t) == 5 and "06:30:00" in t[0])(_texts(browser, "#preview li")) or None,
                    "the edited expression previewed", timeout=60, every=0.1)
         browser.find_element(By.ID, "trigger-save").click()
         _text_of(browser, ".trigger-state[data-trigger=yearly]", "enabled", "the trigger list after the edit")
@@ -484,7 +479,7 @@ def test_a_running_log_is_followed_live_runs_filter_by_time_and_a_run_runs_again
         _visible(browser, "button.run-now[data-task=slow]", "the run-now button").click()
         _text_of(browser, "#log", "first", "the first line while the Run runs")
         _text_of(browser, "#run-state", "running", "the page to show the Run running")
-        first_id = browser.find_element(By.CSS_SELECTOR, "#run-id").text
+        first_id = _texts(browser, "#run-id")[0]  # the page is drawn again each second while it runs
         _shot(browser, tmp_path, "log-follow", 375)
         browser.set_window_size(1280, 900)
         go.touch()
@@ -499,7 +494,7 @@ def test_a_running_log_is_followed_live_runs_filter_by_time_and_a_run_runs_again
 
         _visible(browser, "#run-again", "the run-again button").click()
         # the page is drawn again while it loads: read the id only from a page that held still
-        second_id = wait_until(lambda: next((t for t in (_texts(browser, "#run-id") or [])
+        second_id = wait_until(lambda: next((t for t in _texts(browser, "#run-id")
                                              if t not in ("", first_id)), None),
                                "the page of the new Run", timeout=60, every=0.1)
         _text_of(browser, "#run-state", "succeeded", "the second Run to end")
@@ -836,8 +831,8 @@ def test_the_notifications_view_shows_every_delivery_and_filters_it_by_state(tmp
         _text_of(browser, "#no-deliveries", "no deliveries dead", "no dead delivery")
         # a page further on (as "Older deliveries" links it): the rest, in the API's order
         browser.get(f"http://127.0.0.1:{port}/#/notifications?cursor=2")
-        wait_until(lambda: _texts(browser, ".delivery-state") is not None
-                   and len(_texts(browser, ".delivery-state")) == 2 or None, "the second page", timeout=60, every=0.1)
+        wait_until(lambda: len(_texts(browser, ".delivery-state")) == 2 or None, "the second page",
+                   timeout=60, every=0.1)
         assert [e.get_attribute("data-event") for e in browser.find_elements(By.CSS_SELECTOR, ".delivery-state")] == [
             d["event_id"] for d in listed[2:]]
         assert browser.find_elements(By.ID, "n-more") == []
