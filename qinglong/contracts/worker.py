@@ -312,6 +312,23 @@ class WorkerProtocol(Protocol):
         ...
 
 
+@runtime_checkable
+class CombinedCompletion(Protocol):
+    """An optional addition to :class:`WorkerProtocol` (and to :class:`WorkerGateway`): a job's end
+    and the claim for the slot it frees in one store transaction. A protocol without it is served
+    by ``complete`` and the worker's own claim loop, which claims for the freed slot as it would
+    anyway; one with it saves a round trip per job."""
+
+    async def complete_and_claim(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome,
+                                 tokens: Sequence[bytes], *, started: bool = True,
+                                 log_missing_bytes: int = 0) -> tuple[CompletionReply, Sequence[ClaimedAttempt]]:
+        """``complete``, then a claim of up to ``len(tokens)`` Attempts as ``claim`` makes it
+        (never waiting), in one transaction: a refusal of either changes nothing and raises as
+        ``complete`` raises it. Not idempotent (a repeat would lease other Attempts), so a call
+        whose reply was lost is repeated as ``complete`` alone."""
+        ...
+
+
 @record
 class WorkerProtocolSpec:
     """What a plugin offers through ``qinglong_worker_protocols``: the store side of the worker

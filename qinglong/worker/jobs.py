@@ -41,6 +41,7 @@ from qinglong.contracts.worker import (
     BadWorkerCall,
     bounded_event_payload,
     ClaimedAttempt,
+    CombinedCompletion,
     CompletionResult,
     LeaseFenced,
     LogRefused,
@@ -423,7 +424,7 @@ class Jobs:
         core = self._core
         protocol = core.protocol
         assert protocol is not None
-        combined = getattr(protocol, "complete_and_claim", None)
+        combined = protocol.complete_and_claim if isinstance(protocol, CombinedCompletion) else None
         tries = [0]
 
         async def call() -> Any:

@@ -27,6 +27,7 @@ from qinglong.contracts.diagnostics import DiagnosticEvent
 from qinglong.contracts.errors import SecretsError
 from qinglong.contracts.secrets import opened_env_payload
 from qinglong.contracts.worker import (
+    CombinedCompletion,
     MAX_SESSION_CAPACITY,
     WORKER_TOKEN_PREFIX,
     WorkerRegistration,
@@ -177,7 +178,7 @@ class GatewayService:
         once with what is claimable (the worker's own claim loop is what waits)."""
         args, keywords = self._completion(worker, body)
         tokens = self._lease_tokens(worker, body)  # refused before the store is asked anything
-        combined = getattr(self.gateway, "complete_and_claim", None)
+        combined = self.gateway.complete_and_claim if isinstance(self.gateway, CombinedCompletion) else None
         if tokens and combined is not None:
             reply, claimed = await combined(*args, tokens, **keywords)
         else:
