@@ -24,6 +24,22 @@ pytest_plugins = ["tests.support.markers", "tests.support.aio", "tests.support.p
                   "tests.support.gateway"]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the project's modules once, in the controlling process. Where writing bytecode is
+    off (``PYTHONDONTWRITEBYTECODE``, as on some CI machines) nothing else would: every
+    ``qinglong`` the suite starts (thousands) would compile its modules from source again, about
+    0.15 s of CPU each. Bytecode is still read where it exists; an edited file is compiled again
+    because its timestamp no longer matches."""
+    if hasattr(config, "workerinput"):
+        return
+    import compileall
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for package in ("qinglong", "devtools", "tests"):
+        compileall.compile_dir(root / package, quiet=2, workers=0)
+
+
 def _processes_naming(path: str) -> list[tuple[int, int]]:
     found = []
     needle = path.encode()
