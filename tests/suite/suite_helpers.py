@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def collect(tmp_path: Path, *args: str) -> dict:
     """Collect the suite (``pytest --co`` in one process, with ``args``) and return what
-    :mod:`tests.suite.collection_dump` wrote: ``timeout_ini`` and the selected ``items``."""
+    :mod:`tests.suite.collection_dump` wrote: ``timeout_ini``, the selected ``items`` and the
+    ``deselected`` ones."""
     dump = tmp_path / "collection.json"
     env = {**os.environ, "QINGLONG_COLLECTION_DUMP": str(dump)}
     done = subprocess.run(
