@@ -24,5 +24,10 @@ def cli(tmp_path: Path):
     def call(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
         return run_cli(list(args), cwd=workdir, env=env, timeout=timeout)
 
+    def python(code: str, timeout: float = 120):
+        """``python -c CODE`` in the same directory and environment as ``qinglong``."""
+        return run_cli([], cwd=workdir, timeout=timeout, module_args=["-c", code])
+
     call.cwd = workdir  # type: ignore[attr-defined]
+    call.python = python  # type: ignore[attr-defined]
     return call

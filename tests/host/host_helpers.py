@@ -63,12 +63,14 @@ class SitePath:
 
 
 def run_cli(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120,
-            python: str = sys.executable) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m qinglong ARGS`` in ``cwd`` and capture its output."""
+            python: str = sys.executable, module_args: list[str] | None = None,
+            ) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m qinglong ARGS`` (or ``python MODULE_ARGS``) in ``cwd``, capturing output."""
     if env is None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
         env["PYTHONPATH"] = str(REPO)
-    return subprocess.run([python, "-m", "qinglong", *args], cwd=cwd, env=env, capture_output=True,
+    argv = [python, *module_args] if module_args is not None else [python, "-m", "qinglong", *args]
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
