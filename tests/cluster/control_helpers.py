@@ -23,6 +23,7 @@ import psycopg
 from tests.support.cluster import ClusterDb, arun, set_cursor
 from tests.support import procs as proc_helpers
 from tests.support.aio import closing
+from tests.support.cliserver import run_qinglong
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -199,8 +200,8 @@ def write_settings(path: Path, db: ClusterDb, *, owner: str = "cli", retention_d
 
 def cli(settings: Path, *args: str, timeout: float = PATIENCE_S) -> subprocess.CompletedProcess:
     """``qinglong ARGS`` as a subprocess; stdout as bytes (a log may hold any bytes)."""
-    return subprocess.run([sys.executable, "-m", "qinglong", *args], cwd=settings.parent,
-                          env=clean_env(settings), capture_output=True, timeout=timeout)
+    return run_qinglong(list(args), cwd=settings.parent, env=clean_env(settings), timeout=timeout,
+                        text=False)
 
 
 def cli_json(settings: Path, *args: str):

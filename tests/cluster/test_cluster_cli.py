@@ -11,6 +11,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.support.cliserver import run_qinglong
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -18,8 +20,7 @@ def _cli(settings: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[s
     env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
     env["PYTHONPATH"] = str(REPO)
     env["QINGLONG_SETTINGS"] = str(settings)
-    return subprocess.run([sys.executable, "-m", "qinglong", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return run_qinglong(list(args), cwd=cwd, env=env, timeout=120)
 
 
 def _run_until_two_runs(settings: Path, db, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -7,10 +7,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.cliserver import run_qinglong
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,8 +24,7 @@ def _cli(settings: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[s
     env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
     env["PYTHONPATH"] = str(REPO)
     env["QINGLONG_SETTINGS"] = str(settings)
-    return subprocess.run([sys.executable, "-m", "qinglong", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return run_qinglong(list(args), cwd=cwd, env=env, timeout=120)
 
 
 def _settings(tmp_path: Path, backend: dict[str, str], extra: str = "") -> Path:

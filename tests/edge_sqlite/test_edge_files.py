@@ -29,6 +29,7 @@ from qinglong.contracts.errors import (
 from qinglong.plugins.edge_sqlite import create_backend, migrations
 from qinglong.plugins.edge_sqlite.store import OwnerLock, owner_lock_path, probe_owner_lock
 from tests.support.aio import closing
+from tests.support.cliserver import run_qinglong
 
 #: Generous bound of one CLI command; a hang shows up as a failure after this, never as a stall.
 CLI_TIMEOUT_S = 120  # only catches a hang: a loaded machine may take long to start Python
@@ -45,8 +46,7 @@ def _env(db: Path) -> dict[str, str]:
 
 def cli(db: Path, *args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """``python -m qinglong ARGS`` on the database ``db``."""
-    return subprocess.run([sys.executable, "-m", "qinglong", *args], cwd=db.parent, env=_env(db),
-                          capture_output=True, text=True, timeout=timeout)
+    return run_qinglong(list(args), cwd=db.parent, env=_env(db), timeout=timeout)
 
 
 def assert_refused(proc: subprocess.CompletedProcess[str], code: int, db: Path, *words: str) -> None:

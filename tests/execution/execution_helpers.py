@@ -20,6 +20,7 @@ from typing import Any, Callable, TypeVar
 
 from tests.support.procs import group_members  # noqa: F401 (re-exported)
 from tests.support import procs as proc_helpers
+from tests.support.cliserver import run_qinglong
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -145,8 +146,7 @@ class Workspace:
         return env
 
     def cli(self, *args: str, check: bool = True, timeout: float = WAIT_S) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([sys.executable, "-m", "qinglong", *args], cwd=self.root, env=self.env(),
-                                capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        result = run_qinglong(list(args), cwd=self.root, env=self.env(), timeout=timeout)
         if check:
             assert result.returncode == 0, (f"qinglong {' '.join(args)} -> {result.returncode}\n"
                                             f"{result.stdout}\n{result.stderr}")

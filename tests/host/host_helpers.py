@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from tests.support import procs as proc_helpers
+from tests.support.cliserver import run_qinglong
 
 T = TypeVar("T")
 
@@ -69,9 +70,10 @@ def run_cli(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, ti
     if env is None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
         env["PYTHONPATH"] = str(REPO)
-    argv = [python, *module_args] if module_args is not None else [python, "-m", "qinglong", *args]
-    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    if module_args is None:
+        return run_qinglong(args, cwd=cwd, env=env, timeout=timeout, python=python)
+    return subprocess.run([python, *module_args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 class StderrLines:

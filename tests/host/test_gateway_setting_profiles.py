@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
+
+from tests.support.cliserver import run_qinglong
 
 
 @pytest.mark.parametrize("profile", ["edge", "standalone"])
@@ -24,8 +25,7 @@ def test_a_gateway_dsn_on_a_profile_without_workers_is_refused_and_creates_nothi
     env = {k: v for k, v in os.environ.items() if not k.startswith("QINGLONG_")}
 
     def qinglong(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "qinglong", "--settings", str(settings), *args],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        return run_qinglong(["--settings", str(settings), *args], cwd=tmp_path, env=env, timeout=120)
 
     assert qinglong("db", "migrate").returncode == 0
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.support.cliserver import run_qinglong
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,8 +21,7 @@ def cli_runner(cwd: Path, settings: Path | None = None):
         env["QINGLONG_SETTINGS"] = str(settings)
 
     def cli(*args: str, code: int = 0) -> subprocess.CompletedProcess:
-        result = subprocess.run([sys.executable, "-m", "qinglong", *args], cwd=cwd, env=env,
-                                capture_output=True, text=True, timeout=120)
+        result = run_qinglong(list(args), cwd=cwd, env=env, timeout=120)
         assert result.returncode == code, (args, result.returncode, result.stderr)
         assert "Traceback" not in result.stderr
         return result

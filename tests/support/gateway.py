@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.cliserver import run_qinglong
 from tests.support.cluster import ClusterDb
 from tests.support.pg import ROLE_PASSWORDS
 from tests.worker.helpers import SHORT_TIMING, WorkerProcess, wait_until
@@ -67,8 +68,8 @@ def plane_settings(db: ClusterDb, root: Path, *, pool_size: int = 2, claim_wait_
 
 
 def cli(settings: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "qinglong", "--settings", str(settings), *args],
-                          env=child_env(), capture_output=True, text=True, timeout=120)
+    done = run_qinglong(["--settings", str(settings), *args], cwd=os.getcwd(), env=child_env(),
+                        timeout=120)
     if check and done.returncode != 0:
         raise AssertionError(f"qinglong {' '.join(args)} exited {done.returncode}:\n{done.stderr}")
     return done
