@@ -211,8 +211,8 @@ class QinglongHookSpecs:
     def qinglong_worker_protocols(self) -> Iterable["WorkerProtocolSpec"]:
         """Return the stores the API tier's worker gateway can serve workers from.
 
-        Called once by ``qinglong api`` (and ``qinglong run`` with the API on) at start, when
-        ``[api] gateway_dsn`` is set. The gateway uses the spec named by the profile's backend
+        Called once by ``qinglong api`` at start, when ``[api] gateway_dsn`` is set (``qinglong
+        run`` serves no worker routes, even with the API on). The gateway uses the spec named by the profile's backend
         (``[profile] backend``) and opens its pool with ``create_gateway(gateway_dsn,
         application_name, pool_size)``; workers speak only to the gateway.
 
