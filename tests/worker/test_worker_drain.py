@@ -188,3 +188,59 @@ def test_a_claim_answered_after_sigterm_starts_nothing_and_its_run_goes_back_to_
             worker.stop()
             if successor is not None:
                 successor.stop()
+
+
+COMPLETE_AND_CLAIM = b"POST /worker/v1/complete_and_claim "
+
+
+def test_a_completion_that_claims_answered_after_sigterm_starts_nothing_it_claimed(cluster, tmp_path,
+                                                                                    worker_gateway):
+    """A job's end claims for the slot it frees in the same request; sent before SIGTERM and
+    answered during the drain, that claim must start nothing either. Were its Attempt started, the
+    stopping worker would run a new job its drain waits for (holding the deploy) or cuts at the
+    drain timeout (the Run ends cancelled, never run). It is left to the session's close, which
+    puts the Run back in the queue for another worker to run, once."""
+    mark, release = tmp_path / "job.pid", tmp_path / "release"
+    executions = tmp_path / "later.executions"
+    held = admit(cluster, publish_task(cluster, "gated", {"command": py_job(GATED_JOB, str(mark), str(release))}))
+    later_trigger = publish_task(cluster, "later", {"command": py_job(COUNTED_JOB, str(executions))})
+    with FaultProxy(("127.0.0.1", worker_gateway.api.port), name="worker-link") as proxy:
+        token = worker_gateway.register("w-left", capacity=1)
+        worker = start_gateway_worker(f"http://{proxy.host}:{proxy.port}", token, tmp_path, "w-left",
+                                      max_running=1, session_lease_ms=30_000)
+        successor = None
+        try:
+            wait_until(mark.exists, "the gated job to start")
+            completion = proxy.arm(TO_SERVER, COMPLETE_AND_CLAIM, "hold")
+            # queued while the worker's one slot is taken: only the held completion can claim it
+            later = admit(cluster, later_trigger)
+            release.touch()
+            wait_until(completion.fired.is_set, "the gated job's completion, held before the gateway")
+            worker.signal(signal.SIGTERM)
+            worker.wait_event("worker.draining")
+            proxy.heal()  # the completion reaches the gateway now and claims the later Run with it
+            wait_until(lambda: worker.events("worker.claim_left") or len(worker.events("worker.claimed")) > 1,
+                       "the stopping worker to leave (or adopt) what its completion claimed")
+            taken = [e["run_id"] for e in worker.events("worker.claimed")]
+            assert taken == [held], f"the stopping worker adopted run {later} to start it: {taken}"
+            (left,) = worker.events("worker.claim_left")
+            assert left["attempts"] == 1
+            assert worker.wait() == 0
+            assert not executions.exists()
+            assert run_state(cluster, held) == "succeeded"
+            assert _session_closed(cluster, "w-left")
+            assert run_state(cluster, later) == "queued"
+            rows = cluster.sql("SELECT state, worker_id, started_at_ms FROM qinglong.attempts WHERE run_id = %s",
+                               (later,))
+            assert rows == [("claimed", None, None)]
+            assert _events(cluster, later).count("run.started") == 0
+            successor = start_worker(worker_gateway, tmp_path, "w-next")
+            assert wait_run_state(cluster, later) == "succeeded"
+            assert len(executions.read_text().split()) == 1
+            assert [(a["attempt_no"], a["state"]) for a in attempts(cluster, later)] == [(1, "succeeded")]
+            assert _events(cluster, later).count("run.started") == 1
+        finally:
+            release.touch()
+            worker.stop()
+            if successor is not None:
+                successor.stop()
