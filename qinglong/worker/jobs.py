@@ -22,7 +22,7 @@ import asyncio
 import dataclasses
 import os
 import signal
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from qinglong.contracts.errors import StoreUnavailable, UserError
 from qinglong.contracts.execution import (
@@ -149,11 +149,7 @@ class Jobs:
                 except (StoreUnavailable, BadWorkerCall) as exc:
                     core.store_down(exc)
                     claimed = []
-                if claimed and (core.draining or core.closing or core.stop.is_set()):
-                    # a claim that waited at the gateway across the stop: nothing it took is
-                    # started; closing the session puts each back in the queue at once
-                    core.emit("info", "worker.claim_left", f"{len(claimed)} attempt(s) claimed while stopping "
-                              "are left to the session's close", attempts=len(claimed))
+                if self._left_to_close(claimed):
                     break
                 for attempt in claimed:
                     self._adopt_claim(attempt, session.fence)
@@ -161,6 +157,17 @@ class Jobs:
             if more:
                 continue
             await self._idle()
+
+    def _left_to_close(self, claimed: Sequence[ClaimedAttempt]) -> bool:
+        """Whether a claim answered after the stop began (one that waited at the gateway, or
+        one sent with a job's completion) is left alone: nothing it took is started, and closing
+        the session puts each back in the queue at once."""
+        core = self._core
+        if not claimed or not (core.draining or core.closing or core.stop.is_set()):
+            return False
+        core.emit("info", "worker.claim_left", f"{len(claimed)} attempt(s) claimed while stopping "
+                  "are left to the session's close", attempts=len(claimed))
+        return True
 
     async def _idle(self) -> None:
         """Until a job ends (``wake``) or the poll interval passed."""
@@ -435,8 +442,9 @@ class Jobs:
                 reply, claimed = await combined(job.fence, job.claimed.lease, final,
                                                 [new_lease_token() for _ in range(free)], started=started,
                                                 log_missing_bytes=missing)
-                for attempt in claimed:
-                    self._adopt_claim(attempt, job.fence)
+                if not self._left_to_close(claimed):
+                    for attempt in claimed:
+                        self._adopt_claim(attempt, job.fence)
                 return reply
             return await protocol.complete(job.fence, job.claimed.lease, final, started=started,
                                            log_missing_bytes=missing)
