@@ -288,7 +288,9 @@ def main() -> None:
         at_s = time.time() + LEAD_S
         env = dict(os.environ, PYTHONPATH=from_dir) if from_dir else None
         out = subprocess.run([sys.executable, __file__, "--child", kind, str(args.jobs), str(slots), str(at_s)],
-                             capture_output=True, text=True, check=True, env=env)
+                             capture_output=True, text=True, env=env)
+        if out.returncode != 0:  # say why (a peer not installed, say), not only that it failed
+            raise SystemExit(f"the {kind} child exited {out.returncode}:\n{out.stderr.strip()[-2000:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     runners = ["bare", "apscheduler", "executor", "qinglong"] + (["executor-before", "qinglong-before"] if before else [])
