@@ -794,10 +794,23 @@ def test_a_fenced_job_is_killed_with_its_whole_group_once_its_fence_passes_unren
     claims an outcome, and nothing was killed before the fence."""
     fence = time.monotonic() + 1.5
     req = replace(request(log_dir, ["sh", "-c", "sleep 600 & sleep 600; wait"]), fence_deadline_mono=fence)
+    before = time.monotonic()
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    after = time.monotonic()
     handle = run(any_executor.start(req))
+    took = time.monotonic() - after
     wait_until(lambda: len(group_members(handle.pgid)) >= 3, "the job and its child to start")
+    # The fence as written: an instant of /proc/uptime in centiseconds, never later than asked,
+    # and earlier only by its rounding (two centiseconds) and the writer's own delay between its
+    # two clock reads (within the start). /proc/uptime - monotonic lies in [low, high].
+    fence_cs = int((Path(req.attempt_dir) / "fence").read_text())
+    low, high = uptime - after, uptime + 0.01 - before
+    assert (fence + low - 0.02 - took) * 100 <= fence_cs <= (fence + high) * 100
+    # and the wrapper must not kill before that instant in its own clock
     run(any_executor.wait(req.attempt_dir, handle))
-    assert time.monotonic() >= fence - 0.01
+    with open("/proc/uptime") as f:
+        assert round(float(f.read().split()[0]) * 100) >= fence_cs
     wait_until(lambda: group_members(handle.pgid) == [], "every process of the group to be gone")
     assert any_executor.read_receipt(req.attempt_dir) is None
 
