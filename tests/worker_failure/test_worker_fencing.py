@@ -383,3 +383,52 @@ def test_a_late_completion_proven_by_the_token_is_recorded_while_no_other_attemp
         assert [a["state"] for a in a2] == ["lost", "dispatching"], a2
     else:
         assert refused is None and [a["state"] for a in a2] == ["succeeded"], a2
+
+
+@pytest.mark.parametrize("wf_server", ["pg18", "pg15"], indirect=True)
+def test_a_late_failure_of_a_run_ended_lost_is_retried_by_its_policy_and_the_run_is_open_again(cluster):
+    """A non-idempotent Run whose lease lapsed ended ``lost`` (finished: no retry for a lost
+    execution that may have run); its worker then proves the job really ran and failed with exit
+    3. That outcome is recorded, and a failure is retried by the task's policy, so the Run is
+    open again, waiting for Attempt 2. Were the Run left marked finished while it waits, the
+    store would refuse the late report on every try (a check violation, answered as the store
+    being down): the worker would retry it forever, its heartbeats starved until it fenced itself
+    and forgot its other jobs, and the real outcome would never be recorded."""
+    c = cluster
+    c.publish_task("late-failure", retry={"max_attempts": 2, "initial_backoff_ms": 600_000, "jitter": 0},
+                   idempotent=False)
+    c.start_replica("replica-1")  # admits, and expires the lapsed lease
+    c.admit("late-failure", 1)
+    (run_id,) = c.wait_runs(1)
+    dsn = c.store_dsn
+
+    async def body():
+        proto = await _protocol(dsn, "late worker")
+        try:
+            session = await proto.open_session("late-worker", [], 1, 5000)
+            (claimed,) = await proto.claim(session.fence, [new_lease_token()])
+            await proto.started(session.fence, claimed.lease)
+            while c.run_states()[run_id] != "lost":  # the session lapses; the replica ends it
+                await asyncio.sleep(0.1)
+            finished_lost = c.rows("SELECT finished_at_ms FROM qinglong.runs WHERE run_id = %s", (run_id,))[0][0]
+            accepted = await proto.complete_late("late-worker", claimed.lease,
+                                                 _outcome(AttemptState.FAILED, exit_code=3))
+            replay = await proto.complete_late("late-worker", claimed.lease,
+                                               _outcome(AttemptState.FAILED, exit_code=3))
+            return finished_lost, accepted, replay
+        finally:
+            await proto.close()
+
+    finished_lost, accepted, replay = asyncio.run(body())
+    attempts = c.attempts(run_id)
+    run_row = c.rows("SELECT state, finished_at_ms FROM qinglong.runs WHERE run_id = %s", (run_id,))[0]
+    figures("late_failure_of_a_lost_run", attempts=[(a["attempt_no"], a["state"]) for a in attempts],
+            run=run_row, accepted=accepted.result.value)
+    assert finished_lost is not None  # it had ended lost, finished
+    assert accepted.result is CompletionResult.ACCEPTED and accepted.run_state.value == "retry_wait"
+    assert replay.result is CompletionResult.ALREADY_DONE
+    assert [(a["attempt_no"], a["state"], a["exit_code"]) for a in attempts] == [(1, "failed", 3), (2, "claimed", None)]
+    assert attempts[0]["completed_late_at_ms"] is not None
+    # waiting for its retry, the Run is not finished
+    assert tuple(run_row) == ("retry_wait", None)
+    assert _events(c, run_id)[-2:] == ["run.retry_scheduled", "run.completed_late"]
