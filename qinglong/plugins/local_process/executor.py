@@ -266,16 +266,15 @@ class LocalProcessExecutor:
 
         The shell reports a job killed by signal N as status 128 + N, so a status of 129 to 192
         is recorded as that signal (a program exiting with such a code on its own is
-        indistinguishable from it)."""
-        path = os.path.join(attempt_dir, RECEIPT)
-        try:
-            with open(path, "rb") as f:
-                stat = os.fstat(f.fileno())
-                text = f.read(4096).decode("ascii", "replace")
-        except FileNotFoundError:
-            return None
-        fields = _receipt_fields(text)
-        if fields is None:
+        indistinguishable from it).
+
+        A wrapper that could not write the receipt (its filesystem full) appended the same block
+        to its pid file: that one is read then, and the note says so."""
+        fields, stat = _read_receipt_block(os.path.join(attempt_dir, RECEIPT))
+        spilled = fields is None
+        if spilled:
+            fields, stat = _spilled_receipt(attempt_dir)
+        if fields is None or stat is None:
             return None
         try:
             status = int(fields["status"])
@@ -297,6 +296,8 @@ class LocalProcessExecutor:
             log_bytes = 0
         ended_ns = min(stat.st_mtime_ns, _job_ended_ns(attempt_dir, fields.get("format")) or stat.st_mtime_ns)
         note = _held_note(fields, attempt_dir, self._context.orphan_drain_ms)
+        if spilled:
+            note = "; ".join(filter(None, [_spilled_note(attempt_dir), note]))
         return Receipt(exit_code, signal, ended_ns // 1_000_000, log_bytes, max(dropped, 0), note,
                        ended_slack_ms=_COARSE_CLOCK_SLACK_MS)
 
@@ -344,6 +345,45 @@ def _why_no_start(attempt_dir: str, status: int) -> str:
     return (f"the job wrapper exited with status {status} before starting the job (it could not "
             f"write its pid file in {attempt_dir!r})")
 
+
+
+def _read_receipt_block(path: str) -> tuple[Mapping[str, str] | None, os.stat_result | None]:
+    """The fields of the receipt at ``path`` (None when missing or not written to its end), and
+    the file's stat."""
+    try:
+        with open(path, "rb") as f:
+            stat = os.fstat(f.fileno())
+            text = f.read(4096).decode("ascii", "replace")
+    except FileNotFoundError:
+        return None, None
+    return _receipt_fields(text), stat
+
+
+def _spilled_receipt(attempt_dir: str) -> tuple[Mapping[str, str] | None, os.stat_result | None]:
+    """The receipt block a wrapper appended to its pid file after the pid and status lines,
+    because the receipt file could not be written; None when there is none (or not whole)."""
+    try:
+        with open(os.path.join(attempt_dir, PID), "rb") as f:
+            stat = os.fstat(f.fileno())
+            text = f.read(4096).decode("ascii", "replace")
+    except FileNotFoundError:
+        return None, None
+    lines = text.split("\n")
+    if len(lines) < 3 or not lines[2].startswith("format="):
+        return None, None
+    return _receipt_fields("\n".join(lines[2:])), stat
+
+
+def _spilled_note(attempt_dir: str) -> str:
+    """Why the receipt was read from the pid file, in words: the filesystem is full now, or was."""
+    try:
+        st = os.statvfs(attempt_dir)
+        full = st.f_bavail * st.f_frsize < 4096
+    except OSError:
+        full = False
+    where = ("no space left on the log filesystem" if full
+             else "the receipt file could not be written (the log filesystem was full or failing)")
+    return f"{where}: the job's receipt was kept in its pid file, and its log may miss output"
 
 
 def _job_ended_ns(attempt_dir: str, receipt_format: str | None) -> int | None:
