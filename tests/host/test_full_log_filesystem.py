@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from dispatcher_helpers import running, small_tmpfs, state_of, write_settings
+from dispatcher_helpers import now_ms, running, small_tmpfs, state_of, write_settings
 
 
 @pytest.fixture
@@ -101,3 +101,31 @@ def test_a_log_filesystem_full_only_for_the_receipt_still_records_the_exit(tmp_p
                 assert "no space left on the log filesystem" in attempt.reason, attempt.reason
 
         asyncio.run(body())
+
+
+def test_a_full_log_filesystem_fails_an_event_runs_attempt_at_start_once(tmp_path, full_fs):
+    """A Run admitted with an event payload (a webhook delivery) writes its event file first: on
+    a full log filesystem that failure was an executor error, the Attempt was put back in the
+    queue and tried again every pass, for ever, with an error each time and the Run never ending."""
+    from qinglong.contracts.hooks import HOOK_KIND
+    from qinglong.contracts.records import MisfirePolicy, TriggerDefinition
+
+    settings = write_settings(tmp_path, log_dir=str(full_fs / "logs"))
+    marker = tmp_path / "ran"
+
+    async def body() -> None:
+        async with running(settings) as h:
+            await h.put_task("job", ["sh", "-c", f"touch {marker}"])
+            await h.backend.publisher().put_trigger(TriggerDefinition(
+                "p", "gh", "job", HOOK_KIND, {"secret": "x" * 40}, MisfirePolicy.FIRE_ONCE, 60_000, True))
+            payload = {"body": "{}", "content_type": "application/json", "delivery": "d-1"}
+            result = await h.backend.occurrences().admit_occurrence(HOOK_KIND, "gh", "d-1", payload, now_ms())
+            h.dispatcher.wake()
+            detail = await h.until_ended(result.run_id)
+            assert state_of(detail.run.state) == "failed", detail
+            (attempt,) = detail.attempts
+            assert "no space left on the log filesystem" in attempt.reason, attempt.reason
+            assert not marker.exists(), "the job ran"
+            assert h.dispatcher.stats.start_failed == 1
+
+    asyncio.run(body())

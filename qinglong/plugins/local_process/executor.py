@@ -105,10 +105,15 @@ class LocalProcessExecutor:
         attempt_dir = os.path.abspath(request.attempt_dir)
         _make_private_dir(attempt_dir)
         _refuse_a_second_start(attempt_dir)
-        if request.event_payload is not None:
-            env[EVENT_FILE_ENV] = _write_event_file(attempt_dir, request.event_payload)
-        if request.fence_deadline_mono is not None:
-            self.renew_fence(attempt_dir, request.fence_deadline_mono)
+        try:
+            if request.event_payload is not None:
+                env[EVENT_FILE_ENV] = _write_event_file(attempt_dir, request.event_payload)
+            if request.fence_deadline_mono is not None:
+                self.renew_fence(attempt_dir, request.fence_deadline_mono)
+        except OSError as exc:
+            # a full or read-only log filesystem: the job cannot start, said as a start error
+            # (an executor error would put the Attempt back and try it again every pass)
+            raise StartError(_cannot_write(attempt_dir, exc)) from None
         lock_fd = _open_lock(attempt_dir)
         read_end = write_end = -1
         try:
@@ -337,14 +342,19 @@ def _why_no_start(attempt_dir: str, status: int) -> str:
             os.close(fd)
             os.unlink(probe)
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return f"no space left on the log filesystem (writing in {attempt_dir!r})"
-        if exc.errno == errno.EROFS:
-            return f"the log filesystem is read-only (writing in {attempt_dir!r})"
-        return f"the attempt directory {attempt_dir!r} cannot be written: {exc.strerror or exc}"
+        return _cannot_write(attempt_dir, exc)
     return (f"the job wrapper exited with status {status} before starting the job (it could not "
             f"write its pid file in {attempt_dir!r})")
 
+
+
+def _cannot_write(attempt_dir: str, exc: OSError) -> str:
+    """Why a file of the Attempt directory could not be written, in words."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on the log filesystem (writing in {attempt_dir!r})"
+    if exc.errno == errno.EROFS:
+        return f"the log filesystem is read-only (writing in {attempt_dir!r})"
+    return f"the attempt directory {attempt_dir!r} cannot be written: {exc.strerror or exc}"
 
 
 def _read_receipt_block(path: str) -> tuple[Mapping[str, str] | None, os.stat_result | None]:
@@ -628,8 +638,13 @@ def _write_event_file(attempt_dir: str, payload: str) -> str:
     temp = path + ".tmp"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, payload.encode("utf-8"))
-    finally:
+        data = payload.encode("utf-8")
+        if os.write(fd, data) != len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    except OSError:
         os.close(fd)
+        os.unlink(temp)  # no half-written payload left for a later start to read
+        raise
+    os.close(fd)
     os.replace(temp, path)
     return path
