@@ -11,9 +11,10 @@ from dispatcher_helpers import running, state_of, write_settings
 from qinglong.host.cli.main import main
 
 
-def test_a_job_that_exited_0_before_its_timeout_was_requested_succeeds(tmp_path):
+def test_a_job_that_exited_0_before_its_timeout_was_requested_succeeds(tmp_path, capsys):
     """Recorded `timed_out` with exit 0, the job's completed work is reported as a timeout (and
-    a retried timeout runs it again)."""
+    a retried timeout runs it again); `runs show` beside `succeeded` must say the request came
+    after the end, not a bare "cancel requested" that reads as an ignored cancel."""
     # the helper left in the job's group holds its output past the 1 s timeout; the drain (5 s)
     # is what keeps the outcome unrecorded when the request lands
     settings = write_settings(tmp_path, orphan_drain_ms=5_000)
@@ -26,8 +27,13 @@ def test_a_job_that_exited_0_before_its_timeout_was_requested_succeeds(tmp_path)
             (attempt,) = detail.attempts
             assert attempt.cancel_reason == "timeout", "the request must have landed for this test"
             assert state_of(detail.run.state) == "succeeded" and detail.run.exit_code == 0, detail
+            return run_id
 
-    asyncio.run(body())
+    run_id = asyncio.run(body())
+    capsys.readouterr()
+    assert main(["runs", "show", run_id, "--settings", str(settings)]) == 0
+    out = capsys.readouterr().out
+    assert "cancel requested (timeout) after the job had ended: its own exit is the outcome" in out, out
 
 
 def test_runs_says_a_timed_out_run_beside_exit_0_exited_after_the_request(tmp_path, capsys):

@@ -128,6 +128,19 @@ def _outcome(a: Any) -> str:
     return "-"
 
 
+def _attempt_reason(a: Any) -> str:
+    """The Attempt's reason; without one, its cancel request, said to have come after the job's
+    end when the job's own exit is the outcome (``succeeded`` beside a bare "cancel requested"
+    reads as if the cancel had been ignored)."""
+    if a.reason:
+        return a.reason
+    if not a.cancel_reason:
+        return ""
+    if _value(a.state) in ("succeeded", "failed"):
+        return f"cancel requested ({_value(a.cancel_reason)}) after the job had ended: its own exit is the outcome"
+    return f"cancel requested: {_value(a.cancel_reason)}"
+
+
 def _show_run(args: argparse.Namespace) -> int:
     container = container_of(args)
 
@@ -157,7 +170,7 @@ def _show_run(args: argparse.Namespace) -> int:
                 [[a.attempt_no, state_words(a.state, a.exit_code), _outcome(a), iso(a.started_at_ms), iso(a.finished_at_ms),
                   _ms(a.duration_ms), _ms(a.log_bytes), a.log_dropped_bytes,
                   "deleted" if a.log_deleted else ("kept" if a.attempt_dir or workers and a.log_bytes else "-"),
-                  a.reason or (a.cancel_reason and f"cancel requested: {a.cancel_reason}") or ""]
+                  _attempt_reason(a)]
                  + ([getattr(a, "worker_id", None) or "-"] if workers else [])
                  for a in detail.attempts])
     return ExitCode.OK
