@@ -129,3 +129,37 @@ def test_a_full_log_filesystem_fails_an_event_runs_attempt_at_start_once(tmp_pat
             assert h.dispatcher.stats.start_failed == 1
 
     asyncio.run(body())
+
+
+def test_a_log_filesystem_out_of_inodes_fails_the_attempt_with_the_same_error(tmp_path):
+    """No inode left (many small files) is the same full filesystem for the operator: a start
+    error worded differently ("cannot create the attempt directory ...") would hide it from
+    whoever looks for "no space left on the log filesystem", and the reason must name it."""
+    mount = tmp_path / "logfs"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=3,mode=0700", "tmpfs", str(mount)], check=True)
+    try:
+        (mount / "logs").mkdir()
+        taken = 0
+        try:
+            while True:
+                (mount / "logs" / f"f{taken}").touch()
+                taken += 1
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+        settings = write_settings(tmp_path, log_dir=str(mount / "logs"))
+        marker = tmp_path / "ran"
+
+        async def body() -> None:
+            async with running(settings) as h:
+                await h.put_task("job", ["sh", "-c", f"touch {marker}"], idempotent=True)
+                run_id = await h.admit("job")
+                detail = await h.until_ended(run_id)
+                assert state_of(detail.run.state) == "failed", detail
+                (attempt,) = detail.attempts
+                assert "no space left on the log filesystem" in attempt.reason, attempt.reason
+                assert not marker.exists(), "the job ran"
+
+        asyncio.run(body())
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -504,6 +504,8 @@ def _make_private_dir(path: str) -> None:
                     raise
             os.chmod(directory, 0o700)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):  # no block or no inode left
+            raise StartError(_cannot_write(path, exc)) from None
         raise StartError(f"cannot create the attempt directory {path!r}: {exc.strerror or exc}") from None
 
 
