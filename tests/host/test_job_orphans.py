@@ -9,6 +9,7 @@ import os
 import shlex
 import shutil
 import signal
+import sys
 
 import pytest
 
@@ -69,6 +70,32 @@ def test_a_job_exiting_0_beside_a_setsid_daemon_ends_succeeded_not_timed_out(tmp
             assert not process_alive(helper), "the helper left in the job's group still runs"
             (escaped,) = [int(p) for p in pids.read_text().split()]
             assert f"pid {escaped}" in attempt.reason
+
+    asyncio.run(body())
+
+
+def test_a_daemon_that_left_only_its_process_group_is_named_for_what_it_did(tmp_path, daemon):
+    """A daemon moved to a process group of its own (setpgid, as a shell's job control does)
+    escapes the group's TERM and KILL as one started with setsid does; named as a setsid escape,
+    the operator would look for a setsid the job never ran."""
+    program, pids = daemon
+    settings = write_settings(tmp_path, orphan_drain_ms=1_000)
+    escape = (f"import os; os.setpgid(0, 0); open({str(pids)!r}, 'a').write(str(os.getpid()) + ' '); "
+              f"os.execv({str(program)!r}, ['mydaemon', '300'])")
+
+    async def body() -> None:
+        async with running(settings) as h:
+            # the job exits once the daemon wrote its pid (right before its exec)
+            await h.put_task("leaves", ["sh", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(escape)} & "
+                                                    f"until [ -s {shlex.quote(str(pids))} ]; do sleep 0.01; done; "
+                                                    "exit 0"], timeout_ms=3_600_000)
+            run_id = await h.admit("leaves")
+            detail = await h.until_ended(run_id)
+            assert state_of(detail.run.state) == "succeeded" and detail.run.exit_code == 0
+            (attempt,) = detail.attempts
+            (escaped,) = [int(p) for p in pids.read_text().split()]
+            assert f"'mydaemon' (pid {escaped}, escaped its process group with setpgid)" in attempt.reason, \
+                attempt.reason
 
     asyncio.run(body())
 

@@ -442,13 +442,22 @@ def _held_note(fields: Mapping[str, str], attempt_dir: str, drain_ms: int) -> st
                 "was left running and its output still goes to the log (orphans = \"leave\")")
         escaped = writers
     if escaped:
-        named = ", ".join(f"{w.name!r} (pid {w.pid}"
-                          + (", escaped its process group with setsid" if w.pgrp != pgid else "") + ")"
-                          for w in escaped[:8])
+        named = ", ".join(f"{w.name!r} (pid {w.pid}{_how_it_left(w, pgid)})" for w in escaped[:8])
         note += f"; still running and holding it: {named}"
     return note
 
 
+
+
+def _how_it_left(holder: procfs.Holder, pgid: int | None) -> str:
+    """How a process holding the output left the job's process group, if it did: a session of
+    its own (setsid), or a process group of its own in the wrapper's session (setpgid, a shell's
+    job control); the wrapper leads both its session and its group."""
+    if holder.pgrp == pgid:
+        return ""
+    if holder.session != pgid:
+        return ", escaped its process group with setsid"
+    return ", escaped its process group with setpgid"
 
 
 def _check_working_dir(cwd: str) -> None:
