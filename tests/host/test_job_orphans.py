@@ -134,3 +134,27 @@ def test_the_worker_takes_its_orphans_policy_from_its_own_section():
                                           orphan_drain_ms=750),
                            hostname="w1")
     assert (config.orphans, config.orphan_drain_ms) == ("leave", 750)
+
+
+def test_a_timeout_that_lands_while_the_output_drains_leaves_what_leave_keeps(tmp_path, daemon):
+    """The job exited before its deadline, but the drain (something it left holds its output)
+    outlasted the deadline: the timeout's TERM to the group killed the service the job started
+    on purpose although the policy is `leave`, and although the job itself was done."""
+    program, pids = daemon
+    settings = write_settings(tmp_path, orphan_drain_ms=5_000, orphans="leave")
+    script = (f"sh -c 'echo $$ >> {shlex.quote(str(pids))}; exec {shlex.quote(str(program))} 300' & "
+              f"until [ -s {shlex.quote(str(pids))} ]; do sleep 0.01; done; exit 0")
+
+    async def body() -> None:
+        async with running(settings) as h:
+            await h.put_task("service", ["sh", "-c", script], timeout_ms=1_000)
+            run_id = await h.admit("service")
+            detail = await h.until_ended(run_id)
+            (attempt,) = detail.attempts
+            assert attempt.cancel_reason == "timeout", "the deadline must have passed during the drain"
+            assert state_of(detail.run.state) == "succeeded" and detail.run.exit_code == 0, detail
+            (left,) = [int(p) for p in pids.read_text().split()]
+            assert process_alive(left), "the timeout killed what orphans = \"leave\" keeps"
+            assert 'orphans = "leave"' in attempt.reason, attempt.reason
+
+    asyncio.run(body())

@@ -206,6 +206,18 @@ class LocalProcessExecutor:
             return None
         return ProcessHandle(self._boot_id, pid, pid, stat.start_ticks)
 
+    def draining(self, attempt_dir: str) -> bool:
+        """The job's own process has exited and its wrapper is still within its bounded drain
+        (for ``orphans = "kill"`` the drain, the TERM and a second drain), so the Attempt ends by
+        itself, what the job left handled by the orphans policy. False once that bound (plus a
+        second for the wrapper's own work) has passed: a wrapper still there is then stopped as
+        any job is."""
+        ended_ns = _job_ended_ns(attempt_dir, "3") or _job_ended_ns(attempt_dir, "2")
+        if ended_ns is None:
+            return False
+        bound_ms = 2 * self._context.orphan_drain_ms + 1_000
+        return time.time_ns() < ended_ns + bound_ms * 1_000_000
+
     # ----------------------------------------------------------------------------------- wait
 
     async def wait(self, attempt_dir: str, handle: ProcessHandle) -> None:
