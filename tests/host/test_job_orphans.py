@@ -9,6 +9,7 @@ import os
 import shlex
 import shutil
 import signal
+import sys
 
 import pytest
 
@@ -73,6 +74,32 @@ def test_a_job_exiting_0_beside_a_setsid_daemon_ends_succeeded_not_timed_out(tmp
     asyncio.run(body())
 
 
+def test_a_daemon_that_left_only_its_process_group_is_named_for_what_it_did(tmp_path, daemon):
+    """A daemon moved to a process group of its own (setpgid, as a shell's job control does)
+    escapes the group's TERM and KILL as one started with setsid does; named as a setsid escape,
+    the operator would look for a setsid the job never ran."""
+    program, pids = daemon
+    settings = write_settings(tmp_path, orphan_drain_ms=1_000)
+    escape = (f"import os; os.setpgid(0, 0); open({str(pids)!r}, 'a').write(str(os.getpid()) + ' '); "
+              f"os.execv({str(program)!r}, ['mydaemon', '300'])")
+
+    async def body() -> None:
+        async with running(settings) as h:
+            # the job exits once the daemon wrote its pid (right before its exec)
+            await h.put_task("leaves", ["sh", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(escape)} & "
+                                                    f"until [ -s {shlex.quote(str(pids))} ]; do sleep 0.01; done; "
+                                                    "exit 0"], timeout_ms=3_600_000)
+            run_id = await h.admit("leaves")
+            detail = await h.until_ended(run_id)
+            assert state_of(detail.run.state) == "succeeded" and detail.run.exit_code == 0
+            (attempt,) = detail.attempts
+            (escaped,) = [int(p) for p in pids.read_text().split()]
+            assert f"'mydaemon' (pid {escaped}, escaped its process group with setpgid)" in attempt.reason, \
+                attempt.reason
+
+    asyncio.run(body())
+
+
 def test_with_orphans_leave_the_helpers_keep_running_and_the_outcome_is_recorded(tmp_path, daemon):
     """`leave` must not block the outcome either, and must not kill what the job left: a job that
     starts a service on purpose would otherwise lose it."""
@@ -107,3 +134,27 @@ def test_the_worker_takes_its_orphans_policy_from_its_own_section():
                                           orphan_drain_ms=750),
                            hostname="w1")
     assert (config.orphans, config.orphan_drain_ms) == ("leave", 750)
+
+
+def test_a_timeout_that_lands_while_the_output_drains_leaves_what_leave_keeps(tmp_path, daemon):
+    """The job exited before its deadline, but the drain (something it left holds its output)
+    outlasted the deadline: the timeout's TERM to the group killed the service the job started
+    on purpose although the policy is `leave`, and although the job itself was done."""
+    program, pids = daemon
+    settings = write_settings(tmp_path, orphan_drain_ms=5_000, orphans="leave")
+    script = (f"sh -c 'echo $$ >> {shlex.quote(str(pids))}; exec {shlex.quote(str(program))} 300' & "
+              f"until [ -s {shlex.quote(str(pids))} ]; do sleep 0.01; done; exit 0")
+
+    async def body() -> None:
+        async with running(settings) as h:
+            await h.put_task("service", ["sh", "-c", script], timeout_ms=1_000)
+            run_id = await h.admit("service")
+            detail = await h.until_ended(run_id)
+            (attempt,) = detail.attempts
+            assert attempt.cancel_reason == "timeout", "the deadline must have passed during the drain"
+            assert state_of(detail.run.state) == "succeeded" and detail.run.exit_code == 0, detail
+            (left,) = [int(p) for p in pids.read_text().split()]
+            assert process_alive(left), "the timeout killed what orphans = \"leave\" keeps"
+            assert 'orphans = "leave"' in attempt.reason, attempt.reason
+
+    asyncio.run(body())

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from dispatcher_helpers import running, state_of, write_settings
+from dispatcher_helpers import now_ms, running, state_of, until, write_settings
+
+from qinglong.contracts.execution import Actor, CancelReason
 
 from qinglong.host.cli.main import main
 
@@ -52,3 +54,36 @@ def test_runs_says_a_timed_out_run_beside_exit_0_exited_after_the_request(tmp_pa
     assert "timed_out (exited 0 after the request)" in capsys.readouterr().out
     assert main(["runs", "show", run_id, "--settings", str(settings)]) == 0
     assert f"run {run_id}: timed_out (exited 0 after the request)" in capsys.readouterr().out
+
+
+def test_a_cancel_after_the_jobs_exit_leaves_its_exit_and_runs_show_says_why(tmp_path, capsys):
+    """An operator's cancel that lands while a finished job's output is still drained: recorded
+    `cancelled`, the job's completed work would be reported as stopped; shown beside `succeeded`
+    as a bare "cancel requested", it reads as a cancel the control plane ignored."""
+    settings = write_settings(tmp_path, orphan_drain_ms=5_000)
+
+    async def body() -> str:
+        async with running(settings) as h:
+            await h.put_task("quick", ["sh", "-c", "sleep 30 & exit 0"], timeout_ms=3_600_000)
+            run_id = await h.admit("quick")
+            attempt_dir = (await h.until_state(run_id, "running")).attempts[-1].attempt_dir
+
+            def exited() -> bool:  # the wrapper appends the job's status to its pid file
+                try:
+                    return open(f"{attempt_dir}/pid").read().count("\n") >= 2
+                except FileNotFoundError:
+                    return False
+            await until(exited, "the job's own exit")
+            await h.store.request_cancel(run_id, CancelReason.OPERATOR, now_ms(), Actor.OPERATOR)
+            h.dispatcher.wake()
+            detail = await h.until_ended(run_id)
+            (attempt,) = detail.attempts
+            assert attempt.cancel_reason == "operator"
+            assert state_of(detail.run.state) == "succeeded" and detail.run.exit_code == 0, detail
+            return run_id
+
+    run_id = asyncio.run(body())
+    capsys.readouterr()
+    assert main(["runs", "show", run_id, "--settings", str(settings)]) == 0
+    out = capsys.readouterr().out
+    assert "cancel requested (operator) after the job had ended: its own exit is the outcome" in out, out

@@ -62,7 +62,8 @@ def test_a_cancel_reaches_the_lock_holder_when_the_recorded_handle_fails_verific
 
 def test_a_run_that_cannot_be_stopped_says_so_in_its_record_and_an_error(tmp_path, capfd):
     """A cancel that can reach nothing must not look pending: the operator would wait for a stop
-    that never comes, while an unrelated process is rightly left alone."""
+    that never comes, while an unrelated process is rightly left alone. `runs` and `runs --json`
+    say it too, not a plain `running`."""
     settings = write_settings(tmp_path, level="error")
     run_id, attempt_dir = asyncio.run(_started(settings, tmp_path))
     pid = wrapper_pid(attempt_dir)
@@ -86,5 +87,11 @@ def test_a_run_that_cannot_be_stopped_says_so_in_its_record_and_an_error(tmp_pat
         assert "execution.handle_unverified" in capfd.readouterr().err
         main(["runs", "show", run_id, "--settings", str(settings)])
         assert "cannot be stopped" in capfd.readouterr().out
+        # the listing too: a plain `running` there is the silence this note ends
+        assert main(["runs", "--settings", str(settings)]) == 0
+        assert "cannot be stopped" in capfd.readouterr().out
+        assert main(["runs", "--json", "--settings", str(settings)]) == 0
+        (listed,) = [r for r in json.loads(capfd.readouterr().out) if r["run_id"] == run_id]
+        assert listed["state"] == "running" and "cannot be stopped" in listed["reason"], listed
     finally:
         os.killpg(pid, signal.SIGKILL)

@@ -609,6 +609,25 @@ def test_a_log_that_cannot_be_written_still_lets_the_job_run_to_its_end(any_exec
     assert (receipt.exit_code, receipt.signal, receipt.dropped_bytes) == (0, None, 200009)
 
 
+
+def test_a_receipt_the_full_filesystem_refuses_is_read_from_the_pid_file(any_executor, tmp_path):
+    """The log filesystem fills while the job runs: without a place for its receipt the job's
+    exit (3 here) would be lost with it, and the Attempt recorded as if the job had vanished."""
+    mount = tmp_path / "logfs"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(mount)], check=True)
+    try:
+        req = request(mount, ["sh", "-c", f"echo begin; dd if=/dev/zero of={mount}/fill bs=4k 2>/dev/null; exit 3"])
+        run(start_and_wait(any_executor, req))
+        assert not os.path.getsize(Path(req.attempt_dir) / "receipt"), "the receipt was written after all"
+        receipt = any_executor.read_receipt(req.attempt_dir)
+        assert receipt is not None and (receipt.exit_code, receipt.signal) == (3, None)
+        assert "no space left on the log filesystem" in receipt.note, receipt.note
+        assert any_executor.probe(req.attempt_dir, None) is ProcessState.ENDED
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
 # ------------------------------------------------------------------------------- waiting
 
 

@@ -54,11 +54,14 @@ def state_words(state: Any, exit_code: int | None) -> str:
     return state
 
 
-def print_run_table(runs: Sequence[Any]) -> None:
-    """The runs table: what each Run did."""
+def print_run_table(runs: Sequence[Any], notes: dict[str, str] | None = None) -> None:
+    """The runs table: what each Run did (``notes``: what keeps a running Run from being stopped,
+    by Run id, shown where the Run has no reason of its own)."""
+    notes = notes or {}
     print_table(["run", "task", "scheduled_for", "state", "exit", "duration_ms", "attempts", "reason"],
                 [[r.run_id, f"{r.project_id}/{r.task_id}", iso(r.scheduled_for_ms), state_words(r.state, r.exit_code),
-                  _ms(r.exit_code), _ms(r.duration_ms), r.attempts, r.reason or ""] for r in runs])
+                  _ms(r.exit_code), _ms(r.duration_ms), r.attempts, r.reason or notes.get(r.run_id, "")]
+                 for r in runs])
 
 
 async def list_runs(backend: Any, *, state: str | None, project: str | None, task: str | None,
@@ -95,17 +98,27 @@ def cmd_runs(args: argparse.Namespace) -> int:
         return _cancel_run(args)
     container = container_of(args)
 
-    async def go(backend: Any) -> tuple[list[Any] | None, dict[str, Any]]:
+    async def go(backend: Any) -> tuple[list[Any] | None, dict[str, Any], dict[str, str]]:
         runs = await list_runs(backend, state=args.state, project=args.project, task=args.task,
                                trigger=args.trigger, limit=args.limit)
         keys: dict[str, Any] = {}
-        if runs is not None and args.json:
+        notes: dict[str, str] = {}
+        if runs is not None:
             store = runs_of(backend)
-            for run in runs:  # the idempotency key, for scripts that check one Run per occurrence
-                keys[run.run_id] = (await store.run_detail(run.run_id)).idempotency_key
-        return runs, keys
+            for run in runs:
+                # the idempotency key, for scripts that check one Run per occurrence; and the
+                # note of a running Attempt (its cancel cannot reach its process), else unseen here
+                if not args.json and (run.reason or _value(run.state) not in ("dispatching", "running")):
+                    continue
+                detail = await store.run_detail(run.run_id)
+                keys[run.run_id] = detail.idempotency_key
+                current = detail.attempts[-1] if detail.attempts else None
+                if (not run.reason and current is not None and current.reason
+                        and _value(current.state) in ("dispatching", "running")):
+                    notes[run.run_id] = current.reason
+        return runs, keys, notes
 
-    runs, keys = on_backend(container, go, read_only=True)
+    runs, keys, notes = on_backend(container, go, read_only=True)
     if runs is None:
         if args.state or args.task or args.project:
             raise UserError("--state, --task and --project need a profile that runs Runs locally; "
@@ -114,9 +127,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
         return show_runs(container, limit=args.limit, trigger=args.trigger, as_json=args.json)
     if args.json:
-        print_json([{**summary_json(r), "idempotency_key": keys.get(r.run_id)} for r in runs])
+        print_json([{**summary_json(r), "idempotency_key": keys.get(r.run_id),
+                     **({"reason": notes[r.run_id]} if r.run_id in notes else {})} for r in runs])
     else:
-        print_run_table(runs)
+        print_run_table(runs, notes)
     return ExitCode.OK
 
 
@@ -126,6 +140,19 @@ def _outcome(a: Any) -> str:
     if a.signal is not None:
         return f"signal {a.signal}"
     return "-"
+
+
+def _attempt_reason(a: Any) -> str:
+    """The Attempt's reason; without one, its cancel request, said to have come after the job's
+    end when the job's own exit is the outcome (``succeeded`` beside a bare "cancel requested"
+    reads as if the cancel had been ignored)."""
+    if a.reason:
+        return a.reason
+    if not a.cancel_reason:
+        return ""
+    if _value(a.state) in ("succeeded", "failed"):
+        return f"cancel requested ({_value(a.cancel_reason)}) after the job had ended: its own exit is the outcome"
+    return f"cancel requested: {_value(a.cancel_reason)}"
 
 
 def _show_run(args: argparse.Namespace) -> int:
@@ -157,7 +184,7 @@ def _show_run(args: argparse.Namespace) -> int:
                 [[a.attempt_no, state_words(a.state, a.exit_code), _outcome(a), iso(a.started_at_ms), iso(a.finished_at_ms),
                   _ms(a.duration_ms), _ms(a.log_bytes), a.log_dropped_bytes,
                   "deleted" if a.log_deleted else ("kept" if a.attempt_dir or workers and a.log_bytes else "-"),
-                  a.reason or (a.cancel_reason and f"cancel requested: {a.cancel_reason}") or ""]
+                  _attempt_reason(a)]
                  + ([getattr(a, "worker_id", None) or "-"] if workers else [])
                  for a in detail.attempts])
     return ExitCode.OK

@@ -105,10 +105,15 @@ class LocalProcessExecutor:
         attempt_dir = os.path.abspath(request.attempt_dir)
         _make_private_dir(attempt_dir)
         _refuse_a_second_start(attempt_dir)
-        if request.event_payload is not None:
-            env[EVENT_FILE_ENV] = _write_event_file(attempt_dir, request.event_payload)
-        if request.fence_deadline_mono is not None:
-            self.renew_fence(attempt_dir, request.fence_deadline_mono)
+        try:
+            if request.event_payload is not None:
+                env[EVENT_FILE_ENV] = _write_event_file(attempt_dir, request.event_payload)
+            if request.fence_deadline_mono is not None:
+                self.renew_fence(attempt_dir, request.fence_deadline_mono)
+        except OSError as exc:
+            # a full or read-only log filesystem: the job cannot start, said as a start error
+            # (an executor error would put the Attempt back and try it again every pass)
+            raise StartError(_cannot_write(attempt_dir, exc)) from None
         lock_fd = _open_lock(attempt_dir)
         read_end = write_end = -1
         try:
@@ -201,6 +206,18 @@ class LocalProcessExecutor:
             return None
         return ProcessHandle(self._boot_id, pid, pid, stat.start_ticks)
 
+    def draining(self, attempt_dir: str) -> bool:
+        """The job's own process has exited and its wrapper is still within its bounded drain
+        (for ``orphans = "kill"`` the drain, the TERM and a second drain), so the Attempt ends by
+        itself, what the job left handled by the orphans policy. False once that bound (plus a
+        second for the wrapper's own work) has passed: a wrapper still there is then stopped as
+        any job is."""
+        ended_ns = _job_ended_ns(attempt_dir, "3") or _job_ended_ns(attempt_dir, "2")
+        if ended_ns is None:
+            return False
+        bound_ms = 2 * self._context.orphan_drain_ms + 1_000
+        return time.time_ns() < ended_ns + bound_ms * 1_000_000
+
     # ----------------------------------------------------------------------------------- wait
 
     async def wait(self, attempt_dir: str, handle: ProcessHandle) -> None:
@@ -266,16 +283,15 @@ class LocalProcessExecutor:
 
         The shell reports a job killed by signal N as status 128 + N, so a status of 129 to 192
         is recorded as that signal (a program exiting with such a code on its own is
-        indistinguishable from it)."""
-        path = os.path.join(attempt_dir, RECEIPT)
-        try:
-            with open(path, "rb") as f:
-                stat = os.fstat(f.fileno())
-                text = f.read(4096).decode("ascii", "replace")
-        except FileNotFoundError:
-            return None
-        fields = _receipt_fields(text)
-        if fields is None:
+        indistinguishable from it).
+
+        A wrapper that could not write the receipt (its filesystem full) appended the same block
+        to its pid file: that one is read then, and the note says so."""
+        fields, stat = _read_receipt_block(os.path.join(attempt_dir, RECEIPT))
+        spilled = fields is None
+        if spilled:
+            fields, stat = _spilled_receipt(attempt_dir)
+        if fields is None or stat is None:
             return None
         try:
             status = int(fields["status"])
@@ -297,6 +313,8 @@ class LocalProcessExecutor:
             log_bytes = 0
         ended_ns = min(stat.st_mtime_ns, _job_ended_ns(attempt_dir, fields.get("format")) or stat.st_mtime_ns)
         note = _held_note(fields, attempt_dir, self._context.orphan_drain_ms)
+        if spilled:
+            note = "; ".join(filter(None, [_spilled_note(attempt_dir), note]))
         return Receipt(exit_code, signal, ended_ns // 1_000_000, log_bytes, max(dropped, 0), note,
                        ended_slack_ms=_COARSE_CLOCK_SLACK_MS)
 
@@ -336,14 +354,58 @@ def _why_no_start(attempt_dir: str, status: int) -> str:
             os.close(fd)
             os.unlink(probe)
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return f"no space left on the log filesystem (writing in {attempt_dir!r})"
-        if exc.errno == errno.EROFS:
-            return f"the log filesystem is read-only (writing in {attempt_dir!r})"
-        return f"the attempt directory {attempt_dir!r} cannot be written: {exc.strerror or exc}"
+        return _cannot_write(attempt_dir, exc)
     return (f"the job wrapper exited with status {status} before starting the job (it could not "
             f"write its pid file in {attempt_dir!r})")
 
+
+
+def _cannot_write(attempt_dir: str, exc: OSError) -> str:
+    """Why a file of the Attempt directory could not be written, in words."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on the log filesystem (writing in {attempt_dir!r})"
+    if exc.errno == errno.EROFS:
+        return f"the log filesystem is read-only (writing in {attempt_dir!r})"
+    return f"the attempt directory {attempt_dir!r} cannot be written: {exc.strerror or exc}"
+
+
+def _read_receipt_block(path: str) -> tuple[Mapping[str, str] | None, os.stat_result | None]:
+    """The fields of the receipt at ``path`` (None when missing or not written to its end), and
+    the file's stat."""
+    try:
+        with open(path, "rb") as f:
+            stat = os.fstat(f.fileno())
+            text = f.read(4096).decode("ascii", "replace")
+    except FileNotFoundError:
+        return None, None
+    return _receipt_fields(text), stat
+
+
+def _spilled_receipt(attempt_dir: str) -> tuple[Mapping[str, str] | None, os.stat_result | None]:
+    """The receipt block a wrapper appended to its pid file after the pid and status lines,
+    because the receipt file could not be written; None when there is none (or not whole)."""
+    try:
+        with open(os.path.join(attempt_dir, PID), "rb") as f:
+            stat = os.fstat(f.fileno())
+            text = f.read(4096).decode("ascii", "replace")
+    except FileNotFoundError:
+        return None, None
+    lines = text.split("\n")
+    if len(lines) < 3 or not lines[2].startswith("format="):
+        return None, None
+    return _receipt_fields("\n".join(lines[2:])), stat
+
+
+def _spilled_note(attempt_dir: str) -> str:
+    """Why the receipt was read from the pid file, in words: the filesystem is full now, or was."""
+    try:
+        st = os.statvfs(attempt_dir)
+        full = st.f_bavail * st.f_frsize < 4096
+    except OSError:
+        full = False
+    where = ("no space left on the log filesystem" if full
+             else "the receipt file could not be written (the log filesystem was full or failing)")
+    return f"{where}: the job's receipt was kept in its pid file, and its log may miss output"
 
 
 def _job_ended_ns(attempt_dir: str, receipt_format: str | None) -> int | None:
@@ -392,13 +454,22 @@ def _held_note(fields: Mapping[str, str], attempt_dir: str, drain_ms: int) -> st
                 "was left running and its output still goes to the log (orphans = \"leave\")")
         escaped = writers
     if escaped:
-        named = ", ".join(f"{w.name!r} (pid {w.pid}"
-                          + (", escaped its process group with setsid" if w.pgrp != pgid else "") + ")"
-                          for w in escaped[:8])
+        named = ", ".join(f"{w.name!r} (pid {w.pid}{_how_it_left(w, pgid)})" for w in escaped[:8])
         note += f"; still running and holding it: {named}"
     return note
 
 
+
+
+def _how_it_left(holder: procfs.Holder, pgid: int | None) -> str:
+    """How a process holding the output left the job's process group, if it did: a session of
+    its own (setsid), or a process group of its own in the wrapper's session (setpgid, a shell's
+    job control); the wrapper leads both its session and its group."""
+    if holder.pgrp == pgid:
+        return ""
+    if holder.session != pgid:
+        return ", escaped its process group with setsid"
+    return ", escaped its process group with setpgid"
 
 
 def _check_working_dir(cwd: str) -> None:
@@ -454,6 +525,8 @@ def _make_private_dir(path: str) -> None:
                     raise
             os.chmod(directory, 0o700)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):  # no block or no inode left
+            raise StartError(_cannot_write(path, exc)) from None
         raise StartError(f"cannot create the attempt directory {path!r}: {exc.strerror or exc}") from None
 
 
@@ -588,8 +661,13 @@ def _write_event_file(attempt_dir: str, payload: str) -> str:
     temp = path + ".tmp"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, payload.encode("utf-8"))
-    finally:
+        data = payload.encode("utf-8")
+        if os.write(fd, data) != len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    except OSError:
         os.close(fd)
+        os.unlink(temp)  # no half-written payload left for a later start to read
+        raise
+    os.close(fd)
     os.replace(temp, path)
     return path

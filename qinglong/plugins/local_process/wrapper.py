@@ -32,7 +32,10 @@ An Attempt directory (mode 0700) holds, for a wrapper of this version (receipt `
   last line ``end``: a receipt without it (a wrapper killed while writing it) counts as none, as
   if killed before; lines after it are not read. Before that block the log reader may have
   written ``dropped=N``, the count of bytes beyond the limit, only when the output reached it
-  (no line: nothing dropped).
+  (no line: nothing dropped). When the receipt cannot be written (the log filesystem filled up
+  while the job ran) the same block is appended to ``pid`` instead, after the status line: that
+  file's first block is already allocated, so a few more bytes need no free space, and the job's
+  exit is recorded rather than lost.
 
 A directory of the previous wrapper (``format=2``: a ``lock`` file, the ``out`` FIFO, the
 scratch files ``copied`` and ``dropped``, ``exited``; the receipt written whole by the wrapper)
@@ -208,7 +211,8 @@ if [ -n "$QINGLONG_W" ]; then
   wait "$QINGLONG_W"
   while [ "$?" -gt 128 ] && kill -0 "$QINGLONG_W" 2>/dev/null; do wait "$QINGLONG_W"; done
 fi
-printf 'format=3\\nstatus=%s\\nheld=%s\\npipe=%s\\nend\\n' "$QINGLONG_S" "$QINGLONG_H" "$QINGLONG_J" >>"$QINGLONG_D/receipt"
+printf 'format=3\\nstatus=%s\\nheld=%s\\npipe=%s\\nend\\n' "$QINGLONG_S" "$QINGLONG_H" "$QINGLONG_J" >>"$QINGLONG_D/receipt" ||
+  printf 'format=3\\nstatus=%s\\nheld=%s\\npipe=%s\\nend\\n' "$QINGLONG_S" "$QINGLONG_H" "$QINGLONG_J" >>"$QINGLONG_D/pid"
 [ "$QINGLONG_H" != killed ] || kill -KILL 0
 """
 
@@ -245,6 +249,9 @@ printf 'format=3\\nstatus=%s\\nheld=%s\\npipe=%s\\nend\\n' "$QINGLONG_S" "$QINGL
 #   reader tells a line cut short by its missing newline, a block by its missing `end`), not
 #   aside and renamed, which cost a `mv` process each; the status appended to the pid file makes
 #   its mtime the job's end, without a file of its own;
+# - a receipt that cannot be written (printf fails: no space, no inode) goes to the end of the
+#   pid file, whose allocated block has room for it; a full filesystem cannot turn an ended job
+#   into one without a receipt (`lost`);
 # - the fence watcher computes in integers: /proc/uptime's "12345.67" without its dot is
 #   centiseconds (its fraction always has two digits; leading zeros, only in the first second
 #   of a boot, are cut so the shell does not read octal); a fence it cannot read is 0, i.e.
