@@ -275,9 +275,11 @@ class Supervisor(Generic[J]):
             job.handle = found
             return job.executor.signal(found, signum)
         if job.unverified is None:
-            job.unverified = (f"cannot be stopped: its process handle (pid {job.handle.pid}) fails "
-                              "verification and no verified process holds its attempt; nothing was "
-                              "signalled (stop the job by hand)")
+            # pid N may now be an unrelated process: the operator is sent to the attempt, not to it
+            job.unverified = (f"cannot be stopped: its recorded process (pid {job.handle.pid}) is no "
+                              "longer the job's and no verified process holds its attempt; nothing was "
+                              f"signalled (do not signal pid {job.handle.pid}: stop the job by hand once "
+                              f"found by its attempt directory {job.attempt_dir})")
             self._emit("error", "handle_unverified", f"run {job.run_id} {job.unverified}",
                        run_id=job.run_id, pid=job.handle.pid, signal=int(signum))
         return False
