@@ -589,3 +589,38 @@ async def test_read_commands_work_on_a_full_disk(small_filesystem, clock):
         _assert_read(_reads(db, run_id), run_id)
     finally:
         (small_filesystem / "filler").unlink()
+
+
+#: Read commands beside those above: each lists or checks, and none may need to write.
+MORE_READS = (["notifications"], ["db", "status"], ["db", "wait", "--timeout", "1s"])
+
+
+@pytest.mark.parametrize("command", MORE_READS, ids=lambda c: "-".join(c[:2]))
+async def test_every_read_command_works_on_a_read_only_directory(restore_modes, clock, command):
+    """``notifications``, ``db status`` and ``db wait`` still opened the store for writing: on a
+    read-only flash they exited 5, hiding the deliveries and the schema state the operator came
+    to read."""
+    db = restore_modes
+    await _populated(db, clock)
+    before = db.read_bytes()
+    db.chmod(0o444)
+    db.parent.chmod(0o555)
+    result = cli_as_user(db, *command)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 0, f"exit {result.returncode}, stderr:\n{result.stderr}"
+    assert db.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", MORE_READS, ids=lambda c: "-".join(c[:2]))
+async def test_every_read_command_works_on_a_full_disk(small_filesystem, clock, command):
+    """The same read commands exited 5 "the disk is full" on a full disk, when reading is all the
+    operator can do before freeing space."""
+    db = small_filesystem / "q.db"
+    await _populated(db, clock)
+    _fill(small_filesystem)
+    try:
+        result = cli(db, *command)
+        assert "Traceback" not in result.stderr, result.stderr
+        assert result.returncode == 0, f"exit {result.returncode}, stderr:\n{result.stderr}"
+    finally:
+        (small_filesystem / "filler").unlink()
