@@ -231,7 +231,7 @@ NOT_CREATING_COMMANDS = (
     ["task", "run", "ops", "backup"], ["task", "show", "ops", "backup"], ["task", "delete", "ops", "backup"],
     ["task", "list"], ["logs", "r1"], ["runs", "show", "r1"], ["runs", "cancel", "r1"], ["status", "--once"],
     ["trigger", "delete", "ops", "t"], ["trigger", "update", "ops", "t", "--disabled"],
-    ["trigger", "enable", "ops", "t"], ["project", "delete", "ops"], ["export"])
+    ["trigger", "enable", "ops", "t"], ["project", "delete", "ops"], ["export"], ["secrets", "rotate"])
 
 
 @pytest.mark.parametrize("command", NOT_CREATING_COMMANDS, ids=lambda c: "-".join(c))
