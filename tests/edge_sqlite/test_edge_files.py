@@ -497,11 +497,12 @@ async def test_a_second_run_through_another_name_of_the_file_is_refused(db_path,
     assert not (db_path.parent / "other-name.db.lock").exists() or link == "hardlink"
 
 
-@pytest.mark.parametrize("kind", ["symlink", "hardlink", "foreign"])
+@pytest.mark.parametrize("kind", ["symlink", "dangling", "hardlink", "foreign", "fifo", "directory"])
 async def test_a_lock_file_that_is_not_ours_is_refused_and_left_untouched(db_path, clock, kind):
     """The lock file was opened following links and truncated: a ``<db>.lock`` linked to another
-    file emptied that file. A link, another file's name or a file holding other data is refused
-    by name, and its bytes stay as they were."""
+    file emptied that file. A link, another file's name, a file holding other data, a FIFO or a
+    directory is refused by name as the user's to remove (a directory was reported as the store
+    being unavailable, to be retried later), and its bytes stay as they were."""
     await _populated(db_path, clock)
     precious = db_path.parent / "precious.txt"
     precious.write_text("do not truncate me\n")
@@ -510,6 +511,15 @@ async def test_a_lock_file_that_is_not_ours_is_refused_and_left_untouched(db_pat
     if kind == "symlink":
         lock.symlink_to(precious)
         words = ("is a symbolic link",)
+    elif kind == "dangling":
+        lock.symlink_to(db_path.parent / "nowhere")
+        words = ("is a symbolic link",)
+    elif kind == "fifo":
+        os.mkfifo(lock)
+        words = ("is not a regular file",)
+    elif kind == "directory":
+        lock.mkdir()
+        words = ("is not a regular file",)
     elif kind == "hardlink":
         lock.hardlink_to(precious)
         words = ("has 2 names",)
@@ -520,6 +530,7 @@ async def test_a_lock_file_that_is_not_ours_is_refused_and_left_untouched(db_pat
     assert_refused(refused, 3, db_path, str(lock), *words)
     assert "scheduler started" not in refused.stderr
     assert precious.read_text() == "do not truncate me\n"
+    assert not (db_path.parent / "nowhere").exists()
     if kind == "foreign":
         assert lock.read_text() == "do not truncate me\n"
 
@@ -624,3 +635,26 @@ async def test_every_read_command_works_on_a_full_disk(small_filesystem, clock, 
         assert result.returncode == 0, f"exit {result.returncode}, stderr:\n{result.stderr}"
     finally:
         (small_filesystem / "filler").unlink()
+
+
+async def test_status_answers_while_the_running_schedulers_lock_file_is_swapped_for_a_fifo(db_path, clock):
+    """The probe opened the lock file to read the holder's pid without O_NONBLOCK: a FIFO put in
+    its place (by anyone who may write the directory) held every ``status`` forever while a
+    scheduler ran, so the operator could see nothing."""
+    await _populated(db_path, clock)
+    first = _spawn_run(db_path)
+    try:
+        _wait_for_line(first, "scheduler started")
+        lock = owner_lock_path(str(db_path))
+        lock.unlink()
+        os.mkfifo(lock)
+        try:
+            running = _live_schedulers(db_path)
+        except subprocess.TimeoutExpired:
+            pytest.fail("status hung opening the FIFO in place of the lock file")
+        assert running == 1
+        assert probe_owner_lock(str(db_path)) == first.pid  # named from /proc/locks instead
+        assert first.poll() is None, "the first scheduler stopped"
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=CLI_TIMEOUT_S)

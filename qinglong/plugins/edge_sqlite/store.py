@@ -325,13 +325,15 @@ def probe_file_owner(db_fd: int, path: str) -> int | None:
         fcntl.flock(db_fd, fcntl.LOCK_UN)
         return None
     try:
-        fd = os.open(owner_lock_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO put in the lock file's place must not hold the probe forever
+        fd = os.open(owner_lock_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         fd = None
     pid = None
     if fd is not None:
         try:
-            pid = _read_pid(fd)
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                pid = _read_pid(fd)
         finally:
             os.close(fd)
     return pid or _pid_from_proc_locks(db_fd) or 0
@@ -400,13 +402,18 @@ class OwnerLock:
 
     def _open_sidecar(self) -> int:
         try:
-            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                           | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise UserError(
                     f"database {self.path!r}: its owner lock {str(self.lock_path)!r} is a symbolic "
                     "link; a lock file is never followed (it would write over the link's target): "
                     "remove the link") from None
+            if exc.errno == errno.EISDIR:
+                raise UserError(f"database {self.path!r}: its owner lock {str(self.lock_path)!r} "
+                                "is not a regular file (a directory); it is written by "
+                                "'qinglong run': remove it") from None
             part = _read_only_part(Path(self.path))
             if part is not None or exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                 raise StoreReadOnly(
