@@ -72,7 +72,18 @@ def create_key_file(path: str) -> None:
 
 
 def default_key_file(backend_settings: Any) -> str | None:
-    """``<database>.key`` beside a local store's file; None for other stores (a key is required)."""
+    """``<database>.key`` beside the file a local store's path resolves to, so every name of the
+    file (a symlink, a symlinked directory) finds one key; None for other stores (a key is
+    required)."""
+    if isinstance(backend_settings, LocalStoreSettings) and isinstance(backend_settings.path, str) \
+            and backend_settings.path:
+        return os.path.realpath(backend_settings.path) + ".key"
+    return None
+
+
+def _named_key_file(backend_settings: Any) -> str | None:
+    """``<database>.key`` beside the path as written, where versions before the key followed the
+    file kept it."""
     if isinstance(backend_settings, LocalStoreSettings) and isinstance(backend_settings.path, str) \
             and backend_settings.path:
         return os.path.abspath(backend_settings.path) + ".key"
@@ -86,9 +97,10 @@ class HostSealer:
     ``older`` (rotation), which open values but never seal."""
 
     def __init__(self, settings: Any, default_file: str | None, *, older: Sequence[str] = (),
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None, named_file: str | None = None) -> None:
         self._settings = settings
         self._default_file = default_file
+        self._named_file = named_file
         self._older = tuple(older)
         self._environ = os.environ if environ is None else environ
         self._sealer: Sealer | None = None
@@ -104,6 +116,14 @@ class HostSealer:
             raise SecretsError(f"no secrets key: set [secrets] key_file, or the environment variable {name} "
                                "([secrets] key_env), to the base64 of a 32-byte key (`qinglong secrets "
                                "generate` writes one)")
+        named = self._named_file
+        if named and named != self._default_file and not os.path.lexists(self._default_file) \
+                and os.path.lexists(named):
+            # A second key beside the file would split its values between two keys.
+            raise SecretsError(f"[secrets] key_file (default: beside the database): the key file "
+                               f"{self._default_file} does not exist, but {named} does, beside the "
+                               "name the database was reached by; the key belongs beside the file "
+                               f"itself: move it to {self._default_file}")
         if create:
             create_key_file(self._default_file)
         return read_key_file(self._default_file, "[secrets] key_file (default: beside the database)")
@@ -137,7 +157,8 @@ class HostSealer:
 
 def host_sealer(loaded: Any, backend_settings: Any, older: Sequence[str] = ()) -> HostSealer:
     """The sealer of a process's settings (the container's provider)."""
-    return HostSealer(loaded.settings.secrets, default_key_file(backend_settings), older=older)
+    return HostSealer(loaded.settings.secrets, default_key_file(backend_settings), older=older,
+                      named_file=_named_key_file(backend_settings))
 
 
 __all__ = ["HostSealer", "host_sealer", "aes_gcm", "new_key_text", "parse_key", "read_key_file",

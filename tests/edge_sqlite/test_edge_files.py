@@ -7,6 +7,7 @@ hang (every subprocess has a timeout, so a hang fails the test instead of the su
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import shutil
@@ -658,3 +659,42 @@ async def test_status_answers_while_the_running_schedulers_lock_file_is_swapped_
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=CLI_TIMEOUT_S)
+
+
+async def test_secrets_key_beside_a_symlinked_database_is_the_files_own(db_path, clock):
+    """The default secrets key was found beside the name as written: the first env value
+    published through a symlink to the database created ``<link>.key`` and was sealed under it,
+    and ``run`` on the file's own name then refused to start (exit 6) for want of that key. The key
+    belongs to the file the name resolves to, like its lock."""
+    await _populated(db_path, clock)
+    other = db_path.parent / "other-name.db"
+    other.symlink_to(db_path)
+    put = cli(other, "task", "put", "p1", "t2", "--env", "TOKEN=s3cret", "--", "true")
+    assert put.returncode == 0, put.stderr
+    assert not (db_path.parent / "other-name.db.key").exists()
+    assert (db_path.parent / (db_path.name + ".key")).exists()
+    started = cli(db_path, "run", "--for-seconds", "1")
+    assert started.returncode == 0, started.stderr
+    assert "scheduler started" in started.stderr
+    shown = cli(other, "task", "show", "p1", "t2")
+    assert shown.returncode == 0, shown.stderr
+    assert "s3cret" not in shown.stdout + shown.stderr
+
+
+def test_a_key_left_beside_a_symlink_is_named_not_replaced(db_path):
+    """A store whose values were sealed under ``<link>.key`` (before the key followed the file)
+    must not get a second, new key beside the file's own name, under which later values would be
+    sealed: both keys would then be needed and neither name could open every value. The user is
+    told where the key is and where it belongs."""
+    other = db_path.parent / "other-name.db"
+    made = cli(db_path, "project", "create", "p1")
+    assert made.returncode == 0, made.stderr
+    other.symlink_to(db_path)
+    stray = db_path.parent / "other-name.db.key"
+    stray.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
+    put = cli(other, "task", "put", "p1", "t2", "--env", "TOKEN=s3cret", "--", "true")
+    assert put.returncode == 6, put.stderr
+    assert "Traceback" not in put.stderr, put.stderr
+    assert str(stray) in put.stderr and str(db_path) + ".key" in put.stderr, put.stderr
+    assert not (db_path.parent / (db_path.name + ".key")).exists()
+    assert query(db_path, "SELECT count(*) FROM tasks") == [(0,)]
