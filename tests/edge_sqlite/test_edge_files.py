@@ -482,12 +482,13 @@ async def test_a_second_run_through_another_name_of_the_file_is_refused(db_path,
     link said nothing ran. The lock is the file's own, whatever name reaches it."""
     await _populated(db_path, clock)
     other = db_path.parent / "other-name.db"
-    (other.symlink_to if link == "symlink" else other.hardlink_to)(db_path)
     first = _spawn_run(db_path)
     try:
         _wait_for_line(first, "scheduler started")
+        # made once the first runs: a file with two names is refused to any writer at start
+        (other.symlink_to if link == "symlink" else other.hardlink_to)(db_path)
         second = cli(other, *RUN)
-        assert_refused(second, 5, other, f"process {first.pid}", "owned by")
+        assert_refused(second, 5 if link == "symlink" else 3, other, f"process {first.pid}", "owned by")
         assert "scheduler started" not in second.stderr
         assert _live_schedulers(other) == 1
         assert first.poll() is None, "the first scheduler stopped"
@@ -698,3 +699,37 @@ def test_a_key_left_beside_a_symlink_is_named_not_replaced(db_path):
     assert str(stray) in put.stderr and str(db_path) + ".key" in put.stderr, put.stderr
     assert not (db_path.parent / (db_path.name + ".key")).exists()
     assert query(db_path, "SELECT count(*) FROM tasks") == [(0,)]
+
+
+def _projects(db: Path) -> list[str]:
+    return [row[0] for row in query(db, "SELECT project_id FROM projects ORDER BY project_id")]
+
+
+async def test_no_write_goes_through_a_hard_link_to_the_database(db_path, clock):
+    """SQLite keeps its write-ahead log beside the name it opens: ``project create`` through a
+    hard link while ``run`` ran on the first name exited 0, its project was lost when the scheduler
+    checkpointed, and the link's own WAL then made the file read "malformed" through that name.
+    Every writer (publishing, ``run``) refuses a file with two names, naming the count and the
+    running owner; reading through it still works and changes nothing."""
+    await _populated(db_path, clock)
+    other = db_path.parent / "other-name.db"
+    first = _spawn_run(db_path)
+    try:
+        _wait_for_line(first, "scheduler started")
+        other.hardlink_to(db_path)
+        refused = cli(other, "project", "create", "p9")
+        assert_refused(refused, 3, other, "2 names", "hard link", f"process {first.pid}")
+        assert not Path(f"{other}-wal").exists()
+        assert cli(other, "runs").returncode == 0
+        assert first.poll() is None, "the first scheduler stopped"
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=CLI_TIMEOUT_S)
+    assert_refused(cli(db_path, "run", "--for-seconds", "1"), 3, db_path, "2 names", "hard link")
+    assert_refused(cli(db_path, "project", "create", "p8"), 3, db_path, "2 names")
+    other.unlink()
+    assert _projects(db_path) == ["p1"]
+    assert query(db_path, "PRAGMA integrity_check") == [("ok",)]
+    made = cli(db_path, "project", "create", "p8")
+    assert made.returncode == 0, made.stderr
+    assert _projects(db_path) == ["p1", "p8"]

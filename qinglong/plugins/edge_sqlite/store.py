@@ -302,7 +302,12 @@ def _flock_busy(fd: int, how: int) -> bool:
 def _pid_from_proc_locks(fd: int) -> int | None:
     """The pid ``/proc/locks`` names for an exclusive ``flock`` on the file of ``fd`` (Linux), or
     None: how the holder is named when it was reached through another name of the file."""
-    st = os.fstat(fd)
+    return _flock_holder(os.fstat(fd))
+
+
+def _flock_holder(st: os.stat_result) -> int | None:
+    """The pid ``/proc/locks`` names for an exclusive ``flock`` on the file ``st`` describes;
+    found without opening the file, so no lock of this process is dropped."""
     device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     try:
         with open("/proc/locks", encoding="ascii", errors="replace") as locks:
@@ -552,6 +557,8 @@ class SqliteStore:
                 f"database {self.path!r} does not exist; only 'qinglong run', 'qinglong db migrate' "
                 "and publishing commands create one (check [backend] path)"
             )
+        if not read_only:
+            self._refuse_other_names(path)
         if create:
             part = _read_only_part(path)
             if part is not None:
@@ -566,6 +573,26 @@ class SqliteStore:
                 await self._connect(path, "ro&immutable=1", False)
             return
         await self._connect(path, "rwc" if create else "rw", create)
+
+    def _refuse_other_names(self, path: Path) -> None:
+        """Refuse to write a file with more than one name (hard links): SQLite keeps the WAL
+        beside the name it opens, so writers through two names each commit to a WAL the other
+        never reads, and the file is damaged when both are checkpointed."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return  # missing: SQLite creates it (or says why not)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink <= 1:
+            return
+        holder = _flock_holder(st)
+        owner = (f"; it is owned by process {holder}, a running 'qinglong run', through another "
+                 "name" if holder else "")
+        raise UserError(
+            f"database {self.path!r} has {st.st_nlink} names (hard links){owner}. SQLite keeps its "
+            "write-ahead log beside the name a process opens, so what is written through one name "
+            "is lost through the other and the file is damaged: nothing is written through it. "
+            f"Keep one name and remove the others (find them with: find / -xdev -samefile "
+            f"{str(path)!r}); reading commands still work through any name")
 
     @staticmethod
     def _alone(path: Path) -> bool:
