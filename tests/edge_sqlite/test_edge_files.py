@@ -733,3 +733,34 @@ async def test_no_write_goes_through_a_hard_link_to_the_database(db_path, clock)
     made = cli(db_path, "project", "create", "p8")
     assert made.returncode == 0, made.stderr
     assert _projects(db_path) == ["p1", "p8"]
+
+
+_COMMIT_AND_DIE = """
+import os, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA wal_autocheckpoint = 0")
+conn.execute("UPDATE projects SET name = 'renamed' WHERE project_id = 'p1'")
+os._exit(0)  # as on a power loss: the commit is in the WAL only, never checkpointed
+"""
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+async def test_a_read_through_another_name_never_skips_the_files_wal(restore_modes, clock, link):
+    """Reading a read-only directory falls back to the file alone only when its WAL holds
+    nothing; the WAL was looked for beside the name as written, so through a symlink or a hard
+    link a WAL full of committed changes went unseen and the listing silently showed the file as
+    it was before them, where the file's own name refused. Both names must give the same answer
+    (a hard link's other WAL cannot be found, so the file alone is never trusted through one)."""
+    db = restore_modes
+    await _populated(db, clock)
+    died = subprocess.run([sys.executable, "-c", _COMMIT_AND_DIE, str(db)], timeout=CLI_TIMEOUT_S)
+    assert died.returncode == 0
+    assert Path(f"{db}-wal").stat().st_size > 0
+    Path(f"{db}-shm").unlink()  # the WAL alone, as a copy of the two files leaves it
+    other = db.parent / "other-name.db"
+    (other.symlink_to if link == "symlink" else other.hardlink_to)(db)
+    db.parent.chmod(0o555)
+    direct, linked = cli_as_user(db, "project", "list"), cli_as_user(other, "project", "list")
+    assert "Traceback" not in direct.stderr + linked.stderr
+    assert linked.returncode == direct.returncode, (direct, linked)
+    assert linked.stdout == direct.stdout, (direct, linked)

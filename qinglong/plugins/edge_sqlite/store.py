@@ -598,15 +598,19 @@ class SqliteStore:
     def _alone(path: Path) -> bool:
         """True when no process has the database open (none holds an SQLite lock on it: in WAL
         mode every connection keeps one for as long as it is open) and nothing waits in its WAL,
-        so the file alone is the whole database. Asks with ``F_GETLK``, which takes nothing."""
+        so the file alone is the whole database. Asks with ``F_GETLK``, which takes nothing. A
+        file with other names (hard links) is never alone: a WAL beside another name cannot be
+        found."""
         import struct
 
-        wal = Path(f"{path}-wal")
+        wal = Path(f"{os.path.realpath(path)}-wal")  # SQLite keeps it beside the resolved file
         try:
             if wal.exists() and wal.stat().st_size > 0:
                 return False
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
+                if os.fstat(fd).st_nlink > 1:
+                    return False
                 # struct flock: l_type, l_whence, l_start, l_len, l_pid (native layout, room to spare)
                 query = struct.pack("@hhqqi", fcntl.F_WRLCK, os.SEEK_SET, _SQLITE_LOCK_BYTES[0],
                                     _SQLITE_LOCK_BYTES[1], 0).ljust(64, b"\0")
