@@ -65,10 +65,18 @@ def create_key_file(path: str) -> None:
     except OSError as exc:
         raise SecretsError(f"[secrets] key_file: the key file {path} cannot be created "
                            f"({exc.strerror or exc.__class__.__name__})") from None
-    with os.fdopen(fd, "w", encoding="ascii") as handle:
-        handle.write(new_key_text())
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        data = new_key_text().encode("ascii")
+        while data:
+            data = data[os.write(fd, data):]
+        os.fsync(fd)
+    except OSError as exc:
+        # An empty or partial key would refuse every later seal, after space came back too.
+        os.unlink(path)
+        raise SecretsError(f"[secrets] key_file: the key file {path} cannot be written "
+                           f"({exc.strerror or exc.__class__.__name__}); nothing was sealed") from None
+    finally:
+        os.close(fd)
 
 
 def default_key_file(backend_settings: Any) -> str | None:

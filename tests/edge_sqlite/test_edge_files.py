@@ -764,3 +764,28 @@ async def test_a_read_through_another_name_never_skips_the_files_wal(restore_mod
     assert "Traceback" not in direct.stderr + linked.stderr
     assert linked.returncode == direct.returncode, (direct, linked)
     assert linked.stdout == direct.stdout, (direct, linked)
+
+
+async def test_a_secrets_key_that_cannot_be_written_is_not_left_empty(small_filesystem, clock):
+    """The first env value published on a full disk created the default key file, failed to
+    write it with a traceback (exit 1) and left it empty: once space was freed every publish of
+    an env value still failed (exit 6, "expected the base64 of 32 bytes") until the user found and
+    deleted the empty key. The refusal must name the key file and leave nothing behind."""
+    db = small_filesystem / "q.db"
+    await _populated(db, clock)
+    key = small_filesystem / "q.db.key"
+    assert not key.exists()
+    holder = sqlite3.connect(db)  # a running scheduler's connection: -wal and -shm stay allocated
+    try:
+        holder.execute("SELECT count(*) FROM projects").fetchone()
+        _fill(small_filesystem)
+        put = cli(db, "task", "put", "p1", "t2", "--env", "TOKEN=s3cret", "--", "true")
+        assert_refused(put, 6, db, str(key), "No space left")
+        assert not key.exists()
+        (small_filesystem / "filler").unlink()
+        again = cli(db, "task", "put", "p1", "t2", "--env", "TOKEN=s3cret", "--", "true")
+        assert again.returncode == 0, again.stderr
+        assert len(key.read_text().strip()) == 44
+    finally:
+        holder.close()
+        (small_filesystem / "filler").unlink(missing_ok=True)
