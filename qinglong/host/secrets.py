@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import stat
 from typing import Any, Mapping, Sequence
 
 from qinglong.contracts.capabilities import LocalStoreSettings
@@ -46,13 +47,23 @@ def parse_key(text: str, origin: str) -> bytes:
 
 def read_key_file(path: str, origin: str) -> bytes:
     try:
-        with open(path, encoding="ascii") as handle:
-            text = handle.read(4096)
+        # O_NONBLOCK: a FIFO in the key's place must be refused, not wait for a writer forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise SecretsError(f"{origin}: the key file {path} does not exist") from None
+    except OSError as exc:
+        raise SecretsError(f"{origin}: the key file {path} cannot be read "
+                           f"({exc.strerror or exc.__class__.__name__})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SecretsError(f"{origin}: the key file {path} is not a regular file; put the key "
+                               "there (`qinglong secrets generate` writes one)")
+        text = os.read(fd, 4096).decode("ascii")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc.__class__.__name__
         raise SecretsError(f"{origin}: the key file {path} cannot be read ({reason})") from None
+    finally:
+        os.close(fd)
     return parse_key(text, f"{origin} ({path})")
 
 

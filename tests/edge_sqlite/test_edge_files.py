@@ -789,3 +789,23 @@ async def test_a_secrets_key_that_cannot_be_written_is_not_left_empty(small_file
     finally:
         holder.close()
         (small_filesystem / "filler").unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+async def test_a_secrets_key_that_is_not_a_file_is_refused_at_once(db_path, clock, kind):
+    """The key file was opened blocking: a FIFO at ``<db>.key`` held ``task put --env`` and
+    ``run`` forever, ``run`` deaf to SIGTERM (only SIGKILL ended it), so a router's service never
+    started nor stopped. Anything but a regular file is refused naming it, exit 6."""
+    await _populated(db_path, clock)
+    sealed = cli(db_path, "task", "put", "p1", "t2", "--env", "TOKEN=s3cret", "--", "true")
+    assert sealed.returncode == 0, sealed.stderr
+    key = db_path.parent / (db_path.name + ".key")
+    key.unlink()
+    os.mkfifo(key) if kind == "fifo" else key.mkdir()
+    for command in (["task", "put", "p1", "t3", "--env", "TOKEN=s3cret", "--", "true"],
+                    ["run", "--for-seconds", "1"]):
+        try:
+            refused = cli(db_path, *command)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{command[0]} hung opening the {kind} in place of the key file")
+        assert_refused(refused, 6, db_path, str(key), "not a regular file")
