@@ -809,3 +809,23 @@ async def test_a_secrets_key_that_is_not_a_file_is_refused_at_once(db_path, cloc
         except subprocess.TimeoutExpired:
             pytest.fail(f"{command[0]} hung opening the {kind} in place of the key file")
         assert_refused(refused, 6, db_path, str(key), "not a regular file")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "character-device"])
+@pytest.mark.parametrize("command", [["runs"], ["project", "create", "p1"], ["run", "--for-seconds", "1"]],
+                         ids=lambda c: c[0])
+def test_a_database_path_that_is_not_a_file_is_refused_at_once(tmp_path, kind, command):
+    """Only a directory was refused as the database path: ``runs`` on a FIFO waited for a writer
+    forever, and publishing or ``run`` on a FIFO or a device went on until SQLite's "disk I/O
+    error" (exit 5, as if the disk had failed), SQLite opening for writing whatever device a
+    mistyped path named. Anything but a regular file is refused naming the path, exit 3."""
+    if kind == "fifo":
+        target = tmp_path / "q.db"
+        os.mkfifo(target)
+    else:
+        target = Path("/dev/null")
+    try:
+        refused = cli(tmp_path / "q.db" if kind == "fifo" else target, *command)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{command[0]} hung opening a {kind} as its database")
+    assert_refused(refused, 3, target, "not a regular file")

@@ -508,6 +508,15 @@ class OwnerLock:
 # --------------------------------------------------------------------------- the store
 
 
+def _file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in a user's words."""
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
+
+
 class SqliteStore:
     """Owns the connection to the database file named by the settings."""
 
@@ -525,6 +534,14 @@ class SqliteStore:
         path = Path(self.path)
         if path.is_dir():
             raise UserError(f"database path {self.path!r} is a directory; name a file in it instead")
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            mode = None  # missing (or unreachable): SQLite creates it or says why not
+        if mode is not None and not stat.S_ISREG(mode):
+            # SQLite would block on a FIFO, or write its pages to a device
+            raise UserError(f"database path {self.path!r} is not a regular file (a "
+                            f"{_file_kind(mode)}); point [backend] path at a database file")
         parent = path.absolute().parent
         if not parent.is_dir():
             raise UserError(
