@@ -829,3 +829,25 @@ def test_a_database_path_that_is_not_a_file_is_refused_at_once(tmp_path, kind, c
     except subprocess.TimeoutExpired:
         pytest.fail(f"{command[0]} hung opening a {kind} as its database")
     assert_refused(refused, 3, target, "not a regular file")
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "foreign"])
+def test_a_publish_refused_for_its_lock_file_leaves_no_database(tmp_path, kind):
+    """A publish on a new path whose ``<db>.lock`` is not a lock file was refused only after
+    SQLite had created the database: an empty file was left, and every later read said
+    "migration not applied" instead of "does not exist". The lock file is checked first."""
+    db = tmp_path / "q.db"
+    lock = owner_lock_path(str(db))
+    precious = tmp_path / "precious.txt"
+    precious.write_text("do not truncate me\n")
+    if kind == "symlink":
+        lock.symlink_to(precious)
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.write_text("do not truncate me\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for command in (["project", "create", "p1"], ["db", "migrate"], ["run", "--for-seconds", "1"]):
+        assert_refused(cli(db, *command), 3, db, str(lock))
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert precious.read_text() == "do not truncate me\n"

@@ -405,16 +405,18 @@ class OwnerLock:
             f"(owner lock {str(self.lock_path)!r}); stop it first, or point this one "
             "at another file")
 
+    def _link_refusal(self) -> UserError:
+        return UserError(
+            f"database {self.path!r}: its owner lock {str(self.lock_path)!r} is a symbolic link; a "
+            "lock file is never followed (it would write over the link's target): remove the link")
+
     def _open_sidecar(self) -> int:
         try:
             return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                            | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise UserError(
-                    f"database {self.path!r}: its owner lock {str(self.lock_path)!r} is a symbolic "
-                    "link; a lock file is never followed (it would write over the link's target): "
-                    "remove the link") from None
+                raise self._link_refusal() from None
             if exc.errno == errno.EISDIR:
                 raise UserError(f"database {self.path!r}: its owner lock {str(self.lock_path)!r} "
                                 "is not a regular file (a directory); it is written by "
@@ -445,6 +447,23 @@ class OwnerLock:
         if problem:
             raise UserError(f"database {self.path!r}: its owner lock {str(self.lock_path)!r} "
                             f"{problem}; it is written by 'qinglong run': remove it")
+
+    def check_before_create(self) -> None:
+        """Refuse, as :meth:`acquire` would, a lock file that is not one, without opening or
+        creating anything: called before a new database is created beside it, so a refusal leaves
+        no empty database behind."""
+        try:
+            fd = os.open(self.lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise self._link_refusal() from None
+            return  # anything else is for acquire to report
+        try:
+            self._check_sidecar(fd)
+        finally:
+            os.close(fd)
 
     def acquire(self) -> None:
         """Take the lock or raise :class:`StoreLocked` naming the holder's pid."""
@@ -576,6 +595,8 @@ class SqliteStore:
             )
         if not read_only:
             self._refuse_other_names(path)
+        if create and not path.exists():
+            self.owner_lock.check_before_create()
         if create:
             part = _read_only_part(path)
             if part is not None:
