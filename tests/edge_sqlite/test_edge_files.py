@@ -851,3 +851,18 @@ def test_a_publish_refused_for_its_lock_file_leaves_no_database(tmp_path, kind):
         assert_refused(cli(db, *command), 3, db, str(lock))
         assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert precious.read_text() == "do not truncate me\n"
+
+
+async def test_a_read_that_needs_the_wal_says_so_not_that_it_wanted_to_write(restore_modes, clock):
+    """A read-only directory whose WAL holds committed changes (and no -shm) cannot be read; the
+    refusal of ``runs`` said the database "cannot be opened for writing", which the operator who
+    only asked to read could not act on. It must name the WAL and the -shm SQLite needs."""
+    db = restore_modes
+    await _populated(db, clock)
+    died = subprocess.run([sys.executable, "-c", _COMMIT_AND_DIE, str(db)], timeout=CLI_TIMEOUT_S)
+    assert died.returncode == 0
+    Path(f"{db}-shm").unlink()
+    db.parent.chmod(0o555)
+    refused = cli_as_user(db, "runs")
+    assert_refused(refused, 5, db, f"{db}-wal", f"{db}-shm", str(db.parent))
+    assert "for writing" not in refused.stderr, refused.stderr

@@ -605,9 +605,9 @@ class SqliteStore:
         if read_only and not create:
             try:
                 await self._connect(path, "ro", False)
-            except (StoreReadOnly, StoreFull, StoreUnavailable):
+            except (StoreReadOnly, StoreFull, StoreUnavailable) as exc:
                 if not self._alone(path):
-                    raise
+                    raise self._unreadable(path, exc) from None
                 await self._connect(path, "ro&immutable=1", False)
             return
         await self._connect(path, "rwc" if create else "rw", create)
@@ -631,6 +631,26 @@ class SqliteStore:
             "is lost through the other and the file is damaged: nothing is written through it. "
             f"Keep one name and remove the others (find them with: find / -xdev -samefile "
             f"{str(path)!r}); reading commands still work through any name")
+
+    def _unreadable(self, path: Path, exc: QinglongError) -> QinglongError:
+        """What keeps a read from a file whose WAL holds changes: the ``-shm`` SQLite needs to
+        read them cannot be made (the read-only or full part is named), never "for writing"."""
+        resolved = os.path.realpath(path)
+        wal = f"{resolved}-wal"
+        try:
+            pending = os.path.getsize(wal) > 0
+        except OSError:
+            pending = False
+        if not pending:
+            return exc
+        part = _read_only_part(path)
+        why = part or str(exc)
+        kind = StoreReadOnly if part is not None else type(exc)
+        return kind(
+            f"database {self.path!r} cannot be read: its write-ahead log {wal!r} holds changes not "
+            f"yet in the file, and SQLite must create {resolved + '-shm'!r} beside it to read them, "
+            f"but {why}. Make that directory writable (or copy the database with its -wal to a "
+            "writable place) to read it")
 
     @staticmethod
     def _alone(path: Path) -> bool:
