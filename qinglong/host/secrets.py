@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import stat
 from typing import Any, Mapping, Sequence
 
 from qinglong.contracts.capabilities import LocalStoreSettings
@@ -46,13 +47,23 @@ def parse_key(text: str, origin: str) -> bytes:
 
 def read_key_file(path: str, origin: str) -> bytes:
     try:
-        with open(path, encoding="ascii") as handle:
-            text = handle.read(4096)
+        # O_NONBLOCK: a FIFO in the key's place must be refused, not wait for a writer forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise SecretsError(f"{origin}: the key file {path} does not exist") from None
+    except OSError as exc:
+        raise SecretsError(f"{origin}: the key file {path} cannot be read "
+                           f"({exc.strerror or exc.__class__.__name__})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SecretsError(f"{origin}: the key file {path} is not a regular file; put the key "
+                               "there (`qinglong secrets generate` writes one)")
+        text = os.read(fd, 4096).decode("ascii")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc.__class__.__name__
         raise SecretsError(f"{origin}: the key file {path} cannot be read ({reason})") from None
+    finally:
+        os.close(fd)
     return parse_key(text, f"{origin} ({path})")
 
 
@@ -65,14 +76,33 @@ def create_key_file(path: str) -> None:
     except OSError as exc:
         raise SecretsError(f"[secrets] key_file: the key file {path} cannot be created "
                            f"({exc.strerror or exc.__class__.__name__})") from None
-    with os.fdopen(fd, "w", encoding="ascii") as handle:
-        handle.write(new_key_text())
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        data = new_key_text().encode("ascii")
+        while data:
+            data = data[os.write(fd, data):]
+        os.fsync(fd)
+    except OSError as exc:
+        # An empty or partial key would refuse every later seal, after space came back too.
+        os.unlink(path)
+        raise SecretsError(f"[secrets] key_file: the key file {path} cannot be written "
+                           f"({exc.strerror or exc.__class__.__name__}); nothing was sealed") from None
+    finally:
+        os.close(fd)
 
 
 def default_key_file(backend_settings: Any) -> str | None:
-    """``<database>.key`` beside a local store's file; None for other stores (a key is required)."""
+    """``<database>.key`` beside the file a local store's path resolves to, so every name of the
+    file (a symlink, a symlinked directory) finds one key; None for other stores (a key is
+    required)."""
+    if isinstance(backend_settings, LocalStoreSettings) and isinstance(backend_settings.path, str) \
+            and backend_settings.path:
+        return os.path.realpath(backend_settings.path) + ".key"
+    return None
+
+
+def _named_key_file(backend_settings: Any) -> str | None:
+    """``<database>.key`` beside the path as written, where versions before the key followed the
+    file kept it."""
     if isinstance(backend_settings, LocalStoreSettings) and isinstance(backend_settings.path, str) \
             and backend_settings.path:
         return os.path.abspath(backend_settings.path) + ".key"
@@ -86,9 +116,10 @@ class HostSealer:
     ``older`` (rotation), which open values but never seal."""
 
     def __init__(self, settings: Any, default_file: str | None, *, older: Sequence[str] = (),
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None, named_file: str | None = None) -> None:
         self._settings = settings
         self._default_file = default_file
+        self._named_file = named_file
         self._older = tuple(older)
         self._environ = os.environ if environ is None else environ
         self._sealer: Sealer | None = None
@@ -104,6 +135,14 @@ class HostSealer:
             raise SecretsError(f"no secrets key: set [secrets] key_file, or the environment variable {name} "
                                "([secrets] key_env), to the base64 of a 32-byte key (`qinglong secrets "
                                "generate` writes one)")
+        named = self._named_file
+        if named and named != self._default_file and not os.path.lexists(self._default_file) \
+                and os.path.lexists(named):
+            # A second key beside the file would split its values between two keys.
+            raise SecretsError(f"[secrets] key_file (default: beside the database): the key file "
+                               f"{self._default_file} does not exist, but {named} does, beside the "
+                               "name the database was reached by; the key belongs beside the file "
+                               f"itself: move it to {self._default_file}")
         if create:
             create_key_file(self._default_file)
         return read_key_file(self._default_file, "[secrets] key_file (default: beside the database)")
@@ -137,7 +176,8 @@ class HostSealer:
 
 def host_sealer(loaded: Any, backend_settings: Any, older: Sequence[str] = ()) -> HostSealer:
     """The sealer of a process's settings (the container's provider)."""
-    return HostSealer(loaded.settings.secrets, default_key_file(backend_settings), older=older)
+    return HostSealer(loaded.settings.secrets, default_key_file(backend_settings), older=older,
+                      named_file=_named_key_file(backend_settings))
 
 
 __all__ = ["HostSealer", "host_sealer", "aes_gcm", "new_key_text", "parse_key", "read_key_file",

@@ -7,6 +7,7 @@ hang (every subprocess has a timeout, so a hang fails the test instead of the su
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import shutil
@@ -231,7 +232,7 @@ NOT_CREATING_COMMANDS = (
     ["task", "run", "ops", "backup"], ["task", "show", "ops", "backup"], ["task", "delete", "ops", "backup"],
     ["task", "list"], ["logs", "r1"], ["runs", "show", "r1"], ["runs", "cancel", "r1"], ["status", "--once"],
     ["trigger", "delete", "ops", "t"], ["trigger", "update", "ops", "t", "--disabled"],
-    ["trigger", "enable", "ops", "t"], ["project", "delete", "ops"], ["export"])
+    ["trigger", "enable", "ops", "t"], ["project", "delete", "ops"], ["export"], ["secrets", "rotate"])
 
 
 @pytest.mark.parametrize("command", NOT_CREATING_COMMANDS, ids=lambda c: "-".join(c))
@@ -481,12 +482,13 @@ async def test_a_second_run_through_another_name_of_the_file_is_refused(db_path,
     link said nothing ran. The lock is the file's own, whatever name reaches it."""
     await _populated(db_path, clock)
     other = db_path.parent / "other-name.db"
-    (other.symlink_to if link == "symlink" else other.hardlink_to)(db_path)
     first = _spawn_run(db_path)
     try:
         _wait_for_line(first, "scheduler started")
+        # made once the first runs: a file with two names is refused to any writer at start
+        (other.symlink_to if link == "symlink" else other.hardlink_to)(db_path)
         second = cli(other, *RUN)
-        assert_refused(second, 5, other, f"process {first.pid}", "owned by")
+        assert_refused(second, 5 if link == "symlink" else 3, other, f"process {first.pid}", "owned by")
         assert "scheduler started" not in second.stderr
         assert _live_schedulers(other) == 1
         assert first.poll() is None, "the first scheduler stopped"
@@ -497,11 +499,12 @@ async def test_a_second_run_through_another_name_of_the_file_is_refused(db_path,
     assert not (db_path.parent / "other-name.db.lock").exists() or link == "hardlink"
 
 
-@pytest.mark.parametrize("kind", ["symlink", "hardlink", "foreign"])
+@pytest.mark.parametrize("kind", ["symlink", "dangling", "hardlink", "foreign", "fifo", "directory"])
 async def test_a_lock_file_that_is_not_ours_is_refused_and_left_untouched(db_path, clock, kind):
     """The lock file was opened following links and truncated: a ``<db>.lock`` linked to another
-    file emptied that file. A link, another file's name or a file holding other data is refused
-    by name, and its bytes stay as they were."""
+    file emptied that file. A link, another file's name, a file holding other data, a FIFO or a
+    directory is refused by name as the user's to remove (a directory was reported as the store
+    being unavailable, to be retried later), and its bytes stay as they were."""
     await _populated(db_path, clock)
     precious = db_path.parent / "precious.txt"
     precious.write_text("do not truncate me\n")
@@ -510,6 +513,15 @@ async def test_a_lock_file_that_is_not_ours_is_refused_and_left_untouched(db_pat
     if kind == "symlink":
         lock.symlink_to(precious)
         words = ("is a symbolic link",)
+    elif kind == "dangling":
+        lock.symlink_to(db_path.parent / "nowhere")
+        words = ("is a symbolic link",)
+    elif kind == "fifo":
+        os.mkfifo(lock)
+        words = ("is not a regular file",)
+    elif kind == "directory":
+        lock.mkdir()
+        words = ("is not a regular file",)
     elif kind == "hardlink":
         lock.hardlink_to(precious)
         words = ("has 2 names",)
@@ -520,6 +532,7 @@ async def test_a_lock_file_that_is_not_ours_is_refused_and_left_untouched(db_pat
     assert_refused(refused, 3, db_path, str(lock), *words)
     assert "scheduler started" not in refused.stderr
     assert precious.read_text() == "do not truncate me\n"
+    assert not (db_path.parent / "nowhere").exists()
     if kind == "foreign":
         assert lock.read_text() == "do not truncate me\n"
 
@@ -589,3 +602,267 @@ async def test_read_commands_work_on_a_full_disk(small_filesystem, clock):
         _assert_read(_reads(db, run_id), run_id)
     finally:
         (small_filesystem / "filler").unlink()
+
+
+#: Read commands beside those above: each lists or checks, and none may need to write.
+MORE_READS = (["notifications"], ["db", "status"], ["db", "wait", "--timeout", "1s"])
+
+
+@pytest.mark.parametrize("command", MORE_READS, ids=lambda c: "-".join(c[:2]))
+async def test_every_read_command_works_on_a_read_only_directory(restore_modes, clock, command):
+    """``notifications``, ``db status`` and ``db wait`` still opened the store for writing: on a
+    read-only flash they exited 5, hiding the deliveries and the schema state the operator came
+    to read."""
+    db = restore_modes
+    await _populated(db, clock)
+    before = db.read_bytes()
+    db.chmod(0o444)
+    db.parent.chmod(0o555)
+    result = cli_as_user(db, *command)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 0, f"exit {result.returncode}, stderr:\n{result.stderr}"
+    assert db.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", MORE_READS, ids=lambda c: "-".join(c[:2]))
+async def test_every_read_command_works_on_a_full_disk(small_filesystem, clock, command):
+    """The same read commands exited 5 "the disk is full" on a full disk, when reading is all the
+    operator can do before freeing space."""
+    db = small_filesystem / "q.db"
+    await _populated(db, clock)
+    _fill(small_filesystem)
+    try:
+        result = cli(db, *command)
+        assert "Traceback" not in result.stderr, result.stderr
+        assert result.returncode == 0, f"exit {result.returncode}, stderr:\n{result.stderr}"
+    finally:
+        (small_filesystem / "filler").unlink()
+
+
+async def test_status_answers_while_the_running_schedulers_lock_file_is_swapped_for_a_fifo(db_path, clock):
+    """The probe opened the lock file to read the holder's pid without O_NONBLOCK: a FIFO put in
+    its place (by anyone who may write the directory) held every ``status`` forever while a
+    scheduler ran, so the operator could see nothing."""
+    await _populated(db_path, clock)
+    first = _spawn_run(db_path)
+    try:
+        _wait_for_line(first, "scheduler started")
+        lock = owner_lock_path(str(db_path))
+        lock.unlink()
+        os.mkfifo(lock)
+        try:
+            running = _live_schedulers(db_path)
+        except subprocess.TimeoutExpired:
+            pytest.fail("status hung opening the FIFO in place of the lock file")
+        assert running == 1
+        assert probe_owner_lock(str(db_path)) == first.pid  # named from /proc/locks instead
+        assert first.poll() is None, "the first scheduler stopped"
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=CLI_TIMEOUT_S)
+
+
+async def test_secrets_key_beside_a_symlinked_database_is_the_files_own(db_path, clock):
+    """The default secrets key was found beside the name as written: the first env value
+    published through a symlink to the database created ``<link>.key`` and was sealed under it,
+    and ``run`` on the file's own name then refused to start (exit 6) for want of that key. The key
+    belongs to the file the name resolves to, like its lock."""
+    await _populated(db_path, clock)
+    other = db_path.parent / "other-name.db"
+    other.symlink_to(db_path)
+    put = cli(other, "task", "put", "p1", "t2", "--env", "TOKEN=s3cret", "--", "true")
+    assert put.returncode == 0, put.stderr
+    assert not (db_path.parent / "other-name.db.key").exists()
+    assert (db_path.parent / (db_path.name + ".key")).exists()
+    started = cli(db_path, "run", "--for-seconds", "1")
+    assert started.returncode == 0, started.stderr
+    assert "scheduler started" in started.stderr
+    shown = cli(other, "task", "show", "p1", "t2")
+    assert shown.returncode == 0, shown.stderr
+    assert "s3cret" not in shown.stdout + shown.stderr
+
+
+def test_a_key_left_beside_a_symlink_is_named_not_replaced(db_path):
+    """A store whose values were sealed under ``<link>.key`` (before the key followed the file)
+    must not get a second, new key beside the file's own name, under which later values would be
+    sealed: both keys would then be needed and neither name could open every value. The user is
+    told where the key is and where it belongs."""
+    other = db_path.parent / "other-name.db"
+    made = cli(db_path, "project", "create", "p1")
+    assert made.returncode == 0, made.stderr
+    other.symlink_to(db_path)
+    stray = db_path.parent / "other-name.db.key"
+    stray.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
+    put = cli(other, "task", "put", "p1", "t2", "--env", "TOKEN=s3cret", "--", "true")
+    assert put.returncode == 6, put.stderr
+    assert "Traceback" not in put.stderr, put.stderr
+    assert str(stray) in put.stderr and str(db_path) + ".key" in put.stderr, put.stderr
+    assert not (db_path.parent / (db_path.name + ".key")).exists()
+    assert query(db_path, "SELECT count(*) FROM tasks") == [(0,)]
+
+
+def _projects(db: Path) -> list[str]:
+    return [row[0] for row in query(db, "SELECT project_id FROM projects ORDER BY project_id")]
+
+
+async def test_no_write_goes_through_a_hard_link_to_the_database(db_path, clock):
+    """SQLite keeps its write-ahead log beside the name it opens: ``project create`` through a
+    hard link while ``run`` ran on the first name exited 0, its project was lost when the scheduler
+    checkpointed, and the link's own WAL then made the file read "malformed" through that name.
+    Every writer (publishing, ``run``) refuses a file with two names, naming the count and the
+    running owner; reading through it still works and changes nothing."""
+    await _populated(db_path, clock)
+    other = db_path.parent / "other-name.db"
+    first = _spawn_run(db_path)
+    try:
+        _wait_for_line(first, "scheduler started")
+        other.hardlink_to(db_path)
+        refused = cli(other, "project", "create", "p9")
+        assert_refused(refused, 3, other, "2 names", "hard link", f"process {first.pid}")
+        assert not Path(f"{other}-wal").exists()
+        assert cli(other, "runs").returncode == 0
+        assert first.poll() is None, "the first scheduler stopped"
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=CLI_TIMEOUT_S)
+    assert_refused(cli(db_path, "run", "--for-seconds", "1"), 3, db_path, "2 names", "hard link")
+    assert_refused(cli(db_path, "project", "create", "p8"), 3, db_path, "2 names")
+    other.unlink()
+    assert _projects(db_path) == ["p1"]
+    assert query(db_path, "PRAGMA integrity_check") == [("ok",)]
+    made = cli(db_path, "project", "create", "p8")
+    assert made.returncode == 0, made.stderr
+    assert _projects(db_path) == ["p1", "p8"]
+
+
+_COMMIT_AND_DIE = """
+import os, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA wal_autocheckpoint = 0")
+conn.execute("UPDATE projects SET name = 'renamed' WHERE project_id = 'p1'")
+os._exit(0)  # as on a power loss: the commit is in the WAL only, never checkpointed
+"""
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+async def test_a_read_through_another_name_never_skips_the_files_wal(restore_modes, clock, link):
+    """Reading a read-only directory falls back to the file alone only when its WAL holds
+    nothing; the WAL was looked for beside the name as written, so through a symlink or a hard
+    link a WAL full of committed changes went unseen and the listing silently showed the file as
+    it was before them, where the file's own name refused. Both names must give the same answer
+    (a hard link's other WAL cannot be found, so the file alone is never trusted through one)."""
+    db = restore_modes
+    await _populated(db, clock)
+    died = subprocess.run([sys.executable, "-c", _COMMIT_AND_DIE, str(db)], timeout=CLI_TIMEOUT_S)
+    assert died.returncode == 0
+    assert Path(f"{db}-wal").stat().st_size > 0
+    Path(f"{db}-shm").unlink()  # the WAL alone, as a copy of the two files leaves it
+    other = db.parent / "other-name.db"
+    (other.symlink_to if link == "symlink" else other.hardlink_to)(db)
+    db.parent.chmod(0o555)
+    direct, linked = cli_as_user(db, "project", "list"), cli_as_user(other, "project", "list")
+    assert "Traceback" not in direct.stderr + linked.stderr
+    assert linked.returncode == direct.returncode, (direct, linked)
+    assert linked.stdout == direct.stdout, (direct, linked)
+
+
+async def test_a_secrets_key_that_cannot_be_written_is_not_left_empty(small_filesystem, clock):
+    """The first env value published on a full disk created the default key file, failed to
+    write it with a traceback (exit 1) and left it empty: once space was freed every publish of
+    an env value still failed (exit 6, "expected the base64 of 32 bytes") until the user found and
+    deleted the empty key. The refusal must name the key file and leave nothing behind."""
+    db = small_filesystem / "q.db"
+    await _populated(db, clock)
+    key = small_filesystem / "q.db.key"
+    assert not key.exists()
+    holder = sqlite3.connect(db)  # a running scheduler's connection: -wal and -shm stay allocated
+    try:
+        holder.execute("SELECT count(*) FROM projects").fetchone()
+        _fill(small_filesystem)
+        put = cli(db, "task", "put", "p1", "t2", "--env", "TOKEN=s3cret", "--", "true")
+        assert_refused(put, 6, db, str(key), "No space left")
+        assert not key.exists()
+        (small_filesystem / "filler").unlink()
+        again = cli(db, "task", "put", "p1", "t2", "--env", "TOKEN=s3cret", "--", "true")
+        assert again.returncode == 0, again.stderr
+        assert len(key.read_text().strip()) == 44
+    finally:
+        holder.close()
+        (small_filesystem / "filler").unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+async def test_a_secrets_key_that_is_not_a_file_is_refused_at_once(db_path, clock, kind):
+    """The key file was opened blocking: a FIFO at ``<db>.key`` held ``task put --env`` and
+    ``run`` forever, ``run`` deaf to SIGTERM (only SIGKILL ended it), so a router's service never
+    started nor stopped. Anything but a regular file is refused naming it, exit 6."""
+    await _populated(db_path, clock)
+    sealed = cli(db_path, "task", "put", "p1", "t2", "--env", "TOKEN=s3cret", "--", "true")
+    assert sealed.returncode == 0, sealed.stderr
+    key = db_path.parent / (db_path.name + ".key")
+    key.unlink()
+    os.mkfifo(key) if kind == "fifo" else key.mkdir()
+    for command in (["task", "put", "p1", "t3", "--env", "TOKEN=s3cret", "--", "true"],
+                    ["run", "--for-seconds", "1"]):
+        try:
+            refused = cli(db_path, *command)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{command[0]} hung opening the {kind} in place of the key file")
+        assert_refused(refused, 6, db_path, str(key), "not a regular file")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "character-device"])
+@pytest.mark.parametrize("command", [["runs"], ["project", "create", "p1"], ["run", "--for-seconds", "1"]],
+                         ids=lambda c: c[0])
+def test_a_database_path_that_is_not_a_file_is_refused_at_once(tmp_path, kind, command):
+    """Only a directory was refused as the database path: ``runs`` on a FIFO waited for a writer
+    forever, and publishing or ``run`` on a FIFO or a device went on until SQLite's "disk I/O
+    error" (exit 5, as if the disk had failed), SQLite opening for writing whatever device a
+    mistyped path named. Anything but a regular file is refused naming the path, exit 3."""
+    if kind == "fifo":
+        target = tmp_path / "q.db"
+        os.mkfifo(target)
+    else:
+        target = Path("/dev/null")
+    try:
+        refused = cli(tmp_path / "q.db" if kind == "fifo" else target, *command)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{command[0]} hung opening a {kind} as its database")
+    assert_refused(refused, 3, target, "not a regular file")
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "foreign"])
+def test_a_publish_refused_for_its_lock_file_leaves_no_database(tmp_path, kind):
+    """A publish on a new path whose ``<db>.lock`` is not a lock file was refused only after
+    SQLite had created the database: an empty file was left, and every later read said
+    "migration not applied" instead of "does not exist". The lock file is checked first."""
+    db = tmp_path / "q.db"
+    lock = owner_lock_path(str(db))
+    precious = tmp_path / "precious.txt"
+    precious.write_text("do not truncate me\n")
+    if kind == "symlink":
+        lock.symlink_to(precious)
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.write_text("do not truncate me\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for command in (["project", "create", "p1"], ["db", "migrate"], ["run", "--for-seconds", "1"]):
+        assert_refused(cli(db, *command), 3, db, str(lock))
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert precious.read_text() == "do not truncate me\n"
+
+
+async def test_a_read_that_needs_the_wal_says_so_not_that_it_wanted_to_write(restore_modes, clock):
+    """A read-only directory whose WAL holds committed changes (and no -shm) cannot be read; the
+    refusal of ``runs`` said the database "cannot be opened for writing", which the operator who
+    only asked to read could not act on. It must name the WAL and the -shm SQLite needs."""
+    db = restore_modes
+    await _populated(db, clock)
+    died = subprocess.run([sys.executable, "-c", _COMMIT_AND_DIE, str(db)], timeout=CLI_TIMEOUT_S)
+    assert died.returncode == 0
+    Path(f"{db}-shm").unlink()
+    db.parent.chmod(0o555)
+    refused = cli_as_user(db, "runs")
+    assert_refused(refused, 5, db, f"{db}-wal", f"{db}-shm", str(db.parent))
+    assert "for writing" not in refused.stderr, refused.stderr

@@ -29,7 +29,8 @@ def cmd_db(args: argparse.Namespace) -> int:
             return list(await backend.migrate())
         return list(await backend.migration_status())
 
-    states = on_backend(container, go, readiness=False, create=args.db_command == "migrate")
+    migrate = args.db_command == "migrate"
+    states = on_backend(container, go, readiness=False, create=migrate, read_only=not migrate)
     if args.json:
         print_json([{"version": s.version, "name": s.name, "checksum": s.checksum, "status": s.status}
                      for s in states])
@@ -55,7 +56,7 @@ async def wait_until_ready(container: Any, timeout_s: float, interval_s: float,
     last: list[str] = []
 
     async def check() -> None:
-        async with opened_backend(container, readiness=False, create=False) as backend:
+        async with opened_backend(container, readiness=False, read_only=True) as backend:
             await backend.check_readiness()
 
     def report(exc: BaseException, attempt: int, left_s: float) -> None:

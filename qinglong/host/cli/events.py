@@ -34,7 +34,7 @@ def cmd_notifications(args: argparse.Namespace) -> int:
             raise UserError(f"the {backend.name} backend keeps no events out; nothing is delivered")
         return await outbox.list_deliveries(state=args.state, limit=args.limit)
 
-    deliveries = on_backend(container, read, create=False)
+    deliveries = on_backend(container, read, read_only=True)
     if args.json:
         print_json([delivery_json(d) for d in deliveries])
     else:

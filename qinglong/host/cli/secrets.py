@@ -35,18 +35,25 @@ def cmd_rotate(args: argparse.Namespace) -> int:
     container = container_of(args)
     if not hasattr(container, "sealer"):
         raise UserError("`secrets rotate` runs against the store itself, not through --api")
-    sealer = host_sealer(container.loaded(), container.backend_settings(), older=args.old_key_file).load()
+    sealer = host_sealer(container.loaded(), container.backend_settings(), older=args.old_key_file)
     container.sealer.override(providers.Object(sealer))
+    keys_loaded = False
 
     async def go(backend: Any) -> int:
+        nonlocal keys_loaded
         reseal = getattr(backend, "reseal_secrets", None)
         if reseal is None:
             raise UserError(f"the {container.loaded().profile.name} profile's store does not seal secrets")
+        # Only once the store is open: the default key beside a mistyped path is never created.
+        sealer.load()
+        keys_loaded = True
         return await reseal(sealer)
 
     try:
         rewritten = on_backend(container, go, create=False)
     except SecretsError as exc:
+        if not keys_loaded:  # a key that cannot be read is reported as it is
+            raise
         raise SecretsError(f"{exc} (give the key it was sealed with as --old-key-file; nothing was "
                            "changed)") from None
     if args.json:

@@ -302,7 +302,12 @@ def _flock_busy(fd: int, how: int) -> bool:
 def _pid_from_proc_locks(fd: int) -> int | None:
     """The pid ``/proc/locks`` names for an exclusive ``flock`` on the file of ``fd`` (Linux), or
     None: how the holder is named when it was reached through another name of the file."""
-    st = os.fstat(fd)
+    return _flock_holder(os.fstat(fd))
+
+
+def _flock_holder(st: os.stat_result) -> int | None:
+    """The pid ``/proc/locks`` names for an exclusive ``flock`` on the file ``st`` describes;
+    found without opening the file, so no lock of this process is dropped."""
     device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     try:
         with open("/proc/locks", encoding="ascii", errors="replace") as locks:
@@ -325,13 +330,15 @@ def probe_file_owner(db_fd: int, path: str) -> int | None:
         fcntl.flock(db_fd, fcntl.LOCK_UN)
         return None
     try:
-        fd = os.open(owner_lock_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO put in the lock file's place must not hold the probe forever
+        fd = os.open(owner_lock_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         fd = None
     pid = None
     if fd is not None:
         try:
-            pid = _read_pid(fd)
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                pid = _read_pid(fd)
         finally:
             os.close(fd)
     return pid or _pid_from_proc_locks(db_fd) or 0
@@ -398,15 +405,22 @@ class OwnerLock:
             f"(owner lock {str(self.lock_path)!r}); stop it first, or point this one "
             "at another file")
 
+    def _link_refusal(self) -> UserError:
+        return UserError(
+            f"database {self.path!r}: its owner lock {str(self.lock_path)!r} is a symbolic link; a "
+            "lock file is never followed (it would write over the link's target): remove the link")
+
     def _open_sidecar(self) -> int:
         try:
-            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                           | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise UserError(
-                    f"database {self.path!r}: its owner lock {str(self.lock_path)!r} is a symbolic "
-                    "link; a lock file is never followed (it would write over the link's target): "
-                    "remove the link") from None
+                raise self._link_refusal() from None
+            if exc.errno == errno.EISDIR:
+                raise UserError(f"database {self.path!r}: its owner lock {str(self.lock_path)!r} "
+                                "is not a regular file (a directory); it is written by "
+                                "'qinglong run': remove it") from None
             part = _read_only_part(Path(self.path))
             if part is not None or exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                 raise StoreReadOnly(
@@ -433,6 +447,23 @@ class OwnerLock:
         if problem:
             raise UserError(f"database {self.path!r}: its owner lock {str(self.lock_path)!r} "
                             f"{problem}; it is written by 'qinglong run': remove it")
+
+    def check_before_create(self) -> None:
+        """Refuse, as :meth:`acquire` would, a lock file that is not one, without opening or
+        creating anything: called before a new database is created beside it, so a refusal leaves
+        no empty database behind."""
+        try:
+            fd = os.open(self.lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise self._link_refusal() from None
+            return  # anything else is for acquire to report
+        try:
+            self._check_sidecar(fd)
+        finally:
+            os.close(fd)
 
     def acquire(self) -> None:
         """Take the lock or raise :class:`StoreLocked` naming the holder's pid."""
@@ -496,6 +527,15 @@ class OwnerLock:
 # --------------------------------------------------------------------------- the store
 
 
+def _file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in a user's words."""
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
+
+
 class SqliteStore:
     """Owns the connection to the database file named by the settings."""
 
@@ -513,6 +553,14 @@ class SqliteStore:
         path = Path(self.path)
         if path.is_dir():
             raise UserError(f"database path {self.path!r} is a directory; name a file in it instead")
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            mode = None  # missing (or unreachable): SQLite creates it or says why not
+        if mode is not None and not stat.S_ISREG(mode):
+            # SQLite would block on a FIFO, or write its pages to a device
+            raise UserError(f"database path {self.path!r} is not a regular file (a "
+                            f"{_file_kind(mode)}); point [backend] path at a database file")
         parent = path.absolute().parent
         if not parent.is_dir():
             raise UserError(
@@ -545,6 +593,10 @@ class SqliteStore:
                 f"database {self.path!r} does not exist; only 'qinglong run', 'qinglong db migrate' "
                 "and publishing commands create one (check [backend] path)"
             )
+        if not read_only:
+            self._refuse_other_names(path)
+        if create and not path.exists():
+            self.owner_lock.check_before_create()
         if create:
             part = _read_only_part(path)
             if part is not None:
@@ -553,26 +605,70 @@ class SqliteStore:
         if read_only and not create:
             try:
                 await self._connect(path, "ro", False)
-            except (StoreReadOnly, StoreFull, StoreUnavailable):
+            except (StoreReadOnly, StoreFull, StoreUnavailable) as exc:
                 if not self._alone(path):
-                    raise
+                    raise self._unreadable(path, exc) from None
                 await self._connect(path, "ro&immutable=1", False)
             return
         await self._connect(path, "rwc" if create else "rw", create)
+
+    def _refuse_other_names(self, path: Path) -> None:
+        """Refuse to write a file with more than one name (hard links): SQLite keeps the WAL
+        beside the name it opens, so writers through two names each commit to a WAL the other
+        never reads, and the file is damaged when both are checkpointed."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return  # missing: SQLite creates it (or says why not)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink <= 1:
+            return
+        holder = _flock_holder(st)
+        owner = (f"; it is owned by process {holder}, a running 'qinglong run', through another "
+                 "name" if holder else "")
+        raise UserError(
+            f"database {self.path!r} has {st.st_nlink} names (hard links){owner}. SQLite keeps its "
+            "write-ahead log beside the name a process opens, so what is written through one name "
+            "is lost through the other and the file is damaged: nothing is written through it. "
+            f"Keep one name and remove the others (find them with: find / -xdev -samefile "
+            f"{str(path)!r}); reading commands still work through any name")
+
+    def _unreadable(self, path: Path, exc: QinglongError) -> QinglongError:
+        """What keeps a read from a file whose WAL holds changes: the ``-shm`` SQLite needs to
+        read them cannot be made (the read-only or full part is named), never "for writing"."""
+        resolved = os.path.realpath(path)
+        wal = f"{resolved}-wal"
+        try:
+            pending = os.path.getsize(wal) > 0
+        except OSError:
+            pending = False
+        if not pending:
+            return exc
+        part = _read_only_part(path)
+        why = part or str(exc)
+        kind = StoreReadOnly if part is not None else type(exc)
+        return kind(
+            f"database {self.path!r} cannot be read: its write-ahead log {wal!r} holds changes not "
+            f"yet in the file, and SQLite must create {resolved + '-shm'!r} beside it to read them, "
+            f"but {why}. Make that directory writable (or copy the database with its -wal to a "
+            "writable place) to read it")
 
     @staticmethod
     def _alone(path: Path) -> bool:
         """True when no process has the database open (none holds an SQLite lock on it: in WAL
         mode every connection keeps one for as long as it is open) and nothing waits in its WAL,
-        so the file alone is the whole database. Asks with ``F_GETLK``, which takes nothing."""
+        so the file alone is the whole database. Asks with ``F_GETLK``, which takes nothing. A
+        file with other names (hard links) is never alone: a WAL beside another name cannot be
+        found."""
         import struct
 
-        wal = Path(f"{path}-wal")
+        wal = Path(f"{os.path.realpath(path)}-wal")  # SQLite keeps it beside the resolved file
         try:
             if wal.exists() and wal.stat().st_size > 0:
                 return False
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
+                if os.fstat(fd).st_nlink > 1:
+                    return False
                 # struct flock: l_type, l_whence, l_start, l_len, l_pid (native layout, room to spare)
                 query = struct.pack("@hhqqi", fcntl.F_WRLCK, os.SEEK_SET, _SQLITE_LOCK_BYTES[0],
                                     _SQLITE_LOCK_BYTES[1], 0).ljust(64, b"\0")
