@@ -213,6 +213,12 @@ class HttpWorkerProtocol:
         try:
             answer = json.loads(data) if data else {}
         except ValueError:
+            answer = None
+        if status == 200 and not isinstance(answer, dict):
+            # a captive portal, a proxy's page, another server: away, as an unreachable gateway is
+            raise StoreUnavailable(f"{self.target}: the answer to {name} is not the worker protocol (a JSON "
+                                   "object); is [worker] url the API tier's worker gateway?")
+        if not isinstance(answer, dict):
             answer = {}
         if status == 401:
             if self._auth_error is not None and loop.time() < self._auth_retry_at:
