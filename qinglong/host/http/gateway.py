@@ -76,7 +76,7 @@ class GatewayService:
             self.limiter.failed(source)
             return error_response(401, "unauthorized", "a registered worker's token is required "
                                   "(Authorization: Bearer qlw_...); it is unknown, revoked or missing",
-                                  headers={"WWW-Authenticate": 'Bearer realm="qinglong-worker"'})
+                                  headers={"WWW-Authenticate": f'Bearer realm="{wire.GATEWAY_REALM}"'})
         return registration
 
     def _handler(self, call: Callable[[WorkerRegistration, dict], Awaitable[Any]]) -> Any:
