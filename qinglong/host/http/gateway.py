@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 
 from qinglong.contracts import worker_wire as wire
 from qinglong.contracts.diagnostics import DiagnosticEvent
-from qinglong.contracts.errors import SecretsError
+from qinglong.contracts.errors import SecretsError, StoreUnavailable
 from qinglong.contracts.secrets import opened_env_payload
 from qinglong.contracts.worker import (
     CombinedCompletion,
@@ -58,6 +58,8 @@ class GatewayService:
         #: figures for the benchmark and the metrics: requests served, claims that waited
         self.requests = 0
         self.waits = 0
+        #: the store did not answer the last call (reported once until one succeeds)
+        self._store_away = False
 
     async def _worker(self, request: Request) -> WorkerRegistration | Response:
         source = self.source_of(request)
@@ -89,7 +91,15 @@ class GatewayService:
                     return found
                 self.requests += 1
                 body = await json_body(request)
-                return JSONResponse(await call(found, body))
+                answer = JSONResponse(await call(found, body))
+                self._store_away = False
+                return answer
+            except StoreUnavailable as exc:
+                # where the store is (host, port, database, role, libpq's words) is for the
+                # operator's diagnostics, never for a caller, who may not even be a worker
+                self._store_unavailable(exc)
+                return error_response(503, "store_unavailable", "the store behind the gateway is "
+                                      "unavailable; try again")
             except Exception as exc:
                 refusal = wire.refusal_json(exc)
                 if refusal is None:
@@ -97,6 +107,15 @@ class GatewayService:
                 return JSONResponse(refusal[1], status_code=refusal[0])
 
         return handler
+
+    def _store_unavailable(self, exc: StoreUnavailable) -> None:
+        """Say why the store is away in the diagnostics, once until a call succeeds again."""
+        if self._store_away:
+            return
+        self._store_away = True
+        if self.diagnostics is not None:
+            self.diagnostics.emit(DiagnosticEvent("warning", "gateway.store_unavailable",
+                                                  f"the worker gateway's store is unavailable: {exc}"))
 
     # ------------------------------------------------------------------ the calls
 
