@@ -43,6 +43,32 @@ def test_readiness_fails_while_the_gateways_role_has_no_connection_limit(cluster
         api.stop()
 
 
+def test_the_api_tier_says_which_setting_made_it_unready(cluster, tmp_path):
+    """A DBA sets ``session_replication_role = replica`` for the gateway's role while the API tier
+    runs: every worker call would then write with foreign keys and triggers off. ``/readyz``
+    turned 503, but the diagnostic said only "the store is not ready: SchemaNotReady": the
+    operator of the API tier could not learn what drifted nor the RESET that ends it, while
+    ``qinglong run`` names both. The API tier's diagnostic names them too."""
+    settings = plane_settings(cluster, tmp_path)
+    api = ApiGateway(settings, tmp_path / "api.stderr")
+    db = cluster.dbname
+    try:
+        wait_until(lambda: readyz(api.port) == 200, "the API ready")
+        cluster.sql(f"ALTER ROLE qinglong_gateway IN DATABASE {db} SET session_replication_role = replica")
+        try:
+            wait_until(lambda: readyz(api.port) == 503, "the API not ready")
+            (event,) = wait_until(lambda: [json.loads(line) for line in api.text().splitlines()
+                                           if '"api.store_not_ready"' in line], "the diagnostic")
+            assert "session_replication_role=replica" in event["message"], event
+            assert f'ALTER ROLE "qinglong_gateway" IN DATABASE "{db}" RESET session_replication_role' \
+                in event["message"], event
+        finally:
+            cluster.sql(f"ALTER ROLE qinglong_gateway IN DATABASE {db} RESET session_replication_role")
+        wait_until(lambda: readyz(api.port) == 200, "the API ready again")
+    finally:
+        api.stop()
+
+
 #: The job marks each start of its Attempt (O_EXCL: a second start leaves another file), then runs
 #: long enough for the gateway to be killed and restarted under it.
 MARK_JOB = r"""
