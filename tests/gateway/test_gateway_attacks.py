@@ -8,6 +8,7 @@ import asyncio
 import base64
 import concurrent.futures
 import os
+import socket
 
 import psycopg
 import pytest
@@ -241,3 +242,36 @@ def test_a_worker_holds_no_database_credential_and_cannot_exhaust_connections(pl
         statuses = list(pool.map(waiting_claim, range(40)))
     assert statuses == [200] * 40
     assert gateway_connections() <= 2 + 1  # the pool (2) and the listener
+
+
+def test_unauthenticated_slow_bodies_never_hold_the_workers_out(plane):
+    """Anyone could open connections to the console's sign-in, which reads a body before any
+    token is checked, send the head and one byte of the body, and hold every one of the requests
+    served at once: each worker's heartbeat and claim was then answered 503 "too many requests at
+    once" for as long as the attacker kept it up, and a worker that cannot renew its session
+    stops its jobs at its self-fence (every Run of the fleet lost to an anonymous client). A
+    request now counts against that bound only once its whole body has arrived; a slow one holds
+    only its own connection, until its deadline."""
+    session = plane.open(plane.alice)
+    head = (b"POST /console/session HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{")
+    held = []
+    try:
+        for _ in range(80):  # more than [http] max_connections (64 here)
+            conn = socket.create_connection(("127.0.0.1", plane.api.port), timeout=60)
+            conn.sendall(head)
+            held.append(conn)
+        snapshot = dump(plane.db)
+        worker = WorkerHttp(plane.api.port, plane.token_a)  # its kept-alive one was evicted, idle
+        try:
+            status, answer = worker.call("claim", {**fence(session), "tokens": [b64(new_lease_token())],
+                                                   "wait_ms": 0})
+            assert (status, answer) == (200, {"claimed": []}), answer
+            assert dump(plane.db) == snapshot
+            status, answer = worker.call("heartbeat", {**fence(session), "running": []})
+            assert status == 200, answer
+        finally:
+            worker.close()
+    finally:
+        for conn in held:
+            conn.close()
