@@ -40,6 +40,11 @@ from .auth import FailureLimiter, RateLimited
 
 #: Most Attempt ids a heartbeat may name.
 MAX_RUNNING_IDS = MAX_SESSION_CAPACITY
+#: Most requests of one worker served at once: a worker sends at most two (a claim that may wait,
+#: and everything else), twice that while a replacing process overlaps the one it replaces. More
+#: would let one token hold every request the API tier serves at once and starve the others'
+#: heartbeats until their self-fences stop their jobs.
+MAX_REQUESTS_PER_WORKER = 4
 
 
 class GatewayService:
@@ -60,6 +65,8 @@ class GatewayService:
         self.waits = 0
         #: the store did not answer the last call (reported once until one succeeds)
         self._store_away = False
+        #: requests being served, by worker id (at most MAX_REQUESTS_PER_WORKER each)
+        self._serving: dict[str, int] = {}
 
     async def _worker(self, request: Request) -> WorkerRegistration | Response:
         source = self.source_of(request)
@@ -89,9 +96,19 @@ class GatewayService:
                 found = await self._worker(request)
                 if isinstance(found, Response):
                     return found
-                self.requests += 1
-                body = await json_body(request)
-                answer = JSONResponse(await call(found, body))
+                held = self._serving.get(found.worker_id, 0)
+                if held >= MAX_REQUESTS_PER_WORKER:
+                    return error_response(503, "worker_busy", f"at most {MAX_REQUESTS_PER_WORKER} requests of "
+                                          "one worker are served at once", headers={"Retry-After": "1"})
+                self._serving[found.worker_id] = held + 1
+                try:
+                    self.requests += 1
+                    body = await json_body(request)
+                    answer = JSONResponse(await call(found, body))
+                finally:
+                    left = self._serving.pop(found.worker_id) - 1
+                    if left:
+                        self._serving[found.worker_id] = left
                 self._store_away = False
                 return answer
             except StoreUnavailable as exc:
