@@ -38,6 +38,9 @@ PREFIX = "/worker/v1"
 PATHS = {name: f"{PREFIX}/{name}" for name in (
     "open_session", "heartbeat", "claim", "started", "append_log", "complete", "complete_and_claim",
     "complete_late", "close_session")}
+#: The realm of the gateway's 401 (``WWW-Authenticate``): a refusal of the worker's token, told
+#: apart from a 401 of anything else at the URL (an API tier without the gateway, a proxy).
+GATEWAY_REALM = "qinglong-worker"
 #: The longest a claim may wait for a Run to become claimable, ms (the gateway bounds it lower).
 MAX_CLAIM_WAIT_MS = 60_000
 

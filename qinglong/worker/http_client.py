@@ -107,8 +107,8 @@ class _Link:
             return True
         return bool(readable)
 
-    def post(self, path: str, body: bytes, timeout_s: float, *, resend: bool = True) -> tuple[int, bytes]:
-        """One request and its answer. A kept-alive connection that fails is tried once more on a
+    def post(self, path: str, body: bytes, timeout_s: float, *, resend: bool = True) -> tuple[int, bytes, str]:
+        """One request: its status, body and ``WWW-Authenticate`` header. A kept-alive connection that fails is tried once more on a
         new one when ``resend`` (the call may be repeated as it was); otherwise a connection that
         was closed while idle is replaced before sending, and a failure once the request may have
         reached the gateway is raised, never sent again."""
@@ -141,7 +141,7 @@ class _Link:
                     raise StoreUnavailable(f"{self._client.target}: {what}") from None
                 if response.getheader("connection", "").lower() == "close":
                     self.drop()
-                return response.status, data
+                return response.status, data, response.getheader("www-authenticate", "")
         raise StoreUnavailable(f"{self._client.target}: no answer")  # not reached
 
 
@@ -201,8 +201,8 @@ class HttpWorkerProtocol:
         for reread in (False, True):
             self.calls += 1
             sent_at = loop.time()
-            status, data = await asyncio.to_thread(link.post, path, payload, CALL_TIMEOUT_S + wait_s,
-                                                   resend=resend)
+            status, data, challenge = await asyncio.to_thread(link.post, path, payload, CALL_TIMEOUT_S + wait_s,
+                                                              resend=resend)
             if status == 401 and not reread:
                 try:
                     self._token = read_token_file(self._token_file)  # rotated meanwhile?
@@ -213,13 +213,25 @@ class HttpWorkerProtocol:
         try:
             answer = json.loads(data) if data else {}
         except ValueError:
+            answer = None
+        if status == 200 and not isinstance(answer, dict):
+            # a captive portal, a proxy's page, another server: away, as an unreachable gateway is
+            raise StoreUnavailable(f"{self.target}: the answer to {name} is not the worker protocol (a JSON "
+                                   "object); is [worker] url the API tier's worker gateway?")
+        if not isinstance(answer, dict):
             answer = {}
         if status == 401:
             if self._auth_error is not None and loop.time() < self._auth_retry_at:
                 raise self._auth_error  # sent before the pause began: the same refusal
-            self._auth_error = StoreAuthFailed(
-                f"{self.target} refused the worker's token ({name}): it is unknown or revoked; check "
-                "[worker] token_file (`qinglong worker rotate` prints a new one)")
+            if f'realm="{wire.GATEWAY_REALM}"' in challenge:
+                self._auth_error = StoreAuthFailed(
+                    f"{self.target} refused the worker's token ({name}): it is unknown or revoked; check "
+                    "[worker] token_file (`qinglong worker rotate` prints a new one)")
+            else:  # not the gateway's refusal: the token was never looked at
+                self._auth_error = StoreAuthFailed(
+                    f"{self.target} answered {name} with 401, but not as a worker gateway does: it serves "
+                    "no worker gateway at [worker] url (an API tier needs [api] gateway_dsn to serve one), "
+                    "or something in between asks for its own credentials")
             self._auth_failed_at = loop.time()
             self._auth_retry_at = self._auth_failed_at + self._auth_backoff_s
             self._auth_backoff_s = min(AUTH_BACKOFF_MAX_S, self._auth_backoff_s * 2)

@@ -259,3 +259,35 @@ def test_readiness_accepts_logging_settings_and_every_session_pins_durability(cl
             await backend.close()
 
     assert arun(body()) == "on"
+
+
+@pytest.mark.parametrize("statement, where", [
+    ("ALTER ROLE ALL SET synchronous_commit = off", "every role (ALTER ROLE ALL)"),
+    # the same row as ALTER DATABASE ... SET: the database's RESET removes it
+    ("ALTER ROLE ALL IN DATABASE {db} SET synchronous_commit = local", "database {db}"),
+    ("ALTER ROLE qinglong_owner SET synchronous_commit = remote_write", "role qinglong_owner"),
+    ("ALTER ROLE qinglong_admin IN DATABASE {db} SET default_transaction_isolation = 'read uncommitted'",
+     "role qinglong_admin in database {db}"),
+    ("ALTER DATABASE {db} SET lock_timeout = '1ms'", "database {db}"),
+])
+def test_the_reset_readiness_names_removes_the_setting_wherever_it_was_made(cluster, statement, where):
+    """``ALTER ROLE ALL SET synchronous_commit = off`` reaches our roles too (every role on the
+    server), but readiness described it as ``database  sets ...`` (no name) and told the operator
+    to run ``ALTER DATABASE  RESET synchronous_commit``, a syntax error: an operator could not
+    learn where the weakened durability came from nor how to remove it, and the replicas stayed
+    down. The RESET readiness names, run as written, must make it ready again, wherever the
+    setting was made."""
+    db = cluster.dbname
+    cluster.sql(statement.format(db=db))
+    try:
+        message = _not_ready(cluster, where.format(db=db) + " sets ")
+        (problem,) = [p for p in message.split("; ") if " sets " in p]
+        undo = problem[problem.rindex("(") + 1:problem.rindex(")")]
+        assert undo.startswith("ALTER ") and " RESET " in undo, problem
+        cluster.sql(undo)
+        arun(_ready(cluster.backend()))
+    finally:
+        # role settings outlive the test's database: never leave them to the next test
+        cluster.sql("ALTER ROLE ALL RESET ALL")
+        for role in ("qinglong_owner", "qinglong_admin", "qinglong_runtime", "qinglong_gateway"):
+            cluster.sql(f"ALTER ROLE {role} RESET ALL")

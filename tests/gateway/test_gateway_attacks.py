@@ -8,6 +8,7 @@ import asyncio
 import base64
 import concurrent.futures
 import os
+import socket
 
 import psycopg
 import pytest
@@ -218,18 +219,19 @@ def test_a_worker_holds_no_database_credential_and_cannot_exhaust_connections(pl
     """Before, every worker held the shared worker login: it could ALTER ROLE it (lock every
     worker out), set role defaults, or open 197 of 200 connections. A worker now holds only its
     token, which PostgreSQL does not accept, and any number of waiting claims share the gateway's
-    bounded pool."""
+    bounded pool (of one worker's, a few are served at once and the others refused at once)."""
     server = plane.db.server
     for user in ("qinglong_gateway", "alice"):
         with pytest.raises(psycopg.OperationalError):
             psycopg.connect(server.dsn(user, plane.token_a, plane.db.dbname), connect_timeout=5).close()
     sessions = [plane.open(WorkerHttp(plane.api.port, plane.token_a))]
 
-    def waiting_claim(_: int) -> int:
+    def waiting_claim(_: int) -> tuple[int, str | None]:
         client = WorkerHttp(plane.api.port, plane.token_a)
         try:
-            return client.call("claim", {**fence(sessions[0]), "tokens": [b64(new_lease_token())],
-                                         "wait_ms": 3_000})[0]
+            status, answer = client.call("claim", {**fence(sessions[0]), "tokens": [b64(new_lease_token())],
+                                                   "wait_ms": 3_000})
+            return status, (answer.get("error") or {}).get("code")
         finally:
             client.close()
 
@@ -239,5 +241,84 @@ def test_a_worker_holds_no_database_credential_and_cannot_exhaust_connections(pl
 
     with concurrent.futures.ThreadPoolExecutor(40) as pool:
         statuses = list(pool.map(waiting_claim, range(40)))
-    assert statuses == [200] * 40
+    # one worker's requests beyond the few served at once are refused at once, never queued
+    assert set(statuses) <= {(200, None), (503, "worker_busy")}, statuses
+    assert statuses.count((200, None)) >= 4
     assert gateway_connections() <= 2 + 1  # the pool (2) and the listener
+
+
+def test_unauthenticated_slow_bodies_never_hold_the_workers_out(plane):
+    """Anyone could open connections to the console's sign-in, which reads a body before any
+    token is checked, send the head and one byte of the body, and hold every one of the requests
+    served at once: each worker's heartbeat and claim was then answered 503 "too many requests at
+    once" for as long as the attacker kept it up, and a worker that cannot renew its session
+    stops its jobs at its self-fence (every Run of the fleet lost to an anonymous client). A
+    request now counts against that bound only once its whole body has arrived; a slow one holds
+    only its own connection, until its deadline."""
+    session = plane.open(plane.alice)
+    head = (b"POST /console/session HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{")
+    held = []
+    try:
+        for _ in range(80):  # more than [http] max_connections (64 here)
+            conn = socket.create_connection(("127.0.0.1", plane.api.port), timeout=60)
+            conn.sendall(head)
+            held.append(conn)
+        snapshot = dump(plane.db)
+        worker = WorkerHttp(plane.api.port, plane.token_a)  # its kept-alive one was evicted, idle
+        try:
+            status, answer = worker.call("claim", {**fence(session), "tokens": [b64(new_lease_token())],
+                                                   "wait_ms": 0})
+            assert (status, answer) == (200, {"claimed": []}), answer
+            assert dump(plane.db) == snapshot
+            status, answer = worker.call("heartbeat", {**fence(session), "running": []})
+            assert status == 200, answer
+        finally:
+            worker.close()
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def test_one_workers_waiting_claims_never_hold_the_other_workers_out(plane):
+    """Bob's token alone (registered for one job of another project) could send 70 claims that
+    each wait 20 s at the gateway, hold every request served at once, and so get alice's
+    heartbeat answered 503 again and again: alice stops her jobs at her self-fence, and so does
+    every other worker of the fleet, for one stolen token. A worker now has at most a few
+    requests served at once; the rest of its requests are refused at once, and its claims change
+    nothing in the store."""
+    import threading
+
+    alice = plane.open(plane.alice)
+    bob = plane.open(plane.bob)
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def hog() -> None:
+        client = WorkerHttp(plane.api.port, plane.token_b)
+        try:
+            status, _ = client.call("claim", {**fence(bob), "tokens": [b64(new_lease_token())], "wait_ms": 20_000})
+        except (ConnectionError, OSError):
+            status = 0  # cut as the oldest idle connection: not served, not holding anything
+        finally:
+            client.close()
+        with lock:
+            statuses.append(status)
+
+    snapshot = dump(plane.db)
+    threads = [threading.Thread(target=hog) for _ in range(70)]
+    for thread in threads:
+        thread.start()
+    # 70 claims against 64 requests served at once: once some are answered, the rest are held
+    # (before, 64 of them for their whole 20 s wait) when alice speaks
+    wait_until(lambda: len(statuses) >= 70 - 64, "bob's first claims answered")
+    worker = WorkerHttp(plane.api.port, plane.token_a)
+    try:
+        status, answer = worker.call("heartbeat", {**fence(alice), "running": []})
+        assert status == 200, answer
+    finally:
+        worker.close()
+    for thread in threads:
+        thread.join()
+    assert set(statuses) <= {0, 200, 503}, statuses
+    assert dump(plane.db)["attempts"] == snapshot["attempts"]

@@ -43,6 +43,32 @@ def test_readiness_fails_while_the_gateways_role_has_no_connection_limit(cluster
         api.stop()
 
 
+def test_the_api_tier_says_which_setting_made_it_unready(cluster, tmp_path):
+    """A DBA sets ``session_replication_role = replica`` for the gateway's role while the API tier
+    runs: every worker call would then write with foreign keys and triggers off. ``/readyz``
+    turned 503, but the diagnostic said only "the store is not ready: SchemaNotReady": the
+    operator of the API tier could not learn what drifted nor the RESET that ends it, while
+    ``qinglong run`` names both. The API tier's diagnostic names them too."""
+    settings = plane_settings(cluster, tmp_path)
+    api = ApiGateway(settings, tmp_path / "api.stderr")
+    db = cluster.dbname
+    try:
+        wait_until(lambda: readyz(api.port) == 200, "the API ready")
+        cluster.sql(f"ALTER ROLE qinglong_gateway IN DATABASE {db} SET session_replication_role = replica")
+        try:
+            wait_until(lambda: readyz(api.port) == 503, "the API not ready")
+            (event,) = wait_until(lambda: [json.loads(line) for line in api.text().splitlines()
+                                           if '"api.store_not_ready"' in line], "the diagnostic")
+            assert "session_replication_role=replica" in event["message"], event
+            assert f'ALTER ROLE "qinglong_gateway" IN DATABASE "{db}" RESET session_replication_role' \
+                in event["message"], event
+        finally:
+            cluster.sql(f"ALTER ROLE qinglong_gateway IN DATABASE {db} RESET session_replication_role")
+        wait_until(lambda: readyz(api.port) == 200, "the API ready again")
+    finally:
+        api.stop()
+
+
 #: The job marks each start of its Attempt (O_EXCL: a second start leaves another file), then runs
 #: long enough for the gateway to be killed and restarted under it.
 MARK_JOB = r"""
@@ -110,4 +136,42 @@ def test_the_gateway_killed_9_mid_run_starts_nothing_twice_and_records_each_outc
     finally:
         if worker is not None:
             worker.stop()
+        api.stop()
+
+
+def test_a_gateway_whose_store_is_away_tells_no_caller_where_the_store_is(cluster, tmp_path):
+    """While the gateway's database could not be reached, any caller that sent ``Bearer qlw_``
+    and anything (no registration needed: the token's lookup is what failed) was answered 503
+    with the database's host, port, name and role and libpq's own words: the map of the store's
+    network handed to whoever asks, and to every worker host's logs, which are to know nothing
+    of the store. The answer is a fixed phrase; the reason goes to the API tier's own
+    diagnostics, once per outage, without the password."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    password = "gw-Sekrit-4711"
+    dsn = (f"host=127.0.0.1 port={port} user=qinglong_gateway password={password} "
+           f"dbname={cluster.dbname} connect_timeout=2")
+    api = ApiGateway(plane_settings(cluster, tmp_path, gateway_dsn=dsn), tmp_path / "api.stderr")
+    try:
+        answers = []
+        for _ in range(3):
+            conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=60)
+            try:
+                conn.request("POST", "/worker/v1/open_session", body=b"{}",
+                             headers={"Authorization": "Bearer qlw_made-up", "Content-Type": "application/json"})
+                response = conn.getresponse()
+                answers.append((response.status, response.read().decode()))
+            finally:
+                conn.close()
+        for status, body in answers:
+            assert status == 503, body
+            assert json.loads(body)["error"]["code"] == "store_unavailable", body
+            for detail in (str(port), cluster.dbname, "qinglong_gateway", "127.0.0.1", "PostgreSQL", password):
+                assert detail not in body, (detail, body)
+        reasons = [json.loads(line) for line in api.text().splitlines()
+                   if line.startswith("{") and '"gateway.store_unavailable"' in line]
+        assert len(reasons) == 1, api.text()  # once for the outage, not once per request
+        assert str(port) in reasons[0]["message"] and password not in api.text()
+    finally:
         api.stop()

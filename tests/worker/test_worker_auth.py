@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from tests.support.gateway import start_gateway_worker, write_token_file
+from tests.support.gateway import GatewayPlane, WorkerHttp, start_gateway_worker, write_token_file
 from tests.worker.helpers import start_worker, wait_until
 
 pytestmark = pytest.mark.postgres
@@ -64,3 +64,41 @@ def test_a_token_refused_after_the_start_is_an_error_tried_again_with_a_growing_
         assert worker.wait() == 0
     finally:
         worker.stop()
+
+
+def test_an_api_tier_without_the_gateway_is_named_not_blamed_on_the_token(cluster, tmp_path):
+    """``[worker] url`` points at a ``qinglong api`` that serves no worker gateway (``[api]
+    gateway_dsn`` unset there): it answers 401 for the unknown path, and the worker said its
+    valid token was "unknown or revoked" and to rotate it. An operator following that retires a
+    good token and still has no worker, never learning the API tier lacks its gateway. The worker
+    exits 5 at start as for any refusal, but names the URL and the missing gateway, not the token."""
+    import re
+
+    from tests.support.gateway import ApiGateway, plane_settings, register
+
+    settings = plane_settings(cluster, tmp_path)
+    token = register(settings, "w-nogw")  # a valid registration
+    settings.write_text(re.sub(r"gateway_dsn = .*\n", "", settings.read_text()))
+    api = ApiGateway(settings, tmp_path / "api.stderr")
+    try:
+        worker = start_gateway_worker(api.url, token, tmp_path, "w-nogw")
+        try:
+            assert worker.wait() == 5, worker.text()
+            text = worker.text()
+            assert "[worker] url" in text and "no worker gateway" in text, text
+            assert "unknown or revoked" not in text and "rotate" not in text, text
+            assert token not in text
+        finally:
+            worker.stop()
+    finally:
+        api.stop()
+    # the token was never the problem: it still opens a session on a gateway
+    plane = GatewayPlane(cluster, tmp_path / "with-gateway")
+    try:
+        client = WorkerHttp(plane.api.port, token)
+        try:
+            assert client.call("open_session", {"lease_ms": 30_000})[0] == 200
+        finally:
+            client.close()
+    finally:
+        plane.stop()

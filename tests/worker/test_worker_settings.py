@@ -153,6 +153,55 @@ def test_a_worker_that_cannot_reach_its_gateway_keeps_trying_and_never_prints_it
         worker.stop()
 
 
+@pytest.mark.parametrize("answer", [b"[1]", b"null", b'"ok"', b"<html>Sign in to the network</html>"])
+def test_a_200_that_is_not_the_worker_protocol_is_an_outage_not_a_crash(tmp_path, answer):
+    """A captive portal, a proxy's error page or a stray server behind ``[worker] url`` answers
+    200 with something other than the protocol's JSON object. The worker crashed on it with a
+    traceback and exit 1 (a JSON array or null), or stopped with exit 4 and the words "worker_id:
+    expected str" (a page): in the middle of its work that kills a healthy worker and hands its
+    Runs over for a proxy's hiccup, and nothing told the operator that the URL was answered by
+    something else. It is an unavailable gateway, reported as such, and tried again."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    token_file = tmp_path / "w.token"
+    token_file.write_text("qlw_worker-Sekrit-77\n")
+    token_file.chmod(0o600)
+    answered: list[str] = []
+
+    class Foreign(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            answered.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Foreign)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings = write_worker_settings(tmp_path / "w.toml", url=f"http://127.0.0.1:{server.server_port}",
+                                     token_file=token_file, worker_id="w-foreign", log_dir=tmp_path / "logs")
+    worker = WorkerProcess(settings, tmp_path / "w.stderr")
+    try:
+        (event,) = worker.wait_event("worker.store_unavailable")
+        assert "not the worker protocol" in event["message"] and "[worker] url" in event["message"], event
+        # tried again, not given up on: a second answer reaches the server while it still runs
+        wait_until(lambda: len(answered) >= 2, "the worker to try its gateway again")
+        assert worker.proc.poll() is None, worker.text()
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0, worker.text()
+        assert "Traceback" not in worker.text() and not worker.events("worker.fatal")
+        assert "Sekrit" not in worker.text()
+    finally:
+        server.shutdown()
+        server.server_close()
+        worker.stop()
+
+
 def test_retention_deletes_only_old_attempt_directories_no_job_holds(tmp_path):
     """Without retention a worker's disk fills with logs the store already holds; a sweep that
     touched anything but an old, unheld Attempt directory would delete a live job's log or an

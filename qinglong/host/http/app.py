@@ -298,8 +298,8 @@ class Limits:
 
 class Bounded:
     """Outermost ASGI layer: no chunked bodies (411), no body over the limit (413, read or
-    announced), at most ``max_in_flight`` requests served at once outside the probes (503), and
-    headers every answer carries. It decides nothing about protection."""
+    announced), at most ``max_in_flight`` requests served at once outside the probes (503),
+    counted from the moment a request's whole body has arrived, and headers every answer carries. It decides nothing about protection."""
 
     def __init__(self, app: Starlette, limits: Limits) -> None:
         self.app = app
@@ -322,6 +322,12 @@ class Bounded:
         if not length.isdigit() or int(length) > self.limits.max_body_bytes:
             return await _plain(send, 413, f"a request body may hold at most {self.limits.max_body_bytes} bytes")
         probe = scope["path"] in PROBE_PATHS
+        if not probe:
+            # the whole body first: a client sending it slowly holds its own connection (until
+            # its deadline), never one of the requests served at once
+            receive = await _buffered(receive)
+            if receive is None:
+                return  # gone, or cut at its deadline, before its body arrived: nobody to answer
         if not probe and self.in_flight >= self.limits.max_in_flight:
             return await _plain(send, 503, "too many requests at once, try again", retry_after=True)
         if not probe:
@@ -339,6 +345,26 @@ class Bounded:
         finally:
             if not probe:
                 self.in_flight -= 1
+
+
+async def _buffered(receive: Any) -> Any:
+    """A ``receive`` that hands the application the request's whole body at once (read here,
+    within the announced length the bounds above allowed), then passes on to ``receive``; None
+    when the client went away first."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    pending: list[dict] = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+    async def replay() -> dict:
+        return pending.pop() if pending else await receive()
+
+    return replay
 
 
 async def _plain(send: Any, status: int, message: str, *, retry_after: bool = False) -> None:

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 
 from qinglong.contracts import worker_wire as wire
 from qinglong.contracts.diagnostics import DiagnosticEvent
-from qinglong.contracts.errors import SecretsError
+from qinglong.contracts.errors import SecretsError, StoreUnavailable
 from qinglong.contracts.secrets import opened_env_payload
 from qinglong.contracts.worker import (
     CombinedCompletion,
@@ -40,6 +40,11 @@ from .auth import FailureLimiter, RateLimited
 
 #: Most Attempt ids a heartbeat may name.
 MAX_RUNNING_IDS = MAX_SESSION_CAPACITY
+#: Most requests of one worker served at once: a worker sends at most two (a claim that may wait,
+#: and everything else), twice that while a replacing process overlaps the one it replaces. More
+#: would let one token hold every request the API tier serves at once and starve the others'
+#: heartbeats until their self-fences stop their jobs.
+MAX_REQUESTS_PER_WORKER = 4
 
 
 class GatewayService:
@@ -58,6 +63,10 @@ class GatewayService:
         #: figures for the benchmark and the metrics: requests served, claims that waited
         self.requests = 0
         self.waits = 0
+        #: the store did not answer the last call (reported once until one succeeds)
+        self._store_away = False
+        #: requests being served, by worker id (at most MAX_REQUESTS_PER_WORKER each)
+        self._serving: dict[str, int] = {}
 
     async def _worker(self, request: Request) -> WorkerRegistration | Response:
         source = self.source_of(request)
@@ -76,7 +85,7 @@ class GatewayService:
             self.limiter.failed(source)
             return error_response(401, "unauthorized", "a registered worker's token is required "
                                   "(Authorization: Bearer qlw_...); it is unknown, revoked or missing",
-                                  headers={"WWW-Authenticate": 'Bearer realm="qinglong-worker"'})
+                                  headers={"WWW-Authenticate": f'Bearer realm="{wire.GATEWAY_REALM}"'})
         return registration
 
     def _handler(self, call: Callable[[WorkerRegistration, dict], Awaitable[Any]]) -> Any:
@@ -87,9 +96,27 @@ class GatewayService:
                 found = await self._worker(request)
                 if isinstance(found, Response):
                     return found
-                self.requests += 1
-                body = await json_body(request)
-                return JSONResponse(await call(found, body))
+                held = self._serving.get(found.worker_id, 0)
+                if held >= MAX_REQUESTS_PER_WORKER:
+                    return error_response(503, "worker_busy", f"at most {MAX_REQUESTS_PER_WORKER} requests of "
+                                          "one worker are served at once", headers={"Retry-After": "1"})
+                self._serving[found.worker_id] = held + 1
+                try:
+                    self.requests += 1
+                    body = await json_body(request)
+                    answer = JSONResponse(await call(found, body))
+                finally:
+                    left = self._serving.pop(found.worker_id) - 1
+                    if left:
+                        self._serving[found.worker_id] = left
+                self._store_away = False
+                return answer
+            except StoreUnavailable as exc:
+                # where the store is (host, port, database, role, libpq's words) is for the
+                # operator's diagnostics, never for a caller, who may not even be a worker
+                self._store_unavailable(exc)
+                return error_response(503, "store_unavailable", "the store behind the gateway is "
+                                      "unavailable; try again")
             except Exception as exc:
                 refusal = wire.refusal_json(exc)
                 if refusal is None:
@@ -97,6 +124,15 @@ class GatewayService:
                 return JSONResponse(refusal[1], status_code=refusal[0])
 
         return handler
+
+    def _store_unavailable(self, exc: StoreUnavailable) -> None:
+        """Say why the store is away in the diagnostics, once until a call succeeds again."""
+        if self._store_away:
+            return
+        self._store_away = True
+        if self.diagnostics is not None:
+            self.diagnostics.emit(DiagnosticEvent("warning", "gateway.store_unavailable",
+                                                  f"the worker gateway's store is unavailable: {exc}"))
 
     # ------------------------------------------------------------------ the calls
 

@@ -90,8 +90,11 @@ class ApiProcess:
                 raise
             except Exception as exc:
                 if self._ready[1]:
+                    # our errors' words are written for the operator, as the CLI prints them (what
+                    # drifted, the RESET that ends it); anything else could hold a value: its class
+                    why = str(exc) if isinstance(exc, QinglongError) else type(exc).__name__
                     self.diagnostics.emit(DiagnosticEvent("warning", "api.store_not_ready",
-                                                          f"the store is not ready: {type(exc).__name__}"))
+                                                          f"the store is not ready: {why}"))
                 ready = False
             self._ready = (time.monotonic(), ready)
             await asyncio.sleep(READINESS_EVERY_S)

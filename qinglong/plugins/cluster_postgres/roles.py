@@ -288,7 +288,8 @@ PINNED_SESSION_SETTINGS = {"session_replication_role": "origin", "synchronous_co
                            "default_transaction_read_only": "off", "transaction_read_only": "off"}
 
 _ROLE_SETTINGS_SQL = """
-SELECT coalesce(r.rolname, '') AS role, coalesce(d.datname, '') AS database, c.setting
+SELECT s.setrole = 0 AS all_roles, r.rolname AS role, s.setdatabase = 0 AS all_databases,
+       d.datname AS database, c.setting
 FROM pg_catalog.pg_db_role_setting s
 LEFT JOIN pg_catalog.pg_roles r ON r.oid = s.setrole
 LEFT JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase
@@ -311,14 +312,11 @@ async def setting_problems(conn, roles: Mapping[str, str]) -> list[str]:
     not run with."""
     problems: list[str] = []
     cur = await conn.execute(_ROLE_SETTINGS_SQL, {"roles": list(roles.values())})
-    for role, database, setting in await cur.fetchall():
+    for all_roles, role, all_databases, database, setting in await cur.fetchall():
         name = setting.split("=", 1)[0]
         if harmless_setting(name):
             continue
-        where = (f"role {role} in database {database}" if role and database
-                 else f"role {role}" if role else f"database {database}")
-        undo = (f"ALTER ROLE {role} IN DATABASE {database} RESET {name}" if role and database
-                else f"ALTER ROLE {role} RESET {name}" if role else f"ALTER DATABASE {database} RESET {name}")
+        where, undo = _setting_origin(all_roles, role, all_databases, database, name)
         problems.append(f"{where} sets {setting}, which Qinglong does not ship and its guarantees may "
                         f"depend on ({undo})")
     for name, expected in PINNED_SESSION_SETTINGS.items():
@@ -327,6 +325,22 @@ async def setting_problems(conn, roles: Mapping[str, str]) -> list[str]:
         if str(value).lower() != expected:
             problems.append(f"the session runs with {name} = {value}, expected {expected}")
     return problems
+
+
+def _setting_origin(all_roles: bool, role: str | None, all_databases: bool, database: str | None,
+                    name: str) -> tuple[str, str]:
+    """Where a ``pg_db_role_setting`` row applies, and the statement that removes it. A row for
+    no role is the database's (``ALTER DATABASE d SET``, the same row as ``ALTER ROLE ALL IN
+    DATABASE d SET``) or, for no database either, ``ALTER ROLE ALL SET``'s: every role on the
+    server, ours included, removed only by ``ALTER ROLE ALL RESET``."""
+    if all_roles and all_databases:
+        return "every role (ALTER ROLE ALL)", f"ALTER ROLE ALL RESET {name}"
+    if all_roles:
+        return f"database {database}", f"ALTER DATABASE {_ident(database or '')} RESET {name}"
+    if all_databases:
+        return f"role {role}", f"ALTER ROLE {_ident(role or '')} RESET {name}"
+    return (f"role {role} in database {database}",
+            f"ALTER ROLE {_ident(role or '')} IN DATABASE {_ident(database or '')} RESET {name}")
 
 
 def expected_privileges(roles: Mapping[str, str]) -> set[tuple[str, str, str, str]]:
