@@ -6,6 +6,7 @@ Also: a walk over every route of the application proving deny by default."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 
@@ -328,6 +329,54 @@ def test_notifications_refuse_forged_filters_and_project_tokens_and_change_nothi
         assert client.request("GET", "/api/v1/notifications", token="")[0] == 401
         assert client.request("DELETE", "/api/v1/notifications", token=tokens["write"])[0] == 405
         assert client.request("GET", "/api/v1/notifications?limit=1000")[0] == 200
+    finally:
+        client.close()
+    _unchanged(settings, before)
+
+
+def test_a_token_limited_to_projects_cannot_mint_read_or_revoke_tokens_nor_read_the_audit(attacked):
+    """An admin token limited to one project that could make a token without limits would hold
+    every project (publish a task anywhere, run it, read every log); reading or revoking the
+    others' tokens, or the audit log of every project, would hand one team the others' names,
+    actions and credentials' fate. Each is refused 403 and the store is left as it was."""
+    plane, settings, tokens, before = attacked
+    client = Client(plane.port, tokens["web"])
+    try:
+        for method, path, body in (("POST", "/api/v1/tokens", {"name": "escalated", "scope": "admin"}),
+                                   ("POST", "/api/v1/tokens", {"name": "webonly", "scope": "read",
+                                                               "projects": ["web"]}),
+                                   ("GET", "/api/v1/tokens", None),
+                                   ("DELETE", "/api/v1/tokens/writer", None),
+                                   ("DELETE", "/api/v1/tokens/webteam", None),
+                                   ("GET", "/api/v1/audit", None)):
+            status, answer, _ = client.request(method, path, body)
+            assert status == 403 and answer["error"]["code"] == "forbidden", (method, path, status, answer)
+            assert "secret" not in answer and "qlt_" not in json.dumps(answer), (method, path)
+    finally:
+        client.close()
+    _unchanged(settings, before)
+    writer = Client(plane.port, tokens["write"])
+    try:
+        assert writer.request("GET", "/api/v1/projects")[0] == 200, "the writer's token was revoked"
+    finally:
+        writer.close()
+
+
+def test_a_token_limited_to_projects_reads_no_status_of_other_projects(attacked):
+    """The status (the API's and the page's) names every project's failing tasks, schedules and
+    recent Runs: a token of one team that read it would learn the other teams' task names, their
+    triggers and how their jobs fail. Refused 403, nothing of another project in the answer."""
+    plane, settings, tokens, before = attacked
+    web_read = make_token(settings, "webreader", "read", "web")
+    before = store_dump(settings.parent / "q.db")
+    client = Client(plane.port, web_read)
+    try:
+        for path in ("/api/v1/status", "/status"):
+            status, answer, _ = client.request("GET", path)
+            assert status == 403, (path, status)
+            assert answer["error"]["code"] == "forbidden" and "ops" not in json.dumps(answer), (path, answer)
+        status, answer, _ = client.request("GET", "/api/v1/status", token=tokens["read"])
+        assert status == 200 and answer["verdict"], answer  # a token of every project still reads it
     finally:
         client.close()
     _unchanged(settings, before)
