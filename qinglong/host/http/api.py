@@ -773,7 +773,8 @@ class ApiService:
                                      "offset": "first byte", "length": "bytes at most",
                                      "follow": "1: Server-Sent Events until the Attempt ends"})}, api=True),
             RouteSpec(f"{p}/status", {
-                "GET": Method("read", self.status, "the verdict and figures of qinglong status")}, api=True),
+                "GET": Method("read", self.status, "the verdict and figures of qinglong status",
+                              every_project=True)}, api=True),
             RouteSpec(p + "/kinds/{kind}/next", {
                 "GET": Method("read", self.kind_next, "preview the fire times of a trigger spec of a kind",
                               query={"spec": "the trigger spec as a JSON object, as trigger add takes it",
@@ -785,11 +786,11 @@ class ApiService:
                 "GET": Method("read", self.workers, "the workers' sessions: state, labels, capacity, free slots",
                               query={"limit": "1-1000, default 200"})}, api=True),
             RouteSpec(f"{p}/tokens", {
-                "GET": Method("admin", self.list_tokens, "list tokens (never a secret)"),
+                "GET": Method("admin", self.list_tokens, "list tokens (never a secret)", every_project=True),
                 "POST": Method("admin", self.create_token, "make a token (its secret is answered once)",
-                               body=body)}, api=True),
+                               body=body, every_project=True)}, api=True),
             RouteSpec(p + "/tokens/{name}", {
-                "DELETE": Method("admin", self.revoke_token, "revoke a token")}, api=True),
+                "DELETE": Method("admin", self.revoke_token, "revoke a token", every_project=True)}, api=True),
             RouteSpec(f"{p}/openapi.json", {
                 "GET": Method("read", self.openapi, "this document")}, api=True),
             RouteSpec(p + "/hooks/{project}/{trigger}", {
@@ -807,7 +808,7 @@ class ApiService:
                       api=True),
             RouteSpec(f"{p}/audit", {
                 "GET": Method("admin", self.audit, "the audit log, newest first",
-                              query={"since_ms": "entries at or after", "limit": "1-1000"})}, api=True),
+                              query={"since_ms": "entries at or after", "limit": "1-1000"}, every_project=True)}, api=True),
         ]
 
 
