@@ -39,6 +39,8 @@ PREFIX = "/api/v1"
 MAX_LIMIT = 1000
 MAX_DEPTH = 10_000
 FOLLOW_POLL_S = 0.2
+#: Hook signatures remembered against replays under another delivery id (a few MB at most).
+MAX_HOOK_SIGNATURES = 20_000
 
 JSON_OBJECT = {"type": "object"}
 
@@ -136,6 +138,9 @@ class ApiService:
         self.tokens = token_store_of(backend)
         #: per trigger: the minute (unix minutes) and the deliveries accepted in it
         self._hook_counts: dict[str, tuple[int, int]] = {}
+        #: per trigger and signature accepted: its delivery id and when its timestamp leaves the
+        #: window (the delivery id is not signed: a signature opens one delivery, not any)
+        self._hook_signatures: dict[tuple[str, str], tuple[str, int]] = {}
         #: Called after a Run was admitted or a cancel requested here (the local dispatcher's
         #: wake-up: it starts or signals at once instead of at its next poll). Must not raise.
         self.on_runs_changed: Callable[[], None] = lambda: None
@@ -688,17 +693,24 @@ class ApiService:
         body = await request.body()
         if len(body) > MAX_HOOK_BODY_BYTES:
             return error_response(413, "too_large", f"a delivery's body may hold at most {MAX_HOOK_BODY_BYTES} bytes")
+        for name in (SIGNATURE_HEADER, TIMESTAMP_HEADER, DELIVERY_HEADER):
+            # one layer reading the first and another the last would check one and log another
+            if len(request.headers.getlist(name)) > 1:
+                return error_response(400, "doubled_header", f"one {name} header, not several", name)
         secret, window_s, per_minute = hook_settings(head.spec)
         now_ms = self.clock_ms()
         timestamp = request.headers.get(TIMESTAMP_HEADER, "")
-        if not verify(secret, timestamp, body, request.headers.get(SIGNATURE_HEADER, ""),
-                      now_s=now_ms / 1000, tolerance_s=window_s):
+        signed = request.headers.get(SIGNATURE_HEADER, "")
+        if not verify(secret, timestamp, body, signed, now_s=now_ms / 1000, tolerance_s=window_s):
             return error_response(401, "bad_signature", f"the signature or the timestamp is refused (signed "
                                   f"over '<{TIMESTAMP_HEADER}>.<body>', within {window_s}s)")
         delivery = request.headers.get(DELIVERY_HEADER, "")
         if not 0 < len(delivery) <= MAX_EVENT_ID_CHARS or not delivery.isprintable():
             return error_response(400, "bad_delivery", f"{DELIVERY_HEADER}: expected 1 to {MAX_EVENT_ID_CHARS} "
                                   "printable characters", DELIVERY_HEADER)
+        if self._hook_replayed(trigger_id, signed, delivery, now_ms):
+            return error_response(401, "replayed", "this signature was accepted for another delivery: "
+                                  f"each delivery is signed with its own {TIMESTAMP_HEADER}")
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
@@ -711,6 +723,7 @@ class ApiService:
             return error_response(429, "rate_limited", f"this hook accepts {per_minute} deliveries a minute",
                                   headers={"Retry-After": str(60 - (now_ms // 1000) % 60)})
         self._hook_counts[trigger_id] = (minute, count + 1)
+        self._hook_signatures[(trigger_id, signed)] = (delivery, (int(timestamp) + window_s) * 1000)
         if not isinstance(self.backend, AdmitsOccurrences) or self.backend.occurrences() is None:
             raise UserError(f"the {self.profile} profile's store does not admit event Runs")
         payload = {"body": text, "content_type": request.headers.get("content-type", ""), "delivery": delivery}
@@ -720,6 +733,19 @@ class ApiService:
                                   "or its project or task is not active)")
         return JSONResponse({"run_id": result.run_id, "created": result.created, "delivery": delivery},
                             status_code=202 if result.created else 200)
+
+    def _hook_replayed(self, trigger_id: str, signed: str, delivery: str, now_ms: int) -> bool:
+        """The signature was accepted, within its window, for another delivery id. The oldest
+        signatures are forgotten once their timestamp left the window (it refuses them now), and
+        beyond :data:`MAX_HOOK_SIGNATURES`."""
+        remembered = self._hook_signatures
+        while remembered:
+            oldest = next(iter(remembered))
+            if remembered[oldest][1] >= now_ms and len(remembered) < MAX_HOOK_SIGNATURES:
+                break
+            del remembered[oldest]
+        seen = remembered.get((trigger_id, signed))
+        return seen is not None and seen[0] != delivery
 
     # ------------------------------------------------------------------ the route table
 
