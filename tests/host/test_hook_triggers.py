@@ -296,3 +296,20 @@ def test_a_signature_timestamp_or_delivery_header_sent_twice_is_refused(hooked):
         status, answer = _raw_delivery(plane.port, body, headers)
         assert status == 400 and answer["error"]["code"] == "doubled_header", (name, status, answer)
     assert store_dump(db) == before, "a delivery with a doubled header changed the store"
+
+
+def test_the_status_page_shows_a_hook_trigger_as_never_due(hooked):
+    """A hook trigger's schedule is never due (its next fire time is the far-future sentinel):
+    a status page that failed on it (500) would hide every schedule, failing task and Run from
+    the operator for as long as one hook trigger exists."""
+    plane, settings = hooked
+    client = Client(plane.port, make_token(settings, "reader", "read"))
+    before = store_dump(settings.parent / "q.db")
+    try:
+        status, page, _ = client.request("GET", "/status")
+    finally:
+        client.close()
+    assert status == 200, (status, page)
+    text = page.decode()
+    assert "<td>ops/gh</td><td>never</td>" in text and SECRET not in text, text
+    assert store_dump(settings.parent / "q.db") == before, "reading the page changed the store"
