@@ -380,3 +380,25 @@ def test_a_token_limited_to_projects_reads_no_status_of_other_projects(attacked)
     finally:
         client.close()
     _unchanged(settings, before)
+
+
+def test_a_taken_trigger_id_does_not_name_a_project_the_token_cannot_see(attacked):
+    """Trigger ids are unique across projects, so a trigger id another project uses must be
+    refused; a refusal naming that project would let one team's token enumerate the other teams'
+    projects and triggers id by id. Refused 409 without the name, and nothing changes."""
+    plane, settings, tokens, before = attacked
+    cli(settings, "trigger", "add", "ops", "nightly", "--task", "job", "--cron", "0 0 1 1 *")
+    cli(settings, "task", "put", "web", "site", "--", "true")
+    before = store_dump(settings.parent / "q.db")
+    client = Client(plane.port, tokens["web"])
+    try:
+        status, answer, _ = client.request("PUT", "/api/v1/projects/web/triggers/nightly",
+                                           {"task_id": "site", "kind": "cron", "spec": {"expression": "0 0 1 1 *"}})
+    finally:
+        client.close()
+    assert status == 409 and answer["error"]["code"] == "conflict", answer
+    assert "ops" not in answer["error"]["message"], answer
+    after = store_dump(settings.parent / "q.db")
+    assert [r for r in before if r not in after] == []
+    added = [r for r in after if r not in before]  # the refusal's audit entry, and nothing else
+    assert [(r[0], r[5], r[6], r[7]) for r in added] == [("audit_log", "trigger.put", "web/nightly", "refused")], added
