@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qinglong.contracts.capabilities import ExecutingBackend, RemoteExecutionBackend
 from qinglong.contracts.errors import (
+    AlreadyExists,
     NotFound,
     QinglongError,
     UserError,
@@ -369,8 +370,15 @@ class ApiService:
         definition = TriggerDefinition(project_id=project_id, trigger_id=trigger_id, task_id=task_id, kind=kind,
                                        spec=spec, misfire_policy=misfire, misfire_grace_ms=grace, enabled=enabled,
                                        jitter_ms=jitter)
-        head = await self._audited(principal, request, "trigger.put", f"{project_id}/{trigger_id}",
-                                   lambda: self.backend.publisher().put_trigger(definition))
+        try:
+            head = await self._audited(principal, request, "trigger.put", f"{project_id}/{trigger_id}",
+                                       lambda: self.backend.publisher().put_trigger(definition))
+        except AlreadyExists as exc:
+            owner = getattr(exc, "owner_project_id", None)
+            if owner is not None and not principal.sees(owner):  # never name a project it cannot see
+                raise AlreadyExists(f"trigger id {trigger_id!r} is used by another project; trigger ids "
+                                    "are unique across projects") from None
+            raise
         return JSONResponse(views.trigger_json(head), status_code=200 if current else 201)
 
     async def _set_enabled(self, request: Request, principal: Principal, enabled: bool) -> Response:
