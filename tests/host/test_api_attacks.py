@@ -402,3 +402,28 @@ def test_a_taken_trigger_id_does_not_name_a_project_the_token_cannot_see(attacke
     assert [r for r in before if r not in after and r[0] != "sqlite_sequence"] == []
     added = [r for r in after if r not in before and r[0] != "sqlite_sequence"]  # the refusal's audit entry only
     assert [(r[0], r[6], r[7], r[8]) for r in added] == [("audit_log", "trigger.put", "web/nightly", "refused")], added
+
+
+def test_a_body_key_the_route_does_not_know_is_refused_by_name(attacked):
+    """A misspelt key ignored in silence does the opposite of what was asked: a token meant for one
+    project ("project" for "projects") made for every project, a trigger meant to be disabled
+    ("enabeld") left firing, a kept env value ("keep-env") dropped. Each is refused 422 naming the
+    key, and nothing is made or changed."""
+    plane, settings, tokens, before = attacked
+    admin = make_token(settings, "root", "admin")
+    cli(settings, "trigger", "add", "ops", "nightly", "--task", "job", "--cron", "0 0 1 1 *")
+    before = store_dump(settings.parent / "q.db")
+    client = Client(plane.port, admin)
+    try:
+        for method, path, body, key in (
+                ("POST", "/api/v1/tokens", {"name": "deploy", "scope": "write", "project": ["web"]}, "project"),
+                ("PUT", "/api/v1/projects/ops/triggers/nightly", {"enabeld": False}, "enabeld"),
+                ("PUT", "/api/v1/projects/ops/tasks/job", {"payload": {"command": ["true"]}, "keep-env": ["API_KEY"]},
+                 "keep-env"),
+                ("POST", "/api/v1/projects", {"project_id": "new", "nmae": "New"}, "nmae")):
+            status, answer, _ = client.request(method, path, body)
+            assert status == 422 and answer["error"]["field"] == key, (method, path, status, answer)
+            assert repr(key) in answer["error"]["message"], answer
+    finally:
+        client.close()
+    _unchanged(settings, before)
