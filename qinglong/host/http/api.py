@@ -98,6 +98,14 @@ async def json_body(request: Request) -> dict[str, Any]:
     return value
 
 
+def _known_keys(body: Mapping[str, Any], *known: str) -> None:
+    """Refuse a key the route does not take: a misspelt one ignored would do the opposite of what
+    was asked (a token of every project, a trigger left enabled)."""
+    for key in body:
+        if key not in known:
+            raise BodyError(f"the body has an unknown key {key!r}; expected {', '.join(known)}", key)
+
+
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -215,6 +223,7 @@ class ApiService:
     async def create_project(self, request: Request, principal: Principal) -> Response:
         self._all_projects(principal)
         body = await json_body(request)
+        _known_keys(body, "project_id", "name")
         project_id = _field(body, "project_id", str)
         name = _field(body, "name", str, required=False)
         check_identifier("project_id", project_id)
@@ -269,6 +278,7 @@ class ApiService:
         self._see(principal, project_id)
         check_identifier("task_id", task_id)
         body = await json_body(request)
+        _known_keys(body, "payload", "keep_env")
         payload = _field(body, "payload", dict)
         kept = _field(body, "keep_env", list, required=False, default=[])
         if kept:
@@ -348,6 +358,7 @@ class ApiService:
         self._see(principal, project_id)
         check_identifier("trigger_id", trigger_id)
         body = await json_body(request)
+        _known_keys(body, "task_id", "kind", "spec", "misfire_policy", "misfire_grace_ms", "enabled", "jitter_ms")
         current = None
         for head in await self.backend.reader().list_triggers(project_id):
             if head.trigger_id == trigger_id:
@@ -611,6 +622,7 @@ class ApiService:
         from ..tokens import create_token
 
         body = await json_body(request)
+        _known_keys(body, "name", "scope", "projects", "expires_in_ms")
         name = _field(body, "name", str)
         scope = _field(body, "scope", str)
         projects = _field(body, "projects", list, required=False, default=[])
