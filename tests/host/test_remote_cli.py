@@ -92,7 +92,11 @@ def test_a_trigger_added_through_the_api_keeps_its_jitter(tmp_path):
         done = run_cli(["--token-file", str(laptop / "token"), "trigger", "add", "ops", "spread", "--task", "job",
                         "--cron", "0 * * * *", "--jitter", "5m"], cwd=laptop, env=env)
         assert done.returncode == 0, done.stderr
+        # an update that leaves the jitter out keeps it, as on the host
+        done = run_cli(["--token-file", str(laptop / "token"), "trigger", "update", "ops", "spread",
+                        "--cron", "30 * * * *"], cwd=laptop, env=env)
+        assert done.returncode == 0, done.stderr
     finally:
         plane.stop()
     (listed,) = json.loads(cli(settings, "trigger", "list", "ops", "--json"))
-    assert listed["jitter_ms"] == 300_000, listed
+    assert (listed["spec"]["expression"], listed["jitter_ms"]) == ("30 * * * *", 300_000), listed
