@@ -427,3 +427,26 @@ def test_a_body_key_the_route_does_not_know_is_refused_by_name(attacked):
     finally:
         client.close()
     _unchanged(settings, before)
+
+
+def test_an_idempotency_key_of_another_projects_run_admits_nothing_and_names_nothing(attacked):
+    """Manual idempotency keys are one space for every project: a key another team used would
+    answer this token "200, your Run exists" with that team's Run id, so its own job would never
+    start while it was told it had, and its keys could be probed to learn the other team's Runs.
+    Refused 409 without the other Run's id or project, and no Run is made."""
+    plane, settings, tokens, before = attacked
+    cli(settings, "task", "put", "web", "site", "--", "true")
+    before = store_dump(settings.parent / "q.db")
+    (ops_run,) = [row[2] for row in before if row[0] == "manual_run_keys"]
+    client = Client(plane.port, tokens["web"])
+    try:
+        status, answer, _ = client.request("POST", "/api/v1/projects/web/tasks/site/runs",
+                                           headers={"Idempotency-Key": "k1"})
+    finally:
+        client.close()
+    assert status == 409 and answer["error"]["code"] == "conflict", (status, answer)
+    assert ops_run not in json.dumps(answer) and "ops" not in answer["error"]["message"], answer
+    after = store_dump(settings.parent / "q.db")
+    assert [r for r in before if r not in after and r[0] != "sqlite_sequence"] == []
+    added = [r for r in after if r not in before and r[0] != "sqlite_sequence"]  # the refusal's audit entry only
+    assert [(r[0], r[6], r[7], r[8]) for r in added] == [("audit_log", "task.run", "web/site", "refused")], added
