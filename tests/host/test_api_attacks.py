@@ -450,3 +450,25 @@ def test_an_idempotency_key_of_another_projects_run_admits_nothing_and_names_not
     assert [r for r in before if r not in after and r[0] != "sqlite_sequence"] == []
     added = [r for r in after if r not in before and r[0] != "sqlite_sequence"]  # the refusal's audit entry only
     assert [(r[0], r[6], r[7], r[8]) for r in added] == [("audit_log", "task.run", "web/site", "refused")], added
+
+
+def test_a_body_with_a_key_twice_is_refused(attacked):
+    """A key given twice is read as the first by one parser (a proxy's filter, an auditor's tool)
+    and as the last by ours: a body checked as a read token for one project would make an admin
+    token of every project, an env variable reviewed as one value would run with another.
+    Refused 422 naming the key, and nothing is made."""
+    plane, settings, tokens, before = attacked
+    admin = make_token(settings, "root", "admin")
+    before = store_dump(settings.parent / "q.db")
+    client = Client(plane.port, admin)
+    try:
+        for path, method, body, key in (
+                ("/api/v1/tokens", "POST",
+                 b'{"name": "bot", "scope": "read", "projects": ["web"], "scope": "admin", "projects": []}', "scope"),
+                ("/api/v1/projects/ops/tasks/job", "PUT",
+                 b'{"payload": {"command": ["env"], "env": {"MODE": "dry-run", "MODE": "live"}}}', "MODE")):
+            status, answer, _ = client.request(method, path, body)
+            assert status == 422 and repr(key) in answer["error"]["message"], (path, status, answer)
+    finally:
+        client.close()
+    _unchanged(settings, before)
