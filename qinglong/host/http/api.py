@@ -90,7 +90,7 @@ async def json_body(request: Request) -> dict[str, Any]:
     if _depth(text) > MAX_JSON_DEPTH:
         raise BodyError(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError) as exc:
         raise BodyError(f"the request body is not JSON ({exc.__class__.__name__})") from None
     if not isinstance(value, dict):
@@ -104,6 +104,16 @@ def _known_keys(body: Mapping[str, Any], *known: str) -> None:
     for key in body:
         if key not in known:
             raise BodyError(f"the body has an unknown key {key!r}; expected {', '.join(known)}", key)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are each given once: another parser would read the first of two."""
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise BodyError(f"the request body gives the key {key!r} twice", key)
+        value[key] = item
+    return value
 
 
 def _refuse_constant(name: str) -> Any:
