@@ -852,7 +852,9 @@ class ApiService:
             RouteSpec(p + "/hooks/{project}/{trigger}", {
                 "POST": Method(SIGNED, self.receive_hook, "deliver to a hook trigger (signed, no token): "
                                "X-Qinglong-Timestamp, X-Qinglong-Signature, X-Qinglong-Delivery",
-                               responses={202: "a Run admitted", 401: "bad signature or timestamp",
+                               responses={202: "a Run admitted", 400: "a signature, timestamp or delivery "
+                                          "header sent twice, or no delivery id",
+                                          401: "bad signature or timestamp, or a signature replayed",
                                           404: "no such hook", 409: "the trigger admits nothing now",
                                           413: "body too large", 429: "rate limited"})}, api=True),
             RouteSpec(f"{p}/notifications", {
