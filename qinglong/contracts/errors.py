@@ -249,9 +249,12 @@ def trigger_not_found(project_id: str, trigger_id: str) -> NotFound:
 
 
 def trigger_id_taken(trigger_id: str, owner_project_id: str) -> AlreadyExists:
-    """A trigger id another project uses (trigger ids are unique across projects)."""
-    return AlreadyExists(f"trigger id {trigger_id!r} is used by project {owner_project_id!r}; "
-                         "trigger ids are unique across projects")
+    """A trigger id another project uses (trigger ids are unique across projects); the owner is
+    kept as ``owner_project_id``, so a caller that may not see it can word the refusal without it."""
+    taken = AlreadyExists(f"trigger id {trigger_id!r} is used by project {owner_project_id!r}; "
+                          "trigger ids are unique across projects")
+    taken.owner_project_id = owner_project_id  # type: ignore[attr-defined]
+    return taken
 
 
 def bad_misfire_policy(value: object) -> UserError:

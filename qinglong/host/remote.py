@@ -116,7 +116,8 @@ def _project(d: Mapping[str, Any]) -> ProjectRecord:
 
 def _trigger(d: Mapping[str, Any]) -> TriggerHead:
     return TriggerHead(d["project_id"], d["trigger_id"], d["task_id"], d["trigger_revision"], d["kind"], d["spec"],
-                       MisfirePolicy(d["misfire_policy"]), d["misfire_grace_ms"], d["enabled"], d["content_digest"])
+                       MisfirePolicy(d["misfire_policy"]), d["misfire_grace_ms"], d["enabled"], d["content_digest"],
+                       d.get("jitter_ms", 0))
 
 
 def _summary(d: Mapping[str, Any]) -> RunSummary:
@@ -209,7 +210,7 @@ class RemoteBackend:
             "PUT", f"/projects/{_q(definition.project_id)}/triggers/{_q(definition.trigger_id)}",
             {"task_id": definition.task_id, "kind": definition.kind, "spec": dict(definition.spec),
              "misfire_policy": definition.misfire_policy.value, "misfire_grace_ms": definition.misfire_grace_ms,
-             "enabled": definition.enabled}))
+             "enabled": definition.enabled, "jitter_ms": definition.jitter_ms}))
 
     async def set_trigger_enabled(self, project_id: str, trigger_id: str, enabled: bool) -> TriggerHead:
         return _trigger(self.client.call(

@@ -97,7 +97,8 @@ def test_the_api_speaks_the_cli_json_shapes_with_one_error_shape(tmp_path):
                 ("POST", "/api/v1/projects", {"project_id": "ops"}, 409, "conflict", None),
                 ("PUT", "/api/v1/projects/ops/tasks/bad", {"payload": {"command": ["x"], "timeout_ms": -1}},
                  422, "invalid", None),
-                ("PUT", "/api/v1/projects/ops/tasks/bad", {"nothing": 1}, 422, "invalid", "payload"),
+                ("PUT", "/api/v1/projects/ops/tasks/bad", {}, 422, "invalid", "payload"),
+                ("PUT", "/api/v1/projects/ops/tasks/bad", {"nothing": 1}, 422, "invalid", "nothing"),
                 ("GET", "/api/v1/runs?limit=0", None, 422, "invalid", "limit")):
             status, body, _ = client.request(method, path, body)
             assert status == expected, (path, status, body)

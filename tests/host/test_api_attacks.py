@@ -6,6 +6,7 @@ Also: a walk over every route of the application proving deny by default."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 
@@ -328,6 +329,146 @@ def test_notifications_refuse_forged_filters_and_project_tokens_and_change_nothi
         assert client.request("GET", "/api/v1/notifications", token="")[0] == 401
         assert client.request("DELETE", "/api/v1/notifications", token=tokens["write"])[0] == 405
         assert client.request("GET", "/api/v1/notifications?limit=1000")[0] == 200
+    finally:
+        client.close()
+    _unchanged(settings, before)
+
+
+def test_a_token_limited_to_projects_cannot_mint_read_or_revoke_tokens_nor_read_the_audit(attacked):
+    """An admin token limited to one project that could make a token without limits would hold
+    every project (publish a task anywhere, run it, read every log); reading or revoking the
+    others' tokens, or the audit log of every project, would hand one team the others' names,
+    actions and credentials' fate. Each is refused 403 and the store is left as it was."""
+    plane, settings, tokens, before = attacked
+    client = Client(plane.port, tokens["web"])
+    try:
+        for method, path, body in (("POST", "/api/v1/tokens", {"name": "escalated", "scope": "admin"}),
+                                   ("POST", "/api/v1/tokens", {"name": "webonly", "scope": "read",
+                                                               "projects": ["web"]}),
+                                   ("GET", "/api/v1/tokens", None),
+                                   ("DELETE", "/api/v1/tokens/writer", None),
+                                   ("DELETE", "/api/v1/tokens/webteam", None),
+                                   ("GET", "/api/v1/audit", None)):
+            status, answer, _ = client.request(method, path, body)
+            assert status == 403 and answer["error"]["code"] == "forbidden", (method, path, status, answer)
+            assert "secret" not in answer and "qlt_" not in json.dumps(answer), (method, path)
+    finally:
+        client.close()
+    _unchanged(settings, before)
+    writer = Client(plane.port, tokens["write"])
+    try:
+        assert writer.request("GET", "/api/v1/projects")[0] == 200, "the writer's token was revoked"
+    finally:
+        writer.close()
+
+
+def test_a_token_limited_to_projects_reads_no_status_of_other_projects(attacked):
+    """The status (the API's and the page's) names every project's failing tasks, schedules and
+    recent Runs: a token of one team that read it would learn the other teams' task names, their
+    triggers and how their jobs fail. Refused 403, nothing of another project in the answer."""
+    plane, settings, tokens, before = attacked
+    web_read = make_token(settings, "webreader", "read", "web")
+    before = store_dump(settings.parent / "q.db")
+    client = Client(plane.port, web_read)
+    try:
+        for path in ("/api/v1/status", "/status"):
+            status, answer, _ = client.request("GET", path)
+            assert status == 403, (path, status)
+            assert answer["error"]["code"] == "forbidden" and "ops" not in json.dumps(answer), (path, answer)
+        status, answer, _ = client.request("GET", "/api/v1/status", token=tokens["read"])
+        assert status == 200 and answer["verdict"], answer  # a token of every project still reads it
+    finally:
+        client.close()
+    _unchanged(settings, before)
+
+
+def test_a_taken_trigger_id_does_not_name_a_project_the_token_cannot_see(attacked):
+    """Trigger ids are unique across projects, so a trigger id another project uses must be
+    refused; a refusal naming that project would let one team's token enumerate the other teams'
+    projects and triggers id by id. Refused 409 without the name, and nothing changes."""
+    plane, settings, tokens, before = attacked
+    cli(settings, "trigger", "add", "ops", "nightly", "--task", "job", "--cron", "0 0 1 1 *")
+    cli(settings, "task", "put", "web", "site", "--", "true")
+    before = store_dump(settings.parent / "q.db")
+    client = Client(plane.port, tokens["web"])
+    try:
+        status, answer, _ = client.request("PUT", "/api/v1/projects/web/triggers/nightly",
+                                           {"task_id": "site", "kind": "cron", "spec": {"expression": "0 0 1 1 *"}})
+    finally:
+        client.close()
+    assert status == 409 and answer["error"]["code"] == "conflict", answer
+    assert "ops" not in answer["error"]["message"], answer
+    after = store_dump(settings.parent / "q.db")
+    assert [r for r in before if r not in after and r[0] != "sqlite_sequence"] == []
+    added = [r for r in after if r not in before and r[0] != "sqlite_sequence"]  # the refusal's audit entry only
+    assert [(r[0], r[6], r[7], r[8]) for r in added] == [("audit_log", "trigger.put", "web/nightly", "refused")], added
+
+
+def test_a_body_key_the_route_does_not_know_is_refused_by_name(attacked):
+    """A misspelt key ignored in silence does the opposite of what was asked: a token meant for one
+    project ("project" for "projects") made for every project, a trigger meant to be disabled
+    ("enabeld") left firing, a kept env value ("keep-env") dropped. Each is refused 422 naming the
+    key, and nothing is made or changed."""
+    plane, settings, tokens, before = attacked
+    admin = make_token(settings, "root", "admin")
+    cli(settings, "trigger", "add", "ops", "nightly", "--task", "job", "--cron", "0 0 1 1 *")
+    before = store_dump(settings.parent / "q.db")
+    client = Client(plane.port, admin)
+    try:
+        for method, path, body, key in (
+                ("POST", "/api/v1/tokens", {"name": "deploy", "scope": "write", "project": ["web"]}, "project"),
+                ("PUT", "/api/v1/projects/ops/triggers/nightly", {"enabeld": False}, "enabeld"),
+                ("PUT", "/api/v1/projects/ops/tasks/job", {"payload": {"command": ["true"]}, "keep-env": ["API_KEY"]},
+                 "keep-env"),
+                ("POST", "/api/v1/projects", {"project_id": "new", "nmae": "New"}, "nmae")):
+            status, answer, _ = client.request(method, path, body)
+            assert status == 422 and answer["error"]["field"] == key, (method, path, status, answer)
+            assert repr(key) in answer["error"]["message"], answer
+    finally:
+        client.close()
+    _unchanged(settings, before)
+
+
+def test_an_idempotency_key_of_another_projects_run_admits_nothing_and_names_nothing(attacked):
+    """Manual idempotency keys are one space for every project: a key another team used would
+    answer this token "200, your Run exists" with that team's Run id, so its own job would never
+    start while it was told it had, and its keys could be probed to learn the other team's Runs.
+    Refused 409 without the other Run's id or project, and no Run is made."""
+    plane, settings, tokens, before = attacked
+    cli(settings, "task", "put", "web", "site", "--", "true")
+    before = store_dump(settings.parent / "q.db")
+    (ops_run,) = [row[2] for row in before if row[0] == "manual_run_keys"]
+    client = Client(plane.port, tokens["web"])
+    try:
+        status, answer, _ = client.request("POST", "/api/v1/projects/web/tasks/site/runs",
+                                           headers={"Idempotency-Key": "k1"})
+    finally:
+        client.close()
+    assert status == 409 and answer["error"]["code"] == "conflict", (status, answer)
+    assert ops_run not in json.dumps(answer) and "ops" not in answer["error"]["message"], answer
+    after = store_dump(settings.parent / "q.db")
+    assert [r for r in before if r not in after and r[0] != "sqlite_sequence"] == []
+    added = [r for r in after if r not in before and r[0] != "sqlite_sequence"]  # the refusal's audit entry only
+    assert [(r[0], r[6], r[7], r[8]) for r in added] == [("audit_log", "task.run", "web/site", "refused")], added
+
+
+def test_a_body_with_a_key_twice_is_refused(attacked):
+    """A key given twice is read as the first by one parser (a proxy's filter, an auditor's tool)
+    and as the last by ours: a body checked as a read token for one project would make an admin
+    token of every project, an env variable reviewed as one value would run with another.
+    Refused 422 naming the key, and nothing is made."""
+    plane, settings, tokens, before = attacked
+    admin = make_token(settings, "root", "admin")
+    before = store_dump(settings.parent / "q.db")
+    client = Client(plane.port, admin)
+    try:
+        for path, method, body, key in (
+                ("/api/v1/tokens", "POST",
+                 b'{"name": "bot", "scope": "read", "projects": ["web"], "scope": "admin", "projects": []}', "scope"),
+                ("/api/v1/projects/ops/tasks/job", "PUT",
+                 b'{"payload": {"command": ["env"], "env": {"MODE": "dry-run", "MODE": "live"}}}', "MODE")):
+            status, answer, _ = client.request(method, path, body)
+            assert status == 422 and repr(key) in answer["error"]["message"], (path, status, answer)
     finally:
         client.close()
     _unchanged(settings, before)

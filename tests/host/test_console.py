@@ -843,8 +843,11 @@ def test_the_notifications_view_shows_every_delivery_and_filters_it_by_state(tmp
         assert browser.find_elements(By.ID, "n-more") == []
         _sign_out(browser)
 
-        _sign_in(browser, port, outsider)  # deliveries span every project: not offered
+        _sign_in(browser, port, outsider)  # deliveries and the status span every project: not offered
         assert browser.find_element(By.ID, "nav-notifications").is_displayed() is False
+        assert browser.find_element(By.ID, "nav-overview").is_displayed() is False
+        wait_until(lambda: browser.find_element(By.CSS_SELECTOR, "#view h1").text == "Tasks" or None,
+                   "the tasks view a token limited to projects lands on", timeout=60, every=0.1)
     finally:
         client.close()
         plane.stop()

@@ -172,7 +172,8 @@ def test_deliveries_over_the_rate_are_refused_without_a_run(hooked):
     accepted = 0
     for i in range(7):  # 3 a minute: a 429 comes by the 7th even if one minute turns over
         before = _admissions(db)
-        status, answer = _post(plane.port, "/api/v1/hooks/ops/gh", b"{}", delivery=f"f-{i}")
+        # each its own body: one signature opens one delivery only
+        status, answer = _post(plane.port, "/api/v1/hooks/ops/gh", b'{"n": %d}' % i, delivery=f"f-{i}")
         if status == 429:
             assert answer["error"]["code"] == "rate_limited"
             assert _admissions(db) == before, "a refused delivery changed the store"
@@ -234,3 +235,81 @@ def test_export_masks_a_hooks_secret_unless_asked(tmp_path):
     masked = cli(settings, "export")
     assert SECRET not in masked and 'secret = "********"' in masked
     assert SECRET in cli(settings, "export", "--with-secrets")
+
+
+def _raw_delivery(port, body, headers):
+    """A delivery sent as raw bytes, so a header can come twice; the status and the parsed answer."""
+    import socket
+
+    head = (f"POST /api/v1/hooks/ops/gh HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n")
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers)
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(head.encode() + b"\r\n" + body)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    answer = b"".join(chunks)
+    return int(answer.split(b" ", 2)[1]), json.loads(answer.split(b"\r\n\r\n", 1)[1])
+
+
+def test_a_captured_delivery_replayed_under_another_delivery_id_admits_nothing(hooked):
+    """The delivery id is not signed: whoever captured one signed delivery (a proxy's log, a
+    sender's debug output) could send it again within the window under fresh delivery ids and
+    start the job once per id. A signature accepted once opens no other delivery; the same
+    delivery again is still its one Run, and nothing is written for the replays."""
+    plane, settings = hooked
+    db = settings.parent / "q.db"
+    body, ts = b'{"ref": "main"}', str(int(time.time()))
+    status, first = _post(plane.port, "/api/v1/hooks/ops/gh", body, ts=ts, delivery="cap-1")
+    assert status == 202, first
+    before = _admissions(db)
+    for delivery in ("cap-2", "cap-3"):
+        status, answer = _post(plane.port, "/api/v1/hooks/ops/gh", body, ts=ts, delivery=delivery)
+        assert status == 401 and answer["error"]["code"] == "replayed", (delivery, status, answer)
+    assert _post(plane.port, "/api/v1/hooks/ops/gh", body, ts=ts, delivery="cap-1") == (
+        200, {**first, "created": False})
+    assert _admissions(db) == before, "a replayed delivery admitted a Run"
+
+
+def test_a_signature_timestamp_or_delivery_header_sent_twice_is_refused(hooked):
+    """Two signature, timestamp or delivery headers are read by one layer as the first and by
+    another (a proxy, a log) as the last: a delivery whose checked header is not the one an
+    operator sees, or whose key is not the id the sender meant, would start jobs nobody can
+    trace. Each is refused 400 and nothing is written."""
+    plane, settings = hooked
+    db = settings.parent / "q.db"
+    before = store_dump(db)
+    body, ts = b'{"ref": "main"}', str(int(time.time()))
+    good = signature(SECRET, ts, body)
+    cases = {
+        "a bad signature, then a good one": [("X-Qinglong-Signature", "sha256=00"), ("X-Qinglong-Signature", good),
+                                             ("X-Qinglong-Timestamp", ts), ("X-Qinglong-Delivery", "two-1")],
+        "a good signature, then a bad one": [("X-Qinglong-Signature", good), ("X-Qinglong-Signature", "sha256=00"),
+                                             ("X-Qinglong-Timestamp", ts), ("X-Qinglong-Delivery", "two-2")],
+        "two timestamps": [("X-Qinglong-Signature", good), ("X-Qinglong-Timestamp", ts),
+                           ("X-Qinglong-Timestamp", "1"), ("X-Qinglong-Delivery", "two-3")],
+        "two delivery ids": [("X-Qinglong-Signature", good), ("X-Qinglong-Timestamp", ts),
+                             ("X-Qinglong-Delivery", "two-4"), ("X-Qinglong-Delivery", "two-5")],
+    }
+    for name, headers in cases.items():
+        status, answer = _raw_delivery(plane.port, body, headers)
+        assert status == 400 and answer["error"]["code"] == "doubled_header", (name, status, answer)
+    assert store_dump(db) == before, "a delivery with a doubled header changed the store"
+
+
+def test_the_status_page_shows_a_hook_trigger_as_never_due(hooked):
+    """A hook trigger's schedule is never due (its next fire time is the far-future sentinel):
+    a status page that failed on it (500) would hide every schedule, failing task and Run from
+    the operator for as long as one hook trigger exists."""
+    plane, settings = hooked
+    client = Client(plane.port, make_token(settings, "reader", "read"))
+    before = store_dump(settings.parent / "q.db")
+    try:
+        status, page, _ = client.request("GET", "/status")
+    finally:
+        client.close()
+    assert status == 200, (status, page)
+    text = page.decode()
+    assert "<td>ops/gh</td><td>never</td>" in text and SECRET not in text, text
+    assert store_dump(settings.parent / "q.db") == before, "reading the page changed the store"

@@ -72,3 +72,31 @@ def test_the_remote_cli_prints_what_the_local_cli_prints_with_the_same_exit_code
     finally:
         runner.stop()
         api.stop()
+
+
+def test_a_trigger_added_through_the_api_keeps_its_jitter(tmp_path):
+    """`trigger add --jitter 5m` through `--api` that dropped the jitter would start every
+    machine's job on the same second, the stampede the option exists to spread, while the
+    command said nothing was lost."""
+    from api_helpers import api_settings
+
+    settings = api_settings(tmp_path)
+    cli(settings, "project", "create", "ops")
+    cli(settings, "task", "put", "ops", "job", "--", "true")
+    plane = Plane(settings)
+    laptop = tmp_path / "laptop"
+    laptop.mkdir()
+    (laptop / "token").write_text(make_token(settings, "laptop", "write") + "\n")
+    env = child_env(QINGLONG_API_URL=f"http://127.0.0.1:{plane.port}")
+    try:
+        done = run_cli(["--token-file", str(laptop / "token"), "trigger", "add", "ops", "spread", "--task", "job",
+                        "--cron", "0 * * * *", "--jitter", "5m"], cwd=laptop, env=env)
+        assert done.returncode == 0, done.stderr
+        # an update that leaves the jitter out keeps it, as on the host
+        done = run_cli(["--token-file", str(laptop / "token"), "trigger", "update", "ops", "spread",
+                        "--cron", "30 * * * *"], cwd=laptop, env=env)
+        assert done.returncode == 0, done.stderr
+    finally:
+        plane.stop()
+    (listed,) = json.loads(cli(settings, "trigger", "list", "ops", "--json"))
+    assert (listed["spec"]["expression"], listed["jitter_ms"]) == ("30 * * * *", 300_000), listed

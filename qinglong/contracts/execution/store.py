@@ -187,7 +187,8 @@ class ExecutionStore(Protocol):
 
     async def admit_manual_run(self, project_id: str, task_id: str, key: str, now_ms: int) -> tuple[str, bool]:
         """Admit a manual Run of the task's head revision now, idempotency key
-        ``ql3:manual:v1:<key>``. Returns ``(run_id, created)``; the same key twice admits one."""
+        ``ql3:manual:v1:<key>``. Returns ``(run_id, created)``; the same key twice admits one. A
+        key that admitted a Run of another task (or project) is ``AlreadyExists``, naming neither."""
         ...
 
     async def list_runs(self, *, state: RunState | None = None, project_id: str | None = None,

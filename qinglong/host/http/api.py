@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qinglong.contracts.capabilities import ExecutingBackend, RemoteExecutionBackend
 from qinglong.contracts.errors import (
+    AlreadyExists,
     NotFound,
     QinglongError,
     UserError,
@@ -39,6 +40,8 @@ PREFIX = "/api/v1"
 MAX_LIMIT = 1000
 MAX_DEPTH = 10_000
 FOLLOW_POLL_S = 0.2
+#: Hook signatures remembered against replays under another delivery id (a few MB at most).
+MAX_HOOK_SIGNATURES = 20_000
 
 JSON_OBJECT = {"type": "object"}
 
@@ -87,11 +90,29 @@ async def json_body(request: Request) -> dict[str, Any]:
     if _depth(text) > MAX_JSON_DEPTH:
         raise BodyError(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError) as exc:
         raise BodyError(f"the request body is not JSON ({exc.__class__.__name__})") from None
     if not isinstance(value, dict):
         raise BodyError("the request body must be a JSON object")
+    return value
+
+
+def _known_keys(body: Mapping[str, Any], *known: str) -> None:
+    """Refuse a key the route does not take: a misspelt one ignored would do the opposite of what
+    was asked (a token of every project, a trigger left enabled)."""
+    for key in body:
+        if key not in known:
+            raise BodyError(f"the body has an unknown key {key!r}; expected {', '.join(known)}", key)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are each given once: another parser would read the first of two."""
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise BodyError(f"the request body gives the key {key!r} twice", key)
+        value[key] = item
     return value
 
 
@@ -136,6 +157,9 @@ class ApiService:
         self.tokens = token_store_of(backend)
         #: per trigger: the minute (unix minutes) and the deliveries accepted in it
         self._hook_counts: dict[str, tuple[int, int]] = {}
+        #: per trigger and signature accepted: its delivery id and when its timestamp leaves the
+        #: window (the delivery id is not signed: a signature opens one delivery, not any)
+        self._hook_signatures: dict[tuple[str, str], tuple[str, int]] = {}
         #: Called after a Run was admitted or a cancel requested here (the local dispatcher's
         #: wake-up: it starts or signals at once instead of at its next poll). Must not raise.
         self.on_runs_changed: Callable[[], None] = lambda: None
@@ -209,6 +233,7 @@ class ApiService:
     async def create_project(self, request: Request, principal: Principal) -> Response:
         self._all_projects(principal)
         body = await json_body(request)
+        _known_keys(body, "project_id", "name")
         project_id = _field(body, "project_id", str)
         name = _field(body, "name", str, required=False)
         check_identifier("project_id", project_id)
@@ -263,6 +288,7 @@ class ApiService:
         self._see(principal, project_id)
         check_identifier("task_id", task_id)
         body = await json_body(request)
+        _known_keys(body, "payload", "keep_env")
         payload = _field(body, "payload", dict)
         kept = _field(body, "keep_env", list, required=False, default=[])
         if kept:
@@ -342,6 +368,7 @@ class ApiService:
         self._see(principal, project_id)
         check_identifier("trigger_id", trigger_id)
         body = await json_body(request)
+        _known_keys(body, "task_id", "kind", "spec", "misfire_policy", "misfire_grace_ms", "enabled", "jitter_ms")
         current = None
         for head in await self.backend.reader().list_triggers(project_id):
             if head.trigger_id == trigger_id:
@@ -364,8 +391,15 @@ class ApiService:
         definition = TriggerDefinition(project_id=project_id, trigger_id=trigger_id, task_id=task_id, kind=kind,
                                        spec=spec, misfire_policy=misfire, misfire_grace_ms=grace, enabled=enabled,
                                        jitter_ms=jitter)
-        head = await self._audited(principal, request, "trigger.put", f"{project_id}/{trigger_id}",
-                                   lambda: self.backend.publisher().put_trigger(definition))
+        try:
+            head = await self._audited(principal, request, "trigger.put", f"{project_id}/{trigger_id}",
+                                       lambda: self.backend.publisher().put_trigger(definition))
+        except AlreadyExists as exc:
+            owner = getattr(exc, "owner_project_id", None)
+            if owner is not None and not principal.sees(owner):  # never name a project it cannot see
+                raise AlreadyExists(f"trigger id {trigger_id!r} is used by another project; trigger ids "
+                                    "are unique across projects") from None
+            raise
         return JSONResponse(views.trigger_json(head), status_code=200 if current else 201)
 
     async def _set_enabled(self, request: Request, principal: Principal, enabled: bool) -> Response:
@@ -598,6 +632,7 @@ class ApiService:
         from ..tokens import create_token
 
         body = await json_body(request)
+        _known_keys(body, "name", "scope", "projects", "expires_in_ms")
         name = _field(body, "name", str)
         scope = _field(body, "scope", str)
         projects = _field(body, "projects", list, required=False, default=[])
@@ -688,17 +723,24 @@ class ApiService:
         body = await request.body()
         if len(body) > MAX_HOOK_BODY_BYTES:
             return error_response(413, "too_large", f"a delivery's body may hold at most {MAX_HOOK_BODY_BYTES} bytes")
+        for name in (SIGNATURE_HEADER, TIMESTAMP_HEADER, DELIVERY_HEADER):
+            # one layer reading the first and another the last would check one and log another
+            if len(request.headers.getlist(name)) > 1:
+                return error_response(400, "doubled_header", f"one {name} header, not several", name)
         secret, window_s, per_minute = hook_settings(head.spec)
         now_ms = self.clock_ms()
         timestamp = request.headers.get(TIMESTAMP_HEADER, "")
-        if not verify(secret, timestamp, body, request.headers.get(SIGNATURE_HEADER, ""),
-                      now_s=now_ms / 1000, tolerance_s=window_s):
+        signed = request.headers.get(SIGNATURE_HEADER, "")
+        if not verify(secret, timestamp, body, signed, now_s=now_ms / 1000, tolerance_s=window_s):
             return error_response(401, "bad_signature", f"the signature or the timestamp is refused (signed "
                                   f"over '<{TIMESTAMP_HEADER}>.<body>', within {window_s}s)")
         delivery = request.headers.get(DELIVERY_HEADER, "")
         if not 0 < len(delivery) <= MAX_EVENT_ID_CHARS or not delivery.isprintable():
             return error_response(400, "bad_delivery", f"{DELIVERY_HEADER}: expected 1 to {MAX_EVENT_ID_CHARS} "
                                   "printable characters", DELIVERY_HEADER)
+        if self._hook_replayed(trigger_id, signed, delivery, now_ms):
+            return error_response(401, "replayed", "this signature was accepted for another delivery: "
+                                  f"each delivery is signed with its own {TIMESTAMP_HEADER}")
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
@@ -711,6 +753,7 @@ class ApiService:
             return error_response(429, "rate_limited", f"this hook accepts {per_minute} deliveries a minute",
                                   headers={"Retry-After": str(60 - (now_ms // 1000) % 60)})
         self._hook_counts[trigger_id] = (minute, count + 1)
+        self._hook_signatures[(trigger_id, signed)] = (delivery, (int(timestamp) + window_s) * 1000)
         if not isinstance(self.backend, AdmitsOccurrences) or self.backend.occurrences() is None:
             raise UserError(f"the {self.profile} profile's store does not admit event Runs")
         payload = {"body": text, "content_type": request.headers.get("content-type", ""), "delivery": delivery}
@@ -720,6 +763,19 @@ class ApiService:
                                   "or its project or task is not active)")
         return JSONResponse({"run_id": result.run_id, "created": result.created, "delivery": delivery},
                             status_code=202 if result.created else 200)
+
+    def _hook_replayed(self, trigger_id: str, signed: str, delivery: str, now_ms: int) -> bool:
+        """The signature was accepted, within its window, for another delivery id. The oldest
+        signatures are forgotten once their timestamp left the window (it refuses them now), and
+        beyond :data:`MAX_HOOK_SIGNATURES`."""
+        remembered = self._hook_signatures
+        while remembered:
+            oldest = next(iter(remembered))
+            if remembered[oldest][1] >= now_ms and len(remembered) < MAX_HOOK_SIGNATURES:
+                break
+            del remembered[oldest]
+        seen = remembered.get((trigger_id, signed))
+        return seen is not None and seen[0] != delivery
 
     # ------------------------------------------------------------------ the route table
 
@@ -773,7 +829,8 @@ class ApiService:
                                      "offset": "first byte", "length": "bytes at most",
                                      "follow": "1: Server-Sent Events until the Attempt ends"})}, api=True),
             RouteSpec(f"{p}/status", {
-                "GET": Method("read", self.status, "the verdict and figures of qinglong status")}, api=True),
+                "GET": Method("read", self.status, "the verdict and figures of qinglong status",
+                              every_project=True)}, api=True),
             RouteSpec(p + "/kinds/{kind}/next", {
                 "GET": Method("read", self.kind_next, "preview the fire times of a trigger spec of a kind",
                               query={"spec": "the trigger spec as a JSON object, as trigger add takes it",
@@ -785,17 +842,19 @@ class ApiService:
                 "GET": Method("read", self.workers, "the workers' sessions: state, labels, capacity, free slots",
                               query={"limit": "1-1000, default 200"})}, api=True),
             RouteSpec(f"{p}/tokens", {
-                "GET": Method("admin", self.list_tokens, "list tokens (never a secret)"),
+                "GET": Method("admin", self.list_tokens, "list tokens (never a secret)", every_project=True),
                 "POST": Method("admin", self.create_token, "make a token (its secret is answered once)",
-                               body=body)}, api=True),
+                               body=body, every_project=True)}, api=True),
             RouteSpec(p + "/tokens/{name}", {
-                "DELETE": Method("admin", self.revoke_token, "revoke a token")}, api=True),
+                "DELETE": Method("admin", self.revoke_token, "revoke a token", every_project=True)}, api=True),
             RouteSpec(f"{p}/openapi.json", {
                 "GET": Method("read", self.openapi, "this document")}, api=True),
             RouteSpec(p + "/hooks/{project}/{trigger}", {
                 "POST": Method(SIGNED, self.receive_hook, "deliver to a hook trigger (signed, no token): "
                                "X-Qinglong-Timestamp, X-Qinglong-Signature, X-Qinglong-Delivery",
-                               responses={202: "a Run admitted", 401: "bad signature or timestamp",
+                               responses={202: "a Run admitted", 400: "a signature, timestamp or delivery "
+                                          "header sent twice, or no delivery id",
+                                          401: "bad signature or timestamp, or a signature replayed",
                                           404: "no such hook", 409: "the trigger admits nothing now",
                                           413: "body too large", 429: "rate limited"})}, api=True),
             RouteSpec(f"{p}/notifications", {
@@ -807,7 +866,7 @@ class ApiService:
                       api=True),
             RouteSpec(f"{p}/audit", {
                 "GET": Method("admin", self.audit, "the audit log, newest first",
-                              query={"since_ms": "entries at or after", "limit": "1-1000"})}, api=True),
+                              query={"since_ms": "entries at or after", "limit": "1-1000"}, every_project=True)}, api=True),
         ]
 
 

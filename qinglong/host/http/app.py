@@ -79,6 +79,9 @@ class Method:
     body: Mapping[str, Any] | None = None  # the JSON schema of the request body (API document)
     query: Mapping[str, str] = field(default_factory=dict)  # query parameter -> description
     responses: Mapping[int, str] = field(default_factory=dict)
+    #: what it reads or changes spans every project (tokens, the audit log, the status): a token
+    #: limited to projects is refused, whatever its scope
+    every_project: bool = False
 
 
 @record(slots=False)
@@ -219,6 +222,9 @@ def _endpoint(spec: RouteSpec, guard: Guard, emit_error: Callable[[BaseException
         if not principal.scrape_only and not principal.allows(declared.scope):
             return error_response(403, "forbidden", f"this needs a {declared.scope} token; "
                                   f"the token presented holds {principal.scope}")
+        if declared.every_project and principal.projects is not None:
+            return error_response(403, "forbidden", "this spans every project: a token limited to "
+                                  "projects cannot use it")
         return await _run(declared, request, principal, emit_error)
 
     return GuardedEndpoint(spec, endpoint)

@@ -145,9 +145,10 @@ class Console:
             return error_response(403, "csrf", "sign-in from another origin is refused")
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             return error_response(415, "invalid", "sign-in takes a JSON body: {\"token\": \"...\"}")
-        from .api import _field, json_body
+        from .api import _field, _known_keys, json_body
 
         body = await json_body(request)
+        _known_keys(body, "token")
         token = _field(body, "token", str)
         source = self.guard.source_of(request)
         try:

@@ -10,6 +10,7 @@ from html import escape
 from typing import Any, Iterable, Sequence
 
 from qinglong.contracts.observe import STATS_READ_TIMEOUT_MS, StoreStats, assess, workers_summary
+from qinglong.contracts.records import NO_MORE_OCCURRENCES_MS
 
 STYLE = """
 body{font:15px/1.4 system-ui,sans-serif;margin:0 auto;max-width:60rem;padding:.75rem;color:#111}
@@ -25,6 +26,8 @@ VERDICT_NAMES = {0: "clear", 10: "converging", 20: "attention", 30: "failing"}
 def _utc(ms: int | None) -> str:
     if ms is None:
         return "–"
+    if ms >= NO_MORE_OCCURRENCES_MS:  # a trigger never due (a hook): past any date's range
+        return "never"
     return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%m-%d %H:%M:%S")
 
 

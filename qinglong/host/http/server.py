@@ -186,7 +186,7 @@ class HttpSurface:
             RouteSpec("/metrics", {"GET": Method("read", self._metrics, "Prometheus metrics", scrape=True)}),
             # with the API on, "/" is the web console and the status page moves to /status
             RouteSpec("/" if api is None else "/status",
-                      {"GET": Method("read", self._page, "status page", scrape=True)}),
+                      {"GET": Method("read", self._page, "status page", scrape=True, every_project=True)}),
         ]
         lookup = None
         if api is not None:

@@ -34,7 +34,14 @@ from typing import Any, Mapping, Sequence
 
 from qinglong.contracts.chain import chain_fires, chain_idempotency_key
 from qinglong.contracts.event_sources import AdmitResult, occurrence_key, payload_json
-from qinglong.contracts.errors import NotFound, SecretsError, UserError, project_not_found, task_not_found
+from qinglong.contracts.errors import (
+    AlreadyExists,
+    NotFound,
+    SecretsError,
+    UserError,
+    project_not_found,
+    task_not_found,
+)
 from qinglong.contracts.execution import (
     run_state_filter,
     CONTRACT_LIMITS,
@@ -442,7 +449,9 @@ class SqliteExecutionStore:
         created)``: the same key again returns the first Run's id and ``created=False``, also
         after that Run was pruned. An unknown project or task is
         :class:`~qinglong.contracts.errors.NotFound`, a bad key a
-        :class:`~qinglong.contracts.errors.UserError`; neither writes anything."""
+        :class:`~qinglong.contracts.errors.UserError`, a key that admitted a Run of another task
+        :class:`~qinglong.contracts.errors.AlreadyExists` (naming neither that Run nor its
+        project: keys are one space for every project); none writes anything."""
         if not isinstance(key, str) or not key or "\0" in key or len(key) > MAX_MANUAL_KEY_CHARS:
             raise UserError(f"idempotency key: expected 1 to {MAX_MANUAL_KEY_CHARS} characters "
                             "without NUL")
@@ -453,6 +462,9 @@ class SqliteExecutionStore:
                 for block in ("exec_manual_key", "exec_run_by_key"):
                     seen = conn.execute(query(block), (full_key,)).fetchone()
                     if seen is not None:
+                        if (seen[1], seen[2]) != (project_id, task_id):
+                            raise AlreadyExists(f"idempotency key {key!r} admitted a Run of another task; "
+                                                "a key admits one Run of one task: use a new key")
                         return seen[0], False
                 if named_one(conn, query("project_by_id"), (project_id,)) is None:
                     raise project_not_found(project_id)

@@ -754,10 +754,10 @@
     if (path === "#/skips") return skips();
     if (path === "#/workers") return workers();
     if (path === "#/notifications" && who.projects === null) return notifications(params);
-    if (path === "#/audit" && may("admin")) return audit();
-    if (path === "#/tokens" && may("admin")) return tokens();
+    if (path === "#/audit" && may("admin") && who.projects === null) return audit();
+    if (path === "#/tokens" && may("admin") && who.projects === null) return tokens();
     if (path === "#/runs") return runs(params);
-    return overview();
+    return who.projects === null ? overview() : tasks();
   }
 
   function signedIn(me) {
@@ -766,9 +766,13 @@
     $("nav").hidden = false;
     $("signout").hidden = false;
     $("who").textContent = me.name + " (" + me.scope + ")";
-    Array.prototype.forEach.call(document.querySelectorAll("#nav .admin"), function (a) { a.hidden = !may("admin"); });
-    // deliveries span every project: a token limited to some is not offered them
+    // tokens, the audit log, the status and deliveries span every project: a token limited to
+    // some is not offered them (the API refuses it too)
+    Array.prototype.forEach.call(document.querySelectorAll("#nav .admin"), function (a) {
+      a.hidden = !may("admin") || me.projects !== null;
+    });
     $("nav-notifications").hidden = me.projects !== null;
+    $("nav-overview").hidden = me.projects !== null;
     route();
   }
   function signedOut(message) {

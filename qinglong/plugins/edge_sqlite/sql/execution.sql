@@ -118,12 +118,12 @@ INSERT INTO run_events (run_id, seq, type, at_ms)
 SELECT :run_id, COALESCE(max(seq), 0) + 1, :type, :now FROM run_events WHERE run_id = :run_id;
 
 -- name: exec_manual_key
--- The Run a manual idempotency key admitted, if any (the key outlives a pruned Run).
-SELECT run_id FROM manual_run_keys WHERE idempotency_key = ?;
+-- The Run a manual idempotency key admitted, if any (the key outlives a pruned Run), and its task.
+SELECT run_id, project_id, task_id FROM manual_run_keys WHERE idempotency_key = ?;
 
 -- name: exec_run_by_key
--- The Run holding an idempotency key, if any.
-SELECT run_id FROM runs WHERE idempotency_key = ?;
+-- The Run holding an idempotency key, if any, and its task.
+SELECT run_id, project_id, task_id FROM runs WHERE idempotency_key = ?;
 
 -- name: exec_insert_manual_key
 -- Remember a manual Run's idempotency key beyond the Run's own life.
