@@ -96,14 +96,34 @@ def test_path_variants_never_reach_a_route_without_its_token(attacked):
     for path in variants:
         answer = _raw(plane.port, f"PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
                       "Connection: close\r\n\r\n".encode() + body)
-        assert _status(answer) in (401, 405), (path, answer[:200])
+        assert _status(answer) in (400, 401, 405), (path, answer[:200])
         answer = _raw(plane.port, f"PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
                       f"Authorization: Bearer {tokens['read']}\r\nConnection: close\r\n\r\n".encode() + body)
-        assert _status(answer) in (403, 404, 405, 422), (path, answer[:200])
+        assert _status(answer) in (400, 403, 404, 405, 422), (path, answer[:200])
     invalid = _raw(plane.port, b"GET /api/v1/projects/\xff\xfe HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert _status(invalid) in (400, 401), invalid
     overlong = _raw(plane.port, b"GET /api/v1/" + b"a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
     assert _status(overlong) in (400, 414, 431), overlong[:100]
+    _unchanged(settings, before)
+
+
+def test_an_encoded_slash_is_refused_before_routing_even_with_a_token_that_may_publish(attacked):
+    """Routed by its decoded path, ``/api/v1/projects%2Fops%2Ftasks%2Fevil`` published a task with
+    a token that may publish, and a worker's ``/worker%2Fv1%2F...`` reached the gateway: a proxy in front
+    whose rules read the path as sent (deny /api/ from outside, say) would have let them through
+    to a route it never saw. Refused as sent, whoever asks, and nothing changes."""
+    plane, settings, tokens, before = attacked
+    body = b'{"payload": {"command": ["sh", "-c", "id > /tmp/pwned"]}}'
+    for path in ("/api/v1/projects%2Fops%2Ftasks%2Fevil", "/api/v1/projects%2fops/tasks/evil",
+                 "/api%2Fv1/projects/ops/tasks/evil", "/api/v1/projects/ops%5Ctasks/evil",
+                 "/worker%2Fv1%2Fopen_session"):
+        answer = _raw(plane.port, f"PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                      f"Authorization: Bearer {tokens['write']}\r\nConnection: close\r\n\r\n".encode() + body)
+        assert _status(answer) == 400 and b"encoded slash" in answer, (path, answer[:300])
+    # the same request as sent without encoding is the route's, as always
+    answer = _raw(plane.port, f"GET /api/v1/projects/ops/tasks HTTP/1.1\r\nHost: x\r\n"
+                  f"Authorization: Bearer {tokens['write']}\r\nConnection: close\r\n\r\n".encode())
+    assert _status(answer) == 200, answer[:300]
     _unchanged(settings, before)
 
 

@@ -321,6 +321,11 @@ class Bounded:
             len(name) + len(value) + 4 for name, value in scope["headers"])
         if head > self.limits.max_header_bytes or len(scope["headers"]) > 100:
             return await _plain(send, 431, f"request line and headers over {self.limits.max_header_bytes} bytes")
+        raw_path = (scope.get("raw_path") or b"").lower()
+        if b"%2f" in raw_path or b"%5c" in raw_path:
+            # routed by its decoded path, it would reach a route that a proxy in front, reading
+            # the path as sent, saw as another one (its rules for /worker/v1/ or /api/ bypassed)
+            return await _plain(send, 400, "an encoded slash or backslash in the path is refused")
         headers = dict(scope["headers"])
         if b"transfer-encoding" in headers:
             return await _plain(send, 411, "a body must come with Content-Length")
