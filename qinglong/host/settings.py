@@ -43,6 +43,9 @@ _SECRET_HINTS = ("dsn", "password", "secret", "token")
 #: days cannot be turned into milliseconds).
 MAX_RETENTION_DAYS = 36_500
 MAX_TIMEOUT_MS = 30 * 86_400_000
+#: The largest byte count a setting may hold (1 PiB): more than any log filesystem, and still a
+#: number every store and ``statvfs`` comparison takes as it is.
+MAX_SETTING_BYTES = 2**50
 
 
 class PluginsSettings(BaseModel):
@@ -107,7 +110,7 @@ class ExecutionSettings(BaseModel):
                                       description="finished Runs are pruned after this")
     skip_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
                                        description="skip records are deleted after this (kept at least an hour)")
-    min_free_bytes: int = Field(64 * 1024 * 1024, ge=0,
+    min_free_bytes: int = Field(64 * 1024 * 1024, ge=0, le=MAX_SETTING_BYTES,
                                 description="below this free space on the log filesystem, oldest logs go first")
     min_free_fraction: float = Field(
         0.1, gt=0, le=0.5, description="the floor on a log filesystem too small for min_free_bytes: this fraction of it")
@@ -263,8 +266,8 @@ class NotificationsSettings(BaseModel):
     send_timeout_ms: int = Field(10_000, ge=100, le=300_000, description="one send's bound")
     concurrency: int = Field(8, ge=1, le=256, description="sends at once")
     log_lines: int = Field(20, ge=0, le=1_000, description="last log lines a message carries")
-    retention_days: float = Field(7, gt=0, description="ended deliveries and their events are "
-                                                       "deleted after this")
+    retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+                                  description="ended deliveries and their events are deleted after this")
     scheduler_not_ready_after_ms: int = Field(
         60_000, ge=1_000, le=86_400_000,
         description="a scheduler without a completed round this long is an operator event")

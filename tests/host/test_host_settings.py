@@ -187,7 +187,7 @@ def test_environment_variables_are_text_and_are_still_parsed(monkeypatch):
 
 
 DURATION_KEYS = ("execution.log_retention_days", "execution.run_retention_days", "execution.skip_retention_days",
-                 "worker.log_retention_days")
+                 "worker.log_retention_days", "notifications.retention_days")
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300", "36501"])
@@ -209,6 +209,56 @@ def test_a_duration_from_the_environment_is_bounded_too(monkeypatch, key):
     monkeypatch.setenv(variable, "inf")
     with pytest.raises(SettingsError, match=f"environment variable {variable}: key '{key}'"):
         load_settings()
+
+
+def _numeric_settings() -> list[tuple[str, str, str, type]]:
+    """Every number a settings file can hold: (profile, section, key, int or float), for every
+    section of the host and the backend section of each profile's backend plugin."""
+    from pydantic import BaseModel
+
+    from qinglong.host.settings import QinglongSettings
+    from qinglong.plugins.cluster_postgres.settings import ClusterPostgresSettings
+    from qinglong.plugins.edge_sqlite.settings import EdgeSqliteSettings
+
+    models: list[tuple[str, str, type[BaseModel]]] = [
+        ("edge", name, field.annotation) for name, field in QinglongSettings.model_fields.items()
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)]
+    models += [("edge", "backend", EdgeSqliteSettings), ("cluster", "backend", ClusterPostgresSettings)]
+    return [(profile, section, key, field.annotation) for profile, section, model in models
+            for key, field in model.model_fields.items() if field.annotation in (int, float)]
+
+
+NUMERIC_SETTINGS = _numeric_settings()
+
+
+def _load_with_backend(path: Path | None, profile: str) -> None:
+    from qinglong.host.settings import validate_section
+    from qinglong.plugins.cluster_postgres.settings import ClusterPostgresSettings
+    from qinglong.plugins.edge_sqlite.settings import EdgeSqliteSettings
+
+    loaded = load_settings(path, profile=profile)
+    model = ClusterPostgresSettings if profile == "cluster" else EdgeSqliteSettings
+    validate_section(loaded, "backend", model, loaded.settings.backend)
+
+
+@pytest.mark.parametrize("profile, section, key, kind", NUMERIC_SETTINGS,
+                         ids=[f"{p}-{s}.{k}" for p, s, k, _ in NUMERIC_SETTINGS])
+def test_every_numeric_setting_is_bounded_from_above_in_file_and_environment(tmp_path, monkeypatch, profile,
+                                                                            section, key, kind):
+    """A number without an upper bound is taken as written: ``notifications.retention_days = inf``
+    ended ``run`` in an OverflowError traceback, and a huge byte count or duration fails (or is
+    held forever) wherever it is turned into milliseconds or bound into a statement. Every numeric
+    key, from a file and from the environment, must be refused naming where it came from."""
+    absurd = ("inf", "1e300") if kind is float else (str(2**63 - 1),)
+    for value in absurd:
+        path = write(tmp_path, f"[{section}]\n{key} = {value}\n")
+        with pytest.raises(SettingsError, match=f"settings file {path}: key '{section}.{key}'"):
+            _load_with_backend(path, profile)
+    variable = f"QINGLONG_{section.upper()}__{key.upper()}"
+    for value in absurd + (str(2**64),):
+        monkeypatch.setenv(variable, value)
+        with pytest.raises(SettingsError, match=f"environment variable {variable}: key '{section}.{key}'"):
+            _load_with_backend(None, profile)
 
 
 @pytest.mark.parametrize("key, value", [("execution.default_timeout_ms", 10**30),
