@@ -201,12 +201,27 @@ def test_identifiers_that_read_as_options_or_paths_are_refused(cli, identifier):
     assert [p["project_id"] for p in json.loads(cli("project", "list", "--json").stdout)] == ["ops"]
 
 
-@pytest.mark.parametrize("command", [["runs"], ["skips"], ["schedules"], ["trigger", "list"]])
-@pytest.mark.parametrize("limit", ["-1", "0", "1000001"])
+@pytest.mark.parametrize("command", [["runs"], ["skips"], ["schedules"], ["trigger", "list"], ["audit"]])
+@pytest.mark.parametrize("limit", ["-1", "0", "1000001", "99999999999999999999"])
 def test_listing_limit_outside_its_range_is_a_usage_error(cli, command, limit):
-    """``runs --limit -1`` ended in a ValueError traceback from the store."""
+    """``runs --limit -1`` ended in a ValueError traceback from the store; ``audit --limit`` took
+    -1 and 0 as they came (an empty listing hid every entry) and ended a number over 2**63 in an
+    OverflowError traceback."""
+    _publish_task(cli)
     result = cli(*command, "--limit", limit)
     _refused(result, ExitCode.USAGE_ERROR, "argument --limit: expected a number from 1 to 100000")
+
+
+@pytest.mark.parametrize("command", [["audit", "--since"], ["token", "create", "t1", "--scope", "read", "--expires"]])
+def test_a_duration_past_a_century_is_refused_naming_the_option(cli, command):
+    """``audit --since 999999999999999d`` (15 digits, as a duration may have) reached the store as a
+    time before the year 1 and ended in an OverflowError traceback: every duration a command line
+    accepts must stay a storable number of milliseconds."""
+    _publish_task(cli)
+    before = cli("token", "list", "--json").stdout
+    result = cli(*command, "999999999999999d")
+    _refused(result, ExitCode.USER_ERROR, f"{command[-1]}: expected a duration")
+    assert cli("token", "list", "--json").stdout == before
 
 
 def test_empty_timezone_is_refused_naming_the_option(cli):
