@@ -234,6 +234,9 @@ def test_the_demo_publishes_the_first_example_a_provider_offers():
     ("9999-12-31T23:58:30+00:00", 0, "9999-12-31T23:59:00.000Z"),
     ("9999-12-31T23:59:30-05:00", 3, "--after '9999-12-31T23:59:30-05:00' lies outside the years 1 to 9999"),
     ("0001-01-01T00:00:00+05:00", 3, "lies outside the years 1 to 9999 once in UTC"),
+    # the last microsecond rounded up into year 10000; the last millisecond printed as .998
+    ("9999-12-31T23:59:59.999999+00:00", 0, "after 9999-12-31T23:59:59.999Z:"),
+    ("9999-12-31T23:59:59.999+00:00", 0, "after 9999-12-31T23:59:59.999Z:"),
 ])
 def test_cron_next_at_the_end_of_the_calendar_answers_without_a_traceback(cli, after, code, words):
     """``cron next --after 9999-12-31T23:59:30Z`` ended in an OverflowError traceback (exit 1, a
