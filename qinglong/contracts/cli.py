@@ -125,6 +125,15 @@ _DURATION_UNITS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400
 MAX_DURATION_MS = 36_500 * 86_400_000
 
 
+def whole_number(text: str, max_digits: int = 18) -> int | None:
+    """``text`` as a whole number when it is 1 to ``max_digits`` ASCII digits, else None. The one
+    reading of a number from outside (a command line, a query string, an address's port):
+    ``str.isdigit`` is also true for ``²`` and ``٣``, and ``int`` refuses the first and 5,000 digits."""
+    if not text or len(text) > max_digits or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
+
+
 def number_and_unit(text: str) -> tuple[int, str] | None:
     """``"30s"`` as ``(30, "s")``: leading digits (at most 15) and the rest, stripped; None
     without digits."""
@@ -170,4 +179,4 @@ class CliContext:
 
 
 __all__ = ["COMMAND_NAME", "CliArgument", "CliCommand", "CliContext", "MAX_DURATION_MS", "OPTION_FLAG",
-           "POSITIONAL_NAME", "number_and_unit", "parse_duration_ms"]
+           "POSITIONAL_NAME", "number_and_unit", "parse_duration_ms", "whole_number"]

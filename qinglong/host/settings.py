@@ -237,12 +237,15 @@ class ApiSettings(BaseModel):
 def split_listen(value: str) -> tuple[str, int]:
     """``"host:port"`` (``"[v6]:port"``) as ``(host, port)``; port 0 picks a free one (named in the
     ``http.listening`` line). ValueError saying what is expected."""
+    from qinglong.contracts.cli import whole_number
+
     host, sep, port = value.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65_536:
+    number = whole_number(port, max_digits=5)
+    if not sep or not host or number is None or not 0 <= number < 65_536:
         raise ValueError('expected "host:port" such as "127.0.0.1:8080" or "[::1]:8080"')
-    return host, int(port)
+    return host, number
 
 
 class NotificationsSettings(BaseModel):

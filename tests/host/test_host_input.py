@@ -224,6 +224,38 @@ def test_a_duration_past_a_century_is_refused_naming_the_option(cli, command):
     assert cli("token", "list", "--json").stdout == before
 
 
+@pytest.mark.parametrize("option", ["--hook-window-s", "--hook-per-minute"])
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663\u0660\u0660", "-1", "1" * 5000])
+def test_a_hook_option_takes_ascii_digits_only_and_writes_nothing(cli, option, value):
+    """``str.isdigit`` is true for ``²``, which ``int`` refuses: the option ended as "a bug in its
+    plugin"; ``٣٠٠`` (Arabic-Indic digits) was stored as 300 without a word. Either way the trigger
+    must not be written."""
+    _publish_task(cli)
+    env = dict(_env(), HOOK_SECRET="s" * 32)
+    result = cli("trigger", "add", "ops", "in", "--task", "backup", "--kind", "hook",
+                 "--hook-secret-env", "HOOK_SECRET", option, value, env=env)
+    _refused(result, ExitCode.USER_ERROR, f"{option}: expected a whole number")
+    assert "a bug" not in result.stderr
+    assert json.loads(cli("trigger", "list", "--json").stdout) == []
+
+
+@pytest.mark.parametrize("expression, words", [
+    ("\u00b2 * * * *", "the minute field '\u00b2' is not understood"),
+    ("*/\u00b2 * * * *", "the minute field '*/\u00b2' steps by '\u00b2'"),
+    ("0 1-\u00b2 * * *", "the hour field '1-\u00b2' is not understood"),
+    ("99999999999999999999 * * * *", "the minute field '99999999999999999999' holds "),
+])
+def test_a_cron_number_that_is_no_ascii_number_is_refused_naming_its_field(cli, expression, words):
+    """``str.isdigit`` is true for ``²``, which ``int`` refuses: ``trigger add --cron '² * * * *'``
+    ended in a ValueError traceback (exit 1) instead of naming the field, in publishing and in
+    ``cron next`` alike; nothing may be written."""
+    _publish_task(cli)
+    result = cli("trigger", "add", "ops", "t1", "--task", "backup", "--cron", expression)
+    _refused(result, ExitCode.USER_ERROR, words)
+    assert json.loads(cli("trigger", "list", "--json").stdout) == []
+    _refused(cli("cron", "next", expression), ExitCode.USER_ERROR, words)
+
+
 def test_empty_timezone_is_refused_naming_the_option(cli):
     """``--timezone ""`` silently became UTC: a Berlin job would run an hour or two off."""
     _publish_task(cli)

@@ -211,6 +211,17 @@ def test_a_duration_from_the_environment_is_bounded_too(monkeypatch, key):
         load_settings()
 
 
+@pytest.mark.parametrize("port", ["\u00b2", "\u0668\u0660\u0668\u0660", "1" * 5000])
+def test_a_listen_port_is_ascii_digits_named_in_words(tmp_path, port):
+    """``"127.0.0.1:²"`` was refused with Python's "invalid literal for int()"; ``٨٠٨٠``
+    (Arabic-Indic digits) was taken as port 8080 without a word."""
+    path = write(tmp_path, f'[http]\nlisten = "127.0.0.1:{port}"\n')
+    with pytest.raises(SettingsError) as err:
+        load_settings(path)
+    assert f"settings file {path}: key 'http.listen'" in str(err.value)
+    assert 'expected "host:port"' in str(err.value) and "int()" not in str(err.value)
+
+
 def _numeric_settings() -> list[tuple[str, str, str, type]]:
     """Every number a settings file can hold: (profile, section, key, int or float), for every
     section of the host and the backend section of each profile's backend plugin."""
