@@ -31,6 +31,7 @@ from qinglong.contracts.frozen import record
 from qinglong.contracts.diagnostics import redact
 from qinglong.contracts.errors import SettingsError
 
+from . import tomlfile
 from .profiles import ProfileDefinition, load_profile
 
 ENV_PREFIX = "QINGLONG_"
@@ -379,7 +380,7 @@ def _read_toml(path: Path, named_by: str) -> dict[str, Any]:
     if not path.is_file():
         raise SettingsError(f"settings file {path} is not a regular file (named by {named_by})")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomlfile.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"settings file {path} is not valid TOML: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:

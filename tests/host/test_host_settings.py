@@ -79,6 +79,14 @@ def test_malformed_toml_names_the_file_and_the_line(tmp_path):
         load_settings(path)
 
 
+def test_a_number_too_long_for_python_is_malformed_toml_naming_the_line(tmp_path):
+    """tomllib reads a 5,000-digit integer with int(), which refuses past 4,300 digits with a
+    ValueError (not a TOMLDecodeError): the settings file ended every command in a traceback."""
+    path = write(tmp_path, "[scheduler]\n\npage_size = " + "1" * 5000 + "\n")
+    with pytest.raises(SettingsError, match=r"qinglong.toml is not valid TOML: .*more than 4300 digits.*line 3"):
+        load_settings(path)
+
+
 def test_unknown_key_names_file_key_and_the_keys_expected(tmp_path):
     path = write(tmp_path, "[scheduler]\npagesize = 3\n")
     with pytest.raises(SettingsError) as err:
