@@ -22,9 +22,9 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Annotated, Any, Callable, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, SecretStr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from qinglong.contracts.frozen import record
@@ -43,10 +43,23 @@ _SECRET_HINTS = ("dsn", "password", "secret", "token")
 #: days. A bound keeps every cutoff and deadline a finite, storable number (``inf`` or ``1e300``
 #: days cannot be turned into milliseconds).
 MAX_RETENTION_DAYS = 36_500
+#: The shortest: one millisecond. ``1e-300`` days is more than 0 but 0 ms once converted, which
+#: would delete everything the moment it ends.
+MIN_RETENTION_DAYS = 1 / 86_400_000
 MAX_TIMEOUT_MS = 30 * 86_400_000
 #: The largest byte count a setting may hold (1 PiB): more than any log filesystem, and still a
 #: number every store and ``statvfs`` comparison takes as it is.
 MAX_SETTING_BYTES = 2**50
+
+
+def _retention_in_range(days: float) -> float:
+    if not MIN_RETENTION_DAYS <= days <= MAX_RETENTION_DAYS:
+        raise ValueError(f"expected from one millisecond ({MIN_RETENTION_DAYS:.3g}) to {MAX_RETENTION_DAYS} days")
+    return days
+
+
+#: A retention in days: finite, at least a millisecond, at most a hundred years.
+RetentionDays = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_retention_in_range)]
 
 
 class PluginsSettings(BaseModel):
@@ -105,11 +118,11 @@ class ExecutionSettings(BaseModel):
                             description="Runs of one task waiting to start; an occurrence beyond is a recorded skip "
                                         "(on the cluster the admitting replica writes it on each Run)")
     poll_ms: int = Field(1_000, ge=50, le=60_000, description="fallback wake-up of the dispatcher")
-    log_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+    log_retention_days: RetentionDays = Field(7,
                                       description="finished Attempts' logs are deleted after this")
-    run_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+    run_retention_days: RetentionDays = Field(7,
                                       description="finished Runs are pruned after this")
-    skip_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+    skip_retention_days: RetentionDays = Field(7,
                                        description="skip records are deleted after this (kept at least an hour)")
     min_free_bytes: int = Field(64 * 1024 * 1024, ge=0, le=MAX_SETTING_BYTES,
                                 description="below this free space on the log filesystem, oldest logs go first")
@@ -155,7 +168,7 @@ class WorkerSettings(BaseModel):
     log_dir: str | None = Field(None, description="Attempt logs on this machine; default: ./qinglong-worker-logs")
     drain_timeout_ms: int = Field(60_000, ge=0, le=3_600_000,
                                   description="at SIGTERM: how long running jobs may finish before they are stopped")
-    log_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+    log_retention_days: RetentionDays = Field(7,
                                       description="local Attempt directories are deleted after this")
 
 
@@ -211,7 +224,8 @@ class ApiSettings(BaseModel):
     trusted_proxies: list[str] = Field(default_factory=list,
                                        description="proxy addresses whose X-Forwarded-For is believed")
     failed_auth_burst: int = Field(20, ge=1, le=10_000, description="failed authentications per address before 429")
-    failed_auth_per_second: float = Field(1.0, gt=0, le=1_000, description="refill of that allowance")
+    failed_auth_per_second: float = Field(1.0, ge=1 / 86_400, le=1_000,
+                                          description="refill of that allowance; at least one a day")
     console_link_ttl_ms: int = Field(120_000, ge=1, le=3_600_000,
                                      description="a `qinglong console link` URL works once, within this")
     gateway_dsn: SecretStr | None = Field(
@@ -270,7 +284,7 @@ class NotificationsSettings(BaseModel):
     send_timeout_ms: int = Field(10_000, ge=100, le=300_000, description="one send's bound")
     concurrency: int = Field(8, ge=1, le=256, description="sends at once")
     log_lines: int = Field(20, ge=0, le=1_000, description="last log lines a message carries")
-    retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+    retention_days: RetentionDays = Field(7,
                                   description="ended deliveries and their events are deleted after this")
     scheduler_not_ready_after_ms: int = Field(
         60_000, ge=1_000, le=86_400_000,

@@ -198,11 +198,13 @@ DURATION_KEYS = ("execution.log_retention_days", "execution.run_retention_days",
                  "worker.log_retention_days", "notifications.retention_days")
 
 
-@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300", "36501"])
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300", "36501", "1e-300", "1e-9"])
 @pytest.mark.parametrize("key", DURATION_KEYS)
 def test_a_duration_without_a_finite_bound_is_refused_naming_file_and_key(tmp_path, key, value):
     """``run_retention_days = inf`` ended ``run`` in an OverflowError traceback and ``1e300`` made
-    every sweep fail: an unbounded duration would be accepted and break the loops that use it."""
+    every sweep fail: an unbounded duration would be accepted and break the loops that use it.
+    ``1e-300`` days passed ``> 0`` and is 0 ms once in milliseconds: every finished Run, log and
+    delivery would be deleted the moment it ended, the opposite of what the key says."""
     section, name = key.split(".")
     path = write(tmp_path, f"[{section}]\n{name} = {value}\n")
     with pytest.raises(SettingsError) as err:
@@ -228,6 +230,15 @@ def test_a_listen_port_is_ascii_digits_named_in_words(tmp_path, port):
         load_settings(path)
     assert f"settings file {path}: key 'http.listen'" in str(err.value)
     assert 'expected "host:port"' in str(err.value) and "int()" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["1e-300", "1e-6"])
+def test_a_failed_authentication_refill_below_one_a_day_is_refused(tmp_path, value):
+    """``failed_auth_per_second = 1e-300`` passed ``> 0``: an address that failed its burst would
+    wait 10**300 seconds (a Retry-After of 301 digits), a lockout no one chose."""
+    path = write(tmp_path, f"[api]\nfailed_auth_per_second = {value}\n")
+    with pytest.raises(SettingsError, match=f"settings file {path}: key 'api.failed_auth_per_second'"):
+        load_settings(path)
 
 
 def _numeric_settings() -> list[tuple[str, str, str, type]]:
