@@ -112,7 +112,7 @@ def cron_next(context: CliContext) -> int:
     from datetime import datetime, timedelta, timezone
     from zoneinfo import ZoneInfo
 
-    from qinglong.contracts.jitter import JitteredSchedule
+    from qinglong.contracts.jitter import LAST_CALENDAR_MS, JitteredSchedule
 
     from .provider import CronProvider
 
@@ -143,7 +143,7 @@ def cron_next(context: CliContext) -> int:
         # the last instant the delay may reach: the window, cut at the next occurrence
         following = provider.next_after(spec, ms)
         end = ms + jitter_ms - 1
-        return end if following is None else min(end, following - 1)
+        return min(end, LAST_CALENDAR_MS) if following is None else min(end, following - 1)
 
     if given["json"]:
         rows = []
