@@ -256,6 +256,17 @@ def test_a_cron_number_that_is_no_ascii_number_is_refused_naming_its_field(cli, 
     _refused(cli("cron", "next", expression), ExitCode.USER_ERROR, words)
 
 
+@pytest.mark.parametrize("zone", ["localtime", "posixrules"])
+def test_a_timezone_that_names_this_machines_setting_is_refused(cli, zone):
+    """``localtime`` (a link to /etc/localtime) and ``posixrules`` were taken as zones: the trigger's
+    fire times then follow whatever the machine is set to, change when it is reconfigured, and
+    differ between the hosts of a cluster, without a word in the stored spec."""
+    _publish_task(cli)
+    result = cli("trigger", "add", "ops", "t1", "--task", "backup", "--cron", "0 2 * * *", "--timezone", zone)
+    _refused(result, ExitCode.USER_ERROR, f"timezone: {zone!r} names this machine's")
+    assert json.loads(cli("trigger", "list", "--json").stdout) == []
+
+
 def test_empty_timezone_is_refused_naming_the_option(cli):
     """``--timezone ""`` silently became UTC: a Berlin job would run an hour or two off."""
     _publish_task(cli)
