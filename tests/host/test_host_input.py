@@ -267,6 +267,16 @@ def test_a_timezone_that_names_this_machines_setting_is_refused(cli, zone):
     assert json.loads(cli("trigger", "list", "--json").stdout) == []
 
 
+@pytest.mark.parametrize("flag", ["--project", "--task", "--trigger"])
+@pytest.mark.parametrize("value", ["\u00b2", "x" * 65, "a/b"])
+def test_a_runs_filter_that_is_no_identifier_is_refused_naming_the_flag(cli, flag, value):
+    """``runs --project ²`` listed nothing and exited 0: a filter no Run can ever match reads as
+    "no Runs", hiding a typo (the API refuses the same filter)."""
+    _publish_task(cli)
+    result = cli("runs", flag, value)
+    _refused(result, ExitCode.USER_ERROR, f"{flag}: invalid")
+
+
 def test_empty_timezone_is_refused_naming_the_option(cli):
     """``--timezone ""`` silently became UTC: a Berlin job would run an hour or two off."""
     _publish_task(cli)
