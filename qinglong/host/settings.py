@@ -171,6 +171,14 @@ class WorkerSettings(BaseModel):
     log_retention_days: RetentionDays = Field(7,
                                       description="local Attempt directories are deleted after this")
 
+    @field_validator("url")
+    @classmethod
+    def _url_is_http(cls, value: str | None) -> str | None:
+        problem = None if value is None else http_url_problem(value)
+        if problem is not None:
+            raise ValueError(f"expected http(s)://HOST[:PORT] of the API tier ({problem})")
+        return value
+
 
 class SecretsSettings(BaseModel):
     """``[secrets]``: the key task env values are sealed under at rest (AES-GCM, 32 bytes written
@@ -247,6 +255,22 @@ class ApiSettings(BaseModel):
             except ValueError:
                 raise ValueError(f"{item!r} is not an IP address or network") from None
         return value
+
+
+def http_url_problem(value: str) -> str | None:
+    """Why ``value`` is no ``http(s)://HOST[:PORT]`` address a client can connect to, or None.
+    urllib raises ValueError only when the port is read (out of range, not digits, an IPv6
+    bracket left open), so the port is read here, where the mistake can be named."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        parts.port
+    except ValueError as exc:
+        return str(exc) if len(str(exc)) <= 80 else "its port is not a number"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "no http or https scheme and host"
+    return None
 
 
 def split_listen(value: str) -> tuple[str, int]:

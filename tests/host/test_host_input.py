@@ -277,6 +277,15 @@ def test_a_runs_filter_that_is_no_identifier_is_refused_naming_the_flag(cli, fla
     _refused(result, ExitCode.USER_ERROR, f"{flag}: invalid")
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999", "http://[::1", "http://127.0.0.1:\u00b2/",
+                                 "http://127.0.0.1:-1", "http://127.0.0.1:" + "1" * 5000])
+def test_an_api_url_with_no_usable_port_is_refused_naming_the_option(cli, url):
+    """``--api http://127.0.0.1:99999`` (or a bracket left open) ended every command in a ValueError
+    traceback from urllib instead of naming the option."""
+    result = cli("--api", url, "runs", env=dict(_env(), QINGLONG_API_TOKEN="t" * 32))
+    _refused(result, ExitCode.USER_ERROR, "--api: expected http://HOST:PORT or https://HOST:PORT")
+
+
 def test_empty_timezone_is_refused_naming_the_option(cli):
     """``--timezone ""`` silently became UTC: a Berlin job would run an hour or two off."""
     _publish_task(cli)

@@ -241,6 +241,18 @@ def test_a_failed_authentication_refill_below_one_a_day_is_refused(tmp_path, val
         load_settings(path)
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999", "http://[::1", "http://127.0.0.1:\u00b2/",
+                                 "http://127.0.0.1:-1", "http://127.0.0.1:" + "1" * 5000, "ftp://gateway"])
+def test_a_worker_url_with_no_usable_port_is_refused_naming_file_and_key(tmp_path, url):
+    """``[worker] url = "http://127.0.0.1:99999"`` was accepted and ended ``qinglong worker`` in a
+    ValueError traceback from urllib when the worker read its port."""
+    path = write(tmp_path, f'profile = "cluster"\n[worker]\nurl = "{url}"\n')
+    with pytest.raises(SettingsError) as err:
+        load_settings(path)
+    assert f"settings file {path}: key 'worker.url'" in str(err.value)
+    assert "expected http(s)://HOST[:PORT]" in str(err.value)
+
+
 def _numeric_settings() -> list[tuple[str, str, str, type]]:
     """Every number a settings file can hold: (profile, section, key, int or float), for every
     section of the host and the backend section of each profile's backend plugin."""
