@@ -116,9 +116,11 @@ def cmd_console(args: argparse.Namespace) -> int:
     if args.url:
         from urllib.parse import urlsplit
 
-        parts = urlsplit(args.url)
-        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
-            raise UserError(f"--url: expected http://HOST:PORT or https://HOST:PORT, got {args.url!r}")
+        from ..settings import http_url_problem
+
+        parts = urlsplit(args.url) if http_url_problem(args.url) is None else None
+        if parts is None or parts.query or parts.fragment:
+            raise UserError(f"--url: expected http://HOST:PORT or https://HOST:PORT, got {args.url[:100]!r}")
         base = args.url.rstrip("/")
     else:
         base = console_base_url(loaded)
