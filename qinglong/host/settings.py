@@ -13,7 +13,8 @@ Values from a file are strict: TOML has types, so ``page_size = true``, ``page_s
 ``auto_migrate = "yes"`` are refused, not read as 1, 1024 and True (:func:`strict_file_errors`;
 the same holds for a plugin's own section). Environment variables are text by nature and are parsed
 with pydantic's usual rules: ``QINGLONG_SCHEDULER__PAGE_SIZE=64`` is 64, and a boolean accepts
-``true/false``, ``1/0``, ``yes/no``, ``on/off``.
+``true/false``, ``1/0``, ``yes/no``, ``on/off``. A list or a table is JSON
+(``QINGLONG_API__TRUSTED_PROXIES='["10.0.0.1"]'``); one that is not is refused naming the variable.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Annotated, Any, Callable, Literal, Mapping
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsError as PydanticSettingsError
 
 from qinglong.contracts.frozen import record
 from qinglong.contracts.diagnostics import redact
@@ -655,11 +657,58 @@ def load_settings(path: str | os.PathLike[str] | None = None, *, profile: str | 
         raise SettingsError(
             format_validation_error(exc, lambda loc: origin_of(loc, frozen_layers), model=QinglongSettings)
         ) from None
+    except PydanticSettingsError as exc:  # a list or table in the environment that is not JSON
+        raise SettingsError(_unparsed_environment(str(exc))) from None
     finally:
         _LAYERS.reset(token)
     loaded = LoadedSettings(settings, definition, file, frozen_layers)
     _check_caps(loaded)
     return loaded
+
+
+def _is_structured(annotation: Any) -> bool:
+    """True for a list or table type, which pydantic-settings reads from the environment as JSON."""
+    import types
+    import typing
+
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    for candidate in typing.get_args(annotation) if union else (annotation,):
+        origin = typing.get_origin(candidate) or candidate
+        if origin in (list, dict, tuple, set) or (isinstance(origin, type) and issubclass(origin, BaseModel)):
+            return True
+    return False
+
+
+def _unparsed_environment(message: str) -> str:
+    """One paragraph naming the variables that should hold JSON and do not, for pydantic-settings'
+    ``error parsing value for field "api"`` (which names neither; the values are never shown,
+    a channel's table may hold its secret)."""
+    found = re.search(r'field "([^"]+)"', message)
+    field = found.group(1) if found else ""
+    problems = []
+    for name, value in sorted(os.environ.items()):
+        parts = name.upper()[len(ENV_PREFIX):].lower().split("__") if name.upper().startswith(ENV_PREFIX) else []
+        if not parts or parts[0] != field:
+            continue
+        model: Any = QinglongSettings
+        annotation: Any = None
+        for part in parts:
+            fields = getattr(model, "model_fields", None)
+            if not fields or part not in fields:
+                annotation = None
+                break
+            annotation = model = fields[part].annotation
+        if annotation is None or not _is_structured(annotation):
+            continue
+        try:
+            json.loads(value)
+        except ValueError:
+            problems.append(f"environment variable {name}: key '{'.'.join(parts)}': expected JSON (a list such "
+                            'as ["a", "b"] or a table such as {"key": "value"}); the value is not valid JSON')
+    if not problems:
+        problems.append(f"an environment variable {ENV_PREFIX}{field.upper()}...: a list or table there is "
+                        "read as JSON, and one is not valid JSON")
+    return "invalid settings: " + "; ".join(problems) + "."
 
 
 #: Keys that were settings once, with what replaces each (refused in words, not as unknown).

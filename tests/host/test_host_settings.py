@@ -253,6 +253,24 @@ def test_a_worker_url_with_no_usable_port_is_refused_naming_file_and_key(tmp_pat
     assert "expected http(s)://HOST[:PORT]" in str(err.value)
 
 
+@pytest.mark.parametrize("variable, value, key", [
+    ("QINGLONG_API__TRUSTED_PROXIES", "10.0.0.1", "api.trusted_proxies"),
+    ("QINGLONG_PLUGINS__ENABLE", "[not json", "plugins.enable"),
+    ("QINGLONG_NOTIFICATIONS__CHANNELS", '{"ops": {"kind": "webhook", "secret": "hunter2-secret"', "notifications.channels"),
+    ("QINGLONG_BACKEND", "{oops", "backend"),
+    ("QINGLONG_NOTIFICATIONS__CHANNELS", '{"ops": {"timeout_ms": ' + "9" * 5000 + "}}", "notifications.channels"),
+])
+def test_a_list_or_table_from_the_environment_that_is_not_json_names_the_variable(monkeypatch, variable, value, key):
+    """A list or table in an environment variable is read as JSON; ``QINGLONG_API__TRUSTED_PROXIES=10.0.0.1``
+    (or a brace left open) ended every command in pydantic-settings' own exception, a traceback
+    naming no variable, and a channel's secret could be in the value: it must never be echoed."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert f"environment variable {variable}: key '{key}': expected JSON" in str(err.value)
+    assert "hunter2" not in str(err.value) and "99999" not in str(err.value)
+
+
 def _numeric_settings() -> list[tuple[str, str, str, type]]:
     """Every number a settings file can hold: (profile, section, key, int or float), for every
     section of the host and the backend section of each profile's backend plugin."""
