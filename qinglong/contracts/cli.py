@@ -120,6 +120,18 @@ class CliCommand:
 
 
 _DURATION_UNITS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+#: The longest duration any option or file may state (a hundred years): past it, a time before or
+#: after "now" leaves the calendar and a store's 64-bit integers. Each use bounds it further.
+MAX_DURATION_MS = 36_500 * 86_400_000
+
+
+def whole_number(text: str, max_digits: int = 18) -> int | None:
+    """``text`` as a whole number when it is 1 to ``max_digits`` ASCII digits, else None. The one
+    reading of a number from outside (a command line, a query string, an address's port):
+    ``str.isdigit`` is also true for ``²`` and ``٣``, and ``int`` refuses the first and 5,000 digits."""
+    if not text or len(text) > max_digits or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
 
 
 def number_and_unit(text: str) -> tuple[int, str] | None:
@@ -139,7 +151,10 @@ def parse_duration_ms(flag: str, text: str) -> int:
     parsed = number_and_unit(text.strip())
     if parsed is None or parsed[1] not in _DURATION_UNITS:
         raise UserError(f"{flag}: expected a duration such as 500ms, 30s, 5m, 2h or 1d, got {text!r}")
-    return parsed[0] * _DURATION_UNITS[parsed[1]]
+    value = parsed[0] * _DURATION_UNITS[parsed[1]]
+    if value > MAX_DURATION_MS:
+        raise UserError(f"{flag}: expected a duration of at most 36500d, got {text!r}")
+    return value
 
 
 @record(slots=False)
@@ -163,5 +178,5 @@ class CliContext:
     now_ms: Callable[[], int]
 
 
-__all__ = ["COMMAND_NAME", "CliArgument", "CliCommand", "CliContext", "OPTION_FLAG", "POSITIONAL_NAME",
-           "number_and_unit", "parse_duration_ms"]
+__all__ = ["COMMAND_NAME", "CliArgument", "CliCommand", "CliContext", "MAX_DURATION_MS", "OPTION_FLAG",
+           "POSITIONAL_NAME", "number_and_unit", "parse_duration_ms", "whole_number"]

@@ -35,7 +35,7 @@ occurrence the previous revision had.
 from __future__ import annotations
 
 from .errors import TriggerSpecError
-from .jitter import JitteredSchedule, schedule_of
+from .jitter import LAST_CALENDAR_MS, JitteredSchedule, schedule_of
 from .providers import TriggerProvider
 from .records import (
     NO_MORE_OCCURRENCES_MS,
@@ -55,7 +55,8 @@ SKIP_COUNT_BOUND = 1_000
 
 def _next_or_never(provider: TriggerProvider, head: TriggerHead, after_ms: int) -> int:
     nxt = provider.next_after(head.spec, after_ms)
-    if nxt is None:
+    if nxt is None or nxt > LAST_CALENDAR_MS:
+        # past year 9999 no time can be shown as a date, and past 64 bits none can be stored
         return NO_MORE_OCCURRENCES_MS
     if nxt <= after_ms:
         raise TriggerSpecError(
@@ -131,7 +132,8 @@ def decide(
         if isinstance(provider, JitteredSchedule):
             first = provider.first_after_nominal(head.spec, start)
             return Decision(kind=DecisionKind.INITIALIZE,
-                            next_fire_at_ms=NO_MORE_OCCURRENCES_MS if first is None else first,
+                            next_fire_at_ms=(NO_MORE_OCCURRENCES_MS if first is None or first > LAST_CALENDAR_MS
+                                             else first),
                             **base)
         return Decision(
             kind=DecisionKind.INITIALIZE,

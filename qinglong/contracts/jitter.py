@@ -5,7 +5,8 @@ A trigger with ``jitter_ms = W`` starts each occurrence ``N`` (its provider's ti
 and ``N``: the same on every reading, in every process and after every restart, and spread
 uniformly over the window. Nothing here reads a clock or a random generator.
 
-The window of one occurrence never reaches the next occurrence: it is ``min(W, next(N) - N)``, so
+The window of one occurrence never reaches the next occurrence: it is ``min(W, next(N) - N)``
+(for the last occurrence, the end of year 9999 stands for ``next(N)``), so
 the jittered times keep the order of the nominal ones (a 5-minute jitter on a per-minute cron
 spreads each start over its own minute). Hence each jittered time belongs to exactly one
 occurrence, the latest nominal one at or before it, and the decision contract can work on the
@@ -23,6 +24,9 @@ from .providers import TriggerProvider
 
 #: Largest jitter a trigger may declare (one day). A longer random delay is a different schedule.
 MAX_JITTER_MS = 24 * 3600 * 1000
+#: 9999-12-31T23:59:59.999Z: the last instant a time can be shown or stored as a date. The last
+#: occurrences have no next one to cut their window; this cuts it instead.
+LAST_CALENDAR_MS = 253_402_300_799_999
 
 
 def jitter_offset_ms(project_id: str, trigger_id: str, occurrence_ms: int, window_ms: int) -> int:
@@ -60,8 +64,8 @@ class JitteredSchedule:
     def jittered(self, spec: Mapping[str, Any], occurrence_ms: int) -> int:
         """The jittered time of the nominal occurrence ``occurrence_ms``."""
         following = self.provider.next_after(spec, occurrence_ms)
-        window = self.window_ms if following is None else min(self.window_ms,
-                                                               following - occurrence_ms)
+        end = LAST_CALENDAR_MS + 1 if following is None else following
+        window = min(self.window_ms, end - occurrence_ms)
         return occurrence_ms + jitter_offset_ms(self.project_id, self.trigger_id, occurrence_ms,
                                                 window)
 

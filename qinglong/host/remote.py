@@ -32,9 +32,10 @@ def api_target(args: Any) -> tuple[str, str] | None:
     url = getattr(args, "api", None) or os.environ.get("QINGLONG_API_URL")
     if not url:
         return None
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"--api: expected http://HOST:PORT or https://HOST:PORT, got {url!r}")
+    from .settings import http_url_problem
+
+    if http_url_problem(url) is not None:
+        raise UserError(f"--api: expected http://HOST:PORT or https://HOST:PORT, got {url[:100]!r}")
     token_file = getattr(args, "token_file", None)
     if token_file:
         try:

@@ -13,7 +13,8 @@ Values from a file are strict: TOML has types, so ``page_size = true``, ``page_s
 ``auto_migrate = "yes"`` are refused, not read as 1, 1024 and True (:func:`strict_file_errors`;
 the same holds for a plugin's own section). Environment variables are text by nature and are parsed
 with pydantic's usual rules: ``QINGLONG_SCHEDULER__PAGE_SIZE=64`` is 64, and a boolean accepts
-``true/false``, ``1/0``, ``yes/no``, ``on/off``.
+``true/false``, ``1/0``, ``yes/no``, ``on/off``. A list or a table is JSON
+(``QINGLONG_API__TRUSTED_PROXIES='["10.0.0.1"]'``); one that is not is refused naming the variable.
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Annotated, Any, Callable, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, SecretStr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsError as PydanticSettingsError
 
 from qinglong.contracts.frozen import record
 from qinglong.contracts.diagnostics import redact
 from qinglong.contracts.errors import SettingsError
 
+from . import tomlfile
 from .profiles import ProfileDefinition, load_profile
 
 ENV_PREFIX = "QINGLONG_"
@@ -42,7 +45,23 @@ _SECRET_HINTS = ("dsn", "password", "secret", "token")
 #: days. A bound keeps every cutoff and deadline a finite, storable number (``inf`` or ``1e300``
 #: days cannot be turned into milliseconds).
 MAX_RETENTION_DAYS = 36_500
+#: The shortest: one millisecond. ``1e-300`` days is more than 0 but 0 ms once converted, which
+#: would delete everything the moment it ends.
+MIN_RETENTION_DAYS = 1 / 86_400_000
 MAX_TIMEOUT_MS = 30 * 86_400_000
+#: The largest byte count a setting may hold (1 PiB): more than any log filesystem, and still a
+#: number every store and ``statvfs`` comparison takes as it is.
+MAX_SETTING_BYTES = 2**50
+
+
+def _retention_in_range(days: float) -> float:
+    if not MIN_RETENTION_DAYS <= days <= MAX_RETENTION_DAYS:
+        raise ValueError(f"expected from one millisecond ({MIN_RETENTION_DAYS:.3g}) to {MAX_RETENTION_DAYS} days")
+    return days
+
+
+#: A retention in days: finite, at least a millisecond, at most a hundred years.
+RetentionDays = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_retention_in_range)]
 
 
 class PluginsSettings(BaseModel):
@@ -101,13 +120,13 @@ class ExecutionSettings(BaseModel):
                             description="Runs of one task waiting to start; an occurrence beyond is a recorded skip "
                                         "(on the cluster the admitting replica writes it on each Run)")
     poll_ms: int = Field(1_000, ge=50, le=60_000, description="fallback wake-up of the dispatcher")
-    log_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+    log_retention_days: RetentionDays = Field(7,
                                       description="finished Attempts' logs are deleted after this")
-    run_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+    run_retention_days: RetentionDays = Field(7,
                                       description="finished Runs are pruned after this")
-    skip_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+    skip_retention_days: RetentionDays = Field(7,
                                        description="skip records are deleted after this (kept at least an hour)")
-    min_free_bytes: int = Field(64 * 1024 * 1024, ge=0,
+    min_free_bytes: int = Field(64 * 1024 * 1024, ge=0, le=MAX_SETTING_BYTES,
                                 description="below this free space on the log filesystem, oldest logs go first")
     min_free_fraction: float = Field(
         0.1, gt=0, le=0.5, description="the floor on a log filesystem too small for min_free_bytes: this fraction of it")
@@ -151,8 +170,16 @@ class WorkerSettings(BaseModel):
     log_dir: str | None = Field(None, description="Attempt logs on this machine; default: ./qinglong-worker-logs")
     drain_timeout_ms: int = Field(60_000, ge=0, le=3_600_000,
                                   description="at SIGTERM: how long running jobs may finish before they are stopped")
-    log_retention_days: float = Field(7, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False,
+    log_retention_days: RetentionDays = Field(7,
                                       description="local Attempt directories are deleted after this")
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_http(cls, value: str | None) -> str | None:
+        problem = None if value is None else http_url_problem(value)
+        if problem is not None:
+            raise ValueError(f"expected http(s)://HOST[:PORT] of the API tier ({problem})")
+        return value
 
 
 class SecretsSettings(BaseModel):
@@ -207,7 +234,8 @@ class ApiSettings(BaseModel):
     trusted_proxies: list[str] = Field(default_factory=list,
                                        description="proxy addresses whose X-Forwarded-For is believed")
     failed_auth_burst: int = Field(20, ge=1, le=10_000, description="failed authentications per address before 429")
-    failed_auth_per_second: float = Field(1.0, gt=0, le=1_000, description="refill of that allowance")
+    failed_auth_per_second: float = Field(1.0, ge=1 / 86_400, le=1_000,
+                                          description="refill of that allowance; at least one a day")
     console_link_ttl_ms: int = Field(120_000, ge=1, le=3_600_000,
                                      description="a `qinglong console link` URL works once, within this")
     gateway_dsn: SecretStr | None = Field(
@@ -231,15 +259,34 @@ class ApiSettings(BaseModel):
         return value
 
 
+def http_url_problem(value: str) -> str | None:
+    """Why ``value`` is no ``http(s)://HOST[:PORT]`` address a client can connect to, or None.
+    urllib raises ValueError only when the port is read (out of range, not digits, an IPv6
+    bracket left open), so the port is read here, where the mistake can be named."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        parts.port
+    except ValueError as exc:
+        return str(exc) if len(str(exc)) <= 80 else "its port is not a number"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "no http or https scheme and host"
+    return None
+
+
 def split_listen(value: str) -> tuple[str, int]:
     """``"host:port"`` (``"[v6]:port"``) as ``(host, port)``; port 0 picks a free one (named in the
     ``http.listening`` line). ValueError saying what is expected."""
+    from qinglong.contracts.cli import whole_number
+
     host, sep, port = value.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65_536:
+    number = whole_number(port, max_digits=5)
+    if not sep or not host or number is None or not 0 <= number < 65_536:
         raise ValueError('expected "host:port" such as "127.0.0.1:8080" or "[::1]:8080"')
-    return host, int(port)
+    return host, number
 
 
 class NotificationsSettings(BaseModel):
@@ -263,8 +310,8 @@ class NotificationsSettings(BaseModel):
     send_timeout_ms: int = Field(10_000, ge=100, le=300_000, description="one send's bound")
     concurrency: int = Field(8, ge=1, le=256, description="sends at once")
     log_lines: int = Field(20, ge=0, le=1_000, description="last log lines a message carries")
-    retention_days: float = Field(7, gt=0, description="ended deliveries and their events are "
-                                                       "deleted after this")
+    retention_days: RetentionDays = Field(7,
+                                  description="ended deliveries and their events are deleted after this")
     scheduler_not_ready_after_ms: int = Field(
         60_000, ge=1_000, le=86_400_000,
         description="a scheduler without a completed round this long is an operator event")
@@ -373,7 +420,7 @@ def _read_toml(path: Path, named_by: str) -> dict[str, Any]:
     if not path.is_file():
         raise SettingsError(f"settings file {path} is not a regular file (named by {named_by})")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomlfile.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"settings file {path} is not valid TOML: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -610,11 +657,58 @@ def load_settings(path: str | os.PathLike[str] | None = None, *, profile: str | 
         raise SettingsError(
             format_validation_error(exc, lambda loc: origin_of(loc, frozen_layers), model=QinglongSettings)
         ) from None
+    except PydanticSettingsError as exc:  # a list or table in the environment that is not JSON
+        raise SettingsError(_unparsed_environment(str(exc))) from None
     finally:
         _LAYERS.reset(token)
     loaded = LoadedSettings(settings, definition, file, frozen_layers)
     _check_caps(loaded)
     return loaded
+
+
+def _is_structured(annotation: Any) -> bool:
+    """True for a list or table type, which pydantic-settings reads from the environment as JSON."""
+    import types
+    import typing
+
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    for candidate in typing.get_args(annotation) if union else (annotation,):
+        origin = typing.get_origin(candidate) or candidate
+        if origin in (list, dict, tuple, set) or (isinstance(origin, type) and issubclass(origin, BaseModel)):
+            return True
+    return False
+
+
+def _unparsed_environment(message: str) -> str:
+    """One paragraph naming the variables that should hold JSON and do not, for pydantic-settings'
+    ``error parsing value for field "api"`` (which names neither; the values are never shown,
+    a channel's table may hold its secret)."""
+    found = re.search(r'field "([^"]+)"', message)
+    field = found.group(1) if found else ""
+    problems = []
+    for name, value in sorted(os.environ.items()):
+        parts = name.upper()[len(ENV_PREFIX):].lower().split("__") if name.upper().startswith(ENV_PREFIX) else []
+        if not parts or parts[0] != field:
+            continue
+        model: Any = QinglongSettings
+        annotation: Any = None
+        for part in parts:
+            fields = getattr(model, "model_fields", None)
+            if not fields or part not in fields:
+                annotation = None
+                break
+            annotation = model = fields[part].annotation
+        if annotation is None or not _is_structured(annotation):
+            continue
+        try:
+            json.loads(value)
+        except ValueError:
+            problems.append(f"environment variable {name}: key '{'.'.join(parts)}': expected JSON (a list such "
+                            'as ["a", "b"] or a table such as {"key": "value"}); the value is not valid JSON')
+    if not problems:
+        problems.append(f"an environment variable {ENV_PREFIX}{field.upper()}...: a list or table there is "
+                        "read as JSON, and one is not valid JSON")
+    return "invalid settings: " + "; ".join(problems) + "."
 
 
 #: Keys that were settings once, with what replaces each (refused in words, not as unknown).

@@ -159,9 +159,13 @@ class HttpWorkerProtocol:
     long_polls = True
 
     def __init__(self, url: str, token_file: str, application_name: str, *, ca_file: str | None = None) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SettingsError(f"[worker] url: expected http(s)://host[:port] of the API tier, got {url!r}")
+        try:
+            parts = urlsplit(url)
+            parts.port  # urllib checks the port only when it is read
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SettingsError(f"[worker] url: expected http(s)://host[:port] of the API tier, got {url[:100]!r}")
         self.target = f"{parts.scheme}://{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
         self._scheme, self._host = parts.scheme, parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)

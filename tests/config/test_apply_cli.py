@@ -98,6 +98,9 @@ def test_apply_creates_then_a_second_apply_changes_nothing(cli):
     (lambda t: t.replace("version = 1", "version = 2"), 1, "version", "reads version 1"),
     (lambda t: t + "\n[projects.other.triggers.ops-hourly]\ntask = \"x\"\n", 27,
      "projects.other.triggers.ops-hourly", "unique across projects"),
+    # tomllib's int() refuses past 4,300 digits with a ValueError: a traceback, not a line
+    (lambda t: t.replace("retry = { max_attempts = 3 }", "retry = { max_attempts = " + "3" * 5000 + " }"), 14,
+     "(syntax)", "a number of more than 4300 digits"),
 ])
 def test_a_refusal_names_file_line_and_key_and_writes_nothing(cli, edit, line, key, words):
     """A mistake must point at its line (a file of hundreds of jobs is unusable otherwise) and

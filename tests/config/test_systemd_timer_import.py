@@ -178,6 +178,10 @@ WantedBy=timers.target
     (lambda t: t.replace("RandomizedDelaySec=15min", "RandomizedDelaySec=soon"), 7, "not a time span"),
     (lambda t: t.replace("Persistent=true", "Persistent=maybe"), 8, "expected a boolean"),
     (lambda t: t.replace("AccuracySec=1min", "OnSomething=1"), 9, "not a key this import can map"),
+    # str.isdigit is true for '²', which int() refuses: a ValueError traceback, not the line
+    (lambda t: t.replace("OnCalendar=Sat 04:00", "OnCalendar=*-*-\u00b2 04:00"), 6, "is not a whole number"),
+    (lambda t: t.replace("OnCalendar=Sat 04:00", "OnCalendar=Sat \u00b2:00"), 6, "is not a whole number"),
+    (lambda t: t.replace("OnCalendar=Sat 04:00", "OnCalendar=Sat 04:" + "1" * 5000), 6, "is not a whole number"),
 ])
 def test_a_timer_that_cannot_be_mapped_is_refused_naming_the_line_and_writes_nothing(cli, edit, line, words):
     """An approximate import would run jobs at other times than the timer; the refusal points at

@@ -333,6 +333,24 @@ def _one(port: int, method: str, path: str, token: str | None) -> int:
         client.close()
 
 
+def test_numbers_in_a_query_are_ascii_digits_of_bounded_length(attacked):
+    """``str.isdigit`` is true for ``²`` and for 5,000 digits, which ``int`` refuses: a query
+    number like that escaped the 422 of every other bad number and became a 500 (an unhandled
+    error, logged as a bug), on every route that reads a number from the query."""
+    plane, settings, tokens, before = attacked
+    client = Client(plane.port, tokens["read"])
+    digits = "1" * 5000
+    try:
+        for path in ("/api/v1/runs?limit=%C2%B2", f"/api/v1/runs?limit={digits}", "/api/v1/runs?cursor=%C2%B2",
+                     f"/api/v1/runs?cursor={digits}", "/api/v1/notifications?cursor=%C2%B2",
+                     "/api/v1/notifications?limit=%D9%A3", "/api/v1/runs?since_ms=%C2%B9"):
+            status, body, _ = client.request("GET", path)
+            assert status == 422, (path, status, body)
+    finally:
+        client.close()
+    _unchanged(settings, before)
+
+
 def test_notifications_refuse_forged_filters_and_project_tokens_and_change_nothing(attacked):
     """The deliveries list takes its filters from the query string: a state or cursor that
     reached the store unchecked, a limit that read it all, or a project-limited token that saw

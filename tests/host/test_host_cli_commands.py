@@ -234,6 +234,9 @@ def test_the_demo_publishes_the_first_example_a_provider_offers():
     ("9999-12-31T23:58:30+00:00", 0, "9999-12-31T23:59:00.000Z"),
     ("9999-12-31T23:59:30-05:00", 3, "--after '9999-12-31T23:59:30-05:00' lies outside the years 1 to 9999"),
     ("0001-01-01T00:00:00+05:00", 3, "lies outside the years 1 to 9999 once in UTC"),
+    # the last microsecond rounded up into year 10000; the last millisecond printed as .998
+    ("9999-12-31T23:59:59.999999+00:00", 0, "after 9999-12-31T23:59:59.999Z:"),
+    ("9999-12-31T23:59:59.999+00:00", 0, "after 9999-12-31T23:59:59.999Z:"),
 ])
 def test_cron_next_at_the_end_of_the_calendar_answers_without_a_traceback(cli, after, code, words):
     """``cron next --after 9999-12-31T23:59:30Z`` ended in an OverflowError traceback (exit 1, a
@@ -243,6 +246,20 @@ def test_cron_next_at_the_end_of_the_calendar_answers_without_a_traceback(cli, a
     assert "Traceback" not in result.stderr
     assert result.returncode == code, result.stderr
     assert words in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("jitter", [["--jitter", "1d"], ["--jitter", "1d", "--trigger", "ops/spread"]])
+def test_a_jittered_start_never_passes_the_last_instant_of_the_calendar(cli, jitter):
+    """The last occurrences of year 9999 had a whole day of window with no next occurrence to cut
+    it: a start (or a window's end) drawn into year 10000 ended ``cron next`` in an OverflowError
+    traceback, and the API's preview of such a trigger in a 500."""
+    result = cli("cron", "next", "* * * * *", "--after", "9999-12-31T23:57:00Z", "--count", "3", "--json", *jitter)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    rows = json.loads(result.stdout)["fire_times"]
+    assert len(rows) >= 2
+    for row in rows:
+        assert row["at_ms"] <= 253_402_300_799_999 and row.get("latest_start_ms", 0) <= 253_402_300_799_999
+        assert row["utc"].startswith("9999-12-31T23:5")
 
 
 def test_cron_fire_times_west_of_utc_never_pass_the_last_utc_second(cli):

@@ -201,12 +201,89 @@ def test_identifiers_that_read_as_options_or_paths_are_refused(cli, identifier):
     assert [p["project_id"] for p in json.loads(cli("project", "list", "--json").stdout)] == ["ops"]
 
 
-@pytest.mark.parametrize("command", [["runs"], ["skips"], ["schedules"], ["trigger", "list"]])
-@pytest.mark.parametrize("limit", ["-1", "0", "1000001"])
+@pytest.mark.parametrize("command", [["runs"], ["skips"], ["schedules"], ["trigger", "list"], ["audit"]])
+@pytest.mark.parametrize("limit", ["-1", "0", "1000001", "99999999999999999999"])
 def test_listing_limit_outside_its_range_is_a_usage_error(cli, command, limit):
-    """``runs --limit -1`` ended in a ValueError traceback from the store."""
+    """``runs --limit -1`` ended in a ValueError traceback from the store; ``audit --limit`` took
+    -1 and 0 as they came (an empty listing hid every entry) and ended a number over 2**63 in an
+    OverflowError traceback."""
+    _publish_task(cli)
     result = cli(*command, "--limit", limit)
     _refused(result, ExitCode.USAGE_ERROR, "argument --limit: expected a number from 1 to 100000")
+
+
+@pytest.mark.parametrize("command", [["audit", "--since"], ["token", "create", "t1", "--scope", "read", "--expires"]])
+def test_a_duration_past_a_century_is_refused_naming_the_option(cli, command):
+    """``audit --since 999999999999999d`` (15 digits, as a duration may have) reached the store as a
+    time before the year 1 and ended in an OverflowError traceback: every duration a command line
+    accepts must stay a storable number of milliseconds."""
+    _publish_task(cli)
+    before = cli("token", "list", "--json").stdout
+    result = cli(*command, "999999999999999d")
+    _refused(result, ExitCode.USER_ERROR, f"{command[-1]}: expected a duration")
+    assert cli("token", "list", "--json").stdout == before
+
+
+@pytest.mark.parametrize("option", ["--hook-window-s", "--hook-per-minute"])
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663\u0660\u0660", "-1", "1" * 5000])
+def test_a_hook_option_takes_ascii_digits_only_and_writes_nothing(cli, option, value):
+    """``str.isdigit`` is true for ``²``, which ``int`` refuses: the option ended as "a bug in its
+    plugin"; ``٣٠٠`` (Arabic-Indic digits) was stored as 300 without a word. Either way the trigger
+    must not be written."""
+    _publish_task(cli)
+    env = dict(_env(), HOOK_SECRET="s" * 32)
+    result = cli("trigger", "add", "ops", "in", "--task", "backup", "--kind", "hook",
+                 "--hook-secret-env", "HOOK_SECRET", option, value, env=env)
+    _refused(result, ExitCode.USER_ERROR, f"{option}: expected a whole number")
+    assert "a bug" not in result.stderr
+    assert json.loads(cli("trigger", "list", "--json").stdout) == []
+
+
+@pytest.mark.parametrize("expression, words", [
+    ("\u00b2 * * * *", "the minute field '\u00b2' is not understood"),
+    ("*/\u00b2 * * * *", "the minute field '*/\u00b2' steps by '\u00b2'"),
+    ("0 1-\u00b2 * * *", "the hour field '1-\u00b2' is not understood"),
+    ("99999999999999999999 * * * *", "the minute field '99999999999999999999' holds "),
+])
+def test_a_cron_number_that_is_no_ascii_number_is_refused_naming_its_field(cli, expression, words):
+    """``str.isdigit`` is true for ``²``, which ``int`` refuses: ``trigger add --cron '² * * * *'``
+    ended in a ValueError traceback (exit 1) instead of naming the field, in publishing and in
+    ``cron next`` alike; nothing may be written."""
+    _publish_task(cli)
+    result = cli("trigger", "add", "ops", "t1", "--task", "backup", "--cron", expression)
+    _refused(result, ExitCode.USER_ERROR, words)
+    assert json.loads(cli("trigger", "list", "--json").stdout) == []
+    _refused(cli("cron", "next", expression), ExitCode.USER_ERROR, words)
+
+
+@pytest.mark.parametrize("zone", ["localtime", "posixrules"])
+def test_a_timezone_that_names_this_machines_setting_is_refused(cli, zone):
+    """``localtime`` (a link to /etc/localtime) and ``posixrules`` were taken as zones: the trigger's
+    fire times then follow whatever the machine is set to, change when it is reconfigured, and
+    differ between the hosts of a cluster, without a word in the stored spec."""
+    _publish_task(cli)
+    result = cli("trigger", "add", "ops", "t1", "--task", "backup", "--cron", "0 2 * * *", "--timezone", zone)
+    _refused(result, ExitCode.USER_ERROR, f"timezone: {zone!r} names this machine's")
+    assert json.loads(cli("trigger", "list", "--json").stdout) == []
+
+
+@pytest.mark.parametrize("flag", ["--project", "--task", "--trigger"])
+@pytest.mark.parametrize("value", ["\u00b2", "x" * 65, "a/b"])
+def test_a_runs_filter_that_is_no_identifier_is_refused_naming_the_flag(cli, flag, value):
+    """``runs --project ²`` listed nothing and exited 0: a filter no Run can ever match reads as
+    "no Runs", hiding a typo (the API refuses the same filter)."""
+    _publish_task(cli)
+    result = cli("runs", flag, value)
+    _refused(result, ExitCode.USER_ERROR, f"{flag}: invalid")
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999", "http://[::1", "http://127.0.0.1:\u00b2/",
+                                 "http://127.0.0.1:-1", "http://127.0.0.1:" + "1" * 5000])
+def test_an_api_url_with_no_usable_port_is_refused_naming_the_option(cli, url):
+    """``--api http://127.0.0.1:99999`` (or a bracket left open) ended every command in a ValueError
+    traceback from urllib instead of naming the option."""
+    result = cli("--api", url, "runs", env=dict(_env(), QINGLONG_API_TOKEN="t" * 32))
+    _refused(result, ExitCode.USER_ERROR, "--api: expected http://HOST:PORT or https://HOST:PORT")
 
 
 def test_empty_timezone_is_refused_naming_the_option(cli):

@@ -79,6 +79,14 @@ def test_malformed_toml_names_the_file_and_the_line(tmp_path):
         load_settings(path)
 
 
+def test_a_number_too_long_for_python_is_malformed_toml_naming_the_line(tmp_path):
+    """tomllib reads a 5,000-digit integer with int(), which refuses past 4,300 digits with a
+    ValueError (not a TOMLDecodeError): the settings file ended every command in a traceback."""
+    path = write(tmp_path, "[scheduler]\n\npage_size = " + "1" * 5000 + "\n")
+    with pytest.raises(SettingsError, match=r"qinglong.toml is not valid TOML: .*more than 4300 digits.*line 3"):
+        load_settings(path)
+
+
 def test_unknown_key_names_file_key_and_the_keys_expected(tmp_path):
     path = write(tmp_path, "[scheduler]\npagesize = 3\n")
     with pytest.raises(SettingsError) as err:
@@ -187,14 +195,16 @@ def test_environment_variables_are_text_and_are_still_parsed(monkeypatch):
 
 
 DURATION_KEYS = ("execution.log_retention_days", "execution.run_retention_days", "execution.skip_retention_days",
-                 "worker.log_retention_days")
+                 "worker.log_retention_days", "notifications.retention_days")
 
 
-@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300", "36501"])
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300", "36501", "1e-300", "1e-9"])
 @pytest.mark.parametrize("key", DURATION_KEYS)
 def test_a_duration_without_a_finite_bound_is_refused_naming_file_and_key(tmp_path, key, value):
     """``run_retention_days = inf`` ended ``run`` in an OverflowError traceback and ``1e300`` made
-    every sweep fail: an unbounded duration would be accepted and break the loops that use it."""
+    every sweep fail: an unbounded duration would be accepted and break the loops that use it.
+    ``1e-300`` days passed ``> 0`` and is 0 ms once in milliseconds: every finished Run, log and
+    delivery would be deleted the moment it ended, the opposite of what the key says."""
     section, name = key.split(".")
     path = write(tmp_path, f"[{section}]\n{name} = {value}\n")
     with pytest.raises(SettingsError) as err:
@@ -209,6 +219,106 @@ def test_a_duration_from_the_environment_is_bounded_too(monkeypatch, key):
     monkeypatch.setenv(variable, "inf")
     with pytest.raises(SettingsError, match=f"environment variable {variable}: key '{key}'"):
         load_settings()
+
+
+@pytest.mark.parametrize("port", ["\u00b2", "\u0668\u0660\u0668\u0660", "1" * 5000])
+def test_a_listen_port_is_ascii_digits_named_in_words(tmp_path, port):
+    """``"127.0.0.1:²"`` was refused with Python's "invalid literal for int()"; ``٨٠٨٠``
+    (Arabic-Indic digits) was taken as port 8080 without a word."""
+    path = write(tmp_path, f'[http]\nlisten = "127.0.0.1:{port}"\n')
+    with pytest.raises(SettingsError) as err:
+        load_settings(path)
+    assert f"settings file {path}: key 'http.listen'" in str(err.value)
+    assert 'expected "host:port"' in str(err.value) and "int()" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["1e-300", "1e-6"])
+def test_a_failed_authentication_refill_below_one_a_day_is_refused(tmp_path, value):
+    """``failed_auth_per_second = 1e-300`` passed ``> 0``: an address that failed its burst would
+    wait 10**300 seconds (a Retry-After of 301 digits), a lockout no one chose."""
+    path = write(tmp_path, f"[api]\nfailed_auth_per_second = {value}\n")
+    with pytest.raises(SettingsError, match=f"settings file {path}: key 'api.failed_auth_per_second'"):
+        load_settings(path)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999", "http://[::1", "http://127.0.0.1:\u00b2/",
+                                 "http://127.0.0.1:-1", "http://127.0.0.1:" + "1" * 5000, "ftp://gateway"])
+def test_a_worker_url_with_no_usable_port_is_refused_naming_file_and_key(tmp_path, url):
+    """``[worker] url = "http://127.0.0.1:99999"`` was accepted and ended ``qinglong worker`` in a
+    ValueError traceback from urllib when the worker read its port."""
+    path = write(tmp_path, f'profile = "cluster"\n[worker]\nurl = "{url}"\n')
+    with pytest.raises(SettingsError) as err:
+        load_settings(path)
+    assert f"settings file {path}: key 'worker.url'" in str(err.value)
+    assert "expected http(s)://HOST[:PORT]" in str(err.value)
+
+
+@pytest.mark.parametrize("variable, value, key", [
+    ("QINGLONG_API__TRUSTED_PROXIES", "10.0.0.1", "api.trusted_proxies"),
+    ("QINGLONG_PLUGINS__ENABLE", "[not json", "plugins.enable"),
+    ("QINGLONG_NOTIFICATIONS__CHANNELS", '{"ops": {"kind": "webhook", "secret": "hunter2-secret"', "notifications.channels"),
+    ("QINGLONG_BACKEND", "{oops", "backend"),
+    ("QINGLONG_NOTIFICATIONS__CHANNELS", '{"ops": {"timeout_ms": ' + "9" * 5000 + "}}", "notifications.channels"),
+])
+def test_a_list_or_table_from_the_environment_that_is_not_json_names_the_variable(monkeypatch, variable, value, key):
+    """A list or table in an environment variable is read as JSON; ``QINGLONG_API__TRUSTED_PROXIES=10.0.0.1``
+    (or a brace left open) ended every command in pydantic-settings' own exception, a traceback
+    naming no variable, and a channel's secret could be in the value: it must never be echoed."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert f"environment variable {variable}: key '{key}': expected JSON" in str(err.value)
+    assert "hunter2" not in str(err.value) and "99999" not in str(err.value)
+
+
+def _numeric_settings() -> list[tuple[str, str, str, type]]:
+    """Every number a settings file can hold: (profile, section, key, int or float), for every
+    section of the host and the backend section of each profile's backend plugin."""
+    from pydantic import BaseModel
+
+    from qinglong.host.settings import QinglongSettings
+    from qinglong.plugins.cluster_postgres.settings import ClusterPostgresSettings
+    from qinglong.plugins.edge_sqlite.settings import EdgeSqliteSettings
+
+    models: list[tuple[str, str, type[BaseModel]]] = [
+        ("edge", name, field.annotation) for name, field in QinglongSettings.model_fields.items()
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)]
+    models += [("edge", "backend", EdgeSqliteSettings), ("cluster", "backend", ClusterPostgresSettings)]
+    return [(profile, section, key, field.annotation) for profile, section, model in models
+            for key, field in model.model_fields.items() if field.annotation in (int, float)]
+
+
+NUMERIC_SETTINGS = _numeric_settings()
+
+
+def _load_with_backend(path: Path | None, profile: str) -> None:
+    from qinglong.host.settings import validate_section
+    from qinglong.plugins.cluster_postgres.settings import ClusterPostgresSettings
+    from qinglong.plugins.edge_sqlite.settings import EdgeSqliteSettings
+
+    loaded = load_settings(path, profile=profile)
+    model = ClusterPostgresSettings if profile == "cluster" else EdgeSqliteSettings
+    validate_section(loaded, "backend", model, loaded.settings.backend)
+
+
+@pytest.mark.parametrize("profile, section, key, kind", NUMERIC_SETTINGS,
+                         ids=[f"{p}-{s}.{k}" for p, s, k, _ in NUMERIC_SETTINGS])
+def test_every_numeric_setting_is_bounded_from_above_in_file_and_environment(tmp_path, monkeypatch, profile,
+                                                                            section, key, kind):
+    """A number without an upper bound is taken as written: ``notifications.retention_days = inf``
+    ended ``run`` in an OverflowError traceback, and a huge byte count or duration fails (or is
+    held forever) wherever it is turned into milliseconds or bound into a statement. Every numeric
+    key, from a file and from the environment, must be refused naming where it came from."""
+    absurd = ("inf", "1e300") if kind is float else (str(2**63 - 1),)
+    for value in absurd:
+        path = write(tmp_path, f"[{section}]\n{key} = {value}\n")
+        with pytest.raises(SettingsError, match=f"settings file {path}: key '{section}.{key}'"):
+            _load_with_backend(path, profile)
+    variable = f"QINGLONG_{section.upper()}__{key.upper()}"
+    for value in absurd + (str(2**64),):
+        monkeypatch.setenv(variable, value)
+        with pytest.raises(SettingsError, match=f"environment variable {variable}: key '{section}.{key}'"):
+            _load_with_backend(None, profile)
 
 
 @pytest.mark.parametrize("key, value", [("execution.default_timeout_ms", 10**30),

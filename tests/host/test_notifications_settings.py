@@ -43,3 +43,17 @@ def test_a_channels_operator_events_must_be_a_boolean_and_is_not_a_notifier_opti
     settings.write_text(base + "operator_events = true\n")
     result = cli("--settings", str(settings), "run", "--for-seconds", "1")
     assert result.returncode == 0, result.stderr
+
+
+def test_a_webhook_url_whose_port_cannot_be_read_is_refused_at_start(cli, tmp_path):
+    """``url = "http://hooks.example:99999/x"`` was accepted at start: urllib checks a port only
+    when it is read, so every event was retried and finally dead-lettered on a URL no send could
+    ever use, instead of ``run`` naming the channel and key."""
+    settings = tmp_path / "s.toml"
+    for url in ("http://hooks.example:99999/x", "http://hooks.example:\u00b2/x", "http://hooks.example:-1/x"):
+        settings.write_text(f'[backend]\npath = "{tmp_path / "q.db"}"\n[notifications.channels.hook]\n'
+                            f'kind = "webhook"\nurl = "{url}"\nsecret = "0123456789abcdef"\n')
+        result = cli("--settings", str(settings), "run", "--for-seconds", "0")
+        assert result.returncode == 3, result.stderr
+        assert "channel 'hook': key 'url': expected an http:// or https:// URL" in result.stderr
+        assert "Traceback" not in result.stderr

@@ -114,6 +114,21 @@ def test_a_malformed_cursor_is_refused_as_a_usage_error(cli):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("keyset", [[2**63, "ops", "t"], [-(2**63) - 1, "ops", "t"], [1, "ops", "\udc80"],
+                                    [1, "ops", "t" * 65], [True, "ops", "t"]])
+def test_a_forged_cursor_out_of_the_stores_range_is_a_usage_error(cli, keyset):
+    """A cursor is base64 anyone can write: a fire time past 64 bits or a name that is no
+    identifier (an unpaired surrogate) reached SQLite and ended ``schedules`` in an OverflowError
+    or UnicodeEncodeError traceback instead of a usage error."""
+    import base64
+
+    _ok(cli("project", "create", "ops"))
+    token = base64.urlsafe_b64encode(json.dumps(keyset).encode()).decode().rstrip("=")
+    result = cli("schedules", "--after", token)
+    assert result.returncode == 2 and "is not a schedule cursor" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 _PEAK = textwrap.dedent("""
     import resource, subprocess, sys
     proc = subprocess.run([sys.executable, "-m", "qinglong", "schedules", "--json"],

@@ -110,3 +110,17 @@ def test_the_console_link_names_the_listener_as_a_browser_reaches_it():
     assert console_base_url(loaded("127.0.0.1:8080")) == "http://127.0.0.1:8080"
     assert console_base_url(loaded("[::1]:8443", "/etc/q/cert.pem")) == "https://[::1]:8443"
     assert console_base_url(loaded("0.0.0.0:8080")) == f"http://{socket.getfqdn()}:8080"
+
+
+def test_a_console_link_url_whose_port_cannot_be_read_mints_nothing(tmp_path):
+    """``console link --url http://[::1`` ended in a ValueError traceback from urllib, and
+    ``--url http://h:99999`` minted a one-time admin code for an address no browser can open: the
+    option must be refused by name, with no code made and nothing audited."""
+    settings = write_settings(tmp_path, extra="[api]\nenabled = true\n")
+    assert _cli(settings, "project", "create", "ops").returncode == 0
+    for url in ("http://[::1", "http://127.0.0.1:99999", "http://127.0.0.1:\u00b2"):
+        refused = _cli(settings, "console", "link", "--url", url)
+        assert refused.returncode == 3, refused.stderr
+        assert "--url: expected http://HOST:PORT or https://HOST:PORT" in refused.stderr
+        assert "Traceback" not in refused.stderr
+    assert json.loads(_cli(settings, "audit", "--json").stdout) == []

@@ -111,3 +111,18 @@ def test_repeated_decisions_admit_each_on_time_occurrence_once_and_never_twice(r
         cursor = settle(head, cursor, observed, INTERVAL, admitted)
     assert admitted == sorted(set(admitted))
     assert admitted == expected_admissions(INTERVAL, head, start, observations)
+
+
+def test_an_occurrence_past_the_calendar_is_no_further_occurrence():
+    """``every_ms = 10**20`` is a spec the provider accepts, and its first occurrence lies past
+    year 9999 and past 64 bits: a cursor holding it cannot be stored (a store's integer
+    overflows) nor shown as a date. The decision must say there is no further occurrence."""
+    from qinglong.contracts.records import NO_MORE_OCCURRENCES_MS
+
+    now = 1_800_000_000_000
+    for spec, jitter in (({"every_ms": 10**20}, 0), ({"every_ms": 10**20}, 60_000),
+                         ({"every_ms": 253_402_300_800_000 - now, "anchor_ms": now}, 0)):
+        head = make_head("interval", INTERVAL.validate(spec), MisfirePolicy.FIRE_ONCE, 60_000, jitter_ms=jitter)
+        decision = decide(head, cursor_at(head, None), now, INTERVAL)
+        assert decision.kind is DecisionKind.INITIALIZE
+        assert decision.next_fire_at_ms == NO_MORE_OCCURRENCES_MS

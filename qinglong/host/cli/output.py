@@ -6,7 +6,7 @@ import json
 import os
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
 
 from qinglong.contracts.errors import ExitCode
@@ -23,7 +23,9 @@ def iso(ms: int | None) -> str:
         return "-"
     if ms >= 2**62:
         return "never"
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    # integer arithmetic: ms / 1000 as a float is off by a microsecond near year 9999 (.999 read .998)
+    moment = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

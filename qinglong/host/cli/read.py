@@ -103,6 +103,18 @@ def encode_schedule_cursor(schedule: Any) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+def _is_identifier(value: Any) -> bool:
+    """True for a project or trigger id as publishing accepts it (what a printed cursor holds)."""
+    from qinglong.contracts.errors import UserError
+    from qinglong.contracts.store import check_identifier
+
+    try:
+        check_identifier("id", value)
+    except UserError:
+        return False
+    return True
+
+
 def decode_schedule_cursor(token: str) -> tuple:
     """The keyset of an ``--after`` token (argparse type); a clear error for anything else."""
     import base64
@@ -114,8 +126,9 @@ def decode_schedule_cursor(token: str) -> tuple:
     except (ValueError, binascii.Error, UnicodeDecodeError):
         value = None
     if (isinstance(value, list) and len(value) == 3
-            and (value[0] is None or (isinstance(value[0], int) and not isinstance(value[0], bool)))
-            and isinstance(value[1], str) and isinstance(value[2], str)):
+            and (value[0] is None or (isinstance(value[0], int) and not isinstance(value[0], bool)
+                                      and -(2**63) <= value[0] < 2**63))
+            and _is_identifier(value[1]) and _is_identifier(value[2])):
         return tuple(value)
     raise argparse.ArgumentTypeError(
         f"{token!r} is not a schedule cursor: pass the token a listing printed after "

@@ -90,12 +90,27 @@ async def list_runs(backend: Any, *, state: str | None, project: str | None, tas
     return runs
 
 
+def _check_filters(args: argparse.Namespace) -> None:
+    """A filter no Run can match (not an identifier) is a typo, refused naming its flag rather
+    than listed as "no Runs"."""
+    from qinglong.contracts.store import check_identifier
+
+    for flag, label in (("--project", "project_id"), ("--task", "task_id"), ("--trigger", "trigger_id")):
+        value = getattr(args, flag[2:])
+        if value is not None:
+            try:
+                check_identifier(label, value)
+            except UserError as exc:
+                raise UserError(f"{flag}: {exc}") from None
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     """Recent Runs, newest first: state, exit code, duration, Attempts."""
     if args.runs_command == "show":
         return _show_run(args)
     if args.runs_command == "cancel":
         return _cancel_run(args)
+    _check_filters(args)
     container = container_of(args)
 
     async def go(backend: Any) -> tuple[list[Any] | None, dict[str, Any], dict[str, str]]:

@@ -12,7 +12,7 @@ from qinglong.contracts.tokens import SCOPES
 
 from .boot import container_of, on_backend
 from .output import iso, now_ms, print_json, print_table
-from .parsing import add_command, add_json_flag, parse_duration_ms
+from .parsing import add_command, add_json_flag, parse_duration_ms, positive_count
 
 
 def cmd_token(args: argparse.Namespace) -> int:
@@ -61,7 +61,8 @@ def cmd_token(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     from ..tokens import token_store_of
 
-    since = now_ms() - parse_duration_ms("--since", args.since) if args.since else None
+    # never before the epoch: the API takes no negative time, and no entry is older
+    since = max(0, now_ms() - parse_duration_ms("--since", args.since)) if args.since else None
 
     async def read(backend: Any) -> Any:
         return await token_store_of(backend).list_audit(since, args.limit)
@@ -115,9 +116,11 @@ def cmd_console(args: argparse.Namespace) -> int:
     if args.url:
         from urllib.parse import urlsplit
 
-        parts = urlsplit(args.url)
-        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
-            raise UserError(f"--url: expected http://HOST:PORT or https://HOST:PORT, got {args.url!r}")
+        from ..settings import http_url_problem
+
+        parts = urlsplit(args.url) if http_url_problem(args.url) is None else None
+        if parts is None or parts.query or parts.fragment:
+            raise UserError(f"--url: expected http://HOST:PORT or https://HOST:PORT, got {args.url[:100]!r}")
         base = args.url.rstrip("/")
     else:
         base = console_base_url(loaded)
@@ -157,7 +160,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = add_command(sub, common, "audit", "the audit log: every change made through the API, every token made or revoked",
                     cmd_audit)
     p.add_argument("--since", metavar="DURATION", help="only entries of the last DURATION (1h, 7d)")
-    p.add_argument("--limit", type=int, default=100, help="at most N entries, newest first (default 100)")
+    p.add_argument("--limit", type=positive_count, default=100, help="at most N entries, newest first (default 100)")
     add_json_flag(p)
     p = add_command(sub, common, "console", "the web console: a one-time sign-in link", cmd_console)
     con_sub = p.add_subparsers(dest="console_command", metavar="SUBCOMMAND", required=True)

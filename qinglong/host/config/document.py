@@ -40,6 +40,7 @@ from qinglong.contracts.execution import EXECUTION_KEYS, ExecutionLimits, parse_
 from qinglong.contracts.records import DEFAULT_MISFIRE_GRACE_MS, MisfirePolicy, TriggerDefinition
 from qinglong.contracts.store import check_identifier
 
+from .. import tomlfile
 from .locate import KeyLines, locate_keys
 
 #: Most bytes of one apply file, and of one env value read from a file.
@@ -315,7 +316,7 @@ class _Checker:
 def parse_toml(text: str, source: str) -> dict[str, Any]:
     """The TOML text parsed, or a :class:`ConfigError` naming the line tomllib stopped at."""
     try:
-        return tomllib.loads(text)
+        return tomlfile.loads(text)
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         line = 1

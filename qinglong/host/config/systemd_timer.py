@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Mapping
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from qinglong.contracts.cli import whole_number
 from qinglong.contracts.errors import TriggerSpecError, UserError
 from qinglong.contracts.jitter import MAX_JITTER_MS
 
@@ -85,10 +86,11 @@ def parse_timespan_ms(text: str) -> int:
 
 
 def _number(text: str, low: int, high: int, what: str) -> int:
-    if not text.isdigit():
-        raise CalendarNotMapped(f"{what} {text!r} is not a whole number"
+    value = whole_number(text)
+    if value is None:
+        shown = text if len(text) <= 20 else text[:20] + "..."
+        raise CalendarNotMapped(f"{what} {shown!r} is not a whole number"
                                 + (" (fractions of a second cannot be mapped)" if "." in text else ""))
-    value = int(text)
     if not low <= value <= high:
         raise CalendarNotMapped(f"{what} {value} is outside {low}..{high}")
     return value

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qinglong.contracts.capabilities import ExecutingBackend, RemoteExecutionBackend
+from qinglong.contracts.cli import whole_number
 from qinglong.contracts.errors import (
     AlreadyExists,
     NotFound,
@@ -136,9 +137,10 @@ def _int_query(request: Request, name: str, default: int | None, low: int, high:
     text = request.query_params.get(name)
     if text is None:
         return default
-    if not text.isdigit() or not low <= int(text) <= high:
+    value = whole_number(text)
+    if value is None or not low <= value <= high:
         raise BodyError(f"query parameter {name!r}: expected an integer from {low} to {high}", name)
-    return int(text)
+    return value
 
 
 class ApiService:
@@ -496,9 +498,10 @@ class ApiService:
         cursor = query.get("cursor")
         skip = 0
         if cursor is not None:
-            if not cursor.isdigit() or int(cursor) > MAX_DEPTH:
+            depth = whole_number(cursor)
+            if depth is None or depth > MAX_DEPTH:
                 raise BodyError("cursor: expected the 'next' value of a previous page", "cursor")
-            skip = int(cursor)
+            skip = depth
         since = _int_query(request, "since_ms", None, 0, 253_402_300_799_000)
         until = _int_query(request, "until_ms", None, 0, 253_402_300_799_000)
         if since is None and until is None:
@@ -674,9 +677,10 @@ class ApiService:
         cursor = request.query_params.get("cursor")
         skip = 0
         if cursor is not None:
-            if not cursor.isdigit() or int(cursor) > MAX_DEPTH:
+            depth = whole_number(cursor)
+            if depth is None or depth > MAX_DEPTH:
                 raise BodyError("cursor: expected the 'next' value of a previous page", "cursor")
-            skip = int(cursor)
+            skip = depth
         found = list(await outbox.list_deliveries(state=state_value, limit=skip + limit + 1))
         page = found[skip:skip + limit]
         more = len(found) > skip + limit and skip + limit <= MAX_DEPTH

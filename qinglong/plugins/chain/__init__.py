@@ -172,6 +172,7 @@ class HookProvider:
 def _hook_spec(given: Mapping[str, str], current: Mapping[str, Any] | None) -> Mapping[str, Any]:
     import os
 
+    from qinglong.contracts.cli import whole_number
     from qinglong.contracts.errors import UserError
 
     spec = dict(current or {})
@@ -184,9 +185,10 @@ def _hook_spec(given: Mapping[str, str], current: Mapping[str, Any] | None) -> M
     for key in ("window_s", "per_minute"):
         text = given.get("hook_" + key)
         if text is not None:
-            if not text.isdigit():
-                raise UserError(f"--hook-{key.replace('_', '-')}: expected an integer")
-            spec[key] = int(text)
+            value = whole_number(text)
+            if value is None:
+                raise UserError(f"--hook-{key.replace('_', '-')}: expected a whole number, got {text[:20]!r}")
+            spec[key] = value
     return spec
 
 

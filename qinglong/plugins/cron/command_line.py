@@ -65,8 +65,9 @@ def positive_count(text: str) -> int:
 
 
 def _parse_time(option: str, text: str, zone: Any) -> int:
-    """An ISO 8601 time as epoch ms; without an offset it is a wall time in ``zone``."""
-    from datetime import datetime, timezone
+    """An ISO 8601 time as epoch ms (its microseconds cut, never rounded up into the next
+    millisecond); without an offset it is a wall time in ``zone``."""
+    from datetime import datetime, timedelta, timezone
 
     try:
         moment = datetime.fromisoformat(text.strip())
@@ -78,7 +79,8 @@ def _parse_time(option: str, text: str, zone: Any) -> int:
         moment.astimezone(timezone.utc)
     except (OverflowError, ValueError):
         raise UserError(f"{option} {text!r} lies outside the years 1 to 9999 once in UTC") from None
-    return int(moment.timestamp() * 1000)
+    # integer arithmetic: a float timestamp rounds 23:59:59.999999 of year 9999 into year 10000
+    return (moment - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(milliseconds=1)
 
 
 def _jitter_of(given: Mapping[str, Any]) -> tuple[int, tuple[str, str] | None]:
@@ -107,10 +109,10 @@ def _jitter_of(given: Mapping[str, Any]) -> tuple[int, tuple[str, str] | None]:
 
 def cron_next(context: CliContext) -> int:
     """Preview the next fire times of a cron expression, exactly as the scheduler computes them."""
-    from datetime import datetime
+    from datetime import datetime, timedelta, timezone
     from zoneinfo import ZoneInfo
 
-    from qinglong.contracts.jitter import JitteredSchedule
+    from qinglong.contracts.jitter import LAST_CALENDAR_MS, JitteredSchedule
 
     from .provider import CronProvider
 
@@ -131,7 +133,8 @@ def cron_next(context: CliContext) -> int:
     fire_times = next_fire_times(schedule, spec, after_ms, count)
 
     def local(ms: int) -> str:
-        return datetime.fromtimestamp(ms / 1000, zone).isoformat(timespec="seconds")
+        moment = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)
+        return moment.astimezone(zone).isoformat(timespec="seconds")
 
     def nominal(ms: int) -> int:
         return schedule.nominal_of(spec, ms) if schedule is not provider else ms
@@ -140,7 +143,7 @@ def cron_next(context: CliContext) -> int:
         # the last instant the delay may reach: the window, cut at the next occurrence
         following = provider.next_after(spec, ms)
         end = ms + jitter_ms - 1
-        return end if following is None else min(end, following - 1)
+        return min(end, LAST_CALENDAR_MS) if following is None else min(end, following - 1)
 
     if given["json"]:
         rows = []

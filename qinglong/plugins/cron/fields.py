@@ -10,6 +10,8 @@ from __future__ import annotations
 import calendar
 import re
 
+from qinglong.contracts.cli import whole_number
+
 #: The fields of a 5-field expression, with their ranges (6 fields: ``second`` 0-59 first).
 FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12),
           ("day of week", 0, 7))
@@ -24,9 +26,18 @@ def field_specs(count: int) -> tuple[tuple[str, int, int], ...]:
     return (SECOND,) + FIELDS if count == 6 else FIELDS
 
 
+def _number(token: str) -> int | None:
+    """A token of ASCII digits as its number, else None (``str.isdigit`` is true for ``²`` too,
+    which ``int`` refuses). Past 18 digits it is past every field's range, whatever its value."""
+    if not (token.isascii() and token.isdigit()):
+        return None
+    return whole_number(token) if len(token) <= 18 else 10**18
+
+
 def _value(name: str, token: str) -> int | None:
-    if token.isdigit():
-        return int(token)
+    number = _number(token)
+    if number is not None:
+        return number
     names = _MONTHS if name == "month" else _DAYS if name == "day of week" else {}
     return names.get(token.lower())
 
@@ -36,13 +47,15 @@ def out_of_range(expression: str, fields: list[str]) -> str | None:
     for (name, low, high), field in zip(field_specs(len(fields)), fields):
         for item in field.split(","):
             base, _, step = item.partition("/")
-            if step and (not step.isdigit() or int(step) == 0):
+            if step and not (_number(step) or 0) >= 1:
                 return (f"{expression!r}: the {name} field {field!r} steps by {step!r}; "
                         f"expected a whole number from 1 to {high}")
             for bound in base.split("-"):
-                if bound.isdigit() and not low <= int(bound) <= high:
+                number = _number(bound)
+                if number is not None and not low <= number <= high:
                     article = "an" if name == "hour" else "a"
-                    return (f"{expression!r}: the {name} field {field!r} holds {int(bound)}; "
+                    shown = number if len(bound) <= 18 else bound[:18] + "..."
+                    return (f"{expression!r}: the {name} field {field!r} holds {shown}; "
                             f"{article} {name} is {low} to {high}")
     return None
 

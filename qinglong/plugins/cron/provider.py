@@ -63,6 +63,11 @@ MACROS = {
 _HASHED_OR_RANDOM = re.compile(r"^[hr](\(\d+-\d+\))?(/\d+)?$", re.IGNORECASE)
 
 
+#: Names in the zone database that stand for a machine's setting, not a zone (``localtime`` links
+#: to /etc/localtime): fire times under them would differ between hosts and change unannounced.
+_MACHINE_ZONES = frozenset({"localtime", "posixrules"})
+
+
 @lru_cache(maxsize=512)
 def _zone(name: str) -> ZoneInfo:
     return ZoneInfo(name)
@@ -220,6 +225,10 @@ class CronProvider:
         zone_name = spec.get("timezone", "UTC")
         if not isinstance(zone_name, str) or not zone_name:
             raise TriggerSpecError(KIND, "timezone", "expected an IANA time zone name such as 'Europe/Berlin'")
+        if zone_name in _MACHINE_ZONES:
+            raise TriggerSpecError(
+                KIND, "timezone", f"{zone_name!r} names this machine's configured zone, which another host or "
+                "a later setting reads differently; write the zone itself, such as 'Europe/Berlin'")
         try:
             tz = _zone(zone_name)
         except (ZoneInfoNotFoundError, ValueError, OSError):

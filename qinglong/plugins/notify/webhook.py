@@ -47,7 +47,11 @@ class WebhookNotifier:
     def from_options(cls, name: str, options: Mapping[str, Any]) -> "WebhookNotifier":
         refuse_unknown(name, options, KEYS)
         url = text(options, "url", required=True)
-        parts = urllib.parse.urlsplit(url)
+        try:
+            parts = urllib.parse.urlsplit(url)
+            parts.port  # urllib checks the port only when it is read: here, not at the first send
+        except ValueError:
+            raise ValueError("key 'url': expected an http:// or https:// URL, its port from 0 to 65535") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("key 'url': expected an http:// or https:// URL")
         if parts.username or parts.password:
