@@ -170,8 +170,8 @@ class SelfFence:
                     if job.kill_at is not None and now >= job.kill_at:
                         core.supervisor.signal(job, signal.SIGKILL)
                     continue
-                if job.cancel is None and job.deadline_mono is not None and now >= job.deadline_mono:
-                    job.cancel = CancelReason.TIMEOUT
+                if (job.cancel is None and job.deadline_mono is not None and now >= job.deadline_mono
+                        and job.request_stop(CancelReason.TIMEOUT)):
                     core.emit("warning", "worker.timeout", f"run {job.run_id}: the timeout expired; "
                               "stopping its process group", run_id=job.run_id, attempt_id=job.attempt_id)
                 if job.cancel is not None:
