@@ -1,10 +1,15 @@
 """A timeout or cancel that a ``qinglong worker`` acts on after its job has already exited (the
-job's output still drained): the job's own exit is its outcome, as for local execution."""
+job's output still drained): the job's own exit is its outcome, as for local execution, and a
+timeout during the drain leaves what the job left to ``[worker] orphans``."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
 import signal
 
+from tests.support.procs import process_alive
 from tests.worker.helpers import admit, attempts, publish_task, start_worker, wait_run_state, wait_until
 
 
@@ -57,3 +62,35 @@ def test_an_operator_cancel_that_reaches_the_worker_after_the_jobs_exit_keeps_it
         worker.wait()
         worker.stop()
 
+
+def test_a_timeout_during_the_drain_leaves_what_orphans_leave_keeps(cluster, tmp_path, worker_gateway):
+    """The job exited before its deadline and the drain outlasted it: the worker's timeout TERMed
+    the job's whole group and killed the service the job started on purpose, although the policy
+    is `leave` and the job itself was done."""
+    program = tmp_path / "mydaemon"
+    shutil.copy(shutil.which("sleep"), program)
+    pids = tmp_path / "daemon.pids"
+    script = (f"sh -c 'echo $$ >> {shlex.quote(str(pids))}; exec {shlex.quote(str(program))} 300' & "
+              f"until [ -s {shlex.quote(str(pids))} ]; do sleep 0.01; done; exit 0")
+    run_id = admit(cluster, publish_task(cluster, "service", {"command": ["sh", "-c", script],
+                                                              "timeout_ms": 1_000}))
+    worker = start_worker(worker_gateway, tmp_path, "w-service", orphans="leave", orphan_drain_ms=5_000)
+    try:
+        state = wait_run_state(cluster, run_id)
+        worker.wait_event("worker.timeout", what="the timeout to land during the drain")
+        (attempt,) = attempts(cluster, run_id)
+        assert (state, attempt["exit_code"]) == ("succeeded", 0), attempt
+        (left,) = [int(p) for p in pids.read_text().split()]
+        assert process_alive(left), "the timeout killed what orphans = \"leave\" keeps"
+        assert 'orphans = "leave"' in attempt["reason"], attempt["reason"]
+    finally:
+        worker.signal(signal.SIGTERM)
+        worker.wait()
+        worker.stop()
+        if pids.exists():
+            for line in pids.read_text().split():
+                try:
+                    os.kill(int(line), signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+                wait_until(lambda pid=int(line): not process_alive(pid), f"process {line} to be gone after KILL")
