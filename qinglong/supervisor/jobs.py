@@ -201,6 +201,18 @@ class Supervisor(Generic[J]):
         assert job.executor is not None
         return ended_outcome(job.executor, job.attempt_dir, cancel, requested_at_ms=requested_at_ms)
 
+    def draining(self, job: J) -> bool:
+        """The job's own process has exited and its executor drains what it left within a bound
+        (an executor that cannot tell: never). A timeout is then not signalled: the job is done,
+        and what it left is the orphans policy's to handle."""
+        draining = getattr(job.executor, "draining", None)
+        if draining is None:
+            return False
+        try:
+            return bool(draining(job.attempt_dir))
+        except Exception:
+            return False
+
     # ---------------------------------------------------------------------------------- signals
 
     def signal(self, job: J, signum: int) -> bool:

@@ -36,6 +36,9 @@ class WorkerJob(Job):
     #: the timeout, moved from the store's clock onto the monotonic one
     deadline_mono: float | None = None
     cancel: CancelReason | None = None
+    #: when this worker took up ``cancel`` (its signals follow), epoch ms: a receipt that ended
+    #: before it is the job's own end, whatever the request says
+    cancel_requested_at_ms: int | None = None
     #: no longer ours (lease lost, session fenced, self-fenced): stop it, never report it
     forgotten: bool = False
     kill_at: float | None = None
@@ -50,6 +53,15 @@ class WorkerJob(Job):
     shipped: int = 0
     #: the store will not keep more of its log: no more shipping; it completes with what it has
     log_refused: bool = False
+
+    def request_stop(self, reason: CancelReason) -> bool:
+        """Take up a stop request (a timeout, a cancel order, the drain's shutdown) and the
+        instant it was taken up; the first one stands. True when this one was taken."""
+        if self.cancel is not None:
+            return False
+        self.cancel = reason
+        self.cancel_requested_at_ms = wall_clock_ms()
+        return True
 
 
 @dataclass

@@ -31,8 +31,7 @@ async def drain(core: WorkerCore) -> None:
                   f"{len(core.jobs)} job(s) still running after the drain timeout; stopping them",
                   jobs=len(core.jobs))
         for job in core.jobs.values():
-            if job.cancel is None:
-                job.cancel = CancelReason.SHUTDOWN
+            job.request_stop(CancelReason.SHUTDOWN)
     # each job is stopped (TERM, grace, KILL) and reported, or fenced off by the self-fence
     # within one session lease if the store stays away
     await _wait_jobs(core, core.mono() + (config.kill_grace_ms + 2 * config.session_lease_ms) / 1000)

@@ -170,10 +170,16 @@ class SelfFence:
                     if job.kill_at is not None and now >= job.kill_at:
                         core.supervisor.signal(job, signal.SIGKILL)
                     continue
-                if job.cancel is None and job.deadline_mono is not None and now >= job.deadline_mono:
-                    job.cancel = CancelReason.TIMEOUT
-                    core.emit("warning", "worker.timeout", f"run {job.run_id}: the timeout expired; "
-                              "stopping its process group", run_id=job.run_id, attempt_id=job.attempt_id)
+                if (job.cancel is None and job.deadline_mono is not None and now >= job.deadline_mono
+                        and job.request_stop(CancelReason.TIMEOUT)):
+                    core.emit("warning", "worker.timeout", f"run {job.run_id}: the timeout expired; " + (
+                              "the job had exited, what it left is handled by [worker] orphans"
+                              if core.supervisor.draining(job) else "stopping its process group"),
+                              run_id=job.run_id, attempt_id=job.attempt_id)
+                if job.cancel is CancelReason.TIMEOUT and core.supervisor.draining(job):
+                    # the job itself has exited: its wrapper ends within the drain and applies
+                    # [worker] orphans; a TERM now would stop what "leave" keeps
+                    continue
                 if job.cancel is not None:
                     core.supervisor.escalate(job)
             if fenced_at is not None and now >= fenced_at:

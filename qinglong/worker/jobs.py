@@ -357,7 +357,9 @@ class Jobs:
             core.emit("info", "worker.job_forgotten", f"run {job.run_id}: its process ended; its outcome is "
                       "not this worker's to report", run_id=job.run_id, attempt_id=job.attempt_id)
             return
-        await self._finish(job, core.supervisor.outcome(job, job.cancel), started=True)
+        # a job that ended before this worker took up its stop request keeps its own exit
+        await self._finish(job, core.supervisor.outcome(job, job.cancel, job.cancel_requested_at_ms),
+                           started=True)
 
     def _log_refused(self, job: WorkerJob, why: str) -> None:
         """Stop shipping the job's log (said once): it completes with what the store holds."""
@@ -383,7 +385,7 @@ class Jobs:
         if (receipt is None or receipt.exit_code is None
                 or receipt.ended_at_ms + max(0, receipt.ended_slack_ms) >= job.forgotten_wall_ms):
             return None
-        return classify_outcome(receipt, job.cancel)
+        return classify_outcome(receipt, job.cancel, requested_at_ms=job.cancel_requested_at_ms)
 
     # ---------------------------------------------------------------------------------- reporting
 

@@ -186,8 +186,7 @@ class Sessions:
                 reason = CancelReason(order.reason)
             except ValueError:
                 reason = CancelReason.OPERATOR
-            if job.cancel is None:
-                job.cancel = reason
+            if job.request_stop(reason):
                 core.emit("info", "worker.cancel_requested",
                           f"run {job.run_id}: cancel requested ({reason.value}); stopping its process group",
                           run_id=job.run_id, attempt_id=job.attempt_id, reason=reason.value)

@@ -533,7 +533,8 @@ class Dispatcher:
                 else:
                     next_deadline = (attempt.deadline_ms if next_deadline is None
                                      else min(next_deadline, attempt.deadline_ms))
-            if reason is not None and CancelReason(reason) is CancelReason.TIMEOUT and self._draining(job):
+            if (reason is not None and CancelReason(reason) is CancelReason.TIMEOUT
+                    and self._supervisor.draining(job)):
                 # the job itself has exited: its wrapper ends within the drain and applies
                 # [execution] orphans; a TERM now would stop what "leave" keeps
                 continue
@@ -543,17 +544,6 @@ class Dispatcher:
                     await self._store.note_attempt(attempt.attempt_id, job.unverified)
                     self._noted.add(attempt.attempt_id)
         self._next_deadline_ms = next_deadline
-
-    def _draining(self, job: Job) -> bool:
-        """The job's own process has exited and its executor drains what it left within a bound
-        (an executor that cannot tell: never)."""
-        draining = getattr(job.executor, "draining", None)
-        if draining is None:
-            return False
-        try:
-            return bool(draining(job.attempt_dir))
-        except Exception:
-            return False
 
     # ---------------------------------------------------------------------------------- retention
 
