@@ -9,12 +9,16 @@ signed by :mod:`.signing` (the rule the ``webhook`` notifier signs with) and nam
 the event-source contract, so the same delivery twice is one Run.
 
 Spec keys whose name ends in ``secret`` are masked wherever a trigger is shown
-(:func:`masked_spec`): the secret is stored to verify signatures and never printed again.
+(:func:`masked_spec`), and sealed at rest under the control plane's key
+(:func:`~qinglong.contracts.secrets.sealed_trigger_spec`): the secret is opened only to verify a
+signature and never printed again.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
+
+from .secrets import is_secret_key
 
 HOOK_KIND = "hook"
 DELIVERY_HEADER = "X-Qinglong-Delivery"
@@ -29,7 +33,7 @@ MASK = "********"
 
 def masked_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The spec as shown: every key ending in ``secret`` masked."""
-    return {k: (MASK if str(k).endswith("secret") else v) for k, v in spec.items()}
+    return {k: (MASK if is_secret_key(k) else v) for k, v in spec.items()}
 
 
 def hook_settings(spec: Mapping[str, Any]) -> tuple[str, int, int]:

@@ -1,11 +1,14 @@
-"""Secrets at rest: the one rule for sealing a task's env values.
+"""Secrets at rest: the one rule for sealing a task's env values and a trigger's secret spec keys.
 
 A sealed value is ``ql-sealed:v1:<key id>:<base64 of nonce + ciphertext>``. The ciphertext comes
 from an AEAD (AES-GCM in the host) under the key the id names, with associated data that binds it
 to its project, task and variable name, so a value copied to another name or task does not open.
 The key id is derived from the key itself, so several keys can be loaded at once (a rotation) and
-each value finds its own. This module is pure: the AEAD is handed in (:class:`Aead`), and the
-stores receive a :class:`Sealer` from the host; nothing here reads a key from anywhere.
+each value finds its own. A trigger spec key whose name ends in ``secret`` (:func:`is_secret_key`,
+e.g. a ``hook`` trigger's HMAC key) is sealed the same way, bound to its project, trigger and key
+name; the digest of a spec is of its values in clear. This module is pure: the AEAD is handed in
+(:class:`Aead`), and the stores receive a :class:`Sealer` from the host; nothing here reads a key
+from anywhere.
 """
 
 from __future__ import annotations
@@ -125,6 +128,82 @@ def env_aad(project_id: str, task_id: str, name: str) -> bytes:
     return "\0".join(("qinglong env v1", project_id, task_id, name)).encode("utf-8")
 
 
+def is_secret_key(name: Any) -> bool:
+    """Whether a trigger spec key holds a secret: sealed at rest, masked wherever shown."""
+    return str(name).endswith("secret")
+
+
+def trigger_aad(project_id: str, trigger_id: str, key: str) -> bytes:
+    """The associated data of one secret spec value: its project, trigger and key name."""
+    return "\0".join(("qinglong trigger v1", project_id, trigger_id, key)).encode("utf-8")
+
+
+def _secret_items(spec: Any) -> list[tuple[str, str]]:
+    if not isinstance(spec, Mapping):
+        return []
+    return [(str(k), v) for k, v in spec.items() if is_secret_key(k) and isinstance(v, str)]
+
+
+def opened_trigger_spec(sealer: SealerLike | None, project_id: str, trigger_id: str,
+                        spec: Mapping[str, Any]) -> dict[str, Any]:
+    """``spec`` with its sealed secret values opened: where a signature is verified, or a spec
+    digested or republished. A value that does not open is a SecretsError naming the trigger and
+    key, never its text; without a sealer a sealed value never passes for the secret itself."""
+    sealed = [(k, v) for k, v in _secret_items(spec) if is_sealed(v)]
+    if not sealed:
+        return dict(spec)
+    if sealer is None:
+        raise SecretsError(f"trigger {project_id}/{trigger_id}: its secret is sealed and no secrets key "
+                           "is loaded (set [secrets] key_file)")
+    opened = dict(spec)
+    for key, value in sealed:
+        try:
+            opened[key] = sealer.open(value, trigger_aad(project_id, trigger_id, key))
+        except SecretsError as exc:
+            raise SecretsError(f"trigger {project_id}/{trigger_id}: spec.{key}: {exc}") from None
+    return opened
+
+
+def given_trigger_spec(sealer: SealerLike | None, project_id: str, trigger_id: str,
+                       spec: Any) -> Any:
+    """A spec given to a publisher with a sealed secret kept from the head (an edit that did not
+    restate it) opened, before the spec is validated; a sealed value bound to another trigger or
+    key is a UserError, never taken as the secret itself."""
+    if not isinstance(spec, Mapping) or not any(is_sealed(v) for _, v in _secret_items(spec)):
+        return spec
+    try:
+        return opened_trigger_spec(sealer, project_id, trigger_id, spec)
+    except SecretsError:
+        keys = [k for k, v in _secret_items(spec) if is_sealed(v)]
+        if sealer is None or any(not sealer.has_key(sealed_key_id(v) or "")
+                                 for _, v in _secret_items(spec) if is_sealed(v)):
+            raise
+        raise UserError(f"trigger {trigger_id!r}: spec.{keys[0]}: a sealed value given for this key does "
+                        "not open (give the secret itself, or keep the current one)") from None
+
+
+def sealed_trigger_spec(sealer: SealerLike | None, project_id: str, trigger_id: str,
+                        spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec as stored: every secret value (in clear, or sealed under an older key) sealed
+    under the current key. Without a sealer the spec as given."""
+    items = _secret_items(spec)
+    if sealer is None or not items:
+        return dict(spec)
+    plain = opened_trigger_spec(sealer, project_id, trigger_id, spec)
+    sealed = {k: sealer.seal(plain[k], trigger_aad(project_id, trigger_id, k)) for k, _ in items}
+    return {**plain, **sealed}
+
+
+def spec_needs_sealing(sealer: SealerLike, spec: Any) -> bool:
+    """Whether a stored trigger spec holds a secret in clear or one sealed under an older key."""
+    return any(not is_sealed(v) or sealed_key_id(v) != sealer.key_id for _, v in _secret_items(spec))
+
+
+def spec_key_ids(specs: Iterable[Any]) -> set[str]:
+    """The key ids the sealed secret values of trigger ``specs`` name."""
+    return {k for spec in specs for _, v in _secret_items(spec) for k in [sealed_key_id(v)] if k}
+
+
 def _env_of(payload: Mapping[str, Any]) -> Mapping[str, Any] | None:
     env = payload.get("env")
     return env if isinstance(env, Mapping) else None
@@ -201,13 +280,17 @@ def opened_env_payload(sealer: SealerLike | None, project_id: str, task_id: str,
 def opened_state(sealer: SealerLike | None, state: Any) -> Any:
     """A :class:`~qinglong.contracts.apply.ProjectState` with its tasks' env values opened: what
     a publisher plans an apply against (a desired ``STORED`` value then stands for the value in
-    clear, and digests compare values in clear), inside its own transaction only."""
+    clear, and digests compare values in clear), its triggers' secret spec values opened too,
+    inside its own transaction only."""
     import dataclasses
 
     tasks = {task_id: dataclasses.replace(record, payload=opened_env_payload(
                  sealer, record.project_id, record.task_id, record.payload))
              for task_id, record in state.tasks.items()}
-    return dataclasses.replace(state, tasks=tasks)
+    triggers = {trigger_id: dataclasses.replace(head, spec=opened_trigger_spec(
+                    sealer, head.project_id, head.trigger_id, head.spec))
+                for trigger_id, head in state.triggers.items()}
+    return dataclasses.replace(state, tasks=tasks, triggers=triggers)
 
 
 def payload_needs_sealing(sealer: SealerLike, payload: Mapping[str, Any]) -> bool:
@@ -236,11 +319,13 @@ def check_keys_loaded(sealer: SealerLike | None, key_ids: Iterable[str], where: 
     missing = sorted(k for k in key_ids if sealer is None or not sealer.has_key(k))
     if missing:
         loaded = "no key" if sealer is None else f"key {sealer.key_id}"
-        raise SecretsError(f"{where} holds env values sealed under key {', '.join(missing)}, but {loaded} "
+        raise SecretsError(f"{where} holds values sealed under key {', '.join(missing)}, but {loaded} "
                            "is loaded: set [secrets] key_file (or the variable [secrets] key_env names) "
                            "to the key they were sealed with, or rotate with `qinglong secrets rotate`")
 
 
 __all__ = ["SEALED_PREFIX", "KEY_BYTES", "NONCE_BYTES", "Aead", "SealerLike", "Sealer", "key_id_of",
            "is_sealed", "sealed_key_id", "env_aad", "sealed_env_payload", "opened_env_payload",
-           "payload_needs_sealing", "opened_state", "key_ids_in", "check_keys_loaded"]
+           "payload_needs_sealing", "opened_state", "key_ids_in", "check_keys_loaded", "is_secret_key",
+           "trigger_aad", "opened_trigger_spec", "given_trigger_spec", "sealed_trigger_spec",
+           "spec_needs_sealing", "spec_key_ids"]

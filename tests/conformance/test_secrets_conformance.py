@@ -1,10 +1,11 @@
-"""Task env values at rest, on every backend (SQLite, PostgreSQL 18 and 15): stored sealed under
-the host's key, never readable from a dump of the store, digested in clear (so a republish is no
-new revision), opened only for a job, re-sealed by a rotation in one idempotent transaction, and a
-start with a key that does not open them is refused."""
+"""Task env values and trigger secrets at rest, on every backend (SQLite, PostgreSQL 18 and 15):
+stored sealed under the host's key, never readable from a dump of the store, digested in clear (so
+a republish is no new revision), opened only for a job or a signature, re-sealed by a rotation in
+one idempotent transaction, and a start with a key that does not open them is refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 
@@ -13,14 +14,28 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from qinglong.contracts.apply import STORED, ChangeAction, DesiredProject
 from qinglong.contracts.errors import SecretsError, UserError
-from qinglong.contracts.records import content_digest
-from qinglong.contracts.secrets import Sealer, env_aad, is_sealed, sealed_key_id
+from qinglong.contracts.records import TriggerDefinition, content_digest
+from qinglong.contracts.secrets import Sealer, env_aad, is_sealed, sealed_key_id, trigger_aad
+from qinglong.plugins.chain import HookProvider
+from qinglong.testing.conformance.harness import providers
 from qinglong.testing.conformance.store import every_second
 
 from tests.conformance.harnesses import SqliteHarness
 
 SECRET = "hunter2-correct-horse-7f3a9c"
 PAYLOAD = {"command": ["sh", "-c", "echo $TOKEN"], "env": {"TOKEN": SECRET, "MODE": "plain-but-sealed-too"}}
+
+
+HOOK_SECRET = "hook-hmac-" + "9c1e" * 8
+
+
+def hook(trigger_id: str = "gh", secret: str = HOOK_SECRET, window_s: int = 300) -> TriggerDefinition:
+    return TriggerDefinition("p1", trigger_id, "t1", "hook", {"secret": secret, "window_s": window_s})
+
+
+async def trigger_head(h, trigger_id: str):
+    """A trigger's head as stored (what the hook route reads)."""
+    return (await h.publisher.project_state("p1")).triggers[trigger_id]
 
 
 def key_pair() -> tuple[bytes, bytes]:
@@ -53,10 +68,15 @@ async def head(h, project_id: str, task_id: str):
     return (await h.publisher.project_state(project_id)).tasks[task_id]
 
 
-async def with_sealer(h, s) -> None:
+async def with_sealer(h, s, found: dict | None = None) -> None:
     """The harness's backend again, now given ``s`` (a process restarted with other keys)."""
     h.sealer = s
-    await h.restart()
+    await h.restart(found)
+
+
+async def with_hooks(h, s) -> None:
+    """As :func:`with_sealer`, the ``hook`` trigger kind loaded too."""
+    await with_sealer(h, s, {**providers(), "hook": HookProvider()})
 
 
 async def test_env_values_are_stored_sealed_and_no_dump_shows_them(harness):
@@ -157,3 +177,81 @@ async def test_values_in_clear_of_an_older_store_are_sealed_by_a_rotation(harnes
     await h.backend.check_secrets()
     assert SECRET.encode() not in dump(h)
     assert (await h.publisher.put_task("p1", "t1", PAYLOAD)).task_revision == 1
+
+
+async def test_a_hook_secret_is_stored_sealed_and_no_dump_shows_it(harness):
+    """If a hook trigger's secret were stored in clear, whoever reads a copy or dump of the store
+    could sign deliveries and start its task at will."""
+    h = harness
+    key = os.urandom(32)
+    await with_hooks(h, sealer(key))
+    await h.publisher.create_project("p1")
+    await h.publisher.put_task("p1", "t1", {"command": ["true"]})
+    first = await h.publisher.put_trigger(hook())
+    stored = await trigger_head(h, "gh")
+    assert is_sealed(stored.spec["secret"]) and stored.spec["window_s"] == 300
+    assert sealer(key).open(stored.spec["secret"], trigger_aad("p1", "gh", "secret")) == HOOK_SECRET
+    with pytest.raises(Exception):  # bound to its trigger: it does not open as another's
+        sealer(key).open(stored.spec["secret"], trigger_aad("p1", "gh2", "secret"))
+    # digested in clear: the same secret again, or the head's sealed one kept, is no new revision
+    assert (await h.publisher.put_trigger(hook())).trigger_revision == first.trigger_revision
+    kept = await h.publisher.put_trigger(hook(secret=stored.spec["secret"]))
+    assert kept.trigger_revision == first.trigger_revision
+    edited = await h.publisher.put_trigger(hook(secret=stored.spec["secret"], window_s=60))
+    assert edited.trigger_revision == first.trigger_revision + 1
+    again = await trigger_head(h, "gh")
+    assert sealer(key).open(again.spec["secret"], trigger_aad("p1", "gh", "secret")) == HOOK_SECRET
+    await h.publisher.set_trigger_enabled("p1", "gh", False)
+    await h.publisher.put_trigger(hook("gh2"))
+    other = (await trigger_head(h, "gh2")).spec["secret"]
+    with pytest.raises(UserError) as refused:  # another trigger's sealed secret is not this one's
+        await h.publisher.put_trigger(hook(secret=other))
+    assert HOOK_SECRET not in str(refused.value)
+    plan = await h.publisher.apply_project(DesiredProject(
+        "p1", tasks={"t1": {"command": ["true"]}},
+        triggers={"gh": dataclasses.replace(hook(window_s=60), enabled=False), "gh2": hook("gh2")}))
+    assert {c.object_id: c.action for c in plan.changes if c.kind.value == "trigger"} == {
+        "gh": ChangeAction.UNCHANGED, "gh2": ChangeAction.UNCHANGED}
+    assert HOOK_SECRET.encode() not in dump(h)
+
+
+async def test_a_rotation_reseals_hook_secrets_and_the_old_key_alone_is_refused(harness):
+    """If a rotation left a hook secret under the old key, retiring that key would make the hook
+    refuse every delivery; if the start check skipped trigger secrets, a missing key would only
+    show at the first delivery."""
+    h = harness
+    old, new = key_pair()
+    await with_hooks(h, sealer(old))
+    await h.publisher.create_project("p1")
+    await h.publisher.put_task("p1", "t1", {"command": ["true"]})
+    await h.publisher.put_trigger(hook())
+    rotating = sealer(new, old)
+    assert await h.backend.reseal_secrets(rotating) == 1
+    assert await h.backend.reseal_secrets(rotating) == 0
+    await with_hooks(h, sealer(new))
+    await h.backend.check_secrets()
+    stored = (await trigger_head(h, "gh")).spec["secret"]
+    assert sealed_key_id(stored) == sealer(new).key_id
+    assert sealer(new).open(stored, trigger_aad("p1", "gh", "secret")) == HOOK_SECRET
+    await with_hooks(h, sealer(old))
+    with pytest.raises(SecretsError, match=r"\[secrets\] key_file"):
+        await h.backend.check_secrets()
+    assert HOOK_SECRET.encode() not in dump(h)
+
+
+async def test_a_hook_secret_in_clear_of_an_older_store_is_sealed_by_a_rotation(harness):
+    """If a secret written in clear before secrets were sealed stayed so, a dump would keep
+    showing it after the upgrade."""
+    h = harness
+    await with_hooks(h, None)  # a store written before trigger secrets were sealed
+    await h.publisher.create_project("p1")
+    first = await h.publisher.put_task("p1", "t1", {"command": ["true"]})
+    head_before = await h.publisher.put_trigger(hook())
+    assert HOOK_SECRET.encode() in dump(h)
+    key = os.urandom(32)
+    assert await h.backend.reseal_secrets(sealer(key)) == 1
+    await with_hooks(h, sealer(key))
+    await h.backend.check_secrets()
+    assert HOOK_SECRET.encode() not in dump(h)
+    assert (await h.publisher.put_trigger(hook())).trigger_revision == head_before.trigger_revision
+    assert first.task_revision == 1

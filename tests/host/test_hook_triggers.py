@@ -4,7 +4,9 @@ row of every table, the audit log included) as it was."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import shutil
 import sqlite3
 import time
@@ -12,7 +14,8 @@ import time
 import pytest
 
 from api_helpers import Client, Plane, api_settings, child_env, cli, make_token, store_dump
-from host_helpers import wait_until
+from host_helpers import run_cli, wait_until
+from http_helpers import Plane
 
 from qinglong.contracts.signing import signature
 
@@ -313,3 +316,85 @@ def test_the_status_page_shows_a_hook_trigger_as_never_due(hooked):
     text = page.decode()
     assert "<td>ops/gh</td><td>never</td>" in text and SECRET not in text, text
     assert store_dump(settings.parent / "q.db") == before, "reading the page changed the store"
+
+
+def _file_bytes(db) -> bytes:
+    """The database as a copy of it holds it: the file and its write-ahead log, byte for byte."""
+    data = b""
+    for suffix in ("", "-wal", "-journal"):
+        path = f"{db}{suffix}"
+        if os.path.exists(path):
+            with open(path, "rb") as handle:
+                data += handle.read()
+    return data
+
+
+def _stored_secret(db, trigger_id):
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        row = conn.execute("SELECT spec_json FROM triggers WHERE trigger_id = ?", (trigger_id,)).fetchone()
+        return json.loads(row[0])["secret"]
+    finally:
+        conn.close()
+
+
+def test_a_sealed_secret_verifies_deliveries_and_no_file_holds_it(hooked):
+    """If the secret were stored in clear, a copy of the database file (a backup, a support
+    bundle) would let anyone sign deliveries; sealed, the running plane must still open it to
+    accept the right signature and refuse a wrong one."""
+    plane, settings = hooked
+    db = settings.parent / "q.db"
+    assert _stored_secret(db, "gh").startswith("ql-sealed:v1:")
+    data = _file_bytes(db)
+    assert SECRET.encode() not in data and OTHER.encode() not in data
+    before = store_dump(db)
+    status, answer = _post(plane.port, "/api/v1/hooks/ops/gh", b"{}", secret=OTHER, delivery="w-1")
+    assert status == 401 and answer["error"]["code"] == "bad_signature", answer
+    assert store_dump(db) == before, "a wrongly signed delivery changed the store"
+    status, answer = _post(plane.port, "/api/v1/hooks/ops/gh", b"{}", delivery="s-1")
+    assert status == 202 and answer["created"] is True, answer
+    status, answer = _post(plane.port, "/api/v1/hooks/web/web-hook", b"{}", secret=OTHER, delivery="s-2")
+    assert status == 202, answer
+    assert SECRET.encode() not in _file_bytes(db)
+
+
+def test_a_secret_in_clear_of_an_older_store_is_sealed_at_start(published_store, tmp_path):
+    """A store written before trigger secrets were sealed: if the start did not seal the secret,
+    the file would keep showing it after the upgrade; the hook must keep verifying with it."""
+    shutil.copytree(published_store, tmp_path, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("settings.toml"))
+    settings = api_settings(tmp_path, http=HOOK_HTTP)
+    db = tmp_path / "q.db"
+    conn = sqlite3.connect(db)
+    try:  # as an older version wrote it (the digest was of the same spec in clear)
+        spec = json.dumps({"per_minute": 3, "secret": SECRET, "window_s": 300}, separators=(",", ":"))
+        with conn:
+            conn.execute("UPDATE triggers SET spec_json = ? WHERE trigger_id = 'gh'", (spec,))
+    finally:
+        conn.close()
+    assert SECRET.encode() in _file_bytes(db)
+    plane = Plane(settings)
+    try:
+        assert _stored_secret(db, "gh").startswith("ql-sealed:v1:")
+        assert SECRET.encode() not in _file_bytes(db)
+        status, answer = _post(plane.port, "/api/v1/hooks/ops/gh", b"{}", delivery="o-1")
+        assert status == 202, answer
+        assert _post(plane.port, "/api/v1/hooks/ops/gh", b"{}", secret=OTHER, delivery="o-2")[0] == 401
+    finally:
+        plane.stop()
+    listed = json.loads(cli(settings, "trigger", "list", "ops", "--json"))
+    assert SECRET not in json.dumps(listed)
+
+
+def test_a_start_with_another_key_is_refused_not_served_in_clear(published_store, tmp_path):
+    """If a plane started with a key that does not open the sealed secret, every delivery would
+    fail late, or a fallback would take the sealed text for the secret; the start is refused
+    (exit 6) naming the key, never a value."""
+    shutil.copytree(published_store, tmp_path, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("settings.toml"))
+    settings = api_settings(tmp_path, http=HOOK_HTTP)
+    key = tmp_path / "q.db.key"
+    key.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
+    done = run_cli(["--settings", str(settings), "run"], cwd=tmp_path, env=child_env())
+    assert done.returncode == 6, (done.returncode, done.stderr)
+    assert "sealed under key" in done.stderr and SECRET not in done.stderr + done.stdout

@@ -1,5 +1,5 @@
-"""``qinglong secrets generate`` and ``qinglong secrets rotate``: the key task env values are
-sealed under at rest."""
+"""``qinglong secrets generate`` and ``qinglong secrets rotate``: the key task env values and
+trigger secrets are sealed under at rest."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_rotate(args: argparse.Namespace) -> int:
-    """Seal every stored env value under the current key (``[secrets]``), opening values under
-    the ``--old-key-file`` keys; values in clear are sealed too. One transaction; a second run
-    finds nothing left to do."""
+    """Seal every stored env value and trigger secret under the current key (``[secrets]``),
+    opening values under the ``--old-key-file`` keys; values in clear are sealed too. One
+    transaction; a second run finds nothing left to do."""
     from dependency_injector import providers
 
     from qinglong.contracts.errors import SecretsError, UserError
@@ -65,13 +65,14 @@ def cmd_rotate(args: argparse.Namespace) -> int:
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add ``secrets generate`` and ``secrets rotate``."""
-    group = add_command(sub, common, "secrets", "the key task env values are sealed under", None)
+    group = add_command(sub, common, "secrets", "the key env values and trigger secrets are sealed "
+                        "under", None)
     group_sub = group.add_subparsers(dest="secrets_command", metavar="SUBCOMMAND", required=True)
     text = "print a new key (base64 of 32 random bytes) for [secrets] key_file"
     p = group_sub.add_parser("generate", parents=[common], help=text, description=text)
     p.set_defaults(func=cmd_generate)
-    text = ("seal every stored env value under the current key ([secrets] key_file or key_env), "
-            "opening values under the old keys; in one transaction, idempotent (admin)")
+    text = ("seal every stored env value and trigger secret under the current key ([secrets] key_file "
+            "or key_env), opening values under the old keys; in one transaction, idempotent (admin)")
     p = group_sub.add_parser("rotate", parents=[common], help=text, description=text)
     p.add_argument("--old-key-file", action="append", default=[], metavar="PATH",
                    help="a key values may still be sealed under (repeatable)")

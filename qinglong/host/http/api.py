@@ -710,6 +710,7 @@ class ApiService:
         from qinglong.contracts.capabilities import AdmitsOccurrences
         from qinglong.contracts.event_sources import MAX_EVENT_ID_CHARS
         from qinglong.contracts.hooks import DELIVERY_HEADER, HOOK_KIND, MAX_HOOK_BODY_BYTES, hook_settings
+        from qinglong.contracts.secrets import opened_trigger_spec
         from qinglong.contracts.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 
         project_id, trigger_id = request.path_params["project"], request.path_params["trigger"]
@@ -731,7 +732,10 @@ class ApiService:
             # one layer reading the first and another the last would check one and log another
             if len(request.headers.getlist(name)) > 1:
                 return error_response(400, "doubled_header", f"one {name} header, not several", name)
-        secret, window_s, per_minute = hook_settings(head.spec)
+        # opened only here, to verify; a key that does not open it is a SecretsError (503)
+        sealer = getattr(getattr(self.backend, "context", None), "sealer", None)
+        spec = opened_trigger_spec(sealer, project_id, trigger_id, head.spec)
+        secret, window_s, per_minute = hook_settings(spec)
         now_ms = self.clock_ms()
         timestamp = request.headers.get(TIMESTAMP_HEADER, "")
         signed = request.headers.get(SIGNATURE_HEADER, "")

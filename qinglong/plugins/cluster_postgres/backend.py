@@ -189,9 +189,9 @@ class ClusterPostgresBackend:
 
     async def check_secrets(self) -> None:
         """At start: refuse (:class:`~qinglong.contracts.errors.SecretsError`) when a stored env
-        value is sealed under a key that is not loaded (read as the runtime role). Values still in
-        clear are sealed by ``qinglong secrets rotate``, not here: revisions are the owner's to
-        rewrite."""
+        value or trigger secret is sealed under a key that is not loaded (read as the runtime
+        role). Values still in clear are sealed by ``qinglong secrets rotate``, not here:
+        revisions are the owner's to rewrite."""
         async def body(conn):
             cur = await conn.execute(query("secrets_key_ids"))
             return {row[0] for row in await cur.fetchall()}
@@ -203,17 +203,23 @@ class ClusterPostgresBackend:
         check_keys_loaded(self.context.sealer, key_ids, "the cluster store")
 
     async def reseal_secrets(self, sealer) -> int:
-        """Seal every stored env value (task and execution revisions) under ``sealer``'s current
-        key, as the owner role (``owner_dsn``), in one transaction that holds off publishing:
-        values in clear and values under another loaded key; values under the current key are
-        left as they are, so running it again (after an interruption) finishes the job. Returns
-        the rows rewritten."""
+        """Seal every stored env value (task and execution revisions) and trigger secret (trigger
+        heads) under ``sealer``'s current key, as the owner role (``owner_dsn``), in one
+        transaction that holds off publishing: values in clear and values under another loaded
+        key; values under the current key are left as they are, so running it again (after an
+        interruption) finishes the job. Returns the rows rewritten."""
         import json
 
         from psycopg.rows import dict_row
 
         from qinglong.contracts.records import canonical_json
-        from qinglong.contracts.secrets import opened_env_payload, payload_needs_sealing, sealed_env_payload
+        from qinglong.contracts.secrets import (
+            opened_env_payload,
+            payload_needs_sealing,
+            sealed_env_payload,
+            sealed_trigger_spec,
+            spec_needs_sealing,
+        )
 
         dsn = self.settings.require_dsn("owner_dsn", "to rotate the secrets key")
         conn = await connect(dsn, statement_timeout_ms=0, application_name=self._app_name("secrets"),
@@ -236,6 +242,17 @@ class ClusterPostgresBackend:
                     await conn.execute(query(f"secrets_update_{row['kind']}"), {
                         "text": canonical_json(stored), "project_id": row["project_id"],
                         "task_id": row["task_id"], "task_revision": row["task_revision"]})
+                    changed += 1
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(query("secrets_trigger_specs"))
+                    triggers = await cur.fetchall()
+                for row in triggers:
+                    spec = json.loads(row["text"])
+                    if not isinstance(spec, dict) or not spec_needs_sealing(sealer, spec):
+                        continue
+                    stored = sealed_trigger_spec(sealer, row["project_id"], row["trigger_id"], spec)
+                    await conn.execute(query("secrets_update_trigger"), {
+                        "text": canonical_json(stored), "trigger_id": row["trigger_id"]})
                     changed += 1
         except psycopg.Error as exc:
             raise SchemaNotReady(f"secrets rotation failed: {describe_error(exc, self.secrets)}") from None

@@ -13,6 +13,7 @@ cadence and claim lease is refused before anything is written.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
@@ -54,7 +55,13 @@ from qinglong.contracts.records import (
     content_digest,
     trigger_content_digest,
 )
-from qinglong.contracts.secrets import opened_state, sealed_env_payload
+from qinglong.contracts.secrets import (
+    given_trigger_spec,
+    opened_state,
+    opened_trigger_spec,
+    sealed_env_payload,
+    sealed_trigger_spec,
+)
 from qinglong.contracts.store import (
     SchedulerLimits,
     check_enabled,
@@ -257,6 +264,9 @@ class ClusterPublisher:
 
     async def put_trigger(self, definition: TriggerDefinition) -> TriggerHead:
         """Add a trigger or publish a new revision (resetting its schedule), in one transaction."""
+        # an edit keeping the head's sealed secret gives it back sealed: validated in clear
+        definition = dataclasses.replace(definition, spec=given_trigger_spec(
+            self._sealer, definition.project_id, definition.trigger_id, definition.spec))
         spec, kind = validate_definition(definition, self._providers)
         policy = misfire_policy_of(definition.misfire_policy)
         check_enabled(definition.enabled)
@@ -277,6 +287,9 @@ class ClusterPublisher:
         task = await _one(conn, query("lock_task_head"), {"project_id": project_id, "task_id": task_id})
         if task is None or task["deleted_at_ms"] is not None:
             raise task_not_found(project_id, task_id)
+        # digested in clear, stored with its secret values sealed (as a head reads back)
+        spec = opened_trigger_spec(self._sealer, project_id, trigger_id, spec)
+        stored = sealed_trigger_spec(self._sealer, project_id, trigger_id, spec)
         digest = trigger_content_digest(project_id, trigger_id, task_id, kind, spec, policy, grace_ms,
                                         enabled, jitter_ms)
         row = await _one(conn, query("lock_trigger_head"), {"trigger_id": trigger_id})
@@ -292,13 +305,13 @@ class ClusterPublisher:
         revision = mark["last_revision"]
         params = {
             "trigger_id": trigger_id, "project_id": project_id, "task_id": task_id,
-            "trigger_revision": revision, "kind": kind, "spec_json": Jsonb(dict(spec)),
+            "trigger_revision": revision, "kind": kind, "spec_json": Jsonb(stored),
             "misfire_policy": policy.value, "misfire_grace_ms": grace_ms, "enabled": enabled,
             "content_digest": digest, "jitter_ms": jitter_ms,
         }
         await conn.execute(query("upsert_trigger_head"), params)
         await conn.execute(query("reset_schedule"), params)
-        return TriggerHead(project_id, trigger_id, task_id, revision, kind, dict(spec), policy,
+        return TriggerHead(project_id, trigger_id, task_id, revision, kind, stored, policy,
                            grace_ms, enabled, digest, jitter_ms)
 
     async def set_trigger_enabled(self, project_id: str, trigger_id: str, enabled: bool) -> TriggerHead:

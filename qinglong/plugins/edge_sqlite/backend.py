@@ -20,10 +20,14 @@ from qinglong.contracts.records import MigrationState, RecoveryReport, RoundRepo
 from qinglong.contracts.secrets import (
     check_keys_loaded,
     is_sealed,
+    is_secret_key,
     key_ids_in,
     opened_env_payload,
     payload_needs_sealing,
     sealed_env_payload,
+    sealed_trigger_spec,
+    spec_key_ids,
+    spec_needs_sealing,
 )
 from qinglong.contracts.store import BackendContext
 
@@ -126,14 +130,17 @@ class EdgeSqliteBackend:
 
     async def check_secrets(self) -> None:
         """At start: refuse (:class:`~qinglong.contracts.errors.SecretsError`) when a stored env
-        value is sealed under a key that is not loaded; then seal, in one transaction, any value
-        still in clear (a store written before values were sealed), unless opened to read."""
+        value or trigger secret is sealed under a key that is not loaded; then seal, in one
+        transaction, any value still in clear (a store written before values were sealed), unless opened to read."""
         sealer = self.context.sealer
         rows = await self.store.call(self._secrets_rows)
-        check_keys_loaded(sealer, key_ids_in(payload for *_, payload in rows), f"the store {self.store.path}")
-        if sealer is not None and self._may_create and any(
+        specs = await self.store.call(self._secret_specs)
+        check_keys_loaded(sealer, key_ids_in(payload for *_, payload in rows)
+                          | spec_key_ids(spec for *_, spec in specs), f"the store {self.store.path}")
+        if sealer is not None and self._may_create and (any(
                 any(not is_sealed(v) for v in payload["env"].values() if isinstance(v, str))
-                for *_, payload in rows):
+                for *_, payload in rows) or any(
+                not is_sealed(v) for *_, spec in specs for k, v in spec.items() if is_secret_key(k))):
             await self.reseal_secrets(sealer)
 
     @staticmethod
@@ -144,11 +151,21 @@ class EdgeSqliteBackend:
             rows.append((row["kind"], row["project_id"], row["task_id"], row["task_revision"], payload))
         return rows
 
+    @staticmethod
+    def _secret_specs(conn) -> list[tuple[str, str, dict]]:
+        """``(project, trigger, spec)`` of every trigger whose spec holds a secret key."""
+        rows = []
+        for row in named_rows(conn, query("secrets_trigger_specs")):
+            spec = json.loads(row["spec_json"])
+            if isinstance(spec, dict) and any(is_secret_key(k) and isinstance(v, str) for k, v in spec.items()):
+                rows.append((row["project_id"], row["trigger_id"], spec))
+        return rows
+
     async def reseal_secrets(self, sealer: Any) -> int:
-        """Seal every stored env value under ``sealer``'s current key, in one transaction: values
-        in clear and values under another loaded key; values under the current key are left as
-        they are, so running it again (after an interruption) finishes the job. Returns the rows
-        rewritten."""
+        """Seal every stored env value and trigger secret under ``sealer``'s current key, in one
+        transaction: values in clear and values under another loaded key; values under the
+        current key are left as they are, so running it again (after an interruption) finishes
+        the job. Returns the rows rewritten."""
         def work(conn) -> int:
             changed = 0
             # the text replaced is zeroed in the file, not left in a page's free space
@@ -164,6 +181,14 @@ class EdgeSqliteBackend:
                         conn.execute(query(f"secrets_update_{kind}"), {
                             "payload": canonical_json(stored), "project_id": project_id, "task_id": task_id,
                             "task_revision": revision})
+                        changed += 1
+                    for project_id, trigger_id, spec in self._secret_specs(conn):
+                        if not spec_needs_sealing(sealer, spec):
+                            continue
+                        stored = sealed_trigger_spec(sealer, project_id, trigger_id, spec)
+                        # the digest is of the spec in clear: it stays
+                        conn.execute(query("secrets_update_trigger"), {
+                            "spec": canonical_json(stored), "trigger_id": trigger_id})
                         changed += 1
             finally:
                 conn.execute(f"PRAGMA secure_delete = {int(secure)}")

@@ -6,6 +6,7 @@ existence check happens inside it, before the first write, so a refused call wri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from typing import Any, Callable, Mapping
@@ -52,7 +53,13 @@ from qinglong.contracts.store import (
     validate_definition,
 )
 
-from qinglong.contracts.secrets import opened_state, sealed_env_payload
+from qinglong.contracts.secrets import (
+    given_trigger_spec,
+    opened_state,
+    opened_trigger_spec,
+    sealed_env_payload,
+    sealed_trigger_spec,
+)
 
 from .queries import query
 from .reader import head_from_row
@@ -181,7 +188,7 @@ def _apply_change(conn: sqlite3.Connection, change: Change, plan: ProjectPlan,
             return
         definition = plan.triggers[change.object_id]
         put_trigger_in(conn, definition, definition.spec, definition.kind,
-                       MisfirePolicy(definition.misfire_policy), now_ms)
+                       MisfirePolicy(definition.misfire_policy), now_ms, sealer)
 
 
 def _write_trigger_revision(conn: sqlite3.Connection, head: TriggerHead, now_ms: int) -> None:
@@ -210,8 +217,10 @@ def next_trigger_revision(conn: sqlite3.Connection, trigger_id: str, current: in
 
 
 def put_trigger_in(conn: sqlite3.Connection, definition: TriggerDefinition,
-                   spec: Mapping[str, Any], kind: str, policy: MisfirePolicy, now_ms: int) -> TriggerHead:
-    """Publish a validated definition inside the caller's open transaction."""
+                   spec: Mapping[str, Any], kind: str, policy: MisfirePolicy, now_ms: int,
+                   sealer: Any = None) -> TriggerHead:
+    """Publish a validated definition inside the caller's open transaction: digested in clear,
+    stored with its secret spec values sealed (as a head reads back)."""
     _require_project(conn, definition.project_id)
     if _live_task_head(conn, definition.project_id, definition.task_id) is None:
         raise task_not_found(definition.project_id, definition.task_id)
@@ -229,7 +238,8 @@ def put_trigger_in(conn: sqlite3.Connection, definition: TriggerDefinition,
                        next_trigger_revision(conn, definition.trigger_id,
                                              existing["trigger_revision"] if existing is not None
                                              else 0), kind,
-                       dict(spec), policy, definition.misfire_grace_ms, definition.enabled, digest,
+                       sealed_trigger_spec(sealer, definition.project_id, definition.trigger_id, spec),
+                       policy, definition.misfire_grace_ms, definition.enabled, digest,
                        definition.jitter_ms)
     _write_trigger_revision(conn, head, now_ms)
     return head
@@ -346,9 +356,13 @@ class SqlitePublisher:
 
     async def put_trigger(self, definition: TriggerDefinition) -> TriggerHead:
         """Add a trigger or publish a new revision (resetting its cursor); unchanged is a no-op."""
+        sealer = self._context.sealer
+        # an edit keeping the head's sealed secret gives it back sealed: validated in clear
+        definition = dataclasses.replace(definition, spec=given_trigger_spec(
+            sealer, definition.project_id, definition.trigger_id, definition.spec))
         spec, kind, policy = validated(definition, self._context.providers, self._context.limits)
         now = self._context.clock_ms()
-        return await self._in_transaction(put_trigger_in, definition, spec, kind, policy, now)
+        return await self._in_transaction(put_trigger_in, definition, spec, kind, policy, now, sealer)
 
     async def set_trigger_enabled(self, project_id: str, trigger_id: str, enabled: bool) -> TriggerHead:
         """Enable or disable a trigger; a change is a new revision with a reset cursor."""
@@ -362,8 +376,9 @@ class SqlitePublisher:
             if enabled:
                 # A head published before the grace floor was enforced must not start skipping.
                 check_misfire_grace(head, self._context.limits, leased=False)
+            plain = opened_trigger_spec(self._context.sealer, head.project_id, head.trigger_id, head.spec)
             digest = trigger_content_digest(head.project_id, head.trigger_id, head.task_id, head.kind,
-                                            head.spec, head.misfire_policy, head.misfire_grace_ms, enabled,
+                                            plain, head.misfire_policy, head.misfire_grace_ms, enabled,
                                             head.jitter_ms)
             new = TriggerHead(head.project_id, head.trigger_id, head.task_id,
                               next_trigger_revision(conn, head.trigger_id, head.trigger_revision),

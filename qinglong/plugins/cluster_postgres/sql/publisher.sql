@@ -165,17 +165,23 @@ FROM qinglong.triggers
 WHERE project_id = %(project_id)s AND kind = 'after'
 
 -- name: secrets_key_ids
--- The key ids the stored sealed env values name (task and execution revisions): the start check.
+-- The key ids the stored sealed values name (task and execution revisions, trigger secrets):
+-- the start check.
 SELECT DISTINCT s.m[1] AS key_id
 FROM (SELECT regexp_matches(payload_json, '"ql-sealed:v1:([A-Za-z0-9]+):', 'g') AS m
         FROM qinglong.task_revisions
       UNION ALL
       SELECT regexp_matches(spec_json, '"ql-sealed:v1:([A-Za-z0-9]+):', 'g')
-        FROM qinglong.execution_revisions) s;
+        FROM qinglong.execution_revisions
+      UNION ALL
+      SELECT regexp_matches(spec_json::text, '"ql-sealed:v1:([A-Za-z0-9]+):', 'g')
+        FROM qinglong.triggers) s;
 
 -- name: secrets_lock_revisions
--- A rotation holds off publishing (which inserts revisions) until it commits.
-LOCK TABLE qinglong.task_revisions, qinglong.execution_revisions IN SHARE ROW EXCLUSIVE MODE;
+-- A rotation holds off publishing (which inserts revisions and writes trigger heads) until it
+-- commits.
+LOCK TABLE qinglong.task_revisions, qinglong.execution_revisions, qinglong.triggers
+  IN SHARE ROW EXCLUSIVE MODE;
 
 -- name: secrets_task_payloads
 -- Every task revision whose payload has an env table, and every execution revision whose spec
@@ -198,3 +204,11 @@ UPDATE qinglong.task_revisions SET payload_json = %(text)s
 UPDATE qinglong.execution_revisions SET spec_json = %(text)s
  WHERE project_id = %(project_id)s AND task_id = %(task_id)s AND task_revision = %(task_revision)s
    AND executor = 'remote_worker';
+
+-- name: secrets_trigger_specs
+-- Every trigger head's spec: a hook trigger's secret is sealed like an env value.
+SELECT project_id, trigger_id, spec_json::text AS text FROM qinglong.triggers;
+
+-- name: secrets_update_trigger
+-- A trigger head's spec with its secret sealed again (the digest is of the spec in clear).
+UPDATE qinglong.triggers SET spec_json = %(text)s::jsonb WHERE trigger_id = %(trigger_id)s;

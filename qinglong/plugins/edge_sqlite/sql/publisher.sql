@@ -133,3 +133,11 @@ UPDATE tasks SET payload_json = :payload
 -- A task revision's payload with its env values sealed again.
 UPDATE task_revisions SET payload_json = :payload
  WHERE project_id = :project_id AND task_id = :task_id AND task_revision = :task_revision;
+
+-- name: secrets_trigger_specs
+-- Every trigger head's spec: a hook trigger's secret is sealed like an env value.
+SELECT project_id, trigger_id, spec_json FROM triggers WHERE json_valid(spec_json);
+
+-- name: secrets_update_trigger
+-- A trigger head's spec with its secret sealed again (the digest is of the spec in clear).
+UPDATE triggers SET spec_json = :spec WHERE trigger_id = :trigger_id;
