@@ -322,3 +322,27 @@ def test_one_workers_waiting_claims_never_hold_the_other_workers_out(plane):
         thread.join()
     assert set(statuses) <= {0, 200, 503}, statuses
     assert dump(plane.db)["attempts"] == snapshot["attempts"]
+
+
+def test_reopening_sessions_never_holds_more_leases_than_the_registered_capacity(plane):
+    """Alice (capacity 1) could claim, open a new session (the next generation), claim again and
+    so on: each claim counted only the current session's Attempts, while the earlier sessions'
+    stayed leased until their leases ran out. One token could so take the whole queue, every
+    Run's payload and env secrets with it, and hold it for the lease (up to ten minutes, again
+    and again) while every other worker idled. Earlier generations' live leases now count."""
+    runs = [admit(plane.db, publish_task(plane.db, f"reopen-{n}", {"command": py_job("pass"),
+                                                                   "labels": ["linux"]}))
+            for n in range(3)]
+    session = plane.open(plane.alice)
+    claim_one(plane, plane.alice, session)
+    for _ in range(2):
+        session = plane.open(plane.alice)
+        snapshot = dump(plane.db)
+        status, answer = plane.alice.call("claim", {**fence(session), "tokens": [b64(new_lease_token())],
+                                                    "wait_ms": 0})
+        assert (status, answer) == (200, {"claimed": []})
+        assert dump(plane.db) == snapshot
+    held = plane.db.sql("SELECT count(*) FROM qinglong.attempts WHERE worker_id = 'alice' "
+                        "AND state IN ('dispatching', 'running')")
+    assert held == [(1,)]
+    assert sorted(run_state(plane.db, r) for r in runs) == ["dispatching", "queued", "queued"]
