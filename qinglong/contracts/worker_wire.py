@@ -12,6 +12,7 @@ same call again); 401 an unknown, revoked or missing token; 429 too many failed 
 from __future__ import annotations
 
 import base64
+import uuid
 from typing import Any, Mapping
 
 from .errors import StoreUnavailable
@@ -62,13 +63,28 @@ def unb64(text: Any, name: str) -> bytes:
         raise WireError(f"{name}: expected base64 text") from None
 
 
-def field(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], *, optional: bool = False) -> Any:
+def field(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], *, optional: bool = False,
+          bits: int = 64) -> Any:
+    """``body[name]`` if it is a ``kind``; an integer must fit in ``bits`` signed bits (the
+    store's column), so a number it cannot cast is refused here, naming the field."""
     value = body.get(name)
     if value is None and optional:
         return None
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise WireError(f"{name}: expected {getattr(kind, '__name__', kind)}")
+    if isinstance(value, int) and not isinstance(value, bool) and not -(1 << bits - 1) <= value < 1 << bits - 1:
+        raise WireError(f"{name}: expected an integer of at most {bits} bits")
     return value
+
+
+def uuid_text(value: Any, name: str) -> str:
+    """``value`` as a canonical UUID (a session or Attempt id), or a WireError naming ``name``."""
+    if not isinstance(value, str) or len(value) > 64:
+        raise WireError(f"{name}: expected a UUID")
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise WireError(f"{name}: expected a UUID") from None
 
 
 # ------------------------------------------------------------------------------ fences
@@ -105,7 +121,8 @@ def outcome_of(body: Mapping[str, Any]) -> AttemptOutcome:
         state = AttemptState(field(data, "state", str))
     except ValueError:
         raise WireError("outcome.state: expected an Attempt state") from None
-    return AttemptOutcome(state, field(data, "exit_code", int, optional=True), field(data, "signal", int, optional=True),
+    return AttemptOutcome(state, field(data, "exit_code", int, optional=True, bits=32),
+                          field(data, "signal", int, optional=True, bits=32),
                           log_bytes=field(data, "log_bytes", int, optional=True),
                           log_dropped_bytes=field(data, "log_dropped_bytes", int, optional=True) or 0,
                           reason=field(data, "reason", str, optional=True))

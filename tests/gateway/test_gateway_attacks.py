@@ -322,3 +322,67 @@ def test_one_workers_waiting_claims_never_hold_the_other_workers_out(plane):
         thread.join()
     assert set(statuses) <= {0, 200, 503}, statuses
     assert dump(plane.db)["attempts"] == snapshot["attempts"]
+
+
+def test_reopening_sessions_never_holds_more_leases_than_the_registered_capacity(plane):
+    """Alice (capacity 1) could claim, open a new session (the next generation), claim again and
+    so on: each claim counted only the current session's Attempts, while the earlier sessions'
+    stayed leased until their leases ran out. One token could so take the whole queue, every
+    Run's payload and env secrets with it, and hold it for the lease (up to ten minutes, again
+    and again) while every other worker idled. Earlier generations' live leases now count."""
+    runs = [admit(plane.db, publish_task(plane.db, f"reopen-{n}", {"command": py_job("pass"),
+                                                                   "labels": ["linux"]}))
+            for n in range(3)]
+    session = plane.open(plane.alice)
+    claim_one(plane, plane.alice, session)
+    for _ in range(2):
+        session = plane.open(plane.alice)
+        snapshot = dump(plane.db)
+        status, answer = plane.alice.call("claim", {**fence(session), "tokens": [b64(new_lease_token())],
+                                                    "wait_ms": 0})
+        assert (status, answer) == (200, {"claimed": []})
+        assert dump(plane.db) == snapshot
+    held = plane.db.sql("SELECT count(*) FROM qinglong.attempts WHERE worker_id = 'alice' "
+                        "AND state IN ('dispatching', 'running')")
+    assert held == [(1,)]
+    assert sorted(run_state(plane.db, r) for r in runs) == ["dispatching", "queued", "queued"]
+
+
+def test_malformed_ids_and_out_of_range_numbers_are_refused_as_bad_calls(plane):
+    """A session id, Attempt id or number the store cannot even cast (``"x"`` for a uuid, 2**70
+    for a bigint) failed inside the database, so the gateway took it for a broken store: it
+    dropped its pooled connection, warned the operator that the store was unavailable and told
+    the worker to retry (503). Any one token could so keep the gateway reconnecting and the
+    operator chasing a store outage that is not there. Each is now a 400 naming the field, with
+    the store unchanged and no store warning."""
+    trigger = publish_task(plane.db, "shapes", {"command": py_job("pass"), "labels": ["linux"]})
+    admit(plane.db, trigger)
+    session = plane.open(plane.alice)
+    claimed = claim_one(plane, plane.alice, session)
+    lease = claimed["lease"]
+    outcome = {"state": "succeeded", "exit_code": 0, "signal": None, "log_bytes": 0, "log_dropped_bytes": 0,
+               "reason": None}
+    huge = 2 ** 70
+    calls = [
+        ("heartbeat", {"session_id": "x", "generation": session["generation"], "running": []}),
+        ("heartbeat", {**fence(session), "generation": huge, "running": []}),
+        ("heartbeat", {**fence(session), "running": ["not-an-attempt-id"]}),
+        ("claim", {"session_id": "x", "generation": 1, "tokens": [b64(new_lease_token())], "wait_ms": 0}),
+        ("started", {**fence(session), "lease": {**lease, "attempt_id": "x"}}),
+        ("started", {**fence(session), "lease": {**lease, "lease_version": huge}}),
+        ("append_log", {**fence(session), "lease": lease, "offset": huge, "data": b64(b"x")}),
+        ("complete", {**fence(session), "lease": lease, "outcome": {**outcome, "exit_code": huge},
+                      "started": True, "log_missing_bytes": 0}),
+        ("complete", {**fence(session), "lease": lease, "outcome": outcome, "started": True,
+                      "log_missing_bytes": huge}),
+        ("complete_late", {"lease": {**lease, "attempt_id": "x"}, "outcome": outcome}),
+        ("close_session", {"session_id": "x", "generation": 1}),
+        ("open_session", {"lease_ms": huge}),
+    ]
+    snapshot = dump(plane.db)
+    for name, body in calls:
+        status, answer = plane.alice.call(name, body)
+        assert (status, answer["error"]["code"]) == (400, "bad_worker_call"), (name, body, answer)
+    assert dump(plane.db) == snapshot
+    assert "gateway.store_unavailable" not in plane.api.text()
+    assert plane.alice.call("started", {**fence(session), "lease": lease})[0] == 200

@@ -47,6 +47,18 @@ MAX_RUNNING_IDS = MAX_SESSION_CAPACITY
 MAX_REQUESTS_PER_WORKER = 4
 
 
+def _fence(body: dict, worker_id: str) -> Any:
+    """The request's session fence, its id a UUID (the store could not even cast another)."""
+    fence = wire.fence_of(body, worker_id)
+    return dataclasses.replace(fence, session_id=wire.uuid_text(fence.session_id, "session_id"))
+
+
+def _lease(body: dict) -> Any:
+    """The request's lease fence, its Attempt id a UUID."""
+    lease = wire.lease_of(body)
+    return dataclasses.replace(lease, attempt_id=wire.uuid_text(lease.attempt_id, "lease.attempt_id"))
+
+
 class GatewayService:
     """The ``/worker/v1`` routes over a :class:`~qinglong.contracts.worker.WorkerGateway`."""
 
@@ -143,9 +155,10 @@ class GatewayService:
 
     async def heartbeat(self, worker: WorkerRegistration, body: dict) -> Any:
         running = wire.field(body, "running", list)
-        if len(running) > MAX_RUNNING_IDS or not all(isinstance(a, str) for a in running):
+        if len(running) > MAX_RUNNING_IDS:
             raise wire.WireError(f"running: expected at most {MAX_RUNNING_IDS} Attempt ids")
-        reply = await self.gateway.heartbeat(wire.fence_of(body, worker.worker_id), running)
+        running = [wire.uuid_text(a, "running") for a in running]
+        reply = await self.gateway.heartbeat(_fence(body, worker.worker_id), running)
         return wire.heartbeat_json(reply)
 
     def _opened(self, claimed: Any) -> Any:
@@ -171,7 +184,7 @@ class GatewayService:
         return tokens
 
     async def claim(self, worker: WorkerRegistration, body: dict) -> Any:
-        fence = wire.fence_of(body, worker.worker_id)
+        fence = _fence(body, worker.worker_id)
         tokens = self._lease_tokens(worker, body)
         wait_ms = min(self.max_claim_wait_ms, max(0, wire.field(body, "wait_ms", int, optional=True) or 0))
         loop = asyncio.get_running_loop()
@@ -189,18 +202,18 @@ class GatewayService:
                 return {"claimed": []}
 
     async def started(self, worker: WorkerRegistration, body: dict) -> Any:
-        reply = await self.gateway.started(wire.fence_of(body, worker.worker_id), wire.lease_of(body))
+        reply = await self.gateway.started(_fence(body, worker.worker_id), _lease(body))
         return wire.started_json(reply)
 
     async def append_log(self, worker: WorkerRegistration, body: dict) -> Any:
-        stored = await self.gateway.append_log(wire.fence_of(body, worker.worker_id), wire.lease_of(body),
+        stored = await self.gateway.append_log(_fence(body, worker.worker_id), _lease(body),
                                                wire.field(body, "offset", int), wire.unb64(body.get("data"), "data"))
         return {"stored": stored}
 
     @staticmethod
     def _completion(worker: WorkerRegistration, body: dict) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``complete``'s arguments and keywords from the request, under the token's worker id."""
-        return ((wire.fence_of(body, worker.worker_id), wire.lease_of(body), wire.outcome_of(body)),
+        return ((_fence(body, worker.worker_id), _lease(body), wire.outcome_of(body)),
                 {"started": bool(wire.field(body, "started", bool)),
                  "log_missing_bytes": wire.field(body, "log_missing_bytes", int)})
 
@@ -225,11 +238,11 @@ class GatewayService:
                 "claimed": [wire.claimed_json(self._opened(c)) for c in claimed]}
 
     async def complete_late(self, worker: WorkerRegistration, body: dict) -> Any:
-        reply = await self.gateway.complete_late(worker.worker_id, wire.lease_of(body), wire.outcome_of(body))
+        reply = await self.gateway.complete_late(worker.worker_id, _lease(body), wire.outcome_of(body))
         return wire.completion_json(reply)
 
     async def close_session(self, worker: WorkerRegistration, body: dict) -> Any:
-        await self.gateway.close_session(wire.fence_of(body, worker.worker_id))
+        await self.gateway.close_session(_fence(body, worker.worker_id))
         return {"closed": True}
 
     # ------------------------------------------------------------------ the route table
