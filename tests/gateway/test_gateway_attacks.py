@@ -4,16 +4,15 @@ and that the store did not change; its docstring says what would be stolen or ki
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import concurrent.futures
-import os
 import socket
 
 import psycopg
 import pytest
 
 from qinglong.contracts.worker import new_lease_token
+from qinglong.host.http.gateway import MAX_REQUESTS_PER_WORKER
 from tests.gateway.helpers import ApiGateway, WorkerHttp, cli, plane_settings, register
 from tests.worker.helpers import PROJECT, admit, publish_task, py_job, run_state, wait_until
 
@@ -320,6 +319,67 @@ def test_one_workers_waiting_claims_never_hold_the_other_workers_out(plane):
         worker.close()
     for thread in threads:
         thread.join()
+    assert set(statuses) <= {0, 200, 503}, statuses
+    assert dump(plane.db)["attempts"] == snapshot["attempts"]
+
+
+def test_one_token_waiting_to_be_identified_never_holds_the_api_tier_out(plane):
+    """While the store is slow to say whose a token is, each of bob's requests waited for that
+    answer holding one of the requests the API tier serves at once: 70 of them held all 64, and
+    every other request (alice's heartbeat, an operator's call) was answered 503 "too many
+    requests at once"; at her self-fence alice stops her jobs. The store is held here (its
+    registrations locked) so that no identification can finish: bob's requests beyond a few are
+    refused at once by the token they present, the API tier keeps serving others, and once the
+    store is back alice's heartbeat is answered and nothing of bob's changed the store."""
+    import threading
+
+    import psycopg
+
+    alice = plane.open(plane.alice)
+    bob = plane.open(plane.bob)
+    snapshot = dump(plane.db)
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def hog() -> None:
+        client = WorkerHttp(plane.api.port, plane.token_b)
+        try:
+            status, _ = client.call("claim", {**fence(bob), "tokens": [b64(new_lease_token())], "wait_ms": 0})
+        except (ConnectionError, OSError):
+            status = 0  # cut as the oldest idle connection: not served, not holding anything
+        finally:
+            client.close()
+        with lock:
+            statuses.append(status)
+
+    holder = psycopg.connect(plane.db.superuser_dsn())
+    try:
+        holder.execute("LOCK TABLE qinglong.worker_registrations IN ACCESS EXCLUSIVE MODE")
+        threads = [threading.Thread(target=hog) for _ in range(70)]
+        for thread in threads:
+            thread.start()
+        # no identification can finish: whatever is answered now was refused by the token alone
+        wait_until(lambda: len(statuses) >= 70 - MAX_REQUESTS_PER_WORKER, "bob's extra claims refused at once")
+        assert 200 not in statuses, statuses  # 503 worker_busy, or 0: cut as an idle connection
+        # and the API tier still serves a request that needs no identification
+        answer = socket.create_connection(("127.0.0.1", plane.api.port), timeout=60)
+        try:
+            answer.sendall(b"GET /api/v1/projects HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            first = answer.recv(64)
+        finally:
+            answer.close()
+        assert first.startswith(b"HTTP/1.1 401"), first
+    finally:
+        holder.rollback()
+        holder.close()
+    for thread in threads:
+        thread.join()
+    worker = WorkerHttp(plane.api.port, plane.token_a)  # its kept-alive one was evicted, idle
+    try:
+        status, answer = worker.call("heartbeat", {**fence(alice), "running": []})
+    finally:
+        worker.close()
+    assert status == 200, answer
     assert set(statuses) <= {0, 200, 503}, statuses
     assert dump(plane.db)["attempts"] == snapshot["attempts"]
 

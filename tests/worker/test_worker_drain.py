@@ -144,7 +144,7 @@ def test_a_claim_answered_after_sigterm_starts_nothing_and_its_run_goes_back_to_
         # a lease long enough that the held claim's own bound (8 s + its wait) is never reached
         worker = start_gateway_worker(f"http://{proxy.host}:{proxy.port}", token, tmp_path, "w-left",
                                       session_lease_ms=30_000, claim_wait_ms=60_000)
-        successor = None
+        successors: list = []
         try:
             wait_until(first.fired.is_set, "the worker's first claim")
             second = proxy.arm(TO_SERVER, CLAIM, "hold")
@@ -170,23 +170,11 @@ def test_a_claim_answered_after_sigterm_starts_nothing_and_its_run_goes_back_to_
             assert worker.wait() == 0
             assert not executions.exists()
             assert run_state(cluster, held) == "succeeded"
-            assert _session_closed(cluster, "w-left")
-            # the session's close put it back: queued, its Attempt unleased and never started
-            assert run_state(cluster, later) == "queued"
-            rows = cluster.sql("SELECT state, worker_id, started_at_ms FROM qinglong.attempts WHERE run_id = %s",
-                               (later,))
-            assert rows == [("claimed", None, None)]
-            assert _events(cluster, later).count("run.started") == 0
-            successor = start_worker(worker_gateway, tmp_path, "w-next")
-            assert wait_run_state(cluster, later) == "succeeded"
-            assert len(executions.read_text().split()) == 1
-            assert [(a["attempt_no"], a["state"]) for a in attempts(cluster, later)] == [(1, "succeeded")]
-            assert _events(cluster, later).count("run.started") == 1
-            assert [e["run_id"] for e in successor.events("worker.claimed")] == [later]
+            _put_back_then_run_once_by_another(cluster, worker_gateway, tmp_path, later, executions, successors)
         finally:
             release.touch()
             worker.stop()
-            if successor is not None:
+            for successor in successors:
                 successor.stop()
 
 
@@ -208,7 +196,7 @@ def test_a_completion_that_claims_answered_after_sigterm_starts_nothing_it_claim
         token = worker_gateway.register("w-left", capacity=1)
         worker = start_gateway_worker(f"http://{proxy.host}:{proxy.port}", token, tmp_path, "w-left",
                                       max_running=1, session_lease_ms=30_000)
-        successor = None
+        successors: list = []
         try:
             wait_until(mark.exists, "the gated job to start")
             completion = proxy.arm(TO_SERVER, COMPLETE_AND_CLAIM, "hold")
@@ -228,19 +216,27 @@ def test_a_completion_that_claims_answered_after_sigterm_starts_nothing_it_claim
             assert worker.wait() == 0
             assert not executions.exists()
             assert run_state(cluster, held) == "succeeded"
-            assert _session_closed(cluster, "w-left")
-            assert run_state(cluster, later) == "queued"
-            rows = cluster.sql("SELECT state, worker_id, started_at_ms FROM qinglong.attempts WHERE run_id = %s",
-                               (later,))
-            assert rows == [("claimed", None, None)]
-            assert _events(cluster, later).count("run.started") == 0
-            successor = start_worker(worker_gateway, tmp_path, "w-next")
-            assert wait_run_state(cluster, later) == "succeeded"
-            assert len(executions.read_text().split()) == 1
-            assert [(a["attempt_no"], a["state"]) for a in attempts(cluster, later)] == [(1, "succeeded")]
-            assert _events(cluster, later).count("run.started") == 1
+            _put_back_then_run_once_by_another(cluster, worker_gateway, tmp_path, later, executions, successors)
         finally:
             release.touch()
             worker.stop()
-            if successor is not None:
+            for successor in successors:
                 successor.stop()
+
+
+def _put_back_then_run_once_by_another(cluster, worker_gateway, tmp_path, later, executions, successors) -> None:
+    """What a stopping worker's close left of the Attempt its late claim took: its session
+    closed, the Run queued, the Attempt unleased and never started; then another worker runs
+    it exactly once (started into ``successors``, for the caller to stop)."""
+    assert _session_closed(cluster, "w-left")
+    assert run_state(cluster, later) == "queued"
+    rows = cluster.sql("SELECT state, worker_id, started_at_ms FROM qinglong.attempts WHERE run_id = %s",
+                       (later,))
+    assert rows == [("claimed", None, None)]
+    assert _events(cluster, later).count("run.started") == 0
+    successors.append(start_worker(worker_gateway, tmp_path, "w-next"))
+    assert wait_run_state(cluster, later) == "succeeded"
+    assert len(executions.read_text().split()) == 1
+    assert [(a["attempt_no"], a["state"]) for a in attempts(cluster, later)] == [(1, "succeeded")]
+    assert _events(cluster, later).count("run.started") == 1
+    assert [e["run_id"] for e in successors[-1].events("worker.claimed")] == [later]

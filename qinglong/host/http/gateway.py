@@ -59,6 +59,11 @@ def _lease(body: dict) -> Any:
     return dataclasses.replace(lease, attempt_id=wire.uuid_text(lease.attempt_id, "lease.attempt_id"))
 
 
+def _busy() -> Response:
+    return error_response(503, "worker_busy", f"at most {MAX_REQUESTS_PER_WORKER} requests of one worker "
+                          "are served at once", headers={"Retry-After": "1"})
+
+
 class GatewayService:
     """The ``/worker/v1`` routes over a :class:`~qinglong.contracts.worker.WorkerGateway`."""
 
@@ -79,20 +84,26 @@ class GatewayService:
         self._store_away = False
         #: requests being served, by worker id (at most MAX_REQUESTS_PER_WORKER each)
         self._serving: dict[str, int] = {}
+        #: requests in flight by the digest of the token presented, from before it is identified
+        self._identifying: dict[str, int] = {}
 
-    async def _worker(self, request: Request) -> WorkerRegistration | Response:
-        source = self.source_of(request)
-        try:
-            self.limiter.check(source)
-        except RateLimited as limited:
-            return error_response(429, "rate_limited", "too many failed authentications from this address",
-                                  headers={"Retry-After": str(limited.retry_after_s)})
+    @staticmethod
+    def _presented(request: Request) -> str | None:
+        """The digest of the worker token the request presents (exactly one ``Authorization:
+        Bearer qlw_...`` header), or None: the key its requests are counted by before the store
+        has said whose it is."""
         headers = request.headers.getlist("authorization")
         scheme, _, secret = (headers[0] if len(headers) == 1 else "").strip().partition(" ")
         secret = secret.strip()
-        registration = None
         if scheme.lower() == "bearer" and secret.startswith(WORKER_TOKEN_PREFIX) and len(secret) <= 512:
-            registration = await self.gateway.identify(worker_token_digest(secret))
+            return worker_token_digest(secret)
+        return None
+
+    async def _worker(self, request: Request, presented: str | None) -> WorkerRegistration | Response:
+        source = self.source_of(request)
+        registration = None
+        if presented is not None:
+            registration = await self.gateway.identify(presented)
         if registration is None:
             self.limiter.failed(source)
             return error_response(401, "unauthorized", "a registered worker's token is required "
@@ -105,13 +116,26 @@ class GatewayService:
             if self.gateway is None:
                 return error_response(503, "unavailable", "the worker gateway is starting")
             try:
-                found = await self._worker(request)
+                self.limiter.check(self.source_of(request))
+            except RateLimited as limited:
+                return error_response(429, "rate_limited", "too many failed authentications from this address",
+                                      headers={"Retry-After": str(limited.retry_after_s)})
+            # counted by the token presented before the store says whose it is: while the store is
+            # slow, one token's requests waiting to be identified would otherwise hold every
+            # request the API tier serves at once
+            presented = self._presented(request)
+            if presented is not None:
+                waiting = self._identifying.get(presented, 0)
+                if waiting >= MAX_REQUESTS_PER_WORKER:
+                    return _busy()
+                self._identifying[presented] = waiting + 1
+            try:
+                found = await self._worker(request, presented)
                 if isinstance(found, Response):
                     return found
                 held = self._serving.get(found.worker_id, 0)
                 if held >= MAX_REQUESTS_PER_WORKER:
-                    return error_response(503, "worker_busy", f"at most {MAX_REQUESTS_PER_WORKER} requests of "
-                                          "one worker are served at once", headers={"Retry-After": "1"})
+                    return _busy()
                 self._serving[found.worker_id] = held + 1
                 try:
                     self.requests += 1
@@ -134,6 +158,11 @@ class GatewayService:
                 if refusal is None:
                     raise
                 return JSONResponse(refusal[1], status_code=refusal[0])
+            finally:
+                if presented is not None:
+                    left = self._identifying.pop(presented) - 1
+                    if left:
+                        self._identifying[presented] = left
 
         return handler
 
