@@ -333,7 +333,6 @@ def test_one_token_waiting_to_be_identified_never_holds_the_api_tier_out(plane):
     store is back alice's heartbeat is answered and nothing of bob's changed the store."""
     import threading
 
-    import psycopg
 
     alice = plane.open(plane.alice)
     bob = plane.open(plane.bob)
