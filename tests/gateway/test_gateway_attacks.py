@@ -200,6 +200,65 @@ def test_a_rotated_token_replaces_the_old_one(plane):
     assert plane.token_a not in listing and new not in listing
 
 
+def test_a_claim_waiting_when_its_token_is_rotated_takes_nothing_after_the_wait(plane):
+    """A claim authenticated before a rotation waited at the gateway (up to 20 s) and, woken,
+    claimed again under the identity it started with: the holder of the leaked, just-rotated
+    token received the next Run, its payload and env secrets. After each wait the claim checks
+    its token again; the Run stays queued for the worker holding the new token.
+
+    The order is forced without timing: alice (capacity 1) holds one started Run and a second is
+    queued; the claim is held on her session's row (locked here) past its authentication, the
+    token is rotated, the row released (the claim finds no free slot and waits), the first Run
+    completes with the new token, and a wake-up is sent."""
+    import threading
+
+    tasks = [publish_task(plane.db, f"rotated-{n}", {"command": py_job("pass"), "labels": ["linux"]})
+             for n in range(2)]
+    first = admit(plane.db, tasks[0])
+    alice = plane.open(plane.alice)
+    held = claim_one(plane, plane.alice, alice)
+    assert plane.alice.call("started", {**fence(alice), "lease": held["lease"]})[0] == 200
+    second = admit(plane.db, tasks[1])
+    answers: list = []
+
+    def waiting_claim() -> None:
+        client = WorkerHttp(plane.api.port, plane.token_a)
+        try:
+            answers.append(client.call("claim", {**fence(alice), "tokens": [b64(new_lease_token())],
+                                                 "wait_ms": 20_000}))
+        finally:
+            client.close()
+
+    holder = psycopg.connect(plane.db.superuser_dsn())
+    try:
+        holder.execute("SELECT 1 FROM qinglong.worker_sessions WHERE worker_id = 'alice' FOR UPDATE")
+        claim = threading.Thread(target=waiting_claim)
+        claim.start()
+        wait_until(lambda: plane.db.sql(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE NOT l.granted AND a.pid <> %s", (holder.info.backend_pid,))[0][0] > 0,
+            "the claim, authenticated, to wait for alice's session row")
+        new = cli(plane.settings, "worker", "rotate", "alice").stdout.strip()
+    finally:
+        holder.rollback()
+        holder.close()
+    outcome = {"state": "succeeded", "exit_code": 0, "signal": None, "log_bytes": 0, "log_dropped_bytes": 0,
+               "reason": None}
+    status, answer = plane.alice.call("complete", {**fence(alice), "lease": held["lease"], "outcome": outcome,
+                                                  "started": True, "log_missing_bytes": 0}, token=new)
+    assert status == 200, answer
+    assert run_state(plane.db, first) == "succeeded"
+    plane.db.sql("NOTIFY qinglong_claimable")
+    claim.join()
+    ((status, answer),) = answers
+    assert (status, answer) == (200, {"claimed": []}), answer
+    assert run_state(plane.db, second) == "queued"
+    # the worker holding the new token takes it
+    status, answer = plane.alice.call("claim", {**fence(alice), "tokens": [b64(new_lease_token())], "wait_ms": 0},
+                                      token=new)
+    assert status == 200 and [c["run_id"] for c in answer["claimed"]] == [second], answer
+
+
 def test_tokens_open_only_their_own_side_of_the_api(plane):
     """Otherwise a worker's token would reach the management API (publish tasks, read every
     Run) or an operator's API token would act as a worker."""

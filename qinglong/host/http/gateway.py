@@ -15,6 +15,7 @@ round trip and one store transaction instead of two; that claim never waits.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import time
 from typing import Any, Awaitable, Callable
@@ -57,6 +58,11 @@ def _lease(body: dict) -> Any:
     """The request's lease fence, its Attempt id a UUID."""
     lease = wire.lease_of(body)
     return dataclasses.replace(lease, attempt_id=wire.uuid_text(lease.attempt_id, "lease.attempt_id"))
+
+
+#: The digest of the token the request being served presented (its claim checks it again after
+#: each wait: a rotation or revocation meanwhile must not hand that token a Run).
+_PRESENTED: contextvars.ContextVar[str | None] = contextvars.ContextVar("presented_worker_token", default=None)
 
 
 def _busy() -> Response:
@@ -124,6 +130,7 @@ class GatewayService:
             # slow, one token's requests waiting to be identified would otherwise hold every
             # request the API tier serves at once
             presented = self._presented(request)
+            _PRESENTED.set(presented)  # each request is served in its own task and context
             if presented is not None:
                 waiting = self._identifying.get(presented, 0)
                 if waiting >= MAX_REQUESTS_PER_WORKER:
@@ -228,6 +235,11 @@ class GatewayService:
             try:
                 await asyncio.wait_for(woken.wait(), remaining)
             except asyncio.TimeoutError:
+                return {"claimed": []}
+            presented = _PRESENTED.get()
+            if presented is None or await self.gateway.identify(presented) != worker:
+                # rotated, revoked or registered anew while it waited: what it would take now is
+                # no longer this token's to receive (its next request says why)
                 return {"claimed": []}
 
     async def started(self, worker: WorkerRegistration, body: dict) -> Any:
