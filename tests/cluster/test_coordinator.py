@@ -151,17 +151,25 @@ def test_a_round_that_outlives_its_lease_commits_nothing_and_says_so(cluster):
         async with closing(backend):
             cut = await backend.run_round()
             backend.context.providers["cron"] = SlowProvider(0.0)
-            await _until_database_time_passes(cluster, _latest_claim_expiry(cluster))  # the cut claims lapse
-            return cut, await backend.run_round()
+            codes = list(backend.context.diagnostics.codes())
+            later = []
+            # a fast round may still outlive a 200 ms lease on a loaded machine: that one too
+            # commits nothing, and the next takes over again (bounded by rounds, not by time)
+            while not later or (later[-1].errors and len(later) < 20):
+                await _until_database_time_passes(cluster, _latest_claim_expiry(cluster))  # the claims lapse
+                later.append(await backend.run_round())
+            return cut, codes, later
 
-    cut, after = arun(body())
-    codes = backend.context.diagnostics.codes()
+    cut, codes, later = arun(body())
     assert cut.claimed == 2 and cut.initialized == 0 and cut.admitted == 0
     assert cut.errors + cut.fence_lost >= 1
     assert (cut.errors == 1) == ("cluster_postgres.round_timed_out" in codes)
-    # the next round gets a working connection (the cut one was discarded) and, the claims
-    # having lapsed, takes them over and initializes each schedule exactly once
-    assert after.errors == 0 and after.claimed == 2 and after.initialized == 2
+    # a later round gets a working connection (the cut one was discarded) and, the claims having
+    # lapsed, takes them over; every schedule is initialized exactly once, by the first round
+    # that completes (a round cut again initialized nothing)
+    after = later[-1]
+    assert after.errors == 0 and after.claimed == 2 and after.initialized == 2, later
+    assert [r.initialized for r in later[:-1]] == [0] * (len(later) - 1), later
 
 
 def test_round_reports_cas_misses_and_serialization_retries(cluster):

@@ -846,8 +846,8 @@ def test_the_notifications_view_shows_every_delivery_and_filters_it_by_state(tmp
         _sign_in(browser, port, outsider)  # deliveries and the status span every project: not offered
         assert browser.find_element(By.ID, "nav-notifications").is_displayed() is False
         assert browser.find_element(By.ID, "nav-overview").is_displayed() is False
-        wait_until(lambda: browser.find_element(By.CSS_SELECTOR, "#view h1").text == "Tasks" or None,
-                   "the tasks view a token limited to projects lands on", timeout=60, every=0.1)
+        # the view is drawn after sign-in: waited for, not looked up once
+        _text_of(browser, "#view h1", "Tasks", "the tasks view a token limited to projects lands on")
     finally:
         client.close()
         plane.stop()
