@@ -338,6 +338,33 @@ def test_unauthenticated_slow_bodies_never_hold_the_workers_out(plane):
             conn.close()
 
 
+def _claims_of(plane: Plane, token: str, session: dict, statuses: list[int], *, wait_ms: int,
+               count: int = 70) -> list:
+    """``count`` claims of one worker at once, each on its own connection, started; each
+    answer's status goes to ``statuses`` (0: its connection was cut as the oldest idle one, so
+    it was neither served nor holding anything)."""
+    import threading
+
+    lock = threading.Lock()
+
+    def claim() -> None:
+        client = WorkerHttp(plane.api.port, token)
+        try:
+            status, _ = client.call("claim", {**fence(session), "tokens": [b64(new_lease_token())],
+                                              "wait_ms": wait_ms})
+        except (ConnectionError, OSError):
+            status = 0
+        finally:
+            client.close()
+        with lock:
+            statuses.append(status)
+
+    threads = [threading.Thread(target=claim) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
 def test_one_workers_waiting_claims_never_hold_the_other_workers_out(plane):
     """Bob's token alone (registered for one job of another project) could send 70 claims that
     each wait 20 s at the gateway, hold every request served at once, and so get alice's
@@ -345,28 +372,11 @@ def test_one_workers_waiting_claims_never_hold_the_other_workers_out(plane):
     every other worker of the fleet, for one stolen token. A worker now has at most a few
     requests served at once; the rest of its requests are refused at once, and its claims change
     nothing in the store."""
-    import threading
-
     alice = plane.open(plane.alice)
     bob = plane.open(plane.bob)
     statuses: list[int] = []
-    lock = threading.Lock()
-
-    def hog() -> None:
-        client = WorkerHttp(plane.api.port, plane.token_b)
-        try:
-            status, _ = client.call("claim", {**fence(bob), "tokens": [b64(new_lease_token())], "wait_ms": 20_000})
-        except (ConnectionError, OSError):
-            status = 0  # cut as the oldest idle connection: not served, not holding anything
-        finally:
-            client.close()
-        with lock:
-            statuses.append(status)
-
     snapshot = dump(plane.db)
-    threads = [threading.Thread(target=hog) for _ in range(70)]
-    for thread in threads:
-        thread.start()
+    threads = _claims_of(plane, plane.token_b, bob, statuses, wait_ms=20_000)
     # 70 claims against 64 requests served at once: once some are answered, the rest are held
     # (before, 64 of them for their whole 20 s wait) when alice speaks
     wait_until(lambda: len(statuses) >= 70 - 64, "bob's first claims answered")
@@ -390,32 +400,14 @@ def test_one_token_waiting_to_be_identified_never_holds_the_api_tier_out(plane):
     registrations locked) so that no identification can finish: bob's requests beyond a few are
     refused at once by the token they present, the API tier keeps serving others, and once the
     store is back alice's heartbeat is answered and nothing of bob's changed the store."""
-    import threading
-
-
     alice = plane.open(plane.alice)
     bob = plane.open(plane.bob)
     snapshot = dump(plane.db)
     statuses: list[int] = []
-    lock = threading.Lock()
-
-    def hog() -> None:
-        client = WorkerHttp(plane.api.port, plane.token_b)
-        try:
-            status, _ = client.call("claim", {**fence(bob), "tokens": [b64(new_lease_token())], "wait_ms": 0})
-        except (ConnectionError, OSError):
-            status = 0  # cut as the oldest idle connection: not served, not holding anything
-        finally:
-            client.close()
-        with lock:
-            statuses.append(status)
-
     holder = psycopg.connect(plane.db.superuser_dsn())
     try:
         holder.execute("LOCK TABLE qinglong.worker_registrations IN ACCESS EXCLUSIVE MODE")
-        threads = [threading.Thread(target=hog) for _ in range(70)]
-        for thread in threads:
-            thread.start()
+        threads = _claims_of(plane, plane.token_b, bob, statuses, wait_ms=0)
         # no identification can finish: whatever is answered now was refused by the token alone
         wait_until(lambda: len(statuses) >= 70 - MAX_REQUESTS_PER_WORKER, "bob's extra claims refused at once")
         assert 200 not in statuses, statuses  # 503 worker_busy, or 0: cut as an idle connection
