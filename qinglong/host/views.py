@@ -38,9 +38,11 @@ def run_skip_json(s: Any) -> dict[str, Any]:
             "recorded_at_ms": s.recorded_at_ms}
 
 
-def worker_json(w: Any) -> dict[str, Any]:
-    """A :class:`~qinglong.contracts.execution.WorkerView`."""
-    return {"worker_id": w.worker_id, "state": w.state, "labels": list(w.labels), "capacity": w.capacity,
+def worker_json(w: Any, projects: list[str] | None = None) -> dict[str, Any]:
+    """A :class:`~qinglong.contracts.execution.WorkerView` and the projects it is registered for
+    (None: every project)."""
+    return {"worker_id": w.worker_id, "state": w.state, "labels": list(w.labels), "projects": projects,
+            "capacity": w.capacity,
             "running": w.running, "free_slots": w.free_slots, "opened_at_ms": w.opened_at_ms,
             "heartbeat_at_ms": w.heartbeat_at_ms, "lease_expires_at_ms": w.lease_expires_at_ms,
             "closed_at_ms": w.closed_at_ms}

@@ -101,8 +101,10 @@ class ListsWorkers(Protocol):
     """A run control whose Runs are taken by workers lists their sessions (``backend.run_control()``
     on the cluster)."""
 
-    async def list_workers(self, now_ms: int, limit: int = 200) -> Sequence[WorkerView]:
-        """Every worker id's current session, live ones first, then by worker id."""
+    async def list_workers(self, now_ms: int, limit: int = 200,
+                           worker_ids: Sequence[str] | None = None) -> Sequence[WorkerView]:
+        """Every worker id's current session, live ones first, then by worker id; with
+        ``worker_ids``, only those (the limit counts what is listed, not what is left out)."""
         ...
 
 

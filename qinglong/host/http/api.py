@@ -616,7 +616,11 @@ class ApiService:
                              "run_skips": [views.run_skip_json(s) for s in run_skips if principal.sees(s.project_id)]})
 
     async def workers(self, request: Request, principal: Principal) -> Response:
-        """The workers' sessions (the cluster); a profile that runs its Runs in this process has none."""
+        """The workers' sessions (the cluster); a profile that runs its Runs in this process has none.
+
+        A token limited to projects sees a worker registered for at least one of them (a worker
+        registered for every project included), and of its projects only those; a session with
+        no registration (made without the gateway) only a token of every project sees."""
         from qinglong.contracts.execution import ListsWorkers
 
         limit = _int_query(request, "limit", 200, 1, MAX_LIMIT)
@@ -624,8 +628,37 @@ class ApiService:
         if not isinstance(control, ListsWorkers):
             return JSONResponse({"workers": None, "reason": f"the {self.profile} profile runs its Runs in this "
                                  "process: it has no workers"})
-        listed = await control.list_workers(self.clock_ms(), limit)
-        return JSONResponse({"workers": [views.worker_json(w) for w in listed], "reason": None})
+        registered = await self._registered_projects()
+        visible: list[str] | None = None
+        if principal.projects is not None:
+            visible = sorted(w for w, projects in registered.items()
+                             if not projects or principal.projects & set(projects))
+        listed = await control.list_workers(self.clock_ms(), limit, worker_ids=visible)
+        return JSONResponse({"workers": [views.worker_json(w, self._shown_projects(registered, w.worker_id, principal))
+                                         for w in listed], "reason": None})
+
+    async def _registered_projects(self) -> dict[str, tuple[str, ...]]:
+        """Each registered worker id's projects (empty: every project), revoked ones too (their
+        closed sessions stay listed); nothing where the store registers no workers."""
+        from qinglong.contracts.worker import WorkerRegistry
+
+        found = getattr(self.backend, "worker_registry", None)
+        registry = found() if found is not None else None
+        if not isinstance(registry, WorkerRegistry):
+            return {}
+        return {r.worker_id: tuple(r.projects) for r in await registry.list_workers()}
+
+    @staticmethod
+    def _shown_projects(registered: Mapping[str, tuple[str, ...]], worker_id: str,
+                        principal: Principal) -> list[str] | None:
+        """The worker's projects as the token may see them: all of them (None: every project) for
+        a token of every project, else only the token's own."""
+        projects = registered.get(worker_id)
+        if principal.projects is None:
+            return sorted(projects) if projects else None
+        if projects is None:
+            return []  # not listed for such a token; never anything of another project
+        return sorted(principal.projects & set(projects)) if projects else sorted(principal.projects)
 
     async def list_tokens(self, request: Request, principal: Principal) -> Response:
         at = self.clock_ms()

@@ -123,9 +123,13 @@ class ClusterRunControl:
             before=int(older_than_ms), limit=skip_prune_limit(limit)))
         return SkipPruneReport(row["occurrences"], row["runs"])
 
-    async def list_workers(self, now_ms: int, limit: int = 200) -> Sequence[WorkerView]:
-        """Every worker id's current session, live ones first (``ListsWorkers``)."""
-        rows = await self._rows("control_list_workers", {"now_ms": now_ms, "limit": listing_bound(limit)})
+    async def list_workers(self, now_ms: int, limit: int = 200,
+                           worker_ids: Sequence[str] | None = None) -> Sequence[WorkerView]:
+        """Every worker id's current session, live ones first (``ListsWorkers``); with
+        ``worker_ids``, only those."""
+        rows = await self._rows("control_list_workers", {
+            "now_ms": now_ms, "limit": listing_bound(limit),
+            "worker_ids": list(worker_ids) if worker_ids is not None else None})
         views = []
         for r in rows:
             state = worker_state(r["closed_at_ms"], r["lease_expires_at_ms"], now_ms)

@@ -152,12 +152,14 @@ SELECT k.run_id::text AS run_id, k.project_id, k.task_id, k.trigger_id, k.schedu
 -- name: control_list_workers
 -- Every worker id's current session (one row per worker id: a handful), live ones first, then by
 -- worker id, at most %(limit)s: its labels, capacity, clocks and its leased Attempts (dispatching
--- or running under this session's generation, as stats.sql counts them).
+-- or running under this session's generation, as stats.sql counts them). %(worker_ids)s not
+-- NULL: only those worker ids (what a token limited to projects may see).
 SELECT w.worker_id, w.labels, w.capacity, w.opened_at_ms, w.heartbeat_at_ms, w.lease_expires_at_ms,
        w.closed_at_ms,
        (SELECT count(*) FROM qinglong.attempts a
         WHERE a.session_id = w.session_id AND a.session_generation = w.generation
           AND a.state IN ('dispatching', 'running')) AS running
 FROM qinglong.worker_sessions w
+WHERE %(worker_ids)s::text[] IS NULL OR w.worker_id = ANY (%(worker_ids)s::text[])
 ORDER BY (w.closed_at_ms IS NULL AND w.lease_expires_at_ms > %(now_ms)s::bigint) DESC, w.worker_id
 LIMIT %(limit)s;
