@@ -306,21 +306,31 @@ def test_a_cross_site_form_post_and_a_missing_csrf_token_are_refused(tmp_path, b
 
 def test_a_session_idle_too_long_is_gone_and_used_sessions_stay():
     """A session that never expires is a stolen laptop's open door; one that expires while in use
-    signs an operator out mid-task."""
-    from qinglong.host.http.console import Sessions
+    signs an operator out mid-task; an idle session left counted would fill the console for good,
+    and one principal's sign-in that ended another's would let any token sign the admin out."""
+    import pytest
+
+    from qinglong.host.http.console import Sessions, SessionsFull
 
     now = [0]
-    sessions = Sessions(idle_ms=1000, clock_ms=lambda: now[0], limit=2)
-    kept, _ = sessions.create("d1")
-    idle, _ = sessions.create("d2")
+    sessions = Sessions(idle_ms=1000, clock_ms=lambda: now[0], limit=3, per_principal=2)
+    kept, _ = sessions.create("a", "d1")
+    idle, _ = sessions.create("b", "d2")
     now[0] = 900
     assert sessions.get(kept) is not None
     now[0] = 1500
     assert sessions.get(kept) is not None  # used at 900: idle 600 ms
     assert sessions.get(idle) is None  # unused since 0
-    third, _ = sessions.create("d3")
-    fourth, _ = sessions.create("d4")
-    assert len(sessions) == 2 and sessions.get(kept) is None  # bounded: the least recently used went
+    first, _ = sessions.create("c", "d3")
+    second, _ = sessions.create("c", "d3")
+    third, _ = sessions.create("c", "d3")  # past c's own bound: c's least recently used went
+    assert len(sessions) == 3 and sessions.get(first) is None and sessions.get(kept) is not None
+    with pytest.raises(SessionsFull):  # full: refused, nobody signed out
+        sessions.create("d", "d4")
+    assert all(sessions.get(s) is not None for s in (kept, second, third))
+    now[0] = 3000  # idle ones are swept before a sign-in is refused
+    fourth, _ = sessions.create("d", "d4")
+    assert len(sessions) == 1 and sessions.get(fourth) is not None
 
 
 def _type(element, text: str) -> None:

@@ -12,6 +12,11 @@ A one-time link made on the host (``qinglong console link``: ``GET /console/link
 redeemed once in the store, with its audit entry, and signs the browser in as the host's admin (no
 token behind it); the answer is a redirect to ``/``, so the code does not stay in the address bar.
 A used, expired or unknown code answers a page saying so and changes nothing.
+
+Sessions are bounded per principal (a token, or the host's links together): signing in past its
+own bound ends that principal's least recently used session, never another's. The console's
+total is bounded too: when it is reached (idle sessions swept first) a new sign-in is refused
+(503), so no principal can sign another out by signing in many times.
 """
 
 from __future__ import annotations
@@ -31,8 +36,12 @@ from .auth import AuthFailure, Principal, RateLimited
 
 #: A session unused this long is signed out.
 SESSION_IDLE_MS = 30 * 60 * 1000
-#: Sessions kept at most (the least recently used go first).
+#: Sessions kept at most in all: past it a sign-in is refused, nobody is signed out.
 MAX_SESSIONS = 1024
+#: Sessions one principal keeps at most (its own least recently used go first).
+MAX_SESSIONS_PER_PRINCIPAL = 16
+#: The principal of every session a one-time link opened (the host's admin).
+LINK_OWNER = "link"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
        "form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
 ASSETS = {"/console/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -45,24 +54,59 @@ class Session:
     csrf: str
     last_used_ms: int
     principal: Principal | None = None  # a link's session: the host's admin, no token behind it
+    owner: str = ""  # whose session it is: the per-principal bound counts by it
+
+
+class SessionsFull(Exception):
+    """The console holds its most sessions: a sign-in is refused rather than signing anyone out."""
+
+    def __init__(self, limit: int, idle_ms: int) -> None:
+        super().__init__(f"the console holds its most sessions ({limit}) signed in: sign in again once "
+                         f"others sign out or stay unused for {idle_ms // 60_000} minutes")
 
 
 class Sessions:
-    """The signed-in browsers, in memory (a restart signs everyone out)."""
+    """The signed-in browsers, in memory (a restart signs everyone out), least recently used first."""
 
     def __init__(self, idle_ms: int = SESSION_IDLE_MS, clock_ms: Callable[[], int] | None = None,
-                 limit: int = MAX_SESSIONS) -> None:
+                 limit: int = MAX_SESSIONS, per_principal: int = MAX_SESSIONS_PER_PRINCIPAL) -> None:
         self.idle_ms = idle_ms
         self.clock_ms = clock_ms or (lambda: time.monotonic_ns() // 1_000_000)
         self.limit = limit
+        self.per_principal = per_principal
         self._sessions: dict[str, Session] = {}
 
-    def create(self, digest: str, principal: Principal | None = None) -> tuple[str, Session]:
+    def _own(self, owner: str) -> list[str]:
+        """The owner's sessions, least recently used first."""
+        return [sid for sid, s in self._sessions.items() if s.owner == owner]
+
+    def _sweep_idle(self) -> None:
+        now = self.clock_ms()
+        for sid in [sid for sid, s in self._sessions.items() if now - s.last_used_ms >= self.idle_ms]:
+            del self._sessions[sid]
+
+    def has_room(self, owner: str) -> bool:
+        """Whether ``owner`` may sign in now without anyone else's session ending."""
+        if len(self._sessions) < self.limit or len(self._own(owner)) >= self.per_principal:
+            return True
+        self._sweep_idle()
+        return len(self._sessions) < self.limit
+
+    def create(self, owner: str, digest: str, principal: Principal | None = None, *,
+               past_bound: bool = False) -> tuple[str, Session]:
+        """A new session of ``owner``: its own least recently used end past its bound; the
+        console full, :class:`SessionsFull` (``past_bound``: a link already used up, checked
+        with :meth:`has_room` before, goes past the total rather than being lost)."""
+        own = self._own(owner)
+        while len(own) >= self.per_principal:
+            self._sessions.pop(own.pop(0))
+        if len(self._sessions) >= self.limit and not past_bound:
+            self._sweep_idle()
+            if len(self._sessions) >= self.limit:
+                raise SessionsFull(self.limit, self.idle_ms)
         session_id = secrets.token_urlsafe(32)
-        session = Session(digest, secrets.token_urlsafe(32), self.clock_ms(), principal)
+        session = Session(digest, secrets.token_urlsafe(32), self.clock_ms(), principal, owner)
         self._sessions[session_id] = session
-        while len(self._sessions) > self.limit:
-            self._sessions.pop(next(iter(self._sessions)))
         return session_id, session
 
     def get(self, session_id: str) -> Session | None:
@@ -162,7 +206,10 @@ class Console:
             return error_response(401, "unauthorized", "sign in with an API token (qinglong token create)")
         from qinglong.contracts.tokens import token_digest
 
-        session_id, session = self.sessions.create(token_digest(token.strip()))
+        try:
+            session_id, session = self.sessions.create(f"token:{found.token_id}", token_digest(token.strip()))
+        except SessionsFull as full:
+            return error_response(503, "sessions_full", str(full), headers={"Retry-After": "60"})
         response = JSONResponse(self._who(found, session.csrf))
         response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="strict", secure=self.secure,
                             path="/")
@@ -185,6 +232,9 @@ class Console:
             return _link_page(429, "Too many failed sign-ins from this address. Wait a moment and try again.",
                               {"Retry-After": str(limited.retry_after_s)})
         code = request.query_params.get("code", "")
+        if not self.sessions.has_room(LINK_OWNER):  # refused before the code is used up
+            full = SessionsFull(self.sessions.limit, self.sessions.idle_ms)
+            return _link_page(503, f"{full} The link is not used up: open it again then.", {"Retry-After": "60"})
         outcome, link_id = "unknown", None
         if self.links is not None and code.startswith(LINK_CODE_PREFIX) and len(code) <= 128:
             now = self.wall_ms()
@@ -194,7 +244,7 @@ class Console:
             limiter.failed(source)
             return _link_page(*LINK_REFUSALS[outcome])
         found = Principal(f"{LINK_ACTOR} {link_id[:8]}", "admin", source=source)
-        session_id, _ = self.sessions.create("", principal=found)
+        session_id, _ = self.sessions.create(LINK_OWNER, "", principal=found, past_bound=True)
         response = RedirectResponse("/", status_code=303, headers={"Referrer-Policy": "no-referrer"})
         response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="strict", secure=self.secure,
                             path="/")
@@ -239,4 +289,4 @@ class Console:
         ]
 
 
-__all__ = ["CSRF_HEADER", "Console", "Session", "Sessions"]
+__all__ = ["CSRF_HEADER", "Console", "Session", "Sessions", "SessionsFull"]
