@@ -402,19 +402,22 @@ def test_a_token_limited_to_projects_cannot_mint_read_or_revoke_tokens_nor_read_
 
 def test_a_token_limited_to_projects_reads_no_status_of_other_projects(attacked):
     """The status (the API's and the page's) names every project's failing tasks, schedules and
-    recent Runs: a token of one team that read it would learn the other teams' task names, their
-    triggers and how their jobs fail. Refused 403, nothing of another project in the answer."""
+    recent Runs, and the metrics every project's tasks with their queue depth: a token of one team
+    that read them would learn the other teams' task names, their triggers and how their jobs fail.
+    Refused 403, nothing of another project in the answer."""
     plane, settings, tokens, before = attacked
     web_read = make_token(settings, "webreader", "read", "web")
     before = store_dump(settings.parent / "q.db")
     client = Client(plane.port, web_read)
     try:
-        for path in ("/api/v1/status", "/status"):
+        for path in ("/api/v1/status", "/status", "/metrics"):
             status, answer, _ = client.request("GET", path)
             assert status == 403, (path, status)
             assert answer["error"]["code"] == "forbidden" and "ops" not in json.dumps(answer), (path, answer)
         status, answer, _ = client.request("GET", "/api/v1/status", token=tokens["read"])
         assert status == 200 and answer["verdict"], answer  # a token of every project still reads it
+        status, answer, _ = client.request("GET", "/metrics", token=tokens["read"])
+        assert status == 200 and b"# TYPE qinglong_runs_" in answer, answer
     finally:
         client.close()
     _unchanged(settings, before)

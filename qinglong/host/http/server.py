@@ -183,7 +183,9 @@ class HttpSurface:
         lifecycle.finish_observers.append(self.metrics.observe_finished)
         probes = Probes(self._liveness_problem, self._readiness)
         specs = probes.routes() + [
-            RouteSpec("/metrics", {"GET": Method("read", self._metrics, "Prometheus metrics", scrape=True)}),
+            # its per-task series name every project's tasks
+            RouteSpec("/metrics", {"GET": Method("read", self._metrics, "Prometheus metrics", scrape=True,
+                                                 every_project=True)}),
             # with the API on, "/" is the web console and the status page moves to /status
             RouteSpec("/" if api is None else "/status",
                       {"GET": Method("read", self._page, "status page", scrape=True, every_project=True)}),
