@@ -866,3 +866,76 @@ async def test_a_read_that_needs_the_wal_says_so_not_that_it_wanted_to_write(res
     refused = cli_as_user(db, "runs")
     assert_refused(refused, 5, db, f"{db}-wal", f"{db}-shm", str(db.parent))
     assert "for writing" not in refused.stderr, refused.stderr
+
+
+# --------------------------------------------------------------------------- another database's files
+
+
+#: Commands that each open the database path in their own way: reading, publishing (with a
+#: secret, which makes the key file), migrating and scheduling.
+SIDECAR_COMMANDS = (["runs"], ["db", "status"], ["logs", "r1"], ["project", "create", "p9"],
+                    ["task", "put", "p1", "t9", "--env", "TOKEN=s3cret", "--", "true"],
+                    ["db", "migrate"], ["run", "--for-seconds", "5"])
+
+
+def _tree(directory: Path) -> list[str]:
+    """The names in ``directory``, but for the log directory a running scheduler writes."""
+    return sorted(p.name for p in directory.iterdir() if not p.name.endswith(".logs"))
+
+
+async def test_a_path_naming_a_running_databases_own_files_is_refused_and_changes_nothing(db_path, clock):
+    """``--db q.db-wal`` was opened as a database of its own: reading it while ``run`` wrote to
+    ``q.db`` read the live write-ahead log as a database, publishing created ``q.db-wal-wal`` and
+    ``q.db-wal.lock`` beside it and could write over the real database's log, and ``q.db.key``
+    became a database that every later sealed value of ``q.db`` failed on. Every command refuses
+    such a path at once, naming it and whose file it is, and creates nothing."""
+    await _populated(db_path, clock)
+    first = _spawn_run(db_path)
+    try:
+        _wait_for_line(first, "scheduler started")
+        assert Path(f"{db_path}-wal").exists() and Path(f"{db_path}-shm").exists()
+        before = _tree(db_path.parent)
+        sidecars = {"-wal": "write-ahead log", "-shm": "shared-memory index",
+                    "-journal": "rollback journal", ".lock": "owner lock", ".key": "secrets key"}
+        for suffix, what in sidecars.items():
+            named = Path(f"{db_path}{suffix}")
+            commands = SIDECAR_COMMANDS if suffix == "-wal" else (["runs"], ["project", "create", "p9"], RUN)
+            for command in commands:
+                refused = cli(named, *command)
+                assert_refused(refused, 3, named, what, str(db_path))
+                assert "scheduler started" not in refused.stderr
+                assert _tree(db_path.parent) == before, (suffix, command)
+        assert first.poll() is None, "the running scheduler stopped"
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=CLI_TIMEOUT_S)
+    assert query(db_path, "PRAGMA integrity_check") == [("ok",)]
+    assert _projects(db_path) == ["p1"]
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
+def test_a_path_named_like_sqlites_own_files_is_refused_before_the_database_exists(tmp_path, suffix):
+    """A database made at ``q.db-wal`` before ``q.db`` existed was taken by SQLite for the
+    write-ahead log of the ``q.db`` made later beside it (and its pages for log frames). Such a
+    name is refused even alone, and nothing is created."""
+    named = tmp_path / f"q.db{suffix}"
+    for command in (["project", "create", "p1"], ["db", "migrate"], ["runs"]):
+        assert_refused(cli(named, *command), 3, named, str(tmp_path / "q.db"))
+        assert _tree(tmp_path) == []
+
+
+async def test_a_symlink_to_a_databases_write_ahead_log_is_refused(db_path, clock):
+    """A name is checked as it resolves too: a link ``other.db`` to ``q.db-wal`` opened the log
+    as a database exactly as the name itself did."""
+    await _populated(db_path, clock)
+    holder = sqlite3.connect(db_path)  # an open connection keeps the -wal in place
+    try:
+        holder.execute("SELECT count(*) FROM projects").fetchone()
+        other = db_path.parent / "other.db"
+        other.symlink_to(Path(f"{db_path}-wal"))
+        before = _tree(db_path.parent)
+        assert_refused(cli(other, "project", "create", "p9"), 3, other, "write-ahead log")
+        assert _tree(db_path.parent) == before
+    finally:
+        holder.close()
+    assert query(db_path, "PRAGMA integrity_check") == [("ok",)]

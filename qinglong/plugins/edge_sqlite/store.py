@@ -536,6 +536,50 @@ def _file_kind(mode: int) -> str:
     return "special file"
 
 
+#: The files SQLite keeps beside every database under its name plus these endings; a database
+#: path with one of them would be another database's file (or become one, once that exists).
+_SQLITE_SIDECARS = {"-wal": "write-ahead log", "-shm": "shared-memory index",
+                    "-journal": "rollback journal"}
+
+#: What qinglong keeps beside a database's resolved name: the owner lock, the default secrets key
+#: (the host's ``<database>.key``) and the default log directory (``<database>.logs``).
+_OWN_SIDECARS = {LOCK_SUFFIX: "owner lock", ".key": "secrets key", ".logs": "log directory"}
+
+_SQLITE_HEADER = b"SQLite format 3\0"
+
+
+def _is_database(path: str) -> bool:
+    """True for a regular file that is an SQLite database or an empty one (a database to be)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.pread(fd, len(_SQLITE_HEADER), 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return head in (b"", _SQLITE_HEADER)
+
+
+def sidecar_of(path: str) -> tuple[str, str] | None:
+    """``(what, database)`` when ``path``, as written or as it resolves, names a file kept beside
+    another database: SQLite's ``-wal``, ``-shm`` or ``-journal`` whether or not that database
+    exists yet, or qinglong's ``.lock``, ``.key`` or ``.logs`` of a database that exists. None
+    for a name of a database's own."""
+    for name in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
+        for suffix, what in _SQLITE_SIDECARS.items():
+            if name.endswith(suffix) and len(name) > len(suffix) and not name[:-len(suffix)].endswith("/"):
+                return what, name[:-len(suffix)]
+        for suffix, what in _OWN_SIDECARS.items():
+            if name.endswith(suffix) and _is_database(name[:-len(suffix)]):
+                return what, name[:-len(suffix)]
+    return None
+
+
 class SqliteStore:
     """Owns the connection to the database file named by the settings."""
 
@@ -551,6 +595,14 @@ class SqliteStore:
 
     def _check_path(self) -> Path:
         path = Path(self.path)
+        sidecar = sidecar_of(self.path)
+        if sidecar is not None:
+            what, database = sidecar
+            raise UserError(
+                f"database path {self.path!r} names the {what} of database {database!r}, a file "
+                "kept beside that database under its name: opened as a database of its own it "
+                "would be read as one, and get files of its own that write over the other's. Point "
+                "[backend] path at the database file itself, or at a name without that ending")
         if path.is_dir():
             raise UserError(f"database path {self.path!r} is a directory; name a file in it instead")
         try:
