@@ -120,7 +120,7 @@ class LocalStoreSettings(Protocol):
     """Validated ``[backend]`` settings of a store kept in one file on this host (SQLite).
 
     ``qinglong status`` shows ``path`` as where the store is, and unless ``[execution] log_dir``
-    is set the backend proposes ``<absolute path>.logs`` beside the file for the Attempt
+    is set the backend proposes ``<resolved path>.logs`` beside the file for the Attempt
     directories (logs and receipts), so a store and its logs move together.
     """
 
@@ -140,8 +140,10 @@ def runs_of(backend: object) -> "ExecutionStore | RunControl | None":
 
 
 def proposed_log_dir(settings: object) -> str | None:
-    """The Attempt directory a backend's settings propose: ``<absolute path>.logs`` for
-    :class:`LocalStoreSettings` with a non-empty ``path``, else None."""
+    """The Attempt directory a backend's settings propose: ``<resolved path>.logs`` for
+    :class:`LocalStoreSettings` with a non-empty ``path``, else None. Resolved through symlinks,
+    like the store's lock and secrets key, so every name of one file logs into one directory,
+    the one its retention sweeps."""
     import os
 
     if not isinstance(settings, LocalStoreSettings):
@@ -149,7 +151,7 @@ def proposed_log_dir(settings: object) -> str | None:
     path = settings.path
     if not isinstance(path, str) or not path:
         return None
-    return os.path.abspath(path) + ".logs"
+    return os.path.realpath(path) + ".logs"
 
 
 __all__ = [

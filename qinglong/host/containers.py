@@ -87,7 +87,7 @@ def create_backend(spec: SchedulerBackendSpec, context: BackendContext, loaded: 
 
 def execution_log_dir(loaded: LoadedSettings, backend_settings: Any) -> str | None:
     """Where Attempt directories live: ``[execution] log_dir``, else what the backend's settings
-    propose (``<database path>.logs`` beside a
+    propose (``<database path>.logs`` beside the file the path resolves to, for a
     :class:`~qinglong.contracts.capabilities.LocalStoreSettings` file; None for other backends).
     Absolute, so a job's working directory never changes what it names."""
     configured = loaded.settings.execution.log_dir

@@ -541,18 +541,20 @@ async def test_a_lock_file_that_is_not_ours_is_refused_and_left_untouched(db_pat
 # --------------------------------------------------------------------------- reading a file that cannot be written
 
 
-async def _with_a_finished_run(db: Path, clock) -> str:
-    """A ready database whose Run of ``p1/t1`` ran ``echo hello`` to its end, log kept; its id."""
+async def _with_a_finished_run(db: Path, clock, through: Path | None = None) -> str:
+    """A ready database whose Run of ``p1/t1`` ran ``echo hello`` to its end, log kept; its id.
+    Admitted and run through the name ``through`` when given."""
     import json
 
     await _populated(db, clock)
-    admitted = cli(db, "task", "run", "p1", "t1", "--json")
+    name = through or db
+    admitted = cli(name, "task", "run", "p1", "t1", "--json")
     assert admitted.returncode == 0, admitted.stderr
     run_id = json.loads(admitted.stdout)["run_id"]
-    scheduler = _spawn_run(db)
+    scheduler = _spawn_run(name)
     try:
         def ended() -> bool:
-            shown = cli(db, "runs", "show", run_id, "--json")
+            shown = cli(name, "runs", "show", run_id, "--json")
             return shown.returncode == 0 and json.loads(shown.stdout)["state"] == "succeeded"
         _wait_until(ended)
     finally:
@@ -939,3 +941,44 @@ async def test_a_symlink_to_a_databases_write_ahead_log_is_refused(db_path, cloc
     finally:
         holder.close()
     assert query(db_path, "PRAGMA integrity_check") == [("ok",)]
+
+
+def _fill_leaving(directory: Path, leave_free: int) -> None:
+    """Write a filler file until the file system has at most ``leave_free`` bytes free."""
+    with open(directory / "filler", "wb", buffering=0) as filler:
+        while shutil.disk_usage(directory).free > leave_free:
+            filler.write(b"\0" * 4096)
+
+
+async def test_logs_of_a_job_run_through_a_symlink_are_the_files_own(small_filesystem, clock):
+    """The default log directory was keyed on the name as written: a job run through a symlink
+    to the database logged into ``<link>.logs``, which the free-space floor of ``run`` on the
+    file's own name never looked at (its logs stayed while the disk filled up), and which was
+    left behind, or lost with the link. The log directory is the resolved file's, like its lock
+    and its secrets key: the log reads through either name and the real name's retention
+    sweeps it."""
+    db = small_filesystem / "q.db"
+    link = small_filesystem / "link.db"
+    link.symlink_to(db)
+    run_id = await _with_a_finished_run(db, clock, through=link)
+    assert not (small_filesystem / "link.db.logs").exists()
+    (attempt_dir,) = query(db, "SELECT a.attempt_dir FROM attempts a WHERE a.run_id = ?", (run_id,))[0]
+    assert Path(attempt_dir).parent == small_filesystem / "q.db.logs"
+    for name in (db, link):
+        shown = cli(name, "logs", run_id)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout == "hello\n"
+    # under the free-space floor (a tenth of the 4 MiB file system), with no log kept per task
+    _fill_leaving(small_filesystem, 256 * 1024)
+    env = _env(db) | {"QINGLONG_EXECUTION__KEEP_LOGS_PER_TASK": "0"}
+    scheduler = subprocess.Popen([sys.executable, "-m", "qinglong", "run"], cwd=db.parent, env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_line(scheduler, "scheduler started")
+        _wait_until(lambda: query(db, "SELECT log_deleted_at_ms FROM attempts WHERE run_id = ?",
+                                  (run_id,))[0][0] is not None)
+    finally:
+        scheduler.send_signal(signal.SIGTERM)
+        scheduler.communicate(timeout=CLI_TIMEOUT_S)
+        (small_filesystem / "filler").unlink(missing_ok=True)
+    assert not Path(attempt_dir).exists()
