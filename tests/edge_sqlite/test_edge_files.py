@@ -345,6 +345,45 @@ async def test_full_disk_is_reported_as_full_naming_the_file(small_filesystem, c
     assert query(db, "SELECT trigger_id FROM triggers") == before
 
 
+@pytest.mark.parametrize("command", [["db", "migrate"], ["project", "create", "p1"], RUN],
+                         ids=lambda c: "-".join(c[:2]))
+def test_a_create_refused_for_a_full_disk_leaves_no_database(small_filesystem, command):
+    """A new database refused for a full disk was left behind empty: every later read said
+    "migration not applied" (exit 4) instead of "does not exist", and the next publish on it
+    had to be told apart from a damaged file. A new database appears under its name only once
+    migrated; a refused create leaves nothing, and works once space is freed."""
+    fresh = small_filesystem / "fresh.db"
+    _fill(small_filesystem)
+    try:
+        assert_refused(cli(fresh, *command), 5, fresh, "full")
+        assert sorted(p.name for p in small_filesystem.iterdir()) == ["filler"]
+    finally:
+        (small_filesystem / "filler").unlink()
+    assert_refused(cli(fresh, "runs"), 3, fresh, "does not exist")
+    made = cli(fresh, "project", "create", "p1")
+    assert made.returncode == 0, made.stderr
+    assert _projects(fresh) == ["p1"]
+    assert query(fresh, "PRAGMA journal_mode") == [("wal",)]
+    assert sorted(p.name for p in small_filesystem.iterdir() if not p.name.startswith("fresh.db")) == []
+
+
+def test_publishers_racing_to_create_a_database_all_land_in_one_file(tmp_path):
+    """A new database takes its name only once migrated, and never over one that appeared there
+    meanwhile: publishers starting at once on a missing path must each find the one database
+    the first of them placed (none left with a database of its own under a private name, none
+    refused), and no private file may stay behind."""
+    db = tmp_path / "q.db"
+    racers = [subprocess.Popen([sys.executable, "-m", "qinglong", "project", "create", f"p{i}"],
+                               cwd=tmp_path, env=_env(db), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for i in range(4)]
+    for racer in racers:
+        out, err = racer.communicate(timeout=CLI_TIMEOUT_S)
+        assert racer.returncode == 0, err
+    assert _projects(db) == ["p0", "p1", "p2", "p3"]
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("q.db")] == []
+    assert query(db, "PRAGMA integrity_check") == [("ok",)]
+
+
 async def test_database_size_limit_is_reported_as_full_by_the_publisher(db_path, clock, backends):
     """SQLITE_FULL from a publishing transaction must reach the caller as StoreFull naming the
     file, and the refused write must leave nothing behind."""

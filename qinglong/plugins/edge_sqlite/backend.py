@@ -94,6 +94,11 @@ class EdgeSqliteBackend:
         states = await self.store.call(migrations.migration_status, self.migrations, self.store.path)
         if not self._may_create or all(s.status != "pending" for s in states):
             return states
+        if self.store.placing:  # a new database no other process can see yet: no lock needed
+            now = self.context.clock_ms()
+            states = await self.store.call(migrations.apply_pending, self.migrations, self.store.path, now)
+            await self.store.place()
+            return states
         # Something is to be applied: never under a scheduler that is running on this file (an
         # upgraded binary migrating the schema beneath an older running one). The owner lock is
         # held only for the migration, unless this process already owns the file.

@@ -18,7 +18,8 @@ The file, not only the connection, is this module's concern:
   in a sidecar ``<resolved path>.lock``), and :meth:`SqliteStore.owner_pid` tells whether some
   process holds it now;
 * :meth:`SqliteStore.open` with ``create=False`` never creates a file (read commands), and with
-  ``create=True`` proves at once that the file can be written.
+  ``create=True`` proves at once that the file can be written; a new database is made under a
+  private name and takes its own only once migrated (:meth:`SqliteStore.place`).
 """
 
 from __future__ import annotations
@@ -527,6 +528,48 @@ class OwnerLock:
 # --------------------------------------------------------------------------- the store
 
 
+def _rename_no_replace(source: str, target: str) -> None:
+    """Rename ``source`` to ``target`` unless ``target`` exists (:class:`FileExistsError`):
+    ``renameat2(RENAME_NOREPLACE)``, else a hard link and an unlink where the file system lacks
+    it (the file then has two names for an instant)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None:
+        at_fdcwd, rename_noreplace = -100, 1
+        if renameat2(at_fdcwd, os.fsencode(source), at_fdcwd, os.fsencode(target), rename_noreplace) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), target)
+    os.link(source, target)
+    os.unlink(source)
+
+
+def _discard(new: Path) -> None:
+    """Remove a new database's private file and SQLite's files beside it, all of them ours."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        try:
+            os.unlink(f"{new}{suffix}")
+        except OSError:
+            pass
+
+
+def _sync_directory(directory: Path) -> None:
+    """fsync a directory, so a file's new name survives a power loss."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _file_kind(mode: int) -> str:
     """What a file that is not a regular one is, in a user's words."""
     for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
@@ -592,6 +635,8 @@ class SqliteStore:
         # and its probe work through it, since closing any descriptor of the file would drop
         # SQLite's own fcntl locks in this process.
         self._db_fd: int | None = None
+        #: the private name of a new database until it is migrated and placed (see :meth:`place`)
+        self._new: Path | None = None
 
     def _check_path(self) -> Path:
         path = Path(self.path)
@@ -633,7 +678,9 @@ class SqliteStore:
         ``create=False`` (read commands) refuses a missing file with :class:`StoreMissing` and
         never creates one. ``create=True`` (the scheduler, migration, publishing) may create the
         file and proves it can be written: a read-only file, directory or file system is
-        :class:`StoreReadOnly` here, at start, not at the first write.
+        :class:`StoreReadOnly` here, at start, not at the first write. A missing file is made
+        under a private name beside it, which :meth:`place` renames into place once migrated;
+        :meth:`close` removes it if that never happened.
 
         Whatever fails, the connection and its thread are closed before the error is raised.
         """
@@ -662,7 +709,60 @@ class SqliteStore:
                     raise self._unreadable(path, exc) from None
                 await self._connect(path, "ro&immutable=1", False)
             return
+        if create and not os.path.lexists(path):
+            # A new database is made under a private name and appears under its own only once
+            # migrated (:meth:`place`): a create refused midway (a full disk) leaves no empty
+            # file that every later read would take for an unmigrated database.
+            self._new = path.absolute().parent / f".{path.name}.new-{os.getpid()}-{os.urandom(4).hex()}"
+            await self._connect(self._new, "rwc", True)
+            return
         await self._connect(path, "rwc" if create else "rw", create)
+
+    @property
+    def placing(self) -> bool:
+        """True while the connection is to a new database not yet under its name (see
+        :meth:`place`): nobody else can open it, so migrating it needs no owner lock."""
+        return self._new is not None and self._connection is not None
+
+    async def place(self) -> None:
+        """Give the new, migrated database its name: its WAL is checkpointed into the file, the
+        connection closed, the file renamed into place (never over a file another process made
+        there meanwhile: that one is used instead, ours discarded) and opened under its name."""
+        new = self._new
+        if new is None or self._connection is None:
+            return
+
+        def settle(conn: sqlite3.Connection) -> None:
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if busy:
+                raise StoreUnavailable(f"database {self.path!r}: the new database could not be "
+                                       "checkpointed before taking its name")
+
+        await self.call(settle)
+        await self._disconnect()
+        final = Path(self.path).absolute()
+        try:
+            if any(os.path.getsize(f"{new}{suffix}") for suffix in ("-wal", "-journal")
+                   if os.path.exists(f"{new}{suffix}")):
+                raise StoreUnavailable(f"database {self.path!r}: the new database kept a journal "
+                                       "after its last connection closed; nothing was made")
+            _rename_no_replace(str(new), str(final))
+        except FileExistsError:
+            pass  # another process made the database first: it is the one to use
+        except OSError as exc:
+            _discard(new)
+            self._new = None
+            kind = StoreFull if exc.errno == errno.ENOSPC else StoreUnavailable
+            raise kind(f"database {self.path!r}: the new database could not take its name "
+                       f"({exc.strerror}); nothing was made") from None
+        except BaseException:
+            _discard(new)
+            self._new = None
+            raise
+        _discard(new)
+        self._new = None
+        _sync_directory(final.parent)
+        await self._connect(final, "rw", True)
 
     def _refuse_other_names(self, path: Path) -> None:
         """Refuse to write a file with more than one name (hard links): SQLite keeps the WAL
@@ -792,9 +892,9 @@ class SqliteStore:
                 raise translate_sqlite_error(exc, self.path) from exc
             raise
 
-    async def close(self) -> None:
-        """Close the connection and stop its thread, then release the owner lock. Idempotent;
-        the thread is stopped even when closing the connection fails."""
+    async def _disconnect(self, *, release: bool = False) -> None:
+        """Close the connection and stop its thread, then (``release``) release the owner lock,
+        then close the descriptor lent to it; the thread is stopped even when closing fails."""
         connection, self._connection = self._connection, None
         try:
             if connection is not None:
@@ -807,12 +907,24 @@ class SqliteStore:
                     raise
         finally:
             try:
-                self.owner_lock.release()
+                if release:
+                    self.owner_lock.release()
             finally:
                 db_fd, self._db_fd = self._db_fd, None
                 if db_fd is not None:
                     os.close(db_fd)
                 self.owner_lock = OwnerLock(self.path)
+
+    async def close(self) -> None:
+        """Close the connection and stop its thread, then release the owner lock. Idempotent. A
+        new database that never took its name (its migration failed or never ran) is removed:
+        it was this process's own."""
+        try:
+            await self._disconnect(release=True)
+        finally:
+            new, self._new = self._new, None
+            if new is not None:
+                _discard(new)
 
     def owner_pid(self) -> int | None:
         """The pid of the ``qinglong run`` owning this database now (this process included), or
