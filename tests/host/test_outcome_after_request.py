@@ -87,3 +87,26 @@ def test_a_cancel_after_the_jobs_exit_leaves_its_exit_and_runs_show_says_why(tmp
     assert main(["runs", "show", run_id, "--settings", str(settings)]) == 0
     out = capsys.readouterr().out
     assert "cancel requested (operator) after the job had ended: its own exit is the outcome" in out, out
+
+
+def test_runs_show_says_a_timeout_after_the_jobs_exit_beside_what_its_helpers_did(tmp_path, capsys):
+    """The Attempt has a reason of its own (the helper it left held its output and was sent
+    TERM): shown alone, it hid that the timeout fired after the job's end, so `succeeded` beside
+    a stopped helper read as if the timeout had never fired, or had ended the job."""
+    settings = write_settings(tmp_path, orphan_drain_ms=5_000)
+
+    async def body() -> str:
+        async with running(settings) as h:
+            await h.put_task("quick", ["sh", "-c", "sleep 30 & exit 0"], timeout_ms=1_000)
+            run_id = await h.admit("quick")
+            detail = await h.until_ended(run_id)
+            (attempt,) = detail.attempts
+            assert attempt.cancel_reason == "timeout" and attempt.reason, attempt
+            return run_id
+
+    run_id = asyncio.run(body())
+    capsys.readouterr()
+    assert main(["runs", "show", run_id, "--settings", str(settings)]) == 0
+    out = capsys.readouterr().out
+    assert "held its output" in out, out
+    assert "cancel requested (timeout) after the job had ended: its own exit is the outcome" in out, out

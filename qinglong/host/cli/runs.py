@@ -158,16 +158,17 @@ def _outcome(a: Any) -> str:
 
 
 def _attempt_reason(a: Any) -> str:
-    """The Attempt's reason; without one, its cancel request, said to have come after the job's
-    end when the job's own exit is the outcome (``succeeded`` beside a bare "cancel requested"
-    reads as if the cancel had been ignored)."""
-    if a.reason:
-        return a.reason
+    """The Attempt's reason, and its cancel request: said to have come after the job's end when
+    the job's own exit is the outcome (``succeeded`` beside a bare "cancel requested" reads as if
+    the cancel had been ignored), also beside a reason of the Attempt's own (what the helpers the
+    job left did), which would otherwise hide it. A ``timed_out`` or ``cancelled`` reason already
+    names its request."""
     if not a.cancel_reason:
-        return ""
+        return a.reason or ""
     if _value(a.state) in ("succeeded", "failed"):
-        return f"cancel requested ({_value(a.cancel_reason)}) after the job had ended: its own exit is the outcome"
-    return f"cancel requested: {_value(a.cancel_reason)}"
+        after = f"cancel requested ({_value(a.cancel_reason)}) after the job had ended: its own exit is the outcome"
+        return f"{a.reason}; {after}" if a.reason else after
+    return a.reason or f"cancel requested: {_value(a.cancel_reason)}"
 
 
 def _show_run(args: argparse.Namespace) -> int:
