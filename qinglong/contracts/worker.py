@@ -233,6 +233,25 @@ class StartedReply:
     db_now_ms: int
 
 
+#: The stop requests a worker makes for its own jobs: its timeout, its drain's shutdown. The
+#: others (an operator's, a replacing Run's) are written by the control plane and reach the worker
+#: in a heartbeat's stop orders.
+OWN_STOP_REASONS = (CancelReason.TIMEOUT, CancelReason.SHUTDOWN)
+
+
+@record
+class OwnStop:
+    """A stop request the worker made for its job itself (one of :data:`OWN_STOP_REASONS`),
+    stated in the completion that reports the job's end, ``age_ms`` after the worker took it up.
+    The store keeps it as the Attempt's cancel request (unless one is there already), dated on
+    its own clock from the age, as the local dispatcher writes its own before signalling: so a
+    timeout that fired after the job's exit is recorded beside the job's own outcome, and a
+    stop on purpose suppresses the retry as anywhere else."""
+
+    reason: CancelReason
+    age_ms: int = 0
+
+
 class CompletionResult(str, enum.Enum):
     ACCEPTED = "accepted"
     ALREADY_DONE = "already_done"      # the exact replay of an accepted completion
@@ -287,11 +306,13 @@ class WorkerProtocol(Protocol):
         ...
 
     async def complete(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, *,
-                       started: bool = True, log_missing_bytes: int = 0) -> CompletionReply:
+                       started: bool = True, log_missing_bytes: int = 0,
+                       own_stop: OwnStop | None = None) -> CompletionReply:
         """End the Attempt with ``outcome`` (``outcome.log_bytes`` must equal the bytes shipped)
         and apply the retry policy; ``started`` False when the process could not be spawned;
         ``log_missing_bytes``: bytes of the job's log that could not be shipped (the stored log
-        is then marked incomplete)."""
+        is then marked incomplete); ``own_stop``: the stop request the worker made for this job
+        itself, if any (:class:`OwnStop`), recorded with the end."""
         ...
 
     async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
@@ -320,8 +341,9 @@ class CombinedCompletion(Protocol):
     anyway; one with it saves a round trip per job."""
 
     async def complete_and_claim(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome,
-                                 tokens: Sequence[bytes], *, started: bool = True,
-                                 log_missing_bytes: int = 0) -> tuple[CompletionReply, Sequence[ClaimedAttempt]]:
+                                 tokens: Sequence[bytes], *, started: bool = True, log_missing_bytes: int = 0,
+                                 own_stop: OwnStop | None = None,
+                                 ) -> tuple[CompletionReply, Sequence[ClaimedAttempt]]:
         """``complete``, then a claim of up to ``len(tokens)`` Attempts as ``claim`` makes it
         (never waiting), in one transaction: a refusal of either changes nothing and raises as
         ``complete`` raises it. Not idempotent (a repeat would lease other Attempts), so a call

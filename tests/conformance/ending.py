@@ -46,3 +46,36 @@ async def end_current(h, run_id: str, result: AttemptOutcome) -> None:
         await protocol.close_session(session.fence)
     finally:
         await protocol.close()
+
+
+async def end_current_after_own_stop(h, run_id: str, result: AttemptOutcome, reason) -> None:
+    """Dispatch, start and end the Run's current Attempt with ``result``, the job's own exit,
+    reported after the one running it took up its own stop request ``reason`` (its timeout, its
+    shutdown) during the drain of the job's output: on SQLite the dispatcher's durable request,
+    then its record of the end; on PostgreSQL the worker's completion stating its stop."""
+    execution = getattr(h.backend, "execution", None)
+    if execution is not None:
+        from qinglong.contracts.execution import Actor
+
+        store = execution()
+        attempt = (await store.run_detail(run_id)).attempts[-1]
+        now = await h.now_ms()
+        assert await store.begin_dispatch(attempt.attempt_id, f"/logs/{attempt.attempt_id}",
+                                          now + 60_000, now)
+        assert await store.record_started(attempt.attempt_id, HANDLE, await h.now_ms())
+        await store.request_cancel(run_id, reason, await h.now_ms(), Actor.DISPATCHER)
+        await store.record_finished(attempt.attempt_id, result, await h.now_ms(), Actor.COMPLETION)
+        return
+    from qinglong.contracts.worker import OwnStop
+    from qinglong.plugins.cluster_postgres.worker_client import PostgresWorkerProtocol
+
+    protocol = PostgresWorkerProtocol(h.dsn("qinglong_gateway"), "conformance worker")
+    try:
+        session = await protocol.open_session(f"w-{run_id[:8]}", [], 256, 600_000)
+        (claimed,) = await protocol.claim(session.fence, [os.urandom(32)])
+        assert claimed.run_id == run_id, "end Runs in dispatch order (oldest first)"
+        await protocol.started(session.fence, claimed.lease)
+        await protocol.complete(session.fence, claimed.lease, result, own_stop=OwnStop(reason, 0))
+        await protocol.close_session(session.fence)
+    finally:
+        await protocol.close()

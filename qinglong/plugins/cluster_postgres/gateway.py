@@ -21,6 +21,7 @@ from qinglong.contracts.worker import (
     CompletionReply,
     HeartbeatReply,
     LeaseFence,
+    OwnStop,
     Session,
     SessionFence,
     StartedReply,
@@ -180,17 +181,20 @@ class PostgresWorkerGateway:
         return await self._with(lambda m: m.append_log(fence, lease, offset, data))
 
     async def complete(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, *,
-                       started: bool = True, log_missing_bytes: int = 0) -> CompletionReply:
+                       started: bool = True, log_missing_bytes: int = 0,
+                       own_stop: OwnStop | None = None) -> CompletionReply:
         return await self._with(lambda m: m.complete(fence, lease, outcome, started=started,
-                                                     log_missing_bytes=log_missing_bytes))
+                                                     log_missing_bytes=log_missing_bytes, own_stop=own_stop))
 
     async def complete_and_claim(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome,
-                                 tokens: Sequence[bytes], *, started: bool = True,
-                                 log_missing_bytes: int = 0) -> tuple[CompletionReply, Sequence[ClaimedAttempt]]:
+                                 tokens: Sequence[bytes], *, started: bool = True, log_missing_bytes: int = 0,
+                                 own_stop: OwnStop | None = None,
+                                 ) -> tuple[CompletionReply, Sequence[ClaimedAttempt]]:
         """``complete`` and ``claim`` in one transaction on one member (see
         :meth:`.worker_client.PostgresWorkerProtocol.complete_and_claim`)."""
         return await self._with(lambda m: m.complete_and_claim(fence, lease, outcome, tokens, started=started,
-                                                               log_missing_bytes=log_missing_bytes))
+                                                               log_missing_bytes=log_missing_bytes,
+                                                               own_stop=own_stop))
 
     async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
         return await self._with(lambda m: m.complete_late(worker_id, lease, outcome))

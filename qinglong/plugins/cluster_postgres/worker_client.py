@@ -49,6 +49,7 @@ from qinglong.contracts.worker import (
     LeaseFence,
     LeaseFenced,
     LogRefused,
+    OwnStop,
     Session,
     SessionFence,
     SessionFenced,
@@ -95,7 +96,8 @@ _SQL_APPEND = ("SELECT qinglong.worker_append_log(%s::text, %s::uuid, %s::bigint
                "%s::bytea, %s::bigint, %s::bytea)")
 _SQL_COMPLETE = ("SELECT result, run_state, log_bytes_stored, next_attempt_no, next_not_before_ms FROM "
                  "qinglong.worker_complete(%s::text, %s::uuid, %s::bigint, %s::uuid, %s::bigint, %s::bytea, "
-                 "%s::text, %s::integer, %s::integer, %s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint)")
+                 "%s::text, %s::integer, %s::integer, %s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint, "
+                 "%s::text, %s::bigint)")
 _SQL_COMPLETE_LATE = ("SELECT result, run_state, log_bytes_stored, next_attempt_no, next_not_before_ms FROM "
                       "qinglong.worker_complete_late(%s::text, %s::uuid, %s::bigint, %s::bytea, %s::text, "
                       "%s::integer, %s::integer, %s::bigint, %s::bigint, %s::text)")
@@ -266,18 +268,20 @@ class PostgresWorkerProtocol:
         return int(row[0])
 
     async def complete(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, *,
-                       started: bool = True, log_missing_bytes: int = 0) -> CompletionReply:
+                       started: bool = True, log_missing_bytes: int = 0,
+                       own_stop: OwnStop | None = None) -> CompletionReply:
         row = await self._call("worker_complete", _SQL_COMPLETE,
-                               _completion_params(fence, lease, outcome, started, log_missing_bytes))
+                               _completion_params(fence, lease, outcome, started, log_missing_bytes, own_stop))
         return _completion(row)
 
     async def complete_and_claim(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome,
-                                 tokens: Sequence[bytes], *, started: bool = True,
-                                 log_missing_bytes: int = 0) -> tuple[CompletionReply, Sequence[ClaimedAttempt]]:
+                                 tokens: Sequence[bytes], *, started: bool = True, log_missing_bytes: int = 0,
+                                 own_stop: OwnStop | None = None,
+                                 ) -> tuple[CompletionReply, Sequence[ClaimedAttempt]]:
         """``complete``, then ``claim`` with ``tokens`` for the slot it frees, in ONE transaction
         sent at once: one round trip and one commit instead of two. A refusal of either undoes
         both and is raised as ``complete`` raises it."""
-        params = _completion_params(fence, lease, outcome, started, log_missing_bytes)
+        params = _completion_params(fence, lease, outcome, started, log_missing_bytes, own_stop)
         token_list = [bytes(t) for t in tokens]
 
         async def send(conn: psycopg.AsyncConnection) -> tuple[Any, list[Any]]:
@@ -312,11 +316,12 @@ class PostgresWorkerProtocol:
 
 
 def _completion_params(fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, started: bool,
-                       log_missing_bytes: int) -> tuple[Any, ...]:
-    """``worker_complete``'s arguments."""
+                       log_missing_bytes: int, own_stop: OwnStop | None) -> tuple[Any, ...]:
+    """``worker_complete``'s arguments (its form with the worker's own stop request)."""
     return (*_session(fence), *_lease(lease), outcome.state.value, outcome.exit_code, outcome.signal,
             int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason, bool(started),
-            int(log_missing_bytes))
+            int(log_missing_bytes), None if own_stop is None else getattr(own_stop.reason, "value", own_stop.reason),
+            None if own_stop is None else int(own_stop.age_ms))
 
 
 def _completion(row: Sequence[Any]) -> CompletionReply:
