@@ -16,8 +16,9 @@ import uuid
 from typing import Any, Mapping
 
 from .errors import StoreUnavailable
-from .execution import AttemptOutcome, AttemptState, RunState
+from .execution import AttemptOutcome, AttemptState, CancelReason, RunState
 from .worker import (
+    OWN_STOP_REASONS,
     BadWorkerCall,
     ClaimedAttempt,
     CompletionReply,
@@ -27,6 +28,7 @@ from .worker import (
     LeaseFence,
     LeaseFenced,
     LogRefused,
+    OwnStop,
     Session,
     SessionFence,
     SessionFenced,
@@ -126,6 +128,29 @@ def outcome_of(body: Mapping[str, Any]) -> AttemptOutcome:
                           log_bytes=field(data, "log_bytes", int, optional=True),
                           log_dropped_bytes=field(data, "log_dropped_bytes", int, optional=True) or 0,
                           reason=field(data, "reason", str, optional=True))
+
+
+def own_stop_json(stop: OwnStop) -> dict[str, Any]:
+    """A completion's ``own_stop``: ``{"reason": "timeout", "age_ms": 1200}``."""
+    return {"reason": CancelReason(stop.reason).value, "age_ms": max(0, int(stop.age_ms))}
+
+
+def own_stop_of(body: Mapping[str, Any]) -> OwnStop | None:
+    """The completion's ``own_stop``, or None where the body has none (a worker of an earlier
+    build sends none: its completion is taken as before)."""
+    data = field(body, "own_stop", dict, optional=True)
+    if data is None:
+        return None
+    try:
+        reason = CancelReason(field(data, "reason", str))
+    except ValueError:
+        reason = None
+    if reason not in OWN_STOP_REASONS:
+        raise WireError("own_stop.reason: expected " + " or ".join(r.value for r in OWN_STOP_REASONS))
+    age_ms = field(data, "age_ms", int)
+    if age_ms < 0:
+        raise WireError("own_stop.age_ms: expected an integer >= 0")
+    return OwnStop(reason, age_ms)
 
 
 # ------------------------------------------------------------------------------ replies

@@ -43,8 +43,10 @@ from qinglong.contracts.worker import (
     ClaimedAttempt,
     CombinedCompletion,
     CompletionResult,
+    OWN_STOP_REASONS,
     LeaseFenced,
     LogRefused,
+    OwnStop,
     SessionFence,
     SessionFenced,
     new_lease_token,
@@ -76,6 +78,16 @@ async def _outcome_of(work: "asyncio.Future[None]") -> OSError | None:
         await asyncio.wait({work})  # the file is never written behind a cancelled job's back
         raise
     return None
+
+
+def _own_stop(job: WorkerJob) -> OwnStop | None:
+    """The stop request this worker made for the job itself (its timeout, its drain's shutdown),
+    as its completion states it: the store keeps it as the local dispatcher keeps its own, also
+    when the job's own exit came first and stays the outcome. None for a request the store made
+    (it holds that one already) or none at all."""
+    if job.cancel not in OWN_STOP_REASONS or job.cancel_requested_at_ms is None:
+        return None
+    return OwnStop(job.cancel, max(0, wall_clock_ms() - job.cancel_requested_at_ms))
 
 
 class Jobs:
@@ -439,17 +451,19 @@ class Jobs:
         async def call() -> Any:
             tries[0] += 1
             free = core.slots() - len(core.jobs) + 1
+            # only with one: a gateway or store of an earlier build is called as it was
+            stop = {"own_stop": own} if (own := _own_stop(job)) is not None else {}
             if (combined is not None and first and tries[0] == 1 and free > 0 and self._may_claim()
                     and core.session is not None and core.session.fence == job.fence):
                 reply, claimed = await combined(job.fence, job.claimed.lease, final,
                                                 [new_lease_token() for _ in range(free)], started=started,
-                                                log_missing_bytes=missing)
+                                                log_missing_bytes=missing, **stop)
                 if not self._left_to_close(claimed):
                     for attempt in claimed:
                         self._adopt_claim(attempt, job.fence)
                 return reply
             return await protocol.complete(job.fence, job.claimed.lease, final, started=started,
-                                           log_missing_bytes=missing)
+                                           log_missing_bytes=missing, **stop)
 
         return call
 

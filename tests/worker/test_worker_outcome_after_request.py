@@ -9,6 +9,7 @@ import shlex
 import shutil
 import signal
 
+from tests.cluster.control_helpers import cli, cli_json, write_settings
 from tests.support.procs import process_alive
 from tests.worker.helpers import admit, attempts, publish_task, start_worker, wait_run_state, wait_until
 
@@ -37,6 +38,34 @@ def test_a_job_that_exited_0_before_the_workers_timeout_keeps_its_exit(cluster, 
         worker.signal(signal.SIGTERM)
         worker.wait()
         worker.stop()
+
+
+def test_runs_show_on_the_cluster_says_the_workers_timeout_came_after_the_jobs_exit_0(cluster, tmp_path,
+                                                                                     worker_gateway):
+    """The worker's own timeout fired while the output of a job that had exited 0 still drained
+    (a helper it left holds it): the store never heard of it, so `runs show` on the cluster kept
+    silent about what the local profile says (cancel requested (timeout) after the job had
+    ended), and `runs show --json` lacked the cancel_reason the local store keeps."""
+    command = ["sh", "-c", "echo out; sleep 300 & exit 0"]
+    run_id = admit(cluster, publish_task(cluster, "late", {"command": command, "timeout_ms": 1_000}))
+    worker = start_worker(worker_gateway, tmp_path, "w-late", orphan_drain_ms=8_000)
+    try:
+        assert wait_run_state(cluster, run_id) == "succeeded"
+        worker.wait_event("worker.timeout", what="the timeout to land during the drain")
+    finally:
+        worker.signal(signal.SIGTERM)
+        worker.wait()
+        worker.stop()
+    settings = write_settings(tmp_path / "cli.toml", cluster)
+    shown = cli_json(settings, "runs", "show", run_id)
+    (attempt,) = shown["attempts"]
+    assert (shown["state"], shown["exit_code"]) == ("succeeded", 0), shown
+    assert (attempt["state"], attempt["exit_code"], attempt["cancel_reason"]) == ("succeeded", 0, "timeout"), attempt
+    result = cli(settings, "runs", "show", run_id)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    out = result.stdout.decode()
+    assert f"run {run_id}: succeeded (exit 0)" in out, out
+    assert "cancel requested (timeout) after the job had ended: its own exit is the outcome" in out, out
 
 
 def test_an_operator_cancel_that_reaches_the_worker_after_the_jobs_exit_keeps_its_exit(cluster, tmp_path,

@@ -254,9 +254,12 @@ class GatewayService:
     @staticmethod
     def _completion(worker: WorkerRegistration, body: dict) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``complete``'s arguments and keywords from the request, under the token's worker id."""
-        return ((_fence(body, worker.worker_id), _lease(body), wire.outcome_of(body)),
-                {"started": bool(wire.field(body, "started", bool)),
-                 "log_missing_bytes": wire.field(body, "log_missing_bytes", int)})
+        keywords = {"started": bool(wire.field(body, "started", bool)),
+                    "log_missing_bytes": wire.field(body, "log_missing_bytes", int)}
+        own_stop = wire.own_stop_of(body)
+        if own_stop is not None:  # stated for the Attempt the lease names: the store checks it is this worker's
+            keywords["own_stop"] = own_stop
+        return (_fence(body, worker.worker_id), _lease(body), wire.outcome_of(body)), keywords
 
     async def complete(self, worker: WorkerRegistration, body: dict) -> Any:
         args, keywords = self._completion(worker, body)
