@@ -214,7 +214,8 @@ class QinglongHookSpecs:
         Called once by ``qinglong api`` at start, when ``[api] gateway_dsn`` is set (``qinglong
         run`` serves no worker routes, even with the API on). The gateway uses the spec named by the profile's backend
         (``[profile] backend``) and opens its pool with ``create_gateway(gateway_dsn,
-        application_name, pool_size)``; workers speak only to the gateway.
+        application_name, pool_size, backend_settings=...)`` (the backend's ``[backend]``
+        settings, or None); workers speak only to the gateway.
 
         :returns: An iterable of :class:`~qinglong.contracts.worker.WorkerProtocolSpec`; each name
             must be unique across the loaded plugins.

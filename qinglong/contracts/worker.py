@@ -354,11 +354,13 @@ class CombinedCompletion(Protocol):
 @record
 class WorkerProtocolSpec:
     """What a plugin offers through ``qinglong_worker_protocols``: the store side of the worker
-    gateway. ``create_gateway(dsn, application_name, pool_size)`` returns a :class:`WorkerGateway`
-    (awaitable), the API tier's shared pool; workers speak only to the gateway, never to a store."""
+    gateway. ``create_gateway(dsn, application_name, pool_size, *, backend_settings)`` returns a
+    :class:`WorkerGateway` (awaitable), the API tier's shared pool; ``backend_settings`` is the
+    backend's validated ``[backend]`` section (or None), from which the store learns which role
+    the gateway must log in as. Workers speak only to the gateway, never to a store."""
 
     name: str
-    create_gateway: Any  # Callable[[str, str, int], Awaitable[WorkerGateway]]
+    create_gateway: Any  # Callable[[str, str, int, KwArg(backend_settings)], Awaitable[WorkerGateway]]
     description: str = ""
 
 

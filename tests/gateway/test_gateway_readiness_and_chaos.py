@@ -175,3 +175,45 @@ def test_a_gateway_whose_store_is_away_tells_no_caller_where_the_store_is(cluste
         assert str(port) in reasons[0]["message"] and password not in api.text()
     finally:
         api.stop()
+
+
+def test_readiness_refuses_a_gateway_dsn_that_logs_in_as_another_role(cluster, tmp_path):
+    """The gateway's check read ``current_user`` but never compared it with ``[backend]
+    gateway_role``: a ``gateway_dsn`` logging in as a superuser whose login switches to the
+    gateway's role (``ALTER ROLE ... SET role``) passed every check, so the API tier served
+    workers over a superuser's session, and a DSN of another role with a connection limit was
+    refused with words that never said the DSN named the wrong role. Readiness now names the
+    configured and the actual role (``current_user`` and ``session_user``), never the password."""
+    from tests.support.postgres import fresh_name
+
+    password = "gw-impostor-secret-Pw4"
+    other, switching = fresh_name("gw_other"), fresh_name("gw_switch")
+    # superusers, so no grant on the database is needed (one would be drift readiness refuses)
+    cluster.sql(f"CREATE ROLE {other} LOGIN SUPERUSER CONNECTION LIMIT 8 PASSWORD '{password}'")
+    cluster.sql(f"CREATE ROLE {switching} LOGIN SUPERUSER CONNECTION LIMIT 8 PASSWORD '{password}'")
+    cluster.sql(f"ALTER ROLE {switching} SET role = 'qinglong_gateway'")
+    try:
+        for n, (login, actual) in enumerate(((other, f"current_user {other!r}, session_user {other!r}"),
+                                              (switching, f"current_user 'qinglong_gateway', "
+                                                          f"session_user {switching!r}"))):
+            dsn = cluster.server.dsn(login, password, cluster.dbname)
+            settings = plane_settings(cluster, tmp_path, gateway_dsn=dsn)
+            api = ApiGateway(settings, tmp_path / f"api-{n}.stderr")
+            try:
+                (event,) = wait_until(lambda: [json.loads(line) for line in api.text().splitlines()
+                                               if '"api.gateway_not_ready"' in line], "the diagnostic")
+                assert readyz(api.port) == 503
+                assert "'qinglong_gateway' ([backend] gateway_role)" in event["message"], event
+                assert actual in event["message"], event
+                assert password not in api.text()
+            finally:
+                api.stop()
+        # the configured role itself is ready
+        api = ApiGateway(plane_settings(cluster, tmp_path), tmp_path / "api-ok.stderr")
+        try:
+            wait_until(lambda: readyz(api.port) == 200, "the API ready")
+        finally:
+            api.stop()
+    finally:
+        cluster.sql(f"DROP ROLE {other}")
+        cluster.sql(f"DROP ROLE {switching}")

@@ -37,6 +37,8 @@ class ApiProcess:
         self.diagnostics = diagnostics
         self.stopping = False
         self._ready: tuple[float, bool] = (0.0, False)
+        #: the reason last reported for not being ready (None while ready)
+        self._unready_reported: tuple[str, str] | None = None
         api = build_api(loaded, backend, providers)
         from .metrics import CONTENT_TYPE_LATEST, Metrics, StatsCache
 
@@ -73,6 +75,13 @@ class ApiProcess:
             return False, "stopping: the process is shutting down"
         return (True, "ready") if self._ready[1] else (False, "not ready")
 
+    def _unready(self, code: str, message: str) -> None:
+        """Say why the API tier is not ready: at the first check that finds it (at start too) and
+        each time the reason changes, not at every check."""
+        if self._unready_reported != (code, message):
+            self._unready_reported = (code, message)
+            self.diagnostics.emit(DiagnosticEvent("warning", code, message))
+
     async def _check_store(self) -> None:
         while True:
             try:
@@ -81,21 +90,19 @@ class ApiProcess:
                 if self.gateway is not None and self.gateway.gateway is not None:
                     problems = await asyncio.wait_for(self.gateway.gateway.check(), 5)
                     if problems:
-                        if self._ready[1]:
-                            self.diagnostics.emit(DiagnosticEvent(
-                                "warning", "api.gateway_not_ready", "the worker gateway is not ready: "
-                                + "; ".join(problems)))
+                        self._unready("api.gateway_not_ready", "the worker gateway is not ready: "
+                                      + "; ".join(problems))
                         ready = False
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if self._ready[1]:
-                    # our errors' words are written for the operator, as the CLI prints them (what
-                    # drifted, the RESET that ends it); anything else could hold a value: its class
-                    why = str(exc) if isinstance(exc, QinglongError) else type(exc).__name__
-                    self.diagnostics.emit(DiagnosticEvent("warning", "api.store_not_ready",
-                                                          f"the store is not ready: {why}"))
+                # our errors' words are written for the operator, as the CLI prints them (what
+                # drifted, the RESET that ends it); anything else could hold a value: its class
+                why = str(exc) if isinstance(exc, QinglongError) else type(exc).__name__
+                self._unready("api.store_not_ready", f"the store is not ready: {why}")
                 ready = False
+            if ready:
+                self._unready_reported = None
             self._ready = (time.monotonic(), ready)
             await asyncio.sleep(READINESS_EVERY_S)
 
@@ -146,9 +153,12 @@ def gateway_service(loaded: LoadedSettings, worker_spec: Any, guard: Any, backen
                              max_claim_wait_ms=api.gateway_claim_wait_ms, sealer=sealer,
                              diagnostics=diagnostics)
     dsn = api.gateway_dsn.get_secret_value()
+    backend_settings = getattr(getattr(backend, "context", None), "settings", None)
 
     async def open_() -> None:
-        service.gateway = await worker_spec.create_gateway(dsn, "qinglong gateway", api.gateway_pool_size)
+        # the backend's own settings, opaque here: they name the role the gateway must log in as
+        service.gateway = await worker_spec.create_gateway(dsn, "qinglong gateway", api.gateway_pool_size,
+                                                           backend_settings=backend_settings)
 
     async def close() -> None:
         gateway, service.gateway = service.gateway, None

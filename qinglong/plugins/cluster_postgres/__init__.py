@@ -49,10 +49,13 @@ def qinglong_scheduler_backends():
     ]
 
 
-async def create_worker_gateway(dsn: str, application_name: str, pool_size: int):
-    """The API tier's gateway: the worker protocol on a small pool as the gateway's role."""
+async def create_worker_gateway(dsn: str, application_name: str, pool_size: int, *, backend_settings=None):
+    """The API tier's gateway: the worker protocol on a small pool as the gateway's role
+    (``backend_settings``: the ``[backend]`` section, which names that role)."""
     from .gateway import create_worker_gateway as create
 
+    if isinstance(backend_settings, ClusterPostgresSettings):
+        return await create(dsn, application_name, pool_size, gateway_role=backend_settings.gateway_role)
     return await create(dsn, application_name, pool_size)
 
 

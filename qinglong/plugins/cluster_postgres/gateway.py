@@ -29,10 +29,13 @@ from qinglong.contracts.worker import (
 )
 
 from .db import session_options, tcp_defaults
+from .settings import ClusterPostgresSettings
 from .roles import GATEWAY_FUNCTIONS, WORKER_FUNCTIONS
 from .worker_client import CLAIMABLE_CHANNEL, CONNECT_TIMEOUT_S, STATEMENT_TIMEOUT_MS, PostgresWorkerProtocol
 
 CHANNEL = CLAIMABLE_CHANNEL
+#: ``[backend] gateway_role`` when it is not set.
+DEFAULT_GATEWAY_ROLE: str = ClusterPostgresSettings.model_fields["gateway_role"].default
 #: The most connections a gateway pool may hold.
 MAX_POOL_SIZE = 64
 #: After the listener connection failed, the next try waits this long, seconds.
@@ -41,7 +44,7 @@ LISTEN_RETRY_S = 1.0
 _SQL_IDENTIFY = ("SELECT worker_id, labels, projects, capacity FROM qinglong.worker_identity(%s::bytea)")
 #: Role settings and who else may execute the worker functions (readiness of the gateway).
 _SQL_ROLE = """
-SELECT r.rolconnlimit, r.rolsuper,
+SELECT current_user::text, session_user::text, r.rolconnlimit, r.rolsuper,
        coalesce((SELECT pg_catalog.array_agg(g.rolname::text ORDER BY g.rolname) FROM pg_catalog.pg_auth_members m
                  JOIN pg_catalog.pg_roles g ON g.oid = m.roleid WHERE m.member = r.oid), '{}'),
        coalesce((SELECT pg_catalog.array_agg(g.rolname::text ORDER BY g.rolname) FROM pg_catalog.pg_auth_members m
@@ -63,10 +66,13 @@ ORDER BY 1, 2
 class PostgresWorkerGateway:
     """:class:`~qinglong.contracts.worker.WorkerGateway` over PostgreSQL."""
 
-    def __init__(self, dsn: str, application_name: str, pool_size: int) -> None:
+    def __init__(self, dsn: str, application_name: str, pool_size: int, *,
+                 gateway_role: str = DEFAULT_GATEWAY_ROLE) -> None:
         if not 1 <= pool_size <= MAX_POOL_SIZE:
             raise ValueError(f"pool size: expected 1 to {MAX_POOL_SIZE}")
         self._dsn = dsn
+        #: ``[backend] gateway_role``: the only role the gateway's sessions may be
+        self.gateway_role = gateway_role
         self._members = [PostgresWorkerProtocol(dsn, f"{application_name} {i}") for i in range(pool_size)]
         self._free: asyncio.Queue[PostgresWorkerProtocol] = asyncio.Queue()
         for member in self._members:
@@ -104,7 +110,14 @@ class PostgresWorkerGateway:
     async def check(self) -> list[str]:
         async def body(member: PostgresWorkerProtocol) -> list[str]:
             problems: list[str] = []
-            limit, superuser, member_of, members = await member._call("gateway_role", _SQL_ROLE, ())
+            current, session, limit, superuser, member_of, members = await member._call(
+                "gateway_role", _SQL_ROLE, ())
+            if current != self.gateway_role or session != self.gateway_role:
+                # another login (the owner's, a superuser switching to the gateway's role with
+                # SET ROLE) would pass the checks below while acting with its own privileges
+                problems.append(f"[api] gateway_dsn logs in as current_user {current!r}, session_user "
+                                f"{session!r}; expected the gateway's role {self.gateway_role!r} "
+                                "([backend] gateway_role)")
             if superuser:
                 problems.append("the gateway's role is a superuser")
             if member_of:
@@ -215,13 +228,14 @@ class PostgresWorkerGateway:
         self._wake()
 
 
-async def create_worker_gateway(dsn: str, application_name: str, pool_size: int) -> PostgresWorkerGateway:
+async def create_worker_gateway(dsn: str, application_name: str, pool_size: int, *,
+                                gateway_role: str = DEFAULT_GATEWAY_ROLE) -> PostgresWorkerGateway:
     """A gateway pool (connections open on first use; an unreachable store is StoreUnavailable
-    at the call that needs it)."""
+    at the call that needs it); its check refuses a login that is not ``gateway_role``."""
     from .worker_client import _gateway_dsn
 
     _gateway_dsn(dsn)
-    return PostgresWorkerGateway(dsn, application_name, pool_size)
+    return PostgresWorkerGateway(dsn, application_name, pool_size, gateway_role=gateway_role)
 
 
 __all__ = ["CHANNEL", "PostgresWorkerGateway", "StoreUnavailable", "create_worker_gateway"]
