@@ -26,7 +26,8 @@ class ExitCode(enum.IntEnum):
     """A mistake the user can fix: settings, plugins, input, a missing database file."""
 
     CHECK_FAILED = 4
-    """A check failed: closure violated, schema not ready, drifted, corrupted or not ours."""
+    """A check failed: closure violated, schema not ready, drifted, corrupted or not ours, or the
+    store failed a call with an error that is no outage (:class:`StoreFailed`)."""
 
     UNAVAILABLE = 5
     """The store cannot be used right now: unreachable, read-only, full, or locked by another process."""
@@ -122,6 +123,14 @@ class StoreAuthFailed(StoreUnavailable):
     this client): it will not change until the settings do, so it is not retried as an outage."""
 
 
+class StoreFailed(StoreUnavailable):
+    """The store answered a call with an error that is neither a refusal nor an outage: a
+    violated constraint, an error in its SQL or its functions. A defect of the store, never an
+    outage: it is reported as an error (naming the call) and a call is tried again only after a
+    growing pause, since the same call fails the same way until the defect is fixed. Exit code 4,
+    as a store that is not what this version expects (never 5, which callers wait out)."""
+
+
 class StoreReadOnly(StoreUnavailable):
     """The store can be read but not written (a read-only file, directory or server)."""
 
@@ -179,6 +188,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (UserError, ExitCode.USER_ERROR),
     (SchemaNotReady, ExitCode.CHECK_FAILED),
     (CheckFailed, ExitCode.CHECK_FAILED),
+    (StoreFailed, ExitCode.CHECK_FAILED),
     (StoreUnavailable, ExitCode.UNAVAILABLE),
     (QinglongError, ExitCode.CHECK_FAILED),
 )
@@ -204,6 +214,7 @@ HTTP_STATUSES: tuple[tuple[type[BaseException], int, str], ...] = (
     (UserError, 422, "invalid"),
     (SchemaNotReady, 503, "schema_not_ready"),
     (CheckFailed, 422, "invalid"),
+    (StoreFailed, 500, "store_failed"),
     (StoreUnavailable, 503, "unavailable"),
     (QinglongError, 422, "invalid"),
 )

@@ -6,7 +6,9 @@ means which refusal. A worker never names its own id: the gateway takes it from 
 
 Answers: 200 with the reply; 409 ``session_fenced`` (``reason``: replaced, expired, closed) or
 ``lease_fenced``; 400 ``bad_worker_call``; 507 ``log_refused``; 503 ``store_unavailable`` (try the
-same call again); 401 an unknown, revoked or missing token; 429 too many failed authentications.
+same call again); 500 ``store_failed`` or ``internal`` (a defect of the store or the gateway: the
+worker reports it as an error and tries again only after a growing pause); 401 an unknown,
+revoked or missing token; 429 too many failed authentications.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import base64
 import uuid
 from typing import Any, Mapping
 
-from .errors import StoreUnavailable
+from .errors import StoreFailed, StoreUnavailable
 from .execution import AttemptOutcome, AttemptState, CancelReason, RunState
 from .worker import (
     OWN_STOP_REASONS,
@@ -236,6 +238,8 @@ def refusal_json(exc: BaseException) -> tuple[int, dict[str, Any]] | None:
         return 507, {"error": {"code": "log_refused", "message": str(exc)}}
     if isinstance(exc, BadWorkerCall):
         return 400, {"error": {"code": "bad_worker_call", "message": str(exc)}}
+    if isinstance(exc, StoreFailed):
+        return 500, {"error": {"code": "store_failed", "message": str(exc)}}
     if isinstance(exc, StoreUnavailable):
         return 503, {"error": {"code": "store_unavailable", "message": str(exc)}}
     return None
@@ -255,6 +259,9 @@ def refusal_of(status: int, body: Mapping[str, Any]) -> Exception:
         return LogRefused(message)
     if code == "bad_worker_call" or status == 400:
         return BadWorkerCall(message)
+    if code == "store_failed" or status == 500:
+        # a defect behind the gateway: the same call fails the same way, so it is no outage
+        return StoreFailed(f"the gateway answered {status}: {message}")
     return StoreUnavailable(f"the gateway answered {status}: {message}")
 
 

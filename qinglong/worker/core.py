@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
-from qinglong.contracts.errors import StoreAuthFailed
+from qinglong.contracts.errors import StoreAuthFailed, StoreFailed
 from qinglong.contracts.execution import CancelReason, ExecutionSpec
 from qinglong.contracts.worker import ClaimedAttempt, FenceDeadlines, Session, SessionFence, WorkerProtocol
 from qinglong.supervisor import Job, Supervisor, SupervisorStats, wall_clock_ms
@@ -110,6 +110,8 @@ class WorkerCore:
     #: the refused login last reported: each new refusal is reported once (the client raises the
     #: same one until its pause ends, whatever answers meanwhile)
     _auth_reported: BaseException | None = None
+    #: the store's failure of a call last reported (reported once per failure, like a refused login)
+    _failed_reported: BaseException | None = None
 
     def __post_init__(self) -> None:
         self.supervisor: Supervisor[WorkerJob] = Supervisor(self.diagnostics, "worker",
@@ -161,7 +163,8 @@ class WorkerCore:
 
     def store_down(self, exc: BaseException) -> None:
         """A call found the store unavailable (reported once until it answers again); a refused
-        login is an error, reported each time it is tried again (the client backs off)."""
+        login, or a call the store failed (a defect), is an error, reported each time it is tried
+        again (the client backs off)."""
         if isinstance(exc, StoreAuthFailed):
             if self.store_down_since is None:
                 self.store_down_since = self.mono()
@@ -169,6 +172,14 @@ class WorkerCore:
                 self._auth_reported = exc
                 self.emit("error", "worker.auth_failed", f"the store refuses this worker's login; retrying "
                           f"with a growing pause: {exc}", jobs=len(self.jobs))
+            return
+        if isinstance(exc, StoreFailed):
+            # a defect behind the gateway, not an outage: an error each time it is sent and
+            # fails (the client holds it back for a growing pause meanwhile)
+            if self._failed_reported is not exc:
+                self._failed_reported = exc
+                self.emit("error", "worker.store_failed", f"the store failed a call (a defect, not an "
+                          f"outage); retrying after a growing pause: {exc}", jobs=len(self.jobs))
             return
         if self.store_down_since is None:
             self.store_down_since = self.mono()

@@ -12,6 +12,9 @@ never be made twice: a connection found closed is replaced before it is sent, an
 after is raised (the worker repeats the completion alone). The token is sent only in the
 Authorization header and never appears in an error; a 401 re-reads the token file once (a rotated
 token), and a token still refused is not sent again before a pause that doubles at each refusal.
+A 500 (the store failed the call: a defect, not an outage) raises
+:class:`~qinglong.contracts.errors.StoreFailed`, and that call is not sent again before a pause
+that doubles at each failure.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any, Sequence
 from urllib.parse import urlsplit
 
 from qinglong.contracts import worker_wire as wire
-from qinglong.contracts.errors import SettingsError, StoreAuthFailed, StoreUnavailable
+from qinglong.contracts.errors import SettingsError, StoreAuthFailed, StoreFailed, StoreUnavailable
 from qinglong.contracts.execution import AttemptOutcome
 from qinglong.contracts.worker import (
     ClaimedAttempt,
@@ -48,6 +51,11 @@ CALL_TIMEOUT_S = 8.0
 #: wrong token is not hammered against the gateway (and its log) while an operator fixes it.
 AUTH_BACKOFF_S = 1.0
 AUTH_BACKOFF_MAX_S = 30.0
+#: After a call the store failed (a defect behind the gateway, answered 500), that call is not
+#: sent again before this pause, doubling up to the maximum, seconds: it would fail the same way
+#: until the defect is fixed. Per call, so a failing completion holds back no heartbeat.
+FAILED_BACKOFF_S = 1.0
+FAILED_BACKOFF_MAX_S = 60.0
 #: Log bytes per request: a chunk of the protocol is cut to fit the API's body limit (base64).
 HTTP_LOG_CHUNK_BYTES = 64 * 1024
 
@@ -182,6 +190,8 @@ class HttpWorkerProtocol:
         self._auth_retry_at = 0.0
         self._auth_failed_at = 0.0
         self._auth_backoff_s = AUTH_BACKOFF_S
+        #: per call the store failed: the failure, when it may be sent again, and the next pause
+        self._failed: dict[str, tuple[StoreFailed, float, float]] = {}
         self._agent = application_name
         self._ssl: ssl.SSLContext | None = None
         if self._scheme == "https":
@@ -204,6 +214,9 @@ class HttpWorkerProtocol:
         loop = asyncio.get_running_loop()
         if self._auth_error is not None and loop.time() < self._auth_retry_at:
             raise self._auth_error  # pausing after a refused token
+        failed = self._failed.get(name)
+        if failed is not None and loop.time() < failed[1]:
+            raise failed[0]  # pausing after the store failed this call
         payload = json.dumps(body, separators=(",", ":")).encode()
         link = link or self._control
         path = self._base + wire.PATHS[name]
@@ -251,10 +264,16 @@ class HttpWorkerProtocol:
             self._auth_error = None
             self._auth_backoff_s = AUTH_BACKOFF_S
         if status == 200:
+            self._failed.pop(name, None)
             return answer
         if status == 429:
             raise StoreUnavailable(f"{self.target}: too many failed authentications from this address")
-        raise wire.refusal_of(status, answer)
+        refusal = wire.refusal_of(status, answer)
+        if isinstance(refusal, StoreFailed):
+            refusal = StoreFailed(f"{self.target}: {name}: {refusal}")
+            pause = failed[2] if failed is not None else FAILED_BACKOFF_S
+            self._failed[name] = (refusal, loop.time() + pause, min(FAILED_BACKOFF_MAX_S, pause * 2))
+        raise refusal
 
     # ------------------------------------------------------------------ the calls
 

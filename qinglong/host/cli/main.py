@@ -3,7 +3,7 @@
 Every error maps to one exit code through the table of :mod:`qinglong.contracts.errors`
 (``EXIT_CODES``, ``ExitCode``): 0 success; 1 an internal error (a bug: the traceback is printed);
 2 a usage error (argparse); 3 a user error (settings, plugins, input, a missing database); 4 a check
-failed (closure, schema, migrations); 5 the store is unavailable (unreachable, read-only, full,
+failed (closure, schema, migrations, a store call failing with no outage); 5 the store is unavailable (unreachable, read-only, full,
 locked); 130 a second signal forced the exit; 141 standard output was closed by its reader
 (``qinglong runs | head -1``: the rest of the output is dropped quietly). Every error the product
 raises on purpose is one paragraph ``qinglong: ...`` on stderr, never a traceback.
@@ -24,6 +24,7 @@ from qinglong.contracts.errors import (
     ExitCode,
     QinglongError,
     SchemaNotReady,
+    StoreFailed,
     StoreUnavailable,
     UserError,
     exit_code_for,
@@ -144,6 +145,7 @@ def _refuse_undecodable(argv: Sequence[str]) -> None:
 _PREFIXES: tuple[tuple[type[BaseException], str], ...] = (
     (CheckFailed, "check failed"),
     (SchemaNotReady, "not ready"),
+    (StoreFailed, "store failed"),
     (StoreUnavailable, "unavailable"),
 )
 

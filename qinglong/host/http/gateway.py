@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 
 from qinglong.contracts import worker_wire as wire
 from qinglong.contracts.diagnostics import DiagnosticEvent
-from qinglong.contracts.errors import SecretsError, StoreUnavailable
+from qinglong.contracts.errors import SecretsError, StoreFailed, StoreUnavailable
 from qinglong.contracts.secrets import opened_env_payload
 from qinglong.contracts.worker import (
     CombinedCompletion,
@@ -130,6 +130,7 @@ class GatewayService:
             # slow, one token's requests waiting to be identified would otherwise hold every
             # request the API tier serves at once
             presented = self._presented(request)
+            worker_id: str | None = None  # once the store has said whose the token is
             _PRESENTED.set(presented)  # each request is served in its own task and context
             if presented is not None:
                 waiting = self._identifying.get(presented, 0)
@@ -144,6 +145,7 @@ class GatewayService:
                 if held >= MAX_REQUESTS_PER_WORKER:
                     return _busy()
                 self._serving[found.worker_id] = held + 1
+                worker_id = found.worker_id
                 try:
                     self.requests += 1
                     body = await json_body(request)
@@ -154,6 +156,12 @@ class GatewayService:
                         self._serving[found.worker_id] = left
                 self._store_away = False
                 return answer
+            except StoreFailed as exc:
+                # a defect, not an outage: said as an error each time, and never as a 503 the
+                # worker would wait out as one (its words are for the operator, not the caller)
+                self._store_failed(exc, call.__name__, worker_id)
+                return error_response(500, "store_failed", f"the store failed this call "
+                                      f"({call.__name__}); the API tier's diagnostics say why")
             except StoreUnavailable as exc:
                 # where the store is (host, port, database, role, libpq's words) is for the
                 # operator's diagnostics, never for a caller, who may not even be a worker
@@ -172,6 +180,14 @@ class GatewayService:
                         self._identifying[presented] = left
 
         return handler
+
+    def _store_failed(self, exc: StoreFailed, name: str, worker_id: str | None) -> None:
+        """Say which call the store failed and why, each time (its words name the store's
+        function and SQLSTATE; the store masks DSN and password, and no token is in them)."""
+        if self.diagnostics is not None:
+            fields = {"call": name} if worker_id is None else {"call": name, "worker_id": worker_id}
+            self.diagnostics.emit(DiagnosticEvent("error", "gateway.store_failed",
+                                                  f"the store failed the worker call {name}: {exc}", fields))
 
     def _store_unavailable(self, exc: StoreUnavailable) -> None:
         """Say why the store is away in the diagnostics, once until a call succeeds again."""

@@ -15,8 +15,11 @@ Refusals come back as the functions' SQLSTATEs and are raised as the contract's 
 ``QL001`` :class:`~qinglong.contracts.worker.SessionFenced`, ``QL002``
 :class:`~qinglong.contracts.worker.LeaseFenced`, ``QL003``
 :class:`~qinglong.contracts.worker.BadWorkerCall`. A connection that cannot be made, breaks, or
-does not answer within :data:`CALL_TIMEOUT_S` is dropped and the call raises
-:class:`~qinglong.contracts.errors.StoreUnavailable`; the next call connects again. A call whose
+does not answer within :data:`CALL_TIMEOUT_S`, and a server that refuses for a while (shutting
+down, too many connections, a serialization failure) are dropped and the call raises
+:class:`~qinglong.contracts.errors.StoreUnavailable`; the next call connects again. Any other
+error (a violated constraint, an error in a function's SQL) is a defect, not an outage:
+:class:`~qinglong.contracts.errors.StoreFailed`, and the connection is kept. A call whose
 reply was lost may be repeated as it was (the protocol makes every call after claim idempotent).
 
 Secrets: lease tokens travel only as bytea parameters, never in SQL text or any message; the
@@ -32,7 +35,7 @@ from typing import Any, Awaitable, Callable, Sequence
 import psycopg
 
 from qinglong.contracts.errors import (
-    SchemaNotReady, SettingsError, StoreAuthFailed, StoreUnavailable, StoreUnreachable)
+    SchemaNotReady, SettingsError, StoreAuthFailed, StoreFailed, StoreUnavailable, StoreUnreachable)
 from qinglong.contracts.execution import AttemptOutcome, RunState
 from qinglong.contracts.worker import (
     SQLSTATE_BAD_CALL,
@@ -81,6 +84,11 @@ CLAIMABLE_CHANNEL = "qinglong_claimable"
 _NOT_READY = {"42883": "a worker function is missing (is the database migrated?)",
               "42501": "the role may not execute the worker functions (is the DSN the gateway role's?)",
               "3F000": "the qinglong schema is missing (is the database migrated?)"}
+
+#: Errors of the link or the server rather than of the call (psycopg's OperationalError covers
+#: SQLSTATE classes 08, 40, 53-58: a lost connection, a shutdown, too many connections, a
+#: statement timeout, a serialization failure or deadlock): retried as an outage.
+_OUTAGES = (psycopg.OperationalError, psycopg.InterfaceError)
 
 _SQL_OPEN = ("SELECT session_id::text, generation, lease_expires_at_ms, db_now_ms FROM "
              "qinglong.worker_open_session(%s::text, %s::text[], %s::integer, %s::bigint)")
@@ -228,11 +236,17 @@ class PostgresWorkerProtocol:
         if sqlstate in _NOT_READY:
             return SchemaNotReady(f"{name} ({self._target}): {_NOT_READY[sqlstate]}: "
                                   f"{describe_error(exc, self._secrets)}")
-        # anything else (a broken link, a statement timeout, a server shutting down): the
-        # connection is not trusted again; the caller retries the same call
-        self._drop()
-        why = "no answer within the call's bound" if severed else describe_error(exc, self._secrets)
-        return StoreUnavailable(f"{name} ({self._target}): {why}")
+        conn = self._conn
+        if severed or isinstance(exc, _OUTAGES) or conn is None or conn.broken:
+            # the link or the server (lost, shutting down, too many connections, a statement
+            # timeout, a serialization failure or deadlock): the connection is not trusted
+            # again; the caller retries the same call
+            self._drop()
+            why = "no answer within the call's bound" if severed else describe_error(exc, self._secrets)
+            return StoreUnavailable(f"{name} ({self._target}): {why}")
+        # the store answered, and the call itself failed (a violated constraint, an error in the
+        # SQL): a defect that the same call repeats, never an outage to wait out
+        return StoreFailed(f"{name}: {describe_error(exc, self._secrets)}")
 
     # ------------------------------------------------------------------------------ the calls
 
