@@ -272,6 +272,38 @@ def test_cron_fire_times_west_of_utc_never_pass_the_last_utc_second(cli):
     assert "T19:00:00-05:00" not in result.stdout
 
 
+@pytest.mark.parametrize("zone, first, second", [
+    ("America/Los_Angeles", "0001-01-01T00:00:00-07:52:58  0001-01-01T07:52:58.000Z",
+     "0001-01-01T00:01:00-07:52:58  0001-01-01T07:53:58.000Z"),
+    ("Pacific/Kiritimati", "0001-01-01T00:00:00-10:29:20  0001-01-01T10:29:20.000Z",
+     "0001-01-01T00:01:00-10:29:20  0001-01-01T10:30:20.000Z"),
+    ("Etc/GMT+12", "0001-01-01T00:00:00-12:00  0001-01-01T12:00:00.000Z",
+     "0001-01-01T00:01:00-12:00  0001-01-01T12:01:00.000Z"),
+    ("Asia/Tokyo", "0001-01-01T09:19:00+09:18:59  0001-01-01T00:00:01.000Z",
+     "0001-01-01T09:20:00+09:18:59  0001-01-01T00:01:01.000Z"),
+])
+def test_cron_next_from_the_first_instant_of_the_calendar_shows_the_first_local_fire_times(
+        cli, zone, first, second):
+    """At 0001-01-01T00:00:00Z the wall clock west of UTC still reads year 0, where croniter
+    cannot start: ``cron next`` said there was no further fire time and hid every fire time of
+    the calendar's first day there. They are the first wall times of 0001-01-01 in the zone."""
+    result = cli("cron", "next", "* * * * *", "--timezone", zone, "--after", "0001-01-01T00:00:00Z",
+                 "--count", "2")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert f"1  {first}" in result.stdout and f"2  {second}" in result.stdout, result.stdout
+    assert "(no further fire times)" not in result.stdout
+
+
+def test_cron_next_east_of_utc_ends_at_the_last_local_minute_of_the_calendar(cli):
+    """Kiritimati (+14) reaches year 10000 ten hours before UTC does: its last fire time is
+    9999-12-31T23:59:00 there, and nothing follows it."""
+    result = cli("cron", "next", "* * * * *", "--timezone", "Pacific/Kiritimati",
+                 "--after", "9999-12-31T23:57:30", "--count", "5")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "2  9999-12-31T23:59:00+14:00  9999-12-31T09:59:00.000Z" in result.stdout, result.stdout
+    assert "(no further fire times)" in result.stdout
+
+
 @pytest.mark.parametrize("args", [
     ("run", "--for-seconds", "nan"), ("run", "--for-seconds", "-1"),
     ("run", "--for-seconds", "inf"), ("run", "--for-seconds", "1e300"),

@@ -32,13 +32,18 @@ occurrences strictly increasing and never fires a wall time twice:
   pause there and a daily job runs exactly once.
 
 Zones with shifts other than one hour (Australia/Lord_Howe moves by 30 minutes) follow the same rule.
+
+Occurrences are wall times of the years 1 to 9999 at instants of those years in UTC. West of UTC
+the calendar's first instants are still year 0 on the wall clock: the first occurrence after them
+is the zone's first matching wall time of year 1. East of UTC its last instants are already year
+10000 there: the latest occurrence at or before them is the last matching wall time of year 9999.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import re
@@ -146,23 +151,66 @@ LAST_SECOND = 253_402_300_799
 FIRST_SECOND = -62_135_596_800
 
 
+#: 400 Gregorian years: 146097 days, a whole number of weeks, so a wall time 400 years away has
+#: the same second, minute, hour, day, month and weekday. croniter cannot step across either end of
+#: the calendar, so near an end it walks 400 years inside and its answers are moved back.
+_GREGORIAN_CYCLE = timedelta(days=146_097)
+_FIRST_WALL = datetime.min
+_LAST_WALL = datetime.max.replace(microsecond=0)
+
+
+def _walls_after(expression: str, after_s: int, tz: ZoneInfo) -> Iterator[datetime]:
+    """The expression's wall times after the wall clock of the epoch second ``after_s``, in order."""
+    try:
+        start = _second_pass_end(after_s, tz)
+        start = start - _ONE_SECOND if start is not None else _wall(after_s, tz)
+    except _OUT_OF_CALENDAR:
+        if after_s > 0:
+            raise  # a wall clock past year 9999: no wall time follows
+        # a wall clock before year 1 (west of UTC on its first day): the calendar's first wall
+        # time, 0001-01-01T00:00:00, is a fire time too when the expression says so
+        itr = _iter(expression, _FIRST_WALL + _GREGORIAN_CYCLE - _ONE_SECOND)
+        while True:
+            yield itr.get_next(datetime) - _GREGORIAN_CYCLE
+    itr = _iter(expression, start)
+    while True:
+        yield itr.get_next(datetime)
+
+
+def _walls_at_or_before(expression: str, at_s: int, tz: ZoneInfo) -> Iterator[datetime]:
+    """The expression's wall times at or before the wall clock of the epoch second ``at_s``,
+    latest first."""
+    try:
+        start = _second_pass_end(at_s, tz) or _wall(at_s, tz) + _ONE_SECOND
+    except _OUT_OF_CALENDAR:
+        if at_s < 0:
+            raise  # a wall clock before year 1: no wall time precedes it
+        # a wall clock at the calendar's last second or past it (east of UTC on its last day):
+        # 9999-12-31T23:59:59 is a fire time too when the expression says so
+        itr = _iter(expression, _LAST_WALL - _GREGORIAN_CYCLE + _ONE_SECOND)
+        while True:
+            yield itr.get_prev(datetime) + _GREGORIAN_CYCLE
+    itr = _iter(expression, start)
+    while True:
+        yield itr.get_prev(datetime)
+
+
 def _next_after_s(expression: str, zone_name: str, after_s: int) -> int | None:
     """First occurrence strictly after the epoch second ``after_s``, in epoch seconds."""
     from croniter import CroniterBadDateError
 
     tz = _zone(zone_name)
+    after_s = max(after_s, FIRST_SECOND - 1)  # none before year 1 in UTC, as latest_at_or_before
     try:
-        start = _second_pass_end(after_s, tz)
-        start = start - _ONE_SECOND if start is not None else _wall(after_s, tz)
-        itr = _iter(expression, start)
-        while True:
-            candidate = _instant(itr.get_next(datetime), tz)
+        for wall in _walls_after(expression, after_s, tz):
+            candidate = _instant(wall, tz)
             if candidate > after_s:
                 return candidate if candidate <= LAST_SECOND else None
     except CroniterBadDateError:
         return None
     except _OUT_OF_CALENDAR:
         return None  # past year 9999 (or before year 1): no representable occurrence
+    return None
 
 
 def _latest_at_or_before_s(expression: str, zone_name: str, at_s: int) -> int | None:
@@ -170,17 +218,17 @@ def _latest_at_or_before_s(expression: str, zone_name: str, at_s: int) -> int | 
     from croniter import CroniterBadDateError
 
     tz = _zone(zone_name)
+    at_s = min(at_s, LAST_SECOND)  # none past year 9999 in UTC, as next_after
     try:
-        start = _second_pass_end(at_s, tz) or _wall(at_s, tz) + _ONE_SECOND
-        itr = _iter(expression, start)
-        while True:
-            candidate = _instant(itr.get_prev(datetime), tz)
+        for wall in _walls_at_or_before(expression, at_s, tz):
+            candidate = _instant(wall, tz)
             if candidate <= at_s:
                 return candidate if candidate >= FIRST_SECOND else None
     except CroniterBadDateError:
         return None
     except _OUT_OF_CALENDAR:
         return None
+    return None
 
 
 # Both answers depend on the expression, the zone and the whole second only (a cron occurrence is
