@@ -367,3 +367,25 @@ def test_head_of_a_long_listing_exits_quietly(cli):
     assert first.startswith(b"cron '* * * * * *' in UTC")
     assert proc.returncode == ExitCode.BROKEN_PIPE
     assert err == b""
+
+
+# --------------------------------------------------------------------------- settings a command cannot honour
+
+@pytest.mark.parametrize("profile, where", [("edge", "file"), ("standalone", "file"), ("edge", "environment")])
+def test_demo_with_execution_disabled_is_refused_at_once_and_writes_nothing(cli, profile, where):
+    """``[execution] enabled = false`` keeps ``qinglong run`` from starting any process, so the
+    demo published its trigger, then held the terminal about a minute waiting for a Run that
+    could not end, and left a database behind. It is refused before anything is written, naming
+    the file (or variable) and the key."""
+    settings = cli.cwd / "settings.toml"
+    env = _env()
+    if where == "file":
+        settings.write_text(f'profile = "{profile}"\n[execution]\nenabled = false\n')
+        named = f"{settings}: key 'execution.enabled'"
+    else:
+        settings.write_text(f'profile = "{profile}"\n')
+        env["QINGLONG_EXECUTION__ENABLED"] = "false"
+        named = "environment variable QINGLONG_EXECUTION__ENABLED: key 'execution.enabled'"
+    result = cli("--settings", str(settings), "demo", "--seconds", "1", env=env)
+    _refused(result, ExitCode.USER_ERROR, named, "no Run of the demo can start")
+    assert sorted(p.name for p in cli.cwd.iterdir()) == ["settings.toml"]

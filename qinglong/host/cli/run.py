@@ -64,6 +64,17 @@ def demo_trigger(providers: Mapping[str, Any]) -> tuple[str, Mapping[str, Any], 
                     f"demo (loaded kinds: {', '.join(sorted(providers)) or 'none'})")
 
 
+def refuse_demo_without_execution(loaded: Any) -> None:
+    """``[execution] enabled = false`` on a profile whose Runs only this process runs: the demo
+    would publish, then wait out its whole grace for a Run that cannot start. Refused before
+    anything is written. A profile with remote workers leaves the Runs to them."""
+    if loaded.settings.execution.enabled or loaded.profile.worker_forbidden_modules:
+        return
+    raise SettingsError(f"invalid settings: {loaded.origin(('execution', 'enabled'))}: key 'execution.enabled': "
+                        f"false, so no Run of the demo can start (the {loaded.profile.name} profile runs its "
+                        "Runs in this process only); set it to true, or leave it out, to run the demo")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Publish a demo trigger firing every second, run for a few seconds, show the Runs and what
     the last one printed."""
@@ -72,6 +83,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .task import execution_limits
 
     container = container_of(args)
+    refuse_demo_without_execution(container.loaded())
     payload = spec_to_payload(parse_execution_spec(
         "hello", {"command": list(DEMO_COMMAND), "timeout_ms": 60_000}, execution_limits(container.loaded())))
     kind, spec, description = demo_trigger(container.trigger_providers())
