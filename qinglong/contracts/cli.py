@@ -146,14 +146,14 @@ def number_and_unit(text: str) -> tuple[int, str] | None:
 def parse_duration_ms(flag: str, text: str) -> int:
     """``500ms``, ``30s``, ``5m``, ``2h``, ``1d`` as milliseconds; a UserError naming ``flag``
     otherwise. The one reading of a duration on every command line and in apply files."""
-    from .errors import UserError
+    from .errors import UserError, quoted
 
     parsed = number_and_unit(text.strip())
     if parsed is None or parsed[1] not in _DURATION_UNITS:
-        raise UserError(f"{flag}: expected a duration such as 500ms, 30s, 5m, 2h or 1d, got {text!r}")
+        raise UserError(f"{flag}: expected a duration such as 500ms, 30s, 5m, 2h or 1d, got {quoted(text)}")
     value = parsed[0] * _DURATION_UNITS[parsed[1]]
     if value > MAX_DURATION_MS:
-        raise UserError(f"{flag}: expected a duration of at most 36500d, got {text!r}")
+        raise UserError(f"{flag}: expected a duration of at most 36500d, got {quoted(text)}")
     return value
 
 

@@ -43,6 +43,21 @@ class ExitCode(enum.IntEnum):
     is dropped quietly, with the code a shell reports for a process ended by SIGPIPE (128 + 13)."""
 
 
+#: How many characters of a value the user gave an error quotes: enough to recognise it.
+QUOTE_LIMIT = 80
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``value`` (the user's text) as every error quotes it: its ``repr``, cut after ``limit``
+    characters with ``... (N characters)``, so a 5,000-character argument is one line, not a page."""
+    if not isinstance(value, str):  # a number or a list from a file: its repr, cut the same way
+        shown = repr(value)
+        return shown if len(shown) <= limit else f"{shown[:limit]}... ({len(shown)} characters)"
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
 class QinglongError(Exception):
     """Base of every error Qinglong raises on purpose."""
 
@@ -69,7 +84,7 @@ class UnknownTriggerKind(UserError):
         self.available = sorted(available)
         listed = ", ".join(self.available) or "none"
         super().__init__(
-            f"unknown trigger kind {kind!r}; kinds provided by the loaded plugins: {listed}"
+            f"unknown trigger kind {quoted(kind)}; kinds provided by the loaded plugins: {listed}"
         )
 
 
@@ -233,36 +248,36 @@ def http_status_for(exc: BaseException) -> tuple[int, str]:
 
 def project_exists(project_id: str) -> AlreadyExists:
     """A project created twice."""
-    return AlreadyExists(f"project {project_id!r} exists already")
+    return AlreadyExists(f"project {quoted(project_id)} exists already")
 
 
 def project_not_found(project_id: str) -> NotFound:
     """A task or trigger published into a project that does not exist."""
-    return NotFound(f"project {project_id!r} does not exist; create it first")
+    return NotFound(f"project {quoted(project_id)} does not exist; create it first")
 
 
 def task_not_found(project_id: str, task_id: str) -> NotFound:
     """A trigger naming a task its project does not have."""
-    return NotFound(f"task {task_id!r} does not exist in project {project_id!r}; "
+    return NotFound(f"task {quoted(task_id)} does not exist in project {quoted(project_id)}; "
                     "publish the task before a trigger that runs it")
 
 
 def task_in_use(project_id: str, task_id: str, trigger_ids: list[str]) -> UserError:
     """A task deleted while triggers still run it."""
     shown = ", ".join(repr(t) for t in trigger_ids[:5]) + (" ..." if len(trigger_ids) > 5 else "")
-    return UserError(f"task {task_id!r} of project {project_id!r} is run by trigger(s) {shown}; "
+    return UserError(f"task {quoted(task_id)} of project {quoted(project_id)} is run by trigger(s) {shown}; "
                      "delete them (or point them at another task) first")
 
 
 def trigger_not_found(project_id: str, trigger_id: str) -> NotFound:
     """A change to a trigger the project does not have."""
-    return NotFound(f"trigger {trigger_id!r} does not exist in project {project_id!r}")
+    return NotFound(f"trigger {quoted(trigger_id)} does not exist in project {quoted(project_id)}")
 
 
 def trigger_id_taken(trigger_id: str, owner_project_id: str) -> AlreadyExists:
     """A trigger id another project uses (trigger ids are unique across projects); the owner is
     kept as ``owner_project_id``, so a caller that may not see it can word the refusal without it."""
-    taken = AlreadyExists(f"trigger id {trigger_id!r} is used by project {owner_project_id!r}; "
+    taken = AlreadyExists(f"trigger id {quoted(trigger_id)} is used by project {quoted(owner_project_id)}; "
                           "trigger ids are unique across projects")
     taken.owner_project_id = owner_project_id  # type: ignore[attr-defined]
     return taken
@@ -273,14 +288,14 @@ def bad_misfire_policy(value: object) -> UserError:
     from .records import MisfirePolicy
 
     allowed = ", ".join(repr(p.value) for p in MisfirePolicy)
-    return UserError(f"invalid misfire_policy {value!r}: expected one of {allowed}")
+    return UserError(f"invalid misfire_policy {quoted(value)}: expected one of {allowed}")
 
 
 def bad_enabled_flag(value: object) -> UserError:
     """An enabled flag that is not a boolean."""
-    return UserError(f"invalid enabled {value!r}: expected true or false")
+    return UserError(f"invalid enabled {quoted(value)}: expected true or false")
 
 
 def payload_not_a_table(task_id: str, value: object) -> UserError:
     """A task payload that is not a mapping (never shows the value: payloads may hold secrets)."""
-    return UserError(f"task {task_id!r}: payload must be a table (mapping), got {type(value).__name__}")
+    return UserError(f"task {quoted(task_id)}: payload must be a table (mapping), got {type(value).__name__}")

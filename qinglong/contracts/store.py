@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, ru
 
 from .frozen import record
 from .diagnostics import DiagnosticSink
-from .errors import TriggerSpecError, UnknownTriggerKind, UserError
+from .errors import TriggerSpecError, UnknownTriggerKind, UserError, quoted
 from .jitter import MAX_JITTER_MS
 from .providers import TriggerProvider
 from .records import (
@@ -282,7 +282,7 @@ def validate_definition(
     for label, value in (("project_id", definition.project_id), ("trigger_id", definition.trigger_id),
                          ("task_id", definition.task_id)):
         check_identifier(label, value)
-    check_json_value(f"trigger {definition.trigger_id!r}: spec", definition.spec, MAX_SPEC_BYTES)
+    check_json_value(f"trigger {quoted(definition.trigger_id)}: spec", definition.spec, MAX_SPEC_BYTES)
     return provider.validate(definition.spec), provider.kind
 
 
@@ -366,7 +366,7 @@ def schedule_cursor(after: Any) -> tuple[int | None, str, str] | None:
             and (after[0] is None or (isinstance(after[0], int) and not isinstance(after[0], bool)))
             and isinstance(after[1], str) and isinstance(after[2], str)):
         return after
-    raise UserError(f"invalid schedule cursor {after!r}: expected the last schedule of a page or "
+    raise UserError(f"invalid schedule cursor {quoted(after)}: expected the last schedule of a page or "
                     "(next_fire_at_ms or None, project_id, trigger_id)")
 
 
@@ -377,7 +377,7 @@ def listing_bound(limit: int | None) -> int:
     if limit is None:
         return MAX_LISTING_ROWS
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-        raise UserError(f"invalid listing limit {limit!r}: expected a whole number >= 0")
+        raise UserError(f"invalid listing limit {quoted(limit)}: expected a whole number >= 0")
     return min(limit, MAX_LISTING_ROWS)
 
 
@@ -390,7 +390,7 @@ def check_identifier(label: str, value: str) -> None:
         c.isalnum() or c in "-_." for c in value
     ) or not value[0].isalnum():
         raise UserError(
-            f"invalid {label} {value!r}: expected 1-64 ASCII letters, digits, '-', '_' or '.', "
+            f"invalid {label} {quoted(value)}: expected 1-64 ASCII letters, digits, '-', '_' or '.', "
             "starting with a letter or digit"
         )
 
@@ -423,7 +423,7 @@ def check_misfire_grace(definition: TriggerDefinition | TriggerHead, limits: Sch
                 f"({limits.lease_ms} ms)" if leased else f"the scheduler cadence ({limits.cadence_ms} ms)")
         raise TriggerSpecError(
             definition.kind, "misfire_grace_ms",
-            f"trigger {definition.trigger_id!r} uses misfire policy 'skip' with a grace of "
+            f"trigger {quoted(definition.trigger_id)} uses misfire policy 'skip' with a grace of "
             f"{definition.misfire_grace_ms} ms, which is not above {what}: its on-time occurrences "
             f"would be skipped; use a grace above {floor} ms or misfire policy 'fire_once'",
         )
@@ -440,7 +440,7 @@ def check_task_payload(task_id: str, payload: Any) -> str:
 
     if not isinstance(payload, Mapping):
         raise payload_not_a_table(task_id, payload)
-    return check_json_value(f"task {task_id!r}: payload", dict(payload), MAX_PAYLOAD_BYTES)
+    return check_json_value(f"task {quoted(task_id)}: payload", dict(payload), MAX_PAYLOAD_BYTES)
 
 
 def misfire_policy_of(value: Any) -> MisfirePolicy:

@@ -148,16 +148,16 @@ def check_token_name(name: str) -> str:
     import re
 
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}", name):
-        from .errors import UserError
+        from .errors import UserError, quoted
 
-        raise UserError(f"invalid token name {name!r}: expected 1-64 letters, digits, '.', '_', '-' or '@', "
+        raise UserError(f"invalid token name {quoted(name)}: expected 1-64 letters, digits, '.', '_', '-' or '@', "
                         "starting with a letter or digit")
     return name
 
 
 def check_scope(scope: str) -> str:
     if scope not in SCOPES:
-        from .errors import UserError
+        from .errors import UserError, quoted
 
-        raise UserError(f"invalid scope {scope!r}: expected one of {', '.join(SCOPES)}")
+        raise UserError(f"invalid scope {quoted(scope)}: expected one of {', '.join(SCOPES)}")
     return scope

@@ -8,7 +8,7 @@ from importlib import resources
 from typing import Any, Mapping
 
 from qinglong.contracts.frozen import record
-from qinglong.contracts.errors import SettingsError
+from qinglong.contracts.errors import SettingsError, quoted
 
 PROFILE_PACKAGE = "qinglong.profiles"
 
@@ -66,7 +66,7 @@ def load_profile(name: str) -> ProfileDefinition:
     known = available_profiles()
     if name not in known:
         raise SettingsError(
-            f"unknown profile {name!r}; the profiles shipped are: {', '.join(known)}"
+            f"unknown profile {quoted(name)}; the profiles shipped are: {', '.join(known)}"
         )
     resource = resources.files(PROFILE_PACKAGE) / f"{name}.toml"
     source = f"profile file {name}.toml (package {PROFILE_PACKAGE})"

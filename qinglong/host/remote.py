@@ -13,7 +13,7 @@ import ssl
 from typing import Any, Mapping, Sequence
 from urllib.parse import quote, urlencode, urlsplit
 
-from qinglong.contracts.errors import AlreadyExists, NotFound, StoreUnavailable, UserError
+from qinglong.contracts.errors import AlreadyExists, NotFound, StoreUnavailable, UserError, quoted
 from qinglong.contracts.execution import AttemptState, RunState
 from qinglong.contracts.execution.control import StoredLogState
 from qinglong.contracts.execution.store import AttemptView, RunDetail, RunSummary
@@ -35,7 +35,7 @@ def api_target(args: Any) -> tuple[str, str] | None:
     from .settings import http_url_problem
 
     if http_url_problem(url) is not None:
-        raise UserError(f"--api: expected http://HOST:PORT or https://HOST:PORT, got {url[:100]!r}")
+        raise UserError(f"--api: expected http://HOST:PORT or https://HOST:PORT, got {quoted(url)}")
     token_file = getattr(args, "token_file", None)
     if token_file:
         try:

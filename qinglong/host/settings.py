@@ -31,7 +31,7 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 
 from qinglong.contracts.frozen import record
 from qinglong.contracts.diagnostics import redact
-from qinglong.contracts.errors import SettingsError
+from qinglong.contracts.errors import SettingsError, quoted
 
 from . import tomlfile
 from .profiles import ProfileDefinition, load_profile
@@ -415,10 +415,15 @@ class LoadedSettings:
 
 
 def _read_toml(path: Path, named_by: str) -> dict[str, Any]:
-    if not path.exists():
-        raise SettingsError(f"settings file {path} does not exist (named by {named_by})")
-    if not path.is_file():
-        raise SettingsError(f"settings file {path} is not a regular file (named by {named_by})")
+    try:
+        exists, regular = path.exists(), path.is_file()
+    except OSError as exc:  # a name too long for the file system, say
+        raise SettingsError(f"settings file {quoted(str(path))} cannot be read (named by {named_by}): "
+                            f"{exc.strerror}") from None
+    if not exists:
+        raise SettingsError(f"settings file {quoted(str(path))} does not exist (named by {named_by})")
+    if not regular:
+        raise SettingsError(f"settings file {quoted(str(path))} is not a regular file (named by {named_by})")
     try:
         return tomlfile.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:

@@ -389,3 +389,113 @@ def test_demo_with_execution_disabled_is_refused_at_once_and_writes_nothing(cli,
     result = cli("--settings", str(settings), "demo", "--seconds", "1", env=env)
     _refused(result, ExitCode.USER_ERROR, named, "no Run of the demo can start")
     assert sorted(p.name for p in cli.cwd.iterdir()) == ["settings.toml"]
+
+
+# --------------------------------------------------------------------------- long input in errors
+
+#: A value no one means: 5,000 characters, each error quoting it must cut it.
+LONG = "a" * 5000
+#: A cron expression of 5,000 characters (its step too long for any field).
+LONG_CRON = "*/" + "1" * 4995 + " * * * *"
+#: Each command with a 5,000-character value where the user gives one, its exit code and words
+#: saying what was expected.
+LONG_INPUTS = [
+    (("project", "create", LONG), 3, "expected 1-64 ASCII letters"),
+    (("project", "delete", LONG), 3, "expected 1-64 ASCII letters"),
+    (("task", "put", "ops", LONG, "--", "true"), 3, "expected 1-64 ASCII letters"),
+    (("task", "put", LONG, "x", "--", "true"), 3, "expected 1-64 ASCII letters"),
+    (("task", "put", "ops", "x", "--timeout", LONG, "--", "true"), 3, "expected a duration"),
+    (("task", "put", "ops", "x", "--log-limit", LONG, "--", "true"), 3, "expected a size"),
+    (("task", "put", "ops", "x", "--workdir", LONG, "--", "true"), 3, "expected an absolute path"),
+    (("task", "put", "ops", "x", "--label", LONG, "--", "true"), 3, "expected a list of at most 32 labels"),
+    (("task", "put", "ops", "x", "--payload", '{"command": "' + LONG + '"}'), 3, "expected a list of arguments"),
+    (("task", "show", "ops", LONG), 3, "does not exist in project 'ops'"),
+    (("task", "delete", "ops", LONG), 3, "does not exist in project 'ops'"),
+    (("task", "run", "ops", LONG), 3, "does not exist in project 'ops'"),
+    (("task", "list", LONG), 3, "does not exist"),
+    (("trigger", "add", "ops", LONG, "--task", "backup", "--cron", "0 0 * * *"), 3, "expected 1-64 ASCII letters"),
+    (("trigger", "add", "ops", "t2", "--task", LONG, "--cron", "0 0 * * *"), 3, "expected 1-64 ASCII letters"),
+    (("trigger", "add", "ops", "t2", "--task", "backup", "--kind", LONG, "--spec", "{}"), 3,
+     "kinds provided by the loaded plugins: "),
+    (("trigger", "add", "ops", "t2", "--task", "backup", "--cron", "0 0 * * *", "--jitter", LONG), 3,
+     "expected a duration"),
+    (("trigger", "update", "ops", LONG, "--cron", "0 0 * * *"), 3, "does not exist in project 'ops'"),
+    (("trigger", "enable", "ops", LONG), 3, "does not exist in project 'ops'"),
+    (("trigger", "delete", "ops", LONG), 3, "does not exist in project 'ops'"),
+    (("cron", "next", LONG_CRON), 3, "is not a valid cron expression"),
+    (("cron", "next", "1 " * 2500), 3, "expected 5 (minute hour day month weekday) or 6"),
+    (("cron", "next", "@" + LONG), 3, "expected one of @hourly"),
+    (("cron", "next", "0 0 * * *", "--timezone", LONG), 3, "unknown IANA time zone"),
+    (("cron", "next", "0 0 * * *", "--after", LONG), 3, "is not an ISO 8601 time such as"),
+    (("cron", "next", "0 0 * * *", "--jitter", LONG), 3, "expected a duration"),
+    (("cron", "next", "0 0 * * *", "--jitter", "5m", "--trigger", LONG), 3, "expected PROJECT/TRIGGER"),
+    (("cron", "next", "0 0 * * *", "--count", LONG), 2, "expected a whole number"),
+    (("runs", "show", LONG), 3, "does not exist"),
+    (("runs", "cancel", LONG), 3, "does not exist"),
+    (("logs", LONG), 3, "does not exist"),
+    (("logs", "x", "--attempt", LONG), 2, "expected a whole number"),
+    (("runs", "--project", LONG), 3, "expected 1-64 ASCII letters"),
+    (("runs", "--limit", LONG), 2, "expected a whole number"),
+    (("runs", "--state", LONG), 2, "invalid choice: "),
+    (("schedules", "--after", LONG), 2, "is not a schedule cursor"),
+    (("export", "--project", LONG), 3, "the store has no such project"),
+    (("apply", LONG), 3, "cannot read the file"),
+    (("import", "crontab", LONG), 3, "cannot read the crontab"),
+    (("token", "create", LONG, "--scope", "read"), 3, "expected 1-64 letters"),
+    (("token", "revoke", LONG), 3, "expected 1-64 letters"),
+    (("audit", "--since", LONG), 3, "expected a duration"),
+    (("--settings", LONG, "runs"), 3, "cannot be read (named by --settings)"),
+    (("--settings", "a/" * 1000 + "x.toml", "runs"), 3, "does not exist (named by --settings)"),
+    (("--profile", LONG, "runs"), 3, "the profiles shipped are: "),
+    ((LONG,), 2, "invalid choice: "),
+    (("status", "--interval", LONG), 2, "expected a number of seconds"),
+]
+
+
+@pytest.fixture(scope="module")
+def published_store(tmp_path_factory):
+    """A store with a project, a task, a trigger and a Run, shared by the long-input tests (each
+    proves it changed nothing)."""
+    from host_helpers import run_cli
+
+    workdir = tmp_path_factory.mktemp("long-input")
+    for args in (("project", "create", "ops"), ("task", "put", "ops", "backup", "--", "true"),
+                 ("trigger", "add", "ops", "nightly", "--task", "backup", "--cron", "0 0 * * *"),
+                 ("task", "run", "ops", "backup")):
+        assert run_cli(list(args), cwd=workdir).returncode == 0, args
+    return workdir
+
+
+def _dump(db) -> str:
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return "\n".join(conn.iterdump())
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("args, code, expected", LONG_INPUTS,
+                         ids=[" ".join(a if len(a) <= 20 else a[:12] + "..." for a in args)
+                              for args, _, _ in LONG_INPUTS])
+def test_an_error_quotes_a_long_value_cut_to_its_first_80_characters(published_store, args, code, expected):
+    """A 5,000-character cron expression, Run id, identifier or option value was echoed whole by
+    its error: a page of one word on the terminal, which buries what was expected (and fills a
+    log line). Every error quotes it through one helper, cut to 80 characters with its length,
+    exits with the table's code and writes nothing."""
+    from host_helpers import run_cli
+
+    db = published_store / "qinglong.db"
+    before = _dump(db)
+    result = run_cli(list(args), cwd=published_store)
+    assert result.returncode == code, (result.returncode, result.stderr[-600:])
+    assert "Traceback" not in result.stderr
+    message = result.stderr.strip().splitlines()[-1]
+    if code == ExitCode.USER_ERROR:
+        assert len(result.stderr.strip().splitlines()) == 1 and message.startswith("qinglong: "), result.stderr
+    assert len(message) < 500, message
+    cut = re.search(r"'\.\.\. \((\d+) characters\)", message)
+    assert cut is not None and int(cut.group(1)) >= 2000, message  # the length of the whole value
+    assert expected in message, message
+    assert _dump(db) == before

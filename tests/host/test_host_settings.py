@@ -66,7 +66,7 @@ def test_profile_option_beats_environment_and_file(tmp_path, monkeypatch):
 
 
 def test_missing_settings_file_is_named_with_what_named_it(tmp_path, monkeypatch):
-    with pytest.raises(SettingsError, match=r"settings file .*nope.toml does not exist \(named by --settings\)"):
+    with pytest.raises(SettingsError, match=r"settings file '.*nope.toml' does not exist \(named by --settings\)"):
         load_settings(tmp_path / "nope.toml")
     monkeypatch.setenv("QINGLONG_SETTINGS", str(tmp_path / "gone.toml"))
     with pytest.raises(SettingsError, match="named by environment variable QINGLONG_SETTINGS"):

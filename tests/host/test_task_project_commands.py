@@ -45,7 +45,7 @@ def exercise_task_and_project_commands(cli) -> None:
     assert set(listed[0]) == {"project_id", "task_id", "task_revision", "content_digest", "command"}
     table = cli("task", "list", "ops").stdout
     assert "backup" in table and "deploy" not in table and "s3cret" not in table
-    assert cli("task", "list", "missing", code=3).stderr.startswith("qinglong: error: project missing")
+    assert cli("task", "list", "missing", code=3).stderr.startswith("qinglong: error: project 'missing' does not exist")
 
     cli("trigger", "add", "ops", "nightly", "--task", "report", "--cron", "0 3 * * *")
     refused = cli("task", "delete", "ops", "report", code=3)

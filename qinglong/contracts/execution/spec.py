@@ -13,7 +13,7 @@ from dataclasses import field
 from typing import Any, Mapping, Sequence
 
 from ..frozen import record
-from ..errors import UserError
+from ..errors import UserError, quoted
 from ..secrets import SEALED_PREFIX
 
 
@@ -105,12 +105,11 @@ _MAX_ENV_ENTRIES = 256
 
 def _refuse(task_id: str, key: str, expected: str, value: Any = None, *, show: bool = True) -> UserError:
     shown = f" (got {_short(value)})" if show else ""
-    return UserError(f"task {task_id!r}: {key}: expected {expected}{shown}")
+    return UserError(f"task {quoted(task_id)}: {key}: expected {expected}{shown}")
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return quoted(value)
 
 
 def _is_unicode(text: str) -> bool:

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qinglong.contracts.errors import ExitCode, NotFound, StoreMissing, UserError
+from qinglong.contracts.errors import ExitCode, NotFound, StoreMissing, UserError, quoted
 
 from .boot import container_of
 from .output import print_json
@@ -97,7 +97,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     if scope is not None and not args.prune:
         missing = sorted(scope - set(document.projects))
         if missing:
-            raise UserError(f"--project {missing[0]}: {source} does not declare it (with --prune, "
+            raise UserError(f"--project {quoted(missing[0])}: {source} does not declare it (with --prune, "
                             "a project the file does not declare is deleted)")
     options = ApplyOptions(prune=args.prune, dry_run=args.dry_run, projects=scope)
     _print_report(run_plan(container, document, options), args.json)
@@ -115,7 +115,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         wanted = args.project or listed
         for project_id in wanted:
             if project_id not in listed:
-                raise NotFound(f"--project {project_id}: the store has no such project")
+                raise NotFound(f"--project {quoted(project_id)}: the store has no such project")
         publisher = backend.publisher()
         return [await publisher.project_state(pid) for pid in sorted(set(wanted))]
 

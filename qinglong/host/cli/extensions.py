@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from qinglong.contracts.frozen import record
 from qinglong.contracts.cli import CliArgument, CliCommand, CliContext
-from qinglong.contracts.errors import PluginLoadError
+from qinglong.contracts.errors import PluginLoadError, quoted
 from qinglong.contracts.hookspecs import plugin_settings
 
 from .output import iso, now_ms, print_json, print_table
@@ -68,7 +68,7 @@ def _usage_type(argument: CliArgument) -> Any:
         try:
             return convert(text)
         except (ValueError, TypeError) as exc:
-            raise argparse.ArgumentTypeError(str(exc) or f"invalid value {text!r}") from None
+            raise argparse.ArgumentTypeError(str(exc) or f"invalid value {quoted(text)}") from None
 
     parse.__name__ = getattr(convert, "__name__", "value")
     return parse

@@ -28,6 +28,7 @@ from qinglong.contracts.errors import (
     StoreUnavailable,
     UserError,
     exit_code_for,
+    quoted,
 )
 from qinglong.contracts.providers import TriggerCliOptions
 
@@ -102,7 +103,7 @@ def build_parser(trigger_options: Mapping[str, TriggerCliOptions] | None = None,
     common.add_argument("--token-file", metavar="PATH", default=argparse.SUPPRESS,
                         help="file holding the API token (with --api)")
 
-    parser = argparse.ArgumentParser(
+    parser = BoundedArgumentParser(
         prog="qinglong",
         parents=[common],
         description="Turn scheduled Triggers into durable Runs (edge, standalone and cluster profiles).",
@@ -123,6 +124,25 @@ def build_parser(trigger_options: Mapping[str, TriggerCliOptions] | None = None,
     if plugin_commands is not None:
         plugin_commands.register(sub, common)
     return parser
+
+
+class BoundedArgumentParser(argparse.ArgumentParser):
+    """argparse, quoting the word it refuses through :func:`~qinglong.contracts.errors.quoted`
+    like every other error (its own wording repeats a 5,000-character argument whole). The
+    subcommands' parsers are of the same class."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(map(repr, action.choices))
+            raise argparse.ArgumentError(action, f"invalid choice: {quoted(value)} (choose from {choices})")
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as exc:
+            if repr(arg_string) not in exc.message:
+                raise
+            raise argparse.ArgumentError(action, exc.message.replace(repr(arg_string), quoted(arg_string))) from None
 
 
 def _refuse_undecodable(argv: Sequence[str]) -> None:

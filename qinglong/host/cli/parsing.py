@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 from qinglong.contracts.cli import number_and_unit as _number_and_unit
 from qinglong.contracts.cli import parse_duration_ms
+from qinglong.contracts.errors import quoted
 
 
 def _max_listing() -> int:
@@ -23,7 +24,7 @@ def positive_count(text: str) -> int:
     try:
         value = int(text, 10)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {quoted(text)}") from None
     bound = _max_listing()
     if not 1 <= value <= bound:
         raise argparse.ArgumentTypeError(f"expected a number from 1 to {bound}, got {value}")
@@ -38,10 +39,10 @@ def seconds_up_to(maximum: int) -> Any:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {quoted(text)}") from None
         if not 0 <= value <= maximum:  # false for nan too
             raise argparse.ArgumentTypeError(
-                f"expected from 0 to {maximum:,} seconds, got {text!r}")
+                f"expected from 0 to {maximum:,} seconds, got {quoted(text)}")
         return value
 
     return seconds
@@ -94,6 +95,6 @@ def parse_size_bytes(flag: str, text: str) -> int:
 
     parsed = _number_and_unit(text.strip())
     if parsed is None or parsed[1].lower() not in _SIZE_UNITS:
-        raise UserError(f"{flag}: expected a size such as 512, 64KiB or 4MiB, got {text!r}")
+        raise UserError(f"{flag}: expected a size such as 512, 64KiB or 4MiB, got {quoted(text)}")
     return parsed[0] * _SIZE_UNITS[parsed[1].lower()]
 

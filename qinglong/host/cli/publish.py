@@ -7,7 +7,15 @@ import argparse
 import json
 from typing import Any, Mapping, Sequence
 
-from qinglong.contracts.errors import AlreadyExists, ExitCode, NotFound, PluginLoadError, QinglongError, UserError
+from qinglong.contracts.errors import (
+    AlreadyExists,
+    ExitCode,
+    NotFound,
+    PluginLoadError,
+    QinglongError,
+    UserError,
+    quoted,
+)
 from qinglong.contracts.providers import TriggerCliOptions
 from qinglong.contracts.records import DEFAULT_MISFIRE_GRACE_MS, MisfirePolicy, TriggerDefinition
 from qinglong.contracts.store import MAX_SPEC_BYTES, check_json_value
@@ -29,7 +37,7 @@ def cmd_project(args: argparse.Namespace) -> int:
         if sub == "delete":
             plan = await backend.publisher().delete_project(args.project_id, dry_run=args.dry_run)
             if not plan.changes:
-                raise NotFound(f"project {args.project_id} does not exist")
+                raise NotFound(f"project {quoted(args.project_id)} does not exist")
             return plan
         return await backend.reader().list_projects()
 
@@ -171,10 +179,10 @@ def cmd_trigger(args: argparse.Namespace) -> int:
         existing = {t.trigger_id: t for t in await reader.list_triggers(args.project_id)}
         current = existing.get(args.trigger_id)
         if sub == "add" and current is not None:
-            raise AlreadyExists(f"trigger {args.trigger_id} exists in project {args.project_id}; "
+            raise AlreadyExists(f"trigger {quoted(args.trigger_id)} exists in project {quoted(args.project_id)}; "
                                 "use 'qinglong trigger update'")
         if sub == "update" and current is None:
-            raise NotFound(f"trigger {args.trigger_id} does not exist in project {args.project_id}; "
+            raise NotFound(f"trigger {quoted(args.trigger_id)} does not exist in project {quoted(args.project_id)}; "
                            "use 'qinglong trigger add'")
         kind, spec = _trigger_spec(args, current, args.trigger_options)
         if args.task is None and current is None:

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from qinglong.contracts.errors import ExitCode
+from qinglong.contracts.errors import ExitCode, quoted
 from qinglong.contracts.hooks import masked_spec
 from qinglong.contracts.jitter import JitteredSchedule
 from qinglong.contracts.records import NO_MORE_OCCURRENCES_MS
@@ -131,7 +131,7 @@ def decode_schedule_cursor(token: str) -> tuple:
             and _is_identifier(value[1]) and _is_identifier(value[2])):
         return tuple(value)
     raise argparse.ArgumentTypeError(
-        f"{token!r} is not a schedule cursor: pass the token a listing printed after "
+        f"{quoted(token)} is not a schedule cursor: pass the token a listing printed after "
         "'--after' when its --limit cut it")
 
 

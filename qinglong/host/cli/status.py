@@ -21,7 +21,7 @@ import asyncio
 import sys
 from typing import Any
 
-from qinglong.contracts.errors import ExitCode, SchemaNotReady
+from qinglong.contracts.errors import ExitCode, SchemaNotReady, quoted
 from qinglong.contracts.observe import FAILURE_STREAK_PERIODS, workers_summary
 
 from .boot import container_of, opened_backend
@@ -37,7 +37,7 @@ def interval_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {quoted(text)}") from None
     if not 0 < value <= 3600:
         raise argparse.ArgumentTypeError(f"expected more than 0 and at most 3600 seconds, got {text}")
     return value

@@ -16,7 +16,7 @@ import sys
 import uuid
 from typing import Any, Mapping
 
-from qinglong.contracts.errors import ExitCode, NotFound, UserError
+from qinglong.contracts.errors import ExitCode, NotFound, UserError, quoted
 from qinglong.contracts.store import MAX_PAYLOAD_BYTES, check_command, check_identifier, check_json_value
 
 from .boot import container_of, need_execution, on_backend
@@ -259,7 +259,7 @@ def cmd_task_list(args: argparse.Namespace) -> int:
         for project_id in projects:
             state = await publisher.project_state(project_id)
             if not state.exists and args.project_id is not None:
-                raise NotFound(f"project {project_id} does not exist")
+                raise NotFound(f"project {quoted(project_id)} does not exist")
             tasks += [state.tasks[task_id] for task_id in sorted(state.tasks)]
         return tasks
 

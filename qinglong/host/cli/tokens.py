@@ -103,7 +103,7 @@ def console_base_url(loaded: Any) -> str:
 
 def cmd_console(args: argparse.Namespace) -> int:
     """``qinglong console link``: a one-time URL that signs a browser in as the host's admin."""
-    from qinglong.contracts.errors import UserError
+    from qinglong.contracts.errors import UserError, quoted
 
     from ..containers import build_container
     from ..remote import api_target
@@ -120,7 +120,7 @@ def cmd_console(args: argparse.Namespace) -> int:
 
         parts = urlsplit(args.url) if http_url_problem(args.url) is None else None
         if parts is None or parts.query or parts.fragment:
-            raise UserError(f"--url: expected http://HOST:PORT or https://HOST:PORT, got {args.url[:100]!r}")
+            raise UserError(f"--url: expected http://HOST:PORT or https://HOST:PORT, got {quoted(args.url)}")
         base = args.url.rstrip("/")
     else:
         base = console_base_url(loaded)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Sequence
 
-from qinglong.contracts.errors import AlreadyExists, NotFound
+from qinglong.contracts.errors import AlreadyExists, NotFound, quoted
 from qinglong.contracts.worker import WorkerRegistration
 
 _COLUMNS = "worker_id, labels, projects, capacity, created_at_ms, rotated_at_ms, revoked_at_ms"
@@ -52,19 +52,19 @@ class ClusterWorkers:
         row = await self._one(_REGISTER, (r.worker_id, list(r.labels), list(r.projects), r.capacity,
                                           r.created_at_ms, bytes(digest)))
         if row is None:
-            raise AlreadyExists(f"worker {r.worker_id!r} is registered already (revoke it first, or rotate "
+            raise AlreadyExists(f"worker {quoted(r.worker_id)} is registered already (revoke it first, or rotate "
                                 "its token)")
 
     async def rotate_worker(self, worker_id: str, digest: bytes, now_ms: int) -> WorkerRegistration:
         row = await self._one(_ROTATE, (bytes(digest), now_ms, worker_id))
         if row is None:
-            raise NotFound(f"no registered worker {worker_id!r}")
+            raise NotFound(f"no registered worker {quoted(worker_id)}")
         return _registration(row)
 
     async def revoke_worker(self, worker_id: str) -> int:
         row = await self._one(_REVOKE, (worker_id,))
         if row is None or row[0] is None:
-            raise NotFound(f"no registered worker {worker_id!r}")
+            raise NotFound(f"no registered worker {quoted(worker_id)}")
         return int(row[0])
 
     async def list_workers(self) -> Sequence[WorkerRegistration]:

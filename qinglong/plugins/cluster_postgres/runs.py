@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from qinglong.contracts.errors import NotFound
+from qinglong.contracts.errors import NotFound, quoted
 from qinglong.contracts.execution.skips import MIN_SKIP_RETENTION_MS
 from qinglong.contracts.execution import (
     run_state_filter,
@@ -55,7 +55,7 @@ def run_uuid(run_id: str) -> str:
     try:
         return str(uuid.UUID(str(run_id)))
     except ValueError:
-        raise NotFound(f"run {run_id!r} does not exist (run ids look like "
+        raise NotFound(f"run {quoted(run_id)} does not exist (run ids look like "
                        "0b6c1a5e-...; `qinglong runs` lists them)") from None
 
 
@@ -63,7 +63,7 @@ def _attempt_uuid(attempt_id: str) -> str:
     try:
         return str(uuid.UUID(str(attempt_id)))
     except ValueError:
-        raise NotFound(f"attempt {attempt_id!r} does not exist") from None
+        raise NotFound(f"attempt {quoted(attempt_id)} does not exist") from None
 
 
 def _summary(row: dict, *, state: str, finished_at_ms: Any, reason: Any, attempts: int,
@@ -142,7 +142,7 @@ class ClusterRunControl:
         """The Run and every Attempt (with the worker that held it); NotFound if unknown."""
         rows = await self._rows("control_run_detail", {"run_id": run_uuid(run_id)})
         if not rows:
-            raise NotFound(f"run {run_id!r} does not exist (it may have been pruned)")
+            raise NotFound(f"run {quoted(run_id)} does not exist (it may have been pruned)")
         views = tuple(AttemptView(
             r["attempt_id"], r["attempt_no"], AttemptState(r["state"]), r["executor"],
             r["created_at_ms"], r["not_before_ms"], r["started_at_ms"], r["finished_at_ms"],
@@ -178,7 +178,7 @@ class ClusterRunControl:
                                                                "reason": reason.value})
         state = rows[0]["state"] if rows else None
         if state is None:
-            raise NotFound(f"run {run_id!r} does not exist (it may have been pruned)")
+            raise NotFound(f"run {quoted(run_id)} does not exist (it may have been pruned)")
         return RunState(state)
 
     async def log_state(self, attempt_id: str) -> StoredLogState:
@@ -186,7 +186,7 @@ class ClusterRunControl:
         attempt = _attempt_uuid(attempt_id)
         rows = await self._rows("control_log_state", {"attempt_id": attempt})
         if not rows:
-            raise NotFound(f"attempt {attempt_id!r} does not exist (it may have been pruned)")
+            raise NotFound(f"attempt {quoted(attempt_id)} does not exist (it may have been pruned)")
         row = rows[0]
         return StoredLogState(attempt, AttemptState(row["state"]), row["stored_bytes"],
                               row["log_dropped_bytes"] or 0, row["log_deleted_at_ms"] is not None)

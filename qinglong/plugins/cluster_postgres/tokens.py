@@ -10,7 +10,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from qinglong.contracts.errors import AlreadyExists, NotFound
+from qinglong.contracts.errors import AlreadyExists, NotFound, quoted
 from qinglong.contracts.tokens import AuditEntry, TokenRecord, pending_audit
 
 from .sql import query
@@ -59,7 +59,7 @@ class ClusterTokens:
                     "projects": list(record.projects), "created": record.created_at_ms,
                     "expires": record.expires_at_ms})
                 if await cur.fetchone() is None:
-                    raise AlreadyExists(f"a token named {record.name!r} exists already (revoke it first)")
+                    raise AlreadyExists(f"a token named {quoted(record.name)} exists already (revoke it first)")
             await insert_audit(conn, audit)
 
         await self._run(body)
@@ -70,7 +70,7 @@ class ClusterTokens:
                 await cur.execute(query("revoke_token"), {"name": name, "now": now_ms})
                 row = await cur.fetchone()
             if row is None:
-                raise NotFound(f"no active token named {name!r}")
+                raise NotFound(f"no active token named {quoted(name)}")
             await insert_audit(conn, audit)
             return _token(row)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from qinglong.contracts.cli import CliArgument, CliCommand, CliContext, parse_duration_ms
-from qinglong.contracts.errors import UserError
+from qinglong.contracts.errors import UserError, quoted
 from qinglong.contracts.providers import TriggerCliOption, TriggerCliOptions
 from qinglong.contracts.providers import fire_times as next_fire_times
 from qinglong.contracts.store import MAX_LISTING_ROWS
@@ -58,7 +58,7 @@ def positive_count(text: str) -> int:
     try:
         value = int(text, 10)
     except ValueError:
-        raise ValueError(f"expected a whole number, got {text!r}") from None
+        raise ValueError(f"expected a whole number, got {quoted(text)}") from None
     if not 1 <= value <= MAX_LISTING_ROWS:
         raise ValueError(f"expected a number from 1 to {MAX_LISTING_ROWS}, got {value}")
     return value
@@ -72,13 +72,13 @@ def _parse_time(option: str, text: str, zone: Any) -> int:
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise UserError(f"{option} {text!r} is not an ISO 8601 time such as 2026-03-29T01:30:00+01:00") from None
+        raise UserError(f"{option} {quoted(text)} is not an ISO 8601 time such as 2026-03-29T01:30:00+01:00") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=zone)
     try:
         moment.astimezone(timezone.utc)
     except (OverflowError, ValueError):
-        raise UserError(f"{option} {text!r} lies outside the years 1 to 9999 once in UTC") from None
+        raise UserError(f"{option} {quoted(text)} lies outside the years 1 to 9999 once in UTC") from None
     # integer arithmetic: a float timestamp rounds 23:59:59.999999 of year 9999 into year 10000
     return (moment - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(milliseconds=1)
 
@@ -93,7 +93,7 @@ def _jitter_of(given: Mapping[str, Any]) -> tuple[int, tuple[str, str] | None]:
     if given["trigger"] is not None:
         project, _, trigger_id = given["trigger"].partition("/")
         if not trigger_id:
-            raise UserError(f"--trigger: expected PROJECT/TRIGGER, got {given['trigger']!r}")
+            raise UserError(f"--trigger: expected PROJECT/TRIGGER, got {quoted(given['trigger'])}")
         check_identifier("project_id", project)
         check_identifier("trigger_id", trigger_id)
         trigger = (project, trigger_id)
@@ -103,7 +103,7 @@ def _jitter_of(given: Mapping[str, Any]) -> tuple[int, tuple[str, str] | None]:
         return 0, None
     jitter_ms = parse_duration_ms("--jitter", given["jitter"])
     if jitter_ms > MAX_JITTER_MS:
-        raise UserError(f"--jitter: at most 1d, got {given['jitter']!r}")
+        raise UserError(f"--jitter: at most 1d, got {quoted(given['jitter'])}")
     return jitter_ms, trigger
 
 

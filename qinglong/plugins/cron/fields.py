@@ -11,6 +11,7 @@ import calendar
 import re
 
 from qinglong.contracts.cli import whole_number
+from qinglong.contracts.errors import quoted
 
 #: The fields of a 5-field expression, with their ranges (6 fields: ``second`` 0-59 first).
 FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12),
@@ -48,14 +49,14 @@ def out_of_range(expression: str, fields: list[str]) -> str | None:
         for item in field.split(","):
             base, _, step = item.partition("/")
             if step and not (_number(step) or 0) >= 1:
-                return (f"{expression!r}: the {name} field {field!r} steps by {step!r}; "
+                return (f"{quoted(expression)}: the {name} field {quoted(field)} steps by {quoted(step)}; "
                         f"expected a whole number from 1 to {high}")
             for bound in base.split("-"):
                 number = _number(bound)
                 if number is not None and not low <= number <= high:
                     article = "an" if name == "hour" else "a"
                     shown = number if len(bound) <= 18 else bound[:18] + "..."
-                    return (f"{expression!r}: the {name} field {field!r} holds {shown}; "
+                    return (f"{quoted(expression)}: the {name} field {quoted(field)} holds {shown}; "
                             f"{article} {name} is {low} to {high}")
     return None
 
@@ -69,7 +70,8 @@ def not_understood(expression: str, fields: list[str]) -> str | None:
             ok = match is not None and all(
                 part is None or part == "*" or _value(name, part) is not None for part in match.group(1, 2))
             if not ok and not (name in ("day of month", "day of week") and ("l" in item.lower() or "#" in item)):
-                return (f"{expression!r}: the {name} field {field!r} is not understood at {item!r}; expected "
+                return (f"{quoted(expression)}: the {name} field {quoted(field)} is not understood at "
+                        f"{quoted(item)}; expected "
                         f"*, a number from {low} to {high}, a range (1-5), a list (1,15) or a step (*/15)")
     return None
 
@@ -105,7 +107,7 @@ def never_fires(expression: str, fields: list[str]) -> str:
         if min(days) > max(longest.values()):
             month_names = ", ".join(calendar.month_name[m] for m in sorted(months))
             day_list = ", ".join(str(d) for d in sorted(days))
-            return (f"{expression!r} never fires: day {day_list} of {month_names} never occurs "
+            return (f"{quoted(expression)} never fires: day {day_list} of {month_names} never occurs "
                     f"({', '.join(f'{calendar.month_name[m]} has at most {n} days' for m, n in sorted(longest.items()))})")
-    return (f"{expression!r} never fires: no date within 50 years matches its day of month, month and "
+    return (f"{quoted(expression)} never fires: no date within 50 years matches its day of month, month and "
             "day of week together")

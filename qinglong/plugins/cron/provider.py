@@ -48,7 +48,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import re
 
-from qinglong.contracts.errors import TriggerSpecError
+from qinglong.contracts.errors import TriggerSpecError, quoted
 
 KIND = "cron"
 _ONE_SECOND = timedelta(seconds=1)
@@ -260,14 +260,14 @@ class CronProvider:
             if macro not in MACROS:
                 raise TriggerSpecError(
                     KIND, "expression",
-                    f"{expression!r} is not a schedule macro; expected one of {', '.join(MACROS)}",
+                    f"{quoted(expression)} is not a schedule macro; expected one of {', '.join(MACROS)}",
                 )
             fields = [macro]
         elif len(fields) not in (5, 6):
             raise TriggerSpecError(
                 KIND,
                 "expression",
-                f"{expression!r} has {len(fields)} fields; expected 5 (minute hour day month weekday) "
+                f"{quoted(expression)} has {len(fields)} fields; expected 5 (minute hour day month weekday) "
                 "or 6 (second first)",
             )
         zone_name = spec.get("timezone", "UTC")
@@ -275,20 +275,20 @@ class CronProvider:
             raise TriggerSpecError(KIND, "timezone", "expected an IANA time zone name such as 'Europe/Berlin'")
         if zone_name in _MACHINE_ZONES:
             raise TriggerSpecError(
-                KIND, "timezone", f"{zone_name!r} names this machine's configured zone, which another host or "
+                KIND, "timezone", f"{quoted(zone_name)} names this machine's configured zone, which another host or "
                 "a later setting reads differently; write the zone itself, such as 'Europe/Berlin'")
         try:
             tz = _zone(zone_name)
         except (ZoneInfoNotFoundError, ValueError, OSError):
             raise TriggerSpecError(
-                KIND, "timezone", f"unknown IANA time zone {zone_name!r} (e.g. 'UTC', 'Europe/Berlin')"
+                KIND, "timezone", f"unknown IANA time zone {quoted(zone_name)} (e.g. 'UTC', 'Europe/Berlin')"
             ) from None
         for item in (part for field in fields for part in field.split(",")):
             if _HASHED_OR_RANDOM.match(item):
                 raise TriggerSpecError(
                     KIND, "expression",
-                    f"{expression!r} uses croniter's {'random' if item[0] in 'rR' else 'hashed'} field "
-                    f"{item!r}, whose fire times are not the same on every reading; write the "
+                    f"{quoted(expression)} uses croniter's {'random' if item[0] in 'rR' else 'hashed'} field "
+                    f"{quoted(item)}, whose fire times are not the same on every reading; write the "
                     "minute, hour, ... explicitly",
                 )
         normalised = " ".join(fields)
@@ -306,7 +306,7 @@ class CronProvider:
             raise TriggerSpecError(KIND, "expression", never_fires(expression, fields)) from None
         except (CroniterBadCronError, CroniterError, ValueError, KeyError) as exc:
             detail = (not_understood(expression, fields) if fields[0][0] != "@" else None) or (
-                f"{expression!r} is not a valid cron expression: {str(exc) or type(exc).__name__}")
+                f"{quoted(expression)} is not a valid cron expression: {str(exc) or type(exc).__name__}")
             raise TriggerSpecError(KIND, "expression", detail) from None
         return {"expression": normalised, "timezone": tz.key}
 

@@ -40,6 +40,7 @@ from qinglong.contracts.errors import (
     SecretsError,
     UserError,
     project_not_found,
+    quoted,
     task_not_found,
 )
 from qinglong.contracts.execution import (
@@ -321,7 +322,7 @@ class SqliteExecutionStore:
             with transaction(conn):
                 row = named_one(conn, query("exec_attempt"), (attempt_id,))
                 if row is None:
-                    raise NotFound(f"attempt {attempt_id!r} does not exist")
+                    raise NotFound(f"attempt {quoted(attempt_id)} does not exist")
                 run_id, run_state = row["run_id"], row["run_state"]
                 if AttemptState(row["state"]).terminal:
                     return FinishResult(False, RunState(run_state))
@@ -382,7 +383,7 @@ class SqliteExecutionStore:
             with transaction(conn):
                 row = named_one(conn, query("exec_latest_attempt_of_run"), (run_id,))
                 if row is None:
-                    raise NotFound(f"run {run_id!r} does not exist")
+                    raise NotFound(f"run {quoted(run_id)} does not exist")
                 run_state = RunState(row["run_state"])
                 if run_state.terminal or row["attempt_id"] is None:
                     return run_state
@@ -463,7 +464,7 @@ class SqliteExecutionStore:
                     seen = conn.execute(query(block), (full_key,)).fetchone()
                     if seen is not None:
                         if (seen[1], seen[2]) != (project_id, task_id):
-                            raise AlreadyExists(f"idempotency key {key!r} admitted a Run of another task; "
+                            raise AlreadyExists(f"idempotency key {quoted(key)} admitted a Run of another task; "
                                                 "a key admits one Run of one task: use a new key")
                         return seen[0], False
                 if named_one(conn, query("project_by_id"), (project_id,)) is None:
@@ -506,12 +507,12 @@ class SqliteExecutionStore:
                         return AdmitResult(seen[0], False)
                 trig = named_one(conn, query("occurrence_trigger"), (trigger_id,))
                 if trig is None:
-                    return AdmitResult(None, False, f"trigger {trigger_id!r} does not exist")
+                    return AdmitResult(None, False, f"trigger {quoted(trigger_id)} does not exist")
                 if trig["kind"] != kind:
-                    return AdmitResult(None, False, f"trigger {trigger_id!r} is of kind "
+                    return AdmitResult(None, False, f"trigger {quoted(trigger_id)} is of kind "
                                                     f"{trig['kind']!r}, not {kind!r}")
                 if not trig["admits"]:
-                    return AdmitResult(None, False, f"trigger {trigger_id!r} is disabled, or its "
+                    return AdmitResult(None, False, f"trigger {quoted(trigger_id)} is disabled, or its "
                                                     "project or task is not active")
                 run_id = uuid.uuid4().hex
                 project_id, task_id = trig["project_id"], trig["task_id"]
@@ -570,7 +571,7 @@ class SqliteExecutionStore:
             try:
                 run = named_one(conn, query("exec_run"), (run_id,))
                 if run is None:
-                    raise NotFound(f"run {run_id!r} does not exist (it may have been pruned)")
+                    raise NotFound(f"run {quoted(run_id)} does not exist (it may have been pruned)")
                 attempts = named_rows(conn, query("exec_attempts_of_run"), (run_id,))
             finally:
                 conn.execute("COMMIT")

@@ -7,7 +7,7 @@ import sqlite3
 import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from qinglong.contracts.errors import NotFound
+from qinglong.contracts.errors import NotFound, quoted
 from qinglong.contracts.records import (
     MisfirePolicy,
     ProjectRecord,
@@ -112,7 +112,7 @@ class SqliteReader:
         :class:`~qinglong.contracts.errors.NotFound` if the project has no such task."""
         row = await self._store.call(named_one, query("task_head"), (project_id, task_id))
         if row is None or row["deleted_at_ms"] is not None:
-            raise NotFound(f"task {task_id!r} does not exist in project {project_id!r}")
+            raise NotFound(f"task {quoted(task_id)} does not exist in project {quoted(project_id)}")
         return record_from_row(TaskRecord, row, payload=json.loads(row["payload_json"]))
 
     async def recent_runs(self, limit: int = 20, trigger_id: str | None = None) -> Sequence[RunView]:

@@ -11,7 +11,7 @@ import sqlite3
 from dataclasses import replace
 from typing import Sequence
 
-from qinglong.contracts.errors import AlreadyExists, NotFound
+from qinglong.contracts.errors import AlreadyExists, NotFound, quoted
 from qinglong.contracts.tokens import AuditEntry, TokenRecord
 
 #: An expired console link is kept this long (then pruned as new links are made).
@@ -43,7 +43,7 @@ class SqliteTokens:
         def body(conn: sqlite3.Connection) -> None:
             with transaction(conn):
                 if named_one(conn, query("live_token_by_name"), (record.name,)) is not None:
-                    raise AlreadyExists(f"a token named {record.name!r} exists already (revoke it first)")
+                    raise AlreadyExists(f"a token named {quoted(record.name)} exists already (revoke it first)")
                 conn.execute(query("insert_token"), {
                     "token_id": record.token_id, "name": record.name, "digest": digest, "scope": record.scope,
                     "projects": json.dumps(list(record.projects)), "created": record.created_at_ms,
@@ -57,7 +57,7 @@ class SqliteTokens:
             with transaction(conn):
                 row = named_one(conn, query("live_token_by_name"), (name,))
                 if row is None:
-                    raise NotFound(f"no active token named {name!r}")
+                    raise NotFound(f"no active token named {quoted(name)}")
                 conn.execute(query("revoke_token"), (now_ms, row["token_id"]))
                 insert_audit(conn, audit)
                 return token_from_row(row)
