@@ -316,3 +316,17 @@ def test_a_time_to_run_that_is_not_finite_and_positive_is_a_usage_error(cli, arg
     assert result.returncode == 2, result.stderr
     assert f"argument {args[1]}: expected from 0 to" in result.stderr
     assert not (cli.cwd / "qinglong.db").exists()
+
+
+@pytest.mark.parametrize("jitter", [["--jitter", "1d"], ["--jitter", "1d", "--trigger", "ops/spread"]])
+def test_a_jittered_start_in_year_10000_on_the_wall_clock_is_shown_without_a_traceback(cli, jitter):
+    """East of UTC a start drawn late on the calendar's last day (a valid instant of year 9999 in
+    UTC) is already year 10000 on Kiritimati's wall clock: its local column ended ``cron next`` in
+    an OverflowError traceback (exit 1)."""
+    for output in ([], ["--json"]):
+        result = cli("cron", "next", "59 23 * * *", "--timezone", "Pacific/Kiritimati",
+                     "--after", "9999-12-30T12:00:00Z", "--count", "5", *jitter, *output)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        # the trigger's draw for the last occurrence is the same in every process: 12:39:25 there
+        last = "10000-01-01T12:39:25+14:00" if "--trigger" in jitter else "9999-12-31T23:59:00+14:00"
+        assert last in result.stdout, result.stdout

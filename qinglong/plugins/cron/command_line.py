@@ -134,7 +134,12 @@ def cron_next(context: CliContext) -> int:
 
     def local(ms: int) -> str:
         moment = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)
-        return moment.astimezone(zone).isoformat(timespec="seconds")
+        try:
+            return moment.astimezone(zone).isoformat(timespec="seconds")
+        except OverflowError:
+            # a start drawn late on the calendar's last day, east of UTC: the wall clock reads
+            # 10000-01-01 there, which datetime cannot hold; a day earlier has the same offset
+            return "10000-01-01" + (moment - timedelta(days=1)).astimezone(zone).isoformat(timespec="seconds")[10:]
 
     def nominal(ms: int) -> int:
         return schedule.nominal_of(spec, ms) if schedule is not provider else ms
