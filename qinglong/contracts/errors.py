@@ -58,6 +58,19 @@ def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
     return f"{value[:limit]!r}... ({len(value)} characters)"
 
 
+#: A path is quoted whole up to this length; a longer one keeps both ends.
+PATH_QUOTE_LIMIT = 240
+
+
+def quoted_path(path: object) -> str:
+    """A file's path as errors quote it: whole up to PATH_QUOTE_LIMIT characters, else its first and
+    last 100 with ``...`` between, so the file's own name (the end) is always shown."""
+    text = str(path)
+    if len(text) <= PATH_QUOTE_LIMIT:
+        return repr(text)
+    return f"{text[:100]!r}...{text[-100:]!r} ({len(text)} characters)"
+
+
 class QinglongError(Exception):
     """Base of every error Qinglong raises on purpose."""
 

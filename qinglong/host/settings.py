@@ -31,7 +31,7 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 
 from qinglong.contracts.frozen import record
 from qinglong.contracts.diagnostics import redact
-from qinglong.contracts.errors import SettingsError, quoted
+from qinglong.contracts.errors import SettingsError, quoted_path
 
 from . import tomlfile
 from .profiles import ProfileDefinition, load_profile
@@ -418,12 +418,12 @@ def _read_toml(path: Path, named_by: str) -> dict[str, Any]:
     try:
         exists, regular = path.exists(), path.is_file()
     except OSError as exc:  # a name too long for the file system, say
-        raise SettingsError(f"settings file {quoted(str(path))} cannot be read (named by {named_by}): "
+        raise SettingsError(f"settings file {quoted_path(path)} cannot be read (named by {named_by}): "
                             f"{exc.strerror}") from None
     if not exists:
-        raise SettingsError(f"settings file {quoted(str(path))} does not exist (named by {named_by})")
+        raise SettingsError(f"settings file {quoted_path(path)} does not exist (named by {named_by})")
     if not regular:
-        raise SettingsError(f"settings file {quoted(str(path))} is not a regular file (named by {named_by})")
+        raise SettingsError(f"settings file {quoted_path(path)} is not a regular file (named by {named_by})")
     try:
         return tomlfile.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:

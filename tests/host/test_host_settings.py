@@ -73,6 +73,15 @@ def test_missing_settings_file_is_named_with_what_named_it(tmp_path, monkeypatch
         load_settings()
 
 
+def test_a_missing_settings_file_deep_in_a_tree_is_named_whole(tmp_path):
+    """Error quoting cut every value after 80 characters, paths too: a settings file in a deep
+    directory was named only by its first directories, never by the name that was wrong."""
+    deep = tmp_path.joinpath(*["level-of-a-deep-tree"] * 8)
+    with pytest.raises(SettingsError) as err:
+        load_settings(deep / "nope.toml")
+    assert repr(str(deep / "nope.toml")) in str(err.value)
+
+
 def test_malformed_toml_names_the_file_and_the_line(tmp_path):
     path = write(tmp_path, "[scheduler]\npage_size = \n")
     with pytest.raises(SettingsError, match=r"qinglong.toml is not valid TOML: .*line 2"):

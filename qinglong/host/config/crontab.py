@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Mapping
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from qinglong.contracts.errors import TriggerSpecError, UserError, quoted
+from qinglong.contracts.errors import TriggerSpecError, UserError, quoted_path
 
 from .locate import KeyLines
 
@@ -221,9 +221,9 @@ def import_crontab(path: str, *, project_id: str, providers: Mapping[str, Any],
         try:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
-            raise UserError(f"{quoted(path)}: cannot read the crontab: {exc.strerror}") from None
+            raise UserError(f"{quoted_path(path)}: cannot read the crontab: {exc.strerror}") from None
         except UnicodeDecodeError:
-            raise UserError(f"{quoted(path)}: not UTF-8 text") from None
+            raise UserError(f"{quoted_path(path)}: not UTF-8 text") from None
         source = path
     if system is None:
         resolved = str(Path(path).resolve()) if path != "-" else ""

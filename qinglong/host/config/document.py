@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from qinglong.contracts.frozen import record
 from qinglong.contracts.apply import FORMAT_VERSION, STORED, DesiredProject, ObjectKind, PlanRefused
-from qinglong.contracts.errors import UserError, quoted
+from qinglong.contracts.errors import UserError, quoted_path
 from qinglong.contracts.execution import EXECUTION_KEYS, ExecutionLimits, parse_execution_spec, spec_to_payload
 from qinglong.contracts.records import DEFAULT_MISFIRE_GRACE_MS, MisfirePolicy, TriggerDefinition
 from qinglong.contracts.store import check_identifier
@@ -339,7 +339,7 @@ def read_source(path: str) -> tuple[str, str, Path]:
         with open(path, "rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise UserError(f"{quoted(path)}: cannot read the file: {exc.strerror}") from None
+        raise UserError(f"{quoted_path(path)}: cannot read the file: {exc.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
         raise UserError(f"{path}: over {MAX_FILE_BYTES} bytes; split it")
     try:

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from qinglong.contracts.cli import whole_number
-from qinglong.contracts.errors import TriggerSpecError, UserError, quoted
+from qinglong.contracts.errors import TriggerSpecError, UserError, quoted_path
 from qinglong.contracts.jitter import MAX_JITTER_MS
 
 from .crontab import ImportResult, local_zone
@@ -258,9 +258,9 @@ def import_systemd_timer(path: str, *, project_id: str, providers: Mapping[str, 
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
-        raise UserError(f"{quoted(path)}: cannot read the timer: {exc.strerror}") from None
+        raise UserError(f"{quoted_path(path)}: cannot read the timer: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise UserError(f"{quoted(path)}: not UTF-8 text") from None
+        raise UserError(f"{quoted_path(path)}: not UTF-8 text") from None
     return parse_timer(text, path, file.stem, project_id=project_id, providers=providers,
                        timezone=timezone)
 
