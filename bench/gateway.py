@@ -102,15 +102,22 @@ class Ceiling:
         async def client(i: int) -> None:
             fence = (await gateway.open_session(f"ceiling{i}", [], self.max_running, 600_000)).fence
             self.sessions += 1
+            answered = None  # the wake-up the next claim answers
             while not self.done.is_set():
                 waiter = gateway.waiter()
-                claimed = await gateway.claim(fence, [new_lease_token() for _ in range(self.max_running)])
+                tokens = [new_lease_token() for _ in range(self.max_running)]
+                claimed = await gateway.claim(fence, tokens)
+                if answered is not None:
+                    answered.claimed(len(claimed), len(tokens))  # passed on if there may be more
+                    answered = None
                 if not claimed:
                     try:
                         await asyncio.wait_for(waiter.wait(), 1.0)
+                        answered = waiter
                     except asyncio.TimeoutError:
-                        pass
+                        waiter.discard()
                     continue
+                waiter.discard()
                 for attempt in claimed:
                     await gateway.started(fence, attempt.lease)
                     await gateway.complete(fence, attempt.lease, AttemptOutcome(

@@ -422,8 +422,12 @@ class WorkerGateway(WorkerProtocol, Protocol):
     async def identify(self, digest: bytes) -> WorkerRegistration | None: ...
 
     def waiter(self) -> Any:
-        """An ``asyncio.Event`` set when an Attempt may next have become claimable (taken before a
-        claim that found nothing, so no notification in between is missed)."""
+        """An awaitable flag (``wait()``, ``is_set()``, like ``asyncio.Event``) set when an Attempt
+        may next have become claimable (taken before a claim that found nothing, so no
+        notification in between is missed). A gateway may wake one waiter per notification
+        rather than all: its waiter then also offers ``claimed(taken, asked)``, told what the
+        claim after the wake-up took, and ``discard()``, called when it is no longer waited on,
+        so a wake-up not used goes on to another waiting claim."""
         ...
 
     async def check(self) -> list[str]:

@@ -65,6 +65,21 @@ def _lease(body: dict) -> Any:
 _PRESENTED: contextvars.ContextVar[str | None] = contextvars.ContextVar("presented_worker_token", default=None)
 
 
+def _report(waiter: Any, taken: int, asked: int) -> None:
+    """Tell a gateway's waiter what the claim after its wake-up took, where it wants to know
+    (a store's gateway may pass an unused wake-up on to another waiting claim)."""
+    claimed = getattr(waiter, "claimed", None)
+    if claimed is not None:
+        claimed(taken, asked)
+
+
+def _discard(waiter: Any) -> None:
+    """Let a gateway's waiter go (a wake-up it received and did not use goes on)."""
+    discard = getattr(waiter, "discard", None)
+    if discard is not None:
+        discard()
+
+
 def _busy() -> Response:
     return error_response(503, "worker_busy", f"at most {MAX_REQUESTS_PER_WORKER} requests of one worker "
                           "are served at once", headers={"Retry-After": "1"})
@@ -241,22 +256,36 @@ class GatewayService:
         wait_ms = min(self.max_claim_wait_ms, max(0, wire.field(body, "wait_ms", int, optional=True) or 0))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
-        while True:
-            woken = self.gateway.waiter() if wait_ms else None  # before the claim: no wake-up is missed
-            claimed = await self.gateway.claim(fence, tokens) if tokens else []
-            remaining = deadline - loop.time()
-            if claimed or woken is None or remaining <= 0:
-                return {"claimed": [wire.claimed_json(self._opened(c)) for c in claimed]}
-            self.waits += 1
-            try:
-                await asyncio.wait_for(woken.wait(), remaining)
-            except asyncio.TimeoutError:
-                return {"claimed": []}
-            presented = _PRESENTED.get()
-            if presented is None or await self.gateway.identify(presented) != worker:
-                # rotated, revoked or registered anew while it waited: what it would take now is
-                # no longer this token's to receive (its next request says why)
-                return {"claimed": []}
+        woken = answered = None  # answered: the wake-up the next claim answers (told what it took)
+        try:
+            while True:
+                woken = self.gateway.waiter() if wait_ms else None  # before the claim: no wake-up is missed
+                claimed = await self.gateway.claim(fence, tokens) if tokens else []
+                if answered is not None:
+                    # a wake-up that found nothing, or everything it asked for, goes on to another
+                    # waiting claim; the others stay waiting
+                    _report(answered, len(claimed), len(tokens))
+                    answered = None
+                remaining = deadline - loop.time()
+                if claimed or woken is None or remaining <= 0:
+                    return {"claimed": [wire.claimed_json(self._opened(c)) for c in claimed]}
+                self.waits += 1
+                try:
+                    await asyncio.wait_for(woken.wait(), remaining)
+                except asyncio.TimeoutError:
+                    return {"claimed": []}
+                answered, woken = woken, None
+                presented = _PRESENTED.get()
+                if presented is None or await self.gateway.identify(presented) != worker:
+                    # rotated, revoked or registered anew while it waited: what it would take now is
+                    # no longer this token's to receive (its next request says why)
+                    return {"claimed": []}
+        finally:
+            # a wake-up not answered by a claim (a timeout, a refusal, a failure, one that came
+            # while a claim that took something was running) is passed on, never lost
+            for waiter in (woken, answered):
+                if waiter is not None:
+                    _discard(waiter)
 
     async def started(self, worker: WorkerRegistration, body: dict) -> Any:
         reply = await self.gateway.started(_fence(body, worker.worker_id), _lease(body))

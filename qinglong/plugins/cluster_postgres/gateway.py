@@ -5,11 +5,20 @@ listener connection waiting on channel ``qinglong_claimable`` to wake waiting cl
 
 So the database sees ``pool_size + 1`` connections of the gateway however many workers there
 are; a worker host holds no database credential at all.
+
+A notification wakes ONE waiting claim, not every one: each woken claim is one statement on
+the pool, and 20 waiting workers all claiming for the one Run an admission notified queued 20
+claims (and their token checks) on 4 connections ahead of everything else. The woken claim
+reports what it took (:meth:`ClaimWaiter.claimed`): nothing (the Run may be for another
+worker's labels or projects) passes the wake-up to the next waiter, at most once around the
+waiters there were; all it asked for (more may be claimable) passes it on once more; less than
+it asked for ends it there. A waiter that leaves without claiming after its wake-up passes it on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import Any, Awaitable, Callable, Sequence
 
 import psycopg
@@ -63,6 +72,65 @@ ORDER BY 1, 2
 """
 
 
+class ClaimWaiter:
+    """One waiting claim's place in the gateway's queue of waiters (first come, first woken).
+
+    Set at most once, by a notification or a wake-up passed on. Whoever took it says what the
+    claim after the wake-up took (:meth:`claimed`) or that it leaves (:meth:`discard`), so a
+    wake-up it did not use goes on to the next waiter instead of being lost."""
+
+    __slots__ = ("_gateway", "_event", "_passes", "_settled", "_gone", "_queued")
+
+    def __init__(self, gateway: "PostgresWorkerGateway") -> None:
+        self._gateway = gateway
+        self._event = asyncio.Event()
+        #: once woken: how many more waiters a claim that finds nothing may pass the wake-up to
+        self._passes = 0
+        #: its wake-up was used (reported) or passed on
+        self._settled = False
+        #: it left (its place, if still queued, is skipped)
+        self._gone = False
+        #: its place is in the gateway's queue
+        self._queued = False
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> bool:
+        return await self._event.wait()
+
+    def _set(self, passes: int) -> None:
+        self._passes = passes
+        self._event.set()
+
+    def claimed(self, taken: int, asked: int) -> None:
+        """The claim after this wake-up took ``taken`` of the ``asked`` Attempts: nothing passes
+        the wake-up on (to the waiters not tried yet), everything asked passes it on once (there
+        may be more), anything between ends it (the store had no more for this claim)."""
+        self._leave()
+        if not self._event.is_set() or self._settled:
+            return
+        self._settled = True
+        if taken <= 0:
+            if self._passes > 0:
+                self._gateway._wake_one(self._passes - 1)
+        elif taken >= asked:
+            self._gateway._wake_one(0)
+
+    def discard(self) -> None:
+        """Leave the queue; a wake-up received and not reported is passed on as it came."""
+        self._leave()
+        if self._event.is_set() and not self._settled:
+            self._settled = True
+            self._gateway._wake_one(self._passes)
+
+    def _leave(self) -> None:
+        if not self._gone:
+            self._gone = True
+            if self._queued:
+                self._gateway._left()
+
+
 class PostgresWorkerGateway:
     """:class:`~qinglong.contracts.worker.WorkerGateway` over PostgreSQL."""
 
@@ -78,7 +146,13 @@ class PostgresWorkerGateway:
         for member in self._members:
             self._free.put_nowait(member)
         self._application_name = application_name
-        self._woken = asyncio.Event()
+        #: waiting claims, first come first woken (places of those gone are skipped, and
+        #: dropped once they outnumber the waiting)
+        self._waiting: collections.deque[ClaimWaiter] = collections.deque()
+        self._gone = 0
+        #: figures: notifications read, and waiters woken (by a notification or passed on)
+        self.notifications = 0
+        self.wakeups = 0
         self._listener: asyncio.Task | None = None
         self._listening = False
         self._closed = False
@@ -136,16 +210,58 @@ class PostgresWorkerGateway:
 
     # ------------------------------------------------------------------ waking claims
 
-    def waiter(self) -> asyncio.Event:
-        """An event set at the next notification that an Attempt became claimable (take it before
-        the claim that found nothing, so a notification in between is not missed)."""
+    def waiter(self) -> ClaimWaiter:
+        """A place in the queue of waiting claims, set when a notification (or a wake-up passed
+        on) reaches it. Take it before the claim that found nothing, so a notification in between
+        is not missed; report that claim's result or discard it (see :class:`ClaimWaiter`)."""
         if self._listener is None and not self._closed:
             self._listener = asyncio.create_task(self._listen())
-        return self._woken
+        waiter = ClaimWaiter(self)
+        if self._closed:
+            waiter._set(0)
+        else:
+            waiter._queued = True
+            self._waiting.append(waiter)
+        return waiter
 
-    def _wake(self) -> None:
-        woken, self._woken = self._woken, asyncio.Event()
-        woken.set()
+    def _left(self) -> None:
+        self._gone += 1
+        if self._gone > 64 and self._gone * 2 > len(self._waiting):
+            for waiter in self._waiting:
+                waiter._queued = not waiter._gone
+            self._waiting = collections.deque(w for w in self._waiting if not w._gone)
+            self._gone = 0
+
+    def _wake_one(self, passes: int) -> None:
+        """Wake the first waiter still waiting; ``passes``: how often a claim that finds nothing
+        may pass this wake-up on."""
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            waiter._queued = False
+            if waiter._gone:
+                self._gone -= 1
+                continue
+            if waiter.is_set():
+                continue
+            self.wakeups += 1
+            waiter._set(passes)
+            return
+
+    def _notified(self) -> None:
+        """A notification: one waiter claims; one that finds nothing passes it on, at most around
+        the waiters there are now."""
+        self.notifications += 1
+        self._wake_one(max(0, len(self._waiting) - self._gone - 1))
+
+    def _wake_all(self) -> None:
+        """Every waiter claims (the listener (re)started: what was admitted while nobody listened
+        is unknown; or the gateway closes)."""
+        waiting, self._waiting, self._gone = self._waiting, collections.deque(), 0
+        for waiter in waiting:
+            waiter._queued = False
+            if not waiter._gone and not waiter.is_set():
+                self.wakeups += 1
+                waiter._set(0)
 
     async def _listen(self) -> None:
         while not self._closed:
@@ -162,9 +278,9 @@ class PostgresWorkerGateway:
             try:
                 await conn.execute(f"LISTEN {CHANNEL}")
                 self._listening = True
-                self._wake()  # anything admitted while nobody listened is looked for now
+                self._wake_all()  # anything admitted while nobody listened is looked for now
                 async for _ in conn.notifies():
-                    self._wake()
+                    self._notified()
             except psycopg.Error:
                 pass
             finally:
@@ -225,7 +341,7 @@ class PostgresWorkerGateway:
                 pass
         for member in self._members:
             await member.close()
-        self._wake()
+        self._wake_all()
 
 
 async def create_worker_gateway(dsn: str, application_name: str, pool_size: int, *,
@@ -238,4 +354,4 @@ async def create_worker_gateway(dsn: str, application_name: str, pool_size: int,
     return PostgresWorkerGateway(dsn, application_name, pool_size, gateway_role=gateway_role)
 
 
-__all__ = ["CHANNEL", "PostgresWorkerGateway", "StoreUnavailable", "create_worker_gateway"]
+__all__ = ["CHANNEL", "ClaimWaiter", "PostgresWorkerGateway", "StoreUnavailable", "create_worker_gateway"]
