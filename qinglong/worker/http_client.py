@@ -24,6 +24,7 @@ import http.client
 import json
 import os
 import select
+import socket
 import ssl
 import stat
 import threading
@@ -102,6 +103,17 @@ class _Link:
             try:
                 conn.close()
             except Exception:
+                pass
+
+    def abort(self) -> None:
+        """End a request in flight (a claim waiting at the gateway): the thread blocked reading its
+        answer returns at once, so a stopping worker does not wait out the claim's wait."""
+        conn = self._conn
+        sock = conn.sock if conn is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
                 pass
 
     def _dropped(self) -> bool:
@@ -333,6 +345,8 @@ class HttpWorkerProtocol:
         await self._call("close_session", wire.fence_json(fence))
 
     async def close(self) -> None:
+        # after the session's close: whatever a waiting claim still takes is fenced or requeued
+        self._claims.abort()
         self._control.drop()
         self._claims.drop()
 
