@@ -307,12 +307,15 @@ class WorkerProtocol(Protocol):
 
     async def complete(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, *,
                        started: bool = True, log_missing_bytes: int = 0,
-                       own_stop: OwnStop | None = None) -> CompletionReply:
+                       own_stop: OwnStop | None = None, exit_age_ms: int | None = None) -> CompletionReply:
         """End the Attempt with ``outcome`` (``outcome.log_bytes`` must equal the bytes shipped)
         and apply the retry policy; ``started`` False when the process could not be spawned;
         ``log_missing_bytes``: bytes of the job's log that could not be shipped (the stored log
         is then marked incomplete); ``own_stop``: the stop request the worker made for this job
-        itself, if any (:class:`OwnStop`), recorded with the end."""
+        itself, if any (:class:`OwnStop`), recorded with the end; ``exit_age_ms``: how long before
+        this call the job exited, on the caller's clock (None: unknown): the Attempt's end is the
+        store's now minus it, never before the start, so its duration is the job's, not the drain
+        of its output that followed."""
         ...
 
     async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
@@ -342,7 +345,7 @@ class CombinedCompletion(Protocol):
 
     async def complete_and_claim(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome,
                                  tokens: Sequence[bytes], *, started: bool = True, log_missing_bytes: int = 0,
-                                 own_stop: OwnStop | None = None,
+                                 own_stop: OwnStop | None = None, exit_age_ms: int | None = None,
                                  ) -> tuple[CompletionReply, Sequence[ClaimedAttempt]]:
         """``complete``, then a claim of up to ``len(tokens)`` Attempts as ``claim`` makes it
         (never waiting), in one transaction: a refusal of either changes nothing and raises as

@@ -155,6 +155,15 @@ def own_stop_of(body: Mapping[str, Any]) -> OwnStop | None:
     return OwnStop(reason, age_ms)
 
 
+def exit_age_of(body: Mapping[str, Any]) -> int | None:
+    """The completion's ``exit_age_ms`` (how long before the call the job exited, on the worker's
+    clock), or None where the body has none (a worker of an earlier build: the end is the call's)."""
+    age_ms = field(body, "exit_age_ms", int, optional=True)
+    if age_ms is not None and age_ms < 0:
+        raise WireError("exit_age_ms: expected an integer >= 0")
+    return age_ms
+
+
 # ------------------------------------------------------------------------------ replies
 
 

@@ -167,13 +167,16 @@ class _Link:
 
 
 def _completion_body(fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, started: bool,
-                     log_missing_bytes: int, own_stop: OwnStop | None = None) -> dict[str, Any]:
+                     log_missing_bytes: int, own_stop: OwnStop | None = None,
+                     exit_age_ms: int | None = None) -> dict[str, Any]:
     """What ``complete`` sends (``complete_and_claim`` adds its tokens). ``own_stop`` only when
     there is one: a gateway of an earlier build ignores a key it does not read."""
     body = {**wire.fence_json(fence), "lease": wire.lease_json(lease), "outcome": wire.outcome_json(outcome),
             "started": bool(started), "log_missing_bytes": int(log_missing_bytes)}
     if own_stop is not None:
         body["own_stop"] = wire.own_stop_json(own_stop)
+    if exit_age_ms is not None:
+        body["exit_age_ms"] = max(0, int(exit_age_ms))
     return body
 
 
@@ -318,13 +321,13 @@ class HttpWorkerProtocol:
 
     async def complete(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, *,
                        started: bool = True, log_missing_bytes: int = 0,
-                       own_stop: OwnStop | None = None) -> CompletionReply:
+                       own_stop: OwnStop | None = None, exit_age_ms: int | None = None) -> CompletionReply:
         return wire.completion_of(await self._call("complete", _completion_body(
-            fence, lease, outcome, started, log_missing_bytes, own_stop)))
+            fence, lease, outcome, started, log_missing_bytes, own_stop, exit_age_ms)))
 
     async def complete_and_claim(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome,
                                  tokens: Sequence[bytes], *, started: bool = True, log_missing_bytes: int = 0,
-                                 own_stop: OwnStop | None = None,
+                                 own_stop: OwnStop | None = None, exit_age_ms: int | None = None,
                                  ) -> tuple[CompletionReply, list[ClaimedAttempt]]:
         """``complete``, and a claim with ``tokens`` for the slot it frees, in one request and one
         store transaction (a refusal of either changes nothing and is raised as ``complete``
@@ -333,7 +336,7 @@ class HttpWorkerProtocol:
         raises StoreUnavailable and the caller repeats the completion alone; what the lost answer
         claimed goes back to the queue when its lease, which no heartbeat renews, runs out."""
         answer = await self._call("complete_and_claim", {
-            **_completion_body(fence, lease, outcome, started, log_missing_bytes, own_stop),
+            **_completion_body(fence, lease, outcome, started, log_missing_bytes, own_stop, exit_age_ms),
             "tokens": [wire.b64(t) for t in tokens]}, resend=False)
         return wire.completion_and_claims_of(answer)
 

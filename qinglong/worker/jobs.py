@@ -90,6 +90,15 @@ def _own_stop(job: WorkerJob) -> OwnStop | None:
     return OwnStop(job.cancel, max(0, wall_clock_ms() - job.cancel_requested_at_ms))
 
 
+def _exit_age(outcome: AttemptOutcome) -> int | None:
+    """How long ago, on this worker's clock, the job exited (the store dates the Attempt's end
+    from it on its own clock, so the drain of the output after the exit is not the job's
+    duration); None without a noted end."""
+    if outcome.ended_at_ms is None:
+        return None
+    return max(0, wall_clock_ms() - outcome.ended_at_ms)
+
+
 class Jobs:
     """The claim loop and every job's task (see the module docstring)."""
 
@@ -453,6 +462,8 @@ class Jobs:
             free = core.slots() - len(core.jobs) + 1
             # only with one: a gateway or store of an earlier build is called as it was
             stop = {"own_stop": own} if (own := _own_stop(job)) is not None else {}
+            if (age := _exit_age(final)) is not None:
+                stop["exit_age_ms"] = age
             if (combined is not None and first and tries[0] == 1 and free > 0 and self._may_claim()
                     and core.session is not None and core.session.fence == job.fence):
                 reply, claimed = await combined(job.fence, job.claimed.lease, final,

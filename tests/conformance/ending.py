@@ -5,6 +5,7 @@ store really writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from qinglong.contracts.execution import AttemptOutcome, AttemptState, ProcessHandle
@@ -76,6 +77,41 @@ async def end_current_after_own_stop(h, run_id: str, result: AttemptOutcome, rea
         assert claimed.run_id == run_id, "end Runs in dispatch order (oldest first)"
         await protocol.started(session.fence, claimed.lease)
         await protocol.complete(session.fence, claimed.lease, result, own_stop=OwnStop(reason, 0))
+        await protocol.close_session(session.fence)
+    finally:
+        await protocol.close()
+
+
+async def end_current_after_drain(h, run_id: str, result: AttemptOutcome, ran_ms: int, drain_ms: int) -> None:
+    """Dispatch, start and end the Run's current Attempt with ``result``: its job exits ``ran_ms``
+    after its start, and its end is reported ``drain_ms`` later (the drain of its output): on
+    SQLite the dispatcher's record with the exit its wrapper noted, on PostgreSQL the worker's
+    completion stating how long ago the job exited."""
+    execution = getattr(h.backend, "execution", None)
+    if execution is not None:
+        from qinglong.contracts.execution import Actor
+
+        store = execution()
+        attempt = (await store.run_detail(run_id)).attempts[-1]
+        now = await h.now_ms()
+        assert await store.begin_dispatch(attempt.attempt_id, f"/logs/{attempt.attempt_id}",
+                                          now + 60_000, now)
+        assert await store.record_started(attempt.attempt_id, HANDLE, await h.now_ms())
+        await h.elapse(ran_ms)
+        exited = dataclasses.replace(result, ended_at_ms=await h.now_ms())
+        await h.elapse(drain_ms)
+        await store.record_finished(attempt.attempt_id, exited, await h.now_ms(), Actor.COMPLETION)
+        return
+    from qinglong.plugins.cluster_postgres.worker_client import PostgresWorkerProtocol
+
+    protocol = PostgresWorkerProtocol(h.dsn("qinglong_gateway"), "conformance worker")
+    try:
+        session = await protocol.open_session(f"w-{run_id[:8]}", [], 256, 600_000)
+        (claimed,) = await protocol.claim(session.fence, [os.urandom(32)])
+        assert claimed.run_id == run_id, "end Runs in dispatch order (oldest first)"
+        await protocol.started(session.fence, claimed.lease)
+        await h.elapse(ran_ms + drain_ms)
+        await protocol.complete(session.fence, claimed.lease, result, exit_age_ms=drain_ms)
         await protocol.close_session(session.fence)
     finally:
         await protocol.close()

@@ -123,3 +123,27 @@ def test_a_timeout_during_the_drain_leaves_what_orphans_leave_keeps(cluster, tmp
                 except ProcessLookupError:
                     continue
                 wait_until(lambda pid=int(line): not process_alive(pid), f"process {line} to be gone after KILL")
+
+
+def test_the_attempts_duration_is_the_jobs_not_the_drain_of_its_output(cluster, tmp_path, worker_gateway):
+    """The job exited at once, but a helper it left held its output open through the worker's
+    5 s drain: the cluster recorded the end when the completion arrived, a duration of 5 s where
+    the local profile records the job's own few milliseconds, so the operator was shown a job
+    five seconds long that never was."""
+    command = ["sh", "-c", "echo out; sleep 300 & exit 0"]
+    run_id = admit(cluster, publish_task(cluster, "drained", {"command": command, "timeout_ms": 3_600_000}))
+    worker = start_worker(worker_gateway, tmp_path, "w-drained", orphan_drain_ms=5_000)
+    try:
+        assert wait_run_state(cluster, run_id) == "succeeded"
+    finally:
+        worker.signal(signal.SIGTERM)
+        worker.wait()
+        worker.stop()
+    ((started, ended, reported),) = cluster.sql(
+        "SELECT a.started_at_ms, a.finished_at_ms, r.finished_at_ms FROM qinglong.attempts a "
+        "JOIN qinglong.runs r USING (run_id) WHERE a.run_id = %s", (run_id,))
+    assert reported - started >= 5_000, (started, reported)  # the completion came after the drain
+    assert 0 <= ended - started < 5_000, (started, ended, reported)
+    settings = write_settings(tmp_path / "cli.toml", cluster)
+    (attempt,) = cli_json(settings, "runs", "show", run_id)["attempts"]
+    assert attempt["duration_ms"] == ended - started, attempt

@@ -304,6 +304,9 @@ class GatewayService:
         own_stop = wire.own_stop_of(body)
         if own_stop is not None:  # stated for the Attempt the lease names: the store checks it is this worker's
             keywords["own_stop"] = own_stop
+        exit_age_ms = wire.exit_age_of(body)
+        if exit_age_ms is not None:  # the store dates the end on its own clock from it
+            keywords["exit_age_ms"] = exit_age_ms
         return (_fence(body, worker.worker_id), _lease(body), wire.outcome_of(body)), keywords
 
     async def complete(self, worker: WorkerRegistration, body: dict) -> Any:

@@ -311,19 +311,20 @@ class PostgresWorkerGateway:
 
     async def complete(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, *,
                        started: bool = True, log_missing_bytes: int = 0,
-                       own_stop: OwnStop | None = None) -> CompletionReply:
+                       own_stop: OwnStop | None = None, exit_age_ms: int | None = None) -> CompletionReply:
         return await self._with(lambda m: m.complete(fence, lease, outcome, started=started,
-                                                     log_missing_bytes=log_missing_bytes, own_stop=own_stop))
+                                                     log_missing_bytes=log_missing_bytes, own_stop=own_stop,
+                                                     exit_age_ms=exit_age_ms))
 
     async def complete_and_claim(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome,
                                  tokens: Sequence[bytes], *, started: bool = True, log_missing_bytes: int = 0,
-                                 own_stop: OwnStop | None = None,
+                                 own_stop: OwnStop | None = None, exit_age_ms: int | None = None,
                                  ) -> tuple[CompletionReply, Sequence[ClaimedAttempt]]:
         """``complete`` and ``claim`` in one transaction on one member (see
         :meth:`.worker_client.PostgresWorkerProtocol.complete_and_claim`)."""
         return await self._with(lambda m: m.complete_and_claim(fence, lease, outcome, tokens, started=started,
                                                                log_missing_bytes=log_missing_bytes,
-                                                               own_stop=own_stop))
+                                                               own_stop=own_stop, exit_age_ms=exit_age_ms))
 
     async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
         return await self._with(lambda m: m.complete_late(worker_id, lease, outcome))

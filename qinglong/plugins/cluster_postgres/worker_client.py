@@ -105,7 +105,7 @@ _SQL_APPEND = ("SELECT qinglong.worker_append_log(%s::text, %s::uuid, %s::bigint
 _SQL_COMPLETE = ("SELECT result, run_state, log_bytes_stored, next_attempt_no, next_not_before_ms FROM "
                  "qinglong.worker_complete(%s::text, %s::uuid, %s::bigint, %s::uuid, %s::bigint, %s::bytea, "
                  "%s::text, %s::integer, %s::integer, %s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint, "
-                 "%s::text, %s::bigint)")
+                 "%s::text, %s::bigint, %s::bigint)")
 _SQL_COMPLETE_LATE = ("SELECT result, run_state, log_bytes_stored, next_attempt_no, next_not_before_ms FROM "
                       "qinglong.worker_complete_late(%s::text, %s::uuid, %s::bigint, %s::bytea, %s::text, "
                       "%s::integer, %s::integer, %s::bigint, %s::bigint, %s::text)")
@@ -283,19 +283,20 @@ class PostgresWorkerProtocol:
 
     async def complete(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, *,
                        started: bool = True, log_missing_bytes: int = 0,
-                       own_stop: OwnStop | None = None) -> CompletionReply:
+                       own_stop: OwnStop | None = None, exit_age_ms: int | None = None) -> CompletionReply:
         row = await self._call("worker_complete", _SQL_COMPLETE,
-                               _completion_params(fence, lease, outcome, started, log_missing_bytes, own_stop))
+                               _completion_params(fence, lease, outcome, started, log_missing_bytes, own_stop,
+                                                  exit_age_ms))
         return _completion(row)
 
     async def complete_and_claim(self, fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome,
                                  tokens: Sequence[bytes], *, started: bool = True, log_missing_bytes: int = 0,
-                                 own_stop: OwnStop | None = None,
+                                 own_stop: OwnStop | None = None, exit_age_ms: int | None = None,
                                  ) -> tuple[CompletionReply, Sequence[ClaimedAttempt]]:
         """``complete``, then ``claim`` with ``tokens`` for the slot it frees, in ONE transaction
         sent at once: one round trip and one commit instead of two. A refusal of either undoes
         both and is raised as ``complete`` raises it."""
-        params = _completion_params(fence, lease, outcome, started, log_missing_bytes, own_stop)
+        params = _completion_params(fence, lease, outcome, started, log_missing_bytes, own_stop, exit_age_ms)
         token_list = [bytes(t) for t in tokens]
 
         async def send(conn: psycopg.AsyncConnection) -> tuple[Any, list[Any]]:
@@ -330,12 +331,14 @@ class PostgresWorkerProtocol:
 
 
 def _completion_params(fence: SessionFence, lease: LeaseFence, outcome: AttemptOutcome, started: bool,
-                       log_missing_bytes: int, own_stop: OwnStop | None) -> tuple[Any, ...]:
-    """``worker_complete``'s arguments (its form with the worker's own stop request)."""
+                       log_missing_bytes: int, own_stop: OwnStop | None,
+                       exit_age_ms: int | None) -> tuple[Any, ...]:
+    """``worker_complete``'s arguments (its form with the worker's own stop request and the age
+    of the job's exit)."""
     return (*_session(fence), *_lease(lease), outcome.state.value, outcome.exit_code, outcome.signal,
             int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason, bool(started),
             int(log_missing_bytes), None if own_stop is None else getattr(own_stop.reason, "value", own_stop.reason),
-            None if own_stop is None else int(own_stop.age_ms))
+            None if own_stop is None else int(own_stop.age_ms), None if exit_age_ms is None else int(exit_age_ms))
 
 
 def _completion(row: Sequence[Any]) -> CompletionReply:
