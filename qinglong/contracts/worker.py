@@ -318,12 +318,14 @@ class WorkerProtocol(Protocol):
         of its output that followed."""
         ...
 
-    async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
+    async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome, *,
+                            own_stop: OwnStop | None = None, exit_age_ms: int | None = None) -> CompletionReply:
         """End a started Attempt with the outcome its job really had, without a live session: the
         lease token proves it. Accepted while no other Attempt of the Run has been leased (the
         Attempt may have been ended ``lost`` meanwhile, and a retry waiting for its time is
         withdrawn), recorded as late; any other end stands (:class:`LeaseFenced`). The log is
-        what the store holds; ``outcome.log_bytes`` beyond it is recorded as a missing tail."""
+        what the store holds; ``outcome.log_bytes`` beyond it is recorded as a missing tail.
+        ``own_stop`` and ``exit_age_ms`` as for :meth:`complete`, under this call's fences."""
         ...
 
     async def close_session(self, fence: SessionFence) -> None:

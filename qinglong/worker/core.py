@@ -8,6 +8,7 @@ Every part runs on one event loop, so nothing here needs a lock.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -16,11 +17,19 @@ from typing import Any, Callable
 from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
 from qinglong.contracts.errors import StoreAuthFailed, StoreFailed
 from qinglong.contracts.execution import CancelReason, ExecutionSpec
-from qinglong.contracts.worker import ClaimedAttempt, FenceDeadlines, Session, SessionFence, WorkerProtocol
+from qinglong.contracts.worker import (
+    OWN_STOP_REASONS,
+    ClaimedAttempt,
+    FenceDeadlines,
+    Session,
+    SessionFence,
+    WorkerProtocol,
+)
 from qinglong.supervisor import Job, Supervisor, SupervisorStats, wall_clock_ms
 
 from .config import WorkerConfig
 from .fence import KeeperLink
+from .late import StoredStop, write_own_stop
 
 #: Between tries of a call that found the store unavailable, seconds.
 RETRY_S = 0.5
@@ -61,6 +70,9 @@ class WorkerJob(Job):
             return False
         self.cancel = reason
         self.cancel_requested_at_ms = wall_clock_ms()
+        if reason in OWN_STOP_REASONS and os.path.isdir(self.attempt_dir):
+            # before its signals: a restarted worker reports it with the job's outcome
+            write_own_stop(self.attempt_dir, StoredStop(reason, self.cancel_requested_at_ms))
         return True
 
 

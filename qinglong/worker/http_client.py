@@ -340,9 +340,15 @@ class HttpWorkerProtocol:
             "tokens": [wire.b64(t) for t in tokens]}, resend=False)
         return wire.completion_and_claims_of(answer)
 
-    async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
-        return wire.completion_of(await self._call("complete_late", {"lease": wire.lease_json(lease),
-                                                                     "outcome": wire.outcome_json(outcome)}))
+    async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome, *,
+                            own_stop: OwnStop | None = None, exit_age_ms: int | None = None) -> CompletionReply:
+        body: dict[str, Any] = {"lease": wire.lease_json(lease), "outcome": wire.outcome_json(outcome)}
+        # only when there are: a gateway of an earlier build ignores keys it does not read
+        if own_stop is not None:
+            body["own_stop"] = wire.own_stop_json(own_stop)
+        if exit_age_ms is not None:
+            body["exit_age_ms"] = max(0, int(exit_age_ms))
+        return wire.completion_of(await self._call("complete_late", body))
 
     async def close_session(self, fence: SessionFence) -> None:
         await self._call("close_session", wire.fence_json(fence))

@@ -55,7 +55,7 @@ from qinglong.supervisor import NO_COMMAND, missing_executor, start_failure, wal
 
 from .core import RETRY_S, WorkerCore, WorkerJob
 from .fence import SelfFence
-from .late import mark_reported, report_found, report_late, write_lease
+from .late import StoredStop, mark_reported, report_found, report_late, write_lease
 from .logship import log_size, ship_log
 from .session import Sessions
 
@@ -88,6 +88,13 @@ def _own_stop(job: WorkerJob) -> OwnStop | None:
     if job.cancel not in OWN_STOP_REASONS or job.cancel_requested_at_ms is None:
         return None
     return OwnStop(job.cancel, max(0, wall_clock_ms() - job.cancel_requested_at_ms))
+
+
+def _stored_stop(job: WorkerJob) -> StoredStop | None:
+    """The job's own stop request as a late report states it (see :func:`_own_stop`)."""
+    if job.cancel not in OWN_STOP_REASONS or job.cancel_requested_at_ms is None:
+        return None
+    return StoredStop(job.cancel, job.cancel_requested_at_ms)
 
 
 def _exit_age(outcome: AttemptOutcome) -> int | None:
@@ -373,7 +380,8 @@ class Jobs:
             outcome = self._own_end(job)
             if outcome is not None:
                 # it ended on its own before the lease was lost: the token still proves the outcome
-                await report_late(core, job.run_id, job.attempt_dir, job.claimed.lease, outcome)
+                await report_late(core, job.run_id, job.attempt_dir, job.claimed.lease, outcome,
+                                  _stored_stop(job))
                 return
             core.emit("info", "worker.job_forgotten", f"run {job.run_id}: its process ended; its outcome is "
                       "not this worker's to report", run_id=job.run_id, attempt_id=job.attempt_id)
@@ -527,4 +535,4 @@ class Jobs:
             return
         if started and not job.done:
             # the lease was lost while the outcome was being reported: the token still proves it
-            await report_late(core, job.run_id, job.attempt_dir, job.claimed.lease, outcome)
+            await report_late(core, job.run_id, job.attempt_dir, job.claimed.lease, outcome, _stored_stop(job))

@@ -6,12 +6,16 @@ Attempt's, so the worker reports it through ``complete_late``; the store accepts
 other Attempt of the Run has been leased, and records it as late.
 
 Before it spawns a job the worker writes the lease (``worker-lease``: the Attempt, its lease
-version and its token, mode 0600 in the private Attempt directory); once an outcome was
-accepted or definitely refused it writes ``worker-reported``. At start a worker looks through
+version and its token, mode 0600 in the private Attempt directory); when it takes up a stop
+request of its own (its timeout, its drain's shutdown) it writes ``worker-stop`` (the reason and
+when, before its signals); once an outcome was accepted or definitely refused it writes
+``worker-reported``. At start a worker looks through
 its log directory for Attempt directories with a lease, a receipt of a job that exited with a
 status, and no ``worker-reported``: the outcomes of the jobs its previous process did not
 report. A receipt of a job ended by a signal is not reported that way: the fence keeper sends
-those when the worker dies, so they say nothing about the job.
+those when the worker dies, so they say nothing about the job. A late report states the worker's
+own stop request and how long ago the job exited (from the receipt's end, on this host's clock),
+so the store keeps the request and dates the end as for a completion in time.
 """
 
 from __future__ import annotations
@@ -23,8 +27,23 @@ from typing import TYPE_CHECKING, Mapping
 
 from qinglong.contracts.frozen import record
 from qinglong.contracts.errors import StoreUnavailable
-from qinglong.contracts.execution import AttemptOutcome, AttemptState, Executor, ProcessState, classify_outcome
-from qinglong.contracts.worker import BadWorkerCall, CompletionResult, LeaseFence, LeaseFenced
+from qinglong.contracts.execution import (
+    AttemptOutcome,
+    AttemptState,
+    CancelReason,
+    Executor,
+    ProcessState,
+    classify_outcome,
+)
+from qinglong.contracts.worker import (
+    OWN_STOP_REASONS,
+    BadWorkerCall,
+    CompletionResult,
+    LeaseFence,
+    LeaseFenced,
+    OwnStop,
+)
+from qinglong.supervisor import wall_clock_ms
 
 from .logship import log_size
 from .retention import _ATTEMPT_DIR
@@ -34,6 +53,7 @@ if TYPE_CHECKING:
 
 LEASE_FILE = "worker-lease"
 REPORTED_FILE = "worker-reported"
+STOP_FILE = "worker-stop"
 #: Between tries of a late report the store did not answer, seconds.
 LATE_RETRY_S = 1.0
 #: Tries of one late report before it is left for the next start.
@@ -87,6 +107,49 @@ def read_lease(attempt_dir: str) -> StoredLease | None:
         os.close(fd)
 
 
+@record
+class StoredStop:
+    """A stop request the worker took up for its job itself (what ``worker-stop`` holds)."""
+
+    reason: CancelReason
+    #: when it was taken up, epoch ms on this host's clock (the receipt's end is on the same)
+    at_ms: int
+
+
+def write_own_stop(attempt_dir: str, stop: StoredStop) -> None:
+    """Keep the worker's own stop request beside the job's receipt, so a restarted worker reports
+    it with the outcome (best effort: without it the outcome is reported without the request)."""
+    path = os.path.join(attempt_dir, STOP_FILE)
+    scratch = f"{path}.{os.getpid()}"
+    try:
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, json.dumps({"reason": stop.reason.value, "at_ms": int(stop.at_ms)}).encode("ascii"))
+        finally:
+            os.close(fd)
+        os.replace(scratch, path)
+    except OSError:
+        pass
+
+
+def read_own_stop(attempt_dir: str) -> StoredStop | None:
+    """The stop request ``worker-stop`` holds, or None (none, or not one a worker makes)."""
+    try:
+        fd = os.open(os.path.join(attempt_dir, STOP_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = json.loads(os.read(fd, 4096).decode("ascii"))
+        reason, at_ms = CancelReason(data["reason"]), data["at_ms"]
+        if reason not in OWN_STOP_REASONS or not isinstance(at_ms, int) or isinstance(at_ms, bool):
+            return None
+        return StoredStop(reason, at_ms)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, OSError):
+        return None
+    finally:
+        os.close(fd)
+
+
 def mark_reported(attempt_dir: str) -> None:
     """Nothing more to report for this Attempt (best effort: a replay is answered already_done)."""
     try:
@@ -101,9 +164,10 @@ def reported(attempt_dir: str) -> bool:
     return os.path.lexists(os.path.join(attempt_dir, REPORTED_FILE))
 
 
-def found_outcome(executor: Executor, attempt_dir: str) -> AttemptOutcome | None:
+def found_outcome(executor: Executor, attempt_dir: str, stop: StoredStop | None = None) -> AttemptOutcome | None:
     """The outcome a restarted worker may report for a directory: its job ended and exited with
-    a status (see the module docstring), else None."""
+    a status (see the module docstring), else None; classified with the worker's own stop
+    request ``stop`` as the worker that took it up would have (an exit after it is the stop's)."""
     try:
         if executor.probe(attempt_dir, None) is not ProcessState.ENDED:
             return None
@@ -112,13 +176,16 @@ def found_outcome(executor: Executor, attempt_dir: str) -> AttemptOutcome | None
         return None
     if receipt is None or receipt.exit_code is None:
         return None
-    return classify_outcome(receipt, None)
+    if stop is None:
+        return classify_outcome(receipt, None)
+    return classify_outcome(receipt, stop.reason, requested_at_ms=stop.at_ms)
 
 
 async def report_late(core: "WorkerCore", run_id: str, attempt_dir: str, lease: LeaseFence,
-                      outcome: AttemptOutcome) -> bool:
-    """Report ``outcome`` through ``complete_late``; True when the store recorded it (or had).
-    A refusal (another Attempt started, or the Attempt ended otherwise) is final and reported."""
+                      outcome: AttemptOutcome, stop: StoredStop | None = None) -> bool:
+    """Report ``outcome`` through ``complete_late``, with the worker's own stop request ``stop``
+    and the age of the job's exit; True when the store recorded it (or had). A refusal (another
+    Attempt started, or the Attempt ended otherwise) is final and reported."""
     if outcome.state is AttemptState.LOST:
         return False
     final = outcome if outcome.log_bytes is not None else AttemptOutcome(
@@ -129,8 +196,15 @@ async def report_late(core: "WorkerCore", run_id: str, attempt_dir: str, lease: 
         if protocol is None:
             await asyncio.sleep(LATE_RETRY_S)
             continue
+        # ages on this host's clock at the call: the store dates both on its own
+        now = wall_clock_ms()
+        keywords: dict = {}
+        if stop is not None:
+            keywords["own_stop"] = OwnStop(stop.reason, max(0, now - stop.at_ms))
+        if final.ended_at_ms is not None:
+            keywords["exit_age_ms"] = max(0, now - final.ended_at_ms)
         try:
-            reply = await protocol.complete_late(core.config.worker_id, lease, final)
+            reply = await protocol.complete_late(core.config.worker_id, lease, final, **keywords)
         except StoreUnavailable as exc:
             core.store_down(exc)
             await asyncio.sleep(LATE_RETRY_S)
@@ -177,9 +251,10 @@ async def report_found(core: "WorkerCore", executors: Mapping[str, Executor]) ->
         if stored is None or stored.attempt_id != name:
             continue
         executor = executors.get(stored.executor)
-        outcome = found_outcome(executor, attempt_dir) if executor is not None else None
+        stop = read_own_stop(attempt_dir)
+        outcome = found_outcome(executor, attempt_dir, stop) if executor is not None else None
         if outcome is None:
             continue
-        if await report_late(core, stored.run_id, attempt_dir, stored.lease, outcome):
+        if await report_late(core, stored.run_id, attempt_dir, stored.lease, outcome, stop):
             recorded += 1
     return recorded

@@ -330,7 +330,14 @@ class GatewayService:
                 "claimed": [wire.claimed_json(self._opened(c)) for c in claimed]}
 
     async def complete_late(self, worker: WorkerRegistration, body: dict) -> Any:
-        reply = await self.gateway.complete_late(worker.worker_id, _lease(body), wire.outcome_of(body))
+        keywords: dict[str, Any] = {}
+        own_stop = wire.own_stop_of(body)
+        if own_stop is not None:  # the store checks the token proves this worker's Attempt
+            keywords["own_stop"] = own_stop
+        exit_age_ms = wire.exit_age_of(body)
+        if exit_age_ms is not None:
+            keywords["exit_age_ms"] = exit_age_ms
+        reply = await self.gateway.complete_late(worker.worker_id, _lease(body), wire.outcome_of(body), **keywords)
         return wire.completion_json(reply)
 
     async def close_session(self, worker: WorkerRegistration, body: dict) -> Any:

@@ -326,8 +326,10 @@ class PostgresWorkerGateway:
                                                                log_missing_bytes=log_missing_bytes,
                                                                own_stop=own_stop, exit_age_ms=exit_age_ms))
 
-    async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
-        return await self._with(lambda m: m.complete_late(worker_id, lease, outcome))
+    async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome, *,
+                            own_stop: OwnStop | None = None, exit_age_ms: int | None = None) -> CompletionReply:
+        return await self._with(lambda m: m.complete_late(worker_id, lease, outcome, own_stop=own_stop,
+                                                          exit_age_ms=exit_age_ms))
 
     async def close_session(self, fence: SessionFence) -> None:
         await self._with(lambda m: m.close_session(fence))

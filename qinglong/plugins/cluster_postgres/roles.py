@@ -124,8 +124,9 @@ EXPECTED_FUNCTIONS: dict[str, str | None] = {
 
 #: Functions shipped in more than one form (their argument lists; the fingerprint names each):
 #: ``worker_complete`` with and without the count of log bytes that could not be shipped, and with
-#: the worker's own stop request.
-FUNCTION_FORMS = {"worker_complete": 4}
+#: the worker's own stop request, and with the age of the job's exit; ``worker_complete_late``
+#: without and with the worker's own stop request and the age of the job's exit.
+FUNCTION_FORMS = {"worker_complete": 4, "worker_complete_late": 2}
 
 #: The settings every function of the schema runs with.
 FUNCTION_CONFIG = "search_path=" + ", ".join(PINNED_SEARCH_PATH)

@@ -108,7 +108,8 @@ _SQL_COMPLETE = ("SELECT result, run_state, log_bytes_stored, next_attempt_no, n
                  "%s::text, %s::bigint, %s::bigint)")
 _SQL_COMPLETE_LATE = ("SELECT result, run_state, log_bytes_stored, next_attempt_no, next_not_before_ms FROM "
                       "qinglong.worker_complete_late(%s::text, %s::uuid, %s::bigint, %s::bytea, %s::text, "
-                      "%s::integer, %s::integer, %s::bigint, %s::bigint, %s::text)")
+                      "%s::integer, %s::integer, %s::bigint, %s::bigint, %s::text, %s::text, %s::bigint, "
+                      "%s::bigint)")
 _SQL_CLOSE = "SELECT qinglong.worker_close_session(%s::text, %s::uuid, %s::bigint)"
 
 
@@ -310,10 +311,13 @@ class PostgresWorkerProtocol:
         row, rows = await self._exchange("worker_complete", send)
         return _completion(row), _claimed(rows, tokens)
 
-    async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome) -> CompletionReply:
+    async def complete_late(self, worker_id: str, lease: LeaseFence, outcome: AttemptOutcome, *,
+                            own_stop: OwnStop | None = None, exit_age_ms: int | None = None) -> CompletionReply:
         row = await self._call("worker_complete_late", _SQL_COMPLETE_LATE, (
             worker_id, *_lease(lease), outcome.state.value, outcome.exit_code, outcome.signal,
-            int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason))
+            int(outcome.log_bytes or 0), int(outcome.log_dropped_bytes or 0), outcome.reason,
+            None if own_stop is None else getattr(own_stop.reason, "value", own_stop.reason),
+            None if own_stop is None else int(own_stop.age_ms), None if exit_age_ms is None else int(exit_age_ms)))
         return _completion(row)
 
     async def close_session(self, fence: SessionFence) -> None:
