@@ -367,6 +367,29 @@ def test_a_create_refused_for_a_full_disk_leaves_no_database(small_filesystem, c
     assert sorted(p.name for p in small_filesystem.iterdir() if not p.name.startswith("fresh.db")) == []
 
 
+def test_a_create_through_a_dangling_symlink_refused_for_a_full_disk_leaves_no_database(small_filesystem,
+                                                                                         tmp_path):
+    """A database path that is a symlink to a file not made yet (a packaged default pointing
+    into a data partition) was created in place: refused for a full disk, it left an empty file
+    at the link's target that every later read took for an unmigrated database (exit 4). It is
+    made under a private name beside the target like any new database; once space is freed the
+    first publish makes it, and the link names it."""
+    target = small_filesystem / "data.db"
+    link = tmp_path / "q.db"
+    link.symlink_to(target)
+    _fill(small_filesystem)
+    try:
+        assert_refused(cli(link, "project", "create", "p1"), 5, link, "full")
+        assert sorted(p.name for p in small_filesystem.iterdir()) == ["filler"]
+        assert link.is_symlink() and os.readlink(link) == str(target)
+    finally:
+        (small_filesystem / "filler").unlink()
+    assert_refused(cli(link, "runs"), 3, link, "does not exist")
+    made = cli(link, "project", "create", "p1")
+    assert made.returncode == 0, made.stderr
+    assert link.is_symlink() and target.is_file() and _projects(target) == ["p1"]
+
+
 def test_publishers_racing_to_create_a_database_all_land_in_one_file(tmp_path):
     """A new database takes its name only once migrated, and never over one that appeared there
     meanwhile: publishers starting at once on a missing path must each find the one database

@@ -637,6 +637,8 @@ class SqliteStore:
         self._db_fd: int | None = None
         #: the private name of a new database until it is migrated and placed (see :meth:`place`)
         self._new: Path | None = None
+        #: the name it then takes: the path, or the target of a symlink to a file not made yet
+        self._final: Path | None = None
 
     def _check_path(self) -> Path:
         path = Path(self.path)
@@ -709,11 +711,14 @@ class SqliteStore:
                     raise self._unreadable(path, exc) from None
                 await self._connect(path, "ro&immutable=1", False)
             return
-        if create and not os.path.lexists(path):
+        if create and not os.path.exists(path):
             # A new database is made under a private name and appears under its own only once
             # migrated (:meth:`place`): a create refused midway (a full disk) leaves no empty
-            # file that every later read would take for an unmigrated database.
-            self._new = path.absolute().parent / f".{path.name}.new-{os.getpid()}-{os.urandom(4).hex()}"
+            # file that every later read would take for an unmigrated database. Through a
+            # symlink to a file not made yet, the name to take is the link's target.
+            final = Path(os.path.realpath(path)) if os.path.islink(path) else path.absolute()
+            self._final = final
+            self._new = final.parent / f".{final.name}.new-{os.getpid()}-{os.urandom(4).hex()}"
             await self._connect(self._new, "rwc", True)
             return
         await self._connect(path, "rwc" if create else "rw", create)
@@ -740,7 +745,7 @@ class SqliteStore:
 
         await self.call(settle)
         await self._disconnect()
-        final = Path(self.path).absolute()
+        final = self._final or Path(self.path).absolute()
         try:
             if any(os.path.getsize(f"{new}{suffix}") for suffix in ("-wal", "-journal")
                    if os.path.exists(f"{new}{suffix}")):
@@ -762,7 +767,7 @@ class SqliteStore:
         _discard(new)
         self._new = None
         _sync_directory(final.parent)
-        await self._connect(final, "rw", True)
+        await self._connect(Path(self.path).absolute(), "rw", True)
 
     def _refuse_other_names(self, path: Path) -> None:
         """Refuse to write a file with more than one name (hard links): SQLite keeps the WAL
