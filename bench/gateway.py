@@ -12,7 +12,10 @@
   ``admitted_at_ms``, both the database's clock; p50 and p99 after ``--warm-s``.
 * throughput: a backlog of ``--backlog`` queued no-op Runs (``true``), drained by 2 and 20 workers,
   and by the ceiling's clients: Runs completed per second (first claim to last completion,
-  database clock).
+  database clock). The backlog is held (``not_before_ms``) until every session is open, then
+  released with a notification: 20 worker processes starting on a small host take seconds of
+  CPU, and measured from the first worker's claim that start-up read as a slow drain
+  (``sessions_open_s`` says how long it took).
 * idle: ``--idle-workers`` simulated workers (threads, each its own registration, session and
   kept-alive connection) long-polling ``claim`` at one gateway with a pool of 4: the gateway
   role's database connections (``pg_stat_activity``) while they wait, and the claims served.
@@ -51,6 +54,8 @@ GATEWAY_ROLE = "qinglong_gateway"
 #: the edge floor: what bench/edge.py measures as the edge host's imports before its container
 EDGE_FLOOR_IMPORTS = "import pluggy, croniter, aiosqlite, pydantic_settings, dependency_injector.containers"
 TARGET_ABOVE_FLOOR_MIB = 4.0
+#: ``not_before_ms`` of the throughput backlog while the workers start (far in the future)
+HELD_UNTIL_MS = 2**62
 STARTED: list = []
 
 
@@ -202,14 +207,25 @@ def throughput(server, workdir: Path, path: str, n: int, *, backlog: int) -> dic
     reseed(dsns)
     drain_with_replicas(dsns, 2, backlog, 16)
     su = dsns["superuser"]
+    # held (not claimable) until every worker's session is open: 20 workers importing on a small
+    # host would otherwise be measured as a slow drain (their start-up, not the gateway's work)
+    sql(su, f"UPDATE qinglong.attempts SET not_before_ms = {HELD_UNTIL_MS} WHERE state = 'claimed' "
+            "AND not_before_ms IS NULL")
+    began = time.monotonic()
     gateway, pool = _pool(path, server, dsns, workdir, f"tp-{path}-{n}-", n, max_running=4)
     watched = [w for w in pool if not isinstance(w, Ceiling)]
+    _wait("every worker's session open", lambda: sql(su, "SELECT count(*) FROM qinglong.worker_sessions "
+                                                        "WHERE closed_at_ms IS NULL")[0][0] >= n, 300, watched)
+    sessions_open_s = time.monotonic() - began
+    sql(su, f"UPDATE qinglong.attempts SET not_before_ms = NULL WHERE not_before_ms = {HELD_UNTIL_MS}")
+    sql(su, "SELECT pg_notify('qinglong_claimable', '')")  # as an admission wakes the waiting claims
     _wait(f"{backlog} Runs finished", lambda: sql(
         su, f"SELECT count(*) FROM qinglong.runs WHERE state IN {TERMINAL_SQL}")[0][0] >= backlog, 1800, watched)
     _stop(gateway, pool)
     done, span = _completion_span(su)
     return {"path": path, "workers": n, "backlog": backlog, "succeeded": done,
-            "completed_per_s": round(done / span, 1) if span else None}
+            "completed_per_s": round(done / span, 1) if span else None,
+            "sessions_open_s": round(sessions_open_s, 1)}
 
 
 def idle_connections(server, workdir: Path, workers: int, *, hold_s: float) -> dict:
