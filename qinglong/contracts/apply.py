@@ -367,15 +367,16 @@ def validate_desired(desired: DesiredProject, providers: Mapping[str, Any], limi
     ``skip`` triggers; ``leased`` says the store's claims have a lease (the cluster).
     """
     from .errors import TriggerSpecError, UnknownTriggerKind
-    from .store import (check_enabled, check_identifier, check_misfire_grace, check_task_payload,
-                        misfire_policy_of, validate_definition)
+    from .store import (check_enabled, check_identifier, check_misfire_grace, check_project_name,
+                        check_task_payload, misfire_policy_of, validate_definition)
 
     project_id = desired.project_id
     check_identifier("project_id", project_id)
-    if desired.name is not None and (not isinstance(desired.name, str) or not desired.name
-                                     or len(desired.name) > 200 or not desired.name.isprintable()):
-        raise PlanRefused(project_id, ObjectKind.PROJECT, project_id, "name",
-                          "expected 1 to 200 printable characters")
+    if desired.name is not None:
+        try:
+            check_project_name(desired.name)
+        except UserError as exc:
+            raise PlanRefused(project_id, ObjectKind.PROJECT, project_id, "name", str(exc)) from None
     for task_id, payload in desired.tasks.items():
         try:
             check_identifier("task_id", task_id)

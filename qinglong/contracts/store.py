@@ -41,6 +41,10 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_SPEC_BYTES = 4 * 1024
 MAX_COMMAND_BYTES = 4 * 1024
 MAX_JSON_DEPTH = 32
+#: A project's display name: at most this many printable characters (its id is an identifier).
+MAX_PROJECT_NAME_CHARS = 200
+#: A task's description (the payload's ``description`` text): at most this many characters.
+MAX_DESCRIPTION_CHARS = 4096
 
 
 @record
@@ -395,6 +399,19 @@ def check_identifier(label: str, value: str) -> None:
         )
 
 
+def check_project_name(name: Any) -> str:
+    """A project's display name: 1 to :data:`MAX_PROJECT_NAME_CHARS` printable characters.
+    Checked by every publisher before it writes, so the CLI, the API and ``apply`` refuse it in
+    the same words. (A lone surrogate is not printable.)"""
+    if not isinstance(name, str) or not name or not name.isprintable():
+        raise UserError(f"invalid project name {quoted(name)}: expected 1 to {MAX_PROJECT_NAME_CHARS} "
+                        "printable characters")
+    if len(name) > MAX_PROJECT_NAME_CHARS:  # longer than the quote: it says how long
+        raise UserError(f"invalid project name {quoted(name)}: expected at most {MAX_PROJECT_NAME_CHARS} "
+                        "characters")
+    return name
+
+
 def skip_grace_floor_ms(limits: SchedulerLimits, *, leased: bool) -> int:
     """The smallest misfire grace a ``skip`` trigger may declare under ``limits``.
 
@@ -433,13 +450,18 @@ def check_task_payload(task_id: str, payload: Any) -> str:
     """Refuse a task payload every publisher must refuse; return its canonical JSON.
 
     A payload is a mapping of plain JSON (see :func:`check_json_value`) of at most
-    :data:`MAX_PAYLOAD_BYTES`. Called by every publisher before it writes anything, so the API
-    refuses what the CLI refuses, in the same words.
+    :data:`MAX_PAYLOAD_BYTES`, its ``description`` text at most :data:`MAX_DESCRIPTION_CHARS`.
+    Called by every publisher before it writes anything, so the API refuses what the CLI refuses,
+    in the same words.
     """
     from .errors import payload_not_a_table
 
     if not isinstance(payload, Mapping):
         raise payload_not_a_table(task_id, payload)
+    description = payload.get("description")
+    if isinstance(description, str) and len(description) > MAX_DESCRIPTION_CHARS:
+        raise UserError(f"task {quoted(task_id)}: description: expected at most {MAX_DESCRIPTION_CHARS} "
+                        f"characters, got {len(description)}")
     return check_json_value(f"task {quoted(task_id)}: payload", dict(payload), MAX_PAYLOAD_BYTES)
 
 

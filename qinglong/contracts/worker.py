@@ -52,7 +52,7 @@ from dataclasses import field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from .frozen import record
-from .errors import QinglongError
+from .errors import QinglongError, quoted
 from .execution import LABEL_PATTERN as _LABEL_PATTERN
 from .execution import MAX_LABELS as _MAX_LABELS
 from .execution import AttemptOutcome, CancelReason, ExecutionSpec, RunState
@@ -447,11 +447,14 @@ def check_registration(worker_id: str, labels: Sequence[str], projects: Sequence
 
     if (not isinstance(worker_id, str) or not 1 <= len(worker_id) <= MAX_WORKER_ID_CHARS
             or any(ord(ch) < 32 or ord(ch) == 127 for ch in worker_id)):
-        raise BadWorkerCall(f"worker id: expected 1-{MAX_WORKER_ID_CHARS} characters without control characters")
-    if len(labels) > MAX_LABELS or any(not isinstance(label, str) or not re.match(LABEL_PATTERN, label)
-                                       for label in labels):
+        # a value over the quote's 80 characters is quoted with its length
+        raise BadWorkerCall(f"worker id: expected 1-{MAX_WORKER_ID_CHARS} characters without control characters "
+                            f"(got {quoted(worker_id)})")
+    bad = [label for label in labels if not isinstance(label, str) or not re.match(LABEL_PATTERN, label)]
+    if len(labels) > MAX_LABELS or bad:
+        got = f"got {quoted(bad[0])}" if bad else f"got {len(labels)}"
         raise BadWorkerCall(f"labels: expected at most {MAX_LABELS}, each 1-64 characters of letters, "
-                            "digits and _ . : = / -")
+                            f"digits and _ . : = / - ({got})")
     from .store import check_identifier
 
     for project in projects:

@@ -249,7 +249,7 @@ def specs(draw: st.DrawFn, limits: ExecutionLimits = CONTRACT_LIMITS) -> Executi
         retry=retry,
         idempotent=draw(st.booleans()),
         log_limit_bytes=draw(st.integers(0, limits.max_log_limit_bytes)),
-        executor=draw(_text.filter(lambda t: bool(t) and t.isprintable())),
+        executor=draw(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", fullmatch=True)),
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import field
 from typing import Any, Mapping, Sequence
 
 from ..frozen import record
-from ..errors import UserError, quoted
+from ..errors import QUOTE_LIMIT, UserError, quoted
 from ..secrets import SEALED_PREFIX
 
 
@@ -101,6 +101,8 @@ EXECUTION_KEYS = ("command", "env", "working_dir", "timeout_ms", "concurrency", 
 #: Environment variable names a task may not set: the ones the executor sets for each Attempt.
 _RESERVED_ENV_PREFIXES = ("QINGLONG_",)
 _MAX_ENV_ENTRIES = 256
+#: The longest environment variable name a task may set.
+MAX_ENV_NAME_CHARS = 128
 
 
 def _refuse(task_id: str, key: str, expected: str, value: Any = None, *, show: bool = True) -> UserError:
@@ -184,6 +186,9 @@ def parse_execution_spec(task_id: str, payload: Mapping[str, Any],
             shown = name.split("=", 1)[0] + "=..." if isinstance(name, str) and "=" in name else name
             raise _refuse(task_id, "env", "variable names of letters, digits and _ not starting "
                           "with a digit", shown)
+        if len(name) > MAX_ENV_NAME_CHARS:
+            raise UserError(f"task {quoted(task_id)}: env: variable name {quoted(name)}: expected at most "
+                            f"{MAX_ENV_NAME_CHARS} characters")  # over the quote's length: it says how many
         if name.startswith(_RESERVED_ENV_PREFIXES):
             raise UserError(f"task {task_id!r}: env.{name}: names starting with QINGLONG_ are set "
                             "by the executor")
@@ -271,14 +276,29 @@ def parse_execution_spec(task_id: str, payload: Mapping[str, Any],
                      payload.get("log_limit_bytes",
                                  min(limits.default_log_limit_bytes, limits.max_log_limit_bytes)),
                      0, limits.max_log_limit_bytes)
-    executor = payload.get("executor", limits.default_executor)
-    if (not isinstance(executor, str) or not executor or not executor.isprintable()
-            or not _is_unicode(executor)):
-        raise _refuse(task_id, "executor", "the name of an executor", executor)
+    executor = check_executor_name(task_id, payload.get("executor", limits.default_executor))
     labels = parse_labels(payload.get("labels", []),
                           lambda expected, value: _refuse(task_id, "labels", expected, value))
     return ExecutionSpec(tuple(command), env, working_dir, timeout_ms, concurrency, retry,
                          idempotent, log_limit, executor, labels)
+
+
+def check_executor_name(task_id: str, name: Any) -> str:
+    """An executor's name as a task states it: shaped like an identifier (1-64 ASCII letters,
+    digits, ``-``, ``_``, ``.``, starting with a letter or digit), as executor plugins are named.
+    Whether it exists is not checked: it may exist only where the task runs (a worker)."""
+    from ..store import check_identifier
+
+    try:
+        check_identifier("executor", name)
+    except UserError:
+        # a name longer than the quote is shown with its length already
+        length = (f", {len(name)} characters" if isinstance(name, str) and 64 < len(name) <= QUOTE_LIMIT
+                  else "")
+        raise UserError(f"task {quoted(task_id)}: executor: expected the name of an executor, 1-64 ASCII "
+                        f"letters, digits, '-', '_' or '.', starting with a letter or digit (got "
+                        f"{quoted(name)}{length})") from None
+    return name
 
 
 #: What a label may be: what a worker offers and a task requires (``gpu``, ``zone=eu-1``).
@@ -371,4 +391,5 @@ def masked_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
 
 __all__ = ["ConcurrencyMode", "ConcurrencyPolicy", "RetryPolicy", "ExecutionSpec", "ExecutionLimits",
            "CONTRACT_LIMITS", "EXECUTION_KEYS", "parse_execution_spec", "LABEL_PATTERN", "MAX_LABELS",
+           "MAX_ENV_NAME_CHARS", "check_executor_name",
            "parse_labels", "spec_to_payload", "masked_payload", "keep_env_values"]

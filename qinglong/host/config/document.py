@@ -38,7 +38,7 @@ from qinglong.contracts.apply import FORMAT_VERSION, STORED, DesiredProject, Obj
 from qinglong.contracts.errors import UserError, quoted_path
 from qinglong.contracts.execution import EXECUTION_KEYS, ExecutionLimits, parse_execution_spec, spec_to_payload
 from qinglong.contracts.records import DEFAULT_MISFIRE_GRACE_MS, MisfirePolicy, TriggerDefinition
-from qinglong.contracts.store import check_identifier
+from qinglong.contracts.store import check_identifier, check_project_name
 
 from .. import tomlfile
 from .locate import KeyLines, locate_keys
@@ -375,8 +375,10 @@ def load_document(text: str, source: str, sources: EnvSources, limits: Execution
         name = raw.get("name")
         if name is not None:
             name = checker.string(name, [*path, "name"])
-            if not name or len(name) > 200 or not name.isprintable():
-                raise doc.error([*path, "name"], "expected 1 to 200 printable characters")
+            try:
+                check_project_name(name)
+            except UserError as exc:
+                raise doc.error([*path, "name"], str(exc)) from None
         tasks = {task_id: checker.task(project_id, task_id, item)
                  for task_id, item in checker.table(raw.get("tasks", {}), [*path, "tasks"]).items()}
         triggers: dict[str, TriggerDefinition] = {}

@@ -29,7 +29,8 @@ from qinglong.contracts.errors import (
     project_not_found,
 )
 from qinglong.contracts.records import DEFAULT_MISFIRE_GRACE_MS, MisfirePolicy, TriggerDefinition
-from qinglong.contracts.store import MAX_JSON_DEPTH, MAX_PAYLOAD_BYTES, check_identifier, check_json_value
+from qinglong.contracts.store import (MAX_JSON_DEPTH, MAX_PAYLOAD_BYTES, check_identifier, check_json_value,
+                                     check_project_name, check_task_payload)
 from qinglong.contracts.tokens import CURRENT_AUDIT, AuditEntry, AuditScope
 
 from .. import views
@@ -239,6 +240,8 @@ class ApiService:
         project_id = _field(body, "project_id", str)
         name = _field(body, "name", str, required=False)
         check_identifier("project_id", project_id)
+        if name is not None:
+            check_project_name(name)
         project = await self._audited(principal, request, "project.create", project_id,
                                       lambda: self.backend.publisher().create_project(project_id, name))
         return JSONResponse(views.project_json(project), status_code=201)
@@ -306,6 +309,7 @@ class ApiService:
         stated = {key: value for key, value in payload.items() if key not in EXECUTION_KEYS}
         stated.update(spec_to_payload(spec))
         check_json_value("the task payload", stated, MAX_PAYLOAD_BYTES)
+        check_task_payload(task_id, stated)  # the publisher's own refusals, before any audit entry
         task = await self._audited(principal, request, "task.put", f"{project_id}/{task_id}",
                                    lambda: self.backend.publisher().put_task(project_id, task_id, stated))
         return JSONResponse({"project_id": task.project_id, "task_id": task.task_id,

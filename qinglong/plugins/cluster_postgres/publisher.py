@@ -67,6 +67,7 @@ from qinglong.contracts.store import (
     check_enabled,
     check_identifier,
     check_misfire_grace,
+    check_project_name,
     check_task_payload,
     misfire_policy_of,
     validate_definition,
@@ -170,7 +171,7 @@ class ClusterPublisher:
     async def create_project(self, project_id: str, name: str | None = None) -> ProjectRecord:
         """Create an active project; :class:`AlreadyExists` if the identifier is taken."""
         check_identifier("project_id", project_id)
-        display = name if name is not None else project_id
+        display = check_project_name(name) if name is not None else project_id
 
         async def body(conn):
             row = await _one(conn, query("insert_project"), {"project_id": project_id, "name": display})

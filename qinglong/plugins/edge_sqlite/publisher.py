@@ -48,6 +48,7 @@ from qinglong.contracts.store import (
     check_enabled,
     check_identifier,
     check_misfire_grace,
+    check_project_name,
     check_task_payload,
     misfire_policy_of,
     validate_definition,
@@ -290,7 +291,7 @@ class SqlitePublisher:
     async def create_project(self, project_id: str, name: str | None = None) -> ProjectRecord:
         """Create an active project; :class:`AlreadyExists` if the id is taken."""
         check_identifier("project_id", project_id)
-        label = project_id if name is None else str(name)
+        label = project_id if name is None else check_project_name(name)
         now = self._context.clock_ms()
 
         def write(conn: sqlite3.Connection) -> ProjectRecord:
