@@ -159,6 +159,13 @@ class StoreFailed(StoreUnavailable):
     as a store that is not what this version expects (never 5, which callers wait out)."""
 
 
+class StoreNotReady(StoreFailed):
+    """The store behind a worker gateway is not what this version expects (a worker function
+    missing, its EXECUTE revoked, the schema gone): the gateway's ``503 schema_not_ready``, as a
+    worker receives it. Like :class:`StoreFailed`, the same call fails the same way until an
+    operator fixes the store: an error, and a call tried again only after a growing pause."""
+
+
 class StoreReadOnly(StoreUnavailable):
     """The store can be read but not written (a read-only file, directory or server)."""
 
@@ -241,6 +248,7 @@ HTTP_STATUSES: tuple[tuple[type[BaseException], int, str], ...] = (
     (StoreMissing, 503, "unavailable"),
     (UserError, 422, "invalid"),
     (SchemaNotReady, 503, "schema_not_ready"),
+    (StoreNotReady, 503, "schema_not_ready"),
     (CheckFailed, 422, "invalid"),
     (StoreFailed, 500, "store_failed"),
     (StoreUnavailable, 503, "unavailable"),

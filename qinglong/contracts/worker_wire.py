@@ -6,8 +6,9 @@ means which refusal. A worker never names its own id: the gateway takes it from 
 
 Answers: 200 with the reply; 409 ``session_fenced`` (``reason``: replaced, expired, closed) or
 ``lease_fenced``; 400 ``bad_worker_call``; 507 ``log_refused``; 503 ``store_unavailable`` (try the
-same call again); 500 ``store_failed`` or ``internal`` (a defect of the store or the gateway: the
-worker reports it as an error and tries again only after a growing pause); 401 an unknown,
+same call again); 503 ``schema_not_ready`` (a worker function missing or its EXECUTE revoked) and
+500 ``store_failed`` or ``internal`` (a defect of the store or the gateway): the worker reports
+each as an error and tries again only after a growing pause; 401 an unknown,
 revoked or missing token; 429 too many failed authentications.
 """
 
@@ -17,7 +18,7 @@ import base64
 import uuid
 from typing import Any, Mapping
 
-from .errors import StoreFailed, StoreUnavailable
+from .errors import StoreFailed, StoreNotReady, StoreUnavailable
 from .execution import AttemptOutcome, AttemptState, CancelReason, RunState
 from .worker import (
     OWN_STOP_REASONS,
@@ -268,6 +269,9 @@ def refusal_of(status: int, body: Mapping[str, Any]) -> Exception:
         return LogRefused(message)
     if code == "bad_worker_call" or status == 400:
         return BadWorkerCall(message)
+    if code == "schema_not_ready":
+        # the store is not what this version expects: it stays so until an operator acts
+        return StoreNotReady(f"the gateway answered {status}: {message}")
     if code == "store_failed" or status == 500:
         # a defect behind the gateway: the same call fails the same way, so it is no outage
         return StoreFailed(f"the gateway answered {status}: {message}")

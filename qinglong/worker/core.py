@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
-from qinglong.contracts.errors import StoreAuthFailed, StoreFailed
+from qinglong.contracts.errors import StoreAuthFailed, StoreFailed, StoreNotReady
 from qinglong.contracts.execution import CancelReason, ExecutionSpec
 from qinglong.contracts.worker import (
     OWN_STOP_REASONS,
@@ -184,6 +184,15 @@ class WorkerCore:
                 self._auth_reported = exc
                 self.emit("error", "worker.auth_failed", f"the store refuses this worker's login; retrying "
                           f"with a growing pause: {exc}", jobs=len(self.jobs))
+            return
+        if isinstance(exc, StoreNotReady):
+            # the store is not what this version expects (a function missing or not executable
+            # by the gateway): an error until an operator fixes it, sent again after a pause
+            if self._failed_reported is not exc:
+                self._failed_reported = exc
+                self.emit("error", "worker.schema_not_ready", f"the store behind the gateway is not ready "
+                          f"for a call (not what this version expects); retrying after a growing pause: {exc}",
+                          jobs=len(self.jobs))
             return
         if isinstance(exc, StoreFailed):
             # a defect behind the gateway, not an outage: an error each time it is sent and

@@ -13,8 +13,9 @@ after is raised (the worker repeats the completion alone). The token is sent onl
 Authorization header and never appears in an error; a 401 re-reads the token file once (a rotated
 token), and a token still refused is not sent again before a pause that doubles at each refusal.
 A 500 (the store failed the call: a defect, not an outage) raises
-:class:`~qinglong.contracts.errors.StoreFailed`, and that call is not sent again before a pause
-that doubles at each failure.
+:class:`~qinglong.contracts.errors.StoreFailed`, a 503 ``schema_not_ready`` (a worker function
+missing or its EXECUTE revoked) :class:`~qinglong.contracts.errors.StoreNotReady`, and that call
+is not sent again before a pause that doubles at each failure.
 """
 
 from __future__ import annotations
@@ -285,7 +286,7 @@ class HttpWorkerProtocol:
             raise StoreUnavailable(f"{self.target}: too many failed authentications from this address")
         refusal = wire.refusal_of(status, answer)
         if isinstance(refusal, StoreFailed):
-            refusal = StoreFailed(f"{self.target}: {name}: {refusal}")
+            refusal = type(refusal)(f"{self.target}: {name}: {refusal}")
             pause = failed[2] if failed is not None else FAILED_BACKOFF_S
             self._failed[name] = (refusal, loop.time() + pause, min(FAILED_BACKOFF_MAX_S, pause * 2))
         raise refusal

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 
 from qinglong.contracts import worker_wire as wire
 from qinglong.contracts.diagnostics import DiagnosticEvent
-from qinglong.contracts.errors import SecretsError, StoreFailed, StoreUnavailable
+from qinglong.contracts.errors import SchemaNotReady, SecretsError, StoreFailed, StoreUnavailable
 from qinglong.contracts.secrets import opened_env_payload
 from qinglong.contracts.worker import (
     CombinedCompletion,
@@ -171,6 +171,12 @@ class GatewayService:
                         self._serving[found.worker_id] = left
                 self._store_away = False
                 return answer
+            except SchemaNotReady as exc:
+                # a worker function missing or its EXECUTE revoked: not an outage and not the
+                # worker's fault; said as an error each time, answered as the API's table says
+                self._schema_not_ready(exc, call.__name__, worker_id)
+                return error_response(503, "schema_not_ready", f"the store behind the gateway is not "
+                                      f"ready for this call ({call.__name__}); the API tier's diagnostics say why")
             except StoreFailed as exc:
                 # a defect, not an outage: said as an error each time, and never as a 503 the
                 # worker would wait out as one (its words are for the operator, not the caller)
@@ -195,6 +201,15 @@ class GatewayService:
                         self._identifying[presented] = left
 
         return handler
+
+    def _schema_not_ready(self, exc: SchemaNotReady, name: str, worker_id: str | None) -> None:
+        """Say which call found the store not ready and why, each time (its words name the
+        store's function and SQLSTATE, never a token or a password)."""
+        if self.diagnostics is not None:
+            fields = {"call": name} if worker_id is None else {"call": name, "worker_id": worker_id}
+            self.diagnostics.emit(DiagnosticEvent("error", "gateway.schema_not_ready",
+                                                  f"the store is not ready for the worker call {name}: {exc}",
+                                                  fields))
 
     def _store_failed(self, exc: StoreFailed, name: str, worker_id: str | None) -> None:
         """Say which call the store failed and why, each time (its words name the store's
