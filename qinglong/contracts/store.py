@@ -45,6 +45,8 @@ MAX_JSON_DEPTH = 32
 MAX_PROJECT_NAME_CHARS = 200
 #: A task's description (the payload's ``description`` text): at most this many characters.
 MAX_DESCRIPTION_CHARS = 4096
+#: The most projects a token or a worker registration may be limited to.
+MAX_GRANTED_PROJECTS = 256
 
 
 @record
@@ -397,6 +399,15 @@ def check_identifier(label: str, value: str) -> None:
             f"invalid {label} {quoted(value)}: expected 1-64 ASCII letters, digits, '-', '_' or '.', "
             "starting with a letter or digit"
         )
+
+
+def check_granted_projects(label: str, projects: Sequence[str]) -> None:
+    """The projects a token or a worker registration is limited to: each an identifier, at most
+    :data:`MAX_GRANTED_PROJECTS` of them (``label`` names the field in the refusal)."""
+    if len(set(projects)) > MAX_GRANTED_PROJECTS:
+        raise UserError(f"{label}: expected at most {MAX_GRANTED_PROJECTS} projects, got {len(set(projects))}")
+    for project in projects:
+        check_identifier("project_id", project)
 
 
 def check_project_name(name: Any) -> str:

@@ -455,10 +455,9 @@ def check_registration(worker_id: str, labels: Sequence[str], projects: Sequence
         got = f"got {quoted(bad[0])}" if bad else f"got {len(labels)}"
         raise BadWorkerCall(f"labels: expected at most {MAX_LABELS}, each 1-64 characters of letters, "
                             f"digits and _ . : = / - ({got})")
-    from .store import check_identifier
+    from .store import check_granted_projects
 
-    for project in projects:
-        check_identifier("project_id", project)
+    check_granted_projects("projects", projects)
     if not isinstance(capacity, int) or not 1 <= capacity <= MAX_SESSION_CAPACITY:
         raise BadWorkerCall(f"capacity: expected 1 to {MAX_SESSION_CAPACITY}")
 

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from qinglong.contracts.capabilities import TokenBackend
 from qinglong.contracts.errors import UserError
-from qinglong.contracts.store import check_identifier
+from qinglong.contracts.store import check_granted_projects
 from qinglong.contracts.tokens import (
     AuditEntry,
     TokenRecord,
@@ -40,8 +40,7 @@ async def create_token(store: TokenStore, name: str, scope: str, projects: Seque
     """A new token and its secret (shown once; only its digest is stored), with its audit entry."""
     check_token_name(name)
     check_scope(scope)
-    for project in projects:
-        check_identifier("project_id", project)
+    check_granted_projects("token projects", projects)
     if expires_in_ms is not None and not 0 < expires_in_ms <= MAX_EXPIRY_MS:
         raise UserError("--expires: expected a duration from 1s to 3650d")
     at = now_ms()

@@ -59,6 +59,20 @@ def test_an_overlong_name_or_text_is_refused_by_the_cli_and_writes_nothing(edge_
     assert store_dump(edge_store / "qinglong.db") == before
 
 
+def test_a_token_limited_to_more_projects_than_the_bound_is_refused(edge_store):
+    """A token could be limited to any number of projects (one ``--project`` per argument), each
+    kept in its row and read at every request. Over 256 it is refused with the count given, and
+    no token is made."""
+    before = store_dump(edge_store / "qinglong.db")
+    args = ["token", "create", "wide", "--scope", "read"]
+    for n in range(300):
+        args += ["--project", f"p{n}"]
+    result = run_cli(args, cwd=edge_store)
+    assert result.returncode == 3, (result.returncode, result.stderr[-600:])
+    assert "token projects: expected at most 256 projects, got 300" in result.stderr, result.stderr
+    assert store_dump(edge_store / "qinglong.db") == before
+
+
 @pytest.mark.parametrize("executor", ["a b", "-x", "gpu\tpool", "ex/ec"])
 def test_an_executor_name_must_be_shaped_like_an_identifier(edge_store, executor):
     """An executor name of any printable text was stored (spaces, a leading dash, a slash): no
@@ -132,13 +146,16 @@ def test_the_api_and_the_remote_cli_refuse_an_overlong_value_and_change_nothing(
             ("PUT", "/api/v1/projects/ops/tasks/job",
              {"payload": {"command": ["true"], "description": "d" * LONG}}, "at most 4096 characters"),
         ]
+        requests.append(("POST", "/api/v1/tokens", {"name": "wide", "scope": "read",
+                                                    "projects": [f"p{n}" for n in range(300)]},
+                         "at most 256 projects, got 300"))
         for method, path, body, limit in requests:
             status, answer, _ = client.request(method, path, body)
             assert status == 422, (path, status, answer)
             assert answer["error"]["code"] == "invalid", answer
             message = answer["error"]["message"]
             assert limit in message and len(message) < 500, message
-            if "a b" not in str(body):
+            if "a b" not in str(body) and "tokens" not in path:
                 assert _length_given(message) >= 300, message
         assert store_dump(db) == before
 
