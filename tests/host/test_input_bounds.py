@@ -22,6 +22,8 @@ CLI_OVERLONG = [
      "at most 128 characters"),
     (("task", "put", "ops", "x", "--payload", '{"description": "%s"}' % ("d" * LONG), "--", "true"),
      "description:", "at most 4096 characters"),
+    (("task", "run", "ops", "backup", "--idempotency-key", "k" * LONG), "--idempotency-key:",
+     "at most 200 characters"),
 ]
 
 
@@ -41,7 +43,7 @@ def edge_store(tmp_path):
 
 
 @pytest.mark.parametrize("args, field, limit", CLI_OVERLONG, ids=["project-name", "executor", "env-name",
-                                                                  "description"])
+                                                                  "description", "idempotency-key"])
 def test_an_overlong_name_or_text_is_refused_by_the_cli_and_writes_nothing(edge_store, args, field, limit):
     """A 5,000-character executor name was stored and printed whole by ``task show``, a
     5,000-character project name was accepted (an ``apply`` file refused it over 200): text of
@@ -149,11 +151,15 @@ def test_the_api_and_the_remote_cli_refuse_an_overlong_value_and_change_nothing(
         requests.append(("POST", "/api/v1/tokens", {"name": "wide", "scope": "read",
                                                     "projects": [f"p{n}" for n in range(300)]},
                          "at most 256 projects, got 300"))
+        requests.append(("POST", "/api/v1/projects/ops/tasks/job/runs", None, "at most 200 characters"))
         for method, path, body, limit in requests:
-            status, answer, _ = client.request(method, path, body)
+            headers = {"Idempotency-Key": "k" * LONG} if path.endswith("/runs") else None
+            status, answer, _ = client.request(method, path, body, headers=headers)
             assert status == 422, (path, status, answer)
             assert answer["error"]["code"] == "invalid", answer
             message = answer["error"]["message"]
+            if headers is not None:
+                assert answer["error"]["field"] == "Idempotency-Key", answer
             assert limit in message and len(message) < 500, message
             if "a b" not in str(body) and "tokens" not in path:
                 assert _length_given(message) >= 300, message

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Protocol, Sequence, runtime_checkable
 
 from ..frozen import record
-from ..errors import UserError
+from ..errors import UserError, quoted
 from .outcomes import CancelReason
 from .states import AttemptState, RunState
 from .store import RunDetail, RunSkipView, RunSummary
@@ -120,10 +120,27 @@ def run_state_filter(state: "RunState | str | None") -> "RunState | None":
                         f"{', '.join(s.value for s in RunState)}") from None
 
 
+#: The longest idempotency key of a manual Run (``task run --idempotency-key``, the API's
+#: ``Idempotency-Key`` header), in characters.
+MAX_MANUAL_KEY_CHARS = 200
+
+
+def check_manual_key(label: str, key: object) -> str:
+    """An idempotency key of a manual Run: 1 to :data:`MAX_MANUAL_KEY_CHARS` printable
+    characters, refused in the same words by the CLI, the API and every store (``label`` names
+    the option, the header or the argument)."""
+    if not isinstance(key, str) or not key or not key.isprintable():
+        raise UserError(f"{label}: expected 1 to {MAX_MANUAL_KEY_CHARS} printable characters (got {quoted(key)})")
+    if len(key) > MAX_MANUAL_KEY_CHARS:  # longer than the quote: it says how long
+        raise UserError(f"{label}: expected at most {MAX_MANUAL_KEY_CHARS} characters (got {quoted(key)})")
+    return key
+
+
 def manual_idempotency_key(key: str) -> str:
     """``ql3:manual:v1:<key>``: the key of a manual Run."""
     return f"ql3:manual:v1:{key}"
 
 
 __all__ = ["StoredLogState", "RunControl", "run_state_filter", "manual_idempotency_key", "WorkerView",
+           "MAX_MANUAL_KEY_CHARS", "check_manual_key",
            "ListsWorkers", "worker_state", "free_slots"]

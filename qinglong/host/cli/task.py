@@ -361,9 +361,10 @@ def cmd_task_show(args: argparse.Namespace) -> int:
 
 def cmd_task_run(args: argparse.Namespace) -> int:
     """Admit a manual Run of the task now (once per idempotency key)."""
+    from qinglong.contracts.execution import check_manual_key
+
     key = args.idempotency_key if args.idempotency_key is not None else str(uuid.uuid4())
-    if not key or len(key) > 200 or not key.isprintable():
-        raise UserError("--idempotency-key: expected 1 to 200 printable characters")
+    check_manual_key("--idempotency-key", key)
     container = container_of(args)
 
     async def go(backend: Any) -> tuple[str, bool]:

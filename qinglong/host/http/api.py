@@ -332,9 +332,13 @@ class ApiService:
             raise BodyError("one Idempotency-Key header, not several", "Idempotency-Key")
         import uuid
 
+        from qinglong.contracts.execution import check_manual_key
+
         key = keys[0] if keys else str(uuid.uuid4())
-        if not key or len(key) > 200 or not key.isprintable():
-            raise BodyError("Idempotency-Key: expected 1 to 200 printable characters", "Idempotency-Key")
+        try:
+            check_manual_key("Idempotency-Key", key)
+        except UserError as exc:
+            raise BodyError(str(exc), "Idempotency-Key") from None
         store = self._execution()
         if store is None:
             raise UserError(f"`task run` needs a profile that runs Runs locally (edge or standalone); the "

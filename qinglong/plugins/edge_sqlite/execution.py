@@ -68,6 +68,7 @@ from qinglong.contracts.execution import (
     RunSummary,
     cancel_words,
     check_run_transition,
+    check_manual_key,
     manual_idempotency_key,
     parse_execution_spec,
     retry_decision,
@@ -88,9 +89,6 @@ MAX_PRUNE_BATCH = 500
 
 #: How many parsed execution specs the store remembers (revisions never change once published).
 _SPEC_CACHE_BOUND = 256
-
-#: The longest idempotency key a manual Run accepts.
-MAX_MANUAL_KEY_CHARS = 200
 
 def _utc(ms: int) -> str:
     """An instant as an operator reads it (UTC, to the second)."""
@@ -453,9 +451,7 @@ class SqliteExecutionStore:
         :class:`~qinglong.contracts.errors.UserError`, a key that admitted a Run of another task
         :class:`~qinglong.contracts.errors.AlreadyExists` (naming neither that Run nor its
         project: keys are one space for every project); none writes anything."""
-        if not isinstance(key, str) or not key or "\0" in key or len(key) > MAX_MANUAL_KEY_CHARS:
-            raise UserError(f"idempotency key: expected 1 to {MAX_MANUAL_KEY_CHARS} characters "
-                            "without NUL")
+        check_manual_key("idempotency key", key)
         full_key = key if key.startswith(manual_idempotency_key("")) else manual_idempotency_key(key)
 
         def work(conn: sqlite3.Connection) -> tuple[str, bool]:
