@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import pluggy
 
 from qinglong.contracts.diagnostics import DiagnosticSink
-from qinglong.contracts.errors import PluginLoadError
+from qinglong.contracts.errors import PluginLoadError, quoted
 from qinglong.contracts.execution import ExecutorSpec
 from qinglong.contracts.hookspecs import (
     ENTRY_POINT_GROUP,
@@ -402,13 +402,26 @@ class PluginHost:
             "two plugins provide scheduler backend {key}: {first} and {second}")
 
     def executor_specs(self) -> dict[str, ExecutorSpec]:
-        """Executors by name; two of one name are refused, naming both plugins."""
+        """Executors by name; two of one name are refused, naming both plugins, and so is a name
+        no task could state (a task's executor is shaped like an identifier)."""
+        from qinglong.contracts.errors import UserError
+        from qinglong.contracts.execution import check_executor_name
+
+        def named(plugin_name: str, spec: ExecutorSpec) -> None:
+            try:
+                check_executor_name("-", spec.name)
+            except UserError:
+                raise PluginLoadError(
+                    f"plugin {self._owner_label(plugin_name)} provides executor {quoted(spec.name)}, which no "
+                    "task can name: expected 1-64 ASCII letters, digits, '-', '_' or '.', starting with a "
+                    "letter or digit") from None
+
         return self._unique(
             "qinglong_executors", "an ExecutorSpec (name, create)",
             lambda spec: (isinstance(spec, ExecutorSpec) and isinstance(spec.name, str) and bool(spec.name)
                           and callable(spec.create)),
             lambda spec: spec.name,
-            "two plugins provide executor {key}: {first} and {second}; disable one of them")
+            "two plugins provide executor {key}: {first} and {second}; disable one of them", named)
 
     def worker_protocol_specs(self) -> dict[str, Any]:
         """Worker protocols by name; two of one name are refused, naming both plugins."""

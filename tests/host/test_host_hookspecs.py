@@ -233,6 +233,36 @@ def test_hook_qinglong_executors_refuses_two_plugins_offering_one_name(site, mon
     assert '"null" (acme-null 0.1.0)' in str(err.value) and '"rival" (acme-rival 0.1.0)' in str(err.value)
 
 
+MISNAMED_EXECUTOR_PLUGIN = '''
+from qinglong.contracts.execution import ExecutorSpec
+from qinglong.contracts.hookspecs import hookimpl
+
+
+@hookimpl
+def qinglong_executors():
+    return [ExecutorSpec(name="acme gpu pool", create=lambda context: None)]
+'''
+
+
+def test_hook_qinglong_executors_refuses_a_name_no_task_can_state(site, monkeypatch):
+    """A task names its executor with an identifier (``--executor NAME`` is refused otherwise):
+    an executor offered as ``acme gpu pool`` would be loaded and could never run a task, silently.
+    Refused at load, naming the plugin and the name."""
+    from qinglong.contracts.errors import PluginLoadError
+
+    site.add_distribution("acme-misnamed", {"acme_misnamed.py": MISNAMED_EXECUTOR_PLUGIN},
+                          {"misnamed": "acme_misnamed"})
+    monkeypatch.syspath_prepend(str(site.root))
+    monkeypatch.delitem(importlib.sys.modules, "acme_misnamed", raising=False)
+    importlib.invalidate_caches()
+    host = PluginHost()
+    host.load(["misnamed"])
+    with pytest.raises(PluginLoadError) as err:
+        host.executor_specs()
+    assert "provides executor 'acme gpu pool', which no task can name" in str(err.value), err.value
+    assert '"misnamed" (acme-misnamed 0.1.0)' in str(err.value), err.value
+
+
 WORKER_PROTOCOL_PLUGIN = '''
 from qinglong.contracts.hookspecs import hookimpl
 from qinglong.contracts.worker import WorkerProtocolSpec
