@@ -391,10 +391,9 @@ def check_identifier(label: str, value: str) -> None:
     """Identifiers are 1-64 ASCII letters, digits, ``-``, ``_`` and ``.``, starting with a letter or
     digit (so ``-x`` is never read as an option, and ``.``/``..`` never as a path); no ``:``."""
     from .errors import UserError
+    from .names import is_identifier
 
-    if not isinstance(value, str) or not value or len(value) > 64 or not value.isascii() or not all(
-        c.isalnum() or c in "-_." for c in value
-    ) or not value[0].isalnum():
+    if not is_identifier(value):
         raise UserError(
             f"invalid {label} {quoted(value)}: expected 1-64 ASCII letters, digits, '-', '_' or '.', "
             "starting with a letter or digit"

@@ -287,17 +287,15 @@ def check_executor_name(task_id: str, name: Any) -> str:
     """An executor's name as a task states it: shaped like an identifier (1-64 ASCII letters,
     digits, ``-``, ``_``, ``.``, starting with a letter or digit), as executor plugins are named.
     Whether it exists is not checked: it may exist only where the task runs (a worker)."""
-    from ..store import check_identifier
+    from ..names import is_identifier
 
-    try:
-        check_identifier("executor", name)
-    except UserError:
+    if not is_identifier(name):
         # a name longer than the quote is shown with its length already
         length = (f", {len(name)} characters" if isinstance(name, str) and 64 < len(name) <= QUOTE_LIMIT
                   else "")
         raise UserError(f"task {quoted(task_id)}: executor: expected the name of an executor, 1-64 ASCII "
                         f"letters, digits, '-', '_' or '.', starting with a letter or digit (got "
-                        f"{quoted(name)}{length})") from None
+                        f"{quoted(name)}{length})")
     return name
 
 
