@@ -76,6 +76,23 @@ def _events_settled(db) -> bool:
         conn.close()
 
 
+def _add_nightly(settings, plane) -> None:
+    """Add the trigger ``ops/nightly`` and wait until the running plane has computed its first
+    fire time: a dump taken before that would see the scheduler's write as the attack's."""
+    import sqlite3
+
+    cli(settings, "trigger", "add", "ops", "nightly", "--task", "job", "--cron", "0 0 1 1 *")
+
+    def scheduled() -> bool:
+        conn = sqlite3.connect(f"file:{settings.parent / 'q.db'}?mode=ro", uri=True)
+        try:
+            row = conn.execute("SELECT next_fire_at_ms FROM trigger_schedules WHERE trigger_id = 'nightly'").fetchone()
+        finally:
+            conn.close()
+        return row is not None and row[0] is not None
+    wait_until(scheduled, "the plane to schedule the new trigger", timeout=60, every=0.1, alive=plane.process)
+
+
 def _unchanged(settings, before):
     assert store_dump(settings.parent / "q.db") == before, "the store changed"
 
@@ -428,7 +445,7 @@ def test_a_taken_trigger_id_does_not_name_a_project_the_token_cannot_see(attacke
     refused; a refusal naming that project would let one team's token enumerate the other teams'
     projects and triggers id by id. Refused 409 without the name, and nothing changes."""
     plane, settings, tokens, before = attacked
-    cli(settings, "trigger", "add", "ops", "nightly", "--task", "job", "--cron", "0 0 1 1 *")
+    _add_nightly(settings, plane)
     cli(settings, "task", "put", "web", "site", "--", "true")
     before = store_dump(settings.parent / "q.db")
     client = Client(plane.port, tokens["web"])
@@ -452,7 +469,7 @@ def test_a_body_key_the_route_does_not_know_is_refused_by_name(attacked):
     key, and nothing is made or changed."""
     plane, settings, tokens, before = attacked
     admin = make_token(settings, "root", "admin")
-    cli(settings, "trigger", "add", "ops", "nightly", "--task", "job", "--cron", "0 0 1 1 *")
+    _add_nightly(settings, plane)
     before = store_dump(settings.parent / "q.db")
     client = Client(plane.port, admin)
     try:
