@@ -32,11 +32,11 @@ def _browser(*args: str, cwd) -> subprocess.CompletedProcess[str]:
 def test_status_page_shows_schedules_runs_exit_codes_and_skips_escaped_on_a_phone(tmp_path):
     """An operator on call opens the page on a phone: a missing table, a Run's exit code not shown,
     or a skip not listed hides why a job did not do its work; a value rendered as markup (a task's
-    executor name in a failure reason) lets whoever publishes tasks inject HTML into it."""
+    program name in a failure reason) lets whoever publishes tasks inject HTML into it."""
     settings = write_settings(tmp_path)
     cli(settings, "project", "create", "ops")
     cli(settings, "task", "put", "ops", "exit3", "--", "sh", "-c", "exit 3")
-    cli(settings, "task", "put", "ops", "odd", "--executor", INJECTED, "--", "true")
+    cli(settings, "task", "put", "ops", "odd", "--", INJECTED)  # a program no machine has
     cli(settings, "trigger", "add", "ops", "late", "--task", "exit3", "--cron", "* * * * * *",
         "--misfire", "skip", "--grace-ms", "1500")
     cli(settings, "task", "run", "ops", "odd")
