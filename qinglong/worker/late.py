@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from qinglong.contracts.frozen import record
 from qinglong.contracts.errors import StoreUnavailable
@@ -78,33 +78,47 @@ def write_lease(attempt_dir: str, run_id: str, attempt_no: int, executor: str, l
     body = json.dumps({"run_id": run_id, "attempt_id": lease.attempt_id, "attempt_no": attempt_no,
                        "executor": executor, "lease_version": lease.lease_version,
                        "token": lease.token.hex()})
-    path = os.path.join(attempt_dir, LEASE_FILE)
+    _write_private(os.path.join(attempt_dir, LEASE_FILE), body, sync=True)
+
+
+def _write_private(path: str, body: str, *, sync: bool) -> None:
+    """Write ``body`` to ``path`` (0600, never through a link) by a scratch file renamed over it,
+    so a reader sees the old file or the new one whole."""
     scratch = f"{path}.{os.getpid()}"
     fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, body.encode("ascii"))
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(scratch, path)
 
 
-def read_lease(attempt_dir: str) -> StoredLease | None:
-    """The lease written before the spawn, or None (none, or not readable as one)."""
+def _read_private(path: str) -> Any:
+    """The JSON ``path`` holds (never read through a link), or None if it cannot be read as JSON."""
     try:
-        fd = os.open(os.path.join(attempt_dir, LEASE_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        data = json.loads(os.read(fd, 4096).decode("ascii"))
+        return json.loads(os.read(fd, 4096).decode("ascii"))
+    except ValueError:  # UnicodeDecodeError is one
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_lease(attempt_dir: str) -> StoredLease | None:
+    """The lease written before the spawn, or None (none, or not readable as one)."""
+    data = _read_private(os.path.join(attempt_dir, LEASE_FILE))
+    try:
         return StoredLease(str(data["run_id"]), str(data["attempt_id"]), int(data["attempt_no"]),
                            str(data["executor"]),
                            LeaseFence(str(data["attempt_id"]), int(data["lease_version"]),
                                       bytes.fromhex(data["token"])))
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+    except (ValueError, KeyError, TypeError):
         return None
-    finally:
-        os.close(fd)
 
 
 @record
@@ -119,15 +133,9 @@ class StoredStop:
 def write_own_stop(attempt_dir: str, stop: StoredStop) -> None:
     """Keep the worker's own stop request beside the job's receipt, so a restarted worker reports
     it with the outcome (best effort: without it the outcome is reported without the request)."""
-    path = os.path.join(attempt_dir, STOP_FILE)
-    scratch = f"{path}.{os.getpid()}"
     try:
-        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, json.dumps({"reason": stop.reason.value, "at_ms": int(stop.at_ms)}).encode("ascii"))
-        finally:
-            os.close(fd)
-        os.replace(scratch, path)
+        _write_private(os.path.join(attempt_dir, STOP_FILE),
+                       json.dumps({"reason": stop.reason.value, "at_ms": int(stop.at_ms)}), sync=False)
     except OSError:
         pass
 
@@ -135,19 +143,13 @@ def write_own_stop(attempt_dir: str, stop: StoredStop) -> None:
 def read_own_stop(attempt_dir: str) -> StoredStop | None:
     """The stop request ``worker-stop`` holds, or None (none, or not one a worker makes)."""
     try:
-        fd = os.open(os.path.join(attempt_dir, STOP_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        data = json.loads(os.read(fd, 4096).decode("ascii"))
+        data = _read_private(os.path.join(attempt_dir, STOP_FILE))
         reason, at_ms = CancelReason(data["reason"]), data["at_ms"]
-        if reason not in OWN_STOP_REASONS or not isinstance(at_ms, int) or isinstance(at_ms, bool):
-            return None
-        return StoredStop(reason, at_ms)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, OSError):
+    except (ValueError, KeyError, TypeError, OSError):
         return None
-    finally:
-        os.close(fd)
+    if reason not in OWN_STOP_REASONS or not isinstance(at_ms, int) or isinstance(at_ms, bool):
+        return None
+    return StoredStop(reason, at_ms)
 
 
 def mark_reported(attempt_dir: str) -> None:
