@@ -33,7 +33,7 @@ from typing import Any, Sequence
 from urllib.parse import urlsplit
 
 from qinglong.contracts import worker_wire as wire
-from qinglong.contracts.errors import SettingsError, StoreAuthFailed, StoreFailed, StoreUnavailable
+from qinglong.contracts.errors import SettingsError, StoreAuthFailed, StoreFailed, StoreUnavailable, quoted
 from qinglong.contracts.execution import AttemptOutcome
 from qinglong.contracts.worker import (
     ClaimedAttempt,
@@ -194,7 +194,7 @@ class HttpWorkerProtocol:
         except ValueError:
             parts = None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SettingsError(f"[worker] url: expected http(s)://host[:port] of the API tier, got {url[:100]!r}")
+            raise SettingsError(f"[worker] url: expected http(s)://host[:port] of the API tier, got {quoted(url)}")
         self.target = f"{parts.scheme}://{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
         self._scheme, self._host = parts.scheme, parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)

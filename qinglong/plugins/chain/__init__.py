@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from qinglong.contracts.chain import AFTER_KIND, CHAIN_ON
 from qinglong.contracts.diagnostics import DiagnosticEvent
-from qinglong.contracts.errors import TriggerSpecError
+from qinglong.contracts.errors import TriggerSpecError, quoted
 from qinglong.contracts.event_sources import AT_START_KIND, EventSourceContext
 from qinglong.contracts.hookspecs import ComponentPhase, hookimpl
 from qinglong.contracts.hooks import (DEFAULT_PER_MINUTE, DEFAULT_WINDOW_S, HOOK_KIND, MAX_SECRET_CHARS,
@@ -187,7 +187,7 @@ def _hook_spec(given: Mapping[str, str], current: Mapping[str, Any] | None) -> M
         if text is not None:
             value = whole_number(text)
             if value is None:
-                raise UserError(f"--hook-{key.replace('_', '-')}: expected a whole number, got {text[:20]!r}")
+                raise UserError(f"--hook-{key.replace('_', '-')}: expected a whole number, got {quoted(text)}")
             spec[key] = value
     return spec
 
