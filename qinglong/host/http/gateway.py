@@ -80,6 +80,21 @@ def _discard(waiter: Any) -> None:
         discard()
 
 
+def _stated(body: dict) -> dict[str, Any]:
+    """What a completion may state besides its outcome, as the gateway's keywords: the worker's own
+    stop and the time since the job's exit, each only when sent (a gateway of an earlier build
+    takes neither). The store checks each against the Attempt the lease names and dates the end
+    on its own clock."""
+    stated: dict[str, Any] = {}
+    own_stop = wire.own_stop_of(body)
+    if own_stop is not None:
+        stated["own_stop"] = own_stop
+    exit_age_ms = wire.exit_age_of(body)
+    if exit_age_ms is not None:
+        stated["exit_age_ms"] = exit_age_ms
+    return stated
+
+
 def _busy() -> Response:
     return error_response(503, "worker_busy", f"at most {MAX_REQUESTS_PER_WORKER} requests of one worker "
                           "are served at once", headers={"Retry-After": "1"})
@@ -174,13 +189,15 @@ class GatewayService:
             except SchemaNotReady as exc:
                 # a worker function missing or its EXECUTE revoked: not an outage and not the
                 # worker's fault; said as an error each time, answered as the API's table says
-                self._schema_not_ready(exc, call.__name__, worker_id)
+                self._call_failed("gateway.schema_not_ready", f"the store is not ready for the worker call "
+                                  f"{call.__name__}: {exc}", call.__name__, worker_id)
                 return error_response(503, "schema_not_ready", f"the store behind the gateway is not "
                                       f"ready for this call ({call.__name__}); the API tier's diagnostics say why")
             except StoreFailed as exc:
                 # a defect, not an outage: said as an error each time, and never as a 503 the
                 # worker would wait out as one (its words are for the operator, not the caller)
-                self._store_failed(exc, call.__name__, worker_id)
+                self._call_failed("gateway.store_failed", f"the store failed the worker call {call.__name__}: "
+                                  f"{exc}", call.__name__, worker_id)
                 return error_response(500, "store_failed", f"the store failed this call "
                                       f"({call.__name__}); the API tier's diagnostics say why")
             except StoreUnavailable as exc:
@@ -202,22 +219,12 @@ class GatewayService:
 
         return handler
 
-    def _schema_not_ready(self, exc: SchemaNotReady, name: str, worker_id: str | None) -> None:
-        """Say which call found the store not ready and why, each time (its words name the
-        store's function and SQLSTATE, never a token or a password)."""
+    def _call_failed(self, code: str, message: str, name: str, worker_id: str | None) -> None:
+        """Say which call the store failed or was not ready for, and why, as an error each time
+        (the store's words name its function and SQLSTATE and mask any DSN; no token is in them)."""
         if self.diagnostics is not None:
             fields = {"call": name} if worker_id is None else {"call": name, "worker_id": worker_id}
-            self.diagnostics.emit(DiagnosticEvent("error", "gateway.schema_not_ready",
-                                                  f"the store is not ready for the worker call {name}: {exc}",
-                                                  fields))
-
-    def _store_failed(self, exc: StoreFailed, name: str, worker_id: str | None) -> None:
-        """Say which call the store failed and why, each time (its words name the store's
-        function and SQLSTATE; the store masks DSN and password, and no token is in them)."""
-        if self.diagnostics is not None:
-            fields = {"call": name} if worker_id is None else {"call": name, "worker_id": worker_id}
-            self.diagnostics.emit(DiagnosticEvent("error", "gateway.store_failed",
-                                                  f"the store failed the worker call {name}: {exc}", fields))
+            self.diagnostics.emit(DiagnosticEvent("error", code, message, fields))
 
     def _store_unavailable(self, exc: StoreUnavailable) -> None:
         """Say why the store is away in the diagnostics, once until a call succeeds again."""
@@ -315,13 +322,7 @@ class GatewayService:
     def _completion(worker: WorkerRegistration, body: dict) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``complete``'s arguments and keywords from the request, under the token's worker id."""
         keywords = {"started": bool(wire.field(body, "started", bool)),
-                    "log_missing_bytes": wire.field(body, "log_missing_bytes", int)}
-        own_stop = wire.own_stop_of(body)
-        if own_stop is not None:  # stated for the Attempt the lease names: the store checks it is this worker's
-            keywords["own_stop"] = own_stop
-        exit_age_ms = wire.exit_age_of(body)
-        if exit_age_ms is not None:  # the store dates the end on its own clock from it
-            keywords["exit_age_ms"] = exit_age_ms
+                    "log_missing_bytes": wire.field(body, "log_missing_bytes", int), **_stated(body)}
         return (_fence(body, worker.worker_id), _lease(body), wire.outcome_of(body)), keywords
 
     async def complete(self, worker: WorkerRegistration, body: dict) -> Any:
@@ -345,14 +346,8 @@ class GatewayService:
                 "claimed": [wire.claimed_json(self._opened(c)) for c in claimed]}
 
     async def complete_late(self, worker: WorkerRegistration, body: dict) -> Any:
-        keywords: dict[str, Any] = {}
-        own_stop = wire.own_stop_of(body)
-        if own_stop is not None:  # the store checks the token proves this worker's Attempt
-            keywords["own_stop"] = own_stop
-        exit_age_ms = wire.exit_age_of(body)
-        if exit_age_ms is not None:
-            keywords["exit_age_ms"] = exit_age_ms
-        reply = await self.gateway.complete_late(worker.worker_id, _lease(body), wire.outcome_of(body), **keywords)
+        reply = await self.gateway.complete_late(worker.worker_id, _lease(body), wire.outcome_of(body),
+                                                 **_stated(body))
         return wire.completion_json(reply)
 
     async def close_session(self, worker: WorkerRegistration, body: dict) -> Any:
