@@ -41,6 +41,7 @@ from qinglong.contracts.execution import (
     backoff_ms,
     check_run_transition,
     classify_outcome,
+    decided_beside_pending_starts,
     overlap_decision,
     retry_decision,
     run_state_for,
@@ -275,6 +276,33 @@ def test_a_task_never_holds_more_than_max_queued_waiting_runs(
         assert free.action is not OverlapAction.START
     elif free.action is not OverlapAction.START:
         assert free == overlap_decision(policy, active, waiting_ahead)
+
+
+@LAW_SETTINGS
+@given(policy=concurrency_policies, active=active_runs, pending=active_runs, data=st.data(),
+       waiting_ahead=st.integers(0, 6), slot_free=st.booleans(), max_queued=st.none() | st.integers(1, 4))
+def test_a_decision_beside_pending_starts_is_one_their_outcome_allows(
+        policy: ConcurrencyPolicy, active: list[ActiveRun], pending: list[ActiveRun], data: st.DataObject,
+        waiting_ahead: int, slot_free: bool, max_queued: int | None) -> None:
+    """The dispatcher starts a pass's Runs together and decides a task's next Run while its
+    earlier starts are under way, counting them as active. If it acted on a decision those starts
+    made possible and one then failed, a Run would start beyond the task's ``max_running`` (two
+    processes where one was allowed), be skipped as overlapping a Run that never ran (its
+    occurrence lost), or replace one that never started. Whatever subset of the pending starts
+    succeeds, a decision acted on must be one that subset's true state allows (or more cautious:
+    a WAIT where a START was possible, made good by the next pass)."""
+    pending = [p for p in pending if p.run_id not in {a.run_id for a in active}]
+    counted = overlap_decision(policy, active + pending, waiting_ahead, slot_free=slot_free, max_queued=max_queued)
+    if not decided_beside_pending_starts(policy, counted):
+        return  # the dispatcher waits for the starts and decides again
+    succeeded = data.draw(st.lists(st.sampled_from(pending), unique_by=lambda p: p.run_id) if pending
+                          else st.just([]))
+    true = overlap_decision(policy, active + succeeded, waiting_ahead, slot_free=slot_free, max_queued=max_queued)
+    assert counted.action in (OverlapAction.START, OverlapAction.WAIT) and counted.cancel == ()
+    if counted.action is OverlapAction.START:
+        assert true.action is OverlapAction.START, (counted, true)
+    else:
+        assert true.action in (OverlapAction.START, OverlapAction.WAIT), (counted, true)
 
 
 @LAW_SETTINGS

@@ -58,6 +58,16 @@ def overlap_decision(policy: ConcurrencyPolicy, active: Sequence[ActiveRun],
     return decision
 
 
+def decided_beside_pending_starts(policy: ConcurrencyPolicy, decision: OverlapDecision) -> bool:
+    """Whether ``decision``, taken while starts of the same task were still under way and counted
+    as active, may be acted on before they are known. Only ``allow``'s START and WAIT: a start
+    counted that then fails can only have turned a START into a WAIT (the Run waits a pass, the
+    task's ``max_running`` holds), and an ``allow`` START does not depend on the Runs waiting.
+    Any other answer (a SKIP of a full queue, ``forbid``'s SKIP, ``replace``'s cancel, ``queue``'s
+    order) could be caused by a start that never happened: decide again once the starts are known."""
+    return policy.mode is ConcurrencyMode.ALLOW and decision.action in (OverlapAction.START, OverlapAction.WAIT)
+
+
 def _by_mode(policy: ConcurrencyPolicy, active: Sequence[ActiveRun], waiting_ahead: int) -> OverlapDecision:
     mode = policy.mode
     if mode is ConcurrencyMode.ALLOW:
@@ -87,4 +97,4 @@ def _by_mode(policy: ConcurrencyPolicy, active: Sequence[ActiveRun], waiting_ahe
     return OverlapDecision(OverlapAction.START)
 
 
-__all__ = ["ActiveRun", "OverlapAction", "OverlapDecision", "overlap_decision"]
+__all__ = ["ActiveRun", "OverlapAction", "OverlapDecision", "decided_beside_pending_starts", "overlap_decision"]

@@ -32,7 +32,7 @@ import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from qinglong.contracts.frozen import record
 from qinglong.contracts.diagnostics import DiagnosticEvent, DiagnosticSink
@@ -51,6 +51,7 @@ from qinglong.contracts.execution import (
     ProcessHandle,
     StartError,
     StartRequest,
+    decided_beside_pending_starts,
     overlap_decision,
 )
 from qinglong.supervisor import (
@@ -311,43 +312,83 @@ class Dispatcher:
         limit = min(MAX_CANDIDATES, max(self._config.max_running, 1) + CANDIDATE_MARGIN)
         cancelled_any = self._cancel_requested = False
         visited: set[str] = set()
-        while True:
-            page = await self._store.dispatch_candidates(now, limit)
-            for candidate in page:
-                if self._stopping:
-                    return
-                if candidate.run_id in visited:
-                    continue  # waiting, seen on the smaller page
-                visited.add(candidate.run_id)
-                try:
-                    started = await self._visit(candidate, now, by_task, waiting, free > 0)
-                except Exception as exc:
-                    # one Run that cannot be handled must not keep the Runs behind it from starting
-                    self._report_error("execution.dispatch_failed",
-                                       f"run {candidate.run_id} could not be dispatched: "
-                                       f"{exc.__class__.__name__}: {exc}")
-                    continue
-                if started:
-                    free -= 1
-                cancelled_any = cancelled_any or self._cancel_requested
-                self._cancel_requested = False
-            # A full page of Runs that wait (a 'queue' task's backlog) must not hide a startable
-            # Run of another task behind it: while slots are free, look further.
-            if free <= 0 or len(page) < limit or limit >= MAX_CANDIDATES:
-                break
-            limit = min(MAX_CANDIDATES, limit * 4)
+        # Starts run beside each other (a spawn waits for its wrapper's pid file; one at a time,
+        # 16 free slots held 4 jobs at most); each holds its slot and its place among its task's
+        # active Runs until it is known, then a failed one gives both back.
+        pending: list[tuple[tuple[str, str], DispatchCandidate, asyncio.Future]] = []
+
+        async def settle_starts(key: tuple[str, str] | None = None) -> bool:
+            """Wait for the pending starts (``key``: only if one of that task's is pending)."""
+            nonlocal free
+            if not pending or (key is not None and not any(k == key for k, *_ in pending)):
+                return False
+            batch = list(pending)
+            pending.clear()
+            await asyncio.gather(*(started for *_, started in batch))
+            for task_key, launched, started in batch:
+                if not started.result():
+                    free += 1
+                    by_task[task_key] = [a for a in by_task[task_key] if a.run_id != launched.run_id]
+                    self.wake()  # the slot it held is free again: another pass may use it
+            return True
+
+        def launch(key: tuple[str, str], candidate: DispatchCandidate) -> None:
+            by_task[key].append(ActiveRun(candidate.run_id, candidate.scheduled_for_ms))
+            pending.append((key, candidate, asyncio.ensure_future(self._start_beside(candidate, now))))
+
+        try:
+            while True:
+                page = await self._store.dispatch_candidates(now, limit)
+                for candidate in page:
+                    if self._stopping:
+                        return
+                    if candidate.run_id in visited:
+                        continue  # waiting, seen on the smaller page
+                    visited.add(candidate.run_id)
+                    try:
+                        started = await self._visit(candidate, now, by_task, waiting, lambda: free > 0,
+                                                    launch, settle_starts)
+                    except Exception as exc:
+                        # one Run that cannot be handled must not keep the Runs behind it from starting
+                        self._report_error("execution.dispatch_failed",
+                                           f"run {candidate.run_id} could not be dispatched: "
+                                           f"{exc.__class__.__name__}: {exc}")
+                        continue
+                    if started:
+                        free -= 1
+                    cancelled_any = cancelled_any or self._cancel_requested
+                    self._cancel_requested = False
+                await settle_starts()
+                # A full page of Runs that wait (a 'queue' task's backlog) must not hide a startable
+                # Run of another task behind it: while slots are free, look further.
+                if free <= 0 or len(page) < limit or limit >= MAX_CANDIDATES:
+                    break
+                limit = min(MAX_CANDIDATES, limit * 4)
+        finally:
+            # a pass that ends (stopping, or an error) still waits for the starts it began: each
+            # records its own outcome, and none may be left running unwatched
+            if pending:
+                await asyncio.gather(*(started for *_, started in pending), return_exceptions=True)
         if cancelled_any:
             self.wake()  # signal the replaced processes at once
 
     async def _visit(self, candidate: DispatchCandidate, now: int, by_task: dict[tuple[str, str], list[ActiveRun]],
-                     waiting: dict[tuple[str, str], int], slot_free: bool) -> bool:
-        """Apply the candidate's overlap policy; True when it started (it holds a slot)."""
+                     waiting: dict[tuple[str, str], int], slot_free: Callable[[], bool],
+                     launch: Callable[[tuple[str, str], DispatchCandidate], None],
+                     settle: Callable[[tuple[str, str]], Awaitable[bool]]) -> bool:
+        """Apply the candidate's overlap policy; True when it starts (``launch``: it holds a slot
+        until its start is known). A decision that starts of its task still under way may have
+        caused is taken again once they are known (``settle``)."""
         key = (candidate.project_id, candidate.task_id)
         if candidate.spec is None:
             await self._fail_without_start(candidate, candidate.spec_error or NO_COMMAND, now)
             return False
-        decision = overlap_decision(candidate.spec.concurrency, by_task[key], waiting[key],
-                                    slot_free=slot_free, max_queued=self._config.max_queued)
+        policy = candidate.spec.concurrency
+        decision = overlap_decision(policy, by_task[key], waiting[key], slot_free=slot_free(),
+                                    max_queued=self._config.max_queued)
+        if not decided_beside_pending_starts(policy, decision) and await settle(key):
+            decision = overlap_decision(policy, by_task[key], waiting[key], slot_free=slot_free(),
+                                        max_queued=self._config.max_queued)
         if decision.action is OverlapAction.SKIP:
             if await self._store.skip_run(candidate.run_id, candidate.attempt_id, decision.reason, now):
                 self.stats.skipped += 1
@@ -362,10 +403,8 @@ class Dispatcher:
         if decision.action is OverlapAction.WAIT:
             waiting[key] += 1
             return False
-        if await self._start(candidate, now):
-            by_task[key].append(ActiveRun(candidate.run_id, candidate.scheduled_for_ms))
-            return True
-        return False
+        launch(key, candidate)
+        return True
 
     # ---------------------------------------------------------------------------------- starting
 
@@ -385,6 +424,15 @@ class Dispatcher:
             "warning", "execution.start_failed", f"run {candidate.run_id} could not start: {reason}",
             {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id,
              "project_id": candidate.project_id, "task_id": candidate.task_id}))
+
+    async def _start_beside(self, candidate: DispatchCandidate, now: int) -> bool:
+        """:meth:`_start`, its error reported as a pass reports one (the other starts go on)."""
+        try:
+            return await self._start(candidate, now)
+        except Exception as exc:
+            self._report_error("execution.dispatch_failed",
+                               f"run {candidate.run_id} could not be dispatched: {exc.__class__.__name__}: {exc}")
+            return False
 
     async def _start(self, candidate: DispatchCandidate, now: int) -> bool:
         """Start one candidate; True when its process runs (it then holds a slot)."""

@@ -1,0 +1,152 @@
+"""The starts of one dispatch pass are under way together: a pass that found N startable Runs
+and N free slots does not wait for one start (its wrapper's pid file) before the next. A task
+whose next decision depends on whether a start succeeded (``forbid``, ``queue``, ``replace``)
+has that start settled first.
+
+The real lifecycle, store and ``local_process`` executor; the executor is wrapped only to hold
+starts at a gate, so "together" is proved by the starts meeting there, not by timing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from dispatcher_helpers import PROJECT, TERMINAL, WAIT_S, marker_script, now_ms, running, until, wait_for_go, write_settings
+
+from qinglong.contracts.execution import StartError
+
+
+class Gate:
+    """The real executor, its ``start`` held until ``meet`` starts are at the gate at once (or,
+    for ``hold``, until ``release``). ``refuse``: run ids whose first start fails as the executor
+    refuses one (a missing program, a full log filesystem)."""
+
+    def __init__(self, real: Any, meet: int, *, hold: str | None = None, refuse: set[str] = frozenset()) -> None:
+        self._real = real
+        self.meet = meet
+        self.hold = hold
+        self.refuse = set(refuse)
+        self.at_gate: set[str] = set()
+        self.most_at_once = 0
+        self.met = asyncio.Event()
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+        self.started: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    async def start(self, request: Any) -> Any:
+        run_id = request.run_id
+        if run_id == self.hold:
+            self.holding.set()
+            await self.release.wait()
+        elif run_id in self.refuse:
+            self.refuse.discard(run_id)
+            raise StartError("refused at the gate")
+        else:
+            self.at_gate.add(run_id)
+            self.most_at_once = max(self.most_at_once, len(self.at_gate))
+            if len(self.at_gate) >= self.meet:
+                self.met.set()
+            try:
+                # bounded: starts one at a time never meet here, and each would wait this long
+                await asyncio.wait_for(self.met.wait(), WAIT_S)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                self.at_gate.discard(run_id)
+        self.started.append(run_id)
+        return await self._real.start(request)
+
+
+async def _admit_behind_a_held_start(h: Any, gate: Gate, blocker_task: str, task: str, count: int,
+                                     refuse_first: bool = False) -> list[str]:
+    """Admit ``count`` Runs of ``task`` while the pass is held in the start of a Run of
+    ``blocker_task`` (which then runs on): the next pass finds all of them at once.
+    ``refuse_first``: the first of them is refused at its start."""
+    run_id, created = await h.store.admit_manual_run(PROJECT, blocker_task, f"blocker-{now_ms()}", now_ms())
+    assert created
+    gate.hold = run_id
+    h.dispatcher.wake()
+    await until(gate.holding.is_set, "the blocker's start")
+    runs = []
+    for _ in range(count):
+        run_id, created = await h.store.admit_manual_run(PROJECT, task, f"k-{len(runs)}-{now_ms()}", now_ms())
+        assert created
+        runs.append(run_id)
+    if refuse_first:
+        gate.refuse.add(runs[0])
+    gate.release.set()
+    h.dispatcher.wake()
+    return runs
+
+
+def _install(h: Any, gate: Gate) -> None:
+    h.dispatcher._executors["local_process"] = gate
+
+
+async def test_the_starts_of_one_pass_meet_at_once(tmp_path):
+    """If starts went one at a time, 16 free slots held 4 jobs at most in a burst of /bin/true and
+    the burst took as long as its starts in a row: here the first start would wait at the gate
+    for the others, which would never come."""
+    go = tmp_path / "GO"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    settings = write_settings(tmp_path, max_running=5, max_queued=16)
+    async with running(settings) as h:
+        await h.put_task("blocker", marker_script(marks, wait_for_go(go)))
+        await h.put_task("burst", marker_script(marks, "true"))
+        gate = Gate(h.dispatcher._executors["local_process"], meet=4)
+        _install(h, gate)
+        runs = await _admit_behind_a_held_start(h, gate, "blocker", "burst", 4)
+        for run_id in runs:
+            assert (await h.until_ended(run_id)).run.state.value == "succeeded"
+        assert gate.most_at_once == 4, f"{gate.most_at_once} of 4 starts were under way at once"
+        go.touch()
+        await h.until_ended(gate.hold)  # the blocker ends before the lifecycle stops
+
+
+async def test_a_forbid_task_decides_its_next_run_once_the_start_is_known(tmp_path):
+    """If a forbid task's next Run were decided while the first one's start was still under way,
+    a start that then failed would skip the next Run as overlapping a Run that never ran: the
+    occurrence would be lost although nothing of its task was running."""
+    go = tmp_path / "GO"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    settings = write_settings(tmp_path, max_running=5, max_queued=16)
+    async with running(settings) as h:
+        await h.put_task("blocker", marker_script(marks, wait_for_go(go)))
+        await h.put_task("once", marker_script(marks, "true"), concurrency="forbid")
+        gate = Gate(h.dispatcher._executors["local_process"], meet=1)
+        _install(h, gate)
+        first, second = await _admit_behind_a_held_start(h, gate, "blocker", "once", 2, refuse_first=True)
+        first_detail = await h.until_ended(first)
+        second_detail = await h.until_ended(second)
+        assert first_detail.run.state.value == "failed"
+        assert second_detail.run.state.value == "succeeded", second_detail
+        go.touch()
+        await h.until_ended(gate.hold)  # the blocker ends before the lifecycle stops
+
+
+async def test_a_failed_start_gives_its_slot_back_at_once(tmp_path):
+    """If a start that failed kept its slot until the next timed pass, the Runs behind it would
+    wait for a slot nothing holds: with one free slot and a timed pass only every minute, the
+    Runs behind the refused start would wait that minute (here: past the half minute allowed)."""
+    go = tmp_path / "GO"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    settings = write_settings(tmp_path, max_running=2, max_queued=16, poll_ms=60_000)
+    async with running(settings) as h:
+        await h.put_task("blocker", marker_script(marks, wait_for_go(go)))
+        await h.put_task("many", marker_script(marks, "true"))
+        gate = Gate(h.dispatcher._executors["local_process"], meet=1)
+        _install(h, gate)
+        runs = await _admit_behind_a_held_start(h, gate, "blocker", "many", 3, refuse_first=True)
+        async def ended() -> list[str] | None:
+            states = [(await h.detail(run_id)).run.state.value for run_id in runs]
+            return states if all(s in TERMINAL for s in states) else None
+        states = await until(ended, "the Runs behind a refused start ended", timeout=30)
+        assert states == ["failed", "succeeded", "succeeded"], states
+        go.touch()
+        await h.until_ended(gate.hold)  # the blocker ends before the lifecycle stops
