@@ -219,6 +219,41 @@ async def test_begin_dispatch_refuses_an_attempt_that_is_not_claimed_and_due(har
     assert not await store(h).begin_dispatch(attempt_id, "/logs/x", now + SECOND, now + SECOND)
 
 
+async def test_begin_dispatches_moves_what_begin_dispatch_would_in_one_transaction(harness):
+    """A pass begins its starts together. If the batch moved an Attempt begin_dispatch refuses
+    (running, waiting out its backoff, begun already), a second process would start for one Run;
+    if it left out one begin_dispatch moves, a startable Run would wait; a payload missing or
+    another Run's would hand a job the wrong event (tests/execution: an event's job reads its
+    payload through the dispatcher)."""
+    h = harness
+    await publish(h, **retrying(2))
+    now = await h.now_ms()
+    fresh = [await manual(h) for _ in range(3)]
+    running_run = await manual(h)
+    running_attempt = await start(h, running_run)
+    backoff_run = await manual(h)
+    ended = await start(h, backoff_run)
+    await finish(h, ended, exited(1, now))
+    backoff = (await current(h, backoff_run)).attempt_id
+    begun_run = await manual(h)
+    begun = await dispatch(h, begun_run)
+    firsts = [(await current(h, r)).attempt_id for r in fresh]
+    asked = [*firsts, running_attempt, backoff, begun, "no-such-attempt", firsts[0]]
+    before = {r: await state_of(h, r) for r in [*fresh, running_run, backoff_run, begun_run]}
+    began = await store(h).begin_dispatches([(a, f"/logs/{a}", now + SECOND) for a in asked], now)
+    assert set(began) == set(firsts), began
+    assert all(payload is None for payload in began.values())
+    for run_id in fresh:
+        assert await state_of(h, run_id) is RunState.DISPATCHING
+        assert [t for _, t in events_of(h, run_id)].count("run.dispatching") == 1
+        assert (await current(h, run_id)).attempt_dir == f"/logs/{(await current(h, run_id)).attempt_id}"
+    for run_id in (running_run, backoff_run, begun_run):
+        assert await state_of(h, run_id) is before[run_id]
+    # the same asks one by one, on what is left: nothing more moves
+    assert not [a for a in asked if await store(h).begin_dispatch(a, "/logs/again", now + SECOND, now)]
+    assert await store(h).begin_dispatches([], now) == {}
+
+
 async def test_record_started_moves_only_a_dispatching_attempt(harness):
     """A start recorded on a claimed or ended Attempt would name a process for a Run that has
     none (it would be waited on, or signalled, for ever)."""

@@ -150,3 +150,42 @@ async def test_a_failed_start_gives_its_slot_back_at_once(tmp_path):
         assert states == ["failed", "succeeded", "succeeded"], states
         go.touch()
         await h.until_ended(gate.hold)  # the blocker ends before the lifecycle stops
+
+
+async def test_a_batch_the_store_refuses_is_begun_one_by_one(tmp_path):
+    """If one Attempt the batch cannot move (a write refused: a busy or damaged database) rolled
+    back the whole pass's starts for good, every Run of the pass would wait on it pass after pass;
+    begun one by one, the others start and only the refused one is reported."""
+    go = tmp_path / "GO"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    settings = write_settings(tmp_path, max_running=5, max_queued=16)
+    async with running(settings) as h:
+        await h.put_task("blocker", marker_script(marks, wait_for_go(go)))
+        await h.put_task("burst", marker_script(marks, "true"))
+        gate = Gate(h.dispatcher._executors["local_process"], meet=1)
+        _install(h, gate)
+        store = h.dispatcher._store
+        real_batch, real_one = store.begin_dispatches, store.begin_dispatch
+        refused: set[str] = set()
+        batches: list[int] = []
+
+        async def failing_batch(starts, now_ms):  # the fault: the batch's transaction fails
+            batches.append(len(starts))
+            if len(starts) > 1:
+                raise OSError("disk I/O error (injected)")
+            return await real_batch(starts, now_ms)
+
+        async def one_refused(attempt_id, attempt_dir, deadline_ms, now_ms):
+            if not refused:
+                refused.add(attempt_id)
+                raise OSError("disk I/O error (injected)")
+            return await real_one(attempt_id, attempt_dir, deadline_ms, now_ms)
+
+        store.begin_dispatches, store.begin_dispatch = failing_batch, one_refused
+        runs = await _admit_behind_a_held_start(h, gate, "blocker", "burst", 3)
+        ended = [(await h.until_ended(run_id)).run.state.value for run_id in runs]
+        assert ended == ["succeeded"] * 3, ended  # the refused one started on a later pass
+        assert 3 in batches and len(refused) == 1
+        go.touch()
+        await h.until_ended(gate.hold)

@@ -4,7 +4,7 @@ it reads and returns."""
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from ..frozen import record
 from .executors import ProcessHandle
@@ -151,6 +151,14 @@ class ExecutionStore(Protocol):
                              now_ms: int) -> bool:
         """claimed -> dispatching (Run -> dispatching), recording the directory the process will
         use. False (nothing changed) if the Attempt is no longer claimed and due."""
+        ...
+
+    async def begin_dispatches(self, starts: Sequence[tuple[str, str, int]],
+                               now_ms: int) -> Mapping[str, str | None]:
+        """:meth:`begin_dispatch` of each ``(attempt_id, attempt_dir, deadline_ms)``, in one
+        transaction (a pass's starts cost one commit, not one each): the Attempts it moved, each
+        with the payload (canonical JSON) an event admitted its Run with, or None. An Attempt
+        :meth:`begin_dispatch` would refuse is left out, nothing of it changed."""
         ...
 
     async def record_started(self, attempt_id: str, handle: ProcessHandle, started_at_ms: int,

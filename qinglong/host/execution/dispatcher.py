@@ -312,21 +312,22 @@ class Dispatcher:
         limit = min(MAX_CANDIDATES, max(self._config.max_running, 1) + CANDIDATE_MARGIN)
         cancelled_any = self._cancel_requested = False
         visited: set[str] = set()
-        # Starts run beside each other (a spawn waits for its wrapper's pid file; one at a time,
-        # 16 free slots held 4 jobs at most); each holds its slot and its place among its task's
-        # active Runs until it is known, then a failed one gives both back.
-        pending: list[tuple[tuple[str, str], DispatchCandidate, asyncio.Future]] = []
+        # A pass's starts go together: one transaction moves them all to dispatching, then
+        # their spawns run beside each other (one at a time, each waiting for its wrapper's pid
+        # file, 16 free slots held 4 jobs at most). Each holds its slot and its place among its
+        # task's active Runs until it is known; a failed one gives both back.
+        pending: list[tuple[tuple[str, str], DispatchCandidate]] = []
 
         async def settle_starts(key: tuple[str, str] | None = None) -> bool:
-            """Wait for the pending starts (``key``: only if one of that task's is pending)."""
+            """Start the pending candidates (``key``: only if one of that task's is pending)."""
             nonlocal free
-            if not pending or (key is not None and not any(k == key for k, *_ in pending)):
+            if not pending or (key is not None and not any(k == key for k, _ in pending)):
                 return False
             batch = list(pending)
             pending.clear()
-            await asyncio.gather(*(started for *_, started in batch))
-            for task_key, launched, started in batch:
-                if not started.result():
+            started = await self._start_together([candidate for _, candidate in batch], now)
+            for (task_key, launched), ok in zip(batch, started):
+                if not ok:
                     free += 1
                     by_task[task_key] = [a for a in by_task[task_key] if a.run_id != launched.run_id]
                     self.wake()  # the slot it held is free again: another pass may use it
@@ -334,7 +335,7 @@ class Dispatcher:
 
         def launch(key: tuple[str, str], candidate: DispatchCandidate) -> None:
             by_task[key].append(ActiveRun(candidate.run_id, candidate.scheduled_for_ms))
-            pending.append((key, candidate, asyncio.ensure_future(self._start_beside(candidate, now))))
+            pending.append((key, candidate))
 
         try:
             while True:
@@ -365,10 +366,9 @@ class Dispatcher:
                     break
                 limit = min(MAX_CANDIDATES, limit * 4)
         finally:
-            # a pass that ends (stopping, or an error) still waits for the starts it began: each
-            # records its own outcome, and none may be left running unwatched
-            if pending:
-                await asyncio.gather(*(started for *_, started in pending), return_exceptions=True)
+            # a pass that ends (stopping, or an error) starts none of what it held back: those
+            # Runs are still claimed, and the next start of the dispatcher finds them
+            pending.clear()
         if cancelled_any:
             self.wake()  # signal the replaced processes at once
 
@@ -409,8 +409,7 @@ class Dispatcher:
     # ---------------------------------------------------------------------------------- starting
 
     async def _fail_without_start(self, candidate: DispatchCandidate, reason: str, now: int) -> None:
-        attempt_dir = os.path.join(self._config.log_dir, candidate.attempt_id)
-        if not await self._store.begin_dispatch(candidate.attempt_id, attempt_dir, now, now):
+        if not await self._store.begin_dispatch(candidate.attempt_id, self._attempt_dir(candidate), now, now):
             return
         self.stats.start_failed += 1  # (a start the executor refused is counted by the supervisor)
         await self._record_start_failure(candidate, reason)
@@ -425,30 +424,66 @@ class Dispatcher:
             {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id,
              "project_id": candidate.project_id, "task_id": candidate.task_id}))
 
-    async def _start_beside(self, candidate: DispatchCandidate, now: int) -> bool:
-        """:meth:`_start`, its error reported as a pass reports one (the other starts go on)."""
+    def _attempt_dir(self, candidate: DispatchCandidate) -> str:
+        return os.path.join(self._config.log_dir, candidate.attempt_id)
+
+    async def _start_together(self, candidates: list[DispatchCandidate], now: int) -> list[bool]:
+        """Start ``candidates``: each one's executor checked, every one moved to dispatching in
+        one transaction, then their spawns beside each other. True for each that holds a slot."""
+        ready: list[tuple[DispatchCandidate, Executor]] = []
+        for candidate in candidates:
+            spec = candidate.spec
+            assert spec is not None
+            executor = self._executors.get(spec.executor)
+            if executor is None:
+                await self._reported(candidate, self._fail_without_start(
+                    candidate, missing_executor(spec.executor, self._executors), now))
+            else:
+                ready.append((candidate, executor))
+        began = await self._begin_dispatches(ready, now)
+        to_spawn = [(candidate, executor) for candidate, executor in ready if candidate.attempt_id in began]
+        spawned = await asyncio.gather(*(
+            self._reported(candidate, self._spawn(candidate, executor, began[candidate.attempt_id]))
+            for candidate, executor in to_spawn))
+        running = {candidate.attempt_id for (candidate, _), ok in zip(to_spawn, spawned) if ok is True}
+        return [candidate.attempt_id in running for candidate in candidates]
+
+    async def _begin_dispatches(self, ready: list[tuple[DispatchCandidate, Executor]],
+                                now: int) -> Mapping[str, str | None]:
+        """claimed -> dispatching of every ready candidate in one transaction; each Attempt moved,
+        with its event payload. A batch the store refuses (one Attempt it cannot move would roll
+        back the others) is begun one by one, so only that one is reported and left."""
+        if not ready:
+            return {}
+        starts = [(c.attempt_id, self._attempt_dir(c), now + c.spec.timeout_ms) for c, _ in ready]
         try:
-            return await self._start(candidate, now)
+            return await self._store.begin_dispatches(starts, now)
+        except Exception:
+            began: dict[str, str | None] = {}
+            reader = getattr(self._store, "event_payload", None)  # a store that keeps event payloads
+            for (candidate, _), (attempt_id, attempt_dir, deadline) in zip(ready, starts):
+                async def one() -> None:
+                    if await self._store.begin_dispatch(attempt_id, attempt_dir, deadline, now):
+                        began[attempt_id] = await reader(candidate.run_id) if reader else None
+                await self._reported(candidate, one())
+            return began
+
+    async def _reported(self, candidate: DispatchCandidate, step: Awaitable[Any]) -> Any:
+        """``await step``; its error reported as a pass reports one (the other starts go on)."""
+        try:
+            return await step
         except Exception as exc:
             self._report_error("execution.dispatch_failed",
                                f"run {candidate.run_id} could not be dispatched: {exc.__class__.__name__}: {exc}")
             return False
 
-    async def _start(self, candidate: DispatchCandidate, now: int) -> bool:
-        """Start one candidate; True when its process runs (it then holds a slot)."""
+    async def _spawn(self, candidate: DispatchCandidate, executor: Executor, event_payload: str | None) -> bool:
+        """Start the process of a candidate begun; True when it runs (it then holds a slot)."""
         spec = candidate.spec
         assert spec is not None
-        attempt_dir = os.path.join(self._config.log_dir, candidate.attempt_id)
-        executor = self._executors.get(spec.executor)
-        if executor is None:
-            await self._fail_without_start(candidate, missing_executor(spec.executor, self._executors), now)
-            return False
-        if not await self._store.begin_dispatch(candidate.attempt_id, attempt_dir, now + spec.timeout_ms, now):
-            return False
-        reader = getattr(self._store, "event_payload", None)  # a store that keeps event payloads
+        attempt_dir = self._attempt_dir(candidate)
         request = StartRequest(candidate.run_id, candidate.attempt_id, candidate.attempt_no,
-                               candidate.scheduled_for_ms, spec, attempt_dir,
-                               event_payload=await reader(candidate.run_id) if reader else None)
+                               candidate.scheduled_for_ms, spec, attempt_dir, event_payload=event_payload)
         # taken before the spawn: the job may end (its receipt's time) before start() returns,
         # and a start time read after it would give that job a negative duration
         spawned_at = self._clock_ms()

@@ -230,23 +230,45 @@ class SqliteExecutionStore:
         and due (another dispatcher won, it was cancelled or skipped, or its backoff runs)."""
         def work(conn: sqlite3.Connection) -> bool:
             with transaction(conn):
-                row = named_one(conn, query("exec_attempt"), (attempt_id,))
-                if (row is None or row["state"] != AttemptState.CLAIMED.value
-                        or row["attempt_no"] != row["latest_no"]):
-                    return False
-                if row["not_before_ms"] is not None and row["not_before_ms"] > now_ms:
-                    return False
-                check_run_transition(row["run_state"], RunState.DISPATCHING, Actor.DISPATCHER)
-                if conn.execute(query("exec_begin_dispatch"), {
-                        "attempt_dir": attempt_dir, "deadline": deadline_ms, "now": now_ms,
-                        "attempt_id": attempt_id}).rowcount != 1:
-                    return False
-                self._move_run(conn, row["run_id"], row["run_state"], RunState.DISPATCHING,
-                               Actor.DISPATCHER, now_ms)
-                self._event(conn, row["run_id"], "run.dispatching", now_ms)
-                return True
+                return self._begin_one(conn, attempt_id, attempt_dir, deadline_ms, now_ms) is not None
 
         return await self._store.call(work)
+
+    async def begin_dispatches(self, starts: Sequence[tuple[str, str, int]],
+                               now_ms: int) -> Mapping[str, str | None]:
+        """:meth:`begin_dispatch` of each start in one transaction; the event payload of each
+        Attempt moved (see the contract)."""
+        def work(conn: sqlite3.Connection) -> dict[str, str | None]:
+            began: dict[str, str | None] = {}
+            with transaction(conn):
+                for attempt_id, attempt_dir, deadline_ms in starts:
+                    run_id = self._begin_one(conn, attempt_id, attempt_dir, deadline_ms, now_ms)
+                    if run_id is not None:
+                        row = conn.execute(query("event_payload"), (run_id,)).fetchone()
+                        began[attempt_id] = row[0] if row else None
+            return began
+
+        return await self._store.call(work)
+
+    def _begin_one(self, conn: sqlite3.Connection, attempt_id: str, attempt_dir: str, deadline_ms: int,
+                   now_ms: int) -> str | None:
+        """claimed -> dispatching inside the caller's transaction: the Run's id, or None (nothing
+        changed) unless the Attempt is its Run's current one, claimed and due."""
+        row = named_one(conn, query("exec_attempt"), (attempt_id,))
+        if (row is None or row["state"] != AttemptState.CLAIMED.value
+                or row["attempt_no"] != row["latest_no"]):
+            return None
+        if row["not_before_ms"] is not None and row["not_before_ms"] > now_ms:
+            return None
+        check_run_transition(row["run_state"], RunState.DISPATCHING, Actor.DISPATCHER)
+        if conn.execute(query("exec_begin_dispatch"), {
+                "attempt_dir": attempt_dir, "deadline": deadline_ms, "now": now_ms,
+                "attempt_id": attempt_id}).rowcount != 1:
+            return None
+        self._move_run(conn, row["run_id"], row["run_state"], RunState.DISPATCHING,
+                       Actor.DISPATCHER, now_ms)
+        self._event(conn, row["run_id"], "run.dispatching", now_ms)
+        return row["run_id"]
 
     async def record_started(self, attempt_id: str, handle: ProcessHandle, started_at_ms: int,
                              actor: Actor = Actor.DISPATCHER) -> bool:
