@@ -4,6 +4,8 @@ test.
 
     python bench/local_burst.py [--jobs 1000] [--repeat 1] [--latency-seconds 40] [--source DIR]
 
+(APScheduler 3 comes with the ``bench`` extra: ``pip install -e '.[bench]'``.)
+
 Every runner is a process of its own running the same no-op job (``/bin/true``) N times, all due
 at one instant T (about 8 s after the runner starts, so start-up is over), with S slots:
 
@@ -98,8 +100,11 @@ def child_apscheduler(jobs: int, slots: int, at_s: float) -> dict:
     import datetime
     import threading
 
-    from apscheduler.executors.pool import ThreadPoolExecutor
-    from apscheduler.schedulers.background import BackgroundScheduler
+    try:
+        from apscheduler.executors.pool import ThreadPoolExecutor
+        from apscheduler.schedulers.background import BackgroundScheduler
+    except ImportError:
+        raise SystemExit("the APScheduler 3 cell needs the bench extra: pip install -e '.[bench]'") from None
 
     done = threading.Event()
     lock = threading.Lock()
