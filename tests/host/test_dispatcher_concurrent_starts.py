@@ -65,16 +65,19 @@ class Gate:
 async def _admit_behind_a_held_start(h: Any, gate: Gate, task: str, count: int,
                                      refuse_first: bool = False) -> list[str]:
     """Admit ``count`` Runs of ``task`` while the pass is held in the start of a ``blocker`` Run
-    (which then runs on): the next pass finds all of them at once. ``refuse_first``: the first
-    of them is refused at its start."""
+    (which then runs on): the next pass finds all of them at once, in the order admitted.
+    ``refuse_first``: the first of them is refused at its start."""
     run_id, created = await h.store.admit_manual_run(PROJECT, "blocker", f"blocker-{now_ms()}", now_ms())
     assert created
     gate.hold = run_id
     h.dispatcher.wake()
     await until(gate.holding.is_set, "the blocker's start")
     runs = []
-    for _ in range(count):
-        run_id, created = await h.store.admit_manual_run(PROJECT, task, f"k-{len(runs)}-{now_ms()}", now_ms())
+    # one millisecond apart, in the past: a pass visits them in this order (Runs of one instant
+    # would go by their random ids)
+    at = now_ms() - 1000
+    for i in range(count):
+        run_id, created = await h.store.admit_manual_run(PROJECT, task, f"k-{i}-{at}", at + i)
         assert created
         runs.append(run_id)
     if refuse_first:
