@@ -244,8 +244,7 @@ class SqliteExecutionStore:
                 for attempt_id, attempt_dir, deadline_ms in starts:
                     run_id = self._begin_one(conn, attempt_id, attempt_dir, deadline_ms, now_ms)
                     if run_id is not None:
-                        row = conn.execute(query("event_payload"), (run_id,)).fetchone()
-                        began[attempt_id] = row[0] if row else None
+                        began[attempt_id] = _event_payload_of(conn, run_id)
             return began
 
         return await self._store.call(work)
@@ -556,11 +555,7 @@ class SqliteExecutionStore:
     async def event_payload(self, run_id: str) -> str | None:
         """The payload (canonical JSON) an event admitted the Run with, or None."""
 
-        def work(conn: sqlite3.Connection) -> str | None:
-            row = conn.execute(query("event_payload"), (run_id,)).fetchone()
-            return row[0] if row else None
-
-        return await self._store.call(work)
+        return await self._store.call(_event_payload_of, run_id)
 
     # ---------------------------------------------------------------- listings
 
@@ -679,6 +674,12 @@ class SqliteExecutionStore:
             return SkipPruneReport(occurrences, runs)
 
         return await self._store.call(work)
+
+
+def _event_payload_of(conn: sqlite3.Connection, run_id: str) -> str | None:
+    """The payload (canonical JSON) an event admitted ``run_id`` with, or None."""
+    row = conn.execute(query("event_payload"), (run_id,)).fetchone()
+    return row[0] if row else None
 
 
 def admit_chained(conn: sqlite3.Connection, run_id: str, state: str, now_ms: int) -> list[str]:
