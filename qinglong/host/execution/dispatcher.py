@@ -346,15 +346,9 @@ class Dispatcher:
                     if candidate.run_id in visited:
                         continue  # waiting, seen on the smaller page
                     visited.add(candidate.run_id)
-                    try:
-                        started = await self._visit(candidate, now, by_task, waiting, lambda: free > 0,
-                                                    launch, settle_starts)
-                    except Exception as exc:
-                        # one Run that cannot be handled must not keep the Runs behind it from starting
-                        self._report_error("execution.dispatch_failed",
-                                           f"run {candidate.run_id} could not be dispatched: "
-                                           f"{exc.__class__.__name__}: {exc}")
-                        continue
+                    # one Run that cannot be handled must not keep the Runs behind it from starting
+                    started = await self._reported(candidate, self._visit(
+                        candidate, now, by_task, waiting, lambda: free > 0, launch, settle_starts))
                     if started:
                         free -= 1
                     cancelled_any = cancelled_any or self._cancel_requested
