@@ -374,8 +374,22 @@ def _strip_comments(statement: str) -> str:
     return "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
 
 
+_LITERAL = re.compile(r"'(?:[^']|'')*'")
+
+
+def _unvariabled(statement: str) -> str:
+    """``statement`` with every ``:name`` inside a string literal spelled ``chr(58)``: pgbench
+    takes ``:name`` for a variable even inside quotes (an undefined one is bound as NULL and the
+    statement then has more bind values than parameters)."""
+    def spell(m: re.Match) -> str:
+        return re.sub(r":(?=[A-Za-z_])", "' || chr(58) || '", m[0]) if re.search(r":[A-Za-z_]", m[0]) \
+            else m[0]
+    return _LITERAL.sub(spell, statement)
+
+
 def page_pgbench_script() -> str:
     """The replicas' claim and page admission as a pgbench script (see the module docstring)."""
+    from qinglong.host.settings import ExecutionSettings
     from qinglong.plugins.cluster_postgres.sql import query
 
     claim = _strip_comments(query("claim_due_schedules"))
@@ -394,6 +408,8 @@ def page_pgbench_script() -> str:
         "policy": "misfire_policy", "skip_first_ms": "NULL::bigint", "skip_last_ms": "NULL::bigint",
         "skip_count": "NULL::bigint", "skip_count_exact": "NULL::boolean", "keep_claim": "false",
         "run_id": "gen_random_uuid()", "attempt_id": "gen_random_uuid()", "row_tid": "row_tid",
+        # the bench's triggers have no jitter; the bound is a replica's default
+        "jitter_ms": "0::bigint", "max_queued": f"{ExecutionSettings().max_queued}::integer",
     }
     aggregates = ", ".join(f"coalesce(array_agg({expr} ORDER BY trigger_id)::text, '{{}}') AS p_{name}"
                            for name, expr in columns.items())
@@ -402,7 +418,7 @@ def page_pgbench_script() -> str:
     missing = set(_PARAM.findall(admit)) - set(columns)
     if missing:  # pgbench would send an undefined variable as NULL, not fail
         raise SystemExit(f"the ceiling computes no value for admit_page's {sorted(missing)}")
-    admit = _PARAM.sub(lambda m: ":p_" + m[1], admit)
+    admit = _PARAM.sub(lambda m: ":p_" + m[1], _unvariabled(admit))
     if ";" in admit or ";" in wrapped:
         raise SystemExit("a statement holds a semicolon; pgbench would split it")
     return (wrapped + "\n\\gset\n"
@@ -441,7 +457,10 @@ def pgbench_ceiling(server, dsns: dict, clients: int, triggers: int, workdir: Pa
     if proc.returncode not in (0, 2):
         raise SystemExit(f"pgbench failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     out = proc.stdout
-    conn_ms = float(re.search(r"initial connection time = ([\d.]+) ms", out)[1])
+    connected = re.search(r"initial connection time = ([\d.]+) ms", out)
+    if connected is None:  # pgbench aborted its clients (rc 2) before any summary
+        raise SystemExit(f"pgbench printed no summary ({proc.returncode}):\n{out}\n{proc.stderr[-3000:]}")
+    conn_ms = float(connected[1])
     serialization = re.search(r"serialization failures: (\d+)", out)
     failed = re.search(r"number of failed transactions: (\d+)", out)
     runs, keys, last_ms = sql(su, "SELECT count(*), count(DISTINCT idempotency_key), "
