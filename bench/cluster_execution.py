@@ -16,7 +16,10 @@ PostgreSQL ships it, ``fsync = on``; ``--fsync-off`` is the labelled variant the
   ``sh -c 'echo "$QINGLONG_RUN_ID" >> FILE'``; executions are counted from FILE (duplicates:
   lines beyond one per Run; missing: Runs without a line). Reported: seconds from T to the last
   outcome (the last Attempt's ``finished_at_ms``, database clock), the server's CPU seconds from
-  T to then, and per job.
+  T to then, and per job; ``cpu_s_from_T``: the same span's CPU of the replicas, the workers and
+  the gateway (their own, from ``/proc``), the server, the whole machine and what no named
+  process spent (the jobs, their wrappers, this script); ``exit_to_next_claim_p50_ms``: from a
+  job's exit to its worker's next claim (a report carries the slot's next claim).
 * peer (beside each burst, unless ``--no-peer``): Procrastinate (PyPI ``procrastinate``,
   installed at run time into a throw-away venv under /tmp, never a dependency of the project) in
   its own database on the same server: N jobs deferred with ``schedule_at = T``, 2 ``procrastinate
@@ -79,6 +82,24 @@ def wait_for(what: str, predicate, timeout_s: float, every_s: float = 0.05) -> N
         if time.monotonic() > deadline:
             raise SystemExit(f"{what}: not reached in {timeout_s:.0f} s")
         time.sleep(every_s)
+
+
+def own_cpu_s(pid: int) -> float:
+    """CPU seconds a live process spent itself (utime + stime, not its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (every CPU, /proc/stat: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_process(procs: dict[str, list[int]], server) -> dict[str, float]:
+    """CPU seconds so far of each named group of processes, the server's, and the machine's."""
+    return {name: sum(own_cpu_s(pid) for pid in pids) for name, pids in procs.items()} \
+        | {"server": server_cpu_s(server), "machine": machine_busy_s()}
 
 
 def count_lines(path: Path) -> tuple[int, set[str]]:
@@ -144,10 +165,16 @@ def our_burst(server, workdir: Path, jobs: int, tag: str, lead_s: float = 10.0) 
         time.sleep(max(0.0, (t_ms - db_now_ms(su)) / 1000))
         if WHERE:
             reset_statistics(su)
-        cpu_before = server_cpu_s(server)
+        procs = {"replicas": [p.pid for p in replicas], "workers": [w.pid for w in workers],
+                 "gateway": [bench_cluster._gateway(dsns, server, workdir).proc.pid]}
+        cpu_before = cpu_by_process(procs, server)
         wait_for(f"{jobs} Runs ended", lambda: sql(
             su, f"SELECT count(*) FROM qinglong.runs WHERE state IN {TERMINAL_SQL}")[0][0] >= jobs, 900, 0.05)
-        server_cpu = server_cpu_s(server) - cpu_before
+        cpu_after = cpu_by_process(procs, server)
+        cpu = {name: round(cpu_after[name] - cpu_before[name], 2) for name in cpu_after}
+        # what no named process spent: the jobs (wrappers and shells), this script, anything else
+        cpu["jobs_and_rest"] = round(cpu["machine"] - sum(v for k, v in cpu.items() if k != "machine"), 2)
+        server_cpu = cpu["server"]
     finally:
         for proc in replicas:
             proc.send_signal(signal.SIGTERM)
@@ -163,8 +190,14 @@ def our_burst(server, workdir: Path, jobs: int, tag: str, lead_s: float = 10.0) 
     # reported, and a worker's last report -> its next claim (the claim loop's turn)
     steps = sql(su, "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY a.started_at_ms - a.dispatched_at_ms), "
                     "percentile_cont(0.5) WITHIN GROUP (ORDER BY a.finished_at_ms - a.started_at_ms), "
-                    "percentile_cont(0.99) WITHIN GROUP (ORDER BY a.started_at_ms - r.admitted_at_ms) "
-                    "FROM qinglong.attempts a JOIN qinglong.runs r USING (run_id)")[0]
+                    "percentile_cont(0.99) WITHIN GROUP (ORDER BY a.started_at_ms - r.admitted_at_ms), "
+                    "percentile_cont(0.5) WITHIN GROUP (ORDER BY n.dispatched_at_ms - a.finished_at_ms) "
+                    "FROM qinglong.attempts a JOIN qinglong.runs r USING (run_id) "
+                    # the worker's next claim after this job's exit: its report's turn (a report
+                    # carries the slot's next claim, dated by that claim's commit)
+                    "LEFT JOIN LATERAL (SELECT min(b.dispatched_at_ms) AS dispatched_at_ms "
+                    "FROM qinglong.attempts b WHERE b.worker_id = a.worker_id "
+                    "AND b.dispatched_at_ms >= a.finished_at_ms) n ON true")[0]
     run_ids = {r[0] for r in sql(su, "SELECT run_id::text FROM qinglong.runs")}
     where = where_the_time_went(su, jobs) if WHERE else None
     lines, seen = count_lines(out)
@@ -174,8 +207,9 @@ def our_burst(server, workdir: Path, jobs: int, tag: str, lead_s: float = 10.0) 
             "admitted_last_after_T_s": round((last_admit - t_ms) / 1000, 3),
             "executions": lines, "duplicates": lines - len(seen), "missing": len(run_ids - seen),
             "claim_to_started_p50_ms": steps[0], "started_to_outcome_p50_ms": steps[1],
-            "admitted_to_started_p99_ms": steps[2],
-            "server_cpu_s": round(server_cpu, 2), "server_cpu_ms_per_job": round(1000 * server_cpu / jobs, 2)} \
+            "admitted_to_started_p99_ms": steps[2], "exit_to_next_claim_p50_ms": steps[3],
+            "server_cpu_s": round(server_cpu, 2), "server_cpu_ms_per_job": round(1000 * server_cpu / jobs, 2),
+            "cpu_s_from_T": cpu} \
         | ({"where": where} if where else {})
 
 
