@@ -15,49 +15,16 @@ from __future__ import annotations
 
 import json
 
-import psycopg
 import pytest
 
+from devtools.scale_seed import plan_nodes, rows_read
 from tests.cluster.test_cluster_events import chained, put_after
 from tests.cluster.test_worker_functions import admit, publish
+from tests.support.cluster import explained
 
 CRON_TRIGGERS = 5_000
 #: the 'after' triggers following the task, found through the index; a walk reads thousands
 MAX_TRIGGER_ROWS = 20
-
-
-def _nodes(plan: dict):
-    yield plan
-    for child in plan.get("Plans", ()):
-        yield from _nodes(child)
-
-
-def _rows(node: dict) -> int:
-    loops = int(node.get("Actual Loops", 1))
-    return int(float(node.get("Actual Rows", 0)) * loops + float(node.get("Rows Removed by Filter", 0))
-               + float(node.get("Rows Removed by Index Recheck", 0)))
-
-
-def _ended_with_plans(db, run_id: str, plan_mode: str) -> list[dict]:
-    """End ``run_id`` (cancelled) in a session reporting every nested statement's plan."""
-    plans: list[dict] = []
-
-    def notice(diag) -> None:
-        text = diag.message_primary or ""
-        if "plan:" in text:
-            plans.append(json.loads(text.split("plan:", 1)[1]))
-
-    with psycopg.connect(db.superuser_dsn(), autocommit=True) as conn:
-        conn.add_notice_handler(notice)
-        for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
-                        "SET auto_explain.log_analyze = on", "SET auto_explain.log_buffers = on",
-                        "SET auto_explain.log_nested_statements = on",
-                        "SET auto_explain.log_format = json", f"SET plan_cache_mode = {plan_mode}",
-                        "SET client_min_messages = log"):
-            conn.execute(setting)
-        conn.execute("UPDATE qinglong.runs SET state = 'cancelled', cancelled = true, "
-                     "finished_at_ms = admitted_at_ms WHERE run_id = %s", (run_id,))
-    return plans
 
 
 @pytest.mark.parametrize("plan_mode", ["force_generic_plan", "force_custom_plan"])
@@ -73,15 +40,16 @@ def test_a_runs_end_reads_only_the_triggers_that_follow_its_task(cluster, plan_m
     cluster.sql("VACUUM ANALYZE qinglong.triggers")
     (run_id, _), = admit(cluster, "up", 1)
 
-    plans = _ended_with_plans(cluster, run_id, plan_mode)
+    _, plans = explained(cluster, "UPDATE qinglong.runs SET state = 'cancelled', cancelled = true, "
+                                  "finished_at_ms = admitted_at_ms WHERE run_id = %s", (run_id,), plan_mode=plan_mode)
 
     # the end admitted its chained Run, and only the one following its task
     assert chained(cluster, "after-down") == [(f"ql3:chain:v1:{run_id}:after-down", "queued")]
     assert chained(cluster, "after-other") == []
     lookups = [p for p in plans if "FROM qinglong.triggers tr" in p.get("Query Text", "")]
     assert lookups, f"{plan_mode}: no plan of the chain lookup among {len(plans)}"
-    scans = [n for p in lookups for n in _nodes(p["Plan"]) if n.get("Relation Name") == "triggers"]
-    read = sum(_rows(n) for n in scans)
+    scans = [n for p in lookups for n in plan_nodes(p) if n.get("Relation Name") == "triggers"]
+    read = sum(rows_read(n) for n in scans)
     assert read <= MAX_TRIGGER_ROWS, (
         f"{plan_mode}: the end read {read} trigger rows beside {CRON_TRIGGERS} cron triggers: "
         + json.dumps([{k: n.get(k) for k in ("Node Type", "Index Name", "Index Cond", "Filter", "Actual Rows",

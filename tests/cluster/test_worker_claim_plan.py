@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 import os
 
-import psycopg
 
 from tests.cluster.test_worker_functions import Worker, admit, publish
+from tests.support.cluster import explained
 
 FREE, LABELLED, WAITING = 10_000, 2_000, 2_000
 #: What a bounded claim reads: windows of 2 x 4 + 16 candidates per label set and gated task,
@@ -53,30 +53,11 @@ def _bulk_admit(db, task_id: str, n: int, offset_ms: int) -> None:
 
 
 def _explained_claim(db, worker: Worker, want: int, plan_mode: str) -> tuple[list, list[dict]]:
-    """``worker_claim`` of ``want`` Attempts for ``worker``'s session, run by the superuser with
-    auto_explain reporting every statement's plan (ANALYZE, BUFFERS) to this session, the
-    function's statements planned as ``plan_mode`` says (``force_generic_plan``: the plans a
-    worker's session keeps after its fifth call); the rows it returned and the plans."""
-    plans: list[dict] = []
-
-    def notice(diag) -> None:
-        text = diag.message_primary or ""
-        if "plan:" in text:
-            plans.append(json.loads(text.split("plan:", 1)[1]))
-
-    with psycopg.connect(db.superuser_dsn(), autocommit=True) as conn:
-        conn.add_notice_handler(notice)
-        for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
-                        "SET auto_explain.log_analyze = on", "SET auto_explain.log_buffers = on",
-                        "SET auto_explain.log_nested_statements = on",
-                        "SET auto_explain.log_format = json", f"SET plan_cache_mode = {plan_mode}",
-                        "SET client_min_messages = log"):
-            conn.execute(setting)
-        rows = conn.execute(
-            "SELECT run_id::text, task_id FROM qinglong.worker_claim(%s, %s::uuid, %s, %s::bytea[])",
-            (worker.worker_id, worker.session_id, worker.generation,
-             [os.urandom(32) for _ in range(want)])).fetchall()
-    return rows, plans
+    """``worker_claim`` of ``want`` Attempts for ``worker``'s session with every statement's plan
+    (see :func:`~tests.support.cluster.explained`); the rows it returned and the plans."""
+    return explained(db, "SELECT run_id::text, task_id FROM qinglong.worker_claim(%s, %s::uuid, %s, %s::bytea[])",
+                     (worker.worker_id, worker.session_id, worker.generation,
+                      [os.urandom(32) for _ in range(want)]), plan_mode=plan_mode)
 
 
 def _nodes(plan: dict):

@@ -187,3 +187,32 @@ async def commit(backend, claimed, decision=None, retries: int = 5):
     pool = await backend.runtime_pool()
     async with pool.connection() as conn:
         return await commit_decision(conn, claimed, decision, retries=retries)
+
+
+def explained(db: ClusterDb, statement: str, params=(), *, plan_mode: str) -> tuple[list, list[dict]]:
+    """Run ``statement`` as the superuser with ``auto_explain`` reporting EXPLAIN (ANALYZE,
+    BUFFERS) of it and of every statement it runs inside (functions, triggers) to this session,
+    planned as ``plan_mode`` says (``force_generic_plan``: the plans a session keeps after its
+    fifth call). Its rows (None without any) and the plans, as EXPLAIN's JSON documents."""
+    import json
+
+    import psycopg
+
+    plans: list[dict] = []
+
+    def notice(diag) -> None:
+        text = diag.message_primary or ""
+        if "plan:" in text:
+            plans.append(json.loads(text.split("plan:", 1)[1]))
+
+    with psycopg.connect(db.superuser_dsn(), autocommit=True) as conn:
+        conn.add_notice_handler(notice)
+        for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                        "SET auto_explain.log_analyze = on", "SET auto_explain.log_buffers = on",
+                        "SET auto_explain.log_nested_statements = on",
+                        "SET auto_explain.log_format = json", f"SET plan_cache_mode = {plan_mode}",
+                        "SET client_min_messages = log"):
+            conn.execute(setting)
+        cur = conn.execute(statement, params)
+        rows = cur.fetchall() if cur.description else None
+    return rows, plans
