@@ -55,7 +55,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import cluster as bench_cluster  # noqa: E402
-import cluster_workers  # noqa: E402
 from burst import server_cpu_s  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "cluster_execution.json"
