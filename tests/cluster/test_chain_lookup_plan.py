@@ -18,6 +18,7 @@ import json
 import pytest
 
 from devtools.scale_seed import plan_nodes, rows_read
+from qinglong.plugins.cluster_postgres.sql import query
 from tests.cluster.test_cluster_events import chained, put_after
 from tests.cluster.test_worker_functions import admit, publish
 from tests.support.cluster import explained
@@ -55,3 +56,8 @@ def test_a_runs_end_reads_only_the_triggers_that_follow_its_task(cluster, plan_m
         + json.dumps([{k: n.get(k) for k in ("Node Type", "Index Name", "Index Cond", "Filter", "Actual Rows",
                                               "Actual Loops", "Rows Removed by Filter")} for n in scans])[:2000])
     assert not [n for n in scans if n["Node Type"] == "Seq Scan"], plan_mode
+    # the chain graph a publish reads (every 'after' trigger of the project) uses the index too
+    edges, plans = explained(cluster, query("chain_edges"), {"project_id": "p1"}, plan_mode=plan_mode)
+    assert sorted(e[0] for e in edges) == ["after-down", "after-other"]
+    scans = [n for p in plans for n in plan_nodes(p) if n.get("Relation Name") == "triggers"]
+    assert scans and sum(rows_read(n) for n in scans) <= MAX_TRIGGER_ROWS, (plan_mode, scans)
