@@ -96,3 +96,20 @@ def query(path: Path, sql: str, params=()) -> list:
         conn.close()
 
 
+
+
+def vm_steps(conn: sqlite3.Connection, statement: str, params=(), *, every: int = 1) -> tuple[list, int]:
+    """The rows of ``statement`` and the virtual-machine steps it took: work counted, not time
+    (counted ``every`` steps, so a multiple of it)."""
+    count = [0]
+
+    def tick() -> int:
+        count[0] += 1
+        return 0
+
+    conn.set_progress_handler(tick, every)
+    try:
+        rows = conn.execute(statement, params).fetchall()
+    finally:
+        conn.set_progress_handler(None, 0)
+    return rows, count[0] * every

@@ -12,6 +12,7 @@ import sqlite3
 
 import pytest
 
+from edge_helpers import vm_steps
 from qinglong.plugins.edge_sqlite import migrations
 from qinglong.plugins.edge_sqlite.queries import query
 
@@ -46,32 +47,16 @@ def _store(path) -> sqlite3.Connection:
     return conn
 
 
-def _counted(conn: sqlite3.Connection, statement: str, params) -> tuple[list, int]:
-    """The rows of ``statement`` and the virtual-machine steps it took."""
-    steps = [0]
-
-    def step() -> int:
-        steps[0] += 1
-        return 0
-
-    conn.set_progress_handler(step, 1)
-    try:
-        rows = conn.execute(statement, params).fetchall()
-    finally:
-        conn.set_progress_handler(None, 1)
-    return rows, steps[0]
-
-
 @pytest.mark.parametrize("analyzed", [False, True], ids=["fresh", "analyzed"])
 def test_a_runs_end_reads_only_the_triggers_that_follow_its_task(tmp_path, analyzed):
     conn = _store(tmp_path / "q.db")
     if analyzed:  # the planner's statistics must not turn it back to the walk
         conn.execute("ANALYZE")
-    rows, steps = _counted(conn, query("chain_triggers_of"), {"project": "p1", "task": "up"})
+    rows, steps = vm_steps(conn, query("chain_triggers_of"), {"project": "p1", "task": "up"})
     # the enabled 'after' triggers following 'up', in id order (the admission order)
     assert [r[0] for r in rows] == ["after-a", "after-b"]
     assert steps <= MAX_STEPS, f"the lookup took {steps} steps beside {CRON_TRIGGERS} cron triggers"
     # the chain graph a publish checks reads the 'after' triggers alone too
-    edges, steps = _counted(conn, query("chain_edges"), ("p1",))
+    edges, steps = vm_steps(conn, query("chain_edges"), ("p1",))
     assert sorted(e[0] for e in edges) == ["after-a", "after-b", "after-off", "after-other"]
     assert steps <= MAX_STEPS, f"the chain graph took {steps} steps beside {CRON_TRIGGERS} cron triggers"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_helpers import cron, open_backend, query, seed
+from edge_helpers import cron, open_backend, query, seed, vm_steps
 from qinglong.contracts.execution import Actor, AttemptState, RunState
 from qinglong.plugins.edge_sqlite import migrations
 from qinglong.plugins.edge_sqlite import queries as edge_sql
@@ -375,18 +375,7 @@ def test_the_dispatchers_queries_read_only_their_partial_indexes(db_path):
         conn.execute("ANALYZE")
 
         def steps(name: str, params) -> int:
-            count = [0]
-
-            def tick() -> int:
-                count[0] += 1
-                return 0
-
-            conn.set_progress_handler(tick, 100)
-            try:
-                conn.execute(edge_sql.query(name), params).fetchall()
-            finally:
-                conn.set_progress_handler(None, 0)
-            return count[0] * 100
+            return vm_steps(conn, edge_sql.query(name), params, every=100)[1]
 
         budget = 5_000  # virtual-machine steps; a scan of 20,000 rows takes far more
         assert steps("exec_dispatch_candidates", {"now": 10**13, "limit": 32}) < budget
