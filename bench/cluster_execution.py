@@ -83,12 +83,6 @@ def wait_for(what: str, predicate, timeout_s: float, every_s: float = 0.05) -> N
         time.sleep(every_s)
 
 
-def own_cpu_s(pid: int) -> float:
-    """CPU seconds a live process spent itself (utime + stime, not its children)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def machine_busy_s() -> float:
     """CPU seconds the whole machine spent busy (every CPU, /proc/stat: all but idle and iowait)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -96,8 +90,9 @@ def machine_busy_s() -> float:
 
 
 def cpu_by_process(procs: dict[str, list[int]], server) -> dict[str, float]:
-    """CPU seconds so far of each named group of processes, the server's, and the machine's."""
-    return {name: sum(own_cpu_s(pid) for pid in pids) for name, pids in procs.items()} \
+    """CPU seconds so far of each named group of processes (their own, not their children's),
+    the server's, and the machine's."""
+    return {name: sum(bench_cluster._cpu_s(pid, children=False) for pid in pids) for name, pids in procs.items()} \
         | {"server": server_cpu_s(server), "machine": machine_busy_s()}
 
 
